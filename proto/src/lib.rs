@@ -1,0 +1,201 @@
+//! The agent protocol: the messages exchanged between a sandbox's supervisor
+//! (the host side, `sandboxd shim`) and the in-sandbox agent, and their framing.
+//!
+//! One byte stream (a socketpair for containers, vsock for microVMs) carries
+//! length-delimited frames: a little-endian `u32` length followed by a postcard
+//! encoded message. The host sends [`Request`]s, each with an id it chose; the
+//! agent answers each with an [`AgentMessage::Reply`] carrying the same id and
+//! sends process output and exits unsolicited. Every frame is bounded by
+//! [`MAX_FRAME`] in both directions, because either side may be hostile to the
+//! other: the host never trusts what the agent says.
+//!
+//! The crate has no I/O of its own so that the agent, the supervisor and a
+//! freestanding test guest can share the same codec.
+
+mod frame;
+
+pub use frame::{decode, encode, FrameDecoder, FrameError};
+
+use serde::{Deserialize, Serialize};
+
+/// Bumped on any incompatible change to the messages below.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame either side accepts, header excluded.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// Largest payload of one output or file data message. Kept well under
+/// [`MAX_FRAME`] so a frame with its envelope always fits.
+pub const MAX_CHUNK: usize = 256 * 1024;
+
+/// The file descriptor on which a container agent finds its link to the host.
+pub const AGENT_LINK_FD: i32 = 3;
+
+/// Environment variable that tells the agent which descriptor is its link.
+pub const AGENT_LINK_ENV: &str = "SANDBOX_AGENT_FD";
+
+/// A request from the host, answered by one [`AgentMessage::Reply`] with the same `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    pub body: RequestBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RequestBody {
+    /// Liveness and version check. Reply: [`Reply::Health`].
+    Health,
+    /// Start a process. Reply: [`Reply::Spawned`].
+    Spawn(SpawnRequest),
+    /// Append bytes to a process's stdin. Reply: [`Reply::Ok`] once written.
+    WriteStdin { proc: u64, data: Vec<u8> },
+    /// Close a process's stdin. Reply: [`Reply::Ok`].
+    CloseStdin { proc: u64 },
+    /// Send a signal to a process (its process group when it has one).
+    /// Reply: [`Reply::Ok`]. Hard kills go through the cgroup, not here.
+    Signal { proc: u64, signal: i32 },
+    /// Change a PTY's window size. Reply: [`Reply::Ok`].
+    ResizePty { proc: u64, size: PtySize },
+    /// Open (create or truncate) a file for writing. Reply: [`Reply::Opened`].
+    OpenWrite { path: String, mode: u32 },
+    /// Open a file for reading. Reply: [`Reply::Opened`] with its size.
+    OpenRead { path: String },
+    /// Write to a handle from [`RequestBody::OpenWrite`]. Reply: [`Reply::Ok`].
+    Write { handle: u64, data: Vec<u8> },
+    /// Read up to `max` bytes (at most [`MAX_CHUNK`]). Reply: [`Reply::Data`], empty at EOF.
+    Read { handle: u64, max: u32 },
+    /// Close a handle; for a written file this syncs it. Reply: [`Reply::Ok`].
+    Close { handle: u64 },
+    /// Reply: [`Reply::Stat`]. Does not follow a final symlink.
+    Stat { path: String },
+    /// Reply: [`Reply::Entries`], sorted by name.
+    ListDir { path: String },
+    /// Reply: [`Reply::Ok`].
+    Mkdir { path: String, parents: bool, mode: u32 },
+    /// Reply: [`Reply::Ok`].
+    Remove { path: String, recursive: bool },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpawnRequest {
+    /// Id chosen by the host; output and exit messages carry it.
+    pub proc: u64,
+    /// Program and arguments. `argv[0]` is looked up in `PATH` when it has no `/`.
+    pub argv: Vec<String>,
+    /// Source code to run: the agent writes it to a private file and appends
+    /// that file's path to `argv` (run-code).
+    pub code: Option<Vec<u8>>,
+    /// The complete environment of the process.
+    pub env: Vec<(String, String)>,
+    pub cwd: String,
+    pub uid: u32,
+    pub gid: u32,
+    /// Keep a stdin pipe open for [`RequestBody::WriteStdin`]; otherwise stdin is /dev/null.
+    pub stdin: bool,
+    /// Run on a pseudo-terminal of this size (stdout carries everything).
+    pub pty: Option<PtySize>,
+    /// How many descriptors were passed with this frame (SCM_RIGHTS): each is an
+    /// open `cgroup.procs` file the child writes `0` into before it execs, so
+    /// the host can kill its whole tree through the cgroup.
+    pub cgroup_fds: u8,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Reply {
+    Ok,
+    Health { version: u32 },
+    /// `pid` is the process id inside the sandbox.
+    Spawned { pid: i32 },
+    Opened { handle: u64, size: u64 },
+    Data(Vec<u8>),
+    Stat(FileStat),
+    Entries(Vec<FileStat>),
+    Error(AgentError),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum AgentMessage {
+    /// First message on a new link.
+    Hello { version: u32 },
+    Reply { id: u64, reply: Reply },
+    Output { proc: u64, stream: Stream, data: Vec<u8> },
+    Exit { proc: u64, status: ExitStatus },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+/// How a process ended: exactly one of the two is set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileStat {
+    /// Final path component (the requested path itself for `Stat`).
+    pub name: String,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits, including setuid/setgid/sticky.
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_secs: i64,
+    pub link_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ErrorKind {
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    InvalidInput,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    /// The sandbox's disk limit was reached (ENOSPC or EDQUOT).
+    NoSpace,
+    UnknownProcess,
+    UnknownHandle,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl AgentError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for AgentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}

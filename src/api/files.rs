@@ -1,0 +1,230 @@
+//! File routes: upload, download, list, stat, mkdir, remove. Paths are
+//! normalised here (escapes above the root are a 400) and resolved inside the
+//! sandbox by its agent. Transfers stream in bounded chunks both ways.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use sandbox_proto::{FileKind, FileStat, Reply, RequestBody, MAX_CHUNK};
+
+use super::error::{ApiError, ApiResult};
+use super::types::{FileInfo, FileList};
+use crate::sandbox::{sandbox_path, Manager, SandboxError};
+use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+
+const FILE_DEADLINE: Duration = Duration::from_secs(35);
+
+type Params = Query<BTreeMap<String, String>>;
+
+fn path_param(query: &BTreeMap<String, String>) -> ApiResult<String> {
+    let raw = query
+        .get("path")
+        .ok_or_else(|| ApiError::bad("invalid_path", "the `path` query parameter is required"))?;
+    Ok(sandbox_path(raw)?)
+}
+
+fn flag(query: &BTreeMap<String, String>, name: &str) -> ApiResult<bool> {
+    match query.get(name).map(String::as_str) {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") | Some("") => Ok(true),
+        Some(other) => Err(ApiError::bad("invalid_query", format!("{name} must be true or false, got {other:?}"))),
+    }
+}
+
+fn mode(query: &BTreeMap<String, String>, default: u32) -> ApiResult<u32> {
+    match query.get("mode") {
+        None => Ok(default),
+        Some(m) => m
+            .parse::<u32>()
+            .ok()
+            .filter(|m| *m <= 0o7777)
+            .ok_or_else(|| ApiError::bad("invalid_mode", format!("mode must be a decimal number up to 4095 (0o7777), got {m:?}"))),
+    }
+}
+
+fn info(stat: FileStat) -> FileInfo {
+    FileInfo {
+        name: stat.name,
+        kind: match stat.kind {
+            FileKind::File => "file",
+            FileKind::Dir => "dir",
+            FileKind::Symlink => "symlink",
+            FileKind::Other => "other",
+        }
+        .into(),
+        size: stat.size,
+        mode: stat.mode,
+        uid: stat.uid,
+        gid: stat.gid,
+        mtime: stat.mtime_secs,
+        link_target: stat.link_target,
+    }
+}
+
+/// One file request to the agent through the supervisor.
+async fn agent(conn: &mut ShimConn, body: RequestBody) -> ApiResult<Reply> {
+    match conn.call(&ShimRequest::File(body), FILE_DEADLINE).await? {
+        ShimReply::Agent(Reply::Error(e)) => Err(ApiError(e.into())),
+        ShimReply::Agent(reply) => Ok(reply),
+        ShimReply::Error(e) => Err(ApiError(e.into())),
+        other => Err(ApiError(SandboxError::internal(format!("unexpected reply {other:?}")))),
+    }
+}
+
+fn unexpected(reply: Reply) -> ApiError {
+    ApiError(SandboxError::internal(format!("unexpected agent reply {reply:?}")))
+}
+
+async fn stat_of(conn: &mut ShimConn, path: &str) -> ApiResult<FileInfo> {
+    match agent(conn, RequestBody::Stat { path: path.to_string() }).await? {
+        Reply::Stat(s) => Ok(info(s)),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn upload(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+    Query(query): Params,
+    body: Body,
+) -> ApiResult<impl IntoResponse> {
+    let path = path_param(&query)?;
+    let mode = mode(&query, 0o644)?;
+    let limit = manager.config.max_upload_mib * 1024 * 1024;
+    let mut conn = manager.connect(&id).await?;
+    let handle = match agent(&mut conn, RequestBody::OpenWrite { path: path.clone(), mode }).await? {
+        Reply::Opened { handle, .. } => handle,
+        other => return Err(unexpected(other)),
+    };
+    let result = async {
+        let mut stream = body.into_data_stream();
+        let mut pending: Vec<u8> = Vec::with_capacity(MAX_CHUNK);
+        let mut total: u64 = 0;
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad("upload_interrupted", format!("reading the upload: {e}")))?;
+            total += chunk.len() as u64;
+            if total > limit {
+                return Err(ApiError(SandboxError::TooLarge {
+                    message: format!("uploads are limited to {} MiB", manager.config.max_upload_mib),
+                }));
+            }
+            let mut rest: &[u8] = &chunk;
+            while !rest.is_empty() {
+                let take = (MAX_CHUNK - pending.len()).min(rest.len());
+                pending.extend_from_slice(&rest[..take]);
+                rest = &rest[take..];
+                if pending.len() == MAX_CHUNK {
+                    let data = std::mem::replace(&mut pending, Vec::with_capacity(MAX_CHUNK));
+                    agent(&mut conn, RequestBody::Write { handle, data }).await?;
+                }
+            }
+        }
+        if !pending.is_empty() {
+            agent(&mut conn, RequestBody::Write { handle, data: pending }).await?;
+        }
+        Ok(())
+    }
+    .await;
+    let closed = agent(&mut conn, RequestBody::Close { handle }).await;
+    if let Err(e) = result {
+        // A partial file is worse than none.
+        let _ = agent(&mut conn, RequestBody::Remove { path, recursive: false }).await;
+        return Err(e);
+    }
+    closed?;
+    Ok((StatusCode::CREATED, Json(stat_of(&mut conn, &path).await?)))
+}
+
+pub async fn download(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+    Query(query): Params,
+) -> ApiResult<Response> {
+    let path = path_param(&query)?;
+    let mut conn = manager.connect(&id).await?;
+    let (handle, size) = match agent(&mut conn, RequestBody::OpenRead { path }).await? {
+        Reply::Opened { handle, size } => (handle, size),
+        other => return Err(unexpected(other)),
+    };
+    let stream = futures::stream::unfold(Some(conn), move |conn| async move {
+        let mut conn = conn?;
+        let read = agent(&mut conn, RequestBody::Read { handle, max: MAX_CHUNK as u32 }).await;
+        match read {
+            Ok(Reply::Data(data)) if !data.is_empty() => Some((Ok::<Bytes, std::io::Error>(Bytes::from(data)), Some(conn))),
+            Ok(Reply::Data(_)) => {
+                let _ = agent(&mut conn, RequestBody::Close { handle }).await;
+                None
+            }
+            _ => Some((Err(std::io::Error::other("reading the file inside the sandbox failed")), None)),
+        }
+    });
+    Ok((
+        [
+            ("content-type", "application/octet-stream".to_string()),
+            ("content-length", size.to_string()),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+pub async fn list(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+    Query(query): Params,
+) -> ApiResult<impl IntoResponse> {
+    let path = path_param(&query)?;
+    let mut conn = manager.connect(&id).await?;
+    match agent(&mut conn, RequestBody::ListDir { path: path.clone() }).await? {
+        Reply::Entries(entries) => Ok(Json(FileList {
+            path,
+            entries: entries.into_iter().map(info).collect(),
+        })),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn stat(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+    Query(query): Params,
+) -> ApiResult<impl IntoResponse> {
+    let path = path_param(&query)?;
+    let mut conn = manager.connect(&id).await?;
+    Ok(Json(stat_of(&mut conn, &path).await?))
+}
+
+pub async fn mkdir(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+    Query(query): Params,
+) -> ApiResult<impl IntoResponse> {
+    let path = path_param(&query)?;
+    let parents = flag(&query, "parents")?;
+    let mode = mode(&query, 0o755)?;
+    let mut conn = manager.connect(&id).await?;
+    agent(&mut conn, RequestBody::Mkdir { path: path.clone(), parents, mode }).await?;
+    Ok((StatusCode::CREATED, Json(stat_of(&mut conn, &path).await?)))
+}
+
+pub async fn remove(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+    Query(query): Params,
+) -> ApiResult<StatusCode> {
+    let path = path_param(&query)?;
+    if path == "/" {
+        return Err(ApiError::bad("invalid_path", "refusing to remove the sandbox's root"));
+    }
+    let recursive = flag(&query, "recursive")?;
+    let mut conn = manager.connect(&id).await?;
+    agent(&mut conn, RequestBody::Remove { path, recursive }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

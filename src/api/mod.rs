@@ -1,0 +1,11 @@
+//! The HTTP/1.1 + JSON API under `/v1`, served on the daemon's Unix socket.
+
+pub mod error;
+mod files;
+mod processes;
+mod sandboxes;
+pub mod server;
+pub mod types;
+
+/// The OpenAPI document of this API, kept in the repo at `api/openapi.json`.
+pub const OPENAPI: &str = include_str!("../../api/openapi.json");

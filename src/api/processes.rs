@@ -1,0 +1,315 @@
+//! Process routes: start (argv or run-code), inspect, stream output, stdin,
+//! signals, kill and wait. All of it goes through the sandbox's supervisor.
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use base64::Engine;
+use serde::Deserialize;
+
+use super::error::{parse_json, ApiError, ApiResult};
+use super::types::{OutputEvent, ProcessList, SendSignal, StartProcess};
+use crate::sandbox::{sandbox_path, Manager, SandboxError};
+use crate::shim::protocol::{ShimReply, ShimRequest, SpawnSpec};
+use crate::shim::supervisor::Supervisor;
+
+/// Deadline of a plain request to a supervisor.
+const CALL_DEADLINE: Duration = Duration::from_secs(35);
+const MAX_ARGV_BYTES: usize = 1 << 20;
+const MAX_TIMEOUT_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
+
+/// One request to the sandbox's supervisor, its error turned into an API error.
+pub async fn call(manager: &Manager, id: &str, request: ShimRequest, deadline: Duration) -> ApiResult<ShimReply> {
+    let mut conn = manager.connect(id).await?;
+    match conn.call(&request, deadline).await? {
+        ShimReply::Error(e) => Err(ApiError(e.into())),
+        reply => Ok(reply),
+    }
+}
+
+fn unexpected(reply: ShimReply) -> ApiError {
+    ApiError(SandboxError::internal(format!("unexpected supervisor reply {reply:?}")))
+}
+
+fn interpreter(language: &str) -> ApiResult<Vec<String>> {
+    let argv: &[&str] = match language {
+        "python" | "python3" => &["python3", "-u"],
+        "bash" => &["bash"],
+        "sh" => &["sh"],
+        "node" | "javascript" => &["node"],
+        other => {
+            return Err(ApiError::bad(
+                "invalid_language",
+                format!("language {other:?} is not supported; use python, bash, sh or node"),
+            ))
+        }
+    };
+    Ok(argv.iter().map(|s| s.to_string()).collect())
+}
+
+fn spawn_spec(request: StartProcess) -> ApiResult<SpawnSpec> {
+    let (argv, code) = match (request.argv, request.code) {
+        (Some(argv), None) => {
+            if argv.is_empty() || argv[0].is_empty() {
+                return Err(ApiError::bad("invalid_argv", "argv must name a program"));
+            }
+            (argv, None)
+        }
+        (None, Some(code)) => {
+            let language = request.language.as_deref().unwrap_or("python");
+            (interpreter(language)?, Some(code.into_bytes()))
+        }
+        (Some(_), Some(_)) => return Err(ApiError::bad("invalid_request", "give argv or code, not both")),
+        (None, None) => return Err(ApiError::bad("invalid_request", "give argv (a command) or code (with a language)")),
+    };
+    let size: usize = argv.iter().map(String::len).sum::<usize>() + code.as_ref().map_or(0, Vec::len);
+    if size > MAX_ARGV_BYTES || argv.iter().any(|a| a.contains('\0')) {
+        return Err(ApiError::bad(
+            "invalid_argv",
+            format!("argv and code together must be under {MAX_ARGV_BYTES} bytes, without NUL in argv"),
+        ));
+    }
+    crate::sandbox::validated_env(&request.env)?;
+    let cwd = request.cwd.as_deref().map(sandbox_path).transpose()?;
+    let timeout_ms = match request.timeout_seconds {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECONDS => Some((t * 1000.0).ceil() as u64),
+        Some(t) => {
+            return Err(ApiError::bad(
+                "invalid_timeout",
+                format!("timeout_seconds must be above 0 and at most {MAX_TIMEOUT_SECONDS}, got {t}"),
+            ))
+        }
+    };
+    let pty = match request.pty {
+        Some(p) if p.rows == 0 || p.cols == 0 => {
+            return Err(ApiError::bad("invalid_pty", "pty rows and cols must be above 0"))
+        }
+        Some(p) => Some(sandbox_proto::PtySize { rows: p.rows, cols: p.cols }),
+        None => None,
+    };
+    let uid = request.uid.unwrap_or(0);
+    Ok(SpawnSpec {
+        argv,
+        code,
+        env: request.env.into_iter().collect(),
+        cwd,
+        uid,
+        gid: request.gid.unwrap_or(uid),
+        stdin: request.stdin,
+        pty,
+        timeout_ms,
+    })
+}
+
+pub async fn start(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let spec = spawn_spec(parse_json::<StartProcess>(&body)?)?;
+    match call(&manager, &id, ShimRequest::Spawn(spec), CALL_DEADLINE).await? {
+        ShimReply::Process(p) => Ok((StatusCode::CREATED, Json(p))),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn list(State(manager): State<Arc<Manager>>, Path(id): Path<String>) -> ApiResult<impl IntoResponse> {
+    match call(&manager, &id, ShimRequest::List, CALL_DEADLINE).await? {
+        ShimReply::Processes(processes) => Ok(Json(ProcessList { processes })),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn get(
+    State(manager): State<Arc<Manager>>,
+    Path((id, proc)): Path<(String, u64)>,
+) -> ApiResult<impl IntoResponse> {
+    match call(&manager, &id, ShimRequest::Get { proc }, CALL_DEADLINE).await? {
+        ShimReply::Process(p) => Ok(Json(p)),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputQuery {
+    #[serde(default)]
+    stdout_offset: u64,
+    #[serde(default)]
+    stderr_offset: u64,
+}
+
+fn ndjson(event: &OutputEvent) -> Bytes {
+    let mut line = serde_json::to_vec(event).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
+/// Streams the output as NDJSON from the given offsets until the exit.
+pub async fn output(
+    State(manager): State<Arc<Manager>>,
+    Path((id, proc)): Path<(String, u64)>,
+    Query(query): Query<OutputQuery>,
+) -> ApiResult<Response> {
+    let mut conn = manager.connect(&id).await?;
+    conn.send(&ShimRequest::Attach {
+        proc,
+        stdout_offset: query.stdout_offset,
+        stderr_offset: query.stderr_offset,
+    })
+    .await?;
+    // The first reply decides between a stream and an error status.
+    let first = conn
+        .next()
+        .await?
+        .ok_or_else(|| ApiError(SandboxError::internal("supervisor closed the stream")))?;
+    if let ShimReply::Error(e) = first {
+        return Err(ApiError(e.into()));
+    }
+    let stream = futures::stream::unfold((Some(first), Some(conn)), |(pending, conn)| async move {
+        let mut conn = conn?;
+        let reply = match pending {
+            Some(r) => r,
+            None => conn.next().await.ok().flatten()?,
+        };
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let (event, done) = match reply {
+            ShimReply::Output { stream, offset, data } => {
+                let data = b64.encode(data);
+                let event = match stream {
+                    sandbox_proto::Stream::Stdout => OutputEvent::Stdout { offset, data },
+                    sandbox_proto::Stream::Stderr => OutputEvent::Stderr { offset, data },
+                };
+                (event, false)
+            }
+            ShimReply::Dropped { stream, bytes } => (
+                OutputEvent::Dropped {
+                    stream: Supervisor::stream_name(stream).into(),
+                    bytes,
+                },
+                false,
+            ),
+            ShimReply::Exited(process) => (OutputEvent::Exit { process }, true),
+            _ => return None,
+        };
+        let next_conn = if done { None } else { Some(conn) };
+        Some((Ok::<Bytes, std::io::Error>(ndjson(&event)), (None, next_conn)))
+    });
+    Ok(([("content-type", "application/x-ndjson")], Body::from_stream(stream)).into_response())
+}
+
+pub async fn write_stdin(
+    State(manager): State<Arc<Manager>>,
+    Path((id, proc)): Path<(String, u64)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    for chunk in body.chunks(sandbox_proto::MAX_CHUNK) {
+        let request = ShimRequest::WriteStdin { proc, data: chunk.to_vec() };
+        call(&manager, &id, request, CALL_DEADLINE).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn close_stdin(
+    State(manager): State<Arc<Manager>>,
+    Path((id, proc)): Path<(String, u64)>,
+) -> ApiResult<StatusCode> {
+    call(&manager, &id, ShimRequest::CloseStdin { proc }, CALL_DEADLINE).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn parse_signal(value: &serde_json::Value) -> ApiResult<i32> {
+    let bad = || ApiError::bad("invalid_signal", format!("signal {value} is not a signal number or name like \"TERM\""));
+    let signal = match value {
+        serde_json::Value::Number(n) => {
+            let n = n.as_i64().ok_or_else(bad)?;
+            nix::sys::signal::Signal::try_from(i32::try_from(n).map_err(|_| bad())?).map_err(|_| bad())?
+        }
+        serde_json::Value::String(s) => {
+            let upper = s.to_ascii_uppercase();
+            let name = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+            nix::sys::signal::Signal::from_str(&name).map_err(|_| bad())?
+        }
+        _ => return Err(bad()),
+    };
+    Ok(signal as i32)
+}
+
+pub async fn signal(
+    State(manager): State<Arc<Manager>>,
+    Path((id, proc)): Path<(String, u64)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let request: SendSignal = parse_json(&body)?;
+    let signal = parse_signal(&request.signal)?;
+    call(&manager, &id, ShimRequest::Signal { proc, signal }, CALL_DEADLINE).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn kill(
+    State(manager): State<Arc<Manager>>,
+    Path((id, proc)): Path<(String, u64)>,
+) -> ApiResult<StatusCode> {
+    call(&manager, &id, ShimRequest::Kill { proc }, CALL_DEADLINE).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn wait(
+    State(manager): State<Arc<Manager>>,
+    Path((id, proc)): Path<(String, u64)>,
+    Query(query): Query<BTreeMap<String, String>>,
+) -> ApiResult<impl IntoResponse> {
+    let seconds: f64 = match query.get("timeout_seconds") {
+        Some(s) => s
+            .parse()
+            .ok()
+            .filter(|t: &f64| t.is_finite() && *t >= 0.0 && *t <= 3600.0)
+            .ok_or_else(|| ApiError::bad("invalid_timeout", "timeout_seconds must be between 0 and 3600"))?,
+        None => 30.0,
+    };
+    let timeout = Duration::from_secs_f64(seconds);
+    let request = ShimRequest::Wait { proc, timeout_ms: timeout.as_millis() as u64 };
+    match call(&manager, &id, request, timeout + CALL_DEADLINE).await? {
+        ShimReply::Process(p) => Ok(Json(p)),
+        other => Err(unexpected(other)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signals_by_number_and_name() {
+        assert_eq!(parse_signal(&serde_json::json!(15)).ok(), Some(15));
+        assert_eq!(parse_signal(&serde_json::json!("term")).ok(), Some(15));
+        assert_eq!(parse_signal(&serde_json::json!("SIGKILL")).ok(), Some(9));
+        assert!(parse_signal(&serde_json::json!("NOPE")).is_err());
+        assert!(parse_signal(&serde_json::json!(9999)).is_err());
+    }
+
+    #[test]
+    fn code_becomes_an_interpreter_and_both_forms_are_refused() {
+        let spec = spawn_spec(StartProcess {
+            code: Some("print(1)".into()),
+            ..Default::default()
+        })
+        .map_err(|e| e.0)
+        .expect("valid");
+        assert_eq!(spec.argv, vec!["python3", "-u"]);
+        assert!(spawn_spec(StartProcess {
+            argv: Some(vec!["true".into()]),
+            code: Some("x".into()),
+            ..Default::default()
+        })
+        .is_err());
+    }
+}

@@ -1,0 +1,218 @@
+//! The JSON bodies of the `/v1` API, shared by the daemon and `sandboxctl`.
+//!
+//! Units live in field names (`memory_mib`, `disk_mib`, `ttl_seconds`, `cpu`
+//! in cores). Unknown fields are refused so a typo is a 400, not a surprise.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/sandboxes`
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// Image name; defaults to the daemon's `default_image`.
+    #[serde(default)]
+    pub image: Option<String>,
+    /// `"container"` (default). `"vm"` arrives with the microVM runtime.
+    #[serde(default)]
+    pub runtime: Option<String>,
+    /// CPU cores, fractional allowed (0.5 = half a core).
+    #[serde(default)]
+    pub cpu: Option<f64>,
+    #[serde(default)]
+    pub memory_mib: Option<u64>,
+    /// Size limit of the sandbox's writable layer.
+    #[serde(default)]
+    pub disk_mib: Option<u64>,
+    /// Maximum number of tasks (processes and threads).
+    #[serde(default)]
+    pub pids: Option<u64>,
+    /// Seconds until the sandbox is removed; -1 means never.
+    #[serde(default)]
+    pub ttl_seconds: Option<i64>,
+    /// Extra environment for every process in the sandbox.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Caller labels, returned as given.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Limits {
+    pub cpu: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    pub pids: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Creating,
+    Ready,
+    /// The sandbox died on its own (its agent exited or was killed).
+    Failed,
+    Deleting,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Sandbox {
+    pub id: String,
+    pub state: SandboxState,
+    pub runtime: String,
+    pub image: String,
+    pub image_digest: String,
+    pub limits: Limits,
+    pub ttl_seconds: i64,
+    /// RFC 3339 instant when the TTL ends, absent when the TTL is -1.
+    pub expires_at: Option<String>,
+    pub created_at: String,
+    pub labels: BTreeMap<String, String>,
+    /// Times the kernel's OOM killer killed a process in this sandbox.
+    pub oom_kills: u64,
+    /// Why the sandbox failed, when it did.
+    pub failure: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// `PUT /v1/sandboxes/{id}/ttl`: the new TTL counts from now.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetTtl {
+    pub ttl_seconds: i64,
+}
+
+/// `POST /v1/sandboxes/{id}/processes`: give `argv`, or `code` (+ `language`).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StartProcess {
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    #[serde(default)]
+    pub code: Option<String>,
+    /// Language of `code`: `python` (default), `bash`, `sh`, `node`.
+    #[serde(default)]
+    pub language: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Numeric uid inside the sandbox (default 0).
+    #[serde(default)]
+    pub uid: Option<u32>,
+    #[serde(default)]
+    pub gid: Option<u32>,
+    /// Keep stdin open for `POST .../stdin`; otherwise stdin is /dev/null.
+    #[serde(default)]
+    pub stdin: bool,
+    /// Kill the whole process tree after this many seconds.
+    #[serde(default)]
+    pub timeout_seconds: Option<f64>,
+    #[serde(default)]
+    pub pty: Option<PtySize>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcessState {
+    Running,
+    Exited,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Process {
+    pub id: u64,
+    pub sandbox_id: String,
+    pub argv: Vec<String>,
+    pub state: ProcessState,
+    /// Process id inside the sandbox.
+    pub pid: i32,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    /// The process tree was killed because its timeout passed.
+    pub timed_out: bool,
+    /// The kernel's OOM killer ended it.
+    pub oom_killed: bool,
+    /// Output bytes the daemon had to drop because nobody read them in time.
+    pub dropped_bytes: u64,
+    pub started_at: String,
+    pub ended_at: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProcessList {
+    pub processes: Vec<Process>,
+}
+
+/// One line of `GET .../processes/{pid}/output` (NDJSON).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputEvent {
+    /// `data` is base64; `offset` counts bytes of that stream before this chunk.
+    Stdout { offset: u64, data: String },
+    Stderr { offset: u64, data: String },
+    /// Bytes of a stream lost before `offset` because the buffer overflowed.
+    Dropped { stream: String, bytes: u64 },
+    Exit { process: Process },
+}
+
+/// `POST .../processes/{pid}/signal`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SendSignal {
+    /// A number (15) or a name (`TERM`, `SIGTERM`).
+    pub signal: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileInfo {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: String,
+    pub size: u64,
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime: i64,
+    pub link_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FileList {
+    pub path: String,
+    pub entries: Vec<FileInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+    pub sandboxes: usize,
+}
+
+/// The one error shape of the API.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub code: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource: Option<String>,
+}

@@ -1,0 +1,330 @@
+//! Daemon configuration: a TOML file whose every field a command-line flag can
+//! override, merged over built-in defaults that work on a fresh machine.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config field `{field}` is invalid: {message}")]
+    Invalid { field: &'static str, message: String },
+}
+
+/// Every field is optional so the same struct serves as the TOML file and as
+/// the flags that override it (`--socket`, `--state-dir`, ...).
+#[derive(Debug, Clone, Default, Deserialize, clap::Args)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigOverrides {
+    /// Unix socket the API listens on.
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Group that may use the socket (mode 0660); empty keeps root's group.
+    #[arg(long)]
+    pub socket_group: Option<String>,
+    /// Persistent state: the store, the image cache, the disk pool.
+    #[arg(long)]
+    pub state_dir: Option<PathBuf>,
+    /// Runtime state: per-sandbox mounts, namespaces and supervisor sockets.
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Statically linked sandbox-agent binary; found next to sandboxd by default.
+    #[arg(long)]
+    pub agent_path: Option<PathBuf>,
+    /// Extra folders of image recipes (`<name>.sh`) beside the built-in ones.
+    #[arg(long)]
+    pub image_recipe_dirs: Option<Vec<PathBuf>>,
+    #[arg(long)]
+    pub default_image: Option<String>,
+    #[arg(long, allow_negative_numbers = true)]
+    pub default_ttl_seconds: Option<i64>,
+    #[arg(long)]
+    pub default_cpu: Option<f64>,
+    #[arg(long)]
+    pub default_memory_mib: Option<u64>,
+    #[arg(long)]
+    pub default_disk_mib: Option<u64>,
+    #[arg(long)]
+    pub default_pids: Option<u64>,
+    /// Largest CPU request one sandbox may make, in cores (default: all host cores).
+    #[arg(long)]
+    pub max_cpu: Option<f64>,
+    /// Largest memory request one sandbox may make (default: host memory).
+    #[arg(long)]
+    pub max_memory_mib: Option<u64>,
+    #[arg(long)]
+    pub max_disk_mib: Option<u64>,
+    #[arg(long)]
+    pub max_pids: Option<u64>,
+    /// Sandboxes this host runs at once; more get a 503.
+    #[arg(long)]
+    pub max_sandboxes: Option<usize>,
+    /// Size of each sandbox's /dev/shm.
+    #[arg(long)]
+    pub shm_mib: Option<u64>,
+    /// RLIMIT_NOFILE inside sandboxes.
+    #[arg(long)]
+    pub nofile: Option<u64>,
+    /// Size of the sparse btrfs pool that holds the sandboxes' writable layers.
+    #[arg(long)]
+    pub disk_pool_gib: Option<u64>,
+    /// First host uid/gid of the range sandbox ids 0..65535 map to.
+    #[arg(long)]
+    pub id_map_base: Option<u32>,
+    /// Output kept per process for readers who attach late (stdout+stderr).
+    #[arg(long)]
+    pub output_buffer_kib: Option<u64>,
+    /// Largest file upload accepted.
+    #[arg(long)]
+    pub max_upload_mib: Option<u64>,
+    /// Seconds a create may take to become ready before it fails.
+    #[arg(long)]
+    pub ready_timeout_seconds: Option<u64>,
+}
+
+/// The merged, validated configuration the daemon runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub socket: PathBuf,
+    pub socket_group: Option<String>,
+    pub state_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub agent_path: PathBuf,
+    pub image_recipe_dirs: Vec<PathBuf>,
+    pub default_image: String,
+    pub default_ttl_seconds: i64,
+    pub default_cpu: f64,
+    pub default_memory_mib: u64,
+    pub default_disk_mib: u64,
+    pub default_pids: u64,
+    pub max_cpu: f64,
+    pub max_memory_mib: u64,
+    pub max_disk_mib: u64,
+    pub max_pids: u64,
+    pub max_sandboxes: usize,
+    pub shm_mib: u64,
+    pub nofile: u64,
+    pub disk_pool_gib: u64,
+    pub id_map_base: u32,
+    pub output_buffer_kib: u64,
+    pub max_upload_mib: u64,
+    pub ready_timeout_seconds: u64,
+}
+
+/// Size of the id range every sandbox's user namespace maps.
+pub const ID_MAP_SIZE: u32 = 65536;
+
+impl Config {
+    /// Reads `file` (when given) and applies `flags` over it.
+    pub fn load(file: Option<&Path>, flags: ConfigOverrides) -> Result<Self, ConfigError> {
+        let from_file = match file {
+            Some(path) => parse_file(path)?,
+            None => ConfigOverrides::default(),
+        };
+        Self::merge(flags, from_file)
+    }
+
+    fn merge(flags: ConfigOverrides, file: ConfigOverrides) -> Result<Self, ConfigError> {
+        macro_rules! pick {
+            ($field:ident, $default:expr) => {
+                flags.$field.clone().or(file.$field.clone()).unwrap_or_else(|| $default)
+            };
+        }
+        let host_cpus = std::thread::available_parallelism()
+            .map(|n| n.get() as f64)
+            .unwrap_or(1.0);
+        let config = Config {
+            socket: pick!(socket, PathBuf::from("/run/sandboxd/sandboxd.sock")),
+            socket_group: flags
+                .socket_group
+                .clone()
+                .or(file.socket_group.clone())
+                .filter(|g| !g.is_empty()),
+            state_dir: pick!(state_dir, PathBuf::from("/var/lib/sandboxd")),
+            run_dir: pick!(run_dir, PathBuf::from("/run/sandboxd")),
+            agent_path: pick!(agent_path, default_agent_path()),
+            image_recipe_dirs: pick!(image_recipe_dirs, Vec::new()),
+            default_image: pick!(default_image, "python".to_string()),
+            default_ttl_seconds: pick!(default_ttl_seconds, 600),
+            default_cpu: pick!(default_cpu, 1.0_f64.min(host_cpus)),
+            default_memory_mib: pick!(default_memory_mib, 512),
+            default_disk_mib: pick!(default_disk_mib, 10 * 1024),
+            default_pids: pick!(default_pids, 1024),
+            max_cpu: pick!(max_cpu, host_cpus),
+            max_memory_mib: pick!(max_memory_mib, host_memory_mib()),
+            max_disk_mib: pick!(max_disk_mib, 100 * 1024),
+            max_pids: pick!(max_pids, 32768),
+            max_sandboxes: pick!(max_sandboxes, 256),
+            shm_mib: pick!(shm_mib, 1024),
+            nofile: pick!(nofile, 65536),
+            disk_pool_gib: pick!(disk_pool_gib, 64),
+            id_map_base: pick!(id_map_base, 100_000),
+            output_buffer_kib: pick!(output_buffer_kib, 4096),
+            max_upload_mib: pick!(max_upload_mib, 1024),
+            ready_timeout_seconds: pick!(ready_timeout_seconds, 30),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field, message: &str| ConfigError::Invalid {
+            field,
+            message: message.to_string(),
+        };
+        if !(self.default_cpu > 0.0 && self.default_cpu <= self.max_cpu) {
+            return Err(invalid("default_cpu", "must be above 0 and at most max_cpu"));
+        }
+        if self.default_memory_mib < 16 || self.default_memory_mib > self.max_memory_mib {
+            return Err(invalid(
+                "default_memory_mib",
+                "must be at least 16 and at most max_memory_mib",
+            ));
+        }
+        if self.default_disk_mib == 0 || self.default_disk_mib > self.max_disk_mib {
+            return Err(invalid(
+                "default_disk_mib",
+                "must be above 0 and at most max_disk_mib",
+            ));
+        }
+        if self.default_pids < 8 || self.default_pids > self.max_pids {
+            return Err(invalid("default_pids", "must be at least 8 and at most max_pids"));
+        }
+        if self.default_ttl_seconds == 0 || self.default_ttl_seconds < -1 {
+            return Err(invalid(
+                "default_ttl_seconds",
+                "must be a positive number of seconds, or -1 for none",
+            ));
+        }
+        if self.id_map_base == 0 || self.id_map_base.checked_add(ID_MAP_SIZE).is_none() {
+            return Err(invalid(
+                "id_map_base",
+                "must be a non-zero uid with 65536 ids free above it",
+            ));
+        }
+        if self.output_buffer_kib < 64 {
+            return Err(invalid("output_buffer_kib", "must be at least 64"));
+        }
+        if self.max_sandboxes == 0 {
+            return Err(invalid("max_sandboxes", "must be at least 1"));
+        }
+        Ok(())
+    }
+
+    pub fn store_path(&self) -> PathBuf {
+        self.state_dir.join("state.redb")
+    }
+
+    pub fn lock_path(&self) -> PathBuf {
+        self.state_dir.join("sandboxd.lock")
+    }
+
+    pub fn images_dir(&self) -> PathBuf {
+        self.state_dir.join("images")
+    }
+
+    pub fn disk_pool_dir(&self) -> PathBuf {
+        self.state_dir.join("disk")
+    }
+
+    pub fn disk_pool_image(&self) -> PathBuf {
+        self.state_dir.join("disk.btrfs")
+    }
+
+    pub fn sandboxes_run_dir(&self) -> PathBuf {
+        self.run_dir.join("sandboxes")
+    }
+}
+
+fn parse_file(path: &Path) -> Result<ConfigOverrides, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })
+}
+
+/// The agent is installed beside the daemon; a development build keeps the
+/// static agent under the explicit-target folder of the same profile.
+fn default_agent_path() -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/local/bin/sandboxd"));
+    let dir = exe.parent().unwrap_or(Path::new("/usr/local/bin"));
+    let beside = dir.join("sandbox-agent");
+    if beside.exists() {
+        return beside;
+    }
+    if let (Some(profile), Some(target)) = (dir.file_name(), dir.parent()) {
+        let dev = target
+            .join("x86_64-unknown-linux-gnu")
+            .join(profile)
+            .join("sandbox-agent");
+        if dev.exists() {
+            return dev;
+        }
+    }
+    PathBuf::from("/usr/local/lib/sandboxd/sandbox-agent")
+}
+
+fn host_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kib| kib.parse::<u64>().ok())
+        })
+        .map(|kib| kib / 1024)
+        .unwrap_or(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_override_file_and_defaults_fill_the_rest() {
+        let file = ConfigOverrides {
+            socket: Some("/tmp/file.sock".into()),
+            default_ttl_seconds: Some(60),
+            ..Default::default()
+        };
+        let flags = ConfigOverrides {
+            socket: Some("/tmp/flag.sock".into()),
+            ..Default::default()
+        };
+        let config = Config::merge(flags, file).expect("valid");
+        assert_eq!(config.socket, PathBuf::from("/tmp/flag.sock"));
+        assert_eq!(config.default_ttl_seconds, 60);
+        assert_eq!(config.state_dir, PathBuf::from("/var/lib/sandboxd"));
+    }
+
+    #[test]
+    fn unknown_field_in_file_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "sokcet = \"/x\"\n").expect("write");
+        let err = Config::load(Some(&path), ConfigOverrides::default()).expect_err("typo");
+        assert!(err.to_string().contains("sokcet"), "{err}");
+    }
+
+    #[test]
+    fn impossible_defaults_are_refused() {
+        let flags = ConfigOverrides {
+            default_ttl_seconds: Some(0),
+            ..Default::default()
+        };
+        let err = Config::merge(flags, ConfigOverrides::default()).expect_err("ttl 0");
+        assert!(err.to_string().contains("default_ttl_seconds"));
+    }
+}

@@ -1,0 +1,15 @@
+//! sandboxd: a single-node worker daemon that runs untrusted code in throwaway sandboxes.
+//!
+//! The daemon (`src/main.rs`) serves the API in [`api`]; each sandbox is owned by
+//! a small supervisor process ([`shim`]) that outlives daemon restarts and talks
+//! to the in-sandbox agent with the protocol in the `sandbox-proto` crate.
+
+pub mod api;
+pub mod config;
+pub mod disk;
+pub mod image;
+pub mod net;
+pub mod runtime;
+pub mod sandbox;
+pub mod shim;
+pub mod store;

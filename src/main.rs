@@ -1,0 +1,200 @@
+//! `sandboxd`: the daemon, its per-sandbox supervisor (`sandboxd shim DIR`),
+//! and operator commands (`sandboxd image build NAME`).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use clap::{Parser, Subcommand};
+use nix::fcntl::{Flock, FlockArg};
+
+use sandboxd::config::{Config, ConfigOverrides};
+use sandboxd::disk::DiskPool;
+use sandboxd::image::ImageCache;
+use sandboxd::sandbox::Manager;
+use sandboxd::store::Store;
+
+#[derive(Parser)]
+#[command(name = "sandboxd", version, about = "Runs untrusted code in throwaway sandboxes")]
+struct Cli {
+    /// TOML config file; flags override its fields.
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    /// Validate the configuration, print what is wrong, and exit.
+    #[arg(long)]
+    check_config: bool,
+    #[command(flatten)]
+    overrides: ConfigOverrides,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the daemon (the default).
+    Run,
+    /// Supervise one sandbox (started by the daemon, not by hand).
+    #[command(hide = true)]
+    Shim { dir: PathBuf },
+    /// Manage the image cache.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCommand {
+    /// Build (or rebuild with --force) an image from its recipe.
+    Build {
+        names: Vec<String>,
+        #[arg(long)]
+        force: bool,
+    },
+    /// List known images and whether they are built.
+    List,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Some(Command::Shim { dir }) = &cli.command {
+        init_logging();
+        std::process::exit(sandboxd::shim::run(dir));
+    }
+    init_logging();
+    if let Err(e) = real_main(cli) {
+        eprintln!("sandboxd: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+fn real_main(cli: Cli) -> anyhow::Result<()> {
+    let config = Config::load(cli.config.as_deref(), cli.overrides)?;
+    if cli.check_config {
+        sandboxd::runtime::agent_binary::check(&config.agent_path)?;
+        println!("configuration is valid");
+        return Ok(());
+    }
+    match cli.command {
+        Some(Command::Image { command }) => image_command(&config, command),
+        Some(Command::Shim { .. }) => unreachable_shim(),
+        Some(Command::Run) | None => run_daemon(config),
+    }
+}
+
+fn unreachable_shim() -> anyhow::Result<()> {
+    bail!("the shim subcommand is handled before the daemon starts")
+}
+
+fn image_command(config: &Config, command: ImageCommand) -> anyhow::Result<()> {
+    let images = ImageCache::open(config.images_dir(), config.image_recipe_dirs.clone())?;
+    match command {
+        ImageCommand::Build { names, force } => {
+            if names.is_empty() {
+                bail!("name the images to build, e.g. `sandboxd image build python busybox`");
+            }
+            for name in names {
+                let image = images.build(&name, force)?;
+                println!("{} {} {}", image.name, image.digest, image.rootfs.display());
+            }
+        }
+        ImageCommand::List => {
+            for info in images.list() {
+                println!("{info:?}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn lock_state_dir(config: &Config) -> anyhow::Result<Flock<std::fs::File>> {
+    std::fs::create_dir_all(&config.state_dir)
+        .with_context(|| format!("creating {}", config.state_dir.display()))?;
+    let path = config.lock_path();
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .read(true)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+        Ok(lock) => {
+            let _ = std::fs::write(&path, format!("{}\n", std::process::id()));
+            Ok(lock)
+        }
+        Err((_, errno)) => {
+            let holder = std::fs::read_to_string(&path).unwrap_or_default();
+            bail!(
+                "another sandboxd (pid {}) already uses state dir {} ({errno}); stop it or give this one another --state-dir",
+                holder.trim(),
+                config.state_dir.display()
+            )
+        }
+    }
+}
+
+fn run_daemon(config: Config) -> anyhow::Result<()> {
+    let _lock = lock_state_dir(&config)?;
+    sandboxd::runtime::agent_binary::check(&config.agent_path)?;
+    std::fs::create_dir_all(config.sandboxes_run_dir())
+        .with_context(|| format!("creating {}", config.run_dir.display()))?;
+    let store = Store::open(&config.store_path())?;
+    let images = ImageCache::open(config.images_dir(), config.image_recipe_dirs.clone())?;
+    let disk = DiskPool::open(
+        &config.disk_pool_dir(),
+        &config.disk_pool_image(),
+        config.disk_pool_gib * 1024 * 1024 * 1024,
+    )?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let manager = Manager::new(config.clone(), store, images, disk);
+        manager.recover().await?;
+        tokio::spawn(Arc::clone(&manager).reap_expired());
+        let listener = sandboxd::api::server::listen(&config.socket, config.socket_group.as_deref())?;
+        tracing::info!(socket = %config.socket.display(), "sandboxd ready");
+        notify_systemd("READY=1");
+        let app = sandboxd::api::server::router(manager);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown_signal())
+            .await
+            .context("serving the API")?;
+        notify_systemd("STOPPING=1");
+        tracing::info!("sandboxd stopped; sandboxes keep running under their supervisors");
+        Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET.
+fn notify_systemd(state: &str) {
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let Ok(socket) = std::os::unix::net::UnixDatagram::unbound() else {
+        return;
+    };
+    let _ = socket.send_to(state.as_bytes(), PathBuf::from(path));
+}

@@ -1,0 +1,302 @@
+//! Host-side cgroup work that libcontainer does not do for us: one child
+//! cgroup per sandbox process (so a timeout or kill ends the whole tree, even
+//! descendants that called setsid), OOM counters, and final removal.
+//!
+//! Works on cgroup v1 (separate hierarchies; per-process groups live in the
+//! `pids` and `freezer` hierarchies) and on the v2 unified hierarchy.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cgroup {path}: {source}")]
+    Io { path: String, source: io::Error },
+    #[error("cgroup {path} still has processes after {waited_ms} ms of killing")]
+    Stuck { path: String, waited_ms: u128 },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
+    move |source| CgroupError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Layout {
+    V1,
+    V2,
+}
+
+impl Layout {
+    /// A host whose /sys/fs/cgroup is itself cgroup2 is v2; anything else
+    /// (legacy or hybrid, like the development hosts) is driven as v1.
+    pub fn detect() -> Self {
+        match nix::sys::statfs::statfs(CGROUP_ROOT) {
+            Ok(s) if s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC => Layout::V2,
+            _ => Layout::V1,
+        }
+    }
+}
+
+/// The cgroups of one sandbox, at `path` (e.g. `/sandboxd/<id>`) in every
+/// hierarchy libcontainer placed it in.
+#[derive(Debug, Clone)]
+pub struct SandboxCgroups {
+    layout: Layout,
+    path: String,
+}
+
+/// v1 hierarchies that hold per-process groups: `pids` lists and counts the
+/// tree; `freezer` stops it from forking while it is killed.
+const V1_PROCESS_HIERARCHIES: [&str; 2] = ["pids", "freezer"];
+/// Every v1 hierarchy libcontainer may have created the sandbox group in.
+const V1_ALL_HIERARCHIES: [&str; 8] = [
+    "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids",
+];
+
+impl SandboxCgroups {
+    pub fn new(layout: Layout, path: &str) -> Self {
+        Self {
+            layout,
+            path: path.trim_start_matches('/').to_string(),
+        }
+    }
+
+    fn dir(&self, hierarchy: &str) -> PathBuf {
+        match self.layout {
+            Layout::V1 => Path::new(CGROUP_ROOT).join(hierarchy).join(&self.path),
+            Layout::V2 => Path::new(CGROUP_ROOT).join(&self.path),
+        }
+    }
+
+    fn process_dirs(&self, proc: u64) -> Vec<PathBuf> {
+        let name = format!("p{proc}");
+        match self.layout {
+            Layout::V1 => V1_PROCESS_HIERARCHIES
+                .iter()
+                .map(|h| self.dir(h).join(&name))
+                .collect(),
+            Layout::V2 => vec![self.dir("").join(name)],
+        }
+    }
+
+    /// Makes the child group(s) of process `proc` and opens their
+    /// `cgroup.procs` for writing. The agent's child writes `0` into each
+    /// before it execs; the open-time credentials (ours) authorise the move.
+    pub fn create_process_group(&self, proc: u64) -> Result<Vec<File>, CgroupError> {
+        let mut files = Vec::new();
+        for dir in self.process_dirs(proc) {
+            fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            let procs = dir.join("cgroup.procs");
+            files.push(
+                OpenOptions::new()
+                    .write(true)
+                    .open(&procs)
+                    .map_err(io_err(&procs))?,
+            );
+        }
+        Ok(files)
+    }
+
+    /// Pids of every task still in the process's group.
+    pub fn process_group_pids(&self, proc: u64) -> Vec<i32> {
+        let dirs = self.process_dirs(proc);
+        dirs.first().map(|d| read_pids(d)).unwrap_or_default()
+    }
+
+    /// Kills every process in the group and waits until it is empty.
+    pub fn kill_process_group(&self, proc: u64) -> Result<(), CgroupError> {
+        let dirs = self.process_dirs(proc);
+        match self.layout {
+            Layout::V2 => kill_v2(&dirs[0]),
+            Layout::V1 => kill_v1(&dirs[0], &dirs[1]),
+        }
+    }
+
+    /// Removes the (empty) group of an ended process.
+    pub fn remove_process_group(&self, proc: u64) {
+        for dir in self.process_dirs(proc) {
+            let _ = fs::remove_dir(dir);
+        }
+    }
+
+    /// OOM kills counted for the whole sandbox.
+    pub fn oom_kills(&self) -> u64 {
+        let (file, key) = match self.layout {
+            Layout::V1 => (self.dir("memory").join("memory.oom_control"), "oom_kill"),
+            Layout::V2 => (self.dir("").join("memory.events"), "oom_kill"),
+        };
+        fs::read_to_string(file)
+            .ok()
+            .and_then(|text| {
+                text.lines().find_map(|l| {
+                    let mut parts = l.split_whitespace();
+                    (parts.next() == Some(key))
+                        .then(|| parts.next().and_then(|v| v.parse().ok()))
+                        .flatten()
+                })
+            })
+            .unwrap_or(0)
+    }
+
+    /// Kills everything in the sandbox's cgroups and removes the per-process
+    /// groups and the sandbox's own groups in every hierarchy. Idempotent:
+    /// the teardown path calls it whatever state the sandbox was left in.
+    pub fn destroy(&self) -> Result<(), CgroupError> {
+        let tops: Vec<PathBuf> = match self.layout {
+            Layout::V1 => V1_ALL_HIERARCHIES.iter().map(|h| self.dir(h)).collect(),
+            Layout::V2 => vec![self.dir("")],
+        };
+        match self.layout {
+            Layout::V2 => {
+                if tops[0].exists() {
+                    kill_v2(&tops[0])?;
+                }
+            }
+            Layout::V1 => {
+                let pids = self.dir("pids");
+                if pids.exists() {
+                    kill_v1(&pids, &self.dir("freezer"))?;
+                }
+            }
+        }
+        for top in tops {
+            remove_tree(&top);
+        }
+        Ok(())
+    }
+}
+
+fn read_pids(dir: &Path) -> Vec<i32> {
+    fs::read_to_string(dir.join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Reads every pid of `dir` and its descendants.
+fn read_pids_recursive(dir: &Path, out: &mut Vec<i32>) {
+    out.extend(read_pids(dir));
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                read_pids_recursive(&entry.path(), out);
+            }
+        }
+    }
+}
+
+const KILL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Polls until `dir` and its descendants hold no task or `until` passes.
+fn poll_empty(dir: &Path, until: Instant) -> bool {
+    let mut backoff = Duration::from_micros(200);
+    loop {
+        let mut pids = Vec::new();
+        read_pids_recursive(dir, &mut pids);
+        if pids.is_empty() {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        // The kernel gives no event when a killed task leaves a v1 cgroup
+        // (v2's cgroup.events would, but one code path serves both), so this
+        // polls with a short, growing backoff.
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(20));
+    }
+}
+
+fn stuck(dir: &Path, start: Instant) -> CgroupError {
+    CgroupError::Stuck {
+        path: dir.display().to_string(),
+        waited_ms: start.elapsed().as_millis(),
+    }
+}
+
+fn kill_v2(dir: &Path) -> Result<(), CgroupError> {
+    let start = Instant::now();
+    let kill = dir.join("cgroup.kill");
+    match fs::write(&kill, "1") {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(&kill)(e)),
+    }
+    if poll_empty(dir, start + KILL_DEADLINE) {
+        Ok(())
+    } else {
+        Err(stuck(dir, start))
+    }
+}
+
+fn kill_v1(pids_dir: &Path, freezer_dir: &Path) -> Result<(), CgroupError> {
+    let start = Instant::now();
+    loop {
+        // Freezing first means nothing can fork between reading the pids and
+        // killing them; SIGKILL is delivered as soon as the group thaws.
+        let frozen = freezer_dir.exists() && write_freezer(freezer_dir, "FROZEN").is_ok();
+        let mut pids = Vec::new();
+        read_pids_recursive(pids_dir, &mut pids);
+        for pid in &pids {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        if frozen {
+            let _ = write_freezer(freezer_dir, "THAWED");
+        }
+        if pids.is_empty() || poll_empty(pids_dir, Instant::now() + Duration::from_millis(100)) {
+            return Ok(());
+        }
+        if start.elapsed() > KILL_DEADLINE {
+            return Err(stuck(pids_dir, start));
+        }
+    }
+}
+
+fn write_freezer(dir: &Path, state: &str) -> io::Result<()> {
+    let path = dir.join("freezer.state");
+    let mut f = OpenOptions::new().write(true).open(path)?;
+    f.write_all(state.as_bytes())
+}
+
+/// Removes a cgroup directory tree bottom-up (cgroupfs only allows rmdir).
+fn remove_tree(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_tree(&entry.path());
+            }
+        }
+    }
+    let _ = fs::remove_dir(dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn process_groups_live_under_the_sandbox_in_each_hierarchy() {
+        let v1 = SandboxCgroups::new(Layout::V1, "/sandboxd/abc");
+        assert_eq!(
+            v1.process_dirs(7),
+            vec![
+                PathBuf::from("/sys/fs/cgroup/pids/sandboxd/abc/p7"),
+                PathBuf::from("/sys/fs/cgroup/freezer/sandboxd/abc/p7"),
+            ]
+        );
+        let v2 = SandboxCgroups::new(Layout::V2, "sandboxd/abc");
+        assert_eq!(
+            v2.process_dirs(7),
+            vec![PathBuf::from("/sys/fs/cgroup/sandboxd/abc/p7")]
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! Container sandboxes through youki's libcontainer: the overlay root, the
+//! host-side files, the network namespace, and the container whose PID 1 is
+//! the agent with its link on fd 3. Runs in the sandbox's supervisor process
+//! (libcontainer clones from the calling thread, marks the caller
+//! non-dumpable, and leaves init as the caller's child to reap), and
+//! [`destroy`] undoes every step whoever calls it, idempotently.
+
+use std::fs::{self, File};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::path::Path;
+
+use libcontainer::container::builder::ContainerBuilder;
+use libcontainer::container::Container;
+use libcontainer::syscall::syscall::SyscallType;
+use libcontainer::workload::default::DefaultExecutor;
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
+
+use super::cgroups::{Layout, SandboxCgroups};
+use super::spec::{build_spec, ContainerSpecInput};
+use crate::net::netns;
+use crate::shim::config::{SandboxPaths, ShimConfig};
+use sandbox_proto::AGENT_LINK_FD;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ContainerError {
+    #[error("preparing the sandbox's {what}: {source}")]
+    Prepare { what: &'static str, source: io::Error },
+    #[error("mounting the sandbox's root filesystem: {0}")]
+    Mount(nix::errno::Errno),
+    #[error(transparent)]
+    Netns(#[from] netns::NetnsError),
+    #[error("building the container spec: {0}")]
+    Spec(String),
+    #[error("the container runtime failed to {step}: {message}")]
+    Runtime { step: &'static str, message: String },
+}
+
+fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
+    move |source| ContainerError::Prepare { what, source }
+}
+
+/// A started container: its init (the agent) and the host end of its link.
+pub struct Started {
+    pub init_pid: i32,
+    pub link: OwnedFd,
+}
+
+/// Makes and starts the container of `config`. On error the caller runs
+/// [`destroy`], which removes whatever was made.
+pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, ContainerError> {
+    for dir in [paths.rootfs(), paths.bundle(), paths.container_root(), paths.etc()] {
+        fs::create_dir_all(&dir).map_err(prepare("run directory"))?;
+    }
+    netns::create(&paths.netns())?;
+    mount_root(config, &paths.rootfs())?;
+    write_etc(config, &paths.etc())?;
+
+    let input = ContainerSpecInput {
+        hostname: config.hostname.clone(),
+        rootfs: paths.rootfs(),
+        agent_binary: config.agent_path.clone(),
+        netns_path: paths.netns(),
+        cgroups_path: config.cgroups_path.clone(),
+        cpu_cores: config.cpu,
+        memory_bytes: config.memory_bytes,
+        pids_max: config.pids,
+        host_uid_base: config.id_map_base,
+        host_gid_base: config.id_map_base,
+        id_map_size: config.id_map_size,
+        shm_bytes: config.shm_bytes,
+        env: config.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        etc_hosts: paths.etc().join("hosts"),
+        etc_resolv_conf: paths.etc().join("resolv.conf"),
+        etc_hostname: paths.etc().join("hostname"),
+        nofile: config.nofile,
+    };
+    let spec = build_spec(&input).map_err(|e| ContainerError::Spec(e.to_string()))?;
+    spec.save(paths.bundle().join("config.json"))
+        .map_err(|e| ContainerError::Spec(e.to_string()))?;
+
+    let (host, child) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| prepare("agent link")(e.into()))?;
+    let host = move_above(host, 10).map_err(prepare("agent link"))?;
+    place_at_link_fd(child).map_err(prepare("agent link"))?;
+
+    let null = || File::open("/dev/null").map(OwnedFd::from);
+    let runtime_err = |step| move |e: libcontainer::error::LibcontainerError| ContainerError::Runtime {
+        step,
+        message: e.to_string(),
+    };
+    let built = ContainerBuilder::new(config.id.clone(), SyscallType::default())
+        .with_root_path(paths.container_root())
+        .map_err(runtime_err("set its state directory"))?
+        .with_executor(DefaultExecutor {})
+        .with_preserved_fds(1)
+        .with_stdin(null().map_err(prepare("stdio"))?)
+        .with_stdout(null().map_err(prepare("stdio"))?)
+        .with_stderr(null().map_err(prepare("stdio"))?)
+        .as_init(paths.bundle())
+        .with_systemd(false)
+        .with_detach(true)
+        .build();
+    // Our copy of the agent's end must not outlive the create: once the
+    // agent is gone, the host end must see EOF.
+    // SAFETY: AGENT_LINK_FD was placed by place_at_link_fd and is owned here.
+    drop(unsafe { OwnedFd::from_raw_fd(AGENT_LINK_FD) });
+    let mut container = built.map_err(runtime_err("create the container"))?;
+    container
+        .start()
+        .map_err(runtime_err("start the container"))?;
+    let init_pid = container
+        .pid()
+        .map(|p| p.as_raw())
+        .ok_or(ContainerError::Runtime {
+            step: "start the container",
+            message: "no init pid recorded".into(),
+        })?;
+    Ok(Started {
+        init_pid,
+        link: host,
+    })
+}
+
+fn move_above(fd: OwnedFd, min: i32) -> io::Result<OwnedFd> {
+    let raw = fcntl(fd.as_raw_fd(), FcntlArg::F_DUPFD_CLOEXEC(min))?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// Puts the agent's end on fd 3 without close-on-exec, as libcontainer's
+/// `preserved_fds` expects the descriptors right after stdio.
+fn place_at_link_fd(child: OwnedFd) -> io::Result<()> {
+    if child.as_raw_fd() == AGENT_LINK_FD {
+        fcntl(child.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty()))?;
+        let _ = child.into_raw_fd();
+        return Ok(());
+    }
+    // SAFETY: dup2 onto fd 3; whatever fd 3 was is replaced, which is fine:
+    // the supervisor opens nothing long-lived before this point (the link's
+    // host end was moved above 10 first).
+    if unsafe { libc::dup2(child.as_raw_fd(), AGENT_LINK_FD) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn mount_root(config: &ShimConfig, target: &Path) -> Result<(), ContainerError> {
+    let upper = config.layer_dir.join("upper");
+    let work = config.layer_dir.join("work");
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        config.image_rootfs.display(),
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    )
+    .map_err(ContainerError::Mount)
+}
+
+fn write_etc(config: &ShimConfig, dir: &Path) -> Result<(), ContainerError> {
+    let hosts = format!(
+        "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
+        config.hostname
+    );
+    fs::write(dir.join("hosts"), hosts).map_err(prepare("/etc/hosts"))?;
+    fs::write(dir.join("hostname"), format!("{}\n", config.hostname))
+        .map_err(prepare("/etc/hostname"))?;
+    fs::write(
+        dir.join("resolv.conf"),
+        "# sandboxd: this sandbox has no network access\n",
+    )
+    .map_err(prepare("/etc/resolv.conf"))
+}
+
+/// Removes everything [`start`] made, whatever state it was left in: kills
+/// every process through the cgroups, deletes the container, unmounts the
+/// root and the namespace. Errors are collected, not fatal, so one stuck
+/// step does not leave the rest behind.
+pub fn destroy(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Vec<String> {
+    let mut problems = Vec::new();
+    let cgroups = SandboxCgroups::new(Layout::detect(), cgroups_path);
+    if let Err(e) = cgroups.destroy() {
+        problems.push(e.to_string());
+    }
+    let state = paths.container_root().join(id);
+    if state.exists() {
+        match Container::load(state.clone()) {
+            Ok(mut container) => {
+                if let Err(e) = container.delete(true) {
+                    problems.push(format!("deleting container: {e}"));
+                }
+            }
+            Err(e) => problems.push(format!("loading container state: {e}")),
+        }
+        let _ = fs::remove_dir_all(&state);
+    }
+    // libcontainer recreated nothing, but its delete may have raced a
+    // process leaving; a second pass costs nothing when all is gone.
+    let _ = cgroups.destroy();
+    match umount2(&paths.rootfs(), MntFlags::MNT_DETACH) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
+        Err(e) => problems.push(format!("unmounting root: {e}")),
+    }
+    if let Err(e) = netns::remove(&paths.netns()) {
+        problems.push(e.to_string());
+    }
+    problems
+}

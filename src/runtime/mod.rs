@@ -1,0 +1,8 @@
+//! Sandbox runtimes: how a sandbox's isolation is made. Containers through
+//! youki's libcontainer ([`container`]), with the OCI spec built in [`spec`].
+
+pub mod agent_binary;
+pub mod cgroups;
+pub mod container;
+pub mod seccomp;
+pub mod spec;

@@ -1,0 +1,109 @@
+//! The sandbox manager's errors, each already in the terms of the API's
+//! error table (400 / 404 / 409 / 503 / 500).
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    /// 400: the request cannot be done as asked; the message says what to fix.
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+    /// 404
+    #[error("{message}")]
+    NotFound { code: &'static str, message: String },
+    /// 409: the object's state does not allow it now.
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    /// 413
+    #[error("{message}")]
+    TooLarge { message: String },
+    /// 503: the host cannot take it now; `resource` says what is short.
+    #[error("{message}")]
+    Unavailable {
+        resource: &'static str,
+        message: String,
+    },
+    /// 500: our fault; logged with details.
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl SandboxError {
+    pub fn bad(code: &'static str, message: impl Into<String>) -> Self {
+        Self::BadRequest {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn sandbox_not_found(id: &str) -> Self {
+        Self::NotFound {
+            code: "sandbox_not_found",
+            message: format!("no sandbox with id {id:?}"),
+        }
+    }
+
+    pub fn internal(message: impl std::fmt::Display) -> Self {
+        Self::Internal(message.to_string())
+    }
+}
+
+impl From<crate::shim::protocol::ClientError> for SandboxError {
+    fn from(e: crate::shim::protocol::ClientError) -> Self {
+        Self::Internal(e.to_string())
+    }
+}
+
+impl From<crate::shim::protocol::ShimError> for SandboxError {
+    fn from(e: crate::shim::protocol::ShimError) -> Self {
+        use crate::shim::protocol::ShimErrorKind as K;
+        match e.kind {
+            K::UnknownProcess => Self::NotFound {
+                code: "process_not_found",
+                message: e.message,
+            },
+            K::InvalidInput => Self::BadRequest {
+                code: "invalid_request",
+                message: e.message,
+            },
+            K::Conflict => Self::Conflict {
+                code: "process_state",
+                message: e.message,
+            },
+            K::AgentGone => Self::Conflict {
+                code: "sandbox_not_running",
+                message: format!("the sandbox is no longer running: {}", e.message),
+            },
+            K::Internal => Self::Internal(e.message),
+        }
+    }
+}
+
+impl From<sandbox_proto::AgentError> for SandboxError {
+    fn from(e: sandbox_proto::AgentError) -> Self {
+        use sandbox_proto::ErrorKind as K;
+        let message = e.message;
+        match e.kind {
+            K::NotFound => Self::NotFound {
+                code: "file_not_found",
+                message,
+            },
+            K::NoSpace => Self::Unavailable {
+                resource: "disk",
+                message: format!("the sandbox's disk limit is reached: {message}"),
+            },
+            K::AlreadyExists
+            | K::NotADirectory
+            | K::IsADirectory
+            | K::DirectoryNotEmpty
+            | K::InvalidInput
+            | K::PermissionDenied => Self::BadRequest {
+                code: "file_error",
+                message,
+            },
+            K::UnknownProcess => Self::NotFound {
+                code: "process_not_found",
+                message,
+            },
+            K::UnknownHandle | K::Other => Self::Internal(message),
+        }
+    }
+}

@@ -1,0 +1,62 @@
+//! The persisted record of one sandbox and its API view.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::api::types::{Limits, Sandbox, SandboxState};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub state: SandboxState,
+    pub runtime: String,
+    pub image: String,
+    pub image_digest: String,
+    pub limits: Limits,
+    pub ttl_seconds: i64,
+    /// Milliseconds since the epoch when the TTL ends; `None` for no TTL.
+    pub expires_at_ms: Option<u64>,
+    pub created_at: String,
+    pub labels: BTreeMap<String, String>,
+    pub env: BTreeMap<String, String>,
+    pub cgroups_path: String,
+    pub shim_pid: i32,
+    pub oom_kills: u64,
+    pub failure: Option<String>,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// When a TTL given now ends; -1 means never.
+pub fn expiry(ttl_seconds: i64) -> Option<u64> {
+    (ttl_seconds >= 0).then(|| now_ms().saturating_add((ttl_seconds as u64).saturating_mul(1000)))
+}
+
+impl SandboxRecord {
+    pub fn view(&self) -> Sandbox {
+        Sandbox {
+            id: self.id.clone(),
+            state: self.state,
+            runtime: self.runtime.clone(),
+            image: self.image.clone(),
+            image_digest: self.image_digest.clone(),
+            limits: self.limits.clone(),
+            ttl_seconds: self.ttl_seconds,
+            expires_at: self.expires_at_ms.map(|ms| {
+                humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms))
+                    .to_string()
+            }),
+            created_at: self.created_at.clone(),
+            labels: self.labels.clone(),
+            oom_kills: self.oom_kills,
+            failure: self.failure.clone(),
+        }
+    }
+}

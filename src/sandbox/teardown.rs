@@ -1,0 +1,64 @@
+//! The one teardown path: DELETE, TTL expiry, a failed create and recovery
+//! after a restart all end here. Each step is idempotent, so a teardown that
+//! was interrupted (even by SIGKILL) is finished by running it again.
+
+use std::path::Path;
+use std::time::Duration;
+
+use crate::disk::DiskPool;
+use crate::runtime::container;
+use crate::shim::config::SandboxPaths;
+use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+
+const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
+
+/// Removes every trace of sandbox `id`; returns what could not be removed.
+pub async fn teardown(
+    id: &str,
+    cgroups_path: &str,
+    paths: &SandboxPaths,
+    disk: &DiskPool,
+) -> Vec<String> {
+    let mut problems = Vec::new();
+    // The supervisor kills and removes the container itself when it is there...
+    if let Ok(mut conn) = ShimConn::connect(&paths.socket()).await {
+        match conn.call(&ShimRequest::Shutdown, SHUTDOWN_DEADLINE).await {
+            Ok(ShimReply::Ok) => {}
+            Ok(ShimReply::Error(e)) => problems.push(format!("supervisor teardown: {e}")),
+            Ok(other) => problems.push(format!("supervisor answered shutdown with {other:?}")),
+            Err(e) => problems.push(e.to_string()),
+        }
+    }
+    // ...and this pass catches whatever it did not (or a supervisor that is gone).
+    let (id_owned, cg, p) = (id.to_string(), cgroups_path.to_string(), paths.clone());
+    match tokio::task::spawn_blocking(move || container::destroy(&id_owned, &cg, &p)).await {
+        Ok(more) => problems.extend(more),
+        Err(e) => problems.push(format!("teardown task: {e}")),
+    }
+    if let Err(e) = disk.remove_layer(id) {
+        problems.push(e.to_string());
+    }
+    if let Err(e) = remove_run_dir(&paths.dir) {
+        problems.push(e);
+    }
+    problems
+}
+
+/// Deletes the sandbox's run directory, but never through a mount that is
+/// still there (that would reach into the sandbox's files).
+fn remove_run_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(top) = std::fs::symlink_metadata(dir) else {
+        return Ok(());
+    };
+    let rootfs = dir.join("rootfs");
+    if let Ok(meta) = std::fs::symlink_metadata(&rootfs) {
+        if meta.dev() != top.dev() {
+            return Err(format!(
+                "{} is still mounted; unmount it and delete the sandbox again",
+                rootfs.display()
+            ));
+        }
+    }
+    std::fs::remove_dir_all(dir).map_err(|e| format!("removing {}: {e}", dir.display()))
+}

@@ -1,0 +1,193 @@
+//! Request validation: every bad field becomes a 400 that names the field and
+//! says what would be accepted.
+
+use std::collections::BTreeMap;
+
+use super::SandboxError;
+use crate::api::types::{CreateSandbox, Limits};
+use crate::config::Config;
+
+const MAX_ENV: usize = 256;
+const MAX_LABELS: usize = 64;
+const MAX_PATH: usize = 4096;
+/// Ten years: anything longer is a mistake, and -1 says "forever" explicitly.
+const MAX_TTL_SECONDS: i64 = 10 * 365 * 24 * 3600;
+
+/// Limits of a create request with the daemon's defaults filled in.
+pub fn validated_limits(req: &CreateSandbox, config: &Config) -> Result<Limits, SandboxError> {
+    let cpu = req.cpu.unwrap_or(config.default_cpu);
+    if !cpu.is_finite() || cpu < 0.01 || cpu > config.max_cpu {
+        return Err(SandboxError::bad(
+            "invalid_cpu",
+            format!(
+                "cpu must be between 0.01 and {} cores, got {cpu}",
+                config.max_cpu
+            ),
+        ));
+    }
+    let memory_mib = req.memory_mib.unwrap_or(config.default_memory_mib);
+    if memory_mib < 16 || memory_mib > config.max_memory_mib {
+        return Err(SandboxError::bad(
+            "invalid_memory",
+            format!(
+                "memory_mib must be between 16 and {}, got {memory_mib}",
+                config.max_memory_mib
+            ),
+        ));
+    }
+    let disk_mib = req.disk_mib.unwrap_or(config.default_disk_mib);
+    if disk_mib < 16 || disk_mib > config.max_disk_mib {
+        return Err(SandboxError::bad(
+            "invalid_disk",
+            format!(
+                "disk_mib must be between 16 and {}, got {disk_mib}",
+                config.max_disk_mib
+            ),
+        ));
+    }
+    let pids = req.pids.unwrap_or(config.default_pids);
+    if pids < 8 || pids > config.max_pids {
+        return Err(SandboxError::bad(
+            "invalid_pids",
+            format!("pids must be between 8 and {}, got {pids}", config.max_pids),
+        ));
+    }
+    Ok(Limits {
+        cpu,
+        memory_mib,
+        disk_mib,
+        pids,
+    })
+}
+
+pub fn validated_ttl(ttl: i64) -> Result<i64, SandboxError> {
+    if ttl == -1 || (1..=MAX_TTL_SECONDS).contains(&ttl) {
+        Ok(ttl)
+    } else {
+        Err(SandboxError::bad(
+            "invalid_ttl",
+            format!("ttl_seconds must be -1 (no TTL) or between 1 and {MAX_TTL_SECONDS}, got {ttl}"),
+        ))
+    }
+}
+
+pub fn validated_env(env: &BTreeMap<String, String>) -> Result<(), SandboxError> {
+    if env.len() > MAX_ENV {
+        return Err(SandboxError::bad(
+            "invalid_env",
+            format!("at most {MAX_ENV} environment variables, got {}", env.len()),
+        ));
+    }
+    for (key, value) in env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(SandboxError::bad(
+                "invalid_env",
+                format!("environment variable {key:?}: names must be non-empty without '=' or NUL, values without NUL"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn validated_labels(labels: &BTreeMap<String, String>) -> Result<(), SandboxError> {
+    if labels.len() > MAX_LABELS {
+        return Err(SandboxError::bad(
+            "invalid_labels",
+            format!("at most {MAX_LABELS} labels, got {}", labels.len()),
+        ));
+    }
+    for (key, value) in labels {
+        if key.is_empty() || key.len() > 128 || value.len() > 1024 {
+            return Err(SandboxError::bad(
+                "invalid_labels",
+                format!("label {key:?}: keys are 1-128 bytes, values at most 1024"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Normalises a path inside the sandbox. It must be absolute; `..` may not
+/// climb above the sandbox's root. Symlinks are resolved inside the sandbox
+/// by the agent, whose root is the sandbox's root.
+pub fn sandbox_path(raw: &str) -> Result<String, SandboxError> {
+    if raw.len() > MAX_PATH || raw.contains('\0') {
+        return Err(SandboxError::bad(
+            "invalid_path",
+            format!("path must be at most {MAX_PATH} bytes without NUL"),
+        ));
+    }
+    if !raw.starts_with('/') {
+        return Err(SandboxError::bad(
+            "invalid_path",
+            format!("path {raw:?} must be absolute (start with /)"),
+        ));
+    }
+    let mut parts: Vec<&str> = Vec::new();
+    for part in raw.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                if parts.pop().is_none() {
+                    return Err(SandboxError::bad(
+                        "path_escape",
+                        format!("path {raw:?} climbs above the sandbox's root"),
+                    ));
+                }
+            }
+            p => parts.push(p),
+        }
+    }
+    Ok(format!("/{}", parts.join("/")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_normalise_and_escapes_are_refused() {
+        assert_eq!(sandbox_path("/tmp/./a//b/../c").expect("ok"), "/tmp/a/c");
+        assert_eq!(sandbox_path("/").expect("ok"), "/");
+        assert!(matches!(
+            sandbox_path("../../etc/shadow"),
+            Err(SandboxError::BadRequest { .. })
+        ));
+        assert!(matches!(
+            sandbox_path("/tmp/../../etc/shadow"),
+            Err(SandboxError::BadRequest {
+                code: "path_escape",
+                ..
+            })
+        ));
+        assert!(sandbox_path("/a\0b").is_err());
+    }
+
+    #[test]
+    fn ttl_bounds() {
+        assert!(validated_ttl(-1).is_ok());
+        assert!(validated_ttl(1).is_ok());
+        assert!(validated_ttl(0).is_err());
+        assert!(validated_ttl(-5).is_err());
+        assert!(validated_ttl(i64::MAX).is_err());
+    }
+
+    #[test]
+    fn absurd_limits_name_the_field() {
+        let config = crate::config::Config::load(None, Default::default()).expect("defaults");
+        let req = CreateSandbox {
+            memory_mib: Some(u64::MAX),
+            ..Default::default()
+        };
+        let err = validated_limits(&req, &config).expect_err("absurd");
+        assert!(err.to_string().contains("memory_mib"), "{err}");
+        let req = CreateSandbox {
+            cpu: Some(-1.0),
+            ..Default::default()
+        };
+        assert!(validated_limits(&req, &config)
+            .expect_err("negative")
+            .to_string()
+            .contains("cpu"));
+    }
+}

@@ -1,0 +1,210 @@
+//! The supervisor's end of the agent link: request/reply matching by id,
+//! descriptor passing for spawns, and the stream of unsolicited output and
+//! exit messages. Everything the agent sends is untrusted: frames are bounded
+//! by the codec, unknown reply ids are ignored, and any protocol breach ends
+//! the link (and so the sandbox) rather than the supervisor.
+
+use std::collections::HashMap;
+use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use sandbox_proto::{
+    AgentMessage, ExitStatus, FrameDecoder, Reply, Request, RequestBody, Stream, PROTOCOL_VERSION,
+};
+use tokio::io::Interest;
+use tokio::net::UnixStream;
+use tokio::sync::{mpsc, oneshot};
+
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    #[error("the sandbox agent is gone: {0}")]
+    Closed(String),
+    #[error("the sandbox agent did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the sandbox agent broke the protocol: {0}")]
+    Protocol(String),
+}
+
+/// Messages the agent sends without being asked.
+#[derive(Debug)]
+pub enum LinkEvent {
+    Output {
+        proc: u64,
+        stream: Stream,
+        data: Vec<u8>,
+    },
+    Exit {
+        proc: u64,
+        status: ExitStatus,
+    },
+    /// The link ended; no further events follow.
+    Closed(String),
+}
+
+pub struct AgentLink {
+    stream: UnixStream,
+    write_lock: tokio::sync::Mutex<()>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    next_id: AtomicU64,
+    closed: Mutex<Option<String>>,
+}
+
+impl AgentLink {
+    /// Wraps the host end of the link, waits for the agent's hello, and starts
+    /// the reader. Events arrive on the returned channel.
+    pub async fn establish(
+        fd: OwnedFd,
+        hello_deadline: Duration,
+    ) -> Result<(Arc<Self>, mpsc::Receiver<LinkEvent>), LinkError> {
+        let std_stream = std::os::unix::net::UnixStream::from(fd);
+        std_stream
+            .set_nonblocking(true)
+            .map_err(|e| LinkError::Closed(e.to_string()))?;
+        let stream =
+            UnixStream::from_std(std_stream).map_err(|e| LinkError::Closed(e.to_string()))?;
+        let link = Arc::new(Self {
+            stream,
+            write_lock: tokio::sync::Mutex::new(()),
+            pending: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            closed: Mutex::new(None),
+        });
+        let mut decoder = FrameDecoder::new();
+        let first = tokio::time::timeout(hello_deadline, link.read_message(&mut decoder))
+            .await
+            .map_err(|_| LinkError::Timeout(hello_deadline))??;
+        match first {
+            AgentMessage::Hello { version } if version == PROTOCOL_VERSION => {}
+            AgentMessage::Hello { version } => {
+                return Err(LinkError::Protocol(format!(
+                    "agent speaks protocol {version}, this supervisor {PROTOCOL_VERSION}"
+                )))
+            }
+            other => {
+                return Err(LinkError::Protocol(format!(
+                    "expected hello, got {other:?}"
+                )))
+            }
+        }
+        // Bounded, so a flood of output pushes back on the agent (and through
+        // it on the sandbox's processes) instead of growing memory here.
+        let (events, rx) = mpsc::channel(256);
+        let reader = Arc::clone(&link);
+        tokio::spawn(async move { reader.read_loop(decoder, events).await });
+        Ok((link, rx))
+    }
+
+    async fn read_message(&self, decoder: &mut FrameDecoder) -> Result<AgentMessage, LinkError> {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(frame) = decoder
+                .next_frame()
+                .map_err(|e| LinkError::Protocol(e.to_string()))?
+            {
+                return sandbox_proto::decode(&frame).map_err(|e| LinkError::Protocol(e.to_string()));
+            }
+            self.stream
+                .readable()
+                .await
+                .map_err(|e| LinkError::Closed(e.to_string()))?;
+            match self.stream.try_read(&mut buf) {
+                Ok(0) => return Err(LinkError::Closed("the agent closed its link".into())),
+                Ok(n) => decoder.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(LinkError::Closed(e.to_string())),
+            }
+        }
+    }
+
+    async fn read_loop(self: Arc<Self>, mut decoder: FrameDecoder, events: mpsc::Sender<LinkEvent>) {
+        let reason = loop {
+            let message = match self.read_message(&mut decoder).await {
+                Ok(m) => m,
+                Err(e) => break e.to_string(),
+            };
+            let event = match message {
+                AgentMessage::Reply { id, reply } => {
+                    let waiter = self.pending.lock().ok().and_then(|mut p| p.remove(&id));
+                    if let Some(waiter) = waiter {
+                        let _ = waiter.send(reply);
+                    }
+                    continue;
+                }
+                AgentMessage::Output { proc, stream, data } => {
+                    LinkEvent::Output { proc, stream, data }
+                }
+                AgentMessage::Exit { proc, status } => LinkEvent::Exit { proc, status },
+                AgentMessage::Hello { .. } => break "the agent said hello twice".to_string(),
+            };
+            if events.send(event).await.is_err() {
+                break "the supervisor stopped listening".to_string();
+            }
+        };
+        if let Ok(mut closed) = self.closed.lock() {
+            *closed = Some(reason.clone());
+        }
+        // Dropping the waiters fails every call in flight at once.
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.clear();
+        }
+        let _ = events.send(LinkEvent::Closed(reason)).await;
+    }
+
+    /// Sends one request (with descriptors, for a spawn) and waits for its reply.
+    pub async fn call(
+        &self,
+        body: RequestBody,
+        fds: &[RawFd],
+        deadline: Duration,
+    ) -> Result<Reply, LinkError> {
+        if let Some(reason) = self.closed.lock().ok().and_then(|c| c.clone()) {
+            return Err(LinkError::Closed(reason));
+        }
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = sandbox_proto::encode(&Request { id, body })
+            .map_err(|e| LinkError::Protocol(e.to_string()))?;
+        let (tx, rx) = oneshot::channel();
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.insert(id, tx);
+        }
+        let exchange = async {
+            self.write_frame(&frame, fds)
+                .await
+                .map_err(|e| LinkError::Closed(e.to_string()))?;
+            rx.await
+                .map_err(|_| LinkError::Closed("the link closed before the reply".into()))
+        };
+        let result = tokio::time::timeout(deadline, exchange).await;
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.remove(&id);
+        }
+        result.map_err(|_| LinkError::Timeout(deadline))?
+    }
+
+    async fn write_frame(&self, frame: &[u8], fds: &[RawFd]) -> io::Result<()> {
+        let _guard = self.write_lock.lock().await;
+        let raw = self.stream.as_raw_fd();
+        let mut sent = 0;
+        while sent < frame.len() {
+            let rest = &frame[sent..];
+            // Descriptors ride on the first byte of the frame only.
+            let with_fds = sent == 0 && !fds.is_empty();
+            let n = self
+                .stream
+                .async_io(Interest::WRITABLE, || {
+                    let iov = [IoSlice::new(rest)];
+                    let cmsg = [ControlMessage::ScmRights(fds)];
+                    let cmsgs: &[ControlMessage] = if with_fds { &cmsg } else { &[] };
+                    sendmsg::<()>(raw, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+                        .map_err(io::Error::from)
+                })
+                .await?;
+            sent += n;
+        }
+        Ok(())
+    }
+}

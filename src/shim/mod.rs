@@ -1,0 +1,159 @@
+//! The per-sandbox supervisor (`sandboxd shim DIR`), as containerd's shims:
+//! it creates the sandbox, holds the agent link and the processes' output,
+//! enforces process timeouts, and serves the daemon on `shim.sock`. It runs
+//! in its own session, so sandboxes and their processes outlive a daemon
+//! restart; the daemon finds it again through the socket.
+
+pub mod config;
+pub mod link;
+pub mod output;
+pub mod protocol;
+pub mod server;
+pub mod supervisor;
+
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::net::UnixListener;
+use tokio::sync::{oneshot, Notify};
+
+use crate::runtime::cgroups::{Layout, SandboxCgroups};
+use crate::runtime::container::{self, Started};
+use config::{SandboxPaths, ShimConfig};
+use link::AgentLink;
+use supervisor::Supervisor;
+
+/// The one line the supervisor prints on stdout once the sandbox is ready
+/// (or could not be made); the daemon's create waits for it.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ReadyLine {
+    pub ok: bool,
+    pub init_pid: i32,
+    pub error: Option<String>,
+}
+
+fn report(line: &ReadyLine) {
+    let mut out = std::io::stdout().lock();
+    if let Ok(json) = serde_json::to_string(line) {
+        let _ = writeln!(out, "{json}");
+    }
+    let _ = out.flush();
+    drop(out);
+    // Later writes must not reach the daemon's pipe.
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        // SAFETY: dup2 of a valid descriptor onto stdout.
+        unsafe { libc::dup2(std::os::fd::AsRawFd::as_raw_fd(&null), 1) };
+    }
+}
+
+fn fail(line: String, config: &ShimConfig, paths: &SandboxPaths) -> i32 {
+    tracing::error!(sandbox = %config.id, "{line}");
+    for problem in container::destroy(&config.id, &config.cgroups_path, paths) {
+        tracing::warn!(sandbox = %config.id, "cleanup after a failed create: {problem}");
+    }
+    report(&ReadyLine {
+        ok: false,
+        init_pid: 0,
+        error: Some(line),
+    });
+    1
+}
+
+/// Runs the supervisor of the sandbox whose run directory is `dir`.
+/// Returns the process exit code.
+pub fn run(dir: &Path) -> i32 {
+    let paths = SandboxPaths {
+        dir: dir.to_path_buf(),
+    };
+    let config: ShimConfig = match std::fs::read(paths.config())
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            report(&ReadyLine {
+                ok: false,
+                init_pid: 0,
+                error: Some(format!("reading {}: {e}", paths.config().display())),
+            });
+            return 1;
+        }
+    };
+    // Orphans of the runtime's helper processes come to us, not to PID 1.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+
+    let started = match container::start(&config, &paths) {
+        Ok(s) => s,
+        Err(e) => return fail(e.to_string(), &config, &paths),
+    };
+    let (init_tx, init_rx) = oneshot::channel();
+    let init_pid = started.init_pid;
+    std::thread::spawn(move || reap_children(init_pid, init_tx));
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return fail(format!("starting the runtime: {e}"), &config, &paths),
+    };
+    runtime.block_on(serve(config, paths, started, init_rx))
+}
+
+/// Reaps every child; reports how init ended.
+fn reap_children(init_pid: i32, init_tx: oneshot::Sender<String>) {
+    let mut init_tx = Some(init_tx);
+    loop {
+        match nix::sys::wait::waitpid(None, None) {
+            Ok(status) if status.pid().map(|p| p.as_raw()) == Some(init_pid) => {
+                if let Some(tx) = init_tx.take() {
+                    let _ = tx.send(format!("{status:?}"));
+                }
+            }
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+async fn serve(
+    config: ShimConfig,
+    paths: SandboxPaths,
+    started: Started,
+    init_rx: oneshot::Receiver<String>,
+) -> i32 {
+    let deadline = Duration::from_millis(config.ready_timeout_ms);
+    let (link, events) = match AgentLink::establish(started.link, deadline).await {
+        Ok(l) => l,
+        Err(e) => return fail(e.to_string(), &config, &paths),
+    };
+    let _ = std::fs::remove_file(paths.socket());
+    let listener = match UnixListener::bind(paths.socket()) {
+        Ok(l) => l,
+        Err(e) => return fail(format!("binding {}: {e}", paths.socket().display()), &config, &paths),
+    };
+    let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
+    let cgroups = SandboxCgroups::new(Layout::detect(), &config.cgroups_path);
+    let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
+    tokio::spawn(Arc::clone(&supervisor).consume_events(events));
+    let watcher = Arc::clone(&supervisor);
+    tokio::spawn(async move {
+        if let Ok(status) = init_rx.await {
+            watcher.fail(format!("the sandbox's init ended: {status}"));
+        }
+    });
+    report(&ReadyLine {
+        ok: true,
+        init_pid: started.init_pid,
+        error: None,
+    });
+    let shutdown = Arc::new(Notify::new());
+    // Returns after a Shutdown request has torn the sandbox down.
+    server::serve(listener, supervisor, shutdown).await;
+    0
+}

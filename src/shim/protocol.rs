@@ -1,0 +1,177 @@
+//! The daemon <-> supervisor protocol on each sandbox's `shim.sock`.
+//!
+//! Same framing as the agent link (`sandbox_proto::encode`). A connection
+//! carries requests one after another; each gets one reply, except `Attach`,
+//! which streams output until the process exits and then ends the connection.
+//! Only root (the daemon) can reach the socket, so the supervisor trusts it.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+use crate::api::types::Process;
+use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ShimRequest {
+    Health,
+    Spawn(SpawnSpec),
+    Get { proc: u64 },
+    List,
+    Attach { proc: u64, stdout_offset: u64, stderr_offset: u64 },
+    WriteStdin { proc: u64, data: Vec<u8> },
+    CloseStdin { proc: u64 },
+    Signal { proc: u64, signal: i32 },
+    /// Kills the process's whole tree through its cgroup.
+    Kill { proc: u64 },
+    Resize { proc: u64, size: PtySize },
+    Wait { proc: u64, timeout_ms: u64 },
+    /// A file request passed to the agent as is (file variants only).
+    File(RequestBody),
+    /// Kill everything, remove the container, exit.
+    Shutdown,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SpawnSpec {
+    pub argv: Vec<String>,
+    pub code: Option<Vec<u8>>,
+    /// Added to (and overriding) the sandbox's environment.
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub uid: u32,
+    pub gid: u32,
+    pub stdin: bool,
+    pub pty: Option<PtySize>,
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ShimReply {
+    Health(ShimHealth),
+    Ok,
+    Process(Process),
+    Processes(Vec<Process>),
+    Output { stream: Stream, offset: u64, data: Vec<u8> },
+    Dropped { stream: Stream, bytes: u64 },
+    Exited(Process),
+    Agent(Reply),
+    Error(ShimError),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ShimHealth {
+    pub init_pid: i32,
+    pub oom_kills: u64,
+    /// Set once the sandbox died on its own (agent gone).
+    pub failure: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ShimErrorKind {
+    UnknownProcess,
+    InvalidInput,
+    /// The process exists but the request does not fit its state.
+    Conflict,
+    /// The agent is gone or did not answer in time.
+    AgentGone,
+    Internal,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ShimError {
+    pub kind: ShimErrorKind,
+    pub message: String,
+}
+
+impl ShimError {
+    pub fn new(kind: ShimErrorKind, message: impl Into<String>) -> Self {
+        Self {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("the sandbox's supervisor is not reachable: {0}")]
+    Unreachable(std::io::Error),
+    #[error("the sandbox's supervisor did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the sandbox's supervisor broke the protocol: {0}")]
+    Protocol(String),
+}
+
+/// One connection to a supervisor.
+pub struct ShimConn {
+    stream: UnixStream,
+    decoder: FrameDecoder,
+    buf: Vec<u8>,
+}
+
+impl ShimConn {
+    pub async fn connect(socket: &Path) -> Result<Self, ClientError> {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(ClientError::Unreachable)?;
+        Ok(Self {
+            stream,
+            decoder: FrameDecoder::new(),
+            buf: vec![0u8; 64 * 1024],
+        })
+    }
+
+    pub async fn send(&mut self, request: &ShimRequest) -> Result<(), ClientError> {
+        let frame = sandbox_proto::encode(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.stream
+            .write_all(&frame)
+            .await
+            .map_err(ClientError::Unreachable)
+    }
+
+    /// The next reply, or `None` when the supervisor closed the connection.
+    pub async fn next(&mut self) -> Result<Option<ShimReply>, ClientError> {
+        loop {
+            if let Some(frame) = self
+                .decoder
+                .next_frame()
+                .map_err(|e| ClientError::Protocol(e.to_string()))?
+            {
+                return sandbox_proto::decode(&frame)
+                    .map(Some)
+                    .map_err(|e| ClientError::Protocol(e.to_string()));
+            }
+            let n = self
+                .stream
+                .read(&mut self.buf)
+                .await
+                .map_err(ClientError::Unreachable)?;
+            if n == 0 {
+                return Ok(None);
+            }
+            self.decoder.push(&self.buf[..n]);
+        }
+    }
+
+    /// Sends one request and waits for its reply, bounded by `deadline`.
+    pub async fn call(
+        &mut self,
+        request: &ShimRequest,
+        deadline: Duration,
+    ) -> Result<ShimReply, ClientError> {
+        let exchange = async {
+            self.send(request).await?;
+            self.next()
+                .await?
+                .ok_or_else(|| ClientError::Protocol("connection closed before the reply".into()))
+        };
+        tokio::time::timeout(deadline, exchange)
+            .await
+            .map_err(|_| ClientError::Timeout(deadline))?
+    }
+}

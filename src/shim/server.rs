@@ -1,0 +1,229 @@
+//! Serves the daemon on the supervisor's `shim.sock`: one task per
+//! connection, requests answered in order, `Attach` streaming output.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_proto::{FrameDecoder, Reply, RequestBody};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::Notify;
+
+use super::output::OutputItem;
+use super::protocol::{ShimError, ShimErrorKind, ShimReply, ShimRequest};
+use super::supervisor::Supervisor;
+
+/// Accepts connections until `shutdown` is notified.
+pub async fn serve(listener: UnixListener, supervisor: Arc<Supervisor>, shutdown: Arc<Notify>) {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((stream, _)) = accepted else { continue };
+                let supervisor = Arc::clone(&supervisor);
+                let shutdown = Arc::clone(&shutdown);
+                tokio::spawn(async move { handle(stream, supervisor, shutdown).await });
+            }
+            _ = shutdown.notified() => return,
+        }
+    }
+}
+
+async fn write(stream: &mut UnixStream, reply: &ShimReply) -> std::io::Result<()> {
+    let frame = sandbox_proto::encode(reply)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    stream.write_all(&frame).await
+}
+
+async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: Arc<Notify>) {
+    let mut decoder = FrameDecoder::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    // File handles this connection opened: closed if it goes away mid-transfer
+    // so the agent's bounded handle table does not fill up.
+    let mut open_handles: Vec<u64> = Vec::new();
+    'conn: loop {
+        let frame = loop {
+            match decoder.next_frame() {
+                Ok(Some(frame)) => break frame,
+                Ok(None) => {}
+                Err(_) => break 'conn,
+            }
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => break 'conn,
+                Ok(n) => decoder.push(&buf[..n]),
+            }
+        };
+        let request: ShimRequest = match sandbox_proto::decode(&frame) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = write(
+                    &mut stream,
+                    &ShimReply::Error(ShimError::new(ShimErrorKind::InvalidInput, e.to_string())),
+                )
+                .await;
+                break;
+            }
+        };
+        let reply = match request {
+            ShimRequest::Attach {
+                proc,
+                stdout_offset,
+                stderr_offset,
+            } => {
+                let _ = attach(&mut stream, &supervisor, proc, [stdout_offset, stderr_offset]).await;
+                break;
+            }
+            ShimRequest::Shutdown => {
+                let problems = supervisor.teardown().await;
+                let reply = if problems.is_empty() {
+                    ShimReply::Ok
+                } else {
+                    ShimReply::Error(ShimError::new(ShimErrorKind::Internal, problems.join("; ")))
+                };
+                let _ = write(&mut stream, &reply).await;
+                shutdown.notify_one();
+                break;
+            }
+            other => answer(&supervisor, other, &mut open_handles).await,
+        };
+        if write(&mut stream, &reply).await.is_err() {
+            break;
+        }
+    }
+    for handle in open_handles {
+        let _ = supervisor.agent(RequestBody::Close { handle }).await;
+    }
+}
+
+fn reply_of(result: Result<ShimReply, ShimError>) -> ShimReply {
+    result.unwrap_or_else(ShimReply::Error)
+}
+
+async fn answer(
+    supervisor: &Arc<Supervisor>,
+    request: ShimRequest,
+    open_handles: &mut Vec<u64>,
+) -> ShimReply {
+    match request {
+        ShimRequest::Health => ShimReply::Health(supervisor.health()),
+        ShimRequest::Spawn(spec) => reply_of(supervisor.spawn(spec).await.map(ShimReply::Process)),
+        ShimRequest::Get { proc } => reply_of(supervisor.get(proc).map(ShimReply::Process)),
+        ShimRequest::List => ShimReply::Processes(supervisor.list()),
+        ShimRequest::WriteStdin { proc, data } => reply_of(
+            supervisor
+                .process_call(proc, RequestBody::WriteStdin { proc, data })
+                .await
+                .map(|()| ShimReply::Ok),
+        ),
+        ShimRequest::CloseStdin { proc } => reply_of(
+            supervisor
+                .process_call(proc, RequestBody::CloseStdin { proc })
+                .await
+                .map(|()| ShimReply::Ok),
+        ),
+        ShimRequest::Signal { proc, signal } => reply_of(
+            supervisor
+                .process_call(proc, RequestBody::Signal { proc, signal })
+                .await
+                .map(|()| ShimReply::Ok),
+        ),
+        ShimRequest::Resize { proc, size } => reply_of(
+            supervisor
+                .process_call(proc, RequestBody::ResizePty { proc, size })
+                .await
+                .map(|()| ShimReply::Ok),
+        ),
+        ShimRequest::Kill { proc } => reply_of(supervisor.kill(proc).await.map(|()| ShimReply::Ok)),
+        ShimRequest::Wait { proc, timeout_ms } => reply_of(
+            supervisor
+                .wait(proc, Duration::from_millis(timeout_ms))
+                .await
+                .map(ShimReply::Process),
+        ),
+        ShimRequest::File(body) => {
+            let closing = match &body {
+                RequestBody::Close { handle } => Some(*handle),
+                _ => None,
+            };
+            if !is_file_request(&body) {
+                return ShimReply::Error(ShimError::new(
+                    ShimErrorKind::InvalidInput,
+                    "only file requests pass through File",
+                ));
+            }
+            let reply = reply_of(supervisor.agent(body).await.map(ShimReply::Agent));
+            if let ShimReply::Agent(Reply::Opened { handle, .. }) = &reply {
+                open_handles.push(*handle);
+            }
+            if let Some(handle) = closing {
+                open_handles.retain(|h| *h != handle);
+            }
+            reply
+        }
+        ShimRequest::Attach { .. } | ShimRequest::Shutdown => ShimReply::Error(ShimError::new(
+            ShimErrorKind::Internal,
+            "handled by the connection loop",
+        )),
+    }
+}
+
+fn is_file_request(body: &RequestBody) -> bool {
+    matches!(
+        body,
+        RequestBody::OpenWrite { .. }
+            | RequestBody::OpenRead { .. }
+            | RequestBody::Write { .. }
+            | RequestBody::Read { .. }
+            | RequestBody::Close { .. }
+            | RequestBody::Stat { .. }
+            | RequestBody::ListDir { .. }
+            | RequestBody::Mkdir { .. }
+            | RequestBody::Remove { .. }
+    )
+}
+
+/// Streams output from `offsets` until the process has exited and everything
+/// it printed was sent, then sends the exit and ends.
+async fn attach(
+    stream: &mut UnixStream,
+    supervisor: &Arc<Supervisor>,
+    proc: u64,
+    mut offsets: [u64; 2],
+) -> std::io::Result<()> {
+    let mut changes = match supervisor.output_changes(proc) {
+        Ok(rx) => rx,
+        Err(e) => return write(stream, &ShimReply::Error(e)).await,
+    };
+    loop {
+        changes.borrow_and_update();
+        let (items, ended, at) = match supervisor.read_output(proc, offsets) {
+            Ok(read) => read,
+            Err(e) => return write(stream, &ShimReply::Error(e)).await,
+        };
+        offsets = at;
+        for item in items {
+            let reply = match item {
+                OutputItem::Data {
+                    stream: s,
+                    offset,
+                    data,
+                } => ShimReply::Output {
+                    stream: s,
+                    offset,
+                    data,
+                },
+                OutputItem::Dropped { stream: s, bytes } => ShimReply::Dropped { stream: s, bytes },
+            };
+            write(stream, &reply).await?;
+        }
+        if let Some(process) = ended {
+            return write(stream, &ShimReply::Exited(process)).await;
+        }
+        if changes.changed().await.is_err() {
+            // The entry was forgotten; report what is known.
+            return match supervisor.get(proc) {
+                Ok(p) => write(stream, &ShimReply::Exited(p)).await,
+                Err(e) => write(stream, &ShimReply::Error(e)).await,
+            };
+        }
+    }
+}

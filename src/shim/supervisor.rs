@@ -1,0 +1,432 @@
+//! The supervisor's model of one sandbox: its processes, their output logs,
+//! timeouts and exits. Kills act through the per-process cgroup, never by
+//! asking the agent, so a hostile or wedged agent cannot keep a process alive.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use sandbox_proto::{ErrorKind, ExitStatus, Reply, RequestBody, SpawnRequest, Stream};
+use tokio::sync::{mpsc, watch};
+
+use super::config::{SandboxPaths, ShimConfig};
+use super::link::{AgentLink, LinkEvent};
+use super::output::{OutputItem, OutputLog};
+use super::protocol::{ShimError, ShimErrorKind, ShimHealth, SpawnSpec};
+use crate::api::types::{Process, ProcessState};
+use crate::runtime::cgroups::SandboxCgroups;
+
+/// Bound on agent calls; file chunks and spawns answer in well under this.
+pub const AGENT_DEADLINE: Duration = Duration::from_secs(30);
+/// Ended processes kept for inspection; older ones are forgotten first.
+const MAX_ENDED_PROCESSES: usize = 1024;
+/// Processes running at once (the agent enforces the same bound).
+const MAX_RUNNING_PROCESSES: usize = 1024;
+
+struct Entry {
+    info: Process,
+    log: OutputLog,
+    changed: watch::Sender<u64>,
+    oom_at_start: u64,
+    killed_by_supervisor: bool,
+}
+
+pub struct Supervisor {
+    pub config: ShimConfig,
+    pub init_pid: i32,
+    paths: SandboxPaths,
+    link: Arc<AgentLink>,
+    cgroups: SandboxCgroups,
+    procs: Mutex<BTreeMap<u64, Entry>>,
+    next_proc: AtomicU64,
+    failure: watch::Sender<Option<String>>,
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+fn err(kind: ShimErrorKind, message: impl Into<String>) -> ShimError {
+    ShimError::new(kind, message)
+}
+
+impl Supervisor {
+    pub fn new(
+        config: ShimConfig,
+        paths: SandboxPaths,
+        init_pid: i32,
+        link: Arc<AgentLink>,
+        cgroups: SandboxCgroups,
+    ) -> Arc<Self> {
+        let (failure, _) = watch::channel(None);
+        Arc::new(Self {
+            config,
+            paths,
+            init_pid,
+            link,
+            cgroups,
+            procs: Mutex::new(BTreeMap::new()),
+            next_proc: AtomicU64::new(1),
+            failure,
+        })
+    }
+
+    fn procs(&self) -> MutexGuard<'_, BTreeMap<u64, Entry>> {
+        // A panic while holding the lock cannot leave the map inconsistent
+        // in a way that matters more than losing the supervisor, so recover.
+        self.procs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn health(&self) -> ShimHealth {
+        ShimHealth {
+            init_pid: self.init_pid,
+            oom_kills: self.cgroups.oom_kills(),
+            failure: self.failure.borrow().clone(),
+        }
+    }
+
+    /// Marks the sandbox dead (agent link closed or init exited).
+    pub fn fail(&self, reason: String) {
+        self.failure.send_if_modified(|f| {
+            if f.is_none() {
+                *f = Some(reason);
+                true
+            } else {
+                false
+            }
+        });
+        let mut procs = self.procs();
+        for entry in procs.values_mut() {
+            if entry.info.state == ProcessState::Running {
+                entry.info.state = ProcessState::Exited;
+                entry.info.signal = Some(libc::SIGKILL);
+                entry.info.ended_at = Some(now_rfc3339());
+                entry.changed.send_modify(|v| *v += 1);
+            }
+        }
+    }
+
+    /// Kills everything and removes the container; returns what went wrong.
+    pub async fn teardown(&self) -> Vec<String> {
+        self.fail("the sandbox is being deleted".into());
+        let id = self.config.id.clone();
+        let cgroups_path = self.config.cgroups_path.clone();
+        let paths = self.paths.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::runtime::container::destroy(&id, &cgroups_path, &paths)
+        })
+        .await
+        .unwrap_or_else(|e| vec![format!("teardown panicked: {e}")])
+    }
+
+    pub fn failure(&self) -> Option<String> {
+        self.failure.borrow().clone()
+    }
+
+    /// Applies the agent's unsolicited messages until the link closes.
+    pub async fn consume_events(self: Arc<Self>, mut events: mpsc::Receiver<LinkEvent>) {
+        while let Some(event) = events.recv().await {
+            match event {
+                LinkEvent::Output { proc, stream, data } => {
+                    let mut procs = self.procs();
+                    if let Some(entry) = procs.get_mut(&proc) {
+                        entry.log.append(stream, data);
+                        entry.changed.send_modify(|v| *v += 1);
+                    }
+                }
+                LinkEvent::Exit { proc, status } => self.record_exit(proc, status),
+                LinkEvent::Closed(reason) => {
+                    self.fail(format!("sandbox agent ended: {reason}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn record_exit(&self, proc: u64, status: ExitStatus) {
+        let oom_now = self.cgroups.oom_kills();
+        {
+            let mut procs = self.procs();
+            let Some(entry) = procs.get_mut(&proc) else {
+                return;
+            };
+            if entry.info.state == ProcessState::Exited {
+                return;
+            }
+            entry.info.state = ProcessState::Exited;
+            entry.info.exit_code = status.code;
+            entry.info.signal = status.signal;
+            entry.info.ended_at = Some(now_rfc3339());
+            entry.info.dropped_bytes = entry.log.dropped_bytes();
+            entry.info.oom_killed = status.signal == Some(libc::SIGKILL)
+                && !entry.killed_by_supervisor
+                && oom_now > entry.oom_at_start;
+            entry.changed.send_modify(|v| *v += 1);
+            self.forget_old(&mut procs);
+        }
+        // Descendants the process left running keep its group busy; then the
+        // group stays until the sandbox goes.
+        self.cgroups.remove_process_group(proc);
+    }
+
+    fn forget_old(&self, procs: &mut BTreeMap<u64, Entry>) {
+        let ended: Vec<u64> = procs
+            .iter()
+            .filter(|(_, e)| e.info.state == ProcessState::Exited)
+            .map(|(id, _)| *id)
+            .collect();
+        if ended.len() > MAX_ENDED_PROCESSES {
+            for id in &ended[..ended.len() - MAX_ENDED_PROCESSES] {
+                procs.remove(id);
+            }
+        }
+    }
+
+    pub async fn spawn(self: &Arc<Self>, spec: SpawnSpec) -> Result<Process, ShimError> {
+        if let Some(reason) = self.failure() {
+            return Err(err(ShimErrorKind::AgentGone, reason));
+        }
+        let proc = self.next_proc.fetch_add(1, Ordering::Relaxed);
+        let cgroup_files = {
+            let cgroups = self.cgroups.clone();
+            tokio::task::spawn_blocking(move || cgroups.create_process_group(proc))
+                .await
+                .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
+                .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
+        };
+        let mut env: HashMap<String, String> = self.config.env.iter().cloned().collect();
+        env.extend(spec.env.iter().cloned());
+        let mut env: Vec<(String, String)> = env.into_iter().collect();
+        env.sort();
+        let request = SpawnRequest {
+            proc,
+            argv: spec.argv.clone(),
+            code: spec.code,
+            env,
+            cwd: spec.cwd.unwrap_or_else(|| "/root".to_string()),
+            uid: spec.uid,
+            gid: spec.gid,
+            stdin: spec.stdin,
+            pty: spec.pty,
+            cgroup_fds: cgroup_files.len() as u8,
+        };
+        {
+            let mut procs = self.procs();
+            let running = procs
+                .values()
+                .filter(|e| e.info.state == ProcessState::Running)
+                .count();
+            if running >= MAX_RUNNING_PROCESSES {
+                return Err(err(
+                    ShimErrorKind::Conflict,
+                    format!("the sandbox already runs {running} processes; wait for some to end"),
+                ));
+            }
+            // Registered before the agent starts it: output may arrive before
+            // the reply does.
+            procs.insert(
+                proc,
+                Entry {
+                    info: Process {
+                        id: proc,
+                        sandbox_id: self.config.id.clone(),
+                        argv: spec.argv,
+                        state: ProcessState::Running,
+                        pid: 0,
+                        exit_code: None,
+                        signal: None,
+                        timed_out: false,
+                        oom_killed: false,
+                        dropped_bytes: 0,
+                        started_at: now_rfc3339(),
+                        ended_at: None,
+                    },
+                    log: OutputLog::new(self.config.output_buffer_bytes),
+                    changed: watch::channel(0).0,
+                    oom_at_start: self.cgroups.oom_kills(),
+                    killed_by_supervisor: false,
+                },
+            );
+        }
+        let fds: Vec<i32> = cgroup_files
+            .iter()
+            .map(std::os::fd::AsRawFd::as_raw_fd)
+            .collect();
+        let reply = self
+            .link
+            .call(RequestBody::Spawn(request), &fds, AGENT_DEADLINE)
+            .await;
+        drop(cgroup_files);
+        let pid = match reply {
+            Ok(Reply::Spawned { pid }) => pid,
+            Ok(Reply::Error(e)) => {
+                self.procs().remove(&proc);
+                self.cgroups.remove_process_group(proc);
+                let kind = match e.kind {
+                    ErrorKind::NotFound | ErrorKind::PermissionDenied | ErrorKind::InvalidInput => {
+                        ShimErrorKind::InvalidInput
+                    }
+                    _ => ShimErrorKind::Internal,
+                };
+                return Err(err(kind, e.message));
+            }
+            Ok(other) => {
+                self.procs().remove(&proc);
+                return Err(err(
+                    ShimErrorKind::Internal,
+                    format!("agent answered a spawn with {other:?}"),
+                ));
+            }
+            Err(e) => {
+                self.procs().remove(&proc);
+                return Err(err(ShimErrorKind::AgentGone, e.to_string()));
+            }
+        };
+        let info = {
+            let mut procs = self.procs();
+            let entry = procs
+                .get_mut(&proc)
+                .ok_or_else(|| err(ShimErrorKind::Internal, "process vanished"))?;
+            entry.info.pid = pid;
+            entry.info.clone()
+        };
+        if let Some(ms) = spec.timeout_ms {
+            let this = Arc::clone(self);
+            tokio::spawn(async move {
+                let mut rx = match this.subscribe(proc) {
+                    Some(rx) => rx,
+                    None => return,
+                };
+                let ended = async {
+                    while !this.has_exited(proc) {
+                        if rx.changed().await.is_err() {
+                            break;
+                        }
+                    }
+                };
+                if tokio::time::timeout(Duration::from_millis(ms), ended).await.is_err() {
+                    if let Some(entry) = this.procs().get_mut(&proc) {
+                        entry.info.timed_out = true;
+                    }
+                    let _ = this.kill(proc).await;
+                }
+            });
+        }
+        Ok(info)
+    }
+
+    fn subscribe(&self, proc: u64) -> Option<watch::Receiver<u64>> {
+        self.procs().get(&proc).map(|e| e.changed.subscribe())
+    }
+
+    fn has_exited(&self, proc: u64) -> bool {
+        self.procs()
+            .get(&proc)
+            .is_none_or(|e| e.info.state == ProcessState::Exited)
+    }
+
+    pub fn get(&self, proc: u64) -> Result<Process, ShimError> {
+        self.procs()
+            .get(&proc)
+            .map(|e| e.info.clone())
+            .ok_or_else(|| unknown(proc))
+    }
+
+    pub fn list(&self) -> Vec<Process> {
+        self.procs().values().map(|e| e.info.clone()).collect()
+    }
+
+    /// Kills the process and everything it started, through its cgroup.
+    pub async fn kill(&self, proc: u64) -> Result<(), ShimError> {
+        {
+            let mut procs = self.procs();
+            let entry = procs.get_mut(&proc).ok_or_else(|| unknown(proc))?;
+            entry.killed_by_supervisor = true;
+        }
+        let cgroups = self.cgroups.clone();
+        tokio::task::spawn_blocking(move || cgroups.kill_process_group(proc))
+            .await
+            .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
+            .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))
+    }
+
+    /// Waits until the process exits or `timeout` passes; returns its state.
+    pub async fn wait(&self, proc: u64, timeout: Duration) -> Result<Process, ShimError> {
+        let mut rx = self.subscribe(proc).ok_or_else(|| unknown(proc))?;
+        let _ = tokio::time::timeout(timeout, async {
+            while !self.has_exited(proc) {
+                if rx.changed().await.is_err() {
+                    break;
+                }
+            }
+        })
+        .await;
+        self.get(proc)
+    }
+
+    /// Output after `offsets`, whether the process has ended, and where to resume.
+    pub fn read_output(
+        &self,
+        proc: u64,
+        offsets: [u64; 2],
+    ) -> Result<(Vec<OutputItem>, Option<Process>, [u64; 2]), ShimError> {
+        let procs = self.procs();
+        let entry = procs.get(&proc).ok_or_else(|| unknown(proc))?;
+        let (items, at) = entry.log.read_from(offsets);
+        let ended = (entry.info.state == ProcessState::Exited).then(|| entry.info.clone());
+        Ok((items, ended, at))
+    }
+
+    pub fn output_changes(&self, proc: u64) -> Result<watch::Receiver<u64>, ShimError> {
+        self.subscribe(proc).ok_or_else(|| unknown(proc))
+    }
+
+    /// Forwards a request to the agent and maps its errors.
+    pub async fn agent(&self, body: RequestBody) -> Result<Reply, ShimError> {
+        if let Some(reason) = self.failure() {
+            return Err(err(ShimErrorKind::AgentGone, reason));
+        }
+        self.link
+            .call(body, &[], AGENT_DEADLINE)
+            .await
+            .map_err(|e| err(ShimErrorKind::AgentGone, e.to_string()))
+    }
+
+    /// A process request to the agent that expects a plain `Ok`.
+    pub async fn process_call(&self, proc: u64, body: RequestBody) -> Result<(), ShimError> {
+        let state = self.get(proc)?.state;
+        if state != ProcessState::Running {
+            return Err(err(
+                ShimErrorKind::Conflict,
+                format!("process {proc} has already exited"),
+            ));
+        }
+        match self.agent(body).await? {
+            Reply::Ok => Ok(()),
+            Reply::Error(e) if e.kind == ErrorKind::UnknownProcess => Err(err(
+                ShimErrorKind::Conflict,
+                format!("process {proc} has already exited"),
+            )),
+            Reply::Error(e) => Err(err(ShimErrorKind::InvalidInput, e.message)),
+            other => Err(err(
+                ShimErrorKind::Internal,
+                format!("unexpected agent reply {other:?}"),
+            )),
+        }
+    }
+
+    pub fn stream_name(stream: Stream) -> &'static str {
+        match stream {
+            Stream::Stdout => "stdout",
+            Stream::Stderr => "stderr",
+        }
+    }
+}
+
+fn unknown(proc: u64) -> ShimError {
+    err(
+        ShimErrorKind::UnknownProcess,
+        format!("no process {proc} in this sandbox"),
+    )
+}
