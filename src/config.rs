@@ -35,6 +35,13 @@ pub struct ConfigOverrides {
     /// Runtime state: per-sandbox mounts, namespaces and supervisor sockets.
     #[arg(long)]
     pub run_dir: Option<PathBuf>,
+    /// Image cache (default: `<state_dir>/images`); several daemons may share one.
+    #[arg(long)]
+    pub images_dir: Option<PathBuf>,
+    /// Mount point of the btrfs pool of writable layers (default:
+    /// `<state_dir>/disk`); its sparse backing file is `<dir>.btrfs`.
+    #[arg(long)]
+    pub disk_pool_dir: Option<PathBuf>,
     /// Statically linked sandbox-agent binary; found next to sandboxd by default.
     #[arg(long)]
     pub agent_path: Option<PathBuf>,
@@ -96,6 +103,8 @@ pub struct Config {
     pub socket_group: Option<String>,
     pub state_dir: PathBuf,
     pub run_dir: PathBuf,
+    pub images_dir: PathBuf,
+    pub disk_pool_dir: PathBuf,
     pub agent_path: PathBuf,
     pub image_recipe_dirs: Vec<PathBuf>,
     pub default_image: String,
@@ -140,6 +149,7 @@ impl Config {
         let host_cpus = std::thread::available_parallelism()
             .map(|n| n.get() as f64)
             .unwrap_or(1.0);
+        let state_dir = pick!(state_dir, PathBuf::from("/var/lib/sandboxd"));
         let config = Config {
             socket: pick!(socket, PathBuf::from("/run/sandboxd/sandboxd.sock")),
             socket_group: flags
@@ -147,8 +157,10 @@ impl Config {
                 .clone()
                 .or(file.socket_group.clone())
                 .filter(|g| !g.is_empty()),
-            state_dir: pick!(state_dir, PathBuf::from("/var/lib/sandboxd")),
             run_dir: pick!(run_dir, PathBuf::from("/run/sandboxd")),
+            images_dir: pick!(images_dir, state_dir.join("images")),
+            disk_pool_dir: pick!(disk_pool_dir, state_dir.join("disk")),
+            state_dir,
             agent_path: pick!(agent_path, default_agent_path()),
             image_recipe_dirs: pick!(image_recipe_dirs, Vec::new()),
             default_image: pick!(default_image, "python".to_string()),
@@ -226,16 +238,8 @@ impl Config {
         self.state_dir.join("sandboxd.lock")
     }
 
-    pub fn images_dir(&self) -> PathBuf {
-        self.state_dir.join("images")
-    }
-
-    pub fn disk_pool_dir(&self) -> PathBuf {
-        self.state_dir.join("disk")
-    }
-
     pub fn disk_pool_image(&self) -> PathBuf {
-        self.state_dir.join("disk.btrfs")
+        self.disk_pool_dir.with_extension("btrfs")
     }
 
     pub fn sandboxes_run_dir(&self) -> PathBuf {
@@ -254,25 +258,26 @@ fn parse_file(path: &Path) -> Result<ConfigOverrides, ConfigError> {
     })
 }
 
-/// The agent is installed beside the daemon; a development build keeps the
-/// static agent under the explicit-target folder of the same profile.
+/// The first statically linked agent among: the development build of the
+/// same target folder (built with an explicit target, so it sits under
+/// `x86_64-unknown-linux-gnu/release`), beside the daemon, and the
+/// installed location.
 fn default_agent_path() -> PathBuf {
+    let installed = PathBuf::from("/usr/local/lib/sandboxd/sandbox-agent");
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("/usr/local/bin/sandboxd"));
-    let dir = exe.parent().unwrap_or(Path::new("/usr/local/bin"));
-    let beside = dir.join("sandbox-agent");
-    if beside.exists() {
-        return beside;
+    let Some(dir) = exe.parent() else {
+        return installed;
+    };
+    let mut candidates = Vec::new();
+    if let Some(target) = dir.parent() {
+        candidates.push(target.join("x86_64-unknown-linux-gnu/release/sandbox-agent"));
     }
-    if let (Some(profile), Some(target)) = (dir.file_name(), dir.parent()) {
-        let dev = target
-            .join("x86_64-unknown-linux-gnu")
-            .join(profile)
-            .join("sandbox-agent");
-        if dev.exists() {
-            return dev;
-        }
-    }
-    PathBuf::from("/usr/local/lib/sandboxd/sandbox-agent")
+    candidates.push(dir.join("sandbox-agent"));
+    candidates.push(installed.clone());
+    candidates
+        .into_iter()
+        .find(|c| crate::runtime::agent_binary::check(c).is_ok())
+        .unwrap_or(installed)
 }
 
 fn host_memory_mib() -> u64 {

@@ -19,7 +19,7 @@ use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
 use super::cgroups::{Layout, SandboxCgroups};
-use super::spec::{build_spec, ContainerSpecInput};
+use super::spec::{build_spec, enter_netns, ContainerSpecInput};
 use crate::net::netns;
 use crate::shim::config::{SandboxPaths, ShimConfig};
 use sandbox_proto::AGENT_LINK_FD;
@@ -58,6 +58,7 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
     mount_root(config, &paths.rootfs())?;
     write_etc(config, &paths.etc())?;
 
+    let nofile = usable_nofile(config.nofile).map_err(prepare("file descriptor limit"))?;
     let input = ContainerSpecInput {
         hostname: config.hostname.clone(),
         rootfs: paths.rootfs(),
@@ -75,7 +76,7 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
         etc_hosts: paths.etc().join("hosts"),
         etc_resolv_conf: paths.etc().join("resolv.conf"),
         etc_hostname: paths.etc().join("hostname"),
-        nofile: config.nofile,
+        nofile,
     };
     let spec = build_spec(&input).map_err(|e| ContainerError::Spec(e.to_string()))?;
     spec.save(paths.bundle().join("config.json"))
@@ -91,6 +92,23 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
     let host = move_above(host, 10).map_err(prepare("agent link"))?;
     place_at_link_fd(child).map_err(prepare("agent link"))?;
 
+    // libcontainer enters the new user namespace before any other, and from
+    // there a network namespace owned by the host user namespace cannot be
+    // joined. So this thread joins it and the container inherits it; the
+    // thread goes back to where it was afterwards.
+    let own_netns = File::open("/proc/thread-self/ns/net").map_err(prepare("network namespace"))?;
+    enter_netns(&paths.netns()).map_err(|e| ContainerError::Spec(e.to_string()))?;
+    let created = create_and_start(config, paths);
+    nix::sched::setns(&own_netns, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| prepare("network namespace")(e.into()))?;
+    let init_pid = created?;
+    Ok(Started {
+        init_pid,
+        link: host,
+    })
+}
+
+fn create_and_start(config: &ShimConfig, paths: &SandboxPaths) -> Result<i32, ContainerError> {
     let null = || File::open("/dev/null").map(OwnedFd::from);
     let runtime_err = |step| move |e: libcontainer::error::LibcontainerError| ContainerError::Runtime {
         step,
@@ -116,17 +134,28 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
     container
         .start()
         .map_err(runtime_err("start the container"))?;
-    let init_pid = container
+    container
         .pid()
         .map(|p| p.as_raw())
         .ok_or(ContainerError::Runtime {
             step: "start the container",
             message: "no init pid recorded".into(),
-        })?;
-    Ok(Started {
-        init_pid,
-        link: host,
-    })
+        })
+}
+
+/// libcontainer sets rlimits after it entered the new user namespace, where
+/// a hard limit cannot be raised; so ours is raised first, as far as this
+/// host lets us (without CAP_SYS_RESOURCE, not above the current hard limit),
+/// and the sandbox gets what we could get.
+fn usable_nofile(wanted: u64) -> io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if setrlimit(Resource::RLIMIT_NOFILE, wanted, wanted).is_ok() {
+        return Ok(wanted);
+    }
+    let usable = wanted.min(hard);
+    setrlimit(Resource::RLIMIT_NOFILE, usable, usable)?;
+    Ok(usable)
 }
 
 fn move_above(fd: OwnedFd, min: i32) -> io::Result<OwnedFd> {

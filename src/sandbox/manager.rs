@@ -223,7 +223,9 @@ impl Manager {
 
     /// Starts `sandboxd shim DIR` in its own session and waits for its ready line.
     async fn spawn_shim(&self, paths: &SandboxPaths) -> Result<(i32, ReadyLine), SandboxError> {
-        let exe = std::env::current_exe().map_err(SandboxError::internal)?;
+        // The running binary itself, even if an upgrade replaced the file:
+        // a supervisor speaks the protocol of the daemon that started it.
+        let exe = std::path::PathBuf::from("/proc/self/exe");
         let log = std::fs::File::create(paths.log()).map_err(SandboxError::internal)?;
         let mut command = tokio::process::Command::new(exe);
         command

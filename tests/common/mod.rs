@@ -1,0 +1,318 @@
+//! Test harness: starts a real `sandboxd` as root with its own state, run
+//! dir, socket and btrfs pool (the image cache is shared, so images are built
+//! once per machine), waits for its systemd-style READY notification, and
+//! talks HTTP to it over the Unix socket. Dropping the daemon deletes every
+//! sandbox it made and unmounts its pool.
+
+#![allow(dead_code)]
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use base64::Engine;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::UnixStream;
+
+pub const DAEMON: &str = env!("CARGO_BIN_EXE_sandboxd");
+pub const CTL: &str = env!("CARGO_BIN_EXE_sandboxctl");
+
+/// Shared image cache: `SANDBOXD_TEST_IMAGES_DIR` or the daemon's default.
+pub fn images_dir() -> PathBuf {
+    std::env::var_os("SANDBOXD_TEST_IMAGES_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/sandboxd/images"))
+}
+
+pub fn agent_path() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/x86_64-unknown-linux-gnu/release/sandbox-agent")
+}
+
+/// Why these tests cannot run here, if they cannot.
+pub fn skip_reason() -> Option<String> {
+    if !nix::unistd::Uid::effective().is_root() {
+        return Some("integration tests need root (namespaces, cgroups, mounts)".into());
+    }
+    if !agent_path().exists() {
+        return Some(format!(
+            "static agent missing at {}; run scripts/build-agent.sh",
+            agent_path().display()
+        ));
+    }
+    None
+}
+
+/// Skips the calling test (prints why) when the host cannot run it.
+#[macro_export]
+macro_rules! require_host {
+    () => {
+        if let Some(reason) = common::skip_reason() {
+            eprintln!("SKIPPED: {reason}");
+            return;
+        }
+    };
+}
+
+pub struct Daemon {
+    pub dir: tempfile::TempDir,
+    pub socket: PathBuf,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+pub struct Exec {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub process: Value,
+}
+
+impl Exec {
+    pub fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+    pub fn err(&self) -> String {
+        String::from_utf8_lossy(&self.stderr).into_owned()
+    }
+    pub fn exit_code(&self) -> Option<i64> {
+        self.process["exit_code"].as_i64()
+    }
+}
+
+impl Daemon {
+    pub fn start() -> Daemon {
+        Self::start_with(&[])
+    }
+
+    /// Starts a daemon with extra flags and waits until it says READY=1.
+    pub fn start_with(flags: &[&str]) -> Daemon {
+        let dir = tempfile::Builder::new()
+            .prefix("sandboxd-test-")
+            .tempdir_in("/var/tmp")
+            .expect("tempdir");
+        let socket = dir.path().join("api.sock");
+        let mut daemon = Daemon {
+            socket,
+            child: None,
+            extra: flags.iter().map(|s| s.to_string()).collect(),
+            dir,
+        };
+        daemon.spawn();
+        daemon
+    }
+
+    fn args(&self) -> Vec<String> {
+        let d = self.dir.path();
+        let mut args: Vec<String> = vec![
+            "--state-dir".into(),
+            d.join("state").display().to_string(),
+            "--run-dir".into(),
+            d.join("run").display().to_string(),
+            "--socket".into(),
+            self.socket.display().to_string(),
+            "--images-dir".into(),
+            images_dir().display().to_string(),
+            "--agent-path".into(),
+            agent_path().display().to_string(),
+            "--disk-pool-gib".into(),
+            "16".into(),
+        ];
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+
+    fn spawn(&mut self) {
+        let notify_path = self.dir.path().join("notify.sock");
+        let _ = std::fs::remove_file(&notify_path);
+        let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
+        notify
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .expect("timeout");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("daemon.log"))
+            .expect("log");
+        let child = Command::new(DAEMON)
+            .args(self.args())
+            .env("NOTIFY_SOCKET", &notify_path)
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start sandboxd");
+        self.child = Some(child);
+        let mut buf = [0u8; 256];
+        loop {
+            match notify.recv(&mut buf) {
+                Ok(n) if buf[..n].starts_with(b"READY=1") => break,
+                Ok(_) => continue,
+                Err(e) => panic!("sandboxd did not become ready: {e}\n{}", self.log()),
+            }
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+
+    /// Kills the daemon with `signal` (sandboxes must survive) and waits for it.
+    pub fn kill(&mut self, signal: nix::sys::signal::Signal) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the daemon again on the same state (after [`kill`](Self::kill)).
+    pub fn restart(&mut self) {
+        self.kill(nix::sys::signal::Signal::SIGTERM);
+        self.spawn();
+    }
+
+    pub async fn raw(&self, method: Method, path: &str, body: Vec<u8>) -> (StatusCode, Vec<u8>) {
+        http(&self.socket, method, path, body)
+            .await
+            .unwrap_or_else(|| panic!("request {path} to sandboxd failed\n{}", self.log()))
+    }
+
+    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        let (status, bytes) = self.raw(method, path, body).await;
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (status, value)
+    }
+
+    /// Creates a sandbox (asserting 201) and returns its id.
+    pub async fn create(&self, body: Value) -> String {
+        let (status, value) = self.call(Method::POST, "/v1/sandboxes", Some(body)).await;
+        assert_eq!(status, StatusCode::CREATED, "create failed: {value}\n{}", self.log());
+        value["id"].as_str().expect("id").to_string()
+    }
+
+    pub async fn delete(&self, id: &str) {
+        let (status, value) = self.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "delete failed: {value}");
+    }
+
+    /// Starts a process from `body` and returns its id.
+    pub async fn start_process(&self, id: &str, body: Value) -> u64 {
+        let (status, value) = self
+            .call(Method::POST, &format!("/v1/sandboxes/{id}/processes"), Some(body))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "start failed: {value}");
+        value["id"].as_u64().expect("process id")
+    }
+
+    /// Reads a process's output stream to its end.
+    pub async fn output(&self, id: &str, proc: u64) -> Exec {
+        let (status, bytes) = self
+            .raw(Method::GET, &format!("/v1/sandboxes/{id}/processes/{proc}/output"), Vec::new())
+            .await;
+        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut exec = Exec {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            process: Value::Null,
+        };
+        for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let event: Value = serde_json::from_slice(line).expect("ndjson line");
+            match event["type"].as_str() {
+                Some("stdout") => exec.stdout.extend(b64.decode(event["data"].as_str().unwrap_or("")).expect("b64")),
+                Some("stderr") => exec.stderr.extend(b64.decode(event["data"].as_str().unwrap_or("")).expect("b64")),
+                Some("exit") => exec.process = event["process"].clone(),
+                _ => {}
+            }
+        }
+        exec
+    }
+
+    /// Runs argv to completion and returns its output and final state.
+    pub async fn exec(&self, id: &str, argv: &[&str]) -> Exec {
+        let proc = self.start_process(id, json!({ "argv": argv })).await;
+        self.output(id, proc).await
+    }
+
+    pub async fn sh(&self, id: &str, script: &str) -> Exec {
+        self.exec(id, &["sh", "-c", script]).await
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        // Delete what the test left, through the daemon (the real teardown path).
+        let socket = self.socket.clone();
+        if self.child.is_some() {
+            let cleanup = std::thread::spawn(move || {
+                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                runtime.block_on(async {
+                    let probe = Daemon::probe(&socket).await?;
+                    for id in probe {
+                        let _ = Daemon::raw_delete(&socket, &id).await;
+                    }
+                    Some(())
+                })
+            });
+            let _ = cleanup.join();
+        }
+        self.kill(nix::sys::signal::Signal::SIGTERM);
+        let pool = self.state_dir().join("disk");
+        let _ = nix::mount::umount2(&pool, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// One HTTP request on a fresh connection to the API socket.
+pub async fn http(socket: &Path, method: Method, path: &str, body: Vec<u8>) -> Option<(StatusCode, Vec<u8>)> {
+    let stream = UnixStream::connect(socket).await.ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "sandboxd")
+        .body(Full::new(Bytes::from(body)))
+        .ok()?;
+    let response = sender.send_request(request).await.ok()?;
+    let status = response.status();
+    let bytes = response.into_body().collect().await.ok()?.to_bytes();
+    Some((status, bytes.to_vec()))
+}
+
+impl Daemon {
+    async fn probe(socket: &Path) -> Option<Vec<String>> {
+        let (_, bytes) = http(socket, Method::GET, "/v1/sandboxes", Vec::new()).await?;
+        let list: Value = serde_json::from_slice(&bytes).ok()?;
+        Some(
+            list["sandboxes"]
+                .as_array()?
+                .iter()
+                .filter_map(|s| s["id"].as_str().map(String::from))
+                .collect(),
+        )
+    }
+
+    async fn raw_delete(socket: &Path, id: &str) -> Option<()> {
+        http(socket, Method::DELETE, &format!("/v1/sandboxes/{id}"), Vec::new()).await?;
+        Some(())
+    }
+}
