@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Image "python": Debian bookworm (minbase) with python3.
+#
+# Usage: python.sh DEST_DIR   (DEST_DIR must be empty; run as root, with network)
+# sandboxd runs this once per recipe digest; sandboxes themselves never have network.
+set -euo pipefail
+
+dest=${1:?usage: python.sh DEST_DIR}
+suite=bookworm
+
+# To make a richer image, copy this file to an extra recipe dir under a new name
+# (e.g. data.sh) and extend these lists; any change to the text gives a new digest.
+#   debs="python3,python3-pip,python3-venv,ca-certificates,git"
+#   pips="numpy pandas"            # needs python3-pip in debs
+debs="python3"
+pips=""
+
+# The first mirror that serves $suite in the host's apt configuration, so builds
+# use the same (possibly internal) mirror that apt on this host uses.
+find_mirror() {
+	local f uri
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+		[[ -r $f ]] || continue
+		# one-line format: deb [options] URI SUITE COMPONENTS...
+		uri=$(sed -E 's/#.*//; s/\[[^]]*\]//' "$f" |
+			awk -v s="$suite" '$1 == "deb" && $3 == s { print $2; exit }')
+		if [[ -n $uri ]]; then echo "$uri"; return; fi
+	done
+	for f in /etc/apt/sources.list.d/*.sources; do
+		[[ -r $f ]] || continue
+		# deb822 format: paragraphs of "Key: value" lines separated by blank lines
+		uri=$(awk -v s="$suite" '
+			function flush() {
+				if (types ~ /(^| )deb( |$)/ && (" " suites " ") ~ (" " s " ") && uris != "") {
+					split(uris, u, " "); print u[1]; found = 1; exit
+				}
+				types = ""; suites = ""; uris = ""
+			}
+			/^[ \t]*#/ { next }
+			/^[ \t]*$/ { flush(); next }
+			/^Types:/  { sub(/^Types:[ \t]*/, "");  types = $0 }
+			/^Suites:/ { sub(/^Suites:[ \t]*/, ""); suites = $0 }
+			/^URIs:/   { sub(/^URIs:[ \t]*/, "");   uris = $0 }
+			END { if (!found) flush() }' "$f")
+		if [[ -n $uri ]]; then echo "$uri"; return; fi
+	done
+	echo "http://deb.debian.org/debian"
+}
+
+command -v debootstrap >/dev/null ||
+	{ echo "debootstrap is not installed: apt-get install debootstrap" >&2; exit 1; }
+
+mirror=$(find_mirror)
+echo "building $suite minbase from $mirror with: $debs"
+debootstrap --variant=minbase --include="$debs" "$suite" "$dest" "$mirror"
+
+if [[ -n $pips ]]; then
+	# pip needs DNS and /proc inside the chroot, and must trust the CAs the build host
+	# trusts (the host may sit behind a TLS-inspecting proxy); all undone below.
+	cp /etc/resolv.conf "$dest/etc/resolv.conf"
+	cert=()
+	if [[ -r /etc/ssl/certs/ca-certificates.crt ]]; then
+		cp /etc/ssl/certs/ca-certificates.crt "$dest/tmp/.build-ca.crt"
+		cert=(--cert /tmp/.build-ca.crt)
+	fi
+	mount -t proc proc "$dest/proc"
+	trap 'umount "$dest/proc" 2>/dev/null || true' EXIT
+	# shellcheck disable=SC2086 # $pips is a word list on purpose
+	chroot "$dest" python3 -m pip install --no-cache-dir --break-system-packages \
+		--root-user-action=ignore "${cert[@]}" $pips
+	umount "$dest/proc"
+	trap - EXIT
+	rm -f "$dest/tmp/.build-ca.crt"
+fi
+
+# Caches and docs are dead weight in a read-only image shared by every sandbox.
+rm -rf "$dest"/var/lib/apt/lists/* "$dest"/var/cache/apt/*.bin \
+	"$dest"/var/cache/apt/archives/*.deb "$dest"/var/cache/apt/archives/partial/* \
+	"$dest"/var/cache/debconf/*-old "$dest"/var/lib/dpkg/*-old \
+	"$dest"/usr/share/doc/* "$dest"/usr/share/man/* "$dest"/usr/share/info/* \
+	"$dest"/var/log/*.log "$dest"/var/log/apt/*
+mkdir -p "$dest/tmp" && chmod 1777 "$dest/tmp"
+# debootstrap copies the build host's resolver and name; a sandbox must not see them.
+: >"$dest/etc/resolv.conf"
+echo sandbox >"$dest/etc/hostname"
+printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost\n' >"$dest/etc/hosts"
+echo "done"

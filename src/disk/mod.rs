@@ -1,0 +1,22 @@
+//! Per-sandbox disk: owns the btrfs pool that holds every sandbox's writable layer
+//! (overlay `upper/` + `work/`), one subvolume per sandbox with a qgroup limit, so a
+//! sandbox that fills its disk gets EDQUOT and the host disk is untouched.
+//!
+//! Setting the pool up (mkfs, loop mount, quota enable) uses the btrfs CLI once per
+//! boot; creating and removing layers is ioctls only, since it is on the sandbox
+//! create/delete path.
+
+mod error;
+mod ioctl;
+mod layer;
+mod pool;
+
+#[cfg(test)]
+mod tests;
+
+pub use error::DiskError;
+pub use layer::validate_id;
+pub use pool::DiskPool;
+
+/// Default per-sandbox limit.
+pub const DEFAULT_LIMIT_BYTES: u64 = 10 << 30;

@@ -1,0 +1,33 @@
+//! Image cache: owns the read-only root filesystems that container sandboxes use as
+//! their overlay lower layer. Images are built from recipes (`rootfs/images/*.sh`,
+//! embedded in the binary, plus optional extra recipe directories), addressed by the
+//! sha256 of the recipe text, built at most once per digest, and stored with every
+//! owner shifted into the sandbox user namespace's host range.
+//!
+//! Layout under `images_dir`:
+//! ```text
+//! sha256-<hex>/rootfs      the image (present only when complete)
+//! sha256-<hex>/lock        flock held while building that digest
+//! sha256-<hex>/recipe.sh   the recipe text the image was built from
+//! sha256-<hex>/meta.json   name, digest, size, build time
+//! by-name/<name>           symlink to the digest dir last built for a name
+//! logs/<name>.log          output of the last build of <name>
+//! trash/                   trees replaced by a forced rebuild (see `build`)
+//! ```
+
+mod build;
+mod cache;
+mod error;
+mod mounts;
+mod name;
+mod recipe;
+mod shift;
+
+#[cfg(test)]
+mod tests;
+
+pub use cache::{Image, ImageCache, ImageInfo};
+pub use error::ImageError;
+pub use name::validate_name;
+pub use recipe::FORMAT_VERSION;
+pub use shift::{ID_OFFSET, ID_RANGE};
