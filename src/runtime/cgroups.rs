@@ -145,18 +145,20 @@ impl SandboxCgroups {
             .unwrap_or(0)
     }
 
-    /// Kills everything in the sandbox's cgroups and removes the per-process
-    /// groups and the sandbox's own groups in every hierarchy. Idempotent:
-    /// the teardown path calls it whatever state the sandbox was left in.
-    pub fn destroy(&self) -> Result<(), CgroupError> {
-        let tops: Vec<PathBuf> = match self.layout {
+    fn tops(&self) -> Vec<PathBuf> {
+        match self.layout {
             Layout::V1 => V1_ALL_HIERARCHIES.iter().map(|h| self.dir(h)).collect(),
             Layout::V2 => vec![self.dir("")],
-        };
+        }
+    }
+
+    /// Kills every process of the sandbox, in every per-process group too.
+    pub fn kill_all(&self) -> Result<(), CgroupError> {
         match self.layout {
             Layout::V2 => {
-                if tops[0].exists() {
-                    kill_v2(&tops[0])?;
+                let top = self.dir("");
+                if top.exists() {
+                    kill_v2(&top)?;
                 }
             }
             Layout::V1 => {
@@ -166,7 +168,29 @@ impl SandboxCgroups {
                 }
             }
         }
-        for top in tops {
+        Ok(())
+    }
+
+    /// Removes the per-process groups (libcontainer cannot remove a sandbox
+    /// group that still has children).
+    pub fn remove_process_groups(&self) {
+        for top in self.tops() {
+            if let Ok(entries) = fs::read_dir(&top) {
+                for entry in entries.flatten() {
+                    if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                        remove_tree(&entry.path());
+                    }
+                }
+            }
+        }
+    }
+
+    /// Kills everything and removes the sandbox's groups in every hierarchy.
+    /// Idempotent: the teardown path calls it whatever state the sandbox was
+    /// left in.
+    pub fn destroy(&self) -> Result<(), CgroupError> {
+        self.kill_all()?;
+        for top in self.tops() {
             remove_tree(&top);
         }
         Ok(())

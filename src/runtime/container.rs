@@ -222,9 +222,10 @@ fn write_etc(config: &ShimConfig, dir: &Path) -> Result<(), ContainerError> {
 pub fn destroy(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Vec<String> {
     let mut problems = Vec::new();
     let cgroups = SandboxCgroups::new(Layout::detect(), cgroups_path);
-    if let Err(e) = cgroups.destroy() {
+    if let Err(e) = cgroups.kill_all() {
         problems.push(e.to_string());
     }
+    cgroups.remove_process_groups();
     let state = paths.container_root().join(id);
     if state.exists() {
         match Container::load(state.clone()) {
@@ -237,9 +238,11 @@ pub fn destroy(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Vec<String
         }
         let _ = fs::remove_dir_all(&state);
     }
-    // libcontainer recreated nothing, but its delete may have raced a
-    // process leaving; a second pass costs nothing when all is gone.
-    let _ = cgroups.destroy();
+    // What libcontainer does not know of (the v1 freezer group) or could not
+    // remove goes here; it costs nothing when all is gone.
+    if let Err(e) = cgroups.destroy() {
+        problems.push(e.to_string());
+    }
     match umount2(&paths.rootfs(), MntFlags::MNT_DETACH) {
         Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
         Err(e) => problems.push(format!("unmounting root: {e}")),

@@ -1,0 +1,98 @@
+//! After many create/delete cycles nothing is left behind: no mount, cgroup,
+//! network namespace, process, btrfs subvolume, run file or store record.
+//! Runs alone in its own binary so other tests' sandboxes do not blur the
+//! before/after comparison.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use common::Daemon;
+use hyper::Method;
+use serde_json::json;
+
+/// Everything on the host a sandbox could leave behind, as comparable sets.
+#[derive(Debug, PartialEq, Eq)]
+struct HostSnapshot {
+    mounts: BTreeSet<String>,
+    cgroups: BTreeSet<String>,
+    netns: BTreeSet<String>,
+    processes: BTreeSet<String>,
+    run_entries: BTreeSet<String>,
+    subvolumes: BTreeSet<String>,
+}
+
+fn dir_names(path: &Path) -> BTreeSet<String> {
+    std::fs::read_dir(path)
+        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .unwrap_or_default()
+}
+
+fn snapshot(daemon: &Daemon) -> HostSnapshot {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    // Image builds (debootstrap mounts /proc in its target) are not sandbox
+    // resources and may run concurrently on a shared image cache.
+    let images = common::images_dir().display().to_string();
+    let mounts = mountinfo
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| !m.starts_with(&images))
+        .map(String::from)
+        .collect();
+    let mut cgroups = BTreeSet::new();
+    for hierarchy in dir_names(Path::new("/sys/fs/cgroup")) {
+        for group in dir_names(&Path::new("/sys/fs/cgroup").join(&hierarchy).join("sandboxd")) {
+            if group.starts_with("sb-") {
+                cgroups.insert(format!("{hierarchy}/{group}"));
+            }
+        }
+    }
+    let mut netns = BTreeSet::new();
+    let mut processes = BTreeSet::new();
+    for pid in dir_names(Path::new("/proc")).into_iter().filter(|p| p.parse::<u32>().is_ok()) {
+        if let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+            netns.insert(ns.display().to_string());
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let sandboxed = status.lines().any(|l| l.starts_with("Uid:") && l.contains("100000"));
+        if sandboxed || cmdline.windows(5).any(|w| w == b"shim\0") {
+            processes.insert(format!("{pid} {}", String::from_utf8_lossy(&cmdline)));
+        }
+    }
+    let subvolumes = std::process::Command::new("btrfs")
+        .args(["subvolume", "list", "-o"])
+        .arg(daemon.state_dir().join("disk"))
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect())
+        .unwrap_or_default();
+    HostSnapshot {
+        mounts,
+        cgroups,
+        netns,
+        processes,
+        run_entries: dir_names(&daemon.run_dir().join("sandboxes")),
+        subvolumes,
+    }
+}
+
+#[tokio::test]
+async fn hundred_create_delete_cycles_leave_nothing() {
+    require_host!();
+    let daemon = Daemon::start();
+    // One warm-up cycle so one-time state (image build, pool) exists before "before".
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    daemon.delete(&id).await;
+    let before = snapshot(&daemon);
+    for _ in 0..100 {
+        let id = daemon.create(json!({"image": "busybox"})).await;
+        let run = daemon.sh(&id, "echo hi > /tmp/f; sleep 100 & echo started").await;
+        assert_eq!(run.out(), "started\n");
+        daemon.delete(&id).await;
+    }
+    let after = snapshot(&daemon);
+    assert_eq!(before, after);
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(list["sandboxes"].as_array().map(Vec::len), Some(0));
+}
