@@ -96,7 +96,7 @@ fn unreachable_shim() -> anyhow::Result<()> {
 }
 
 fn image_command(config: &Config, command: ImageCommand) -> anyhow::Result<()> {
-    let images = ImageCache::open(config.images_dir(), config.image_recipe_dirs.clone())?;
+    let images = ImageCache::open(config.images_dir.clone(), config.image_recipe_dirs.clone())?;
     match command {
         ImageCommand::Build { names, force } => {
             if names.is_empty() {
@@ -149,9 +149,9 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(config.sandboxes_run_dir())
         .with_context(|| format!("creating {}", config.run_dir.display()))?;
     let store = Store::open(&config.store_path())?;
-    let images = ImageCache::open(config.images_dir(), config.image_recipe_dirs.clone())?;
+    let images = ImageCache::open(config.images_dir.clone(), config.image_recipe_dirs.clone())?;
     let disk = DiskPool::open(
-        &config.disk_pool_dir(),
+        &config.disk_pool_dir,
         &config.disk_pool_image(),
         config.disk_pool_gib * 1024 * 1024 * 1024,
     )?;
