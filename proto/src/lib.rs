@@ -64,7 +64,8 @@ pub enum RequestBody {
     Write { handle: u64, data: Vec<u8> },
     /// Read up to `max` bytes (at most [`MAX_CHUNK`]). Reply: [`Reply::Data`], empty at EOF.
     Read { handle: u64, max: u32 },
-    /// Close a handle; for a written file this syncs it. Reply: [`Reply::Ok`].
+    /// Close a handle. Written files are not fsynced: the writable layer does
+    /// not outlive the sandbox. Reply: [`Reply::Ok`].
     Close { handle: u64 },
     /// Reply: [`Reply::Stat`]. Does not follow a final symlink.
     Stat { path: String },

@@ -1,0 +1,295 @@
+//! Fork+exec of one process: stdio (pipes or a PTY), the in-child setup
+//! before exec (cgroup, session, controlling terminal, credentials, cwd) and
+//! telling which step failed when the spawn does.
+
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sandbox_proto::SpawnRequest;
+
+use crate::codefile;
+use crate::process::ProcError;
+use crate::pty;
+
+/// What a successful fork+exec leaves in the agent.
+pub struct Launched {
+    pub pid: i32,
+    pub stdin: Option<OwnedFd>,
+    pub stdout: OwnedFd,
+    pub stderr: Option<OwnedFd>,
+    /// The PTY master duplicate kept for resizing (stdout/stdin hold their own).
+    pub pty_dup: Option<OwnedFd>,
+    pub code_path: Option<PathBuf>,
+}
+
+impl Launched {
+    pub fn kill(&self) {
+        // SAFETY: kill takes plain integers; the pid is our unreaped child.
+        unsafe { libc::kill(self.pid, libc::SIGKILL) };
+    }
+}
+
+/// Writes the run-code file if any, then forks and execs. Blocks until the
+/// exec has happened or failed.
+pub fn launch(request: SpawnRequest, cgroup_fds: Vec<OwnedFd>) -> Result<Launched, ProcError> {
+    let code_path = match &request.code {
+        Some(code) => Some(
+            codefile::write(request.proc, code, request.uid, request.gid)
+                .map_err(ProcError::CodeFile)?,
+        ),
+        None => None,
+    };
+    let launched = fork_exec(&request, code_path.as_deref(), &cgroup_fds);
+    match launched {
+        Ok(mut launched) => {
+            launched.code_path = code_path;
+            Ok(launched)
+        }
+        Err(e) => {
+            if let Some(path) = code_path {
+                codefile::remove(&path);
+            }
+            Err(e)
+        }
+    }
+}
+
+fn fork_exec(
+    request: &SpawnRequest,
+    code_path: Option<&Path>,
+    cgroup_fds: &[OwnedFd],
+) -> Result<Launched, ProcError> {
+    let Some((program, args)) = request.argv.split_first() else {
+        return Err(ProcError::Invalid("argv is empty".into()));
+    };
+    let program = program.clone();
+    let mut command = Command::new(&program);
+    command.args(args);
+    if let Some(path) = code_path {
+        command.arg(path);
+    }
+    command.env_clear();
+    command.envs(request.env.iter().map(|(k, v)| (k, v)));
+
+    let pty = request
+        .pty
+        .map(pty::open)
+        .transpose()
+        .map_err(ProcError::Pty)?;
+    match &pty {
+        Some(pty) => {
+            let slave = |pty: &pty::Pty| {
+                pty.slave
+                    .try_clone()
+                    .map(Stdio::from)
+                    .map_err(ProcError::Pty)
+            };
+            command
+                .stdin(slave(pty)?)
+                .stdout(slave(pty)?)
+                .stderr(slave(pty)?);
+        }
+        None => {
+            command
+                .stdin(if request.stdin {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+        }
+    }
+
+    let (report_read, report_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| ProcError::Prepare(e.into()))?;
+    let cwd = if request.cwd.is_empty() {
+        "/"
+    } else {
+        request.cwd.as_str()
+    };
+    let setup = ChildSetup {
+        cgroup_fds: cgroup_fds.iter().map(AsRawFd::as_raw_fd).collect(),
+        controlling_tty: pty.is_some(),
+        // SAFETY: geteuid has no preconditions.
+        drop_groups: unsafe { libc::geteuid() } == 0,
+        uid: request.uid,
+        gid: request.gid,
+        cwd: CString::new(cwd).map_err(|_| ProcError::Invalid("cwd contains a NUL byte".into()))?,
+        report: report_write.as_raw_fd(),
+    };
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls on data prepared before the fork (see ChildSetup::run).
+    unsafe {
+        command.pre_exec(move || setup.run());
+    }
+    let spawned = command.spawn();
+    // The Command holds the PTY slave copies; the child has its own now.
+    drop(command);
+    drop(report_write);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(source) => {
+            return Err(match failed_step(&report_read) {
+                Some(step) => ProcError::Setup {
+                    step: step.describe(cwd),
+                    source,
+                },
+                None => ProcError::Exec { program, source },
+            })
+        }
+    };
+    // Dropping `child` below neither waits nor kills: the reaper owns that.
+    let pid =
+        i32::try_from(child.id()).map_err(|_| ProcError::Internal("pid out of range".into()))?;
+    let launched = match pty {
+        Some(pty) => {
+            let dup = |fd: &OwnedFd| fd.try_clone();
+            let (stdin, resize) = match (dup(&pty.master), dup(&pty.master)) {
+                (Ok(a), Ok(b)) => (a, b),
+                (Err(e), _) | (_, Err(e)) => {
+                    // SAFETY: kill takes plain integers; the pid is our unreaped child.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                    return Err(ProcError::Pty(e));
+                }
+            };
+            drop(pty.slave);
+            Launched {
+                pid,
+                stdin: Some(stdin),
+                stdout: pty.master,
+                stderr: None,
+                pty_dup: Some(resize),
+                code_path: None,
+            }
+        }
+        None => {
+            let (Some(stdout), Some(stderr)) = (child.stdout.take(), child.stderr.take()) else {
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                return Err(ProcError::Internal("missing output pipes".into()));
+            };
+            Launched {
+                pid,
+                stdin: child.stdin.take().map(OwnedFd::from),
+                stdout: stdout.into(),
+                stderr: Some(stderr.into()),
+                pty_dup: None,
+                code_path: None,
+            }
+        }
+    };
+    Ok(launched)
+}
+
+/// The in-child steps, in order; the failing one reports its index through a pipe.
+#[derive(Clone, Copy)]
+enum Step {
+    Cgroup,
+    Session,
+    Terminal,
+    Groups,
+    Gid,
+    Uid,
+    Cwd,
+}
+
+impl Step {
+    const ALL: [Step; 7] = [
+        Step::Cgroup,
+        Step::Session,
+        Step::Terminal,
+        Step::Groups,
+        Step::Gid,
+        Step::Uid,
+        Step::Cwd,
+    ];
+
+    fn describe(self, cwd: &str) -> String {
+        match self {
+            Step::Cgroup => "moving into the process cgroup".into(),
+            Step::Session => "starting a new session".into(),
+            Step::Terminal => "acquiring the controlling terminal".into(),
+            Step::Groups => "dropping supplementary groups".into(),
+            Step::Gid => "setting the group id".into(),
+            Step::Uid => "setting the user id".into(),
+            Step::Cwd => format!("changing to working directory {cwd}"),
+        }
+    }
+}
+
+fn failed_step(report: &OwnedFd) -> Option<Step> {
+    let mut byte = 0u8;
+    // SAFETY: reads at most one byte into a local. The write end is closed in
+    // both processes by now, so this cannot block.
+    let n = unsafe { libc::read(report.as_raw_fd(), (&mut byte as *mut u8).cast(), 1) };
+    if n == 1 {
+        Step::ALL.get(usize::from(byte)).copied()
+    } else {
+        None
+    }
+}
+
+/// Everything the child needs before exec, prepared before the fork.
+struct ChildSetup {
+    cgroup_fds: Vec<RawFd>,
+    controlling_tty: bool,
+    drop_groups: bool,
+    uid: u32,
+    gid: u32,
+    cwd: CString,
+    report: RawFd,
+}
+
+impl ChildSetup {
+    /// Runs in the forked child: only async-signal-safe calls, no allocation.
+    /// The cgroup move comes first so everything after it is accounted there;
+    /// chdir comes last so it is checked with the target user's rights.
+    fn run(&self) -> io::Result<()> {
+        for &fd in &self.cgroup_fds {
+            // SAFETY: writes one byte from a static string to a descriptor we own.
+            if unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) } != 1 {
+                return self.fail(Step::Cgroup);
+            }
+            // SAFETY: the descriptor is ours (a copy of the parent's) and unused after this.
+            unsafe { libc::close(fd) };
+        }
+        // SAFETY: setsid has no memory-safety preconditions.
+        if unsafe { libc::setsid() } < 0 {
+            return self.fail(Step::Session);
+        }
+        // SAFETY: TIOCSCTTY takes an integer argument; fd 0 is the PTY slave by now.
+        if self.controlling_tty && unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
+            return self.fail(Step::Terminal);
+        }
+        // SAFETY: a zero-length group list with a null pointer is valid for setgroups.
+        if self.drop_groups && unsafe { libc::setgroups(0, std::ptr::null()) } < 0 {
+            return self.fail(Step::Groups);
+        }
+        // SAFETY: setgid/setuid take plain integers.
+        if unsafe { libc::setgid(self.gid) } < 0 {
+            return self.fail(Step::Gid);
+        }
+        // SAFETY: as above.
+        if unsafe { libc::setuid(self.uid) } < 0 {
+            return self.fail(Step::Uid);
+        }
+        // SAFETY: cwd is a valid NUL-terminated string owned by this closure.
+        if unsafe { libc::chdir(self.cwd.as_ptr()) } < 0 {
+            return self.fail(Step::Cwd);
+        }
+        Ok(())
+    }
+
+    fn fail(&self, step: Step) -> io::Result<()> {
+        let err = io::Error::last_os_error();
+        let byte = step as u8;
+        // SAFETY: writes one byte from a local to the report pipe, which is ours.
+        unsafe { libc::write(self.report, (&byte as *const u8).cast(), 1) };
+        Err(err)
+    }
+}

@@ -1,0 +1,440 @@
+//! Processes: the table of tracked processes, the Spawn request's life cycle
+//! (reserve the id, launch, reply, start output and stdin), each process's
+//! supervisor that sends Exit once its output is done, and Signal/ResizePty.
+
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandbox_proto::{
+    AgentError, AgentMessage, ErrorKind, ExitStatus, PtySize, Reply, SpawnRequest, Stream,
+};
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::{oneshot, watch, OwnedSemaphorePermit};
+use tokio::task::JoinHandle;
+
+use crate::agent::Agent;
+use crate::codefile;
+use crate::errors::io_kind;
+use crate::launch::launch;
+use crate::link::ClaimError;
+use crate::output;
+use crate::pty;
+use crate::stdin::{self, StdinJob, StdinQueue};
+
+/// Processes tracked at once (from Spawn until their Exit is sent).
+pub const MAX_PROCS: usize = 1024;
+
+/// How long output may keep flowing after the process itself was reaped:
+/// a descendant holding the pipe open must not delay Exit forever.
+const EXIT_GRACE: Duration = Duration::from_millis(100);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProcError {
+    #[error("too many processes (limit {MAX_PROCS})")]
+    TooMany,
+    #[error("process id {0} is already in use")]
+    DuplicateId(u64),
+    #[error("unknown process {0}")]
+    Unknown(u64),
+    #[error("process {0} is still starting")]
+    Starting(u64),
+    #[error("process {0} was started without stdin")]
+    NoStdin(u64),
+    #[error("process {0} has no terminal")]
+    NoPty(u64),
+    #[error("invalid spawn request: {0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Descriptors(#[from] ClaimError),
+    #[error("writing the code file: {0}")]
+    CodeFile(io::Error),
+    #[error("opening a terminal: {0}")]
+    Pty(io::Error),
+    #[error("preparing the process: {0}")]
+    Prepare(io::Error),
+    #[error("cannot execute {program}: {source}")]
+    Exec { program: String, source: io::Error },
+    #[error("{step} failed: {source}")]
+    Setup { step: String, source: io::Error },
+    #[error("signal {0} is out of range")]
+    BadSignal(i32),
+    #[error("signalling process {proc}: {source}")]
+    Signal { proc: u64, source: io::Error },
+    #[error("resizing the terminal of process {proc}: {source}")]
+    Resize { proc: u64, source: io::Error },
+    #[error("spawn failed: {0}")]
+    Internal(String),
+}
+
+impl From<ProcError> for AgentError {
+    fn from(err: ProcError) -> Self {
+        let kind = match &err {
+            ProcError::Unknown(_) => ErrorKind::UnknownProcess,
+            ProcError::Invalid(_)
+            | ProcError::Descriptors(_)
+            | ProcError::BadSignal(_)
+            | ProcError::DuplicateId(_)
+            | ProcError::NoStdin(_)
+            | ProcError::NoPty(_) => ErrorKind::InvalidInput,
+            ProcError::Exec { source, .. }
+            | ProcError::Setup { source, .. }
+            | ProcError::Signal { source, .. }
+            | ProcError::Resize { source, .. }
+            | ProcError::CodeFile(source)
+            | ProcError::Pty(source)
+            | ProcError::Prepare(source) => io_kind(source),
+            ProcError::TooMany | ProcError::Starting(_) | ProcError::Internal(_) => {
+                ErrorKind::Other
+            }
+        };
+        AgentError::new(kind, err.to_string())
+    }
+}
+
+struct Entry {
+    /// None until the fork has happened.
+    pid: Option<i32>,
+    /// The main process has been waited for; its pid may belong to someone else now.
+    reaped: bool,
+    exit: Option<oneshot::Sender<ExitStatus>>,
+    stdin: Option<UnboundedSender<StdinJob>>,
+    /// Dropped with the entry, which tells the stdin writer the process is gone.
+    _gone: Option<watch::Sender<()>>,
+    /// A duplicate of the PTY master, for ResizePty.
+    pty: Option<OwnedFd>,
+}
+
+#[derive(Default)]
+pub struct ProcTable {
+    procs: HashMap<u64, Entry>,
+    by_pid: HashMap<i32, u64>,
+}
+
+impl ProcTable {
+    fn reserve(&mut self, proc: u64, with_stdin: bool) -> Result<Option<StdinQueue>, ProcError> {
+        if self.procs.contains_key(&proc) {
+            return Err(ProcError::DuplicateId(proc));
+        }
+        if self.procs.len() >= MAX_PROCS {
+            return Err(ProcError::TooMany);
+        }
+        let (stdin, gone, queue) = if with_stdin {
+            let (jobs, gone, queue) = stdin::queue();
+            (Some(jobs), Some(gone), Some(queue))
+        } else {
+            (None, None, None)
+        };
+        self.procs.insert(
+            proc,
+            Entry {
+                pid: None,
+                reaped: false,
+                exit: None,
+                stdin,
+                _gone: gone,
+                pty: None,
+            },
+        );
+        Ok(queue)
+    }
+
+    /// Records a forked process. Called while holding the spawn gate, so the
+    /// reaper cannot have collected `pid` yet.
+    fn register(
+        &mut self,
+        proc: u64,
+        pid: i32,
+        pty: Option<OwnedFd>,
+    ) -> Option<oneshot::Receiver<ExitStatus>> {
+        let entry = self.procs.get_mut(&proc)?;
+        let (tx, rx) = oneshot::channel();
+        entry.pid = Some(pid);
+        entry.exit = Some(tx);
+        entry.pty = pty;
+        self.by_pid.insert(pid, proc);
+        Some(rx)
+    }
+
+    /// Called by the reaper for every child it collects; orphans are ignored.
+    pub fn reaped(&mut self, pid: i32, status: ExitStatus) {
+        let Some(proc) = self.by_pid.remove(&pid) else {
+            return;
+        };
+        if let Some(entry) = self.procs.get_mut(&proc) {
+            entry.reaped = true;
+            if let Some(exit) = entry.exit.take() {
+                let _ = exit.send(status);
+            }
+        }
+    }
+
+    fn remove(&mut self, proc: u64) {
+        if let Some(entry) = self.procs.remove(&proc) {
+            if let (Some(pid), false) = (entry.pid, entry.reaped) {
+                self.by_pid.remove(&pid);
+            }
+        }
+    }
+
+    pub fn stdin(&self, proc: u64) -> Result<UnboundedSender<StdinJob>, ProcError> {
+        let entry = self.procs.get(&proc).ok_or(ProcError::Unknown(proc))?;
+        entry.stdin.clone().ok_or(ProcError::NoStdin(proc))
+    }
+
+    /// Kills every tracked process group, for shutdown.
+    pub fn kill_all(&mut self) {
+        for entry in self.procs.values() {
+            if let Some(pid) = entry.pid {
+                // SAFETY: kill takes plain integers.
+                unsafe { libc::kill(-pid, libc::SIGKILL) };
+                if !entry.reaped {
+                    // SAFETY: as above; the pid is still our unreaped child.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
+            }
+        }
+        self.procs.clear();
+        self.by_pid.clear();
+    }
+}
+
+/// Removes a reservation that never became a running process.
+struct Reservation {
+    agent: Arc<Agent>,
+    proc: u64,
+    armed: bool,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if self.armed {
+            self.agent.procs().remove(self.proc);
+        }
+    }
+}
+
+/// Handles a Spawn request: replies Spawned (or an error), then starts the
+/// output readers and the supervisor. Output never precedes the Spawned reply.
+pub async fn spawn(
+    agent: Arc<Agent>,
+    id: u64,
+    request: SpawnRequest,
+    fds: Result<Vec<OwnedFd>, ClaimError>,
+    permit: OwnedSemaphorePermit,
+) {
+    let proc = request.proc;
+    match start(&agent, request, fds).await {
+        Ok(started) => {
+            let _ = agent
+                .outbox
+                .reply(id, Reply::Spawned { pid: started.pid })
+                .await;
+            drop(permit);
+            started.run(agent, proc);
+        }
+        Err(e) => {
+            let _ = agent.outbox.error(id, e.into()).await;
+        }
+    }
+}
+
+struct Started {
+    pid: i32,
+    exit: oneshot::Receiver<ExitStatus>,
+    stdout: OwnedFd,
+    stderr: Option<OwnedFd>,
+    code_path: Option<PathBuf>,
+}
+
+async fn start(
+    agent: &Arc<Agent>,
+    request: SpawnRequest,
+    fds: Result<Vec<OwnedFd>, ClaimError>,
+) -> Result<Started, ProcError> {
+    let cgroup_fds = fds?;
+    validate(&request)?;
+    let proc = request.proc;
+    let wants_stdin = request.stdin || request.pty.is_some();
+    let queue = agent.procs().reserve(proc, wants_stdin)?;
+    let mut reservation = Reservation {
+        agent: agent.clone(),
+        proc,
+        armed: true,
+    };
+    let gate_agent = agent.clone();
+    let blocking = tokio::task::spawn_blocking(move || {
+        // Held until the pid is registered: the reaper waits for it, so a child
+        // that dies at once (or std reaping a failed exec) cannot race it.
+        let _gate = gate_agent.spawn_gate.blocking_read();
+        let mut launched = launch(request, cgroup_fds)?;
+        let pty = launched.pty_dup.take();
+        match gate_agent.procs().register(proc, launched.pid, pty) {
+            Some(exit) => Ok((launched, exit)),
+            None => {
+                launched.kill();
+                Err(ProcError::Internal("the agent is shutting down".into()))
+            }
+        }
+    });
+    let outcome = match blocking.await {
+        Ok(result) => result,
+        Err(e) => Err(ProcError::Internal(e.to_string())),
+    };
+    let (launched, exit) = match outcome {
+        Ok(pair) => pair,
+        Err(e) => {
+            if let Some(queue) = queue {
+                // Refuses any stdin already queued for the process that never ran.
+                drop(reservation);
+                stdin::start(agent.clone(), proc, None, queue);
+            }
+            return Err(e);
+        }
+    };
+    reservation.armed = false;
+    if let Some(queue) = queue {
+        stdin::start(agent.clone(), proc, launched.stdin, queue);
+    }
+    Ok(Started {
+        pid: launched.pid,
+        exit,
+        stdout: launched.stdout,
+        stderr: launched.stderr,
+        code_path: launched.code_path,
+    })
+}
+
+impl Started {
+    fn run(self, agent: Arc<Agent>, proc: u64) {
+        let (stop, stop_rx) = watch::channel(false);
+        let mut readers = vec![output::start(
+            &agent,
+            proc,
+            Stream::Stdout,
+            self.stdout,
+            stop_rx.clone(),
+        )];
+        if let Some(stderr) = self.stderr {
+            readers.push(output::start(&agent, proc, Stream::Stderr, stderr, stop_rx));
+        }
+        tokio::spawn(supervise(
+            agent,
+            proc,
+            self.exit,
+            readers,
+            stop,
+            self.code_path,
+        ));
+    }
+}
+
+/// Waits for the process to be reaped and its output to drain (or the grace
+/// period to pass), then retires it and sends Exit.
+async fn supervise(
+    agent: Arc<Agent>,
+    proc: u64,
+    exit: oneshot::Receiver<ExitStatus>,
+    mut readers: Vec<JoinHandle<()>>,
+    stop: watch::Sender<bool>,
+    code_path: Option<PathBuf>,
+) {
+    // An error means the table was cleared for shutdown.
+    let Ok(status) = exit.await else { return };
+    if tokio::time::timeout(EXIT_GRACE, join_all(&mut readers))
+        .await
+        .is_err()
+    {
+        let _ = stop.send(true);
+        join_all(&mut readers).await;
+    }
+    // Out of the table before Exit is sent, so the host may reuse the id at once.
+    agent.procs().remove(proc);
+    if let Some(path) = code_path {
+        codefile::remove(&path);
+    }
+    let _ = agent
+        .outbox
+        .send(&AgentMessage::Exit { proc, status })
+        .await;
+}
+
+/// Awaits the handles in turn, dropping each once finished, so it can be
+/// resumed after a timeout without polling a finished handle again.
+async fn join_all(handles: &mut Vec<JoinHandle<()>>) {
+    while let Some(first) = handles.first_mut() {
+        let _ = first.await;
+        handles.remove(0);
+    }
+}
+
+fn validate(request: &SpawnRequest) -> Result<(), ProcError> {
+    let invalid = |what: &str| Err(ProcError::Invalid(what.to_owned()));
+    match request.argv.first() {
+        None => return invalid("argv is empty"),
+        Some(program) if program.is_empty() => return invalid("argv[0] is empty"),
+        Some(_) => {}
+    }
+    if request.argv.iter().any(|arg| arg.contains('\0')) {
+        return invalid("argv contains a NUL byte");
+    }
+    for (key, value) in &request.env {
+        if key.is_empty() || key.contains('=') || key.contains('\0') || value.contains('\0') {
+            return Err(ProcError::Invalid(format!(
+                "bad environment variable name {key:?}"
+            )));
+        }
+    }
+    if request.cwd.contains('\0') {
+        return invalid("cwd contains a NUL byte");
+    }
+    if !request.cwd.is_empty() && !request.cwd.starts_with('/') {
+        return invalid("cwd must be absolute");
+    }
+    Ok(())
+}
+
+/// Sends a signal to the process's group (every process leads its own), or to
+/// the process alone if the group is gone. A process that has already gone
+/// entirely is not an error.
+pub fn signal(agent: &Agent, proc: u64, signal: i32) -> Result<Reply, ProcError> {
+    if !(0..=libc::SIGRTMAX()).contains(&signal) {
+        return Err(ProcError::BadSignal(signal));
+    }
+    let (pid, reaped) = {
+        let table = agent.procs();
+        let entry = table.procs.get(&proc).ok_or(ProcError::Unknown(proc))?;
+        (entry.pid.ok_or(ProcError::Starting(proc))?, entry.reaped)
+    };
+    // SAFETY: kill takes plain integers.
+    if unsafe { libc::kill(-pid, signal) } == 0 {
+        return Ok(Reply::Ok);
+    }
+    let mut err = io::Error::last_os_error();
+    // Once reaped, the bare pid may have been reused; only the group is safe.
+    if err.raw_os_error() == Some(libc::ESRCH) && !reaped {
+        // SAFETY: as above; the pid is our unreaped child.
+        if unsafe { libc::kill(pid, signal) } == 0 {
+            return Ok(Reply::Ok);
+        }
+        err = io::Error::last_os_error();
+    }
+    if err.raw_os_error() == Some(libc::ESRCH) {
+        return Ok(Reply::Ok);
+    }
+    Err(ProcError::Signal { proc, source: err })
+}
+
+pub fn resize(agent: &Agent, proc: u64, size: PtySize) -> Result<Reply, ProcError> {
+    let table = agent.procs();
+    let entry = table.procs.get(&proc).ok_or(ProcError::Unknown(proc))?;
+    if entry.pid.is_none() {
+        return Err(ProcError::Starting(proc));
+    }
+    let master = entry.pty.as_ref().ok_or(ProcError::NoPty(proc))?;
+    pty::resize(master.as_fd(), size).map_err(|source| ProcError::Resize { proc, source })?;
+    Ok(Reply::Ok)
+}
