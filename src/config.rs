@@ -15,7 +15,10 @@ pub enum ConfigError {
     #[error("config file {path} is not valid: {message}")]
     Parse { path: PathBuf, message: String },
     #[error("config field `{field}` is invalid: {message}")]
-    Invalid { field: &'static str, message: String },
+    Invalid {
+        field: &'static str,
+        message: String,
+    },
 }
 
 /// Every field is optional so the same struct serves as the TOML file and as
@@ -91,6 +94,10 @@ pub struct ConfigOverrides {
     /// Largest file upload accepted.
     #[arg(long)]
     pub max_upload_mib: Option<u64>,
+    /// Ready sandboxes of the default image and limits kept warm; a create
+    /// that asks for exactly those takes one instead of starting cold.
+    #[arg(long)]
+    pub pool_size: Option<usize>,
     /// Seconds a create may take to become ready before it fails.
     #[arg(long)]
     pub ready_timeout_seconds: Option<u64>,
@@ -125,6 +132,7 @@ pub struct Config {
     pub output_buffer_kib: u64,
     pub max_upload_mib: u64,
     pub ready_timeout_seconds: u64,
+    pub pool_size: usize,
 }
 
 /// Size of the id range every sandbox's user namespace maps.
@@ -143,7 +151,11 @@ impl Config {
     fn merge(flags: ConfigOverrides, file: ConfigOverrides) -> Result<Self, ConfigError> {
         macro_rules! pick {
             ($field:ident, $default:expr) => {
-                flags.$field.clone().or(file.$field.clone()).unwrap_or_else(|| $default)
+                flags
+                    .$field
+                    .clone()
+                    .or(file.$field.clone())
+                    .unwrap_or_else(|| $default)
             };
         }
         let host_cpus = std::thread::available_parallelism()
@@ -181,6 +193,7 @@ impl Config {
             output_buffer_kib: pick!(output_buffer_kib, 4096),
             max_upload_mib: pick!(max_upload_mib, 1024),
             ready_timeout_seconds: pick!(ready_timeout_seconds, 30),
+            pool_size: pick!(pool_size, 0),
         };
         config.validate()?;
         Ok(config)
@@ -192,7 +205,10 @@ impl Config {
             message: message.to_string(),
         };
         if !(self.default_cpu > 0.0 && self.default_cpu <= self.max_cpu) {
-            return Err(invalid("default_cpu", "must be above 0 and at most max_cpu"));
+            return Err(invalid(
+                "default_cpu",
+                "must be above 0 and at most max_cpu",
+            ));
         }
         if self.default_memory_mib < 16 || self.default_memory_mib > self.max_memory_mib {
             return Err(invalid(
@@ -207,7 +223,10 @@ impl Config {
             ));
         }
         if self.default_pids < 8 || self.default_pids > self.max_pids {
-            return Err(invalid("default_pids", "must be at least 8 and at most max_pids"));
+            return Err(invalid(
+                "default_pids",
+                "must be at least 8 and at most max_pids",
+            ));
         }
         if self.default_ttl_seconds == 0 || self.default_ttl_seconds < -1 {
             return Err(invalid(
@@ -223,6 +242,9 @@ impl Config {
         }
         if self.output_buffer_kib < 64 {
             return Err(invalid("output_buffer_kib", "must be at least 64"));
+        }
+        if self.pool_size > self.max_sandboxes {
+            return Err(invalid("pool_size", "must not exceed max_sandboxes"));
         }
         if self.max_sandboxes == 0 {
             return Err(invalid("max_sandboxes", "must be at least 1"));

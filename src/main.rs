@@ -2,7 +2,6 @@
 //! and operator commands (`sandboxd image build NAME`).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
@@ -15,7 +14,11 @@ use sandboxd::sandbox::Manager;
 use sandboxd::store::Store;
 
 #[derive(Parser)]
-#[command(name = "sandboxd", version, about = "Runs untrusted code in throwaway sandboxes")]
+#[command(
+    name = "sandboxd",
+    version,
+    about = "Runs untrusted code in throwaway sandboxes"
+)]
 struct Cli {
     /// TOML config file; flags override its fields.
     #[arg(long, global = true)]
@@ -162,16 +165,18 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
     runtime.block_on(async move {
         let manager = Manager::new(config.clone(), store, images, disk);
         manager.recover().await?;
-        tokio::spawn(Arc::clone(&manager).reap_expired());
-        let listener = sandboxd::api::server::listen(&config.socket, config.socket_group.as_deref())?;
+        manager.start_background();
+        let listener =
+            sandboxd::api::server::listen(&config.socket, config.socket_group.as_deref())?;
         tracing::info!(socket = %config.socket.display(), "sandboxd ready");
         notify_systemd("READY=1");
-        let app = sandboxd::api::server::router(manager);
+        let app = sandboxd::api::server::router(std::sync::Arc::clone(&manager));
         axum::serve(listener, app)
             .with_graceful_shutdown(shutdown_signal())
             .await
             .context("serving the API")?;
         notify_systemd("STOPPING=1");
+        manager.drain_pool().await;
         tracing::info!("sandboxd stopped; sandboxes keep running under their supervisors");
         Ok(())
     })
@@ -179,7 +184,10 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
 
 async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
         return std::future::pending().await;
     };
     tokio::select! {

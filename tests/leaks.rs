@@ -25,7 +25,11 @@ struct HostSnapshot {
 
 fn dir_names(path: &Path) -> BTreeSet<String> {
     std::fs::read_dir(path)
-        .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -42,7 +46,11 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
         .collect();
     let mut cgroups = BTreeSet::new();
     for hierarchy in dir_names(Path::new("/sys/fs/cgroup")) {
-        for group in dir_names(&Path::new("/sys/fs/cgroup").join(&hierarchy).join("sandboxd")) {
+        for group in dir_names(
+            &Path::new("/sys/fs/cgroup")
+                .join(&hierarchy)
+                .join("sandboxd"),
+        ) {
             if group.starts_with("sb-") {
                 cgroups.insert(format!("{hierarchy}/{group}"));
             }
@@ -50,13 +58,18 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
     }
     let mut netns = BTreeSet::new();
     let mut processes = BTreeSet::new();
-    for pid in dir_names(Path::new("/proc")).into_iter().filter(|p| p.parse::<u32>().is_ok()) {
+    for pid in dir_names(Path::new("/proc"))
+        .into_iter()
+        .filter(|p| p.parse::<u32>().is_ok())
+    {
         if let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
             netns.insert(ns.display().to_string());
         }
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let sandboxed = status.lines().any(|l| l.starts_with("Uid:") && l.contains("100000"));
+        let sandboxed = status
+            .lines()
+            .any(|l| l.starts_with("Uid:") && l.contains("100000"));
         if sandboxed || cmdline.windows(5).any(|w| w == b"shim\0") {
             processes.insert(format!("{pid} {}", String::from_utf8_lossy(&cmdline)));
         }
@@ -65,7 +78,12 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
         .args(["subvolume", "list", "-o"])
         .arg(daemon.state_dir().join("disk"))
         .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect())
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(String::from)
+                .collect()
+        })
         .unwrap_or_default();
     HostSnapshot {
         mounts,
@@ -87,7 +105,9 @@ async fn hundred_create_delete_cycles_leave_nothing() {
     let before = snapshot(&daemon);
     for _ in 0..100 {
         let id = daemon.create(json!({"image": "busybox"})).await;
-        let run = daemon.sh(&id, "echo hi > /tmp/f; sleep 100 & echo started").await;
+        let run = daemon
+            .sh(&id, "echo hi > /tmp/f; sleep 100 & echo started")
+            .await;
         assert_eq!(run.out(), "started\n");
         daemon.delete(&id).await;
     }

@@ -19,7 +19,11 @@ async fn sigkill_restart_keeps_sandboxes_and_processes() {
         .start_process(&id, json!({"argv": ["sh", "-c", "echo before; cat > /dev/null; echo after"], "stdin": true}))
         .await;
     let (status, before) = daemon
-        .call(Method::GET, &format!("/v1/sandboxes/{id}/processes/{proc}"), None)
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/processes/{proc}"),
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(before["state"], "running");
@@ -27,17 +31,27 @@ async fn sigkill_restart_keeps_sandboxes_and_processes() {
     daemon.kill(Signal::SIGKILL);
     daemon.restart();
 
-    let (status, sandbox) = daemon.call(Method::GET, &format!("/v1/sandboxes/{id}"), None).await;
+    let (status, sandbox) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
     assert_eq!(status, StatusCode::OK, "{sandbox}");
     assert_eq!(sandbox["state"], "ready");
     let (_, process) = daemon
-        .call(Method::GET, &format!("/v1/sandboxes/{id}/processes/{proc}"), None)
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/processes/{proc}"),
+            None,
+        )
         .await;
     assert_eq!(process["state"], "running");
     assert_eq!(process["pid"], before["pid"]);
 
     let (status, _) = daemon
-        .raw(Method::DELETE, &format!("/v1/sandboxes/{id}/processes/{proc}/stdin"), Vec::new())
+        .raw(
+            Method::DELETE,
+            &format!("/v1/sandboxes/{id}/processes/{proc}/stdin"),
+            Vec::new(),
+        )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
     // "before\n" is 7 bytes: resuming there yields only what came after.

@@ -116,7 +116,10 @@ mod tests {
     fn oversized_header_is_refused_before_buffering() {
         let mut decoder = FrameDecoder::new();
         decoder.push(&((MAX_FRAME as u32) + 1).to_le_bytes());
-        assert_eq!(decoder.next_frame(), Err(FrameError::TooLarge(MAX_FRAME + 1)));
+        assert_eq!(
+            decoder.next_frame(),
+            Err(FrameError::TooLarge(MAX_FRAME + 1))
+        );
     }
 
     #[test]

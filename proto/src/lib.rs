@@ -72,7 +72,11 @@ pub enum RequestBody {
     /// Reply: [`Reply::Entries`], sorted by name.
     ListDir { path: String },
     /// Reply: [`Reply::Ok`].
-    Mkdir { path: String, parents: bool, mode: u32 },
+    Mkdir {
+        path: String,
+        parents: bool,
+        mode: u32,
+    },
     /// Reply: [`Reply::Ok`].
     Remove { path: String, recursive: bool },
 }
@@ -110,10 +114,17 @@ pub struct PtySize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum Reply {
     Ok,
-    Health { version: u32 },
+    Health {
+        version: u32,
+    },
     /// `pid` is the process id inside the sandbox.
-    Spawned { pid: i32 },
-    Opened { handle: u64, size: u64 },
+    Spawned {
+        pid: i32,
+    },
+    Opened {
+        handle: u64,
+        size: u64,
+    },
     Data(Vec<u8>),
     Stat(FileStat),
     Entries(Vec<FileStat>),
@@ -123,10 +134,22 @@ pub enum Reply {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum AgentMessage {
     /// First message on a new link.
-    Hello { version: u32 },
-    Reply { id: u64, reply: Reply },
-    Output { proc: u64, stream: Stream, data: Vec<u8> },
-    Exit { proc: u64, status: ExitStatus },
+    Hello {
+        version: u32,
+    },
+    Reply {
+        id: u64,
+        reply: Reply,
+    },
+    Output {
+        proc: u64,
+        stream: Stream,
+        data: Vec<u8>,
+    },
+    Exit {
+        proc: u64,
+        status: ExitStatus,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -34,7 +34,10 @@ fn flag(query: &BTreeMap<String, String>, name: &str) -> ApiResult<bool> {
     match query.get(name).map(String::as_str) {
         None | Some("false") | Some("0") => Ok(false),
         Some("true") | Some("1") | Some("") => Ok(true),
-        Some(other) => Err(ApiError::bad("invalid_query", format!("{name} must be true or false, got {other:?}"))),
+        Some(other) => Err(ApiError::bad(
+            "invalid_query",
+            format!("{name} must be true or false, got {other:?}"),
+        )),
     }
 }
 
@@ -45,7 +48,12 @@ fn mode(query: &BTreeMap<String, String>, default: u32) -> ApiResult<u32> {
             .parse::<u32>()
             .ok()
             .filter(|m| *m <= 0o7777)
-            .ok_or_else(|| ApiError::bad("invalid_mode", format!("mode must be a decimal number up to 4095 (0o7777), got {m:?}"))),
+            .ok_or_else(|| {
+                ApiError::bad(
+                    "invalid_mode",
+                    format!("mode must be a decimal number up to 4095 (0o7777), got {m:?}"),
+                )
+            }),
     }
 }
 
@@ -74,16 +82,27 @@ async fn agent(conn: &mut ShimConn, body: RequestBody) -> ApiResult<Reply> {
         ShimReply::Agent(Reply::Error(e)) => Err(ApiError(e.into())),
         ShimReply::Agent(reply) => Ok(reply),
         ShimReply::Error(e) => Err(ApiError(e.into())),
-        other => Err(ApiError(SandboxError::internal(format!("unexpected reply {other:?}")))),
+        other => Err(ApiError(SandboxError::internal(format!(
+            "unexpected reply {other:?}"
+        )))),
     }
 }
 
 fn unexpected(reply: Reply) -> ApiError {
-    ApiError(SandboxError::internal(format!("unexpected agent reply {reply:?}")))
+    ApiError(SandboxError::internal(format!(
+        "unexpected agent reply {reply:?}"
+    )))
 }
 
 async fn stat_of(conn: &mut ShimConn, path: &str) -> ApiResult<FileInfo> {
-    match agent(conn, RequestBody::Stat { path: path.to_string() }).await? {
+    match agent(
+        conn,
+        RequestBody::Stat {
+            path: path.to_string(),
+        },
+    )
+    .await?
+    {
         Reply::Stat(s) => Ok(info(s)),
         other => Err(unexpected(other)),
     }
@@ -99,7 +118,15 @@ pub async fn upload(
     let mode = mode(&query, 0o644)?;
     let limit = manager.config.max_upload_mib * 1024 * 1024;
     let mut conn = manager.connect(&id).await?;
-    let handle = match agent(&mut conn, RequestBody::OpenWrite { path: path.clone(), mode }).await? {
+    let handle = match agent(
+        &mut conn,
+        RequestBody::OpenWrite {
+            path: path.clone(),
+            mode,
+        },
+    )
+    .await?
+    {
         Reply::Opened { handle, .. } => handle,
         other => return Err(unexpected(other)),
     };
@@ -108,11 +135,16 @@ pub async fn upload(
         let mut pending: Vec<u8> = Vec::with_capacity(MAX_CHUNK);
         let mut total: u64 = 0;
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| ApiError::bad("upload_interrupted", format!("reading the upload: {e}")))?;
+            let chunk = chunk.map_err(|e| {
+                ApiError::bad("upload_interrupted", format!("reading the upload: {e}"))
+            })?;
             total += chunk.len() as u64;
             if total > limit {
                 return Err(ApiError(SandboxError::TooLarge {
-                    message: format!("uploads are limited to {} MiB", manager.config.max_upload_mib),
+                    message: format!(
+                        "uploads are limited to {} MiB",
+                        manager.config.max_upload_mib
+                    ),
                 }));
             }
             let mut rest: &[u8] = &chunk;
@@ -127,7 +159,14 @@ pub async fn upload(
             }
         }
         if !pending.is_empty() {
-            agent(&mut conn, RequestBody::Write { handle, data: pending }).await?;
+            agent(
+                &mut conn,
+                RequestBody::Write {
+                    handle,
+                    data: pending,
+                },
+            )
+            .await?;
         }
         Ok(())
     }
@@ -135,7 +174,14 @@ pub async fn upload(
     let closed = agent(&mut conn, RequestBody::Close { handle }).await;
     if let Err(e) = result {
         // A partial file is worse than none.
-        let _ = agent(&mut conn, RequestBody::Remove { path, recursive: false }).await;
+        let _ = agent(
+            &mut conn,
+            RequestBody::Remove {
+                path,
+                recursive: false,
+            },
+        )
+        .await;
         return Err(e);
     }
     closed?;
@@ -155,14 +201,28 @@ pub async fn download(
     };
     let stream = futures::stream::unfold(Some(conn), move |conn| async move {
         let mut conn = conn?;
-        let read = agent(&mut conn, RequestBody::Read { handle, max: MAX_CHUNK as u32 }).await;
+        let read = agent(
+            &mut conn,
+            RequestBody::Read {
+                handle,
+                max: MAX_CHUNK as u32,
+            },
+        )
+        .await;
         match read {
-            Ok(Reply::Data(data)) if !data.is_empty() => Some((Ok::<Bytes, std::io::Error>(Bytes::from(data)), Some(conn))),
+            Ok(Reply::Data(data)) if !data.is_empty() => {
+                Some((Ok::<Bytes, std::io::Error>(Bytes::from(data)), Some(conn)))
+            }
             Ok(Reply::Data(_)) => {
                 let _ = agent(&mut conn, RequestBody::Close { handle }).await;
                 None
             }
-            _ => Some((Err(std::io::Error::other("reading the file inside the sandbox failed")), None)),
+            _ => Some((
+                Err(std::io::Error::other(
+                    "reading the file inside the sandbox failed",
+                )),
+                None,
+            )),
         }
     });
     Ok((
@@ -210,7 +270,15 @@ pub async fn mkdir(
     let parents = flag(&query, "parents")?;
     let mode = mode(&query, 0o755)?;
     let mut conn = manager.connect(&id).await?;
-    agent(&mut conn, RequestBody::Mkdir { path: path.clone(), parents, mode }).await?;
+    agent(
+        &mut conn,
+        RequestBody::Mkdir {
+            path: path.clone(),
+            parents,
+            mode,
+        },
+    )
+    .await?;
     Ok((StatusCode::CREATED, Json(stat_of(&mut conn, &path).await?)))
 }
 
@@ -221,7 +289,10 @@ pub async fn remove(
 ) -> ApiResult<StatusCode> {
     let path = path_param(&query)?;
     if path == "/" {
-        return Err(ApiError::bad("invalid_path", "refusing to remove the sandbox's root"));
+        return Err(ApiError::bad(
+            "invalid_path",
+            "refusing to remove the sandbox's root",
+        ));
     }
     let recursive = flag(&query, "recursive")?;
     let mut conn = manager.connect(&id).await?;

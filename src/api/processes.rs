@@ -26,7 +26,12 @@ const MAX_ARGV_BYTES: usize = 1 << 20;
 const MAX_TIMEOUT_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
 
 /// One request to the sandbox's supervisor, its error turned into an API error.
-pub async fn call(manager: &Manager, id: &str, request: ShimRequest, deadline: Duration) -> ApiResult<ShimReply> {
+pub async fn call(
+    manager: &Manager,
+    id: &str,
+    request: ShimRequest,
+    deadline: Duration,
+) -> ApiResult<ShimReply> {
     let mut conn = manager.connect(id).await?;
     match conn.call(&request, deadline).await? {
         ShimReply::Error(e) => Err(ApiError(e.into())),
@@ -35,7 +40,9 @@ pub async fn call(manager: &Manager, id: &str, request: ShimRequest, deadline: D
 }
 
 fn unexpected(reply: ShimReply) -> ApiError {
-    ApiError(SandboxError::internal(format!("unexpected supervisor reply {reply:?}")))
+    ApiError(SandboxError::internal(format!(
+        "unexpected supervisor reply {reply:?}"
+    )))
 }
 
 fn interpreter(language: &str) -> ApiResult<Vec<String>> {
@@ -66,33 +73,55 @@ fn spawn_spec(request: StartProcess) -> ApiResult<SpawnSpec> {
             let language = request.language.as_deref().unwrap_or("python");
             (interpreter(language)?, Some(code.into_bytes()))
         }
-        (Some(_), Some(_)) => return Err(ApiError::bad("invalid_request", "give argv or code, not both")),
-        (None, None) => return Err(ApiError::bad("invalid_request", "give argv (a command) or code (with a language)")),
+        (Some(_), Some(_)) => {
+            return Err(ApiError::bad(
+                "invalid_request",
+                "give argv or code, not both",
+            ))
+        }
+        (None, None) => {
+            return Err(ApiError::bad(
+                "invalid_request",
+                "give argv (a command) or code (with a language)",
+            ))
+        }
     };
-    let size: usize = argv.iter().map(String::len).sum::<usize>() + code.as_ref().map_or(0, Vec::len);
+    let size: usize =
+        argv.iter().map(String::len).sum::<usize>() + code.as_ref().map_or(0, Vec::len);
     if size > MAX_ARGV_BYTES || argv.iter().any(|a| a.contains('\0')) {
         return Err(ApiError::bad(
             "invalid_argv",
-            format!("argv and code together must be under {MAX_ARGV_BYTES} bytes, without NUL in argv"),
+            format!(
+                "argv and code together must be under {MAX_ARGV_BYTES} bytes, without NUL in argv"
+            ),
         ));
     }
     crate::sandbox::validated_env(&request.env)?;
     let cwd = request.cwd.as_deref().map(sandbox_path).transpose()?;
-    let timeout_ms = match request.timeout_seconds {
-        None => None,
-        Some(t) if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECONDS => Some((t * 1000.0).ceil() as u64),
-        Some(t) => {
-            return Err(ApiError::bad(
+    let timeout_ms =
+        match request.timeout_seconds {
+            None => None,
+            Some(t) if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECONDS => {
+                Some((t * 1000.0).ceil() as u64)
+            }
+            Some(t) => return Err(ApiError::bad(
                 "invalid_timeout",
-                format!("timeout_seconds must be above 0 and at most {MAX_TIMEOUT_SECONDS}, got {t}"),
-            ))
-        }
-    };
+                format!(
+                    "timeout_seconds must be above 0 and at most {MAX_TIMEOUT_SECONDS}, got {t}"
+                ),
+            )),
+        };
     let pty = match request.pty {
         Some(p) if p.rows == 0 || p.cols == 0 => {
-            return Err(ApiError::bad("invalid_pty", "pty rows and cols must be above 0"))
+            return Err(ApiError::bad(
+                "invalid_pty",
+                "pty rows and cols must be above 0",
+            ))
         }
-        Some(p) => Some(sandbox_proto::PtySize { rows: p.rows, cols: p.cols }),
+        Some(p) => Some(sandbox_proto::PtySize {
+            rows: p.rows,
+            cols: p.cols,
+        }),
         None => None,
     };
     let uid = request.uid.unwrap_or(0);
@@ -121,7 +150,10 @@ pub async fn start(
     }
 }
 
-pub async fn list(State(manager): State<Arc<Manager>>, Path(id): Path<String>) -> ApiResult<impl IntoResponse> {
+pub async fn list(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
     match call(&manager, &id, ShimRequest::List, CALL_DEADLINE).await? {
         ShimReply::Processes(processes) => Ok(Json(ProcessList { processes })),
         other => Err(unexpected(other)),
@@ -182,7 +214,11 @@ pub async fn output(
         };
         let b64 = base64::engine::general_purpose::STANDARD;
         let (event, done) = match reply {
-            ShimReply::Output { stream, offset, data } => {
+            ShimReply::Output {
+                stream,
+                offset,
+                data,
+            } => {
                 let data = b64.encode(data);
                 let event = match stream {
                     sandbox_proto::Stream::Stdout => OutputEvent::Stdout { offset, data },
@@ -201,9 +237,16 @@ pub async fn output(
             _ => return None,
         };
         let next_conn = if done { None } else { Some(conn) };
-        Some((Ok::<Bytes, std::io::Error>(ndjson(&event)), (None, next_conn)))
+        Some((
+            Ok::<Bytes, std::io::Error>(ndjson(&event)),
+            (None, next_conn),
+        ))
     });
-    Ok(([("content-type", "application/x-ndjson")], Body::from_stream(stream)).into_response())
+    Ok((
+        [("content-type", "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
 
 pub async fn write_stdin(
@@ -212,7 +255,10 @@ pub async fn write_stdin(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     for chunk in body.chunks(sandbox_proto::MAX_CHUNK) {
-        let request = ShimRequest::WriteStdin { proc, data: chunk.to_vec() };
+        let request = ShimRequest::WriteStdin {
+            proc,
+            data: chunk.to_vec(),
+        };
         call(&manager, &id, request, CALL_DEADLINE).await?;
     }
     Ok(StatusCode::NO_CONTENT)
@@ -222,20 +268,36 @@ pub async fn close_stdin(
     State(manager): State<Arc<Manager>>,
     Path((id, proc)): Path<(String, u64)>,
 ) -> ApiResult<StatusCode> {
-    call(&manager, &id, ShimRequest::CloseStdin { proc }, CALL_DEADLINE).await?;
+    call(
+        &manager,
+        &id,
+        ShimRequest::CloseStdin { proc },
+        CALL_DEADLINE,
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 fn parse_signal(value: &serde_json::Value) -> ApiResult<i32> {
-    let bad = || ApiError::bad("invalid_signal", format!("signal {value} is not a signal number or name like \"TERM\""));
+    let bad = || {
+        ApiError::bad(
+            "invalid_signal",
+            format!("signal {value} is not a signal number or name like \"TERM\""),
+        )
+    };
     let signal = match value {
         serde_json::Value::Number(n) => {
             let n = n.as_i64().ok_or_else(bad)?;
-            nix::sys::signal::Signal::try_from(i32::try_from(n).map_err(|_| bad())?).map_err(|_| bad())?
+            nix::sys::signal::Signal::try_from(i32::try_from(n).map_err(|_| bad())?)
+                .map_err(|_| bad())?
         }
         serde_json::Value::String(s) => {
             let upper = s.to_ascii_uppercase();
-            let name = if upper.starts_with("SIG") { upper } else { format!("SIG{upper}") };
+            let name = if upper.starts_with("SIG") {
+                upper
+            } else {
+                format!("SIG{upper}")
+            };
             nix::sys::signal::Signal::from_str(&name).map_err(|_| bad())?
         }
         _ => return Err(bad()),
@@ -250,7 +312,13 @@ pub async fn signal(
 ) -> ApiResult<StatusCode> {
     let request: SendSignal = parse_json(&body)?;
     let signal = parse_signal(&request.signal)?;
-    call(&manager, &id, ShimRequest::Signal { proc, signal }, CALL_DEADLINE).await?;
+    call(
+        &manager,
+        &id,
+        ShimRequest::Signal { proc, signal },
+        CALL_DEADLINE,
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -272,11 +340,19 @@ pub async fn wait(
             .parse()
             .ok()
             .filter(|t: &f64| t.is_finite() && *t >= 0.0 && *t <= 3600.0)
-            .ok_or_else(|| ApiError::bad("invalid_timeout", "timeout_seconds must be between 0 and 3600"))?,
+            .ok_or_else(|| {
+                ApiError::bad(
+                    "invalid_timeout",
+                    "timeout_seconds must be between 0 and 3600",
+                )
+            })?,
         None => 30.0,
     };
     let timeout = Duration::from_secs_f64(seconds);
-    let request = ShimRequest::Wait { proc, timeout_ms: timeout.as_millis() as u64 };
+    let request = ShimRequest::Wait {
+        proc,
+        timeout_ms: timeout.as_millis() as u64,
+    };
     match call(&manager, &id, request, timeout + CALL_DEADLINE).await? {
         ShimReply::Process(p) => Ok(Json(p)),
         other => Err(unexpected(other)),

@@ -17,6 +17,7 @@ pub async fn health(State(manager): State<Arc<Manager>>) -> Json<Health> {
         status: "ok".into(),
         version: env!("CARGO_PKG_VERSION").into(),
         sandboxes: manager.count(),
+        pooled: manager.pooled(),
     })
 }
 
@@ -24,7 +25,10 @@ pub async fn openapi() -> impl IntoResponse {
     ([("content-type", "application/json")], super::OPENAPI)
 }
 
-pub async fn create(State(manager): State<Arc<Manager>>, body: Bytes) -> ApiResult<impl IntoResponse> {
+pub async fn create(
+    State(manager): State<Arc<Manager>>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
     let request: CreateSandbox = parse_json(&body)?;
     let sandbox = manager.create(request).await?;
     Ok((StatusCode::CREATED, Json(sandbox)))
@@ -36,11 +40,17 @@ pub async fn list(State(manager): State<Arc<Manager>>) -> Json<SandboxList> {
     })
 }
 
-pub async fn get(State(manager): State<Arc<Manager>>, Path(id): Path<String>) -> ApiResult<impl IntoResponse> {
+pub async fn get(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
     Ok(Json(manager.get(&id).await?))
 }
 
-pub async fn delete(State(manager): State<Arc<Manager>>, Path(id): Path<String>) -> ApiResult<StatusCode> {
+pub async fn delete(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+) -> ApiResult<StatusCode> {
     manager.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -17,21 +17,41 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/health", get(sandboxes::health))
         .route("/openapi.json", get(sandboxes::openapi))
         .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
-        .route("/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::delete))
+        .route(
+            "/sandboxes/{id}",
+            get(sandboxes::get).delete(sandboxes::delete),
+        )
         .route("/sandboxes/{id}/ttl", put(sandboxes::set_ttl))
-        .route("/sandboxes/{id}/processes", post(processes::start).get(processes::list))
+        .route(
+            "/sandboxes/{id}/processes",
+            post(processes::start).get(processes::list),
+        )
         .route("/sandboxes/{id}/processes/{proc}", get(processes::get))
-        .route("/sandboxes/{id}/processes/{proc}/output", get(processes::output))
+        .route(
+            "/sandboxes/{id}/processes/{proc}/output",
+            get(processes::output),
+        )
         .route(
             "/sandboxes/{id}/processes/{proc}/stdin",
             post(processes::write_stdin).delete(processes::close_stdin),
         )
-        .route("/sandboxes/{id}/processes/{proc}/signal", post(processes::signal))
-        .route("/sandboxes/{id}/processes/{proc}/kill", post(processes::kill))
-        .route("/sandboxes/{id}/processes/{proc}/wait", get(processes::wait))
+        .route(
+            "/sandboxes/{id}/processes/{proc}/signal",
+            post(processes::signal),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{proc}/kill",
+            post(processes::kill),
+        )
+        .route(
+            "/sandboxes/{id}/processes/{proc}/wait",
+            get(processes::wait),
+        )
         .route(
             "/sandboxes/{id}/files",
-            put(files::upload).get(files::download).delete(files::remove),
+            put(files::upload)
+                .get(files::download)
+                .delete(files::remove),
         )
         .route("/sandboxes/{id}/files/list", get(files::list))
         .route("/sandboxes/{id}/files/stat", get(files::stat))
@@ -46,7 +66,10 @@ pub fn router(manager: Arc<Manager>) -> Router {
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
     #[error("cannot listen on {path}: {source}")]
-    Bind { path: String, source: std::io::Error },
+    Bind {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("socket group {0:?} does not exist; create it or change `socket_group`")]
     NoGroup(String),
 }

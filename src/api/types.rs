@@ -39,7 +39,7 @@ pub struct CreateSandbox {
     pub labels: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub cpu: f64,
     pub memory_mib: u64,
@@ -162,11 +162,22 @@ pub struct ProcessList {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum OutputEvent {
     /// `data` is base64; `offset` counts bytes of that stream before this chunk.
-    Stdout { offset: u64, data: String },
-    Stderr { offset: u64, data: String },
+    Stdout {
+        offset: u64,
+        data: String,
+    },
+    Stderr {
+        offset: u64,
+        data: String,
+    },
     /// Bytes of a stream lost before `offset` because the buffer overflowed.
-    Dropped { stream: String, bytes: u64 },
-    Exit { process: Process },
+    Dropped {
+        stream: String,
+        bytes: u64,
+    },
+    Exit {
+        process: Process,
+    },
 }
 
 /// `POST .../processes/{pid}/signal`
@@ -200,7 +211,11 @@ pub struct FileList {
 pub struct Health {
     pub status: String,
     pub version: String,
+    /// Sandboxes handed to callers.
     pub sandboxes: usize,
+    /// Ready sandboxes waiting in the warm pool.
+    #[serde(default)]
+    pub pooled: usize,
 }
 
 /// The one error shape of the API.

@@ -6,7 +6,10 @@ use std::path::Path;
 #[derive(Debug, thiserror::Error)]
 pub enum AgentBinaryError {
     #[error("sandbox agent {path} is missing ({source}); build it with `scripts/build.sh` or set `agent_path`")]
-    Missing { path: String, source: std::io::Error },
+    Missing {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("sandbox agent {path} is not an x86_64 ELF executable")]
     NotElf { path: String },
     #[error("sandbox agent {path} is dynamically linked; build it with RUSTFLAGS=\"-C target-feature=+crt-static\" --target x86_64-unknown-linux-gnu")]
@@ -21,12 +24,18 @@ pub fn check(path: &Path) -> Result<(), AgentBinaryError> {
         path: shown.clone(),
         source,
     })?;
-    let not_elf = || AgentBinaryError::NotElf { path: shown.clone() };
+    let not_elf = || AgentBinaryError::NotElf {
+        path: shown.clone(),
+    };
     // ELF64 little-endian, x86_64 (machine 62).
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" || bytes[4] != 2 || bytes[5] != 1 {
         return Err(not_elf());
     }
-    let u16_at = |o: usize| bytes.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u16_at = |o: usize| {
+        bytes
+            .get(o..o + 2)
+            .map(|b| u16::from_le_bytes([b[0], b[1]]))
+    };
     let u32_at = |o: usize| {
         bytes
             .get(o..o + 4)

@@ -27,7 +27,10 @@ use sandbox_proto::AGENT_LINK_FD;
 #[derive(Debug, thiserror::Error)]
 pub enum ContainerError {
     #[error("preparing the sandbox's {what}: {source}")]
-    Prepare { what: &'static str, source: io::Error },
+    Prepare {
+        what: &'static str,
+        source: io::Error,
+    },
     #[error("mounting the sandbox's root filesystem: {0}")]
     Mount(nix::errno::Errno),
     #[error(transparent)]
@@ -42,19 +45,33 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
     move |source| ContainerError::Prepare { what, source }
 }
 
-/// A started container: its init (the agent) and the host end of its link.
+/// A started container: its init (the agent), the host end of its link, and
+/// how long each phase of the start took (for the create-latency breakdown).
 pub struct Started {
     pub init_pid: i32,
     pub link: OwnedFd,
+    pub phases: Vec<(&'static str, std::time::Duration)>,
 }
 
 /// Makes and starts the container of `config`. On error the caller runs
 /// [`destroy`], which removes whatever was made.
 pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, ContainerError> {
-    for dir in [paths.rootfs(), paths.bundle(), paths.container_root(), paths.etc()] {
+    for dir in [
+        paths.rootfs(),
+        paths.bundle(),
+        paths.container_root(),
+        paths.etc(),
+    ] {
         fs::create_dir_all(&dir).map_err(prepare("run directory"))?;
     }
+    let mut clock = std::time::Instant::now();
+    let mut phases = Vec::new();
+    let mut lap = |name: &'static str, phases: &mut Vec<_>| {
+        phases.push((name, clock.elapsed()));
+        clock = std::time::Instant::now();
+    };
     netns::create(&paths.netns())?;
+    lap("netns", &mut phases);
     mount_root(config, &paths.rootfs())?;
     write_etc(config, &paths.etc())?;
 
@@ -91,6 +108,7 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
     .map_err(|e| prepare("agent link")(e.into()))?;
     let host = move_above(host, 10).map_err(prepare("agent link"))?;
     place_at_link_fd(child).map_err(prepare("agent link"))?;
+    lap("rootfs_and_spec", &mut phases);
 
     // libcontainer enters the new user namespace before any other, and from
     // there a network namespace owned by the host user namespace cannot be
@@ -102,17 +120,21 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
     nix::sched::setns(&own_netns, nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| prepare("network namespace")(e.into()))?;
     let init_pid = created?;
+    lap("runtime", &mut phases);
     Ok(Started {
         init_pid,
         link: host,
+        phases,
     })
 }
 
 fn create_and_start(config: &ShimConfig, paths: &SandboxPaths) -> Result<i32, ContainerError> {
     let null = || File::open("/dev/null").map(OwnedFd::from);
-    let runtime_err = |step| move |e: libcontainer::error::LibcontainerError| ContainerError::Runtime {
-        step,
-        message: e.to_string(),
+    let runtime_err = |step| {
+        move |e: libcontainer::error::LibcontainerError| ContainerError::Runtime {
+            step,
+            message: e.to_string(),
+        }
     };
     let built = ContainerBuilder::new(config.id.clone(), SyscallType::default())
         .with_root_path(paths.container_root())

@@ -2,8 +2,9 @@
 //! after a restart. Sandbox records live in the store; processes, output and
 //! files live behind each sandbox's supervisor.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -14,7 +15,7 @@ use super::record::{expiry, now_ms, SandboxRecord};
 use super::teardown::teardown;
 use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
 use super::SandboxError;
-use crate::api::types::{CreateSandbox, Sandbox, SandboxState};
+use crate::api::types::{CreateSandbox, Limits, Sandbox, SandboxState};
 use crate::config::{Config, ID_MAP_SIZE};
 use crate::disk::DiskPool;
 use crate::image::ImageCache;
@@ -32,11 +33,17 @@ pub struct Manager {
     disk: Arc<DiskPool>,
     records: Mutex<HashMap<String, SandboxRecord>>,
     ttl_changed: Notify,
+    /// Ids of ready sandboxes of the default image and limits, not yet handed out.
+    pool: Mutex<VecDeque<String>>,
+    refilling: AtomicBool,
 }
 
 fn default_env() -> Vec<(String, String)> {
     [
-        ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
         ("HOME", "/root"),
         ("LANG", "C.UTF-8"),
         ("TZ", "UTC"),
@@ -60,7 +67,129 @@ impl Manager {
             disk: Arc::new(disk),
             records: Mutex::new(HashMap::new()),
             ttl_changed: Notify::new(),
+            pool: Mutex::new(VecDeque::new()),
+            refilling: AtomicBool::new(false),
         })
+    }
+
+    /// Starts the background work: the TTL reaper and the warm pool.
+    pub fn start_background(self: &Arc<Self>) {
+        tokio::spawn(Arc::clone(self).reap_expired());
+        self.start_refill();
+    }
+
+    fn pool(&self) -> MutexGuard<'_, VecDeque<String>> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn pooled(&self) -> usize {
+        self.pool().len()
+    }
+
+    fn template_limits(&self) -> Limits {
+        Limits {
+            cpu: self.config.default_cpu,
+            memory_mib: self.config.default_memory_mib,
+            disk_mib: self.config.default_disk_mib,
+            pids: self.config.default_pids,
+        }
+    }
+
+    /// Keeps `pool_size` ready sandboxes of the default image and limits.
+    fn start_refill(self: &Arc<Self>) {
+        if self.config.pool_size == 0 || self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            while this.pooled() < this.config.pool_size {
+                let image = this.config.default_image.clone();
+                let limits = this.template_limits();
+                match this
+                    .create_cold(image, limits, -1, BTreeMap::new(), BTreeMap::new(), true)
+                    .await
+                {
+                    Ok(view) => this.pool().push_back(view.id),
+                    Err(e) => {
+                        // No retry loop: the next claim or restart tries again.
+                        tracing::warn!("refilling the warm pool: {e}");
+                        break;
+                    }
+                }
+            }
+            this.refilling.store(false, Ordering::Release);
+        });
+    }
+
+    /// Tears down the warm pool (on a clean stop: nobody can see or use those
+    /// sandboxes, and a restart refills the pool in the background).
+    pub async fn drain_pool(&self) {
+        let ids: Vec<String> = self.pool().drain(..).collect();
+        for id in ids {
+            let record = self.records().get(&id).cloned();
+            if let Some(record) = record {
+                self.remove_everything(&record).await;
+            }
+        }
+    }
+
+    /// Hands out a pooled sandbox when the request asks for exactly what the
+    /// pool holds; `None` means start one cold.
+    async fn claim_pooled(
+        self: &Arc<Self>,
+        image: &str,
+        limits: &Limits,
+        ttl_seconds: i64,
+        req: &CreateSandbox,
+    ) -> Result<Option<Sandbox>, SandboxError> {
+        if self.config.pool_size == 0
+            || image != self.config.default_image
+            || *limits != self.template_limits()
+        {
+            return Ok(None);
+        }
+        loop {
+            let Some(id) = self.pool().pop_front() else {
+                self.start_refill();
+                return Ok(None);
+            };
+            if !req.env.is_empty() {
+                let mut env = default_env();
+                env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+                let set = match ShimConn::connect(&self.paths(&id).socket()).await {
+                    Ok(mut conn) => {
+                        conn.call(&ShimRequest::SetEnv { env }, HEALTH_DEADLINE)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                if !matches!(set, Ok(ShimReply::Ok)) {
+                    tracing::warn!(sandbox = %id, "pooled sandbox is broken; removing it");
+                    let record = self.records().get(&id).cloned();
+                    if let Some(record) = record {
+                        self.remove_everything(&record).await;
+                    }
+                    continue;
+                }
+            }
+            let record = {
+                let mut records = self.records();
+                let Some(record) = records.get_mut(&id) else {
+                    continue;
+                };
+                record.pooled = false;
+                record.ttl_seconds = ttl_seconds;
+                record.expires_at_ms = expiry(ttl_seconds);
+                record.labels = req.labels.clone();
+                record.env = req.env.clone();
+                record.created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+                record.clone()
+            };
+            self.persist(&record)?;
+            self.ttl_changed.notify_one();
+            self.start_refill();
+            return Ok(Some(record.view()));
+        }
     }
 
     fn records(&self) -> MutexGuard<'_, HashMap<String, SandboxRecord>> {
@@ -72,11 +201,14 @@ impl Manager {
     }
 
     fn persist(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
-        self.store.put(&record.id, record).map_err(SandboxError::internal)
+        self.store
+            .put(&record.id, record)
+            .map_err(SandboxError::internal)
     }
 
+    /// Sandboxes handed to callers (the warm pool is not counted).
     pub fn count(&self) -> usize {
-        self.records().len()
+        self.records().values().filter(|r| !r.pooled).count()
     }
 
     /// Creates a sandbox and returns once it is ready; on any failure nothing
@@ -84,12 +216,10 @@ impl Manager {
     pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
         match req.runtime.as_deref() {
             None | Some("container") => {}
-            Some("vm") => {
-                return Err(SandboxError::bad(
-                    "runtime_unavailable",
-                    "runtime \"vm\" (microVM) is not available in this build yet; use \"container\"",
-                ))
-            }
+            Some("vm") => return Err(SandboxError::bad(
+                "runtime_unavailable",
+                "runtime \"vm\" (microVM) is not available in this build yet; use \"container\"",
+            )),
             Some(other) => {
                 return Err(SandboxError::bad(
                     "invalid_runtime",
@@ -98,14 +228,33 @@ impl Manager {
             }
         }
         let limits = validated_limits(&req, &self.config)?;
-        let ttl_seconds = validated_ttl(req.ttl_seconds.unwrap_or(self.config.default_ttl_seconds))?;
+        let ttl_seconds =
+            validated_ttl(req.ttl_seconds.unwrap_or(self.config.default_ttl_seconds))?;
         validated_env(&req.env)?;
         validated_labels(&req.labels)?;
         let image_name = req
             .image
             .clone()
             .unwrap_or_else(|| self.config.default_image.clone());
+        if let Some(view) = self
+            .claim_pooled(&image_name, &limits, ttl_seconds, &req)
+            .await?
+        {
+            return Ok(view);
+        }
+        self.create_cold(image_name, limits, ttl_seconds, req.labels, req.env, false)
+            .await
+    }
 
+    async fn create_cold(
+        self: &Arc<Self>,
+        image_name: String,
+        limits: Limits,
+        ttl_seconds: i64,
+        labels: BTreeMap<String, String>,
+        env: BTreeMap<String, String>,
+        pooled: bool,
+    ) -> Result<Sandbox, SandboxError> {
         let id = new_id();
         let record = {
             let mut records = self.records();
@@ -128,12 +277,13 @@ impl Manager {
                 ttl_seconds,
                 expires_at_ms: expiry(ttl_seconds),
                 created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-                labels: req.labels.clone(),
-                env: req.env.clone(),
+                labels,
+                env,
                 cgroups_path: format!("/sandboxd/{id}"),
                 shim_pid: 0,
                 oom_kills: 0,
                 failure: None,
+                pooled,
             };
             records.insert(id.clone(), record.clone());
             record
@@ -153,7 +303,11 @@ impl Manager {
         }
     }
 
-    async fn start(&self, mut record: SandboxRecord, image_name: &str) -> Result<Sandbox, SandboxError> {
+    async fn start(
+        &self,
+        mut record: SandboxRecord,
+        image_name: &str,
+    ) -> Result<Sandbox, SandboxError> {
         self.persist(&record)?;
         let images = Arc::clone(&self.images);
         let name = image_name.to_string();
@@ -176,10 +330,11 @@ impl Manager {
         let layer_id = record.id.clone();
         let base = self.config.id_map_base;
         let limit = record.limits.disk_mib * 1024 * 1024;
-        let layer_dir = tokio::task::spawn_blocking(move || disk.create_layer(&layer_id, limit, base, base))
-            .await
-            .map_err(SandboxError::internal)?
-            .map_err(SandboxError::internal)?;
+        let layer_dir =
+            tokio::task::spawn_blocking(move || disk.create_layer(&layer_id, limit, base, base))
+                .await
+                .map_err(SandboxError::internal)?
+                .map_err(SandboxError::internal)?;
 
         let paths = self.paths(&record.id);
         std::fs::create_dir_all(&paths.dir).map_err(SandboxError::internal)?;
@@ -214,6 +369,7 @@ impl Manager {
                 ready.error.unwrap_or_else(|| "no reason given".into())
             )));
         }
+        tracing::debug!(sandbox = %record.id, phases_us = ?ready.phases_us, "sandbox ready");
         record.state = SandboxState::Ready;
         self.persist(&record)?;
         let view = record.view();
@@ -233,7 +389,10 @@ impl Manager {
             .arg(&paths.dir)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);
@@ -253,7 +412,8 @@ impl Manager {
             .ok_or_else(|| SandboxError::internal("supervisor has no stdout"))?;
         let mut line = String::new();
         let deadline = Duration::from_secs(self.config.ready_timeout_seconds + 5);
-        let read = tokio::time::timeout(deadline, BufReader::new(stdout).read_line(&mut line)).await;
+        let read =
+            tokio::time::timeout(deadline, BufReader::new(stdout).read_line(&mut line)).await;
         // The supervisor lives on; tokio reaps it if it ever exits while we run.
         drop(child);
         match read {
@@ -293,9 +453,11 @@ impl Manager {
         }
     }
 
+    /// A caller's sandbox; pooled ones are not visible until handed out.
     fn record(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
         self.records()
             .get(id)
+            .filter(|r| !r.pooled)
             .cloned()
             .ok_or_else(|| SandboxError::sandbox_not_found(id))
     }
@@ -337,7 +499,12 @@ impl Manager {
     }
 
     pub fn list(&self) -> Vec<Sandbox> {
-        let mut all: Vec<Sandbox> = self.records().values().map(SandboxRecord::view).collect();
+        let mut all: Vec<Sandbox> = self
+            .records()
+            .values()
+            .filter(|r| !r.pooled)
+            .map(SandboxRecord::view)
+            .collect();
         all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         all
     }
@@ -371,11 +538,14 @@ impl Manager {
             let mut records = self.records();
             let record = records
                 .get_mut(id)
+                .filter(|r| !r.pooled)
                 .ok_or_else(|| SandboxError::sandbox_not_found(id))?;
             if record.state == SandboxState::Creating {
                 return Err(SandboxError::Conflict {
                     code: "sandbox_creating",
-                    message: format!("sandbox {id} is still being created; delete it once create returns"),
+                    message: format!(
+                        "sandbox {id} is still being created; delete it once create returns"
+                    ),
                 });
             }
             record.state = SandboxState::Deleting;
@@ -384,7 +554,9 @@ impl Manager {
         self.persist(&record)?;
         self.remove_everything(&record).await;
         match self.records().get(id) {
-            Some(left) => Err(SandboxError::internal(left.failure.clone().unwrap_or_default())),
+            Some(left) => Err(SandboxError::internal(
+                left.failure.clone().unwrap_or_default(),
+            )),
             None => Ok(()),
         }
     }
@@ -395,6 +567,7 @@ impl Manager {
             let mut records = self.records();
             let record = records
                 .get_mut(id)
+                .filter(|r| !r.pooled)
                 .ok_or_else(|| SandboxError::sandbox_not_found(id))?;
             record.ttl_seconds = ttl_seconds;
             record.expires_at_ms = expiry(ttl_seconds);
@@ -414,11 +587,17 @@ impl Manager {
                 let records = self.records();
                 let expired = records
                     .values()
-                    .filter(|r| r.state != SandboxState::Creating && r.state != SandboxState::Deleting)
+                    .filter(|r| {
+                        r.state != SandboxState::Creating && r.state != SandboxState::Deleting
+                    })
                     .filter(|r| r.expires_at_ms.is_some_and(|t| t <= now))
                     .map(|r| r.id.clone())
                     .collect();
-                let next = records.values().filter_map(|r| r.expires_at_ms).filter(|t| *t > now).min();
+                let next = records
+                    .values()
+                    .filter_map(|r| r.expires_at_ms)
+                    .filter(|t| *t > now)
+                    .min();
                 (expired, next)
             };
             for id in expired {
@@ -453,6 +632,9 @@ impl Manager {
             match record.state {
                 SandboxState::Ready if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");
+                    if record.pooled {
+                        self.pool().push_back(record.id.clone());
+                    }
                     self.records().insert(record.id.clone(), record);
                 }
                 SandboxState::Creating | SandboxState::Deleting => {
@@ -460,10 +642,17 @@ impl Manager {
                     self.remove_everything(&record).await;
                 }
                 _ => {
-                    let problems = teardown(&record.id, &record.cgroups_path, &self.paths(&record.id), &self.disk).await;
+                    let problems = teardown(
+                        &record.id,
+                        &record.cgroups_path,
+                        &self.paths(&record.id),
+                        &self.disk,
+                    )
+                    .await;
                     record.state = SandboxState::Failed;
                     if record.failure.is_none() {
-                        record.failure = Some("the sandbox's supervisor was gone after a daemon restart".into());
+                        record.failure =
+                            Some("the sandbox's supervisor was gone after a daemon restart".into());
                     }
                     if !problems.is_empty() {
                         tracing::warn!(sandbox = %record.id, "recovery teardown: {}", problems.join("; "));

@@ -25,6 +25,9 @@ pub struct SandboxRecord {
     pub shim_pid: i32,
     pub oom_kills: u64,
     pub failure: Option<String>,
+    /// Made ahead of demand and not yet handed to a caller.
+    #[serde(default)]
+    pub pooled: bool,
 }
 
 pub fn now_ms() -> u64 {
@@ -50,8 +53,7 @@ impl SandboxRecord {
             limits: self.limits.clone(),
             ttl_seconds: self.ttl_seconds,
             expires_at: self.expires_at_ms.map(|ms| {
-                humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms))
-                    .to_string()
+                humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
             }),
             created_at: self.created_at.clone(),
             labels: self.labels.clone(),

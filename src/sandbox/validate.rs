@@ -66,7 +66,9 @@ pub fn validated_ttl(ttl: i64) -> Result<i64, SandboxError> {
     } else {
         Err(SandboxError::bad(
             "invalid_ttl",
-            format!("ttl_seconds must be -1 (no TTL) or between 1 and {MAX_TTL_SECONDS}, got {ttl}"),
+            format!(
+                "ttl_seconds must be -1 (no TTL) or between 1 and {MAX_TTL_SECONDS}, got {ttl}"
+            ),
         ))
     }
 }

@@ -105,7 +105,8 @@ impl AgentLink {
                 .next_frame()
                 .map_err(|e| LinkError::Protocol(e.to_string()))?
             {
-                return sandbox_proto::decode(&frame).map_err(|e| LinkError::Protocol(e.to_string()));
+                return sandbox_proto::decode(&frame)
+                    .map_err(|e| LinkError::Protocol(e.to_string()));
             }
             self.stream
                 .readable()
@@ -120,7 +121,11 @@ impl AgentLink {
         }
     }
 
-    async fn read_loop(self: Arc<Self>, mut decoder: FrameDecoder, events: mpsc::Sender<LinkEvent>) {
+    async fn read_loop(
+        self: Arc<Self>,
+        mut decoder: FrameDecoder,
+        events: mpsc::Sender<LinkEvent>,
+    ) {
         let reason = loop {
             let message = match self.read_message(&mut decoder).await {
                 Ok(m) => m,

@@ -34,6 +34,9 @@ pub struct ReadyLine {
     pub ok: bool,
     pub init_pid: i32,
     pub error: Option<String>,
+    /// Microseconds spent in each phase of the start, in order.
+    #[serde(default)]
+    pub phases_us: Vec<(String, u64)>,
 }
 
 fn report(line: &ReadyLine) {
@@ -59,6 +62,7 @@ fn fail(line: String, config: &ShimConfig, paths: &SandboxPaths) -> i32 {
         ok: false,
         init_pid: 0,
         error: Some(line),
+        phases_us: Vec::new(),
     });
     1
 }
@@ -79,6 +83,7 @@ pub fn run(dir: &Path) -> i32 {
                 ok: false,
                 init_pid: 0,
                 error: Some(format!("reading {}: {e}", paths.config().display())),
+                phases_us: Vec::new(),
             });
             return 1;
         }
@@ -128,6 +133,7 @@ async fn serve(
     init_rx: oneshot::Receiver<String>,
 ) -> i32 {
     let deadline = Duration::from_millis(config.ready_timeout_ms);
+    let hello_wait = std::time::Instant::now();
     let (link, events) = match AgentLink::establish(started.link, deadline).await {
         Ok(l) => l,
         Err(e) => return fail(e.to_string(), &config, &paths),
@@ -135,7 +141,13 @@ async fn serve(
     let _ = std::fs::remove_file(paths.socket());
     let listener = match UnixListener::bind(paths.socket()) {
         Ok(l) => l,
-        Err(e) => return fail(format!("binding {}: {e}", paths.socket().display()), &config, &paths),
+        Err(e) => {
+            return fail(
+                format!("binding {}: {e}", paths.socket().display()),
+                &config,
+                &paths,
+            )
+        }
     };
     let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
     let cgroups = SandboxCgroups::new(Layout::detect(), &config.cgroups_path);
@@ -147,10 +159,17 @@ async fn serve(
             watcher.fail(format!("the sandbox's init ended: {status}"));
         }
     });
+    let mut phases_us: Vec<(String, u64)> = started
+        .phases
+        .iter()
+        .map(|(name, d)| (name.to_string(), d.as_micros() as u64))
+        .collect();
+    phases_us.push(("agent".into(), hello_wait.elapsed().as_micros() as u64));
     report(&ReadyLine {
         ok: true,
         init_pid: started.init_pid,
         error: None,
+        phases_us,
     });
     let shutdown = Arc::new(Notify::new());
     // Returns after a Shutdown request has torn the sandbox down.

@@ -148,7 +148,10 @@ mod tests {
         let (items, _) = log.read_from([1, 1]);
         assert_eq!(
             items,
-            vec![data(Stream::Stdout, 1, b"bc"), data(Stream::Stdout, 3, b"de")]
+            vec![
+                data(Stream::Stdout, 1, b"bc"),
+                data(Stream::Stdout, 3, b"de")
+            ]
         );
     }
 

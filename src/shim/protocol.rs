@@ -19,16 +19,42 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 pub enum ShimRequest {
     Health,
     Spawn(SpawnSpec),
-    Get { proc: u64 },
+    Get {
+        proc: u64,
+    },
     List,
-    Attach { proc: u64, stdout_offset: u64, stderr_offset: u64 },
-    WriteStdin { proc: u64, data: Vec<u8> },
-    CloseStdin { proc: u64 },
-    Signal { proc: u64, signal: i32 },
+    Attach {
+        proc: u64,
+        stdout_offset: u64,
+        stderr_offset: u64,
+    },
+    WriteStdin {
+        proc: u64,
+        data: Vec<u8>,
+    },
+    CloseStdin {
+        proc: u64,
+    },
+    Signal {
+        proc: u64,
+        signal: i32,
+    },
     /// Kills the process's whole tree through its cgroup.
-    Kill { proc: u64 },
-    Resize { proc: u64, size: PtySize },
-    Wait { proc: u64, timeout_ms: u64 },
+    Kill {
+        proc: u64,
+    },
+    Resize {
+        proc: u64,
+        size: PtySize,
+    },
+    Wait {
+        proc: u64,
+        timeout_ms: u64,
+    },
+    /// Replaces the environment new processes start with.
+    SetEnv {
+        env: Vec<(String, String)>,
+    },
     /// A file request passed to the agent as is (file variants only).
     File(RequestBody),
     /// Kill everything, remove the container, exit.
@@ -55,8 +81,15 @@ pub enum ShimReply {
     Ok,
     Process(Process),
     Processes(Vec<Process>),
-    Output { stream: Stream, offset: u64, data: Vec<u8> },
-    Dropped { stream: Stream, bytes: u64 },
+    Output {
+        stream: Stream,
+        offset: u64,
+        data: Vec<u8>,
+    },
+    Dropped {
+        stream: Stream,
+        bytes: u64,
+    },
     Exited(Process),
     Agent(Reply),
     Error(ShimError),
@@ -127,7 +160,8 @@ impl ShimConn {
     }
 
     pub async fn send(&mut self, request: &ShimRequest) -> Result<(), ClientError> {
-        let frame = sandbox_proto::encode(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let frame =
+            sandbox_proto::encode(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.stream
             .write_all(&frame)
             .await

@@ -69,7 +69,13 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
                 stdout_offset,
                 stderr_offset,
             } => {
-                let _ = attach(&mut stream, &supervisor, proc, [stdout_offset, stderr_offset]).await;
+                let _ = attach(
+                    &mut stream,
+                    &supervisor,
+                    proc,
+                    [stdout_offset, stderr_offset],
+                )
+                .await;
                 break;
             }
             ShimRequest::Shutdown => {
@@ -108,6 +114,10 @@ async fn answer(
         ShimRequest::Spawn(spec) => reply_of(supervisor.spawn(spec).await.map(ShimReply::Process)),
         ShimRequest::Get { proc } => reply_of(supervisor.get(proc).map(ShimReply::Process)),
         ShimRequest::List => ShimReply::Processes(supervisor.list()),
+        ShimRequest::SetEnv { env } => {
+            supervisor.set_env(env);
+            ShimReply::Ok
+        }
         ShimRequest::WriteStdin { proc, data } => reply_of(
             supervisor
                 .process_call(proc, RequestBody::WriteStdin { proc, data })
@@ -195,12 +205,12 @@ async fn attach(
     };
     loop {
         changes.borrow_and_update();
-        let (items, ended, at) = match supervisor.read_output(proc, offsets) {
+        let read = match supervisor.read_output(proc, offsets) {
             Ok(read) => read,
             Err(e) => return write(stream, &ShimReply::Error(e)).await,
         };
-        offsets = at;
-        for item in items {
+        offsets = read.resume_at;
+        for item in read.items {
             let reply = match item {
                 OutputItem::Data {
                     stream: s,
@@ -215,7 +225,7 @@ async fn attach(
             };
             write(stream, &reply).await?;
         }
-        if let Some(process) = ended {
+        if let Some(process) = read.ended {
             return write(stream, &ShimReply::Exited(process)).await;
         }
         if changes.changed().await.is_err() {

@@ -32,8 +32,19 @@ struct Entry {
     killed_by_supervisor: bool,
 }
 
+/// One read of a process's output log.
+pub struct OutputRead {
+    pub items: Vec<OutputItem>,
+    /// The final state, once the process has exited (all its output is in `items`).
+    pub ended: Option<Process>,
+    pub resume_at: [u64; 2],
+}
+
 pub struct Supervisor {
     pub config: ShimConfig,
+    /// The environment every process starts with; replaced when a pooled
+    /// sandbox is handed to a caller with its own variables.
+    env: Mutex<Vec<(String, String)>>,
     pub init_pid: i32,
     paths: SandboxPaths,
     link: Arc<AgentLink>,
@@ -61,6 +72,7 @@ impl Supervisor {
     ) -> Arc<Self> {
         let (failure, _) = watch::channel(None);
         Arc::new(Self {
+            env: Mutex::new(config.env.clone()),
             config,
             paths,
             init_pid,
@@ -104,6 +116,12 @@ impl Supervisor {
                 entry.info.ended_at = Some(now_rfc3339());
                 entry.changed.send_modify(|v| *v += 1);
             }
+        }
+    }
+
+    pub fn set_env(&self, env: Vec<(String, String)>) {
+        if let Ok(mut current) = self.env.lock() {
+            *current = env;
         }
     }
 
@@ -195,7 +213,8 @@ impl Supervisor {
                 .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
                 .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
         };
-        let mut env: HashMap<String, String> = self.config.env.iter().cloned().collect();
+        let base = self.env.lock().map(|e| e.clone()).unwrap_or_default();
+        let mut env: HashMap<String, String> = base.into_iter().collect();
         env.extend(spec.env.iter().cloned());
         let mut env: Vec<(String, String)> = env.into_iter().collect();
         env.sort();
@@ -305,7 +324,10 @@ impl Supervisor {
                         }
                     }
                 };
-                if tokio::time::timeout(Duration::from_millis(ms), ended).await.is_err() {
+                if tokio::time::timeout(Duration::from_millis(ms), ended)
+                    .await
+                    .is_err()
+                {
                     if let Some(entry) = this.procs().get_mut(&proc) {
                         entry.info.timed_out = true;
                     }
@@ -366,16 +388,16 @@ impl Supervisor {
     }
 
     /// Output after `offsets`, whether the process has ended, and where to resume.
-    pub fn read_output(
-        &self,
-        proc: u64,
-        offsets: [u64; 2],
-    ) -> Result<(Vec<OutputItem>, Option<Process>, [u64; 2]), ShimError> {
+    pub fn read_output(&self, proc: u64, offsets: [u64; 2]) -> Result<OutputRead, ShimError> {
         let procs = self.procs();
         let entry = procs.get(&proc).ok_or_else(|| unknown(proc))?;
-        let (items, at) = entry.log.read_from(offsets);
+        let (items, resume_at) = entry.log.read_from(offsets);
         let ended = (entry.info.state == ProcessState::Exited).then(|| entry.info.clone());
-        Ok((items, ended, at))
+        Ok(OutputRead {
+            items,
+            ended,
+            resume_at,
+        })
     }
 
     pub fn output_changes(&self, proc: u64) -> Result<watch::Receiver<u64>, ShimError> {

@@ -67,10 +67,11 @@ impl Store {
         let mut out = Vec::new();
         for entry in table.iter().map_err(io)? {
             let (key, value) = entry.map_err(io)?;
-            let record = serde_json::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
-                id: key.value().to_string(),
-                message: e.to_string(),
-            })?;
+            let record =
+                serde_json::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
+                    id: key.value().to_string(),
+                    message: e.to_string(),
+                })?;
             out.push(record);
         }
         Ok(out)

@@ -29,8 +29,14 @@ pub fn images_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/lib/sandboxd/images"))
 }
 
+/// The static agent that scripts/build-agent.sh put beside this build's
+/// target folder (which CI may keep outside the clone).
 pub fn agent_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("target/x86_64-unknown-linux-gnu/release/sandbox-agent")
+    let target = Path::new(DAEMON)
+        .parent()
+        .and_then(Path::parent)
+        .expect("daemon binary inside a target folder");
+    target.join("x86_64-unknown-linux-gnu/release/sandbox-agent")
 }
 
 /// Why these tests cannot run here, if they cannot.
@@ -189,13 +195,19 @@ impl Daemon {
             .unwrap_or_else(|| panic!("request {path} to sandboxd failed\n{}", self.log()))
     }
 
-    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> (StatusCode, Value) {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
         let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
         let (status, bytes) = self.raw(method, path, body).await;
         let value = if bytes.is_empty() {
             Value::Null
         } else {
-            serde_json::from_slice(&bytes).unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
         };
         (status, value)
     }
@@ -203,19 +215,30 @@ impl Daemon {
     /// Creates a sandbox (asserting 201) and returns its id.
     pub async fn create(&self, body: Value) -> String {
         let (status, value) = self.call(Method::POST, "/v1/sandboxes", Some(body)).await;
-        assert_eq!(status, StatusCode::CREATED, "create failed: {value}\n{}", self.log());
+        assert_eq!(
+            status,
+            StatusCode::CREATED,
+            "create failed: {value}\n{}",
+            self.log()
+        );
         value["id"].as_str().expect("id").to_string()
     }
 
     pub async fn delete(&self, id: &str) {
-        let (status, value) = self.call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None).await;
+        let (status, value) = self
+            .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+            .await;
         assert_eq!(status, StatusCode::NO_CONTENT, "delete failed: {value}");
     }
 
     /// Starts a process from `body` and returns its id.
     pub async fn start_process(&self, id: &str, body: Value) -> u64 {
         let (status, value) = self
-            .call(Method::POST, &format!("/v1/sandboxes/{id}/processes"), Some(body))
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/processes"),
+                Some(body),
+            )
             .await;
         assert_eq!(status, StatusCode::CREATED, "start failed: {value}");
         value["id"].as_u64().expect("process id")
@@ -224,9 +247,18 @@ impl Daemon {
     /// Reads a process's output stream to its end.
     pub async fn output(&self, id: &str, proc: u64) -> Exec {
         let (status, bytes) = self
-            .raw(Method::GET, &format!("/v1/sandboxes/{id}/processes/{proc}/output"), Vec::new())
+            .raw(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}/processes/{proc}/output"),
+                Vec::new(),
+            )
             .await;
-        assert_eq!(status, StatusCode::OK, "{}", String::from_utf8_lossy(&bytes));
+        assert_eq!(
+            status,
+            StatusCode::OK,
+            "{}",
+            String::from_utf8_lossy(&bytes)
+        );
         let b64 = base64::engine::general_purpose::STANDARD;
         let mut exec = Exec {
             stdout: Vec::new(),
@@ -236,8 +268,14 @@ impl Daemon {
         for line in bytes.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
             let event: Value = serde_json::from_slice(line).expect("ndjson line");
             match event["type"].as_str() {
-                Some("stdout") => exec.stdout.extend(b64.decode(event["data"].as_str().unwrap_or("")).expect("b64")),
-                Some("stderr") => exec.stderr.extend(b64.decode(event["data"].as_str().unwrap_or("")).expect("b64")),
+                Some("stdout") => exec.stdout.extend(
+                    b64.decode(event["data"].as_str().unwrap_or(""))
+                        .expect("b64"),
+                ),
+                Some("stderr") => exec.stderr.extend(
+                    b64.decode(event["data"].as_str().unwrap_or(""))
+                        .expect("b64"),
+                ),
                 Some("exit") => exec.process = event["process"].clone(),
                 _ => {}
             }
@@ -262,7 +300,10 @@ impl Drop for Daemon {
         let socket = self.socket.clone();
         if self.child.is_some() {
             let cleanup = std::thread::spawn(move || {
-                let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().ok()?;
+                let runtime = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .ok()?;
                 runtime.block_on(async {
                     let probe = Daemon::probe(&socket).await?;
                     for id in probe {
@@ -280,9 +321,16 @@ impl Drop for Daemon {
 }
 
 /// One HTTP request on a fresh connection to the API socket.
-pub async fn http(socket: &Path, method: Method, path: &str, body: Vec<u8>) -> Option<(StatusCode, Vec<u8>)> {
+pub async fn http(
+    socket: &Path,
+    method: Method,
+    path: &str,
+    body: Vec<u8>,
+) -> Option<(StatusCode, Vec<u8>)> {
     let stream = UnixStream::connect(socket).await.ok()?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -312,7 +360,136 @@ impl Daemon {
     }
 
     async fn raw_delete(socket: &Path, id: &str) -> Option<()> {
-        http(socket, Method::DELETE, &format!("/v1/sandboxes/{id}"), Vec::new()).await?;
+        http(
+            socket,
+            Method::DELETE,
+            &format!("/v1/sandboxes/{id}"),
+            Vec::new(),
+        )
+        .await?;
         Some(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Helpers shared by the themed integration tests (processes, limits, files,
+// security, concurrency): host-side cgroup views and streaming file transfers.
+// ---------------------------------------------------------------------------
+
+/// Host directory of a sandbox's cgroup in the v1 hierarchy `controller`.
+pub fn sandbox_cgroup(controller: &str, id: &str) -> PathBuf {
+    Path::new("/sys/fs/cgroup")
+        .join(controller)
+        .join("sandboxd")
+        .join(id)
+}
+
+/// Host pids in the per-process cgroup of sandbox process `proc` (empty when
+/// the group is gone).
+pub fn process_host_pids(id: &str, proc: u64) -> Vec<i32> {
+    let procs = sandbox_cgroup("pids", id)
+        .join(format!("p{proc}"))
+        .join("cgroup.procs");
+    std::fs::read_to_string(procs)
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// Percent-encodes a value for a query string.
+pub fn query_escape(value: &str) -> String {
+    let mut out = String::new();
+    for b in value.bytes() {
+        if b.is_ascii_alphanumeric() || b"/-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+type ChunkStream = futures::stream::BoxStream<
+    'static,
+    Result<hyper::body::Frame<Bytes>, std::convert::Infallible>,
+>;
+
+impl Daemon {
+    /// `PUT /v1/sandboxes/{id}/files?path=PATH` with a body streamed from
+    /// `chunks`, so large uploads never sit in memory. `None` when the
+    /// connection failed before a response came.
+    pub async fn upload_stream<I>(
+        &self,
+        id: &str,
+        path: &str,
+        chunks: I,
+    ) -> Option<(StatusCode, Value)>
+    where
+        I: Iterator<Item = Vec<u8>> + Send + 'static,
+    {
+        use futures::StreamExt;
+        let stream = UnixStream::connect(&self.socket).await.ok()?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake::<
+            _,
+            http_body_util::StreamBody<ChunkStream>,
+        >(TokioIo::new(stream))
+        .await
+        .ok()?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let body: ChunkStream = futures::stream::iter(chunks)
+            .map(|c| Ok(hyper::body::Frame::data(Bytes::from(c))))
+            .boxed();
+        let request = Request::builder()
+            .method(Method::PUT)
+            .uri(format!(
+                "/v1/sandboxes/{id}/files?path={}",
+                query_escape(path)
+            ))
+            .header("host", "sandboxd")
+            .body(http_body_util::StreamBody::new(body))
+            .ok()?;
+        let response = sender.send_request(request).await.ok()?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await.ok()?.to_bytes();
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        Some((status, value))
+    }
+
+    /// `GET /v1/sandboxes/{id}/files?path=PATH`, handing each body chunk to
+    /// `sink` as it arrives. Returns the status and the bytes received.
+    pub async fn download_with(
+        &self,
+        id: &str,
+        path: &str,
+        mut sink: impl FnMut(&[u8]),
+    ) -> (StatusCode, u64) {
+        let stream = UnixStream::connect(&self.socket).await.expect("connect");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let request = Request::builder()
+            .method(Method::GET)
+            .uri(format!(
+                "/v1/sandboxes/{id}/files?path={}",
+                query_escape(path)
+            ))
+            .header("host", "sandboxd")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let mut response = sender.send_request(request).await.expect("download");
+        let status = response.status();
+        let mut total = 0u64;
+        while let Some(frame) = response.body_mut().frame().await {
+            let frame = frame.expect("download body");
+            if let Some(data) = frame.data_ref() {
+                total += data.len() as u64;
+                sink(data);
+            }
+        }
+        (status, total)
     }
 }

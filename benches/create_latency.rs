@@ -1,0 +1,361 @@
+//! Create -> ready and create -> output of `python3 -c 'print(1)'` through a
+//! real sandboxd, beside `runc run` and `crun run` of the same command in the
+//! same image, all in one run. Prints medians and ratios and writes the raw
+//! samples to `benches/results/create_latency.json`.
+//!
+//!     sudo cargo bench --bench create_latency            # BENCH_RUNS=50 by default
+//!
+//! crun 1.8 refuses this hybrid cgroup host while a cgroup2 mount is visible,
+//! so the whole benchmark (daemon, runc, crun) runs in a private mount
+//! namespace without `/sys/fs/cgroup/unified`: same conditions for everyone.
+
+use std::os::unix::net::UnixDatagram;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper::{Method, Request};
+use hyper_util::rt::TokioIo;
+use serde_json::{json, Value};
+use tokio::net::UnixStream;
+
+const DAEMON: &str = env!("CARGO_BIN_EXE_sandboxd");
+const IMAGES: &str = "/var/lib/sandboxd/images";
+
+fn agent() -> PathBuf {
+    Path::new(DAEMON)
+        .parent()
+        .and_then(Path::parent)
+        .map(|t| t.join("x86_64-unknown-linux-gnu/release/sandbox-agent"))
+        .unwrap_or_default()
+}
+
+async fn http(socket: &Path, method: Method, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+    let stream = UnixStream::connect(socket).await.expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    tokio::spawn(conn);
+    let request = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "sandboxd")
+        .body(Full::new(Bytes::from(body)))
+        .expect("request");
+    let response = sender.send_request(request).await.expect("send");
+    let status = response.status().as_u16();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body")
+        .to_bytes();
+    (status, bytes.to_vec())
+}
+
+fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(|a, b| a.total_cmp(b));
+    let n = samples.len();
+    if n == 0 {
+        return f64::NAN;
+    }
+    if n % 2 == 1 {
+        samples[n / 2]
+    } else {
+        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
+    }
+}
+
+fn private_mount_namespace() {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare mount ns");
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .expect("make / private");
+    let _ = nix::mount::umount2("/sys/fs/cgroup/unified", nix::mount::MntFlags::MNT_DETACH);
+}
+
+struct Daemon {
+    dir: tempfile::TempDir,
+    child: std::process::Child,
+}
+
+impl Daemon {
+    fn start(extra: &[&str]) -> Daemon {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let notify_path = dir.path().join("notify");
+        let notify = UnixDatagram::bind(&notify_path).expect("notify");
+        notify
+            .set_read_timeout(Some(Duration::from_secs(120)))
+            .expect("timeout");
+        let d = dir.path();
+        let child = Command::new(DAEMON)
+            .arg("--state-dir")
+            .arg(d.join("state"))
+            .arg("--run-dir")
+            .arg(d.join("run"))
+            .arg("--socket")
+            .arg(d.join("api.sock"))
+            .arg("--images-dir")
+            .arg(IMAGES)
+            .arg("--agent-path")
+            .arg(agent())
+            .args(["--disk-pool-gib", "16", "--max-sandboxes", "1024"])
+            .args(extra)
+            .env("NOTIFY_SOCKET", &notify_path)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("start sandboxd");
+        let mut buf = [0u8; 64];
+        loop {
+            let n = notify
+                .recv(&mut buf)
+                .expect("sandboxd did not become ready");
+            if buf[..n].starts_with(b"READY=1") {
+                break;
+            }
+        }
+        Daemon { dir, child }
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.dir.path().join("api.sock")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = nix::mount::umount2(
+            &self.dir.path().join("state/disk"),
+            nix::mount::MntFlags::MNT_DETACH,
+        );
+    }
+}
+
+async fn create(socket: &Path) -> String {
+    let body = json!({"image": "python"}).to_string().into_bytes();
+    let (status, bytes) = http(socket, Method::POST, "/v1/sandboxes", body).await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&bytes));
+    let value: Value = serde_json::from_slice(&bytes).expect("json");
+    value["id"].as_str().expect("id").to_string()
+}
+
+async fn python_print(socket: &Path, id: &str) {
+    let body = json!({"argv": ["python3", "-c", "print(1)"]})
+        .to_string()
+        .into_bytes();
+    let (status, bytes) = http(
+        socket,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/processes"),
+        body,
+    )
+    .await;
+    assert_eq!(status, 201, "{}", String::from_utf8_lossy(&bytes));
+    let proc: Value = serde_json::from_slice(&bytes).expect("json");
+    let pid = proc["id"].as_u64().expect("process id");
+    let (_, out) = http(
+        socket,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/processes/{pid}/output"),
+        Vec::new(),
+    )
+    .await;
+    // "MQo=" is base64 of "1\n".
+    assert!(
+        String::from_utf8_lossy(&out).contains("MQo="),
+        "{}",
+        String::from_utf8_lossy(&out)
+    );
+}
+
+async fn delete(socket: &Path, id: &str) {
+    let (status, _) = http(
+        socket,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Vec::new(),
+    )
+    .await;
+    assert_eq!(status, 204);
+}
+
+/// Waits until the daemon's warm pool holds `size` sandboxes (a bench-only
+/// poll: the API has no event for it yet).
+async fn pool_full(socket: &Path, size: u64) {
+    for _ in 0..3000 {
+        let (_, body) = http(socket, Method::GET, "/v1/health", Vec::new()).await;
+        let health: Value = serde_json::from_slice(&body).expect("health");
+        if health["pooled"].as_u64() == Some(size) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the warm pool did not refill within 30 s");
+}
+
+/// Create -> ready and create -> python output samples from one daemon.
+async fn measure(runs: usize, flags: &[&str], pool: Option<u64>) -> (Vec<f64>, Vec<f64>) {
+    let daemon = Daemon::start(flags);
+    let socket = daemon.socket();
+    let (mut ready, mut output) = (Vec::new(), Vec::new());
+    // Warm-up: page cache, image lookup.
+    let id = create(&socket).await;
+    delete(&socket, &id).await;
+    for _ in 0..runs {
+        if let Some(size) = pool {
+            pool_full(&socket, size).await;
+        }
+        let start = Instant::now();
+        let id = create(&socket).await;
+        ready.push(start.elapsed().as_secs_f64() * 1000.0);
+        delete(&socket, &id).await;
+        if let Some(size) = pool {
+            pool_full(&socket, size).await;
+        }
+        let start = Instant::now();
+        let id = create(&socket).await;
+        python_print(&socket, &id).await;
+        output.push(start.elapsed().as_secs_f64() * 1000.0);
+        delete(&socket, &id).await;
+    }
+    (ready, output)
+}
+
+fn oci_bundle(dir: &Path, rootfs: &Path) -> PathBuf {
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    let status = Command::new("runc")
+        .args(["spec", "-b"])
+        .arg(&bundle)
+        .status()
+        .expect("runc spec");
+    assert!(status.success());
+    let path = bundle.join("config.json");
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("spec")).expect("json");
+    spec["root"] = json!({"path": rootfs, "readonly": true});
+    spec["process"]["terminal"] = json!(false);
+    spec["process"]["args"] = json!(["python3", "-c", "print(1)"]);
+    std::fs::write(&path, spec.to_string()).expect("write spec");
+    bundle
+}
+
+fn time_runtime(runtime: &str, bundle: &Path, i: usize) -> f64 {
+    let start = Instant::now();
+    let out = Command::new(runtime)
+        .args(["run", "-b"])
+        .arg(bundle)
+        .arg(format!("bench-{runtime}-{}-{i}", std::process::id()))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run runtime");
+    let elapsed = start.elapsed().as_secs_f64() * 1000.0;
+    assert!(
+        out.status.success() && out.stdout == b"1\n",
+        "{runtime}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    elapsed
+}
+
+fn main() {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIPPED: the benchmark needs root");
+        return;
+    }
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let runs: usize = std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    private_mount_namespace();
+    let built = Command::new(DAEMON)
+        .args(["--images-dir", IMAGES, "image", "build", "python"])
+        .output()
+        .expect("image build");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    let rootfs = PathBuf::from(
+        String::from_utf8_lossy(&built.stdout)
+            .split_whitespace()
+            .nth(2)
+            .expect("rootfs path"),
+    );
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (ready, output) = runtime.block_on(measure(runs, &[], None));
+    let (pooled_ready, pooled_output) =
+        runtime.block_on(measure(runs, &["--pool-size", "2"], Some(2)));
+
+    let scratch = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let bundle = oci_bundle(scratch.path(), &rootfs);
+    let mut runc = Vec::new();
+    let mut crun = Vec::new();
+    for i in 0..runs {
+        runc.push(time_runtime("runc", &bundle, i));
+        crun.push(time_runtime("crun", &bundle, i));
+    }
+
+    let raw = json!({
+        "runs": runs,
+        "unit": "ms",
+        "sandboxd_create_to_ready_cold": ready,
+        "sandboxd_create_to_python_output_cold": output,
+        "sandboxd_create_to_ready_pooled": pooled_ready,
+        "sandboxd_create_to_python_output_pooled": pooled_output,
+        "runc_run_python": runc,
+        "crun_run_python": crun,
+    });
+    let (m_ready, m_out) = (median(&mut ready.clone()), median(&mut output.clone()));
+    let (p_ready, p_out) = (
+        median(&mut pooled_ready.clone()),
+        median(&mut pooled_output.clone()),
+    );
+    let (m_runc, m_crun) = (median(&mut runc.clone()), median(&mut crun.clone()));
+    println!("create_latency ({runs} runs each, medians in ms)");
+    println!("  sandboxd create -> ready (cold)          {m_ready:8.2}");
+    println!("  sandboxd create -> python output (cold)  {m_out:8.2}");
+    println!("  sandboxd create -> ready (pooled)        {p_ready:8.2}");
+    println!("  sandboxd create -> python output (pooled){p_out:8.2}");
+    println!("  runc run python3 -c 'print(1)'           {m_runc:8.2}");
+    println!("  crun run python3 -c 'print(1)'           {m_crun:8.2}");
+    println!(
+        "  ratio sandboxd output / crun (cold)      {:8.2}",
+        m_out / m_crun
+    );
+    println!(
+        "  ratio sandboxd output / crun (pooled)    {:8.2}",
+        p_out / m_crun
+    );
+    println!(
+        "  ratio sandboxd output / runc (cold)      {:8.2}",
+        m_out / m_runc
+    );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
+    let _ = std::fs::create_dir_all(&dir);
+    let file = dir.join("create_latency.json");
+    std::fs::write(
+        &file,
+        serde_json::to_string_pretty(&raw).unwrap_or_default(),
+    )
+    .expect("write results");
+    println!("  raw samples: {}", file.display());
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what building and running sandboxd needs on Debian 12, as root.
+# Idempotent: packages already there are not fetched again.
+set -euo pipefail
+packages=(
+  # build: libcontainer links libseccomp; its eBPF device filter vendors libbpf
+  pkg-config libseccomp-dev libelf-dev zlib1g-dev make gcc
+  # runtime: image recipes, the btrfs pool of writable layers
+  debootstrap busybox-static btrfs-progs util-linux iproute2
+  # benchmarks compare against these runtimes
+  runc crun
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! command -v cargo >/dev/null; then
+  echo "cargo (Rust 1.85+) is required: install it with rustup, then run this again" >&2
+  exit 1
+fi

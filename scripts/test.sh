@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The whole test suite, as root: installs what is needed, builds the static
+# agent and the images, then runs every unit and integration test (real
+# daemon, real sandboxes).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+scripts/build-agent.sh >/dev/null
+cargo build --quiet --bins
+target=${CARGO_TARGET_DIR:-target}
+"$target/debug/sandboxd" --state-dir /var/lib/sandboxd image build busybox python >/dev/null
+cargo test --workspace --no-fail-fast -- --test-threads=2
