@@ -326,6 +326,7 @@ fn run_once(fx: &Fixture, i: usize, netns_in_spec: bool) -> Result<RunResult> {
         etc_resolv_conf: fx.base.join("resolv.conf"),
         etc_hostname: fx.base.join("hostname"),
         nofile: nofile_hard.min(65_536),
+        grant: Default::default(),
     };
     let mut spec = build_spec(&input)?;
     if let Some(p) = spec.process_mut() {

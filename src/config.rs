@@ -82,6 +82,11 @@ pub struct ConfigOverrides {
     /// RLIMIT_NOFILE inside sandboxes.
     #[arg(long)]
     pub nofile: Option<u64>,
+    /// GPU discovery, and the test-only fake inventory: TOML table `[gpu]`,
+    /// flags `--gpu-*`.
+    #[serde(default)]
+    #[command(flatten)]
+    pub gpu: crate::gpu::GpuConfigOverrides,
     /// Size of the sparse btrfs pool that holds the sandboxes' writable layers.
     #[arg(long)]
     pub disk_pool_gib: Option<u64>,
@@ -98,6 +103,43 @@ pub struct ConfigOverrides {
     /// that asks for exactly those takes one instead of starting cold.
     #[arg(long)]
     pub pool_size: Option<usize>,
+    /// CPU cores this host admits as sandbox limits in total (default: host
+    /// cores times `cpu_overcommit`).
+    #[arg(long)]
+    pub capacity_cpu: Option<f64>,
+    /// Ratio of admitted CPU limits to host cores (default 16: limits are CFS
+    /// ceilings, not reservations, and sandboxes are
+    /// mostly idle between commands).
+    #[arg(long)]
+    pub cpu_overcommit: Option<f64>,
+    /// Memory this host admits as sandbox limits in total (default: host
+    /// memory less 1 GiB for the host, times `memory_overcommit`).
+    #[arg(long)]
+    pub capacity_memory_mib: Option<u64>,
+    /// Ratio of admitted memory limits to memory (default 1: no overcommit).
+    #[arg(long)]
+    pub memory_overcommit: Option<f64>,
+    /// Disk limits admitted in total (default: the disk pool's size times
+    /// `disk_overcommit`).
+    #[arg(long)]
+    pub capacity_disk_mib: Option<u64>,
+    /// Ratio of admitted disk limits to the pool's size (default 8: limits
+    /// are ceilings, and writable layers are thin and rarely full).
+    #[arg(long)]
+    pub disk_overcommit: Option<f64>,
+    /// Also serve `/metrics` over TCP on this address (e.g. 127.0.0.1:9464).
+    #[arg(long)]
+    pub metrics_address: Option<std::net::SocketAddr>,
+    /// `text` (journald-friendly, no colours off a terminal) or `json`.
+    #[arg(long)]
+    pub log_format: Option<String>,
+    /// End every sandbox on a clean stop (default: they keep running and
+    /// the next daemon adopts them).
+    #[arg(long)]
+    pub stop_sandboxes_on_exit: Option<bool>,
+    /// How long the event log (`GET /v1/events`) keeps events.
+    #[arg(long)]
+    pub event_retention_seconds: Option<u64>,
     /// Seconds a create may take to become ready before it fails.
     #[arg(long)]
     pub ready_timeout_seconds: Option<u64>,
@@ -127,12 +169,26 @@ pub struct Config {
     pub max_sandboxes: usize,
     pub shm_mib: u64,
     pub nofile: u64,
+    pub gpu: crate::gpu::GpuConfig,
     pub disk_pool_gib: u64,
     pub id_map_base: u32,
     pub output_buffer_kib: u64,
     pub max_upload_mib: u64,
     pub ready_timeout_seconds: u64,
     pub pool_size: usize,
+    pub event_retention_seconds: u64,
+    pub capacity_cpu: f64,
+    pub capacity_memory_mib: u64,
+    pub capacity_disk_mib: u64,
+    pub metrics_address: Option<std::net::SocketAddr>,
+    pub log_format: LogFormat,
+    pub stop_sandboxes_on_exit: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Size of the id range every sandbox's user namespace maps.
@@ -188,12 +244,36 @@ impl Config {
             max_sandboxes: pick!(max_sandboxes, 256),
             shm_mib: pick!(shm_mib, 1024),
             nofile: pick!(nofile, 65536),
+            gpu: crate::gpu::GpuConfig::merge(&flags.gpu, &file.gpu)?,
             disk_pool_gib: pick!(disk_pool_gib, 64),
             id_map_base: pick!(id_map_base, 100_000),
             output_buffer_kib: pick!(output_buffer_kib, 4096),
             max_upload_mib: pick!(max_upload_mib, 1024),
             ready_timeout_seconds: pick!(ready_timeout_seconds, 30),
             pool_size: pick!(pool_size, 0),
+            event_retention_seconds: pick!(event_retention_seconds, 24 * 3600),
+            metrics_address: flags.metrics_address.or(file.metrics_address),
+            log_format: match pick!(log_format, "text".to_string()).as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                other => {
+                    return Err(ConfigError::Invalid {
+                        field: "log_format",
+                        message: format!("must be \"text\" or \"json\", got {other:?}"),
+                    })
+                }
+            },
+            stop_sandboxes_on_exit: pick!(stop_sandboxes_on_exit, false),
+            capacity_cpu: pick!(capacity_cpu, host_cpus * pick!(cpu_overcommit, 16.0)),
+            capacity_memory_mib: pick!(
+                capacity_memory_mib,
+                (host_memory_mib().saturating_sub(1024) as f64 * pick!(memory_overcommit, 1.0))
+                    as u64
+            ),
+            capacity_disk_mib: pick!(
+                capacity_disk_mib,
+                (pick!(disk_pool_gib, 64) as f64 * 1024.0 * pick!(disk_overcommit, 8.0)) as u64
+            ),
         };
         config.validate()?;
         Ok(config)
@@ -242,6 +322,15 @@ impl Config {
         }
         if self.output_buffer_kib < 64 {
             return Err(invalid("output_buffer_kib", "must be at least 64"));
+        }
+        if self.capacity_cpu.is_nan() || self.capacity_cpu <= 0.0
+            || self.capacity_memory_mib == 0
+            || self.capacity_disk_mib == 0
+        {
+            return Err(invalid(
+                "capacity_cpu",
+                "host capacity (capacity_cpu, capacity_memory_mib, capacity_disk_mib and the overcommit ratios) must be above 0",
+            ));
         }
         if self.pool_size > self.max_sandboxes {
             return Err(invalid("pool_size", "must not exceed max_sandboxes"));

@@ -7,7 +7,9 @@
 pub mod api;
 pub mod config;
 pub mod disk;
+pub mod gpu;
 pub mod image;
+pub mod metrics;
 pub mod net;
 pub mod runtime;
 pub mod sandbox;

@@ -2,12 +2,13 @@
 //! and operator commands (`sandboxd image build NAME`).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
 use nix::fcntl::{Flock, FlockArg};
 
-use sandboxd::config::{Config, ConfigOverrides};
+use sandboxd::config::{Config, ConfigOverrides, LogFormat};
 use sandboxd::disk::DiskPool;
 use sandboxd::image::ImageCache;
 use sandboxd::sandbox::Manager;
@@ -61,27 +62,37 @@ enum ImageCommand {
 fn main() {
     let cli = Cli::parse();
     if let Some(Command::Shim { dir }) = &cli.command {
-        init_logging();
+        let format = match std::env::var("SANDBOXD_LOG_FORMAT").as_deref() {
+            Ok("json") => LogFormat::Json,
+            _ => LogFormat::Text,
+        };
+        init_logging(format);
         std::process::exit(sandboxd::shim::run(dir));
     }
-    init_logging();
     if let Err(e) = real_main(cli) {
         eprintln!("sandboxd: {e:#}");
         std::process::exit(1);
     }
 }
 
-fn init_logging() {
+/// Structured logs on stderr: plain text without colours when stderr is not
+/// a terminal (journald adds its own metadata), or one JSON object a line.
+fn init_logging(format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
 }
 
 fn real_main(cli: Cli) -> anyhow::Result<()> {
     let config = Config::load(cli.config.as_deref(), cli.overrides)?;
+    init_logging(config.log_format);
     if cli.check_config {
         sandboxd::runtime::agent_binary::check(&config.agent_path)?;
         println!("configuration is valid");
@@ -166,16 +177,40 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
         let manager = Manager::new(config.clone(), store, images, disk);
         manager.recover().await?;
         manager.start_background();
-        let listener =
-            sandboxd::api::server::listen(&config.socket, config.socket_group.as_deref())?;
+        let listener = match activated_socket()? {
+            Some(listener) => {
+                tracing::info!("using the socket systemd passed in");
+                listener
+            }
+            None => sandboxd::api::server::listen(&config.socket, config.socket_group.as_deref())?,
+        };
+        spawn_watchdog();
         tracing::info!(socket = %config.socket.display(), "sandboxd ready");
         notify_systemd("READY=1");
+        if let Some(address) = config.metrics_address {
+            let tcp = tokio::net::TcpListener::bind(address)
+                .await
+                .with_context(|| format!("binding metrics_address {address}"))?;
+            let metrics = sandboxd::api::server::metrics_router(std::sync::Arc::clone(&manager));
+            tokio::spawn(async move { axum::serve(tcp, metrics).await });
+            tracing::info!(%address, "serving /metrics over TCP");
+        }
         let app = sandboxd::api::server::router(std::sync::Arc::clone(&manager));
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal())
-            .await
-            .context("serving the API")?;
-        notify_systemd("STOPPING=1");
+        let stopping = std::sync::Arc::clone(&manager);
+        let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+            shutdown_signal().await;
+            notify_systemd("STOPPING=1");
+            tracing::info!("stopping: no new requests; in-flight ones may finish");
+            stopping.begin_stop();
+        });
+        // Streams end at once on stop; anything else gets a bounded grace.
+        let grace = Duration::from_secs(config.ready_timeout_seconds + 5);
+        tokio::select! {
+            served = server => served.context("serving the API")?,
+            _ = async { manager.stopped().await; tokio::time::sleep(grace).await } => {
+                tracing::warn!("requests still open after {grace:?}; exiting anyway");
+            }
+        }
         manager.drain_pool().await;
         tracing::info!("sandboxd stopped; sandboxes keep running under their supervisors");
         Ok(())
@@ -194,6 +229,57 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+/// The listening socket systemd passed (socket activation), if it passed one
+/// to this process.
+fn activated_socket() -> anyhow::Result<Option<tokio::net::UnixListener>> {
+    use std::os::fd::FromRawFd;
+    let ours = std::env::var("LISTEN_PID")
+        .ok()
+        .and_then(|p| p.parse::<u32>().ok())
+        == Some(std::process::id());
+    let count = std::env::var("LISTEN_FDS")
+        .ok()
+        .and_then(|n| n.parse::<i32>().ok())
+        .unwrap_or(0);
+    if !ours || count < 1 {
+        return Ok(None);
+    }
+    // Not for our children: supervisors must not think they were activated.
+    std::env::remove_var("LISTEN_PID");
+    std::env::remove_var("LISTEN_FDS");
+    std::env::remove_var("LISTEN_FDNAMES");
+    // SAFETY: LISTEN_PID names this process, so systemd passed fd 3 to it and
+    // nothing else in the process owns it.
+    let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(3) };
+    nix::fcntl::fcntl(
+        std::os::fd::AsRawFd::as_raw_fd(&listener),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+    )
+    .context("marking the activated socket close-on-exec")?;
+    listener.set_nonblocking(true).context("activated socket")?;
+    Ok(Some(
+        tokio::net::UnixListener::from_std(listener).context("activated socket")?,
+    ))
+}
+
+/// Pings systemd's watchdog at half its interval while the runtime is alive.
+fn spawn_watchdog() {
+    let Some(usec) = std::env::var("WATCHDOG_USEC")
+        .ok()
+        .and_then(|u| u.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let period = Duration::from_micros(usec / 2).max(Duration::from_millis(100));
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(period);
+        loop {
+            every.tick().await;
+            notify_systemd("WATCHDOG=1");
+        }
+    });
 }
 
 /// sd_notify(3) without libsystemd: one datagram to $NOTIFY_SOCKET.

@@ -30,19 +30,18 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, code, resource) = match &self.0 {
-            SandboxError::BadRequest { code, .. } => (StatusCode::BAD_REQUEST, *code, None),
-            SandboxError::NotFound { code, .. } => (StatusCode::NOT_FOUND, *code, None),
-            SandboxError::Conflict { code, .. } => (StatusCode::CONFLICT, *code, None),
-            SandboxError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large", None),
-            SandboxError::Unavailable { resource, .. } => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "insufficient_capacity",
-                Some(resource.to_string()),
-            ),
+        let code = self.0.code();
+        let (status, resource) = match &self.0 {
+            SandboxError::BadRequest { .. } => (StatusCode::BAD_REQUEST, None),
+            SandboxError::NotFound { .. } => (StatusCode::NOT_FOUND, None),
+            SandboxError::Conflict { .. } => (StatusCode::CONFLICT, None),
+            SandboxError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, None),
+            SandboxError::Unavailable { resource, .. } => {
+                (StatusCode::SERVICE_UNAVAILABLE, Some(resource.to_string()))
+            }
             SandboxError::Internal(message) => {
                 tracing::error!("internal error: {message}");
-                (StatusCode::INTERNAL_SERVER_ERROR, "internal", None)
+                (StatusCode::INTERNAL_SERVER_ERROR, None)
             }
         };
         let body = ErrorBody {
@@ -58,8 +57,31 @@ impl IntoResponse for ApiError {
 
 pub type ApiResult<T> = Result<T, ApiError>;
 
-/// Parses a JSON body with serde's own message (which names the bad field).
+/// Parses a JSON body; the message names the field that was wrong (serde
+/// alone would say "expected u64" for `"memory_mib": -5` without the field).
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad("invalid_json", format!("request body is not valid: {e}")))
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
+        let path = e.path().to_string();
+        let message = if path.is_empty() || path == "." {
+            format!("request body is not valid: {}", e.inner())
+        } else {
+            format!("request body is not valid: field `{path}`: {}", e.inner())
+        };
+        ApiError::bad("invalid_json", message)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::types::CreateSandbox;
+
+    #[test]
+    fn a_negative_unsigned_field_is_named() {
+        let Err(err) = parse_json::<CreateSandbox>(br#"{"memory_mib": -5}"#) else {
+            panic!("a negative memory_mib was accepted");
+        };
+        assert!(err.0.to_string().contains("memory_mib"), "{}", err.0);
+    }
 }

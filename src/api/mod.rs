@@ -1,7 +1,9 @@
 //! The HTTP/1.1 + JSON API under `/v1`, served on the daemon's Unix socket.
 
 pub mod error;
+mod events;
 mod files;
+mod gpus;
 mod processes;
 mod sandboxes;
 pub mod server;

@@ -98,19 +98,20 @@ fn spawn_spec(request: StartProcess) -> ApiResult<SpawnSpec> {
     }
     crate::sandbox::validated_env(&request.env)?;
     let cwd = request.cwd.as_deref().map(sandbox_path).transpose()?;
-    let timeout_ms =
-        match request.timeout_seconds {
-            None => None,
-            Some(t) if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECONDS => {
-                Some((t * 1000.0).ceil() as u64)
-            }
-            Some(t) => return Err(ApiError::bad(
+    let timeout_ms = match request.timeout_seconds {
+        None => None,
+        Some(t) if t.is_finite() && t > 0.0 && t <= MAX_TIMEOUT_SECONDS => {
+            Some((t * 1000.0).ceil() as u64)
+        }
+        Some(t) => {
+            return Err(ApiError::bad(
                 "invalid_timeout",
                 format!(
                     "timeout_seconds must be above 0 and at most {MAX_TIMEOUT_SECONDS}, got {t}"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     let pty = match request.pty {
         Some(p) if p.rows == 0 || p.cols == 0 => {
             return Err(ApiError::bad(
@@ -145,7 +146,10 @@ pub async fn start(
 ) -> ApiResult<impl IntoResponse> {
     let spec = spawn_spec(parse_json::<StartProcess>(&body)?)?;
     match call(&manager, &id, ShimRequest::Spawn(spec), CALL_DEADLINE).await? {
-        ShimReply::Process(p) => Ok((StatusCode::CREATED, Json(p))),
+        ShimReply::Process(p) => {
+            manager.metrics.process_started();
+            Ok((StatusCode::CREATED, Json(p)))
+        }
         other => Err(unexpected(other)),
     }
 }
@@ -191,6 +195,10 @@ pub async fn output(
     Path((id, proc)): Path<(String, u64)>,
     Query(query): Query<OutputQuery>,
 ) -> ApiResult<Response> {
+    // An unknown process is a 404 at once. The stream itself starts without
+    // waiting for the first output: a client that attaches before it writes
+    // the stdin that makes the output would otherwise never get the headers.
+    call(&manager, &id, ShimRequest::Get { proc }, CALL_DEADLINE).await?;
     let mut conn = manager.connect(&id).await?;
     conn.send(&ShimRequest::Attach {
         proc,
@@ -198,49 +206,42 @@ pub async fn output(
         stderr_offset: query.stderr_offset,
     })
     .await?;
-    // The first reply decides between a stream and an error status.
-    let first = conn
-        .next()
-        .await?
-        .ok_or_else(|| ApiError(SandboxError::internal("supervisor closed the stream")))?;
-    if let ShimReply::Error(e) = first {
-        return Err(ApiError(e.into()));
-    }
-    let stream = futures::stream::unfold((Some(first), Some(conn)), |(pending, conn)| async move {
-        let mut conn = conn?;
-        let reply = match pending {
-            Some(r) => r,
-            None => conn.next().await.ok().flatten()?,
-        };
-        let b64 = base64::engine::general_purpose::STANDARD;
-        let (event, done) = match reply {
-            ShimReply::Output {
-                stream,
-                offset,
-                data,
-            } => {
-                let data = b64.encode(data);
-                let event = match stream {
-                    sandbox_proto::Stream::Stdout => OutputEvent::Stdout { offset, data },
-                    sandbox_proto::Stream::Stderr => OutputEvent::Stderr { offset, data },
-                };
-                (event, false)
-            }
-            ShimReply::Dropped { stream, bytes } => (
-                OutputEvent::Dropped {
-                    stream: Supervisor::stream_name(stream).into(),
-                    bytes,
-                },
-                false,
-            ),
-            ShimReply::Exited(process) => (OutputEvent::Exit { process }, true),
-            _ => return None,
-        };
-        let next_conn = if done { None } else { Some(conn) };
-        Some((
-            Ok::<Bytes, std::io::Error>(ndjson(&event)),
-            (None, next_conn),
-        ))
+    let stream = futures::stream::unfold(Some(conn), move |conn| {
+        let manager = Arc::clone(&manager);
+        async move {
+            let mut conn = conn?;
+            // A stopping daemon ends the stream; the client resumes from its offsets.
+            let reply = tokio::select! {
+                reply = conn.next() => reply.ok().flatten()?,
+                _ = manager.stopped() => return None,
+            };
+            let b64 = base64::engine::general_purpose::STANDARD;
+            let (event, done) = match reply {
+                ShimReply::Output {
+                    stream,
+                    offset,
+                    data,
+                } => {
+                    let data = b64.encode(data);
+                    let event = match stream {
+                        sandbox_proto::Stream::Stdout => OutputEvent::Stdout { offset, data },
+                        sandbox_proto::Stream::Stderr => OutputEvent::Stderr { offset, data },
+                    };
+                    (event, false)
+                }
+                ShimReply::Dropped { stream, bytes } => (
+                    OutputEvent::Dropped {
+                        stream: Supervisor::stream_name(stream).into(),
+                        bytes,
+                    },
+                    false,
+                ),
+                ShimReply::Exited(process) => (OutputEvent::Exit { process }, true),
+                _ => return None,
+            };
+            let next_conn = if done { None } else { Some(conn) };
+            Some((Ok::<Bytes, std::io::Error>(ndjson(&event)), next_conn))
+        }
     });
     Ok((
         [("content-type", "application/x-ndjson")],

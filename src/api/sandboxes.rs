@@ -3,12 +3,12 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::error::{parse_json, ApiResult};
+use super::error::{parse_json, ApiError, ApiResult};
 use super::types::{CreateSandbox, Health, SandboxList, SetTtl};
 use crate::sandbox::Manager;
 
@@ -34,10 +34,47 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(sandbox)))
 }
 
-pub async fn list(State(manager): State<Arc<Manager>>) -> Json<SandboxList> {
-    Json(SandboxList {
-        sandboxes: manager.list(),
-    })
+/// `GET /v1/sandboxes?label=key=value&label=...`: every label must match.
+pub async fn list(
+    State(manager): State<Arc<Manager>>,
+    Query(query): Query<Vec<(String, String)>>,
+) -> ApiResult<Json<SandboxList>> {
+    let mut wanted = Vec::new();
+    for (key, value) in query {
+        if key != "label" {
+            return Err(ApiError::bad(
+                "invalid_query",
+                format!("unknown query parameter {key:?}; filter with label=key=value"),
+            ));
+        }
+        let (k, v) = value.split_once('=').ok_or_else(|| {
+            ApiError::bad(
+                "invalid_query",
+                format!("label filter {value:?} must be key=value"),
+            )
+        })?;
+        wanted.push((k.to_string(), v.to_string()));
+    }
+    let sandboxes = manager
+        .list()
+        .into_iter()
+        .filter(|s| wanted.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+        .collect();
+    Ok(Json(SandboxList { sandboxes }))
+}
+
+pub async fn metrics(State(manager): State<Arc<Manager>>) -> impl IntoResponse {
+    (
+        [(
+            "content-type",
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        manager.render_metrics(),
+    )
+}
+
+pub async fn capacity(State(manager): State<Arc<Manager>>) -> impl IntoResponse {
+    Json(manager.capacity())
 }
 
 pub async fn get(

@@ -9,13 +9,16 @@ use axum::routing::{get, post, put};
 use axum::Router;
 use tokio::net::UnixListener;
 
-use super::{files, processes, sandboxes};
+use super::{events, files, gpus, processes, sandboxes};
 use crate::sandbox::Manager;
 
 pub fn router(manager: Arc<Manager>) -> Router {
     let v1 = Router::new()
         .route("/health", get(sandboxes::health))
         .route("/openapi.json", get(sandboxes::openapi))
+        .route("/events", get(events::events))
+        .route("/capacity", get(sandboxes::capacity))
+        .route("/gpus", get(gpus::list))
         .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route(
             "/sandboxes/{id}",
@@ -58,8 +61,16 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/sandboxes/{id}/files/mkdir", post(files::mkdir));
     Router::new()
         .nest("/v1", v1)
+        .route("/metrics", get(sandboxes::metrics))
         // JSON bodies are small; uploads stream and enforce their own limit.
         .layer(DefaultBodyLimit::max(4 << 20))
+        .with_state(manager)
+}
+
+/// The router of the optional TCP metrics listener: `/metrics` only.
+pub fn metrics_router(manager: Arc<Manager>) -> Router {
+    Router::new()
+        .route("/metrics", get(sandboxes::metrics))
         .with_state(manager)
 }
 

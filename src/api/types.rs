@@ -37,6 +37,14 @@ pub struct CreateSandbox {
     /// Caller labels, returned as given.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// GPU model the sandbox needs, e.g. `"H200"` or `"A100 80GB"` (words of
+    /// the product name, in order), or `"any"`. Containers only.
+    #[serde(default)]
+    pub gpu: Option<String>,
+    /// Whole GPUs, held exclusively until the sandbox ends; default 1 when
+    /// `gpu` is given. Alone, it means GPUs of any model.
+    #[serde(default)]
+    pub gpu_count: Option<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -74,11 +82,45 @@ pub struct Sandbox {
     pub oom_kills: u64,
     /// Why the sandbox failed, when it did.
     pub failure: Option<String>,
+    /// Resources used so far, for billing.
+    #[serde(default)]
+    pub usage: Usage,
+    /// UUIDs of the GPUs this sandbox holds.
+    #[serde(default)]
+    pub gpus: Vec<String>,
+}
+
+/// Metered use of one sandbox (sampled every few seconds while it runs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub memory_gib_seconds: f64,
+    pub egress_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
+}
+
+/// One GPU of the host (`GET /v1/gpus`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_mib: u64,
+    pub pci_bus_id: String,
+    /// N of `/dev/nvidiaN`.
+    pub minor_number: u32,
+    /// The sandbox holding it, absent when free.
+    #[serde(default)]
+    pub held_by: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GpuList {
+    pub gpus: Vec<Gpu>,
 }
 
 /// `PUT /v1/sandboxes/{id}/ttl`: the new TTL counts from now.

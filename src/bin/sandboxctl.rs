@@ -34,7 +34,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use client::{enc_query, enc_seg, ApiError, Client};
 use output::{Action, LineSplitter, Stream, StreamState};
 use types::{
-    CreateSandbox, FileInfo, FileList, Health, Process, ProcessList, Sandbox, SandboxList,
+    CreateSandbox, FileInfo, FileList, GpuList, Health, Process, ProcessList, Sandbox, SandboxList,
     SendSignal, SetTtl, StartProcess,
 };
 
@@ -77,6 +77,8 @@ enum Cmd {
     RunCode(RunCodeArgs),
     /// List sandboxes.
     Ls,
+    /// List the host's GPUs and the sandbox holding each.
+    Gpus,
     /// Show one sandbox as JSON.
     Inspect {
         #[arg(value_parser = units::parse_id)]
@@ -189,6 +191,12 @@ struct CreateArgs {
     /// A label, KEY=VALUE (repeatable).
     #[arg(long = "label", short = 'l', value_parser = units::parse_kv)]
     labels: Vec<(String, String)>,
+    /// GPU model (H200, "A100 80GB", ...) or `any`; containers only.
+    #[arg(long)]
+    gpu: Option<String>,
+    /// Whole GPUs to hold (default 1 with --gpu).
+    #[arg(long)]
+    gpu_count: Option<u32>,
 }
 
 #[derive(Args)]
@@ -295,6 +303,7 @@ async fn run(cli: Cli) -> Result<i32> {
             exec(&c, json, &a.id, req, false).await
         }
         Cmd::Ls => ls(&c, json).await,
+        Cmd::Gpus => gpus(&c, json).await,
         Cmd::Inspect { id } => {
             let (v, raw): (serde_json::Value, Bytes) =
                 c.json(Method::GET, &sandbox_uri(&id), None::<&()>).await?;
@@ -461,6 +470,8 @@ async fn create(c: &Client, json: bool, a: CreateArgs) -> Result<i32> {
         ttl_seconds: a.ttl,
         env: a.env.into_iter().collect(),
         labels: a.labels.into_iter().collect(),
+        gpu: a.gpu,
+        gpu_count: a.gpu_count,
     };
     let (sb, raw): (Sandbox, Bytes) = c.json(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     if json {
@@ -501,6 +512,33 @@ async fn ls(c: &Client, json: bool) -> Result<i32> {
         .collect();
     print_out(&output::table(
         &["ID", "STATE", "IMAGE", "CPU", "MEMORY", "TTL-LEFT"],
+        &rows,
+    ))?;
+    Ok(0)
+}
+
+async fn gpus(c: &Client, json: bool) -> Result<i32> {
+    let (list, raw): (GpuList, Bytes) = c.json(Method::GET, "/v1/gpus", None::<&()>).await?;
+    if json {
+        print_raw(&raw)?;
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = list
+        .gpus
+        .iter()
+        .map(|g| {
+            vec![
+                g.index.to_string(),
+                g.name.clone(),
+                output::fmt_mib(g.memory_mib),
+                g.pci_bus_id.clone(),
+                g.uuid.clone(),
+                g.held_by.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    print_out(&output::table(
+        &["INDEX", "NAME", "MEMORY", "BUS-ID", "UUID", "HELD-BY"],
         &rows,
     ))?;
     Ok(0)

@@ -1,4 +1,17 @@
-//! Sandbox networking. For now each sandbox gets its own network namespace
-//! with loopback only; the egress policy, proxy and DNS arrive later.
+//! Sandbox networking. Each sandbox gets its own network namespace
+//! ([`netns`]) with a veth pair inside it ([`plumbing`]) and nftables rules
+//! ([`rules`]) that send every TCP connection to the daemon's egress proxy
+//! and every DNS query to its DNS responder ([`dns`]). The egress policy
+//! ([`policy`]), the fixed deny list and host-spelling parser ([`deny`]),
+//! and what the proxy uses to learn where a connection goes ([`origdst`],
+//! [`sni`], [`http`]) live here too.
 
+pub mod deny;
+pub mod dns;
+pub mod http;
 pub mod netns;
+pub mod origdst;
+pub mod plumbing;
+pub mod policy;
+pub mod rules;
+pub mod sni;

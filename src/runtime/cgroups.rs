@@ -126,23 +126,50 @@ impl SandboxCgroups {
         }
     }
 
+    /// Puts the sandbox's init into the v1 `cpuacct` hierarchy, which
+    /// libcontainer leaves alone, so CPU time can be metered; everything
+    /// the agent starts afterwards inherits it. v2 meters in the unified group.
+    pub fn join_accounting(&self, pid: i32) -> Result<(), CgroupError> {
+        if self.layout == Layout::V2 {
+            return Ok(());
+        }
+        let dir = self.dir("cpuacct");
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let procs = dir.join("cgroup.procs");
+        fs::write(&procs, pid.to_string()).map_err(io_err(&procs))
+    }
+
+    /// CPU time used by the whole sandbox so far.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        match self.layout {
+            Layout::V1 => fs::read_to_string(self.dir("cpuacct").join("cpuacct.usage"))
+                .ok()?
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .map(|ns| ns as f64 / 1e9),
+            Layout::V2 => {
+                read_key(&self.dir("").join("cpu.stat"), "usage_usec").map(|us| us as f64 / 1e6)
+            }
+        }
+    }
+
+    /// Memory charged to the sandbox now.
+    pub fn memory_bytes(&self) -> Option<u64> {
+        let file = match self.layout {
+            Layout::V1 => self.dir("memory").join("memory.usage_in_bytes"),
+            Layout::V2 => self.dir("").join("memory.current"),
+        };
+        fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+
     /// OOM kills counted for the whole sandbox.
     pub fn oom_kills(&self) -> u64 {
         let (file, key) = match self.layout {
             Layout::V1 => (self.dir("memory").join("memory.oom_control"), "oom_kill"),
             Layout::V2 => (self.dir("").join("memory.events"), "oom_kill"),
         };
-        fs::read_to_string(file)
-            .ok()
-            .and_then(|text| {
-                text.lines().find_map(|l| {
-                    let mut parts = l.split_whitespace();
-                    (parts.next() == Some(key))
-                        .then(|| parts.next().and_then(|v| v.parse().ok()))
-                        .flatten()
-                })
-            })
-            .unwrap_or(0)
+        read_key(&file, key).unwrap_or(0)
     }
 
     fn tops(&self) -> Vec<PathBuf> {
@@ -195,6 +222,63 @@ impl SandboxCgroups {
         }
         Ok(())
     }
+}
+
+/// The value of `key` in a flat-keyed cgroup file (`key value` lines).
+fn read_key(file: &Path, key: &str) -> Option<u64> {
+    fs::read_to_string(file).ok().and_then(|text| {
+        text.lines().find_map(|l| {
+            let mut parts = l.split_whitespace();
+            (parts.next() == Some(key))
+                .then(|| parts.next().and_then(|v| v.parse().ok()))
+                .flatten()
+        })
+    })
+}
+
+/// Moves the calling process (a sandbox supervisor) into `sandboxd/supervisors`
+/// in every hierarchy that tracks it, so it is neither inside the daemon's
+/// service cgroup (systemd would count it as part of the service) nor
+/// inside a sandbox's cgroup (the sandbox's OOM killer must not reach it).
+pub fn join_supervisors_group() -> Result<(), CgroupError> {
+    let group = Path::new("sandboxd").join("supervisors");
+    let dirs: Vec<PathBuf> = match Layout::detect() {
+        Layout::V2 => vec![Path::new(CGROUP_ROOT).join(&group)],
+        // cpuset is left out: a new v1 cpuset group has no cpus until set.
+        Layout::V1 => [
+            "systemd", "unified", "pids", "memory", "cpu", "cpuacct", "blkio", "devices", "freezer",
+        ]
+        .iter()
+        .map(|h| Path::new(CGROUP_ROOT).join(h))
+        .filter(|h| h.join("cgroup.procs").exists())
+        .map(|h| h.join(&group))
+        .collect(),
+    };
+    let me = std::process::id().to_string();
+    for dir in dirs {
+        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+        let procs = dir.join("cgroup.procs");
+        fs::write(&procs, &me).map_err(io_err(&procs))?;
+    }
+    Ok(())
+}
+
+/// Sandbox ids that have a cgroup under `/sandboxd` (for recovery to find
+/// groups no record owns).
+pub fn sandbox_group_ids() -> Vec<String> {
+    let parent = match Layout::detect() {
+        Layout::V2 => Path::new(CGROUP_ROOT).join("sandboxd"),
+        Layout::V1 => Path::new(CGROUP_ROOT).join("pids").join("sandboxd"),
+    };
+    fs::read_dir(parent)
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| name.starts_with("sb-"))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 fn read_pids(dir: &Path) -> Vec<i32> {

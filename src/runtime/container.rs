@@ -94,6 +94,7 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
         etc_resolv_conf: paths.etc().join("resolv.conf"),
         etc_hostname: paths.etc().join("hostname"),
         nofile,
+        grant: config.devices.clone(),
     };
     let spec = build_spec(&input).map_err(|e| ContainerError::Spec(e.to_string()))?;
     spec.save(paths.bundle().join("config.json"))
@@ -120,6 +121,9 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
     nix::sched::setns(&own_netns, nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| prepare("network namespace")(e.into()))?;
     let init_pid = created?;
+    SandboxCgroups::new(Layout::detect(), &config.cgroups_path)
+        .join_accounting(init_pid)
+        .map_err(|e| prepare("CPU accounting")(std::io::Error::other(e.to_string())))?;
     lap("runtime", &mut phases);
     Ok(Started {
         init_pid,
@@ -250,15 +254,24 @@ pub fn destroy(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Vec<String
     cgroups.remove_process_groups();
     let state = paths.container_root().join(id);
     if state.exists() {
+        // load() fails when init was already reaped (its /proc entry is
+        // gone); then there is nothing left for libcontainer to stop, and
+        // the cgroup sweep below removes its groups.
         match Container::load(state.clone()) {
             Ok(mut container) => {
                 if let Err(e) = container.delete(true) {
                     problems.push(format!("deleting container: {e}"));
                 }
             }
-            Err(e) => problems.push(format!("loading container state: {e}")),
+            Err(e) => {
+                tracing::debug!(sandbox = %id, "container state not loadable ({e}); sweeping instead")
+            }
         }
-        let _ = fs::remove_dir_all(&state);
+        if let Err(e) = fs::remove_dir_all(&state) {
+            if e.kind() != io::ErrorKind::NotFound {
+                problems.push(format!("removing container state: {e}"));
+            }
+        }
     }
     // What libcontainer does not know of (the v1 freezer group) or could not
     // remove goes here; it costs nothing when all is gone.

@@ -52,6 +52,7 @@ use oci_spec::runtime::{
 };
 
 use super::seccomp::{sandbox_seccomp, SeccompError};
+use crate::gpu::DeviceGrant;
 
 /// Where the agent binary appears inside every container sandbox.
 pub const AGENT_PATH_IN_SANDBOX: &str = "/.sandboxd/agent";
@@ -177,6 +178,9 @@ pub struct ContainerSpecInput {
     pub etc_hostname: PathBuf,
     /// RLIMIT_NOFILE, soft and hard.
     pub nofile: u64,
+    /// Extra devices (bind-mounted nodes + device cgroup rules), read-only
+    /// host files and masked paths: a GPU sandbox's (see [`crate::gpu`]).
+    pub grant: DeviceGrant,
 }
 
 /// Why a spec could not be built, or the network namespace not entered.
@@ -218,6 +222,12 @@ pub enum SpecError {
     Env { entry: String, reason: &'static str },
     #[error("the environment has no PATH entry; pass e.g. \"PATH=/usr/local/bin:/usr/bin:/bin\"")]
     MissingPath,
+    #[error("granted {what} {path:?} is refused: {reason}")]
+    Grant {
+        what: &'static str,
+        path: PathBuf,
+        reason: &'static str,
+    },
     #[error(transparent)]
     Seccomp(#[from] SeccompError),
     #[error(
@@ -293,7 +303,7 @@ pub fn build_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
     let memory_limit = i64::try_from(input.memory_bytes)
         .map_err(|_| SpecError::MemoryTooLarge(input.memory_bytes))?;
     let resources = LinuxResourcesBuilder::default()
-        .devices(device_rules()?)
+        .devices(device_rules(&input.grant)?)
         .cpu(
             LinuxCpuBuilder::default()
                 .quota(cpu_quota_us(input.cpu_cores)?)
@@ -331,6 +341,7 @@ pub fn build_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
             MASKED_PATHS
                 .iter()
                 .map(|p| (*p).to_owned())
+                .chain(input.grant.masked_paths.iter().cloned())
                 .collect::<Vec<_>>(),
         )
         .readonly_paths(
@@ -462,6 +473,55 @@ fn validate(input: &ContainerSpecInput) -> Result<(), SpecError> {
     if !has_path {
         return Err(SpecError::MissingPath);
     }
+    validate_grant(&input.grant)
+}
+
+/// Granted nodes appear only under /dev, files nowhere the sandbox's own
+/// mounts live, masks only under /proc; every path clean and absolute.
+fn validate_grant(grant: &DeviceGrant) -> Result<(), SpecError> {
+    let refuse = |what, path: &Path, reason| SpecError::Grant {
+        what,
+        path: path.to_owned(),
+        reason,
+    };
+    for device in &grant.devices {
+        if !is_clean_absolute(&device.host_path) {
+            return Err(refuse(
+                "device",
+                &device.host_path,
+                "not a clean absolute path",
+            ));
+        }
+        if !is_clean_absolute(&device.path) || device.path.parent() != Some(Path::new("/dev")) {
+            return Err(refuse("device", &device.path, "it must be /dev/NAME"));
+        }
+    }
+    for file in &grant.files {
+        if !is_clean_absolute(&file.host_path) || !is_clean_absolute(&file.path) {
+            return Err(refuse("file", &file.path, "not a clean absolute path"));
+        }
+        if ["/proc", "/sys", "/dev", "/etc", "/.sandboxd"]
+            .iter()
+            .any(|top| file.path.starts_with(top))
+            || file.path.parent().is_none()
+        {
+            return Err(refuse(
+                "file",
+                &file.path,
+                "it would cover a path the sandbox's own mounts use",
+            ));
+        }
+    }
+    for masked in &grant.masked_paths {
+        let path = Path::new(masked);
+        if !is_clean_absolute(path) || !path.starts_with("/proc/") {
+            return Err(refuse(
+                "masked path",
+                path,
+                "it must be a clean path under /proc",
+            ));
+        }
+    }
     Ok(())
 }
 
@@ -511,7 +571,9 @@ fn namespaces() -> Result<Vec<LinuxNamespace>, SpecError> {
     .collect()
 }
 
-fn device_rules() -> Result<Vec<LinuxDeviceCgroup>, SpecError> {
+/// Deny all, then the usual character devices, then exactly the granted
+/// nodes (read and write; never mknod).
+fn device_rules(grant: &DeviceGrant) -> Result<Vec<LinuxDeviceCgroup>, SpecError> {
     let mut rules = vec![LinuxDeviceCgroupBuilder::default()
         .allow(false)
         .typ(LinuxDeviceType::A)
@@ -528,6 +590,17 @@ fn device_rules() -> Result<Vec<LinuxDeviceCgroup>, SpecError> {
             None => rule,
         };
         rules.push(rule.build()?);
+    }
+    for device in &grant.devices {
+        rules.push(
+            LinuxDeviceCgroupBuilder::default()
+                .allow(true)
+                .typ(LinuxDeviceType::C)
+                .major(i64::from(device.major))
+                .minor(i64::from(device.minor))
+                .access("rw")
+                .build()?,
+        );
     }
     Ok(rules)
 }
@@ -554,7 +627,7 @@ fn mount(
 fn mounts(input: &ContainerSpecInput) -> Result<Vec<Mount>, SpecError> {
     let shm_size = format!("size={}", input.shm_bytes);
     let ro_file = ["bind", "ro", "nosuid", "nodev", "noexec"];
-    Ok(vec![
+    let mut mounts = vec![
         mount("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"])?,
         mount(
             "/dev",
@@ -614,7 +687,27 @@ fn mounts(input: &ContainerSpecInput) -> Result<Vec<Mount>, SpecError> {
             input.agent_binary.clone(),
             &["bind", "ro", "nosuid", "nodev"],
         )?,
-    ])
+    ];
+    // Granted nodes come from the host's device filesystem (a tmpfs mounted
+    // in the user namespace cannot hold usable nodes); the cgroup rules
+    // decide what may be opened. Files are read-only but executable.
+    for device in &input.grant.devices {
+        mounts.push(mount(
+            &device.path.to_string_lossy(),
+            "bind",
+            device.host_path.clone(),
+            &["bind", "nosuid", "noexec"],
+        )?);
+    }
+    for file in &input.grant.files {
+        mounts.push(mount(
+            &file.path.to_string_lossy(),
+            "bind",
+            file.host_path.clone(),
+            &["bind", "ro", "nosuid", "nodev"],
+        )?);
+    }
+    Ok(mounts)
 }
 
 #[cfg(test)]
@@ -646,6 +739,7 @@ mod tests {
             etc_resolv_conf: "/var/lib/sandboxd/sandboxes/abc/resolv.conf".into(),
             etc_hostname: "/var/lib/sandboxd/sandboxes/abc/hostname".into(),
             nofile: 65_536,
+            grant: DeviceGrant::default(),
         }
     }
 
@@ -886,6 +980,112 @@ mod tests {
         );
         assert!(linux.sysctl().as_ref().is_none_or(|m| m.is_empty()));
         assert!(linux.devices().as_ref().is_none_or(|d| d.is_empty()));
+    }
+
+    fn gpu_grant() -> DeviceGrant {
+        use crate::gpu::{GrantedDevice, GrantedFile};
+        DeviceGrant {
+            devices: vec![
+                GrantedDevice {
+                    host_path: "/dev/nvidia1".into(),
+                    path: "/dev/nvidia1".into(),
+                    major: 195,
+                    minor: 1,
+                },
+                GrantedDevice {
+                    host_path: "/dev/nvidiactl".into(),
+                    path: "/dev/nvidiactl".into(),
+                    major: 195,
+                    minor: 255,
+                },
+            ],
+            files: vec![GrantedFile {
+                host_path: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15".into(),
+                path: "/usr/local/nvidia/lib64/libcuda.so.1".into(),
+            }],
+            masked_paths: vec!["/proc/driver/nvidia/gpus/0000:10:00.0".into()],
+        }
+    }
+
+    #[test]
+    fn a_grant_allows_exactly_its_nodes_and_binds_them_after_dev() {
+        let mut i = input();
+        i.grant = gpu_grant();
+        let s = build_spec(&i).expect("spec");
+        let linux = s.linux().as_ref().expect("linux");
+        let rules = linux
+            .resources()
+            .as_ref()
+            .and_then(|r| r.devices().as_ref())
+            .expect("devices");
+        let allowed: Vec<String> = rules
+            .iter()
+            .filter(|d| d.allow())
+            .map(|d| d.to_string())
+            .collect();
+        assert!(allowed.contains(&"c 195:1 rw".to_owned()), "{allowed:?}");
+        assert!(allowed.contains(&"c 195:255 rw".to_owned()), "{allowed:?}");
+        assert!(
+            !allowed
+                .iter()
+                .any(|a| a.starts_with("c 195:0") || a == "c 195:* rw"),
+            "only the granted GPU: {allowed:?}"
+        );
+        let dests: Vec<_> = s
+            .mounts()
+            .iter()
+            .flatten()
+            .map(|m| m.destination().to_string_lossy().into_owned())
+            .collect();
+        let pos = |d: &str| dests.iter().position(|x| x == d).expect(d);
+        assert!(pos("/dev") < pos("/dev/nvidia1"));
+        let node = find_mount(&s, "/dev/nvidia1");
+        assert_eq!(node.source().as_deref(), Some(Path::new("/dev/nvidia1")));
+        assert!(
+            !opts(node).contains(&"nodev"),
+            "a node mount must allow devices"
+        );
+        assert!(opts(node).contains(&"nosuid"));
+        let lib = find_mount(&s, "/usr/local/nvidia/lib64/libcuda.so.1");
+        assert!(opts(lib).contains(&"ro"));
+        assert!(
+            !opts(lib).contains(&"noexec"),
+            "libraries are mapped executable"
+        );
+        let masked = linux.masked_paths().as_ref().expect("masked");
+        assert!(masked.contains(&"/proc/driver/nvidia/gpus/0000:10:00.0".to_owned()));
+        assert!(
+            masked.contains(&"/proc/kcore".to_owned()),
+            "Docker's masks stay"
+        );
+
+        // Without a grant: no nvidia rule, no extra mount.
+        let plain = spec();
+        let json = serde_json::to_string(&plain).expect("json");
+        assert!(!json.contains("nvidia"));
+    }
+
+    #[test]
+    fn a_grant_cannot_reach_outside_its_places() {
+        type Mutation = fn(&mut DeviceGrant);
+        let cases: Vec<(Mutation, &str)> = vec![
+            (|g| g.devices[0].path = "/etc/nvidia1".into(), "/dev/NAME"),
+            (|g| g.devices[0].path = "/dev/a/b".into(), "/dev/NAME"),
+            (|g| g.devices[0].host_path = "dev/x".into(), "absolute"),
+            (|g| g.files[0].path = "/.sandboxd/agent".into(), "cover"),
+            (|g| g.files[0].path = "/etc/passwd".into(), "cover"),
+            (|g| g.files[0].path = "/usr/../etc/x".into(), "absolute"),
+            (|g| g.masked_paths[0] = "/home".into(), "/proc"),
+        ];
+        for (mutate, needle) in cases {
+            let mut i = input();
+            i.grant = gpu_grant();
+            mutate(&mut i.grant);
+            match build_spec(&i) {
+                Ok(_) => panic!("accepted {:?}", i.grant),
+                Err(e) => assert!(e.to_string().contains(needle), "{e} lacks {needle}"),
+            }
+        }
     }
 
     #[test]

@@ -44,6 +44,18 @@ impl SandboxError {
     pub fn internal(message: impl std::fmt::Display) -> Self {
         Self::Internal(message.to_string())
     }
+
+    /// The machine-readable code of the API's error body.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BadRequest { code, .. }
+            | Self::NotFound { code, .. }
+            | Self::Conflict { code, .. } => code,
+            Self::TooLarge { .. } => "too_large",
+            Self::Unavailable { .. } => "insufficient_capacity",
+            Self::Internal(_) => "internal",
+        }
+    }
 }
 
 impl From<crate::shim::protocol::ClientError> for SandboxError {
@@ -86,8 +98,9 @@ impl From<sandbox_proto::AgentError> for SandboxError {
                 code: "file_not_found",
                 message,
             },
-            K::NoSpace => Self::Unavailable {
-                resource: "disk",
+            // The sandbox's own quota, not the host: a conflict with its state.
+            K::NoSpace => Self::Conflict {
+                code: "disk_limit_reached",
                 message: format!("the sandbox's disk limit is reached: {message}"),
             },
             K::AlreadyExists

@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Notify;
 
+use super::events::{EventKind, EventLog};
 use super::record::{expiry, now_ms, SandboxRecord};
 use super::teardown::teardown;
 use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
@@ -18,9 +19,10 @@ use super::SandboxError;
 use crate::api::types::{CreateSandbox, Limits, Sandbox, SandboxState};
 use crate::config::{Config, ID_MAP_SIZE};
 use crate::disk::DiskPool;
+use crate::gpu::{GpuRequest, GpuService};
 use crate::image::ImageCache;
 use crate::shim::config::{SandboxPaths, ShimConfig};
-use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+use crate::shim::protocol::{ShimConn, ShimEvent, ShimReply, ShimRequest};
 use crate::shim::ReadyLine;
 use crate::store::Store;
 
@@ -28,14 +30,21 @@ const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
 
 pub struct Manager {
     pub config: Config,
-    store: Store,
+    store: Arc<Store>,
+    pub events: EventLog,
+    pub metrics: crate::metrics::Metrics,
     images: Arc<ImageCache>,
     disk: Arc<DiskPool>,
+    /// The host's GPUs and who holds them.
+    gpus: Arc<GpuService>,
     records: Mutex<HashMap<String, SandboxRecord>>,
     ttl_changed: Notify,
     /// Ids of ready sandboxes of the default image and limits, not yet handed out.
     pool: Mutex<VecDeque<String>>,
     refilling: AtomicBool,
+    /// Set once the daemon stops: long-lived streams end so that in-flight
+    /// requests can finish and the daemon can exit.
+    stopping: tokio::sync::watch::Sender<bool>,
 }
 
 fn default_env() -> Vec<(String, String)> {
@@ -53,6 +62,24 @@ fn default_env() -> Vec<(String, String)> {
     .collect()
 }
 
+/// Marks a create as abandoned when the request future is dropped before
+/// the create finished.
+struct AbandonOnDrop(Option<Arc<AtomicBool>>);
+
+impl AbandonOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0.take() {
+            flag.store(true, Ordering::Release);
+        }
+    }
+}
+
 fn new_id() -> String {
     let bytes: [u8; 6] = rand::random();
     format!("sb-{}", hex::encode(bytes))
@@ -60,7 +87,11 @@ fn new_id() -> String {
 
 impl Manager {
     pub fn new(config: Config, store: Store, images: ImageCache, disk: DiskPool) -> Arc<Self> {
+        let store = Arc::new(store);
         Arc::new(Self {
+            events: EventLog::open(Arc::clone(&store), config.event_retention_seconds),
+            metrics: crate::metrics::Metrics::new(),
+            gpus: GpuService::new(config.gpu.clone()),
             config,
             store,
             images: Arc::new(images),
@@ -69,13 +100,40 @@ impl Manager {
             ttl_changed: Notify::new(),
             pool: Mutex::new(VecDeque::new()),
             refilling: AtomicBool::new(false),
+            stopping: tokio::sync::watch::channel(false).0,
         })
+    }
+
+    /// Ends the event and output streams; creates in flight finish.
+    pub fn begin_stop(&self) {
+        self.stopping.send_replace(true);
+    }
+
+    /// Resolves once the daemon is stopping.
+    pub async fn stopped(&self) {
+        let mut rx = self.stopping.subscribe();
+        let _ = rx.wait_for(|stopping| *stopping).await;
     }
 
     /// Starts the background work: the TTL reaper and the warm pool.
     pub fn start_background(self: &Arc<Self>) {
         tokio::spawn(Arc::clone(self).reap_expired());
         self.start_refill();
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            const SAMPLE: Duration = Duration::from_secs(5);
+            let mut every = tokio::time::interval(SAMPLE);
+            let mut ticks: u64 = 0;
+            loop {
+                every.tick().await;
+                let sampler = Arc::clone(&this);
+                let _ = tokio::task::spawn_blocking(move || sampler.sample_usage(SAMPLE)).await;
+                ticks += 1;
+                if ticks % 12 == 0 {
+                    this.events.prune();
+                }
+            }
+        });
     }
 
     fn pool(&self) -> MutexGuard<'_, VecDeque<String>> {
@@ -106,7 +164,15 @@ impl Manager {
                 let image = this.config.default_image.clone();
                 let limits = this.template_limits();
                 match this
-                    .create_cold(image, limits, -1, BTreeMap::new(), BTreeMap::new(), true)
+                    .create_cold(
+                        image,
+                        limits,
+                        -1,
+                        BTreeMap::new(),
+                        BTreeMap::new(),
+                        true,
+                        None,
+                    )
                     .await
                 {
                     Ok(view) => this.pool().push_back(view.id),
@@ -119,6 +185,85 @@ impl Manager {
             }
             this.refilling.store(false, Ordering::Release);
         });
+    }
+
+    /// Follows a sandbox supervisor's events (process exits, OOM kills, the
+    /// sandbox dying) into the event log, from where it left off.
+    fn watch_supervisor(self: &Arc<Self>, id: String) {
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let after = match this.records().get(&id) {
+                Some(r) => r.supervisor_events_seen,
+                None => return,
+            };
+            let Ok(mut conn) = ShimConn::connect(&this.paths(&id).socket()).await else {
+                return;
+            };
+            if conn.send(&ShimRequest::Watch { after }).await.is_err() {
+                return;
+            }
+            while let Ok(Some(ShimReply::Event { seq, event })) = conn.next().await {
+                this.record_supervisor_event(&id, seq, event);
+            }
+        });
+    }
+
+    fn record_supervisor_event(&self, id: &str, seq: u64, event: ShimEvent) {
+        match event {
+            ShimEvent::ProcessExited(p) => {
+                if p.oom_killed {
+                    self.metrics.oom_killed();
+                    self.events.emit(EventKind::Oom, id, Some(p.id), None);
+                }
+                let detail = match (p.exit_code, p.signal) {
+                    (Some(code), _) => format!("exit code {code}"),
+                    (None, Some(signal)) => format!("signal {signal}"),
+                    _ => "ended".to_string(),
+                };
+                let detail = if p.timed_out {
+                    format!("{detail} (timed out)")
+                } else {
+                    detail
+                };
+                self.events
+                    .emit(EventKind::ProcessExited, id, Some(p.id), Some(detail));
+            }
+            ShimEvent::Failed(reason) => {
+                let newly_failed = {
+                    let mut records = self.records();
+                    match records.get_mut(id) {
+                        Some(r) if r.state == SandboxState::Ready => {
+                            r.state = SandboxState::Failed;
+                            r.failure = Some(reason.clone());
+                            true
+                        }
+                        _ => false,
+                    }
+                };
+                if newly_failed {
+                    self.events.emit(EventKind::Failed, id, None, Some(reason));
+                }
+            }
+        }
+        // Persisted under the records lock: a delete removes the map entry
+        // first, so a cursor update can never bring a deleted record back.
+        let mut records = self.records();
+        if let Some(record) = records.get_mut(id) {
+            record.supervisor_events_seen = seq;
+            if let Err(e) = self.store.put_eventual(id, record) {
+                tracing::warn!(sandbox = %id, "recording an event cursor: {e}");
+            }
+        }
+    }
+
+    /// Deletes every sandbox (a clean stop with `stop_sandboxes_on_exit`).
+    pub async fn delete_all(&self) {
+        let ids: Vec<String> = self.records().keys().cloned().collect();
+        for id in ids {
+            if let Err(e) = self.delete(&id).await {
+                tracing::warn!(sandbox = %id, "deleting on exit: {e}");
+            }
+        }
     }
 
     /// Tears down the warm pool (on a clean stop: nobody can see or use those
@@ -145,6 +290,8 @@ impl Manager {
         if self.config.pool_size == 0
             || image != self.config.default_image
             || *limits != self.template_limits()
+            || req.gpu.is_some()
+            || req.gpu_count.is_some_and(|n| n > 0)
         {
             return Ok(None);
         }
@@ -186,6 +333,14 @@ impl Manager {
                 record.clone()
             };
             self.persist(&record)?;
+            self.events.emit(
+                EventKind::Created,
+                &id,
+                None,
+                Some("from the warm pool".into()),
+            );
+            self.events.emit(EventKind::Ready, &id, None, None);
+            self.watch_supervisor(id.clone());
             self.ttl_changed.notify_one();
             self.start_refill();
             return Ok(Some(record.view()));
@@ -206,6 +361,61 @@ impl Manager {
             .map_err(SandboxError::internal)
     }
 
+    pub fn capacity(&self) -> super::capacity::Capacity {
+        let records = self.records();
+        let all: Vec<&SandboxRecord> = records.values().collect();
+        super::capacity::capacity(&self.config, &all)
+    }
+
+    /// The metrics exposition, with sandbox states as of now.
+    pub fn render_metrics(&self) -> String {
+        let states: Vec<(String, String)> = self
+            .records()
+            .values()
+            .map(|r| {
+                let state = if r.pooled {
+                    "pooled".to_string()
+                } else {
+                    serde_json::to_value(r.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default()
+                };
+                (state, r.runtime.clone())
+            })
+            .collect();
+        self.metrics.render(&states)
+    }
+
+    /// Samples CPU and memory of every running sandbox into its usage
+    /// (CPU-seconds, memory GiB-seconds) and the per-sandbox metrics.
+    fn sample_usage(&self, interval: Duration) {
+        let ids: Vec<(String, String)> = self
+            .records()
+            .values()
+            .filter(|r| r.state == SandboxState::Ready)
+            .map(|r| (r.id.clone(), r.cgroups_path.clone()))
+            .collect();
+        let layout = crate::runtime::cgroups::Layout::detect();
+        for (id, path) in ids {
+            let cgroups = crate::runtime::cgroups::SandboxCgroups::new(layout, &path);
+            let cpu = cgroups.cpu_seconds();
+            let memory = cgroups.memory_bytes().unwrap_or(0);
+            self.metrics.sandbox_usage(&id, cpu.unwrap_or(0.0), memory);
+            let mut records = self.records();
+            if let Some(record) = records.get_mut(&id) {
+                if let Some(cpu) = cpu {
+                    record.usage.cpu_seconds = cpu;
+                }
+                record.usage.memory_gib_seconds +=
+                    memory as f64 / (1u64 << 30) as f64 * interval.as_secs_f64();
+                if let Err(e) = self.store.put_eventual(&id, record) {
+                    tracing::warn!(sandbox = %id, "recording usage: {e}");
+                }
+            }
+        }
+    }
+
     /// Sandboxes handed to callers (the warm pool is not counted).
     pub fn count(&self) -> usize {
         self.records().values().filter(|r| !r.pooled).count()
@@ -213,7 +423,37 @@ impl Manager {
 
     /// Creates a sandbox and returns once it is ready; on any failure nothing
     /// of it is left behind.
+    /// Creates a sandbox and returns once it is ready. The work runs in its
+    /// own task: when the caller goes away (the client disconnected and the
+    /// request future was dropped) a sandbox made anyway is removed, so an
+    /// abandoned create leaves nothing behind.
     pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let guard = AbandonOnDrop(Some(Arc::clone(&abandoned)));
+        let this = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let result = this.create_now(req).await;
+            if let Err(e) = &result {
+                this.metrics.create_failed(e.code());
+            }
+            if abandoned.load(Ordering::Acquire) {
+                if let Ok(view) = &result {
+                    tracing::info!(sandbox = %view.id, "create abandoned by its caller; removing");
+                    if let Err(e) = this.delete(&view.id).await {
+                        tracing::warn!(sandbox = %view.id, "removing an abandoned sandbox: {e}");
+                    }
+                }
+            }
+            result
+        });
+        let result = task.await.map_err(SandboxError::internal);
+        guard.disarm();
+        result?
+    }
+
+    async fn create_now(self: &Arc<Self>, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
+        let gpu =
+            GpuRequest::from_create(req.runtime.as_deref(), req.gpu.as_deref(), req.gpu_count)?;
         match req.runtime.as_deref() {
             None | Some("container") => {}
             Some("vm") => return Err(SandboxError::bad(
@@ -242,10 +482,19 @@ impl Manager {
         {
             return Ok(view);
         }
-        self.create_cold(image_name, limits, ttl_seconds, req.labels, req.env, false)
-            .await
+        self.create_cold(
+            image_name,
+            limits,
+            ttl_seconds,
+            req.labels,
+            req.env,
+            false,
+            gpu,
+        )
+        .await
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn create_cold(
         self: &Arc<Self>,
         image_name: String,
@@ -254,19 +503,18 @@ impl Manager {
         labels: BTreeMap<String, String>,
         env: BTreeMap<String, String>,
         pooled: bool,
+        gpu: Option<GpuRequest>,
     ) -> Result<Sandbox, SandboxError> {
         let id = new_id();
         let record = {
             let mut records = self.records();
-            if records.len() >= self.config.max_sandboxes {
-                return Err(SandboxError::Unavailable {
-                    resource: "sandboxes",
-                    message: format!(
-                        "this host already runs its maximum of {} sandboxes",
-                        self.config.max_sandboxes
-                    ),
-                });
-            }
+            let all: Vec<&SandboxRecord> = records.values().collect();
+            super::capacity::admit(&self.config, &all, &limits)?;
+            // Held from here; every failure after this ends in remove_everything.
+            let gpus = match &gpu {
+                Some(request) => self.gpus.allocate(&id, request)?,
+                None => Vec::new(),
+            };
             let record = SandboxRecord {
                 id: id.clone(),
                 state: SandboxState::Creating,
@@ -284,16 +532,30 @@ impl Manager {
                 oom_kills: 0,
                 failure: None,
                 pooled,
+                supervisor_events_seen: 0,
+                gpus,
+                usage: Default::default(),
             };
             records.insert(id.clone(), record.clone());
             record
         };
+        if !pooled {
+            self.events.emit(EventKind::Created, &id, None, None);
+        }
         match self.start(record, &image_name).await {
             Ok(view) => {
                 self.ttl_changed.notify_one();
+                if !pooled {
+                    self.events.emit(EventKind::Ready, &id, None, None);
+                    self.watch_supervisor(id.clone());
+                }
                 Ok(view)
             }
             Err(e) => {
+                if !pooled {
+                    self.events
+                        .emit(EventKind::Failed, &id, None, Some(e.to_string()));
+                }
                 let record = self.records().get(&id).cloned();
                 if let Some(record) = record {
                     self.remove_everything(&record).await;
@@ -308,6 +570,13 @@ impl Manager {
         mut record: SandboxRecord,
         image_name: &str,
     ) -> Result<Sandbox, SandboxError> {
+        let begun = std::time::Instant::now();
+        let mut lap = std::time::Instant::now();
+        let mut phase = |name: &str| {
+            self.metrics
+                .observe_phase(name, lap.elapsed().as_secs_f64());
+            lap = std::time::Instant::now();
+        };
         self.persist(&record)?;
         let images = Arc::clone(&self.images);
         let name = image_name.to_string();
@@ -325,6 +594,7 @@ impl Manager {
                 }
             })?;
         record.image_digest = image.digest.clone();
+        phase("image");
 
         let disk = Arc::clone(&self.disk);
         let layer_id = record.id.clone();
@@ -335,10 +605,13 @@ impl Manager {
                 .await
                 .map_err(SandboxError::internal)?
                 .map_err(SandboxError::internal)?;
+        phase("disk");
 
         let paths = self.paths(&record.id);
         std::fs::create_dir_all(&paths.dir).map_err(SandboxError::internal)?;
+        let gpu = self.gpus.grant(&record.gpus)?;
         let mut env = default_env();
+        env.extend(gpu.env);
         env.extend(record.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let shim_config = ShimConfig {
             id: record.id.clone(),
@@ -357,6 +630,7 @@ impl Manager {
             env,
             output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
             ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
+            devices: gpu.devices,
         };
         let json = serde_json::to_vec(&shim_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;
@@ -369,6 +643,17 @@ impl Manager {
                 ready.error.unwrap_or_else(|| "no reason given".into())
             )));
         }
+        phase("supervisor");
+        for (name, us) in &ready.phases_us {
+            let name = match name.as_str() {
+                "netns" => "namespace",
+                "rootfs_and_spec" => "rootfs",
+                other => other,
+            };
+            self.metrics.observe_phase(name, *us as f64 / 1e6);
+        }
+        self.metrics
+            .observe_phase("total", begun.elapsed().as_secs_f64());
         tracing::debug!(sandbox = %record.id, phases_us = ?ready.phases_us, "sandbox ready");
         record.state = SandboxState::Ready;
         self.persist(&record)?;
@@ -438,8 +723,15 @@ impl Manager {
         let paths = self.paths(&record.id);
         let problems = teardown(&record.id, &record.cgroups_path, &paths, &self.disk).await;
         if problems.is_empty() {
-            let _ = self.store.remove(&record.id);
             self.records().remove(&record.id);
+            let _ = self.store.remove(&record.id);
+            self.gpus.release(&record.id);
+            self.metrics.sandbox_gone(&record.id);
+            if !record.pooled && record.state != SandboxState::Creating {
+                let usage = serde_json::to_string(&record.usage).ok();
+                self.events
+                    .emit(EventKind::Deleted, &record.id, None, usage);
+            }
         } else {
             for p in &problems {
                 tracing::warn!(sandbox = %record.id, "teardown: {p}");
@@ -494,6 +786,8 @@ impl Manager {
         drop(records);
         if snapshot.state == SandboxState::Failed {
             let _ = self.persist(&snapshot);
+            self.events
+                .emit(EventKind::Failed, id, None, snapshot.failure.clone());
         }
         Ok(view)
     }
@@ -602,6 +896,8 @@ impl Manager {
             };
             for id in expired {
                 tracing::info!(sandbox = %id, "TTL expired; removing");
+                self.events.emit(EventKind::Expired, &id, None, None);
+                self.metrics.ttl_expired();
                 if let Err(e) = self.delete(&id).await {
                     tracing::warn!(sandbox = %id, "expiry: {e}");
                 }
@@ -619,7 +915,7 @@ impl Manager {
     /// Loads the store after a (re)start: sandboxes whose supervisor answers
     /// are kept as they are; half-made or half-deleted ones are finished off;
     /// ones whose supervisor is gone are torn down and kept as failed.
-    pub async fn recover(&self) -> Result<(), SandboxError> {
+    pub async fn recover(self: &Arc<Self>) -> Result<(), SandboxError> {
         let stored: Vec<SandboxRecord> = self.store.all().map_err(SandboxError::internal)?;
         for mut record in stored {
             let alive = match ShimConn::connect(&self.paths(&record.id).socket()).await {
@@ -632,10 +928,13 @@ impl Manager {
             match record.state {
                 SandboxState::Ready if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");
-                    if record.pooled {
-                        self.pool().push_back(record.id.clone());
+                    let (id, pooled) = (record.id.clone(), record.pooled);
+                    self.records().insert(id.clone(), record);
+                    if pooled {
+                        self.pool().push_back(id);
+                    } else {
+                        self.watch_supervisor(id);
                     }
-                    self.records().insert(record.id.clone(), record);
                 }
                 SandboxState::Creating | SandboxState::Deleting => {
                     tracing::info!(sandbox = %record.id, "finishing an interrupted create/delete");
@@ -662,6 +961,49 @@ impl Manager {
                 }
             }
         }
+        self.sweep_unowned().await;
+        // A sandbox holds its GPUs until it is removed, whatever its state.
+        let holders: Vec<(String, Vec<String>)> = self
+            .records()
+            .values()
+            .map(|r| (r.id.clone(), r.gpus.clone()))
+            .collect();
+        self.gpus.rebuild(holders);
         Ok(())
+    }
+
+    /// Removes what no record owns: run dirs, writable layers and cgroups of
+    /// sandboxes whose creation was cut off before their record was written
+    /// (or whose record was lost).
+    async fn sweep_unowned(&self) {
+        let known: std::collections::HashSet<String> = self.records().keys().cloned().collect();
+        let mut unowned: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_run_dir()) {
+            unowned.extend(
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned()),
+            );
+        }
+        if let Ok(layers) = self.disk.list_layers() {
+            unowned.extend(layers);
+        }
+        unowned.extend(crate::runtime::cgroups::sandbox_group_ids());
+        for id in unowned.into_iter().filter(|id| !known.contains(id)) {
+            if crate::disk::validate_id(&id).is_err() {
+                continue;
+            }
+            tracing::info!(sandbox = %id, "removing leftovers no record owns");
+            let cgroups_path = format!("/sandboxd/{id}");
+            let problems = teardown(&id, &cgroups_path, &self.paths(&id), &self.disk).await;
+            for p in problems {
+                tracing::warn!(sandbox = %id, "removing leftovers: {p}");
+            }
+        }
+    }
+
+    /// The host's GPUs and who holds them.
+    pub fn gpus(&self) -> Arc<GpuService> {
+        Arc::clone(&self.gpus)
     }
 }

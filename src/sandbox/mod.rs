@@ -2,7 +2,9 @@
 //! validation, and the manager that creates, finds, expires and tears down
 //! sandboxes. Everything inside a sandbox goes through its supervisor.
 
+pub mod capacity;
 mod error;
+pub mod events;
 mod manager;
 mod record;
 mod teardown;

@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::types::{Limits, Sandbox, SandboxState};
+use crate::api::types::{Limits, Sandbox, SandboxState, Usage};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {
@@ -28,6 +28,15 @@ pub struct SandboxRecord {
     /// Made ahead of demand and not yet handed to a caller.
     #[serde(default)]
     pub pooled: bool,
+    /// The supervisor's last event already in the daemon's event log.
+    #[serde(default)]
+    pub supervisor_events_seen: u64,
+    /// UUIDs of the GPUs it holds until it is removed; a restart rebuilds
+    /// the GPU allocation from these.
+    #[serde(default)]
+    pub gpus: Vec<String>,
+    #[serde(default)]
+    pub usage: Usage,
 }
 
 pub fn now_ms() -> u64 {
@@ -59,6 +68,8 @@ impl SandboxRecord {
             labels: self.labels.clone(),
             oom_kills: self.oom_kills,
             failure: self.failure.clone(),
+            usage: self.usage.clone(),
+            gpus: self.gpus.clone(),
         }
     }
 }

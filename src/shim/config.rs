@@ -27,6 +27,10 @@ pub struct ShimConfig {
     /// Bytes of stdout+stderr kept per process for late readers.
     pub output_buffer_bytes: usize,
     pub ready_timeout_ms: u64,
+    /// Extra device nodes, files and masks (a GPU sandbox's); absent in
+    /// configs written before GPUs existed.
+    #[serde(default)]
+    pub devices: crate::gpu::DeviceGrant,
 }
 
 /// Files and folders of one sandbox under the daemon's run dir.

@@ -88,6 +88,9 @@ pub fn run(dir: &Path) -> i32 {
             return 1;
         }
     };
+    if let Err(e) = crate::runtime::cgroups::join_supervisors_group() {
+        tracing::warn!(sandbox = %config.id, "leaving the daemon's cgroup: {e}");
+    }
     // Orphans of the runtime's helper processes come to us, not to PID 1.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };

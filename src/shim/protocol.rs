@@ -51,6 +51,11 @@ pub enum ShimRequest {
         proc: u64,
         timeout_ms: u64,
     },
+    /// Streams the supervisor's events after sequence number `after`, then
+    /// live, until the connection closes.
+    Watch {
+        after: u64,
+    },
     /// Replaces the environment new processes start with.
     SetEnv {
         env: Vec<(String, String)>,
@@ -92,7 +97,19 @@ pub enum ShimReply {
     },
     Exited(Process),
     Agent(Reply),
+    Event {
+        seq: u64,
+        event: ShimEvent,
+    },
     Error(ShimError),
+}
+
+/// What a supervisor reports without being asked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ShimEvent {
+    ProcessExited(Process),
+    /// The sandbox died on its own (agent gone, init exited).
+    Failed(String),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -78,6 +78,10 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
                 .await;
                 break;
             }
+            ShimRequest::Watch { after } => {
+                let _ = watch(&mut stream, &supervisor, after).await;
+                break;
+            }
             ShimRequest::Shutdown => {
                 let problems = supervisor.teardown().await;
                 let reply = if problems.is_empty() {
@@ -169,10 +173,12 @@ async fn answer(
             }
             reply
         }
-        ShimRequest::Attach { .. } | ShimRequest::Shutdown => ShimReply::Error(ShimError::new(
-            ShimErrorKind::Internal,
-            "handled by the connection loop",
-        )),
+        ShimRequest::Attach { .. } | ShimRequest::Watch { .. } | ShimRequest::Shutdown => {
+            ShimReply::Error(ShimError::new(
+                ShimErrorKind::Internal,
+                "handled by the connection loop",
+            ))
+        }
     }
 }
 
@@ -189,6 +195,25 @@ fn is_file_request(body: &RequestBody) -> bool {
             | RequestBody::Mkdir { .. }
             | RequestBody::Remove { .. }
     )
+}
+
+/// Streams the supervisor's events after `after` until the daemon hangs up.
+async fn watch(
+    stream: &mut UnixStream,
+    supervisor: &Arc<Supervisor>,
+    mut after: u64,
+) -> std::io::Result<()> {
+    let mut changes = supervisor.event_changes();
+    loop {
+        changes.borrow_and_update();
+        for (seq, event) in supervisor.events_after(after) {
+            after = seq;
+            write(stream, &ShimReply::Event { seq, event }).await?;
+        }
+        if changes.changed().await.is_err() {
+            return Ok(());
+        }
+    }
 }
 
 /// Streams output from `offsets` until the process has exited and everything

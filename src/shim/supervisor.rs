@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use super::config::{SandboxPaths, ShimConfig};
 use super::link::{AgentLink, LinkEvent};
 use super::output::{OutputItem, OutputLog};
-use super::protocol::{ShimError, ShimErrorKind, ShimHealth, SpawnSpec};
+use super::protocol::{ShimError, ShimErrorKind, ShimEvent, ShimHealth, SpawnSpec};
 use crate::api::types::{Process, ProcessState};
 use crate::runtime::cgroups::SandboxCgroups;
 
@@ -23,6 +23,8 @@ pub const AGENT_DEADLINE: Duration = Duration::from_secs(30);
 const MAX_ENDED_PROCESSES: usize = 1024;
 /// Processes running at once (the agent enforces the same bound).
 const MAX_RUNNING_PROCESSES: usize = 1024;
+/// Events kept for a daemon that reconnects after a restart.
+const MAX_EVENTS: usize = 4096;
 
 struct Entry {
     info: Process,
@@ -52,6 +54,8 @@ pub struct Supervisor {
     procs: Mutex<BTreeMap<u64, Entry>>,
     next_proc: AtomicU64,
     failure: watch::Sender<Option<String>>,
+    events: Mutex<std::collections::VecDeque<(u64, ShimEvent)>>,
+    event_seq: watch::Sender<u64>,
 }
 
 fn now_rfc3339() -> String {
@@ -81,6 +85,8 @@ impl Supervisor {
             procs: Mutex::new(BTreeMap::new()),
             next_proc: AtomicU64::new(1),
             failure,
+            events: Mutex::new(std::collections::VecDeque::new()),
+            event_seq: watch::channel(0).0,
         })
     }
 
@@ -98,16 +104,40 @@ impl Supervisor {
         }
     }
 
+    fn publish(&self, event: ShimEvent) {
+        let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let seq = events.back().map(|(s, _)| s + 1).unwrap_or(1);
+        events.push_back((seq, event));
+        while events.len() > MAX_EVENTS {
+            events.pop_front();
+        }
+        drop(events);
+        self.event_seq.send_replace(seq);
+    }
+
+    /// Events after `after`, and a receiver that changes when more arrive.
+    pub fn events_after(&self, after: u64) -> Vec<(u64, ShimEvent)> {
+        let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        events.iter().filter(|(s, _)| *s > after).cloned().collect()
+    }
+
+    pub fn event_changes(&self) -> watch::Receiver<u64> {
+        self.event_seq.subscribe()
+    }
+
     /// Marks the sandbox dead (agent link closed or init exited).
     pub fn fail(&self, reason: String) {
-        self.failure.send_if_modified(|f| {
+        let first = self.failure.send_if_modified(|f| {
             if f.is_none() {
-                *f = Some(reason);
+                *f = Some(reason.clone());
                 true
             } else {
                 false
             }
         });
+        if first {
+            self.publish(ShimEvent::Failed(reason));
+        }
         let mut procs = self.procs();
         for entry in procs.values_mut() {
             if entry.info.state == ProcessState::Running {
@@ -181,7 +211,10 @@ impl Supervisor {
                 && !entry.killed_by_supervisor
                 && oom_now > entry.oom_at_start;
             entry.changed.send_modify(|v| *v += 1);
+            let ended = entry.info.clone();
             self.forget_old(&mut procs);
+            drop(procs);
+            self.publish(ShimEvent::ProcessExited(ended));
         }
         // Descendants the process left running keep its group busy; then the
         // group stays until the sandbox goes.

@@ -8,6 +8,8 @@ use redb::{Database, ReadableTable, TableDefinition};
 use serde::{de::DeserializeOwned, Serialize};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
+/// The event log, keyed by cursor.
+const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -37,14 +39,31 @@ impl Store {
         })?;
         let txn = db.begin_write().map_err(io)?;
         txn.open_table(SANDBOXES).map_err(io)?;
+        txn.open_table(EVENTS).map_err(io)?;
         txn.commit().map_err(io)?;
         Ok(Self { db })
     }
 
     /// Inserts or replaces one record, durably, before returning.
     pub fn put<T: Serialize>(&self, id: &str, record: &T) -> Result<(), StoreError> {
+        self.put_with(id, record, redb::Durability::Immediate)
+    }
+
+    /// Like [`put`](Self::put) but without fsync: for bookkeeping whose loss
+    /// in a power cut costs a duplicate, never a lost sandbox.
+    pub fn put_eventual<T: Serialize>(&self, id: &str, record: &T) -> Result<(), StoreError> {
+        self.put_with(id, record, redb::Durability::Eventual)
+    }
+
+    fn put_with<T: Serialize>(
+        &self,
+        id: &str,
+        record: &T,
+        durability: redb::Durability,
+    ) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(record).map_err(io)?;
-        let txn = self.db.begin_write().map_err(io)?;
+        let mut txn = self.db.begin_write().map_err(io)?;
+        txn.set_durability(durability);
         {
             let mut table = txn.open_table(SANDBOXES).map_err(io)?;
             table.insert(id, bytes.as_slice()).map_err(io)?;
@@ -78,6 +97,52 @@ impl Store {
     }
 }
 
+impl Store {
+    /// Appends events. Eventual durability: the write reaches the file before
+    /// this returns (a daemon crash loses nothing) but is not fsynced, which
+    /// keeps event logging off the create path's latency.
+    pub fn append_events<T: Serialize>(&self, events: &[(u64, T)]) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(io)?;
+        txn.set_durability(redb::Durability::Eventual);
+        {
+            let mut table = txn.open_table(EVENTS).map_err(io)?;
+            for (cursor, event) in events {
+                let bytes = serde_json::to_vec(event).map_err(io)?;
+                table.insert(*cursor, bytes.as_slice()).map_err(io)?;
+            }
+        }
+        txn.commit().map_err(io)
+    }
+
+    /// Events with a cursor at or above `from`, in order.
+    pub fn events_from<T: DeserializeOwned>(&self, from: u64) -> Result<Vec<T>, StoreError> {
+        let txn = self.db.begin_read().map_err(io)?;
+        let table = txn.open_table(EVENTS).map_err(io)?;
+        let mut out = Vec::new();
+        for entry in table.range(from..).map_err(io)? {
+            let (key, value) = entry.map_err(io)?;
+            out.push(
+                serde_json::from_slice(value.value()).map_err(|e| StoreError::Corrupt {
+                    id: format!("event {}", key.value()),
+                    message: e.to_string(),
+                })?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Drops events below `cursor`.
+    pub fn prune_events(&self, below: u64) -> Result<(), StoreError> {
+        let mut txn = self.db.begin_write().map_err(io)?;
+        txn.set_durability(redb::Durability::Eventual);
+        {
+            let mut table = txn.open_table(EVENTS).map_err(io)?;
+            table.retain_in(..below, |_, _| false).map_err(io)?;
+        }
+        txn.commit().map_err(io)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -95,5 +160,20 @@ mod tests {
         let store = Store::open(&path).expect("reopen");
         let all: Vec<Vec<i32>> = store.all().expect("all");
         assert_eq!(all, vec![vec![3]]);
+    }
+
+    #[test]
+    fn events_range_and_prune() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(&dir.path().join("s.redb")).expect("open");
+        store
+            .append_events(&[(1, "a"), (2, "b"), (3, "c")])
+            .expect("append");
+        assert_eq!(
+            store.events_from::<String>(2).expect("from"),
+            vec!["b", "c"]
+        );
+        store.prune_events(3).expect("prune");
+        assert_eq!(store.events_from::<String>(0).expect("all"), vec!["c"]);
     }
 }

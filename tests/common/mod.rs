@@ -125,7 +125,7 @@ impl Daemon {
             "--agent-path".into(),
             agent_path().display().to_string(),
             "--disk-pool-gib".into(),
-            "16".into(),
+            "64".into(),
         ];
         args.extend(self.extra.iter().cloned());
         args
@@ -491,5 +491,67 @@ impl Daemon {
             }
         }
         (status, total)
+    }
+}
+
+/// A followed NDJSON stream (`GET /v1/events`), read line by line.
+pub struct EventStream {
+    body: hyper::body::Incoming,
+    buf: Vec<u8>,
+}
+
+impl EventStream {
+    /// Next event, or `None` when the stream ended or `timeout` passed.
+    pub async fn next(&mut self, timeout: Duration) -> Option<Value> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=end).collect();
+                return serde_json::from_slice(&line).ok();
+            }
+            let frame = tokio::time::timeout_at(deadline, self.body.frame())
+                .await
+                .ok()??;
+            if let Ok(data) = frame.ok()?.into_data() {
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+
+    /// Reads until an event matches, returning everything read.
+    pub async fn until(&mut self, timeout: Duration, done: impl Fn(&Value) -> bool) -> Vec<Value> {
+        let mut seen = Vec::new();
+        while let Some(event) = self.next(timeout).await {
+            let stop = done(&event);
+            seen.push(event);
+            if stop {
+                return seen;
+            }
+        }
+        panic!("stream ended before the awaited event; saw {seen:?}");
+    }
+}
+
+impl Daemon {
+    /// Follows `GET /v1/events` from `cursor`.
+    pub async fn follow_events(&self, cursor: u64) -> EventStream {
+        let stream = UnixStream::connect(&self.socket).await.expect("connect");
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .expect("handshake");
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let request = Request::builder()
+            .uri(format!("/v1/events?cursor={cursor}"))
+            .header("host", "sandboxd")
+            .body(Full::new(Bytes::new()))
+            .expect("request");
+        let response = sender.send_request(request).await.expect("send");
+        assert_eq!(response.status(), StatusCode::OK);
+        EventStream {
+            body: response.into_body(),
+            buf: Vec::new(),
+        }
     }
 }

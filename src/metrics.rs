@@ -1,0 +1,255 @@
+//! Prometheus metrics (text exposition format) at `/metrics` on the API
+//! socket and, when `metrics_address` is set, on TCP: sandboxes by state,
+//! create latency by phase, failures by reason, OOM kills, TTL expiries,
+//! process starts, egress verdicts, and per-sandbox CPU and memory.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Mutex;
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+    runtime: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabels {
+    verdict: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SandboxLabels {
+    sandbox: String,
+}
+
+type PhaseHistograms = Family<PhaseLabels, Histogram, fn() -> Histogram>;
+
+fn phase_histogram() -> Histogram {
+    // 0.25 ms .. ~8 s
+    Histogram::new(exponential_buckets(0.000_25, 2.0, 16))
+}
+
+pub struct Metrics {
+    registry: Registry,
+    sandboxes: Family<StateLabels, Gauge>,
+    create_phase_seconds: PhaseHistograms,
+    create_failures: Family<ReasonLabels, Counter>,
+    oom_kills: Counter,
+    ttl_expiries: Counter,
+    process_starts: Counter,
+    egress_connections: Family<VerdictLabels, Counter>,
+    sandbox_cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>>,
+    sandbox_memory_bytes: Family<SandboxLabels, Gauge>,
+    /// Serialises scrapes: the state gauges are rebuilt on each one.
+    scrape: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("sandboxd");
+        let sandboxes = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "sandboxes",
+            "Sandboxes by state and runtime",
+            sandboxes.clone(),
+        );
+        let create_phase_seconds: PhaseHistograms = Family::new_with_constructor(phase_histogram);
+        registry.register(
+            "create_phase_seconds",
+            "Time spent in each phase of a cold sandbox create",
+            create_phase_seconds.clone(),
+        );
+        let create_failures = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "create_failures",
+            "Creates that failed, by reason",
+            create_failures.clone(),
+        );
+        let oom_kills = Counter::default();
+        registry.register(
+            "oom_kills",
+            "Processes killed by the OOM killer",
+            oom_kills.clone(),
+        );
+        let ttl_expiries = Counter::default();
+        registry.register(
+            "ttl_expiries",
+            "Sandboxes ended by their TTL",
+            ttl_expiries.clone(),
+        );
+        let process_starts = Counter::default();
+        registry.register(
+            "process_starts",
+            "Processes started in sandboxes",
+            process_starts.clone(),
+        );
+        let egress_connections = Family::<VerdictLabels, Counter>::default();
+        registry.register(
+            "egress_connections",
+            "Outbound connections by verdict (allowed, refused)",
+            egress_connections.clone(),
+        );
+        let sandbox_cpu_seconds = Family::<SandboxLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register(
+            "sandbox_cpu_seconds",
+            "CPU time used by each sandbox",
+            sandbox_cpu_seconds.clone(),
+        );
+        let sandbox_memory_bytes = Family::<SandboxLabels, Gauge>::default();
+        registry.register(
+            "sandbox_memory_bytes",
+            "Memory charged to each sandbox now",
+            sandbox_memory_bytes.clone(),
+        );
+        Self {
+            registry,
+            sandboxes,
+            create_phase_seconds,
+            create_failures,
+            oom_kills,
+            ttl_expiries,
+            process_starts,
+            egress_connections,
+            sandbox_cpu_seconds,
+            sandbox_memory_bytes,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    pub fn observe_phase(&self, phase: &str, seconds: f64) {
+        self.create_phase_seconds
+            .get_or_create(&PhaseLabels {
+                phase: phase.to_string(),
+            })
+            .observe(seconds);
+    }
+
+    pub fn create_failed(&self, reason: &str) {
+        self.create_failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn oom_killed(&self) {
+        self.oom_kills.inc();
+    }
+
+    pub fn ttl_expired(&self) {
+        self.ttl_expiries.inc();
+    }
+
+    pub fn process_started(&self) {
+        self.process_starts.inc();
+    }
+
+    pub fn egress(&self, allowed: bool) {
+        let verdict = if allowed { "allowed" } else { "refused" };
+        self.egress_connections
+            .get_or_create(&VerdictLabels {
+                verdict: verdict.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn sandbox_usage(&self, sandbox: &str, cpu_seconds: f64, memory_bytes: u64) {
+        let labels = SandboxLabels {
+            sandbox: sandbox.to_string(),
+        };
+        self.sandbox_cpu_seconds
+            .get_or_create(&labels)
+            .set(cpu_seconds);
+        self.sandbox_memory_bytes
+            .get_or_create(&labels)
+            .set(i64::try_from(memory_bytes).unwrap_or(i64::MAX));
+    }
+
+    pub fn sandbox_gone(&self, sandbox: &str) {
+        let labels = SandboxLabels {
+            sandbox: sandbox.to_string(),
+        };
+        self.sandbox_cpu_seconds.remove(&labels);
+        self.sandbox_memory_bytes.remove(&labels);
+    }
+
+    /// The exposition text, with the state gauges set from `states`
+    /// (one `(state, runtime)` per sandbox).
+    pub fn render(&self, states: &[(String, String)]) -> String {
+        let _guard = self.scrape.lock().unwrap_or_else(|p| p.into_inner());
+        self.sandboxes.clear();
+        for (state, runtime) in states {
+            self.sandboxes
+                .get_or_create(&StateLabels {
+                    state: state.clone(),
+                    runtime: runtime.clone(),
+                })
+                .inc();
+        }
+        let mut out = String::new();
+        if let Err(e) = encode(&mut out, &self.registry) {
+            tracing::warn!("encoding metrics: {e}");
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposition_has_the_families_and_values() {
+        let metrics = Metrics::new();
+        metrics.observe_phase("runtime", 0.02);
+        metrics.create_failed("image_not_found");
+        metrics.process_started();
+        metrics.sandbox_usage("sb-1", 1.5, 4096);
+        let text = metrics.render(&[("ready".into(), "container".into())]);
+        assert!(
+            text.contains("sandboxd_sandboxes{state=\"ready\",runtime=\"container\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sandboxd_create_phase_seconds_count{phase=\"runtime\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sandboxd_create_failures_total{reason=\"image_not_found\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("sandboxd_process_starts_total 1"), "{text}");
+        assert!(
+            text.contains("sandboxd_sandbox_memory_bytes{sandbox=\"sb-1\"} 4096"),
+            "{text}"
+        );
+        metrics.sandbox_gone("sb-1");
+        let text = metrics.render(&[]);
+        assert!(!text.contains("sb-1"), "{text}");
+        assert!(text.ends_with("# EOF\n"));
+    }
+}

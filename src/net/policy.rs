@@ -1,0 +1,871 @@
+//! The egress policy of a sandbox: the API shape (`block_network` /
+//! `allow_list`), its validation, host-name normalisation, and the compiled
+//! [`EgressPolicy`] that the proxy and the DNS responder ask
+//! [`EgressPolicy::allows_host`] and [`EgressPolicy::allows_ip`].
+//!
+//! Whatever a policy says, the addresses in [`crate::net::deny`] stay
+//! refused: [`EgressPolicy::allows_ip`] consults the fixed deny list itself,
+//! and the proxy also checks the host's own interface addresses with a
+//! [`crate::net::deny::DenyList`].
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::IpAddr;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::net::deny;
+
+/// Most entries an allow list may hold.
+pub const MAX_ALLOW_ENTRIES: usize = 64;
+
+/// Longest host name after normalisation (RFC 1035, without the root dot).
+pub const MAX_NAME_LEN: usize = 253;
+
+/// Longest raw entry or name we look at; anything longer is refused before
+/// any IDNA work is done on it.
+const MAX_RAW_LEN: usize = 1024;
+
+/// Why a policy request was refused; every message names what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    #[error("block_network and allow_list were both given; send one of them")]
+    BothGiven,
+    #[error("allow_list has {count} entries; at most {max} are allowed")]
+    TooMany { count: usize, max: usize },
+    #[error("allow_list entry {entry:?}: {reason}")]
+    Entry { entry: String, reason: String },
+}
+
+/// Why a host name is not a valid name.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NameError {
+    #[error("empty host name")]
+    Empty,
+    #[error("host name is longer than {MAX_NAME_LEN} characters")]
+    TooLong,
+    #[error("host name has an empty label (two dots in a row, or a leading dot)")]
+    EmptyLabel,
+    #[error("label {0:?} is longer than 63 characters")]
+    LabelTooLong(String),
+    #[error(
+        "label {0:?} may hold only letters, digits, '-' and '_', and may not start or end with '-'"
+    )]
+    BadLabel(String),
+    #[error("the last label {0:?} is numeric; write an IP address as an address, not a name")]
+    NumericTld(String),
+    #[error("not a valid internationalised domain name")]
+    Idna,
+}
+
+/// The network part of a create request, and the body of
+/// `PATCH /v1/sandboxes/{id}/network`.
+///
+/// * `{"block_network": true}`: nothing leaves the sandbox, DNS included.
+/// * `{"allow_list": [...]}`: only the listed destinations.
+/// * `{"block_network": false}`: open (public internet; the deny list still holds).
+/// * `{}`: the daemon's `default_egress` decides.
+///
+/// Both `block_network: true` and an `allow_list` is an error.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_network: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_list: Option<Vec<String>>,
+}
+
+/// The daemon's `default_egress` setting: what a sandbox gets when its
+/// request names no policy. Ships as [`DefaultEgress::Block`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DefaultEgress {
+    #[default]
+    Block,
+    Open,
+}
+
+/// Which kind of policy is in force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EgressMode {
+    /// Nothing leaves; DNS is refused.
+    Block,
+    /// Any public destination (the deny list still applies).
+    Open,
+    /// Only the destinations in the allow list.
+    AllowList,
+}
+
+/// The policy in force, as `GET /v1/sandboxes/{id}` shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyView {
+    pub mode: EgressMode,
+    pub block_network: bool,
+    /// The entries as normalised (lower case, IDNA A-labels, no trailing dot).
+    pub allow_list: Vec<String>,
+}
+
+/// One validated allow-list entry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum AllowEntry {
+    /// A normalised host name that must match exactly.
+    Host(String),
+    /// `*.suffix`: any name below `suffix` (at any depth), not `suffix` itself.
+    /// Holds the normalised suffix without the `*.`.
+    Wildcard(String),
+    /// An address or CIDR block, matched against the original destination.
+    Net(IpNet),
+}
+
+impl fmt::Display for AllowEntry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AllowEntry::Host(h) => f.write_str(h),
+            AllowEntry::Wildcard(s) => write!(f, "*.{s}"),
+            AllowEntry::Net(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// An IP network (an address is a /32 or /128). IPv4-mapped IPv6 forms are
+/// stored as IPv4.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct IpNet {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl IpNet {
+    /// A network from an address and prefix length; host bits must be zero.
+    pub fn new(addr: IpAddr, prefix: u8) -> Result<Self, String> {
+        let (addr, prefix) = match addr {
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                // ::ffff:a.b.c.d/n is the IPv4 network a.b.c.d/(n-96).
+                Some(v4) if prefix >= 96 => (IpAddr::V4(v4), prefix - 96),
+                _ => (addr, prefix),
+            },
+            IpAddr::V4(_) => (addr, prefix),
+        };
+        let max = max_prefix(addr);
+        if prefix > max {
+            return Err(format!("prefix length /{prefix} is longer than /{max}"));
+        }
+        let net = IpNet { addr, prefix };
+        let masked = net.network();
+        if masked != addr {
+            return Err(format!(
+                "host bits are set; the network is {masked}/{prefix}"
+            ));
+        }
+        Ok(net)
+    }
+
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    pub fn prefix(&self) -> u8 {
+        self.prefix
+    }
+
+    fn network(&self) -> IpAddr {
+        match self.addr {
+            IpAddr::V4(a) => {
+                let bits = u32::from(a) & mask32(self.prefix);
+                IpAddr::V4(bits.into())
+            }
+            IpAddr::V6(a) => {
+                let bits = u128::from(a) & mask128(self.prefix);
+                IpAddr::V6(bits.into())
+            }
+        }
+    }
+
+    /// Whether `ip` lies in this network. IPv4-mapped IPv6 addresses are
+    /// compared as IPv4.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, canonical_ip(ip)) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let m = mask32(self.prefix);
+                u32::from(net) & m == u32::from(ip) & m
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let m = mask128(self.prefix);
+                u128::from(net) & m == u128::from(ip) & m
+            }
+            _ => false,
+        }
+    }
+}
+
+impl fmt::Display for IpNet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.prefix == max_prefix(self.addr) {
+            write!(f, "{}", self.addr)
+        } else {
+            write!(f, "{}/{}", self.addr, self.prefix)
+        }
+    }
+}
+
+impl FromStr for IpNet {
+    type Err = String;
+
+    /// `a.b.c.d`, `a.b.c.d/n`, an IPv6 address, or `v6addr/n`. Only the
+    /// canonical dotted-quad spelling of IPv4 is accepted here (no octal,
+    /// hex or short forms: an allow list should say what it means).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
+        let prefix = match prefix {
+            None => max_prefix(addr),
+            Some(p) => {
+                if p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit()) {
+                    return Err(format!("prefix length {p:?} is not a number"));
+                }
+                p.parse::<u8>()
+                    .map_err(|_| format!("prefix length {p:?} is too large"))?
+            }
+        };
+        IpNet::new(addr, prefix)
+    }
+}
+
+fn max_prefix(addr: IpAddr) -> u8 {
+    match addr {
+        IpAddr::V4(_) => 32,
+        IpAddr::V6(_) => 128,
+    }
+}
+
+fn mask32(prefix: u8) -> u32 {
+    if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(prefix.min(32)))
+    }
+}
+
+fn mask128(prefix: u8) -> u128 {
+    if prefix == 0 {
+        0
+    } else {
+        u128::MAX << (128 - u32::from(prefix.min(128)))
+    }
+}
+
+/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) as IPv4; everything else unchanged.
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => ip,
+        },
+        IpAddr::V4(_) => ip,
+    }
+}
+
+/// Normalises a host name: trims one trailing dot, maps it through UTS #46
+/// (IDNA: lower case, compatibility mapping, Punycode A-labels), and checks
+/// that the result is a DNS host name (labels of letters, digits, `-`, `_`;
+/// at most 63 per label and 253 in all; the last label not numeric, so an
+/// IPv4 address in any spelling is never taken for a name).
+pub fn normalize_host(name: &str) -> Result<String, NameError> {
+    if name.len() > MAX_RAW_LEN {
+        return Err(NameError::TooLong);
+    }
+    let trimmed = name.strip_suffix('.').unwrap_or(name);
+    if trimmed.is_empty() {
+        return Err(NameError::Empty);
+    }
+    let ascii = if trimmed.is_ascii() {
+        // Fast path; also keeps IDNA from silently accepting things like
+        // empty labels that it treats as fine.
+        trimmed.to_ascii_lowercase()
+    } else {
+        idna::domain_to_ascii_cow(trimmed.as_bytes(), idna::AsciiDenyList::URL)
+            .map_err(|_| NameError::Idna)?
+            .into_owned()
+    };
+    // The ASCII path still goes through IDNA when it holds A-labels, so that
+    // invalid Punycode (`xn--zz`) is refused.
+    let ascii = if ascii.split('.').any(|l| l.starts_with("xn--")) {
+        idna::domain_to_ascii_cow(ascii.as_bytes(), idna::AsciiDenyList::URL)
+            .map_err(|_| NameError::Idna)?
+            .into_owned()
+    } else {
+        ascii
+    };
+    check_ascii_name(&ascii)?;
+    Ok(ascii)
+}
+
+fn check_ascii_name(name: &str) -> Result<(), NameError> {
+    if name.is_empty() {
+        return Err(NameError::Empty);
+    }
+    if name.len() > MAX_NAME_LEN {
+        return Err(NameError::TooLong);
+    }
+    let mut last = "";
+    for label in name.split('.') {
+        if label.is_empty() {
+            return Err(NameError::EmptyLabel);
+        }
+        if label.len() > 63 {
+            return Err(NameError::LabelTooLong(label.to_string()));
+        }
+        let ok_chars = label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !ok_chars || label.starts_with('-') || label.ends_with('-') {
+            return Err(NameError::BadLabel(label.to_string()));
+        }
+        last = label;
+    }
+    if looks_numeric(last) {
+        return Err(NameError::NumericTld(last.to_string()));
+    }
+    Ok(())
+}
+
+/// Whether a label reads as a number in the inet_aton sense (decimal, or
+/// `0x` hex): such a last label makes the whole string an IPv4 spelling.
+pub(crate) fn looks_numeric(label: &str) -> bool {
+    if label.is_empty() {
+        return false;
+    }
+    if label.bytes().all(|b| b.is_ascii_digit()) {
+        return true;
+    }
+    let lower = label.to_ascii_lowercase();
+    match lower.strip_prefix("0x") {
+        Some(hex) => hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        None => false,
+    }
+}
+
+/// Parses one allow-list entry.
+pub fn parse_entry(raw: &str) -> Result<AllowEntry, PolicyError> {
+    let fail = |reason: String| PolicyError::Entry {
+        entry: shorten(raw),
+        reason,
+    };
+    let entry = raw.trim();
+    if entry.is_empty() {
+        return Err(fail("empty entry".into()));
+    }
+    if entry.len() > MAX_RAW_LEN {
+        return Err(fail(format!("longer than {MAX_RAW_LEN} bytes")));
+    }
+    // Addresses and CIDRs: anything holding ':' or '/', or whose last label
+    // is numeric, must parse as one.
+    let last_label = entry
+        .strip_suffix('.')
+        .unwrap_or(entry)
+        .rsplit('.')
+        .next()
+        .unwrap_or("");
+    if entry.contains("://") {
+        return Err(fail(
+            "write the host alone, without a scheme (example.com, not https://example.com)".into(),
+        ));
+    }
+    if entry.bytes().filter(|&b| b == b':').count() == 1 && !entry.starts_with('[') {
+        return Err(fail(
+            "entries have no port; write the host or address alone (any port is allowed)".into(),
+        ));
+    }
+    if entry.contains(':') || entry.contains('/') || looks_numeric(last_label) {
+        let inner = entry
+            .strip_prefix('[')
+            .and_then(|e| e.strip_suffix(']'))
+            .unwrap_or(entry);
+        return inner.parse::<IpNet>().map(AllowEntry::Net).map_err(|e| {
+            fail(format!(
+                "{e}; an address entry is a dotted quad (192.0.2.1), an IPv6 address, or a CIDR (192.0.2.0/24)"
+            ))
+        });
+    }
+    if let Some(suffix) = entry.strip_prefix("*.") {
+        if suffix.contains('*') {
+            return Err(fail(
+                "only one leading '*.' is allowed in a wildcard".into(),
+            ));
+        }
+        let suffix = normalize_host(suffix).map_err(|e| fail(e.to_string()))?;
+        if suffix.len() + 2 > MAX_NAME_LEN {
+            return Err(fail(NameError::TooLong.to_string()));
+        }
+        return Ok(AllowEntry::Wildcard(suffix));
+    }
+    if entry.contains('*') {
+        return Err(fail(
+            "a wildcard must be written '*.example.com' ('*' alone, or inside a name, is not allowed)"
+                .into(),
+        ));
+    }
+    normalize_host(entry)
+        .map(AllowEntry::Host)
+        .map_err(|e| fail(e.to_string()))
+}
+
+/// Keeps error messages bounded when someone sends a huge entry.
+fn shorten(s: &str) -> String {
+    const MAX: usize = 80;
+    if s.len() <= MAX {
+        return s.to_string();
+    }
+    let mut end = MAX;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &s[..end])
+}
+
+/// A validated, compiled policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EgressPolicy {
+    mode: EgressMode,
+    entries: Vec<AllowEntry>,
+    hosts: HashSet<String>,
+    wildcards: Vec<String>,
+    nets: Vec<IpNet>,
+}
+
+impl EgressPolicy {
+    /// Nothing leaves.
+    pub fn block() -> Self {
+        Self::from_mode(EgressMode::Block)
+    }
+
+    /// Any public destination.
+    pub fn open() -> Self {
+        Self::from_mode(EgressMode::Open)
+    }
+
+    fn from_mode(mode: EgressMode) -> Self {
+        EgressPolicy {
+            mode,
+            entries: Vec::new(),
+            hosts: HashSet::new(),
+            wildcards: Vec::new(),
+            nets: Vec::new(),
+        }
+    }
+
+    /// Only the given entries (validated; duplicates are dropped).
+    pub fn allow_list<S: AsRef<str>>(entries: &[S]) -> Result<Self, PolicyError> {
+        if entries.len() > MAX_ALLOW_ENTRIES {
+            return Err(PolicyError::TooMany {
+                count: entries.len(),
+                max: MAX_ALLOW_ENTRIES,
+            });
+        }
+        let mut policy = Self::from_mode(EgressMode::AllowList);
+        for raw in entries {
+            let entry = parse_entry(raw.as_ref())?;
+            if policy.entries.contains(&entry) {
+                continue;
+            }
+            match &entry {
+                AllowEntry::Host(h) => {
+                    policy.hosts.insert(h.clone());
+                }
+                AllowEntry::Wildcard(s) => policy.wildcards.push(format!(".{s}")),
+                AllowEntry::Net(n) => policy.nets.push(*n),
+            }
+            policy.entries.push(entry);
+        }
+        Ok(policy)
+    }
+
+    /// Validates a request body and compiles it; `default` decides when the
+    /// request names no policy.
+    pub fn from_request(req: &NetworkPolicy, default: DefaultEgress) -> Result<Self, PolicyError> {
+        match (req.block_network, &req.allow_list) {
+            (Some(true), Some(_)) => Err(PolicyError::BothGiven),
+            (Some(true), None) => Ok(Self::block()),
+            (_, Some(list)) => Self::allow_list(list),
+            (Some(false), None) => Ok(Self::open()),
+            (None, None) => Ok(Self::from_default(default)),
+        }
+    }
+
+    pub fn from_default(default: DefaultEgress) -> Self {
+        match default {
+            DefaultEgress::Block => Self::block(),
+            DefaultEgress::Open => Self::open(),
+        }
+    }
+
+    pub fn mode(&self) -> EgressMode {
+        self.mode
+    }
+
+    pub fn entries(&self) -> &[AllowEntry] {
+        &self.entries
+    }
+
+    /// Whether nothing at all may leave (DNS included).
+    pub fn is_block(&self) -> bool {
+        self.mode == EgressMode::Block
+    }
+
+    /// Whether a connection to host name `name` (as it came in SNI, Host or a
+    /// DNS question, not yet normalised) is allowed. A name that does not
+    /// normalise is refused; IP literals are not names (see
+    /// [`crate::net::deny::parse_host`] and [`Self::allows_ip`]).
+    pub fn allows_host(&self, name: &str) -> bool {
+        match self.mode {
+            EgressMode::Block => false,
+            EgressMode::Open => normalize_host(name).is_ok(),
+            EgressMode::AllowList => match normalize_host(name) {
+                Ok(n) => self.allows_normalized(&n),
+                Err(_) => false,
+            },
+        }
+    }
+
+    /// [`Self::allows_host`] for a name already passed through
+    /// [`normalize_host`].
+    pub fn allows_normalized(&self, name: &str) -> bool {
+        match self.mode {
+            EgressMode::Block => false,
+            EgressMode::Open => true,
+            EgressMode::AllowList => {
+                self.hosts.contains(name)
+                    || self
+                        .wildcards
+                        .iter()
+                        .any(|suffix| name.len() > suffix.len() && name.ends_with(suffix.as_str()))
+            }
+        }
+    }
+
+    /// Whether a connection whose original destination is `ip` may go out
+    /// on the strength of an IP/CIDR entry (or open mode). Addresses on the
+    /// fixed deny list are refused whatever the policy says.
+    pub fn allows_ip(&self, ip: IpAddr) -> bool {
+        if deny::always_denied(ip).is_some() {
+            return false;
+        }
+        match self.mode {
+            EgressMode::Block => false,
+            EgressMode::Open => true,
+            EgressMode::AllowList => self.nets.iter().any(|n| n.contains(ip)),
+        }
+    }
+
+    /// Whether the list holds any IP/CIDR entry (a ClientHello without SNI,
+    /// or with ECH, can only pass through one of those).
+    pub fn has_ip_entries(&self) -> bool {
+        !self.nets.is_empty()
+    }
+
+    /// The policy as the API shows it.
+    pub fn view(&self) -> PolicyView {
+        PolicyView {
+            mode: self.mode,
+            block_network: self.mode == EgressMode::Block,
+            allow_list: self.entries.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allow(list: &[&str]) -> EgressPolicy {
+        EgressPolicy::allow_list(list).expect("valid list")
+    }
+
+    #[test]
+    fn request_combinations() {
+        let both = NetworkPolicy {
+            block_network: Some(true),
+            allow_list: Some(vec!["example.com".into()]),
+        };
+        assert_eq!(
+            EgressPolicy::from_request(&both, DefaultEgress::Block),
+            Err(PolicyError::BothGiven)
+        );
+        let block = NetworkPolicy {
+            block_network: Some(true),
+            allow_list: None,
+        };
+        assert!(EgressPolicy::from_request(&block, DefaultEgress::Open)
+            .unwrap()
+            .is_block());
+        let open = NetworkPolicy {
+            block_network: Some(false),
+            allow_list: None,
+        };
+        assert_eq!(
+            EgressPolicy::from_request(&open, DefaultEgress::Block)
+                .unwrap()
+                .mode(),
+            EgressMode::Open
+        );
+        let with_false = NetworkPolicy {
+            block_network: Some(false),
+            allow_list: Some(vec!["a.test".into()]),
+        };
+        assert_eq!(
+            EgressPolicy::from_request(&with_false, DefaultEgress::Block)
+                .unwrap()
+                .mode(),
+            EgressMode::AllowList
+        );
+        let none = NetworkPolicy::default();
+        assert!(EgressPolicy::from_request(&none, DefaultEgress::Block)
+            .unwrap()
+            .is_block());
+        assert_eq!(
+            EgressPolicy::from_request(&none, DefaultEgress::Open)
+                .unwrap()
+                .mode(),
+            EgressMode::Open
+        );
+        assert_eq!(DefaultEgress::default(), DefaultEgress::Block);
+    }
+
+    #[test]
+    fn serde_shapes() {
+        let p: NetworkPolicy = serde_json::from_str(r#"{"allow_list":["a.test"]}"#).unwrap();
+        assert_eq!(p.allow_list, Some(vec!["a.test".to_string()]));
+        assert_eq!(p.block_network, None);
+        let err = serde_json::from_str::<NetworkPolicy>(r#"{"allowlist":["a.test"]}"#);
+        assert!(err.is_err(), "unknown fields are refused");
+        let d: DefaultEgress = serde_json::from_str(r#""open""#).unwrap();
+        assert_eq!(d, DefaultEgress::Open);
+        let view = allow(&["*.Example.COM", "192.0.2.0/24", "b.test."]).view();
+        let json = serde_json::to_value(&view).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({
+                "mode": "allow_list",
+                "block_network": false,
+                "allow_list": ["*.example.com", "192.0.2.0/24", "b.test"]
+            })
+        );
+        let json = serde_json::to_value(EgressPolicy::block().view()).unwrap();
+        assert_eq!(json["mode"], "block");
+        assert_eq!(json["block_network"], true);
+    }
+
+    #[test]
+    fn too_many_entries() {
+        let list: Vec<String> = (0..65).map(|i| format!("h{i}.test")).collect();
+        assert_eq!(
+            EgressPolicy::allow_list(&list),
+            Err(PolicyError::TooMany { count: 65, max: 64 })
+        );
+        assert!(EgressPolicy::allow_list(&list[..64]).is_ok());
+    }
+
+    #[test]
+    fn malformed_entries_are_named() {
+        for bad in [
+            "",
+            "*",
+            "*.",
+            "a.*.com",
+            "*example.com",
+            "*.*.example.com",
+            "exa mple.com",
+            "-bad.com",
+            "bad-.com",
+            "a..b",
+            ".a.b",
+            "http://example.com",
+            "example.com:443",
+            "10.0.0.1/33",
+            "10.0.0.1/8",
+            "10.0.0.0/x",
+            "2001:db8::/129",
+            "2001:db8::1/64",
+            "1.2.3",
+            "0177.0.0.1",
+            "0x7f.0.0.1",
+            "1.2.3.4.5",
+            "256.1.1.1",
+            "xn--zz.com",
+            "a\u{0}b.com",
+        ] {
+            match EgressPolicy::allow_list(&[bad]) {
+                Err(PolicyError::Entry { entry, reason }) => {
+                    assert_eq!(entry, bad, "{reason}");
+                    let msg = PolicyError::Entry {
+                        entry: entry.clone(),
+                        reason,
+                    }
+                    .to_string();
+                    assert!(msg.contains("allow_list entry"), "{msg}");
+                }
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
+        let msg = EgressPolicy::allow_list(&["example.com:443"])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("no port"), "{msg}");
+        let msg = EgressPolicy::allow_list(&["https://example.com"])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("without a scheme"), "{msg}");
+        let msg = EgressPolicy::allow_list(&["10.0.0.1/8"])
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("10.0.0.0/8"), "{msg}");
+        let long = "a".repeat(5000);
+        match EgressPolicy::allow_list(&[long.as_str()]) {
+            Err(PolicyError::Entry { entry, .. }) => assert!(entry.len() < 100),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn normalisation() {
+        assert_eq!(normalize_host("Example.COM.").unwrap(), "example.com");
+        assert_eq!(normalize_host("bücher.de").unwrap(), "xn--bcher-kva.de");
+        assert_eq!(normalize_host("BÜCHER.de").unwrap(), "xn--bcher-kva.de");
+        // Fullwidth letters and the ideographic full stop map to ASCII.
+        assert_eq!(
+            normalize_host("ｅｘａｍｐｌｅ。ｃｏｍ").unwrap(),
+            "example.com"
+        );
+        assert_eq!(normalize_host("_acme.x.test").unwrap(), "_acme.x.test");
+        assert!(normalize_host("a..b").is_err());
+        assert!(normalize_host(".").is_err());
+        assert!(normalize_host("").is_err());
+        assert!(normalize_host("a.b..").is_err());
+        assert!(normalize_host("127.0.0.1").is_err());
+        assert!(normalize_host("a.0x7f").is_err());
+        assert!(normalize_host("x.123").is_err());
+        assert!(normalize_host(&"a".repeat(64)).is_err());
+        assert!(normalize_host(&format!("{}.com", ["a"; 130].join("."))).is_err());
+        assert!(normalize_host("a/b.com").is_err());
+        assert!(normalize_host("a%2eb.com").is_err());
+    }
+
+    #[test]
+    fn exact_and_wildcard_hosts() {
+        let p = allow(&["api.example.test", "*.wild.test", "bücher.de"]);
+        assert!(p.allows_host("api.example.test"));
+        assert!(p.allows_host("API.Example.Test."));
+        assert!(!p.allows_host("example.test"));
+        assert!(!p.allows_host("x.api.example.test"));
+        assert!(p.allows_host("a.wild.test"));
+        assert!(p.allows_host("a.b.c.wild.test"));
+        assert!(
+            !p.allows_host("wild.test"),
+            "a wildcard does not cover its apex"
+        );
+        assert!(!p.allows_host("evilwild.test"));
+        assert!(!p.allows_host("wild.test.evil"));
+        assert!(p.allows_host("xn--bcher-kva.de"));
+        assert!(p.allows_host("BÜCHER.de"));
+        assert!(!p.allows_host("a..wild.test"));
+        assert!(!p.allows_host(""));
+        // Apex listed as well as wildcard.
+        let p = allow(&["*.example.test", "example.test"]);
+        assert!(p.allows_host("example.test"));
+        assert!(p.allows_host("sub.example.test"));
+    }
+
+    #[test]
+    fn ip_and_cidr_entries() {
+        let p = allow(&[
+            "192.0.2.7",
+            "198.51.100.0/24",
+            "2001:db8::/32",
+            "[2001:db8:1::5]",
+            "::ffff:203.0.113.0/120",
+        ]);
+        assert!(p.has_ip_entries());
+        assert!(p.allows_ip("192.0.2.7".parse().unwrap()));
+        assert!(!p.allows_ip("192.0.2.8".parse().unwrap()));
+        assert!(p.allows_ip("198.51.100.200".parse().unwrap()));
+        assert!(p.allows_ip("::ffff:198.51.100.1".parse().unwrap()));
+        assert!(p.allows_ip("2001:db8:ffff::1".parse().unwrap()));
+        assert!(p.allows_ip("203.0.113.9".parse().unwrap()));
+        assert!(!p.allows_ip("203.0.114.9".parse().unwrap()));
+        assert!(!p.allows_host("192.0.2.7"), "IP entries are not names");
+        assert_eq!(
+            p.view().allow_list,
+            vec![
+                "192.0.2.7",
+                "198.51.100.0/24",
+                "2001:db8::/32",
+                "2001:db8:1::5",
+                "203.0.113.0/24"
+            ]
+        );
+    }
+
+    #[test]
+    fn deny_list_wins_over_entries() {
+        let p = allow(&[
+            "127.0.0.1",
+            "10.0.0.0/8",
+            "169.254.169.254",
+            "fd00:ec2::254",
+            "0.0.0.0/0",
+        ]);
+        for ip in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "169.254.169.254",
+            "fd00:ec2::254",
+            "::ffff:127.0.0.1",
+            "192.168.1.1",
+        ] {
+            assert!(!p.allows_ip(ip.parse().unwrap()), "{ip}");
+        }
+        assert!(p.allows_ip("203.0.113.1".parse().unwrap()));
+        assert!(!EgressPolicy::open().allows_ip("127.0.0.1".parse().unwrap()));
+        assert!(EgressPolicy::open().allows_ip("203.0.113.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn block_and_open_modes() {
+        let b = EgressPolicy::block();
+        assert!(!b.allows_host("example.test"));
+        assert!(!b.allows_ip("203.0.113.1".parse().unwrap()));
+        let o = EgressPolicy::open();
+        assert!(o.allows_host("anything.example"));
+        assert!(!o.allows_host("bad..name"));
+        let empty = EgressPolicy::allow_list::<&str>(&[]).unwrap();
+        assert!(!empty.allows_host("example.test"));
+        assert!(!empty.allows_ip("203.0.113.1".parse().unwrap()));
+    }
+
+    #[test]
+    fn duplicates_collapse() {
+        let p = allow(&["a.test", "A.test.", "192.0.2.1", "192.0.2.1/32"]);
+        assert_eq!(p.entries().len(), 2);
+    }
+
+    #[test]
+    fn ipnet_contains_edges() {
+        let all4: IpNet = "0.0.0.0/0".parse().unwrap();
+        assert!(all4.contains("203.0.113.1".parse().unwrap()));
+        assert!(!all4.contains("2001:db8::1".parse().unwrap()));
+        let all6: IpNet = "::/0".parse().unwrap();
+        assert!(all6.contains("2001:db8::1".parse().unwrap()));
+        let one: IpNet = "2001:db8::1".parse().unwrap();
+        assert_eq!(one.prefix(), 128);
+        assert!(one.contains("2001:db8::1".parse().unwrap()));
+        assert!(!one.contains("2001:db8::2".parse().unwrap()));
+    }
+}

@@ -1,0 +1,338 @@
+//! The nftables ruleset inside a sandbox's network namespace, as an nft JSON
+//! document (`nft -j`), and [`apply`], which loads it with `nft -j -f -` run
+//! inside that namespace. No rule is ever added to the host's namespace.
+//!
+//! One `inet` table (IPv4 and IPv6 alike), named [`TABLE`]:
+//!
+//! * `nat_output` (locally generated: a container's processes): DNS (UDP and
+//!   TCP port 53, to any address) is redirected to the DNS port; traffic to
+//!   the namespace's own addresses (output interface `lo`) is left alone, so
+//!   services the sandbox runs on localhost keep working; every other TCP
+//!   connection is redirected to the proxy port.
+//! * `nat_prerouting` (arriving from outside the namespace: a microVM's tap):
+//!   the same redirects. There the kernel redirects to the primary address
+//!   of the incoming interface, not to 127.0.0.1, so the daemon's proxy and
+//!   DNS sockets must listen on the wildcard address (`0.0.0.0` / `::`)
+//!   inside the namespace to serve both paths.
+//! * `filter_output`, `filter_input` (policy drop): accept established and
+//!   related packets, redirected ones (`ct status dnat`: at the output hook a
+//!   redirected packet still carries its original output interface), `lo`,
+//!   and IPv6 neighbour discovery. Everything else (other UDP, ICMP to the
+//!   outside, unredirected IPv6) is dropped.
+//! * `filter_forward` (policy drop): nothing is forwarded.
+//!
+//! The sandbox cannot change these: the namespace belongs to the host's user
+//! namespace, in which sandbox root holds no capability.
+
+use std::fs::File;
+use std::io::{self, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+
+/// The table the rules live in.
+pub const TABLE: &str = "sandboxd";
+
+/// Why the rules could not be loaded or read.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error("opening network namespace {path}: {source}")]
+    Netns { path: String, source: io::Error },
+    #[error("running {nft}: {source} (is nftables installed?)")]
+    Spawn { nft: String, source: io::Error },
+    #[error("nft exited with {status}: {stderr}")]
+    Nft { status: String, stderr: String },
+    #[error("nft printed JSON we could not read: {0}")]
+    Output(String),
+}
+
+fn rule(chain: &str, expr: Vec<Value>) -> Value {
+    json!({"add": {"rule": {"family": "inet", "table": TABLE, "chain": chain, "expr": expr}}})
+}
+
+fn base_chain(name: &str, ty: &str, hook: &str, prio: i32, policy: &str) -> Value {
+    json!({"add": {"chain": {
+        "family": "inet", "table": TABLE, "name": name,
+        "type": ty, "hook": hook, "prio": prio, "policy": policy
+    }}})
+}
+
+fn port_match(proto: &str, port: u16) -> Value {
+    json!({"match": {"op": "==", "left": {"payload": {"protocol": proto, "field": "dport"}}, "right": port}})
+}
+
+fn meta_match(key: &str, value: &str) -> Value {
+    json!({"match": {"op": "==", "left": {"meta": {"key": key}}, "right": value}})
+}
+
+fn redirect(port: u16) -> Value {
+    json!({"redirect": {"port": port}})
+}
+
+fn verdict(v: &str) -> Value {
+    json!({ v: null })
+}
+
+fn established() -> Value {
+    json!({"match": {"op": "in", "left": {"ct": {"key": "state"}}, "right": ["established", "related"]}})
+}
+
+fn redirected() -> Value {
+    json!({"match": {"op": "in", "left": {"ct": {"key": "status"}}, "right": "dnat"}})
+}
+
+fn neighbour_discovery() -> Value {
+    json!({"match": {"op": "==",
+        "left": {"payload": {"protocol": "icmpv6", "field": "type"}},
+        "right": {"set": ["nd-neighbor-solicit", "nd-neighbor-advert"]}}})
+}
+
+/// The rules that redirect DNS and TCP, shared by both NAT chains.
+fn redirect_rules(chain: &str, proxy_port: u16, dns_port: u16) -> Vec<Value> {
+    vec![
+        rule(chain, vec![port_match("udp", 53), redirect(dns_port)]),
+        rule(chain, vec![port_match("tcp", 53), redirect(dns_port)]),
+    ]
+    .into_iter()
+    .chain(std::iter::once(rule(
+        chain,
+        vec![meta_match("l4proto", "tcp"), redirect(proxy_port)],
+    )))
+    .collect()
+}
+
+/// The whole ruleset as an nft JSON document. It starts by flushing the
+/// namespace's ruleset, so applying it twice leaves one copy.
+pub fn ruleset(proxy_port: u16, dns_port: u16) -> Value {
+    let mut cmds = vec![
+        json!({"flush": {"ruleset": null}}),
+        json!({"add": {"table": {"family": "inet", "name": TABLE}}}),
+        base_chain("nat_output", "nat", "output", -100, "accept"),
+        base_chain("nat_prerouting", "nat", "prerouting", -100, "accept"),
+        base_chain("filter_output", "filter", "output", 0, "drop"),
+        base_chain("filter_input", "filter", "input", 0, "drop"),
+        base_chain("filter_forward", "filter", "forward", 0, "drop"),
+    ];
+    // nat_output: DNS first (whatever address it was sent to), then leave
+    // the namespace's own addresses alone, then all other TCP to the proxy.
+    let mut nat_output = redirect_rules("nat_output", proxy_port, dns_port);
+    nat_output.insert(
+        2,
+        rule(
+            "nat_output",
+            vec![meta_match("oifname", "lo"), verdict("return")],
+        ),
+    );
+    cmds.extend(nat_output);
+    cmds.push(rule(
+        "nat_prerouting",
+        vec![meta_match("iifname", "lo"), verdict("return")],
+    ));
+    cmds.extend(redirect_rules("nat_prerouting", proxy_port, dns_port));
+    for (chain, if_key) in [("filter_output", "oifname"), ("filter_input", "iifname")] {
+        cmds.push(rule(chain, vec![established(), verdict("accept")]));
+        cmds.push(rule(chain, vec![redirected(), verdict("accept")]));
+        cmds.push(rule(
+            chain,
+            vec![meta_match(if_key, "lo"), verdict("accept")],
+        ));
+        cmds.push(rule(chain, vec![neighbour_discovery(), verdict("accept")]));
+    }
+    json!({ "nftables": cmds })
+}
+
+/// The nft binary: the usual locations, else whatever `PATH` finds.
+fn nft_binary() -> PathBuf {
+    ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft", "/bin/nft"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("nft"))
+}
+
+/// Runs nft with `args` inside the namespace at `netns`, feeding it `input`.
+fn nft_in(netns: &Path, args: &[&str], input: &[u8]) -> Result<Vec<u8>, RulesError> {
+    let ns = File::open(netns).map_err(|source| RulesError::Netns {
+        path: netns.display().to_string(),
+        source,
+    })?;
+    let fd = ns.as_raw_fd();
+    let nft = nft_binary();
+    let spawn_err = |source| RulesError::Spawn {
+        nft: nft.display().to_string(),
+        source,
+    };
+    let mut cmd = Command::new(&nft);
+    cmd.args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes the setns(2) system call (async-signal-safe, no allocation) on
+    // `fd`, which `ns` keeps open in the parent until the child has spawned;
+    // it is close-on-exec, so nft does not inherit it.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    drop(ns);
+    if let Some(mut stdin) = child.stdin.take() {
+        // A failed write shows up as nft's own error below.
+        let _ = stdin.write_all(input);
+    }
+    let out = child.wait_with_output().map_err(spawn_err)?;
+    if !out.status.success() {
+        return Err(RulesError::Nft {
+            status: out.status.to_string(),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(out.stdout)
+}
+
+/// Loads [`ruleset`] into the namespace pinned at `netns_path` (replacing
+/// whatever ruleset it had). Blocking: it runs `nft` and waits for it.
+pub fn apply(netns_path: &Path, proxy_port: u16, dns_port: u16) -> Result<(), RulesError> {
+    let doc = ruleset(proxy_port, dns_port).to_string();
+    nft_in(netns_path, &["-j", "-f", "-"], doc.as_bytes()).map(|_| ())
+}
+
+/// The namespace's ruleset as `nft -j list ruleset` prints it.
+pub fn list(netns_path: &Path) -> Result<Value, RulesError> {
+    let out = nft_in(netns_path, &["-j", "list", "ruleset"], b"")?;
+    serde_json::from_slice(&out).map_err(|e| RulesError::Output(e.to_string()))
+}
+
+/// The rule expressions of `chain` in table [`TABLE`] of a listing made by
+/// [`list`], in order.
+pub fn chain_rules(listing: &Value, chain: &str) -> Vec<Value> {
+    listing["nftables"]
+        .as_array()
+        .map(|items| {
+            items
+                .iter()
+                .filter_map(|item| item.get("rule"))
+                .filter(|r| r["table"] == TABLE && r["chain"] == chain)
+                .map(|r| r["expr"].clone())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn adds<'a>(doc: &'a Value, kind: &str) -> Vec<&'a Value> {
+        doc["nftables"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|c| c["add"].get(kind))
+            .collect()
+    }
+
+    #[test]
+    fn document_shape() {
+        let doc = ruleset(15001, 15353);
+        assert_eq!(doc["nftables"][0], json!({"flush": {"ruleset": null}}));
+        let chains = adds(&doc, "chain");
+        let summary: Vec<(String, String, String)> = chains
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["hook"].as_str().unwrap().to_string(),
+                    c["policy"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect();
+        let expect = [
+            ("nat_output", "output", "accept"),
+            ("nat_prerouting", "prerouting", "accept"),
+            ("filter_output", "output", "drop"),
+            ("filter_input", "input", "drop"),
+            ("filter_forward", "forward", "drop"),
+        ];
+        assert_eq!(
+            summary,
+            expect
+                .iter()
+                .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+                .collect::<Vec<_>>()
+        );
+        for c in &chains {
+            assert_eq!(c["family"], "inet");
+            assert_eq!(c["table"], TABLE);
+        }
+    }
+
+    #[test]
+    fn nat_output_order_and_ports() {
+        let doc = ruleset(15001, 15353);
+        let rules: Vec<&Value> = adds(&doc, "rule")
+            .into_iter()
+            .filter(|r| r["chain"] == "nat_output")
+            .collect();
+        assert_eq!(rules.len(), 4);
+        assert_eq!(rules[0]["expr"][0], port_match("udp", 53));
+        assert_eq!(rules[0]["expr"][1], json!({"redirect": {"port": 15353}}));
+        assert_eq!(rules[1]["expr"][0], port_match("tcp", 53));
+        assert_eq!(rules[1]["expr"][1], json!({"redirect": {"port": 15353}}));
+        assert_eq!(rules[2]["expr"][1], json!({"return": null}));
+        assert_eq!(rules[3]["expr"][0], meta_match("l4proto", "tcp"));
+        assert_eq!(rules[3]["expr"][1], json!({"redirect": {"port": 15001}}));
+        // The VM path redirects the same way.
+        let pre: Vec<&Value> = adds(&doc, "rule")
+            .into_iter()
+            .filter(|r| r["chain"] == "nat_prerouting")
+            .collect();
+        assert_eq!(pre.len(), 4);
+        assert_eq!(pre[3]["expr"][1], json!({"redirect": {"port": 15001}}));
+    }
+
+    #[test]
+    fn filter_chains_accept_only_redirected_local_and_established() {
+        let doc = ruleset(1, 2);
+        for chain in ["filter_output", "filter_input"] {
+            let rules: Vec<&Value> = adds(&doc, "rule")
+                .into_iter()
+                .filter(|r| r["chain"] == chain)
+                .collect();
+            assert_eq!(rules.len(), 4, "{chain}");
+            assert!(rules
+                .iter()
+                .all(|r| r["expr"][1] == json!({"accept": null})));
+            assert!(rules.iter().any(|r| r["expr"][0] == redirected()));
+            assert!(rules.iter().any(|r| r["expr"][0] == established()));
+        }
+        assert!(adds(&doc, "rule")
+            .iter()
+            .all(|r| r["chain"] != "filter_forward"));
+    }
+
+    #[test]
+    fn missing_namespace_is_a_clear_error() {
+        let err = apply(Path::new("/nonexistent/ns"), 1, 2).unwrap_err();
+        assert!(matches!(err, RulesError::Netns { .. }), "{err}");
+    }
+
+    #[test]
+    fn chain_rules_reads_a_listing() {
+        let listing = json!({"nftables": [
+            {"metainfo": {}},
+            {"rule": {"family": "inet", "table": TABLE, "chain": "x", "handle": 3, "expr": [1]}},
+            {"rule": {"family": "inet", "table": "other", "chain": "x", "handle": 4, "expr": [2]}},
+        ]});
+        assert_eq!(chain_rules(&listing, "x"), vec![json!([1])]);
+        assert!(chain_rules(&json!({}), "x").is_empty());
+    }
+}

@@ -1,0 +1,355 @@
+//! Resource limits through the real daemon, checked both inside the sandbox and
+//! in the host's cgroups: memory (OOM report), pids (fork failures, the
+//! counter stays under the limit), disk (dd and uploads hit the quota), CPU
+//! (CFS quota and throttling), and the TTL (expiry, and changing it live).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::Daemon;
+use hyper::{Method, StatusCode};
+use serde_json::json;
+
+fn read_cgroup(controller: &str, id: &str, file: &str) -> String {
+    let path = common::sandbox_cgroup(controller, id).join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn stat_field(text: &str, key: &str) -> u64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in {text}"))
+}
+
+/// Polls `GET /v1/sandboxes/{id}` until it is a 404 or `deadline` passes.
+/// The reaper publishes no event a client could await, so a TTL expiry can
+/// only be observed this way; the poll interval is short and bounded.
+async fn gone_within(daemon: &Daemon, id: &str, deadline: Duration) -> bool {
+    let start = Instant::now();
+    loop {
+        let (status, _) = daemon
+            .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+            .await;
+        if status == StatusCode::NOT_FOUND {
+            return true;
+        }
+        if start.elapsed() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn memory_limit_reports_an_oom_kill() {
+    require_host!();
+    let daemon = Daemon::start();
+    let id = daemon
+        .create(json!({"image": "python", "memory_mib": 64}))
+        .await;
+    assert_eq!(
+        read_cgroup("memory", &id, "memory.limit_in_bytes").trim(),
+        (64u64 << 20).to_string()
+    );
+    // bytes * n writes every page, so the memory is really used.
+    let proc = daemon
+        .start_process(
+            &id,
+            json!({"code": "x = b'\\x01' * (256 * 1024 * 1024)\nprint('survived', len(x))\n"}),
+        )
+        .await;
+    let run = daemon.output(&id, proc).await;
+    assert!(
+        !run.out().contains("survived"),
+        "allocated 256 MiB under a 64 MiB limit"
+    );
+    assert_eq!(
+        run.process["oom_killed"],
+        true,
+        "{} stderr: {}",
+        run.process,
+        run.err()
+    );
+    assert_eq!(run.process["signal"], 9, "{}", run.process);
+    let (status, sandbox) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        sandbox["oom_kills"].as_u64().expect("oom_kills") >= 1,
+        "{sandbox}"
+    );
+    assert_eq!(
+        sandbox["state"], "ready",
+        "an OOM kill of one process leaves the sandbox up: {sandbox}"
+    );
+    // And the sandbox still runs things.
+    assert_eq!(
+        daemon.exec(&id, &["python3", "-c", "print(1)"]).await.out(),
+        "1\n"
+    );
+    // A process the daemon kills is not counted as an OOM kill.
+    let proc = daemon
+        .start_process(&id, json!({"argv": ["sleep", "1000"]}))
+        .await;
+    let (status, _) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/processes/{proc}/kill"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let run = daemon.output(&id, proc).await;
+    assert_eq!(run.process["oom_killed"], false, "{}", run.process);
+}
+
+#[tokio::test]
+async fn pids_limit_stops_a_fork_loop() {
+    require_host!();
+    let daemon = Daemon::start();
+    let id = daemon.create(json!({"image": "busybox", "pids": 16})).await;
+    assert_eq!(read_cgroup("pids", &id, "pids.max").trim(), "16");
+    let proc = daemon
+        .start_process(
+            &id,
+            json!({"argv": ["sh", "-c", "for i in $(seq 1 64); do sleep 100 & done; echo forked-all"]}),
+        )
+        .await;
+    let run = daemon.output(&id, proc).await;
+    let err = run.err();
+    assert!(
+        err.contains("can't fork") || err.contains("Resource temporarily unavailable"),
+        "no fork failed: stdout {:?} stderr {err:?}",
+        run.out()
+    );
+    assert!(!run.out().contains("forked-all"));
+    assert_ne!(run.exit_code(), Some(0), "{}", run.process);
+    // The sleeps that did start are still there, and the counter is capped.
+    let current: u64 = read_cgroup("pids", &id, "pids.current")
+        .trim()
+        .parse()
+        .expect("pids.current");
+    assert!(current <= 16, "pids.current {current} > 16");
+    // (Counted from the host: inside, the full pids limit leaves no room to
+    // start a counting process.)
+    let sleeps = common::process_host_pids(&id, proc);
+    assert!(!sleeps.is_empty(), "no sleep started at all");
+    assert!(
+        sleeps.len() < 64,
+        "all 64 sleeps started under pids 16: {sleeps:?}"
+    );
+    // Killing the ended process still clears what it left behind.
+    let (status, _) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/processes/{proc}/kill"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        daemon.sh(&id, "pidof sleep | wc -w").await.out().trim(),
+        "0"
+    );
+}
+
+#[tokio::test]
+async fn disk_limit_stops_dd_and_uploads() {
+    require_host!();
+    let daemon = Daemon::start();
+    let id = daemon
+        .create(json!({"image": "busybox", "disk_mib": 64}))
+        .await;
+    let run = daemon
+        .sh(&id, "dd if=/dev/zero of=/root/big bs=1M count=200")
+        .await;
+    assert_ne!(
+        run.exit_code(),
+        Some(0),
+        "dd of 200 MiB succeeded under a 64 MiB disk"
+    );
+    let err = run.err();
+    assert!(
+        err.contains("No space left") || err.contains("Disk quota exceeded"),
+        "dd failed for another reason: {err}"
+    );
+    let size: u64 = daemon
+        .exec(&id, &["stat", "-c", "%s", "/root/big"])
+        .await
+        .out()
+        .trim()
+        .parse()
+        .expect("size");
+    assert!(
+        size <= 70 << 20,
+        "/root/big is {size} bytes under a 64 MiB limit"
+    );
+    assert!(size > 0);
+    assert_eq!(
+        daemon.exec(&id, &["rm", "/root/big"]).await.exit_code(),
+        Some(0)
+    );
+
+    // The same through the upload API: an error status, and no partial file.
+    let chunks = (0..200).map(|_| vec![0u8; 1 << 20]);
+    let answer = daemon.upload_stream(&id, "/root/big", chunks).await;
+    if let Some((status, body)) = &answer {
+        assert!(
+            !status.is_success(),
+            "upload past the disk limit answered {status}: {body}"
+        );
+        assert!(
+            status.is_client_error() || status.is_server_error(),
+            "{status}"
+        );
+        assert_ne!(*status, StatusCode::INTERNAL_SERVER_ERROR, "{body}");
+    }
+    let (status, body) = daemon
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/files/stat?path=/root/big"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a partial upload was left: {body}"
+    );
+    assert!(
+        answer.is_some(),
+        "the daemon answered no status to the oversized upload"
+    );
+    // The sandbox still has its disk once the file is gone.
+    let run = daemon
+        .sh(&id, "dd if=/dev/zero of=/root/small bs=1M count=8")
+        .await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
+}
+
+#[tokio::test]
+async fn cpu_limit_throttles() {
+    require_host!();
+    let daemon = Daemon::start();
+    let id = daemon.create(json!({"image": "busybox", "cpu": 0.2})).await;
+    assert_eq!(read_cgroup("cpu", &id, "cpu.cfs_quota_us").trim(), "20000");
+    assert_eq!(
+        read_cgroup("cpu", &id, "cpu.cfs_period_us").trim(),
+        "100000"
+    );
+    let run = daemon
+        .exec(&id, &["timeout", "1", "sh", "-c", "while :; do :; done"])
+        .await;
+    assert_ne!(
+        run.exit_code(),
+        Some(0),
+        "the busy loop should be ended by timeout: {}",
+        run.process
+    );
+    let stat = read_cgroup("cpu", &id, "cpu.stat");
+    assert!(stat_field(&stat, "nr_throttled") > 0, "cpu.stat: {stat}");
+    assert!(stat_field(&stat, "throttled_time") > 0, "cpu.stat: {stat}");
+}
+
+#[tokio::test]
+async fn ttl_expiry_removes_the_sandbox() {
+    require_host!();
+    let daemon = Daemon::start();
+    let id = daemon
+        .create(json!({"image": "busybox", "ttl_seconds": 1}))
+        .await;
+    assert!(
+        gone_within(&daemon, &id, Duration::from_secs(15)).await,
+        "sandbox {id} outlived its TTL"
+    );
+    assert!(
+        !daemon.run_dir().join("sandboxes").join(&id).exists(),
+        "run dir left behind"
+    );
+    assert!(
+        !common::sandbox_cgroup("pids", &id).exists(),
+        "cgroup left behind"
+    );
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(0),
+        "{list}"
+    );
+}
+
+#[tokio::test]
+async fn ttl_can_be_shortened_and_extended() {
+    require_host!();
+    let daemon = Daemon::start();
+    // Shortened: 600 s becomes 1 s.
+    let short = daemon
+        .create(json!({"image": "busybox", "ttl_seconds": 600}))
+        .await;
+    let (status, body) = daemon
+        .call(
+            Method::PUT,
+            &format!("/v1/sandboxes/{short}/ttl"),
+            Some(json!({"ttl_seconds": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["ttl_seconds"], 1);
+    assert!(
+        gone_within(&daemon, &short, Duration::from_secs(15)).await,
+        "shortened TTL did not expire"
+    );
+    assert!(!daemon.run_dir().join("sandboxes").join(&short).exists());
+
+    // Extended: a 2 s TTL becomes 600 s right after create. (2 s, not 1, so
+    // that the create itself cannot outlast the original TTL.)
+    let long = daemon
+        .create(json!({"image": "busybox", "ttl_seconds": 2}))
+        .await;
+    let (status, body) = daemon
+        .call(
+            Method::PUT,
+            &format!("/v1/sandboxes/{long}/ttl"),
+            Some(json!({"ttl_seconds": 600})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["ttl_seconds"], 600);
+    // Nothing happens when a TTL does *not* expire, so there is no event to
+    // await: wait past the original expiry (2 s + 1 s margin) and look.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (status, body) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{long}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "extended sandbox expired: {body}");
+    assert_eq!(body["state"], "ready");
+    assert_eq!(daemon.exec(&long, &["true"]).await.exit_code(), Some(0));
+
+    // -1 means no TTL; 0 is refused.
+    let (status, body) = daemon
+        .call(
+            Method::PUT,
+            &format!("/v1/sandboxes/{long}/ttl"),
+            Some(json!({"ttl_seconds": -1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["expires_at"].is_null(), "{body}");
+    let (status, body) = daemon
+        .call(
+            Method::PUT,
+            &format!("/v1/sandboxes/{long}/ttl"),
+            Some(json!({"ttl_seconds": 0})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("ttl_seconds"),
+        "{body}"
+    );
+}
