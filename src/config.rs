@@ -323,7 +323,8 @@ impl Config {
         if self.output_buffer_kib < 64 {
             return Err(invalid("output_buffer_kib", "must be at least 64"));
         }
-        if self.capacity_cpu.is_nan() || self.capacity_cpu <= 0.0
+        if self.capacity_cpu.is_nan()
+            || self.capacity_cpu <= 0.0
             || self.capacity_memory_mib == 0
             || self.capacity_disk_mib == 0
         {
