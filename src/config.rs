@@ -127,6 +127,11 @@ pub struct ConfigOverrides {
     /// are ceilings, and writable layers are thin and rarely full).
     #[arg(long)]
     pub disk_overcommit: Option<f64>,
+    /// Cgroup under which sandboxes (`<parent>/<id>`) and their supervisors
+    /// (`<parent>/supervisors`) live, in every hierarchy. Give each daemon on
+    /// a host its own: a daemon removes groups under it that no record owns.
+    #[arg(long)]
+    pub cgroup_parent: Option<String>,
     /// Also serve `/metrics` over TCP on this address (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_address: Option<std::net::SocketAddr>,
@@ -181,6 +186,7 @@ pub struct Config {
     pub capacity_memory_mib: u64,
     pub capacity_disk_mib: u64,
     pub metrics_address: Option<std::net::SocketAddr>,
+    pub cgroup_parent: String,
     pub log_format: LogFormat,
     pub stop_sandboxes_on_exit: bool,
 }
@@ -253,6 +259,7 @@ impl Config {
             pool_size: pick!(pool_size, 0),
             event_retention_seconds: pick!(event_retention_seconds, 24 * 3600),
             metrics_address: flags.metrics_address.or(file.metrics_address),
+            cgroup_parent: pick!(cgroup_parent, "/sandboxd".to_string()),
             log_format: match pick!(log_format, "text".to_string()).as_str() {
                 "text" => LogFormat::Text,
                 "json" => LogFormat::Json,
@@ -331,6 +338,18 @@ impl Config {
             return Err(invalid(
                 "capacity_cpu",
                 "host capacity (capacity_cpu, capacity_memory_mib, capacity_disk_mib and the overcommit ratios) must be above 0",
+            ));
+        }
+        let parent = self.cgroup_parent.trim_matches('/');
+        if !self.cgroup_parent.starts_with('/')
+            || parent.is_empty()
+            || parent
+                .split('/')
+                .any(|p| p.is_empty() || p == "." || p == ".." || p.starts_with("sb-"))
+        {
+            return Err(invalid(
+                "cgroup_parent",
+                "must be an absolute cgroup path like /sandboxd, without . or .. parts",
             ));
         }
         if self.pool_size > self.max_sandboxes {

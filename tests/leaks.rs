@@ -33,45 +33,58 @@ fn dir_names(path: &Path) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// Pids in a cgroup directory and all groups below it.
+fn pids_below(dir: &Path, out: &mut BTreeSet<String>) {
+    if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+        out.extend(text.lines().map(String::from));
+    }
+    for child in dir_names(dir) {
+        let path = dir.join(child);
+        if path.is_dir() {
+            pids_below(&path, out);
+        }
+    }
+}
+
+/// Only what this daemon could own, so other tests running at the same
+/// time on this host do not blur the comparison.
 fn snapshot(daemon: &Daemon) -> HostSnapshot {
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    // Image builds (debootstrap mounts /proc in its target) are not sandbox
-    // resources and may run concurrently on a shared image cache.
-    let images = common::images_dir().display().to_string();
+    let ours = daemon.dir.path().display().to_string();
     let mounts = mountinfo
         .lines()
         .filter_map(|l| l.split_whitespace().nth(4))
-        .filter(|m| !m.starts_with(&images))
+        .filter(|m| m.starts_with(&ours))
         .map(String::from)
         .collect();
+    let parent = daemon.cgroup_parent();
     let mut cgroups = BTreeSet::new();
+    let mut pids = BTreeSet::new();
     for hierarchy in dir_names(Path::new("/sys/fs/cgroup")) {
-        for group in dir_names(
-            &Path::new("/sys/fs/cgroup")
-                .join(&hierarchy)
-                .join("sandboxd"),
-        ) {
+        let dir = Path::new("/sys/fs/cgroup")
+            .join(&hierarchy)
+            .join(parent.trim_start_matches('/'));
+        for group in dir_names(&dir) {
             if group.starts_with("sb-") {
                 cgroups.insert(format!("{hierarchy}/{group}"));
             }
         }
+        pids_below(&dir, &mut pids);
     }
+    let run = daemon.run_dir().display().to_string();
     let mut netns = BTreeSet::new();
     let mut processes = BTreeSet::new();
     for pid in dir_names(Path::new("/proc"))
         .into_iter()
         .filter(|p| p.parse::<u32>().is_ok())
     {
-        if let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
-            netns.insert(ns.display().to_string());
-        }
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let sandboxed = status
-            .lines()
-            .any(|l| l.starts_with("Uid:") && l.contains("100000"));
-        if sandboxed || cmdline.windows(5).any(|w| w == b"shim\0") {
+        let supervisor = String::from_utf8_lossy(&cmdline).contains(&run);
+        if supervisor || pids.contains(&pid) {
             processes.insert(format!("{pid} {}", String::from_utf8_lossy(&cmdline)));
+            if let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
+                netns.insert(ns.display().to_string());
+            }
         }
     }
     let subvolumes = std::process::Command::new("btrfs")

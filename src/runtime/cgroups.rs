@@ -240,8 +240,8 @@ fn read_key(file: &Path, key: &str) -> Option<u64> {
 /// in every hierarchy that tracks it, so it is neither inside the daemon's
 /// service cgroup (systemd would count it as part of the service) nor
 /// inside a sandbox's cgroup (the sandbox's OOM killer must not reach it).
-pub fn join_supervisors_group() -> Result<(), CgroupError> {
-    let group = Path::new("sandboxd").join("supervisors");
+pub fn join_supervisors_group(parent: &str) -> Result<(), CgroupError> {
+    let group = Path::new(parent.trim_matches('/')).join("supervisors");
     let dirs: Vec<PathBuf> = match Layout::detect() {
         Layout::V2 => vec![Path::new(CGROUP_ROOT).join(&group)],
         // cpuset is left out: a new v1 cpuset group has no cpus until set.
@@ -263,12 +263,13 @@ pub fn join_supervisors_group() -> Result<(), CgroupError> {
     Ok(())
 }
 
-/// Sandbox ids that have a cgroup under `/sandboxd` (for recovery to find
+/// Sandbox ids that have a cgroup under `parent` (for recovery to find
 /// groups no record owns).
-pub fn sandbox_group_ids() -> Vec<String> {
+pub fn sandbox_group_ids(parent: &str) -> Vec<String> {
+    let parent = parent.trim_matches('/');
     let parent = match Layout::detect() {
-        Layout::V2 => Path::new(CGROUP_ROOT).join("sandboxd"),
-        Layout::V1 => Path::new(CGROUP_ROOT).join("pids").join("sandboxd"),
+        Layout::V2 => Path::new(CGROUP_ROOT).join(parent),
+        Layout::V1 => Path::new(CGROUP_ROOT).join("pids").join(parent),
     };
     fs::read_dir(parent)
         .map(|d| {

@@ -527,7 +527,7 @@ impl Manager {
                 created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
                 labels,
                 env,
-                cgroups_path: format!("/sandboxd/{id}"),
+                cgroups_path: format!("{}/{id}", self.config.cgroup_parent.trim_end_matches('/')),
                 shim_pid: 0,
                 oom_kills: 0,
                 failure: None,
@@ -988,13 +988,15 @@ impl Manager {
         if let Ok(layers) = self.disk.list_layers() {
             unowned.extend(layers);
         }
-        unowned.extend(crate::runtime::cgroups::sandbox_group_ids());
+        unowned.extend(crate::runtime::cgroups::sandbox_group_ids(
+            &self.config.cgroup_parent,
+        ));
         for id in unowned.into_iter().filter(|id| !known.contains(id)) {
             if crate::disk::validate_id(&id).is_err() {
                 continue;
             }
             tracing::info!(sandbox = %id, "removing leftovers no record owns");
-            let cgroups_path = format!("/sandboxd/{id}");
+            let cgroups_path = format!("{}/{id}", self.config.cgroup_parent.trim_end_matches('/'));
             let problems = teardown(&id, &cgroups_path, &self.paths(&id), &self.disk).await;
             for p in problems {
                 tracing::warn!(sandbox = %id, "removing leftovers: {p}");

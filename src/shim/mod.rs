@@ -88,7 +88,8 @@ pub fn run(dir: &Path) -> i32 {
             return 1;
         }
     };
-    if let Err(e) = crate::runtime::cgroups::join_supervisors_group() {
+    let parent = std::env::var("SANDBOXD_CGROUP_PARENT").unwrap_or_else(|_| "/sandboxd".into());
+    if let Err(e) = crate::runtime::cgroups::join_supervisors_group(&parent) {
         tracing::warn!(sandbox = %config.id, "leaving the daemon's cgroup: {e}");
     }
     // Orphans of the runtime's helper processes come to us, not to PID 1.

@@ -126,6 +126,8 @@ impl Daemon {
             agent_path().display().to_string(),
             "--disk-pool-gib".into(),
             "64".into(),
+            "--cgroup-parent".into(),
+            self.cgroup_parent(),
         ];
         args.extend(self.extra.iter().cloned());
         args
@@ -165,6 +167,18 @@ impl Daemon {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+    }
+
+    /// This daemon's own cgroup parent, so concurrent test daemons never
+    /// see (or sweep) each other's sandboxes.
+    pub fn cgroup_parent(&self) -> String {
+        let name = self
+            .dir
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        format!("/{name}")
     }
 
     pub fn run_dir(&self) -> PathBuf {
@@ -315,6 +329,18 @@ impl Drop for Daemon {
             let _ = cleanup.join();
         }
         self.kill(nix::sys::signal::Signal::SIGTERM);
+        // This daemon's cgroup parent (and its supervisors group) go too;
+        // rmdir only removes empty groups, so anything leaked stays visible.
+        let parent = self.cgroup_parent();
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let dir = hierarchy.path().join(parent.trim_start_matches('/'));
+            let _ = std::fs::remove_dir(dir.join("supervisors"));
+            let _ = std::fs::remove_dir(&dir);
+        }
         let pool = self.state_dir().join("disk");
         let _ = nix::mount::umount2(&pool, nix::mount::MntFlags::MNT_DETACH);
     }
@@ -377,11 +403,17 @@ impl Daemon {
 // ---------------------------------------------------------------------------
 
 /// Host directory of a sandbox's cgroup in the v1 hierarchy `controller`.
+/// The sandbox's cgroup in `controller` (each test daemon has its own
+/// cgroup parent, so this looks under every top-level group).
 pub fn sandbox_cgroup(controller: &str, id: &str) -> PathBuf {
-    Path::new("/sys/fs/cgroup")
-        .join(controller)
-        .join("sandboxd")
-        .join(id)
+    let root = Path::new("/sys/fs/cgroup").join(controller);
+    std::fs::read_dir(&root)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join(id))
+        .find(|p| p.exists())
+        .unwrap_or_else(|| root.join("sandboxd").join(id))
 }
 
 /// Host pids in the per-process cgroup of sandbox process `proc` (empty when

@@ -1,0 +1,349 @@
+//! Operations: admission and capacity, metrics that parse and move, config
+//! errors that name the field, systemd units that verify, and a SIGKILL of
+//! the daemon in the middle of creates that loses no ready sandbox and
+//! leaves nothing half-made.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::Duration;
+
+use common::Daemon;
+use hyper::{Method, StatusCode};
+use serde_json::{json, Value};
+
+fn metric(text: &str, name: &str, label: Option<(&str, &str)>) -> f64 {
+    let lines = text.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("metrics parse as Prometheus text");
+    scrape
+        .samples
+        .iter()
+        .filter(|s| s.metric == name)
+        .filter(|s| label.is_none_or(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| match s.value {
+            prometheus_parse::Value::Counter(v)
+            | prometheus_parse::Value::Gauge(v)
+            | prometheus_parse::Value::Untyped(v) => v,
+            _ => 0.0,
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn admission_refuses_when_full_and_accepts_after_a_delete() {
+    require_host!();
+    let daemon = Daemon::start_with(&["--max-sandboxes", "2", "--capacity-memory-mib", "1200"]);
+    let a = daemon
+        .create(json!({"image": "busybox", "memory_mib": 512}))
+        .await;
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "busybox", "memory_mib": 1024})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["resource"], "memory");
+    let b = daemon
+        .create(json!({"image": "busybox", "memory_mib": 128}))
+        .await;
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "busybox"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["error"]["resource"], "sandboxes");
+    let (_, capacity) = daemon.call(Method::GET, "/v1/capacity", None).await;
+    assert_eq!(capacity["sandboxes"]["used"], 2.0);
+    assert_eq!(capacity["memory_mib"]["used"], 640.0);
+    assert_eq!(capacity["memory_mib"]["total"], 1200.0);
+    daemon.delete(&a).await;
+    let c = daemon
+        .create(json!({"image": "busybox", "labels": {"team": "x"}}))
+        .await;
+    let (_, list) = daemon
+        .call(Method::GET, "/v1/sandboxes?label=team=x", None)
+        .await;
+    let ids: Vec<&str> = list["sandboxes"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|s| s["id"].as_str())
+        .collect();
+    assert_eq!(ids, vec![c.as_str()]);
+    let _ = b;
+}
+
+#[tokio::test]
+async fn metrics_parse_and_move() {
+    require_host!();
+    let daemon = Daemon::start();
+    let (status, before) = daemon.raw(Method::GET, "/metrics", Vec::new()).await;
+    assert_eq!(status, StatusCode::OK);
+    let before = String::from_utf8(before).expect("utf-8");
+    assert_eq!(
+        metric(&before, "sandboxd_sandboxes", Some(("state", "ready"))),
+        0.0
+    );
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    let run = daemon.sh(&id, "echo hi").await;
+    assert_eq!(run.out(), "hi\n");
+    let (status, _) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "no-such-image"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, after) = daemon.raw(Method::GET, "/metrics", Vec::new()).await;
+    let after = String::from_utf8(after).expect("utf-8");
+    assert_eq!(
+        metric(&after, "sandboxd_sandboxes", Some(("state", "ready"))),
+        1.0
+    );
+    assert_eq!(
+        metric(&after, "sandboxd_process_starts_total", None)
+            - metric(&before, "sandboxd_process_starts_total", None),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &after,
+            "sandboxd_create_failures_total",
+            Some(("reason", "image_not_found"))
+        ),
+        1.0
+    );
+    assert!(
+        metric(
+            &after,
+            "sandboxd_create_phase_seconds_count",
+            Some(("phase", "runtime"))
+        ) >= 1.0
+    );
+    daemon.delete(&id).await;
+}
+
+#[test]
+fn bad_config_values_name_the_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (text, field) in [
+        ("default_ttl_seconds = 0\n", "default_ttl_seconds"),
+        ("log_format = \"xml\"\n", "log_format"),
+        ("max_sandboxes = 0\n", "max_sandboxes"),
+        ("sokcet = \"/x\"\n", "sokcet"),
+        ("default_cpu = \"one\"\n", "default_cpu"),
+    ] {
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, text).expect("write");
+        let out = std::process::Command::new(common::DAEMON)
+            .arg("--config")
+            .arg(&path)
+            .arg("--check-config")
+            .output()
+            .expect("run");
+        assert!(!out.status.success(), "{text} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(field), "{text}: {stderr}");
+    }
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd/config.toml");
+    let out = std::process::Command::new(common::DAEMON)
+        .arg("--config")
+        .arg(&example)
+        .arg("--agent-path")
+        .arg(common::agent_path())
+        .arg("--check-config")
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn systemd_units_verify() {
+    let Ok(analyze) = which("systemd-analyze") else {
+        eprintln!("SKIPPED: systemd-analyze is not installed");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd");
+    for unit in ["sandboxd.service", "sandboxd.socket"] {
+        let text = std::fs::read_to_string(units.join(unit)).expect("unit");
+        // Verify against the binary this test run built, not an installed one.
+        let text = text.replace("/usr/local/bin/sandboxd", common::DAEMON);
+        std::fs::write(dir.path().join(unit), text).expect("write");
+    }
+    let out = std::process::Command::new(analyze)
+        .arg("verify")
+        .arg(dir.path().join("sandboxd.service"))
+        .arg(dir.path().join("sandboxd.socket"))
+        .output()
+        .expect("systemd-analyze");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && stderr.trim().is_empty(), "{stderr}");
+}
+
+fn which(name: &str) -> Result<String, ()> {
+    std::env::var("PATH")
+        .unwrap_or_default()
+        .split(':')
+        .map(|d| format!("{d}/{name}"))
+        .find(|p| Path::new(p).exists())
+        .ok_or(())
+}
+
+/// What the host holds for sandboxes: cgroups, supervisors, run dirs, layers.
+fn inventory(daemon: &Daemon) -> BTreeSet<String> {
+    let mut items = BTreeSet::new();
+    let parent = format!("/sys/fs/cgroup/pids{}", daemon.cgroup_parent());
+    for group in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let name = group.file_name().to_string_lossy().into_owned();
+        if name.starts_with("sb-") {
+            items.insert(format!("cgroup {name}"));
+        }
+    }
+    for dir in std::fs::read_dir(daemon.run_dir().join("sandboxes"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        items.insert(format!("run {}", dir.file_name().to_string_lossy()));
+    }
+    for layer in std::fs::read_dir(daemon.state_dir().join("disk"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let name = layer.file_name().to_string_lossy().into_owned();
+        if name.starts_with("sb-") {
+            items.insert(format!("layer {name}"));
+        }
+    }
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let run = daemon.run_dir().display().to_string();
+    for line in mountinfo.lines() {
+        if let Some(point) = line
+            .split_whitespace()
+            .nth(4)
+            .filter(|p| p.starts_with(&run))
+        {
+            items.insert(format!("mount {point}"));
+        }
+    }
+    items
+}
+
+fn expected_inventory(daemon: &Daemon, ids: &[String]) -> BTreeSet<String> {
+    let run = daemon.run_dir();
+    ids.iter()
+        .flat_map(|id| {
+            [
+                format!("cgroup {id}"),
+                format!("run {id}"),
+                format!("layer {id}"),
+                format!(
+                    "mount {}",
+                    run.join("sandboxes").join(id).join("netns").display()
+                ),
+                format!(
+                    "mount {}",
+                    run.join("sandboxes").join(id).join("rootfs").display()
+                ),
+            ]
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sigkill_during_creates_loses_no_ready_sandbox_and_leaves_nothing_half_made() {
+    require_host!();
+    let mut daemon = Daemon::start();
+    // Five sandboxes with a process each that prints, then waits for stdin.
+    let mut running = Vec::new();
+    for _ in 0..5 {
+        let id = daemon.create(json!({"image": "busybox"})).await;
+        let proc = daemon
+            .start_process(&id, json!({"argv": ["sh", "-c", "echo first; read line; echo \"got $line\""], "stdin": true}))
+            .await;
+        running.push((id, proc));
+    }
+    // Twenty creates in flight; the daemon dies once a few have answered.
+    let socket = daemon.socket.clone();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..20 {
+        let socket = socket.clone();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let body = json!({"image": "busybox"}).to_string().into_bytes();
+            let answer = common::http(&socket, Method::POST, "/v1/sandboxes", body).await;
+            let _ = tx.send(answer);
+        });
+    }
+    drop(tx);
+    let mut ready: Vec<String> = Vec::new();
+    let mut answered = 0;
+    while answered < 3 {
+        let Some(answer) = rx.recv().await else { break };
+        answered += 1;
+        if let Some((StatusCode::CREATED, body)) = answer {
+            let sandbox: Value = serde_json::from_slice(&body).expect("json");
+            ready.push(sandbox["id"].as_str().expect("id").to_string());
+        }
+    }
+    daemon.kill(nix::sys::signal::Signal::SIGKILL);
+    while let Some(answer) = rx.recv().await {
+        if let Some((StatusCode::CREATED, body)) = answer {
+            let sandbox: Value = serde_json::from_slice(&body).expect("json");
+            ready.push(sandbox["id"].as_str().expect("id").to_string());
+        }
+    }
+    daemon.restart();
+
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    let listed: BTreeSet<String> = list["sandboxes"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter(|s| s["state"] == "ready")
+        .filter_map(|s| s["id"].as_str().map(String::from))
+        .collect();
+    for id in ready.iter().chain(running.iter().map(|(id, _)| id)) {
+        assert!(
+            listed.contains(id),
+            "ready sandbox {id} was lost; have {listed:?}"
+        );
+    }
+    // Nothing half-made: every listed sandbox is complete, nothing else exists.
+    let all_ids: Vec<String> = listed.iter().cloned().collect();
+    assert_eq!(inventory(&daemon), expected_inventory(&daemon, &all_ids));
+
+    // The running processes still run and stream.
+    for (id, proc) in &running {
+        let (status, _) = daemon
+            .raw(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/processes/{proc}/stdin"),
+                b"hello\n".to_vec(),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NO_CONTENT);
+        let out = daemon.output(id, *proc).await;
+        assert_eq!(out.out(), "first\ngot hello\n");
+    }
+    for id in &all_ids {
+        let run = daemon.sh(id, "echo ok").await;
+        assert_eq!(run.out(), "ok\n");
+        daemon.delete(id).await;
+    }
+    assert_eq!(inventory(&daemon), BTreeSet::new());
+    let _ = Duration::from_secs(0);
+}
