@@ -12,7 +12,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Notify;
 
 use super::events::{EventKind, EventLog};
-use super::record::{expiry, now_ms, SandboxRecord};
+use super::record::{expiry, SandboxRecord};
 use super::teardown::teardown;
 use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
 use super::SandboxError;
@@ -22,32 +22,32 @@ use crate::disk::DiskPool;
 use crate::gpu::{GpuRequest, GpuService};
 use crate::image::ImageCache;
 use crate::shim::config::{SandboxPaths, ShimConfig};
-use crate::shim::protocol::{ShimConn, ShimEvent, ShimReply, ShimRequest};
+use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
 use crate::shim::ReadyLine;
 use crate::store::Store;
 
-const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+pub(super) const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
 
 pub struct Manager {
     pub config: Config,
-    store: Arc<Store>,
+    pub(super) store: Arc<Store>,
     pub events: EventLog,
     pub metrics: crate::metrics::Metrics,
-    images: Arc<ImageCache>,
-    disk: Arc<DiskPool>,
+    pub(super) images: Arc<ImageCache>,
+    pub(super) disk: Arc<DiskPool>,
     /// The host's GPUs and who holds them.
-    gpus: Arc<GpuService>,
-    records: Mutex<HashMap<String, SandboxRecord>>,
-    ttl_changed: Notify,
+    pub(super) gpus: Arc<GpuService>,
+    pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
+    pub(super) ttl_changed: Notify,
     /// Ids of ready sandboxes of the default image and limits, not yet handed out.
-    pool: Mutex<VecDeque<String>>,
-    refilling: AtomicBool,
+    pub(super) pool: Mutex<VecDeque<String>>,
+    pub(super) refilling: AtomicBool,
     /// Set once the daemon stops: long-lived streams end so that in-flight
     /// requests can finish and the daemon can exit.
-    stopping: tokio::sync::watch::Sender<bool>,
+    pub(super) stopping: tokio::sync::watch::Sender<bool>,
 }
 
-fn default_env() -> Vec<(String, String)> {
+pub(super) fn default_env() -> Vec<(String, String)> {
     [
         (
             "PATH",
@@ -80,7 +80,7 @@ impl Drop for AbandonOnDrop {
     }
 }
 
-fn new_id() -> String {
+pub(super) fn new_id() -> String {
     let bytes: [u8; 6] = rand::random();
     format!("sb-{}", hex::encode(bytes))
 }
@@ -115,147 +115,6 @@ impl Manager {
         let _ = rx.wait_for(|stopping| *stopping).await;
     }
 
-    /// Starts the background work: the TTL reaper and the warm pool.
-    pub fn start_background(self: &Arc<Self>) {
-        tokio::spawn(Arc::clone(self).reap_expired());
-        self.start_refill();
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            const SAMPLE: Duration = Duration::from_secs(5);
-            let mut every = tokio::time::interval(SAMPLE);
-            let mut ticks: u64 = 0;
-            loop {
-                every.tick().await;
-                let sampler = Arc::clone(&this);
-                let _ = tokio::task::spawn_blocking(move || sampler.sample_usage(SAMPLE)).await;
-                ticks += 1;
-                if ticks % 12 == 0 {
-                    this.events.prune();
-                }
-            }
-        });
-    }
-
-    fn pool(&self) -> MutexGuard<'_, VecDeque<String>> {
-        self.pool.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn pooled(&self) -> usize {
-        self.pool().len()
-    }
-
-    fn template_limits(&self) -> Limits {
-        Limits {
-            cpu: self.config.default_cpu,
-            memory_mib: self.config.default_memory_mib,
-            disk_mib: self.config.default_disk_mib,
-            pids: self.config.default_pids,
-        }
-    }
-
-    /// Keeps `pool_size` ready sandboxes of the default image and limits.
-    fn start_refill(self: &Arc<Self>) {
-        if self.config.pool_size == 0 || self.refilling.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            while this.pooled() < this.config.pool_size {
-                let image = this.config.default_image.clone();
-                let limits = this.template_limits();
-                match this
-                    .create_cold(
-                        image,
-                        limits,
-                        -1,
-                        BTreeMap::new(),
-                        BTreeMap::new(),
-                        true,
-                        None,
-                    )
-                    .await
-                {
-                    Ok(view) => this.pool().push_back(view.id),
-                    Err(e) => {
-                        // No retry loop: the next claim or restart tries again.
-                        tracing::warn!("refilling the warm pool: {e}");
-                        break;
-                    }
-                }
-            }
-            this.refilling.store(false, Ordering::Release);
-        });
-    }
-
-    /// Follows a sandbox supervisor's events (process exits, OOM kills, the
-    /// sandbox dying) into the event log, from where it left off.
-    fn watch_supervisor(self: &Arc<Self>, id: String) {
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let after = match this.records().get(&id) {
-                Some(r) => r.supervisor_events_seen,
-                None => return,
-            };
-            let Ok(mut conn) = ShimConn::connect(&this.paths(&id).socket()).await else {
-                return;
-            };
-            if conn.send(&ShimRequest::Watch { after }).await.is_err() {
-                return;
-            }
-            while let Ok(Some(ShimReply::Event { seq, event })) = conn.next().await {
-                this.record_supervisor_event(&id, seq, event);
-            }
-        });
-    }
-
-    fn record_supervisor_event(&self, id: &str, seq: u64, event: ShimEvent) {
-        match event {
-            ShimEvent::ProcessExited(p) => {
-                if p.oom_killed {
-                    self.metrics.oom_killed();
-                    self.events.emit(EventKind::Oom, id, Some(p.id), None);
-                }
-                let detail = match (p.exit_code, p.signal) {
-                    (Some(code), _) => format!("exit code {code}"),
-                    (None, Some(signal)) => format!("signal {signal}"),
-                    _ => "ended".to_string(),
-                };
-                let detail = if p.timed_out {
-                    format!("{detail} (timed out)")
-                } else {
-                    detail
-                };
-                self.events
-                    .emit(EventKind::ProcessExited, id, Some(p.id), Some(detail));
-            }
-            ShimEvent::Failed(reason) => {
-                let newly_failed = {
-                    let mut records = self.records();
-                    match records.get_mut(id) {
-                        Some(r) if r.state == SandboxState::Ready => {
-                            r.state = SandboxState::Failed;
-                            r.failure = Some(reason.clone());
-                            true
-                        }
-                        _ => false,
-                    }
-                };
-                if newly_failed {
-                    self.events.emit(EventKind::Failed, id, None, Some(reason));
-                }
-            }
-        }
-        // Persisted under the records lock: a delete removes the map entry
-        // first, so a cursor update can never bring a deleted record back.
-        let mut records = self.records();
-        if let Some(record) = records.get_mut(id) {
-            record.supervisor_events_seen = seq;
-            if let Err(e) = self.store.put_eventual(id, record) {
-                tracing::warn!(sandbox = %id, "recording an event cursor: {e}");
-            }
-        }
-    }
-
     /// Deletes every sandbox (a clean stop with `stop_sandboxes_on_exit`).
     pub async fn delete_all(&self) {
         let ids: Vec<String> = self.records().keys().cloned().collect();
@@ -266,96 +125,15 @@ impl Manager {
         }
     }
 
-    /// Tears down the warm pool (on a clean stop: nobody can see or use those
-    /// sandboxes, and a restart refills the pool in the background).
-    pub async fn drain_pool(&self) {
-        let ids: Vec<String> = self.pool().drain(..).collect();
-        for id in ids {
-            let record = self.records().get(&id).cloned();
-            if let Some(record) = record {
-                self.remove_everything(&record).await;
-            }
-        }
-    }
-
-    /// Hands out a pooled sandbox when the request asks for exactly what the
-    /// pool holds; `None` means start one cold.
-    async fn claim_pooled(
-        self: &Arc<Self>,
-        image: &str,
-        limits: &Limits,
-        ttl_seconds: i64,
-        req: &CreateSandbox,
-    ) -> Result<Option<Sandbox>, SandboxError> {
-        if self.config.pool_size == 0
-            || image != self.config.default_image
-            || *limits != self.template_limits()
-            || req.gpu.is_some()
-            || req.gpu_count.is_some_and(|n| n > 0)
-        {
-            return Ok(None);
-        }
-        loop {
-            let Some(id) = self.pool().pop_front() else {
-                self.start_refill();
-                return Ok(None);
-            };
-            if !req.env.is_empty() {
-                let mut env = default_env();
-                env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-                let set = match ShimConn::connect(&self.paths(&id).socket()).await {
-                    Ok(mut conn) => {
-                        conn.call(&ShimRequest::SetEnv { env }, HEALTH_DEADLINE)
-                            .await
-                    }
-                    Err(e) => Err(e),
-                };
-                if !matches!(set, Ok(ShimReply::Ok)) {
-                    tracing::warn!(sandbox = %id, "pooled sandbox is broken; removing it");
-                    let record = self.records().get(&id).cloned();
-                    if let Some(record) = record {
-                        self.remove_everything(&record).await;
-                    }
-                    continue;
-                }
-            }
-            let record = {
-                let mut records = self.records();
-                let Some(record) = records.get_mut(&id) else {
-                    continue;
-                };
-                record.pooled = false;
-                record.ttl_seconds = ttl_seconds;
-                record.expires_at_ms = expiry(ttl_seconds);
-                record.labels = req.labels.clone();
-                record.env = req.env.clone();
-                record.created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-                record.clone()
-            };
-            self.persist(&record)?;
-            self.events.emit(
-                EventKind::Created,
-                &id,
-                None,
-                Some("from the warm pool".into()),
-            );
-            self.events.emit(EventKind::Ready, &id, None, None);
-            self.watch_supervisor(id.clone());
-            self.ttl_changed.notify_one();
-            self.start_refill();
-            return Ok(Some(record.view()));
-        }
-    }
-
-    fn records(&self) -> MutexGuard<'_, HashMap<String, SandboxRecord>> {
+    pub(super) fn records(&self) -> MutexGuard<'_, HashMap<String, SandboxRecord>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn paths(&self, id: &str) -> SandboxPaths {
+    pub(super) fn paths(&self, id: &str) -> SandboxPaths {
         SandboxPaths::new(&self.config.sandboxes_run_dir(), id)
     }
 
-    fn persist(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
+    pub(super) fn persist(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
         self.store
             .put(&record.id, record)
             .map_err(SandboxError::internal)
@@ -365,55 +143,6 @@ impl Manager {
         let records = self.records();
         let all: Vec<&SandboxRecord> = records.values().collect();
         super::capacity::capacity(&self.config, &all)
-    }
-
-    /// The metrics exposition, with sandbox states as of now.
-    pub fn render_metrics(&self) -> String {
-        let states: Vec<(String, String)> = self
-            .records()
-            .values()
-            .map(|r| {
-                let state = if r.pooled {
-                    "pooled".to_string()
-                } else {
-                    serde_json::to_value(r.state)
-                        .ok()
-                        .and_then(|v| v.as_str().map(String::from))
-                        .unwrap_or_default()
-                };
-                (state, r.runtime.clone())
-            })
-            .collect();
-        self.metrics.render(&states)
-    }
-
-    /// Samples CPU and memory of every running sandbox into its usage
-    /// (CPU-seconds, memory GiB-seconds) and the per-sandbox metrics.
-    fn sample_usage(&self, interval: Duration) {
-        let ids: Vec<(String, String)> = self
-            .records()
-            .values()
-            .filter(|r| r.state == SandboxState::Ready)
-            .map(|r| (r.id.clone(), r.cgroups_path.clone()))
-            .collect();
-        let layout = crate::runtime::cgroups::Layout::detect();
-        for (id, path) in ids {
-            let cgroups = crate::runtime::cgroups::SandboxCgroups::new(layout, &path);
-            let cpu = cgroups.cpu_seconds();
-            let memory = cgroups.memory_bytes().unwrap_or(0);
-            self.metrics.sandbox_usage(&id, cpu.unwrap_or(0.0), memory);
-            let mut records = self.records();
-            if let Some(record) = records.get_mut(&id) {
-                if let Some(cpu) = cpu {
-                    record.usage.cpu_seconds = cpu;
-                }
-                record.usage.memory_gib_seconds +=
-                    memory as f64 / (1u64 << 30) as f64 * interval.as_secs_f64();
-                if let Err(e) = self.store.put_eventual(&id, record) {
-                    tracing::warn!(sandbox = %id, "recording usage: {e}");
-                }
-            }
-        }
     }
 
     /// Sandboxes handed to callers (the warm pool is not counted).
@@ -451,7 +180,10 @@ impl Manager {
         result?
     }
 
-    async fn create_now(self: &Arc<Self>, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
+    pub(super) async fn create_now(
+        self: &Arc<Self>,
+        req: CreateSandbox,
+    ) -> Result<Sandbox, SandboxError> {
         let gpu =
             GpuRequest::from_create(req.runtime.as_deref(), req.gpu.as_deref(), req.gpu_count)?;
         match req.runtime.as_deref() {
@@ -495,7 +227,7 @@ impl Manager {
     }
 
     #[allow(clippy::too_many_arguments)]
-    async fn create_cold(
+    pub(super) async fn create_cold(
         self: &Arc<Self>,
         image_name: String,
         limits: Limits,
@@ -565,7 +297,7 @@ impl Manager {
         }
     }
 
-    async fn start(
+    pub(super) async fn start(
         &self,
         mut record: SandboxRecord,
         image_name: &str,
@@ -663,7 +395,10 @@ impl Manager {
     }
 
     /// Starts `sandboxd shim DIR` in its own session and waits for its ready line.
-    async fn spawn_shim(&self, paths: &SandboxPaths) -> Result<(i32, ReadyLine), SandboxError> {
+    pub(super) async fn spawn_shim(
+        &self,
+        paths: &SandboxPaths,
+    ) -> Result<(i32, ReadyLine), SandboxError> {
         // The running binary itself, even if an upgrade replaced the file:
         // a supervisor speaks the protocol of the daemon that started it.
         let exe = std::path::PathBuf::from("/proc/self/exe");
@@ -719,7 +454,7 @@ impl Manager {
         Ok((pid, ready))
     }
 
-    async fn remove_everything(&self, record: &SandboxRecord) {
+    pub(super) async fn remove_everything(&self, record: &SandboxRecord) {
         let paths = self.paths(&record.id);
         let problems = teardown(&record.id, &record.cgroups_path, &paths, &self.disk).await;
         if problems.is_empty() {
@@ -746,7 +481,7 @@ impl Manager {
     }
 
     /// A caller's sandbox; pooled ones are not visible until handed out.
-    fn record(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
+    pub(super) fn record(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
         self.records()
             .get(id)
             .filter(|r| !r.pooled)
@@ -870,138 +605,6 @@ impl Manager {
         self.persist(&record)?;
         self.ttl_changed.notify_one();
         Ok(record.view())
-    }
-
-    /// Ends sandboxes whose TTL has passed; sleeps until the next expiry or
-    /// until a TTL changes.
-    pub async fn reap_expired(self: Arc<Self>) {
-        loop {
-            let now = now_ms();
-            let (expired, next): (Vec<String>, Option<u64>) = {
-                let records = self.records();
-                let expired = records
-                    .values()
-                    .filter(|r| {
-                        r.state != SandboxState::Creating && r.state != SandboxState::Deleting
-                    })
-                    .filter(|r| r.expires_at_ms.is_some_and(|t| t <= now))
-                    .map(|r| r.id.clone())
-                    .collect();
-                let next = records
-                    .values()
-                    .filter_map(|r| r.expires_at_ms)
-                    .filter(|t| *t > now)
-                    .min();
-                (expired, next)
-            };
-            for id in expired {
-                tracing::info!(sandbox = %id, "TTL expired; removing");
-                self.events.emit(EventKind::Expired, &id, None, None);
-                self.metrics.ttl_expired();
-                if let Err(e) = self.delete(&id).await {
-                    tracing::warn!(sandbox = %id, "expiry: {e}");
-                }
-            }
-            let wait = next
-                .map(|t| Duration::from_millis(t.saturating_sub(now_ms())))
-                .unwrap_or(Duration::from_secs(3600));
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.ttl_changed.notified() => {}
-            }
-        }
-    }
-
-    /// Loads the store after a (re)start: sandboxes whose supervisor answers
-    /// are kept as they are; half-made or half-deleted ones are finished off;
-    /// ones whose supervisor is gone are torn down and kept as failed.
-    pub async fn recover(self: &Arc<Self>) -> Result<(), SandboxError> {
-        let stored: Vec<SandboxRecord> = self.store.all().map_err(SandboxError::internal)?;
-        for mut record in stored {
-            let alive = match ShimConn::connect(&self.paths(&record.id).socket()).await {
-                Ok(mut conn) => matches!(
-                    conn.call(&ShimRequest::Health, HEALTH_DEADLINE).await,
-                    Ok(ShimReply::Health(_))
-                ),
-                Err(_) => false,
-            };
-            match record.state {
-                SandboxState::Ready if alive => {
-                    tracing::info!(sandbox = %record.id, "recovered");
-                    let (id, pooled) = (record.id.clone(), record.pooled);
-                    self.records().insert(id.clone(), record);
-                    if pooled {
-                        self.pool().push_back(id);
-                    } else {
-                        self.watch_supervisor(id);
-                    }
-                }
-                SandboxState::Creating | SandboxState::Deleting => {
-                    tracing::info!(sandbox = %record.id, "finishing an interrupted create/delete");
-                    self.remove_everything(&record).await;
-                }
-                _ => {
-                    let problems = teardown(
-                        &record.id,
-                        &record.cgroups_path,
-                        &self.paths(&record.id),
-                        &self.disk,
-                    )
-                    .await;
-                    record.state = SandboxState::Failed;
-                    if record.failure.is_none() {
-                        record.failure =
-                            Some("the sandbox's supervisor was gone after a daemon restart".into());
-                    }
-                    if !problems.is_empty() {
-                        tracing::warn!(sandbox = %record.id, "recovery teardown: {}", problems.join("; "));
-                    }
-                    self.persist(&record)?;
-                    self.records().insert(record.id.clone(), record);
-                }
-            }
-        }
-        self.sweep_unowned().await;
-        // A sandbox holds its GPUs until it is removed, whatever its state.
-        let holders: Vec<(String, Vec<String>)> = self
-            .records()
-            .values()
-            .map(|r| (r.id.clone(), r.gpus.clone()))
-            .collect();
-        self.gpus.rebuild(holders);
-        Ok(())
-    }
-
-    /// Removes what no record owns: run dirs, writable layers and cgroups of
-    /// sandboxes whose creation was cut off before their record was written
-    /// (or whose record was lost).
-    async fn sweep_unowned(&self) {
-        let known: std::collections::HashSet<String> = self.records().keys().cloned().collect();
-        let mut unowned: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
-        if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_run_dir()) {
-            unowned.extend(
-                entries
-                    .flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned()),
-            );
-        }
-        if let Ok(layers) = self.disk.list_layers() {
-            unowned.extend(layers);
-        }
-        unowned.extend(crate::runtime::cgroups::sandbox_group_ids(
-            &self.config.cgroup_parent,
-        ));
-        for id in unowned.into_iter().filter(|id| !known.contains(id)) {
-            if crate::disk::validate_id(&id).is_err() {
-                continue;
-            }
-            tracing::info!(sandbox = %id, "removing leftovers no record owns");
-            let cgroups_path = format!("{}/{id}", self.config.cgroup_parent.trim_end_matches('/'));
-            let problems = teardown(&id, &cgroups_path, &self.paths(&id), &self.disk).await;
-            for p in problems {
-                tracing::warn!(sandbox = %id, "removing leftovers: {p}");
-            }
-        }
     }
 
     /// The host's GPUs and who holds them.

@@ -2,13 +2,17 @@
 //! validation, and the manager that creates, finds, expires and tears down
 //! sandboxes. Everything inside a sandbox goes through its supervisor.
 
+mod background;
 pub mod capacity;
 mod error;
 pub mod events;
 mod manager;
+mod pool;
 mod record;
+mod recovery;
 mod teardown;
 mod validate;
+mod watch;
 
 pub use error::SandboxError;
 pub use manager::Manager;

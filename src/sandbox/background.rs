@@ -1,0 +1,122 @@
+//! The manager's background work: TTL expiry, usage sampling and event
+//! pruning, and the metrics exposition.
+
+use super::events::EventKind;
+use super::record::now_ms;
+use crate::api::types::SandboxState;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::manager::Manager;
+
+impl Manager {
+    /// Starts the background work: the TTL reaper and the warm pool.
+    pub fn start_background(self: &Arc<Self>) {
+        tokio::spawn(Arc::clone(self).reap_expired());
+        self.start_refill();
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            const SAMPLE: Duration = Duration::from_secs(5);
+            let mut every = tokio::time::interval(SAMPLE);
+            let mut ticks: u64 = 0;
+            loop {
+                every.tick().await;
+                let sampler = Arc::clone(&this);
+                let _ = tokio::task::spawn_blocking(move || sampler.sample_usage(SAMPLE)).await;
+                ticks += 1;
+                if ticks % 12 == 0 {
+                    this.events.prune();
+                }
+            }
+        });
+    }
+
+    /// The metrics exposition, with sandbox states as of now.
+    pub fn render_metrics(&self) -> String {
+        let states: Vec<(String, String)> = self
+            .records()
+            .values()
+            .map(|r| {
+                let state = if r.pooled {
+                    "pooled".to_string()
+                } else {
+                    serde_json::to_value(r.state)
+                        .ok()
+                        .and_then(|v| v.as_str().map(String::from))
+                        .unwrap_or_default()
+                };
+                (state, r.runtime.clone())
+            })
+            .collect();
+        self.metrics.render(&states)
+    }
+
+    /// Samples CPU and memory of every running sandbox into its usage
+    /// (CPU-seconds, memory GiB-seconds) and the per-sandbox metrics.
+    pub(super) fn sample_usage(&self, interval: Duration) {
+        let ids: Vec<(String, String)> = self
+            .records()
+            .values()
+            .filter(|r| r.state == SandboxState::Ready)
+            .map(|r| (r.id.clone(), r.cgroups_path.clone()))
+            .collect();
+        let layout = crate::runtime::cgroups::Layout::detect();
+        for (id, path) in ids {
+            let cgroups = crate::runtime::cgroups::SandboxCgroups::new(layout, &path);
+            let cpu = cgroups.cpu_seconds();
+            let memory = cgroups.memory_bytes().unwrap_or(0);
+            self.metrics.sandbox_usage(&id, cpu.unwrap_or(0.0), memory);
+            let mut records = self.records();
+            if let Some(record) = records.get_mut(&id) {
+                if let Some(cpu) = cpu {
+                    record.usage.cpu_seconds = cpu;
+                }
+                record.usage.memory_gib_seconds +=
+                    memory as f64 / (1u64 << 30) as f64 * interval.as_secs_f64();
+                if let Err(e) = self.store.put_eventual(&id, record) {
+                    tracing::warn!(sandbox = %id, "recording usage: {e}");
+                }
+            }
+        }
+    }
+
+    /// Ends sandboxes whose TTL has passed; sleeps until the next expiry or
+    /// until a TTL changes.
+    pub async fn reap_expired(self: Arc<Self>) {
+        loop {
+            let now = now_ms();
+            let (expired, next): (Vec<String>, Option<u64>) = {
+                let records = self.records();
+                let expired = records
+                    .values()
+                    .filter(|r| {
+                        r.state != SandboxState::Creating && r.state != SandboxState::Deleting
+                    })
+                    .filter(|r| r.expires_at_ms.is_some_and(|t| t <= now))
+                    .map(|r| r.id.clone())
+                    .collect();
+                let next = records
+                    .values()
+                    .filter_map(|r| r.expires_at_ms)
+                    .filter(|t| *t > now)
+                    .min();
+                (expired, next)
+            };
+            for id in expired {
+                tracing::info!(sandbox = %id, "TTL expired; removing");
+                self.events.emit(EventKind::Expired, &id, None, None);
+                self.metrics.ttl_expired();
+                if let Err(e) = self.delete(&id).await {
+                    tracing::warn!(sandbox = %id, "expiry: {e}");
+                }
+            }
+            let wait = next
+                .map(|t| Duration::from_millis(t.saturating_sub(now_ms())))
+                .unwrap_or(Duration::from_secs(3600));
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.ttl_changed.notified() => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The warm pool: ready sandboxes of the default image and limits, made
+//! ahead of demand and handed to a create that asks for exactly that.
+
+use super::events::EventKind;
+use super::record::expiry;
+use super::SandboxError;
+use crate::api::types::{CreateSandbox, Limits, Sandbox};
+use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+use std::time::SystemTime;
+
+use super::manager::{default_env, Manager, HEALTH_DEADLINE};
+
+impl Manager {
+    pub(super) fn pool(&self) -> MutexGuard<'_, VecDeque<String>> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn pooled(&self) -> usize {
+        self.pool().len()
+    }
+
+    pub(super) fn template_limits(&self) -> Limits {
+        Limits {
+            cpu: self.config.default_cpu,
+            memory_mib: self.config.default_memory_mib,
+            disk_mib: self.config.default_disk_mib,
+            pids: self.config.default_pids,
+        }
+    }
+
+    /// Keeps `pool_size` ready sandboxes of the default image and limits.
+    pub(super) fn start_refill(self: &Arc<Self>) {
+        if self.config.pool_size == 0 || self.refilling.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            while this.pooled() < this.config.pool_size {
+                let image = this.config.default_image.clone();
+                let limits = this.template_limits();
+                match this
+                    .create_cold(
+                        image,
+                        limits,
+                        -1,
+                        BTreeMap::new(),
+                        BTreeMap::new(),
+                        true,
+                        None,
+                    )
+                    .await
+                {
+                    Ok(view) => this.pool().push_back(view.id),
+                    Err(e) => {
+                        // No retry loop: the next claim or restart tries again.
+                        tracing::warn!("refilling the warm pool: {e}");
+                        break;
+                    }
+                }
+            }
+            this.refilling.store(false, Ordering::Release);
+        });
+    }
+
+    /// Tears down the warm pool (on a clean stop: nobody can see or use those
+    /// sandboxes, and a restart refills the pool in the background).
+    pub async fn drain_pool(&self) {
+        let ids: Vec<String> = self.pool().drain(..).collect();
+        for id in ids {
+            let record = self.records().get(&id).cloned();
+            if let Some(record) = record {
+                self.remove_everything(&record).await;
+            }
+        }
+    }
+
+    /// Hands out a pooled sandbox when the request asks for exactly what the
+    /// pool holds; `None` means start one cold.
+    pub(super) async fn claim_pooled(
+        self: &Arc<Self>,
+        image: &str,
+        limits: &Limits,
+        ttl_seconds: i64,
+        req: &CreateSandbox,
+    ) -> Result<Option<Sandbox>, SandboxError> {
+        if self.config.pool_size == 0
+            || image != self.config.default_image
+            || *limits != self.template_limits()
+            || req.gpu.is_some()
+            || req.gpu_count.is_some_and(|n| n > 0)
+        {
+            return Ok(None);
+        }
+        loop {
+            let Some(id) = self.pool().pop_front() else {
+                self.start_refill();
+                return Ok(None);
+            };
+            if !req.env.is_empty() {
+                let mut env = default_env();
+                env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+                let set = match ShimConn::connect(&self.paths(&id).socket()).await {
+                    Ok(mut conn) => {
+                        conn.call(&ShimRequest::SetEnv { env }, HEALTH_DEADLINE)
+                            .await
+                    }
+                    Err(e) => Err(e),
+                };
+                if !matches!(set, Ok(ShimReply::Ok)) {
+                    tracing::warn!(sandbox = %id, "pooled sandbox is broken; removing it");
+                    let record = self.records().get(&id).cloned();
+                    if let Some(record) = record {
+                        self.remove_everything(&record).await;
+                    }
+                    continue;
+                }
+            }
+            let record = {
+                let mut records = self.records();
+                let Some(record) = records.get_mut(&id) else {
+                    continue;
+                };
+                record.pooled = false;
+                record.ttl_seconds = ttl_seconds;
+                record.expires_at_ms = expiry(ttl_seconds);
+                record.labels = req.labels.clone();
+                record.env = req.env.clone();
+                record.created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+                record.clone()
+            };
+            self.persist(&record)?;
+            self.events.emit(
+                EventKind::Created,
+                &id,
+                None,
+                Some("from the warm pool".into()),
+            );
+            self.events.emit(EventKind::Ready, &id, None, None);
+            self.watch_supervisor(id.clone());
+            self.ttl_changed.notify_one();
+            self.start_refill();
+            return Ok(Some(record.view()));
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Start-up: adopting the sandboxes in the store, finishing what a crash
+//! cut off, and removing what no record owns.
+
+use super::record::SandboxRecord;
+use super::teardown::teardown;
+use super::SandboxError;
+use crate::api::types::SandboxState;
+use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+use std::sync::Arc;
+
+use super::manager::{Manager, HEALTH_DEADLINE};
+
+impl Manager {
+    /// Loads the store after a (re)start: sandboxes whose supervisor answers
+    /// are kept as they are; half-made or half-deleted ones are finished off;
+    /// ones whose supervisor is gone are torn down and kept as failed.
+    pub async fn recover(self: &Arc<Self>) -> Result<(), SandboxError> {
+        let stored: Vec<SandboxRecord> = self.store.all().map_err(SandboxError::internal)?;
+        for mut record in stored {
+            let alive = match ShimConn::connect(&self.paths(&record.id).socket()).await {
+                Ok(mut conn) => matches!(
+                    conn.call(&ShimRequest::Health, HEALTH_DEADLINE).await,
+                    Ok(ShimReply::Health(_))
+                ),
+                Err(_) => false,
+            };
+            match record.state {
+                SandboxState::Ready if alive => {
+                    tracing::info!(sandbox = %record.id, "recovered");
+                    let (id, pooled) = (record.id.clone(), record.pooled);
+                    self.records().insert(id.clone(), record);
+                    if pooled {
+                        self.pool().push_back(id);
+                    } else {
+                        self.watch_supervisor(id);
+                    }
+                }
+                SandboxState::Creating | SandboxState::Deleting => {
+                    tracing::info!(sandbox = %record.id, "finishing an interrupted create/delete");
+                    self.remove_everything(&record).await;
+                }
+                _ => {
+                    let problems = teardown(
+                        &record.id,
+                        &record.cgroups_path,
+                        &self.paths(&record.id),
+                        &self.disk,
+                    )
+                    .await;
+                    record.state = SandboxState::Failed;
+                    if record.failure.is_none() {
+                        record.failure =
+                            Some("the sandbox's supervisor was gone after a daemon restart".into());
+                    }
+                    if !problems.is_empty() {
+                        tracing::warn!(sandbox = %record.id, "recovery teardown: {}", problems.join("; "));
+                    }
+                    self.persist(&record)?;
+                    self.records().insert(record.id.clone(), record);
+                }
+            }
+        }
+        self.sweep_unowned().await;
+        // A sandbox holds its GPUs until it is removed, whatever its state.
+        let holders: Vec<(String, Vec<String>)> = self
+            .records()
+            .values()
+            .map(|r| (r.id.clone(), r.gpus.clone()))
+            .collect();
+        self.gpus.rebuild(holders);
+        Ok(())
+    }
+
+    /// Removes what no record owns: run dirs, writable layers and cgroups of
+    /// sandboxes whose creation was cut off before their record was written
+    /// (or whose record was lost).
+    pub(super) async fn sweep_unowned(&self) {
+        let known: std::collections::HashSet<String> = self.records().keys().cloned().collect();
+        let mut unowned: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
+        if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_run_dir()) {
+            unowned.extend(
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned()),
+            );
+        }
+        if let Ok(layers) = self.disk.list_layers() {
+            unowned.extend(layers);
+        }
+        unowned.extend(crate::runtime::cgroups::sandbox_group_ids(
+            &self.config.cgroup_parent,
+        ));
+        for id in unowned.into_iter().filter(|id| !known.contains(id)) {
+            if crate::disk::validate_id(&id).is_err() {
+                continue;
+            }
+            tracing::info!(sandbox = %id, "removing leftovers no record owns");
+            let cgroups_path = format!("{}/{id}", self.config.cgroup_parent.trim_end_matches('/'));
+            let problems = teardown(&id, &cgroups_path, &self.paths(&id), &self.disk).await;
+            for p in problems {
+                tracing::warn!(sandbox = %id, "removing leftovers: {p}");
+            }
+        }
+    }
+}
