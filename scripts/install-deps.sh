@@ -6,7 +6,7 @@ packages=(
   # build: libcontainer links libseccomp; its eBPF device filter vendors libbpf
   pkg-config libseccomp-dev libelf-dev zlib1g-dev make gcc
   # runtime: image recipes, the btrfs pool of writable layers
-  debootstrap busybox-static btrfs-progs util-linux iproute2
+  debootstrap busybox-static btrfs-progs util-linux iproute2 nftables
   # benchmarks compare against these runtimes
   runc crun
 )

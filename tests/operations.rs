@@ -347,3 +347,21 @@ async fn sigkill_during_creates_loses_no_ready_sandbox_and_leaves_nothing_half_m
     assert_eq!(inventory(&daemon), BTreeSet::new());
     let _ = Duration::from_secs(0);
 }
+
+#[tokio::test]
+async fn a_retried_create_with_the_same_idempotency_key_returns_the_same_sandbox() {
+    require_host!();
+    let daemon = Daemon::start();
+    let body = json!({"image": "busybox", "idempotency_key": "job-42"});
+    let first = daemon.create(body.clone()).await;
+    let (status, again) = daemon
+        .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
+        .await;
+    assert!(status.is_success(), "{again}");
+    assert_eq!(again["id"], first.as_str());
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(list["sandboxes"].as_array().map(Vec::len), Some(1));
+    daemon.delete(&first).await;
+    let second = daemon.create(body).await;
+    assert_ne!(second, first, "a deleted sandbox's key starts a new create");
+}

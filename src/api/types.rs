@@ -37,6 +37,10 @@ pub struct CreateSandbox {
     /// Caller labels, returned as given.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Retrying a create with the same key returns the sandbox the first
+    /// attempt made instead of making another.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
     /// GPU model the sandbox needs, e.g. `"H200"` or `"A100 80GB"` (words of
     /// the product name, in order), or `"any"`. Containers only.
     #[serde(default)]

@@ -164,6 +164,9 @@ enum Cmd {
 
 #[derive(Args)]
 struct CreateArgs {
+    /// Retrying with the same key returns the sandbox the first attempt made.
+    #[arg(long)]
+    idempotency_key: Option<String>,
     /// Image name (default: the daemon's default image).
     #[arg(long)]
     image: Option<String>,
@@ -472,6 +475,7 @@ async fn create(c: &Client, json: bool, a: CreateArgs) -> Result<i32> {
         labels: a.labels.into_iter().collect(),
         gpu: a.gpu,
         gpu_count: a.gpu_count,
+        idempotency_key: a.idempotency_key,
     };
     let (sb, raw): (Sandbox, Bytes) = c.json(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     if json {

@@ -9,7 +9,7 @@ use super::{SandboxError, SandboxRecord};
 use crate::api::types::{Limits, SandboxState};
 use crate::config::Config;
 
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Amount {
     pub total: f64,
     pub used: f64,
@@ -17,7 +17,7 @@ pub struct Amount {
 }
 
 impl Amount {
-    fn new(total: f64, used: f64) -> Self {
+    pub fn new(total: f64, used: f64) -> Self {
         Self {
             total,
             used,
@@ -34,6 +34,9 @@ pub struct Capacity {
     pub memory_mib: Amount,
     pub disk_mib: Amount,
     pub sandboxes: Amount,
+    /// Whole GPUs on this host and how many are held.
+    #[serde(default)]
+    pub gpus: Amount,
 }
 
 /// What the sandboxes hold: failed ones were torn down and hold nothing.
@@ -55,6 +58,7 @@ pub fn capacity(config: &Config, records: &[&SandboxRecord]) -> Capacity {
         memory_mib: Amount::new(config.capacity_memory_mib as f64, memory as f64),
         disk_mib: Amount::new(config.capacity_disk_mib as f64, disk as f64),
         sandboxes: Amount::new(config.max_sandboxes as f64, held.len() as f64),
+        gpus: Amount::default(),
     }
 }
 
@@ -132,6 +136,7 @@ mod tests {
             supervisor_events_seen: 0,
             gpus: Vec::new(),
             usage: Default::default(),
+            idempotency_key: None,
         }
     }
 

@@ -80,6 +80,19 @@ impl Drop for AbandonOnDrop {
     }
 }
 
+/// What a cold create is asked to make.
+pub(super) struct ColdCreate {
+    pub(super) image_name: String,
+    pub(super) limits: Limits,
+    pub(super) ttl_seconds: i64,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) env: BTreeMap<String, String>,
+    /// Made for the warm pool, not for a caller.
+    pub(super) pooled: bool,
+    pub(super) gpu: Option<GpuRequest>,
+    pub(super) idempotency_key: Option<String>,
+}
+
 pub(super) fn new_id() -> String {
     let bytes: [u8; 6] = rand::random();
     format!("sb-{}", hex::encode(bytes))
@@ -140,9 +153,15 @@ impl Manager {
     }
 
     pub fn capacity(&self) -> super::capacity::Capacity {
-        let records = self.records();
-        let all: Vec<&SandboxRecord> = records.values().collect();
-        super::capacity::capacity(&self.config, &all)
+        let mut capacity = {
+            let records = self.records();
+            let all: Vec<&SandboxRecord> = records.values().collect();
+            super::capacity::capacity(&self.config, &all)
+        };
+        let gpus = self.gpus.list();
+        let held = gpus.iter().filter(|g| g.held_by.is_some()).count();
+        capacity.gpus = super::capacity::Amount::new(gpus.len() as f64, held as f64);
+        capacity
     }
 
     /// Sandboxes handed to callers (the warm pool is not counted).
@@ -184,6 +203,31 @@ impl Manager {
         self: &Arc<Self>,
         req: CreateSandbox,
     ) -> Result<Sandbox, SandboxError> {
+        if let Some(key) = &req.idempotency_key {
+            if key.is_empty() || key.len() > 256 {
+                return Err(SandboxError::bad(
+                    "invalid_idempotency_key",
+                    "idempotency_key must be 1 to 256 bytes",
+                ));
+            }
+            let earlier = self
+                .records()
+                .values()
+                .find(|r| r.idempotency_key.as_deref() == Some(key.as_str()))
+                .cloned();
+            if let Some(earlier) = earlier {
+                return match earlier.state {
+                    SandboxState::Creating => Err(SandboxError::Conflict {
+                        code: "create_in_progress",
+                        message: format!(
+                            "a create with this idempotency key is still running (sandbox {}); retry shortly",
+                            earlier.id
+                        ),
+                    }),
+                    _ => Ok(earlier.view()),
+                };
+            }
+        }
         let gpu =
             GpuRequest::from_create(req.runtime.as_deref(), req.gpu.as_deref(), req.gpu_count)?;
         match req.runtime.as_deref() {
@@ -214,29 +258,33 @@ impl Manager {
         {
             return Ok(view);
         }
-        self.create_cold(
+        self.create_cold(ColdCreate {
             image_name,
             limits,
             ttl_seconds,
-            req.labels,
-            req.env,
-            false,
+            labels: req.labels,
+            env: req.env,
+            pooled: false,
             gpu,
-        )
+            idempotency_key: req.idempotency_key,
+        })
         .await
     }
 
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn create_cold(
         self: &Arc<Self>,
-        image_name: String,
-        limits: Limits,
-        ttl_seconds: i64,
-        labels: BTreeMap<String, String>,
-        env: BTreeMap<String, String>,
-        pooled: bool,
-        gpu: Option<GpuRequest>,
+        create: ColdCreate,
     ) -> Result<Sandbox, SandboxError> {
+        let ColdCreate {
+            image_name,
+            limits,
+            ttl_seconds,
+            labels,
+            env,
+            pooled,
+            gpu,
+            idempotency_key,
+        } = create;
         let id = new_id();
         let record = {
             let mut records = self.records();
@@ -267,6 +315,7 @@ impl Manager {
                 supervisor_events_seen: 0,
                 gpus,
                 usage: Default::default(),
+                idempotency_key,
             };
             records.insert(id.clone(), record.clone());
             record

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::SystemTime;
 
-use super::manager::{default_env, Manager, HEALTH_DEADLINE};
+use super::manager::{default_env, ColdCreate, Manager, HEALTH_DEADLINE};
 
 impl Manager {
     pub(super) fn pool(&self) -> MutexGuard<'_, VecDeque<String>> {
@@ -42,15 +42,16 @@ impl Manager {
                 let image = this.config.default_image.clone();
                 let limits = this.template_limits();
                 match this
-                    .create_cold(
-                        image,
+                    .create_cold(ColdCreate {
+                        image_name: image,
                         limits,
-                        -1,
-                        BTreeMap::new(),
-                        BTreeMap::new(),
-                        true,
-                        None,
-                    )
+                        ttl_seconds: -1,
+                        labels: BTreeMap::new(),
+                        env: BTreeMap::new(),
+                        pooled: true,
+                        gpu: None,
+                        idempotency_key: None,
+                    })
                     .await
                 {
                     Ok(view) => this.pool().push_back(view.id),
@@ -124,6 +125,7 @@ impl Manager {
                     continue;
                 };
                 record.pooled = false;
+                record.idempotency_key = req.idempotency_key.clone();
                 record.ttl_seconds = ttl_seconds;
                 record.expires_at_ms = expiry(ttl_seconds);
                 record.labels = req.labels.clone();

@@ -37,6 +37,9 @@ pub struct SandboxRecord {
     pub gpus: Vec<String>,
     #[serde(default)]
     pub usage: Usage,
+    /// The caller's key for retrying this create safely.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
 }
 
 pub fn now_ms() -> u64 {
