@@ -107,6 +107,8 @@ impl Daemon {
             .arg("--agent-path")
             .arg(agent())
             .args(["--disk-pool-gib", "16", "--max-sandboxes", "1024"])
+            .arg("--cgroup-parent")
+            .arg(format!("/sandboxd-bench-{}", std::process::id()))
             .args(extra)
             .env("NOTIFY_SOCKET", &notify_path)
             .env("RUST_LOG", "warn")
@@ -132,7 +134,11 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SIGTERM, not SIGKILL: a clean stop tears the warm pool down.
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
         let _ = self.child.wait();
         let _ = nix::mount::umount2(
             &self.dir.path().join("state/disk"),
