@@ -7,6 +7,8 @@ packages=(
   pkg-config libseccomp-dev libelf-dev zlib1g-dev make gcc
   # runtime: image recipes, the btrfs pool of writable layers
   debootstrap busybox-static btrfs-progs util-linux iproute2 nftables
+  # tests: the systemd units are verified and booted under a real systemd
+  systemd systemd-container
   # benchmarks compare against these runtimes
   runc crun
 )

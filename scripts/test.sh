@@ -6,6 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build-agent.sh >/dev/null
+scripts/nspawn-rootfs.sh
 cargo build --quiet --bins
 target=${CARGO_TARGET_DIR:-target}
 "$target/debug/sandboxd" --state-dir /var/lib/sandboxd image build busybox python >/dev/null

@@ -148,6 +148,41 @@ pub struct ConfigOverrides {
     /// Seconds a create may take to become ready before it fails.
     #[arg(long)]
     pub ready_timeout_seconds: Option<u64>,
+    /// Egress of a sandbox whose create names no policy: `block` (default)
+    /// or `open` (public internet; the deny list still holds).
+    #[arg(long, value_parser = parse_default_egress)]
+    pub default_egress: Option<crate::net::policy::DefaultEgress>,
+    /// FOR TESTS ONLY: `name=ip` pairs the egress proxy resolves before the
+    /// system resolver (upstream test servers on documentation addresses).
+    #[arg(long, value_delimiter = ',')]
+    pub test_hosts: Option<Vec<String>>,
+}
+
+fn parse_default_egress(s: &str) -> Result<crate::net::policy::DefaultEgress, String> {
+    match s {
+        "block" => Ok(crate::net::policy::DefaultEgress::Block),
+        "open" => Ok(crate::net::policy::DefaultEgress::Open),
+        other => Err(format!("expected block or open, got {other:?}")),
+    }
+}
+
+fn parse_test_hosts(
+    pairs: &[String],
+) -> Result<std::collections::BTreeMap<String, std::net::IpAddr>, ConfigError> {
+    let mut map = std::collections::BTreeMap::new();
+    for pair in pairs {
+        let bad = |why: &str| ConfigError::Invalid {
+            field: "test_hosts",
+            message: format!("{pair:?}: {why}"),
+        };
+        let (name, ip) = pair
+            .split_once('=')
+            .ok_or_else(|| bad("expected name=ip"))?;
+        let name = crate::net::policy::normalize_host(name).map_err(|e| bad(&e.to_string()))?;
+        let ip = ip.parse().map_err(|_| bad("not an IP address"))?;
+        map.insert(name, ip);
+    }
+    Ok(map)
 }
 
 /// The merged, validated configuration the daemon runs with.
@@ -189,6 +224,9 @@ pub struct Config {
     pub cgroup_parent: String,
     pub log_format: LogFormat,
     pub stop_sandboxes_on_exit: bool,
+    pub default_egress: crate::net::policy::DefaultEgress,
+    /// Test-only name→address overrides for the egress proxy's resolver.
+    pub test_hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -257,6 +295,8 @@ impl Config {
             max_upload_mib: pick!(max_upload_mib, 1024),
             ready_timeout_seconds: pick!(ready_timeout_seconds, 30),
             pool_size: pick!(pool_size, 0),
+            default_egress: pick!(default_egress, Default::default()),
+            test_hosts: parse_test_hosts(&pick!(test_hosts, Vec::new()))?,
             event_retention_seconds: pick!(event_retention_seconds, 24 * 3600),
             metrics_address: flags.metrics_address.or(file.metrics_address),
             cgroup_parent: pick!(cgroup_parent, "/sandboxd".to_string()),

@@ -168,13 +168,15 @@ impl Metrics {
         self.process_starts.inc();
     }
 
-    pub fn egress(&self, allowed: bool) {
-        let verdict = if allowed { "allowed" } else { "refused" };
-        self.egress_connections
-            .get_or_create(&VerdictLabels {
-                verdict: verdict.to_string(),
-            })
-            .inc();
+    /// Adds connections the sandboxes' proxies allowed and refused.
+    pub fn egress(&self, allowed: u64, refused: u64) {
+        for (verdict, n) in [("allowed", allowed), ("refused", refused)] {
+            self.egress_connections
+                .get_or_create(&VerdictLabels {
+                    verdict: verdict.to_string(),
+                })
+                .inc_by(n);
+        }
     }
 
     pub fn sandbox_usage(&self, sandbox: &str, cpu_seconds: f64, memory_bytes: u64) {

@@ -1,7 +1,7 @@
 //! Isolation of a container sandbox, seen from inside and from the host:
 //! setuid binaries gain nothing, root inside is an unprivileged uid outside,
 //! no cgroupfs, /proc/sysrq-trigger is not writable, no new user namespaces,
-//! only `lo`, hostname and /etc/hosts, default environment, /dev/shm tmpfs
+//! only `lo` and the in-namespace veth pair, hostname and /etc/hosts, default environment, /dev/shm tmpfs
 //! and core dumps off.
 
 mod common;
@@ -190,11 +190,25 @@ async fn network_has_only_loopback() {
         .filter_map(|l| l.split(':').next())
         .map(|n| n.trim().to_string())
         .collect();
-    assert_eq!(interfaces, vec!["lo".to_string()], "{}", run.out());
+    // lo plus the veth pair whose both ends stay inside the namespace.
+    let mut sorted = interfaces.clone();
+    sorted.sort();
+    assert_eq!(sorted, vec!["eth0", "gw0", "lo"], "{}", run.out());
     let run = daemon.exec(&id, &["ip", "-o", "link"]).await;
     assert_eq!(run.exit_code(), Some(0), "{}", run.err());
-    assert_eq!(run.out().lines().count(), 1, "{}", run.out());
-    assert!(run.out().contains(": lo:"), "{}", run.out());
+    assert_eq!(run.out().lines().count(), 3, "{}", run.out());
+    // The only way out is the egress proxy, and the default policy is block:
+    // TCP anywhere (the gateway included) and UDP get nowhere.
+    let run = daemon
+        .sh(
+            &id,
+            "timeout 5 wget -O - http://203.0.113.77/ 2>&1; echo rc=$?; \
+             timeout 5 wget -O - http://10.200.0.1:22/ 2>&1; echo rc=$?; \
+             echo x | timeout 2 nc -u -w 1 198.51.100.7 9999; echo rc=$?",
+        )
+        .await;
+    let out = run.out();
+    assert_eq!(out.matches("rc=0").count(), 0, "{out}");
 }
 
 #[tokio::test]

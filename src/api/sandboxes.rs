@@ -64,6 +64,8 @@ pub async fn list(
 }
 
 pub async fn metrics(State(manager): State<Arc<Manager>>) -> impl IntoResponse {
+    // Egress counters live in the supervisors; read them fresh for a scrape.
+    manager.sample_egress().await;
     (
         [(
             "content-type",
@@ -90,6 +92,18 @@ pub async fn delete(
 ) -> ApiResult<StatusCode> {
     manager.delete(&id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PATCH /v1/sandboxes/{id}/network`: body `{"block_network": true}`,
+/// `{"block_network": false}` (open), `{"allow_list": [...]}`, or `{}` (the
+/// daemon's default).
+pub async fn set_network(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> ApiResult<impl IntoResponse> {
+    let request: crate::net::policy::NetworkPolicy = parse_json(&body)?;
+    Ok(Json(manager.set_network(&id, &request).await?))
 }
 
 pub async fn set_ttl(

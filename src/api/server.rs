@@ -5,7 +5,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
+use axum::routing::{get, patch, post, put};
 use axum::Router;
 use tokio::net::UnixListener;
 
@@ -25,6 +25,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
             get(sandboxes::get).delete(sandboxes::delete),
         )
         .route("/sandboxes/{id}/ttl", put(sandboxes::set_ttl))
+        .route("/sandboxes/{id}/network", patch(sandboxes::set_network))
         .route(
             "/sandboxes/{id}/processes",
             post(processes::start).get(processes::list),

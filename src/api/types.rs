@@ -49,6 +49,25 @@ pub struct CreateSandbox {
     /// `gpu` is given. Alone, it means GPUs of any model.
     #[serde(default)]
     pub gpu_count: Option<u32>,
+    /// `true`: nothing leaves the sandbox, DNS included. `false` (alone):
+    /// open egress (public internet; the deny list still holds). Absent
+    /// with no `allow_list`: the daemon's `default_egress` decides.
+    #[serde(default)]
+    pub block_network: Option<bool>,
+    /// Up to 64 hostnames, `*.wildcards`, IP addresses and CIDRs the
+    /// sandbox may reach (and nothing else).
+    #[serde(default)]
+    pub allow_list: Option<Vec<String>>,
+}
+
+impl CreateSandbox {
+    /// The network part of the request.
+    pub fn network(&self) -> crate::net::policy::NetworkPolicy {
+        crate::net::policy::NetworkPolicy {
+            block_network: self.block_network,
+            allow_list: self.allow_list.clone(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -92,6 +111,9 @@ pub struct Sandbox {
     /// UUIDs of the GPUs this sandbox holds.
     #[serde(default)]
     pub gpus: Vec<String>,
+    /// The egress policy in force.
+    #[serde(default)]
+    pub network: Option<crate::net::policy::PolicyView>,
 }
 
 /// Metered use of one sandbox (sampled every few seconds while it runs).

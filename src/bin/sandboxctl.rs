@@ -91,6 +91,18 @@ enum Cmd {
         #[arg(value_parser = units::parse_ttl, allow_hyphen_values = true)]
         ttl: i64,
     },
+    /// Change a running sandbox's egress policy: --block, --open, or
+    /// --allow ENTRY... (hostnames, *.wildcards, IPs, CIDRs).
+    Network {
+        #[arg(value_parser = units::parse_id)]
+        id: String,
+        #[arg(long, conflicts_with_all = ["open", "allow"])]
+        block: bool,
+        #[arg(long, conflicts_with = "allow")]
+        open: bool,
+        #[arg(long, num_args = 1.., required_unless_present_any = ["block", "open"])]
+        allow: Vec<String>,
+    },
     /// Remove sandboxes (everything in them goes).
     Rm {
         #[arg(required = true, value_parser = units::parse_id)]
@@ -317,6 +329,30 @@ async fn run(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Network {
+            id,
+            block,
+            open,
+            allow,
+        } => {
+            let body = sandboxd::net::policy::NetworkPolicy {
+                block_network: (block || open).then_some(block),
+                allow_list: (!allow.is_empty()).then_some(allow),
+            };
+            let (sb, raw): (Sandbox, Bytes) = c
+                .json(
+                    Method::PATCH,
+                    &format!("{}/network", sandbox_uri(&id)),
+                    Some(&body),
+                )
+                .await?;
+            if json {
+                print_raw(&raw)?;
+            } else if let Some(view) = sb.network {
+                println!("{}", serde_json::to_string(&view)?);
+            }
+            Ok(0)
+        }
         Cmd::Ttl { id, ttl } => {
             let body = SetTtl { ttl_seconds: ttl };
             let (sb, raw): (Sandbox, Bytes) = c
@@ -476,6 +512,8 @@ async fn create(c: &Client, json: bool, a: CreateArgs) -> Result<i32> {
         gpu: a.gpu,
         gpu_count: a.gpu_count,
         idempotency_key: a.idempotency_key,
+        block_network: None,
+        allow_list: None,
     };
     let (sb, raw): (Sandbox, Bytes) = c.json(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     if json {

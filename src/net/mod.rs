@@ -4,7 +4,8 @@
 //! and every DNS query to its DNS responder ([`dns`]). The egress policy
 //! ([`policy`]), the fixed deny list and host-spelling parser ([`deny`]),
 //! and what the proxy uses to learn where a connection goes ([`origdst`],
-//! [`sni`], [`http`]) live here too.
+//! [`sni`], [`http`]) live here too, and so does the per-sandbox proxy and
+//! DNS server that serve them ([`proxy`]).
 
 pub mod deny;
 pub mod dns;
@@ -13,5 +14,6 @@ pub mod netns;
 pub mod origdst;
 pub mod plumbing;
 pub mod policy;
+pub mod proxy;
 pub mod rules;
 pub mod sni;

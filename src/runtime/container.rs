@@ -35,6 +35,8 @@ pub enum ContainerError {
     Mount(nix::errno::Errno),
     #[error(transparent)]
     Netns(#[from] netns::NetnsError),
+    #[error(transparent)]
+    Egress(#[from] crate::net::proxy::EgressError),
     #[error("building the container spec: {0}")]
     Spec(String),
     #[error("the container runtime failed to {step}: {message}")]
@@ -50,6 +52,9 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
 pub struct Started {
     pub init_pid: i32,
     pub link: OwnedFd,
+    /// The egress proxy's and DNS server's sockets, inside the sandbox's
+    /// namespace, for the supervisor to serve.
+    pub egress: crate::net::proxy::Sockets,
     pub phases: Vec<(&'static str, std::time::Duration)>,
 }
 
@@ -71,6 +76,7 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
         clock = std::time::Instant::now();
     };
     netns::create(&paths.netns())?;
+    let egress = crate::net::proxy::prepare(&paths.netns())?;
     lap("netns", &mut phases);
     mount_root(config, &paths.rootfs())?;
     write_etc(config, &paths.etc())?;
@@ -128,6 +134,7 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
     Ok(Started {
         init_pid,
         link: host,
+        egress,
         phases,
     })
 }
@@ -236,7 +243,9 @@ fn write_etc(config: &ShimConfig, dir: &Path) -> Result<(), ContainerError> {
         .map_err(prepare("/etc/hostname"))?;
     fs::write(
         dir.join("resolv.conf"),
-        "# sandboxd: this sandbox has no network access\n",
+        // Any address works: the namespace's rules send every DNS query to
+        // the supervisor's DNS server.
+        format!("nameserver {}\n", crate::net::plumbing::PEER_V4),
     )
     .map_err(prepare("/etc/resolv.conf"))
 }

@@ -7,9 +7,50 @@ use crate::api::types::SandboxState;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::manager::Manager;
+use super::manager::{Manager, HEALTH_DEADLINE};
+use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
 
 impl Manager {
+    /// Reads each supervisor's egress counters into the sandbox's usage
+    /// (bytes) and the daemon's metrics (connections allowed and refused).
+    pub async fn sample_egress(&self) {
+        let ids: Vec<String> = self
+            .records()
+            .values()
+            .filter(|r| r.state == SandboxState::Ready && !r.pooled)
+            .map(|r| r.id.clone())
+            .collect();
+        for id in ids {
+            let health = match ShimConn::connect(&self.paths(&id).socket()).await {
+                Ok(mut conn) => conn.call(&ShimRequest::Health, HEALTH_DEADLINE).await,
+                Err(e) => Err(e),
+            };
+            let Ok(ShimReply::Health(health)) = health else {
+                continue;
+            };
+            let now = health.egress;
+            let before = self
+                .egress_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(id.clone(), now)
+                .unwrap_or_default();
+            self.metrics.egress(
+                now.allowed.saturating_sub(before.allowed),
+                now.refused.saturating_sub(before.refused),
+            );
+            let mut records = self.records();
+            if let Some(record) = records.get_mut(&id) {
+                if record.usage.egress_bytes != now.bytes {
+                    record.usage.egress_bytes = now.bytes;
+                    if let Err(e) = self.store.put_eventual(&id, record) {
+                        tracing::warn!(sandbox = %id, "recording egress usage: {e}");
+                    }
+                }
+            }
+        }
+    }
+
     /// Starts the background work: the TTL reaper and the warm pool.
     pub fn start_background(self: &Arc<Self>) {
         tokio::spawn(Arc::clone(self).reap_expired());
@@ -23,6 +64,7 @@ impl Manager {
                 every.tick().await;
                 let sampler = Arc::clone(&this);
                 let _ = tokio::task::spawn_blocking(move || sampler.sample_usage(SAMPLE)).await;
+                this.sample_egress().await;
                 ticks += 1;
                 if ticks % 12 == 0 {
                     this.events.prune();

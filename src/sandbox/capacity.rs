@@ -137,6 +137,7 @@ mod tests {
             gpus: Vec::new(),
             usage: Default::default(),
             idempotency_key: None,
+            network: Default::default(),
         }
     }
 

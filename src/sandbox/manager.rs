@@ -21,6 +21,7 @@ use crate::config::{Config, ID_MAP_SIZE};
 use crate::disk::DiskPool;
 use crate::gpu::{GpuRequest, GpuService};
 use crate::image::ImageCache;
+use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
 use crate::shim::config::{SandboxPaths, ShimConfig};
 use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
 use crate::shim::ReadyLine;
@@ -45,6 +46,8 @@ pub struct Manager {
     /// Set once the daemon stops: long-lived streams end so that in-flight
     /// requests can finish and the daemon can exit.
     pub(super) stopping: tokio::sync::watch::Sender<bool>,
+    /// Each supervisor's egress counters as last read, for metric deltas.
+    pub(super) egress_seen: Mutex<HashMap<String, crate::net::proxy::EgressCounters>>,
 }
 
 pub(super) fn default_env() -> Vec<(String, String)> {
@@ -91,6 +94,27 @@ pub(super) struct ColdCreate {
     pub(super) pooled: bool,
     pub(super) gpu: Option<GpuRequest>,
     pub(super) idempotency_key: Option<String>,
+    /// The egress policy, the daemon's default already applied.
+    pub(super) network: NetworkPolicy,
+}
+
+impl Manager {
+    /// Validates a policy request (400 naming the bad entry) and returns it
+    /// with the daemon's `default_egress` applied when it names none.
+    pub(super) fn resolved_network(
+        &self,
+        req: &NetworkPolicy,
+    ) -> Result<NetworkPolicy, SandboxError> {
+        EgressPolicy::from_request(req, self.config.default_egress)
+            .map_err(|e| SandboxError::bad("invalid_network_policy", e.to_string()))?;
+        if req.block_network.is_none() && req.allow_list.is_none() {
+            return Ok(NetworkPolicy {
+                block_network: Some(self.config.default_egress == DefaultEgress::Block),
+                allow_list: None,
+            });
+        }
+        Ok(req.clone())
+    }
 }
 
 pub(super) fn new_id() -> String {
@@ -114,6 +138,7 @@ impl Manager {
             pool: Mutex::new(VecDeque::new()),
             refilling: AtomicBool::new(false),
             stopping: tokio::sync::watch::channel(false).0,
+            egress_seen: Mutex::new(HashMap::new()),
         })
     }
 
@@ -248,6 +273,7 @@ impl Manager {
             validated_ttl(req.ttl_seconds.unwrap_or(self.config.default_ttl_seconds))?;
         validated_env(&req.env)?;
         validated_labels(&req.labels)?;
+        let network = self.resolved_network(&req.network())?;
         let image_name = req
             .image
             .clone()
@@ -267,6 +293,7 @@ impl Manager {
             pooled: false,
             gpu,
             idempotency_key: req.idempotency_key,
+            network,
         })
         .await
     }
@@ -284,6 +311,7 @@ impl Manager {
             pooled,
             gpu,
             idempotency_key,
+            network,
         } = create;
         let id = new_id();
         let record = {
@@ -316,6 +344,7 @@ impl Manager {
                 gpus,
                 usage: Default::default(),
                 idempotency_key,
+                network,
             };
             records.insert(id.clone(), record.clone());
             record
@@ -412,6 +441,8 @@ impl Manager {
             output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
             ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
             devices: gpu.devices,
+            network: record.network.clone(),
+            test_hosts: self.config.test_hosts.clone(),
         };
         let json = serde_json::to_vec(&shim_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;
@@ -555,6 +586,7 @@ impl Manager {
         match health {
             Some(ShimReply::Health(h)) => {
                 current.oom_kills = h.oom_kills;
+                current.usage.egress_bytes = h.egress.bytes;
                 if let Some(reason) = h.failure {
                     current.state = SandboxState::Failed;
                     current.failure = Some(reason);

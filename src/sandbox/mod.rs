@@ -7,6 +7,7 @@ pub mod capacity;
 mod error;
 pub mod events;
 mod manager;
+mod network;
 mod pool;
 mod record;
 mod recovery;

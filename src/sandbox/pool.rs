@@ -5,6 +5,7 @@ use super::events::EventKind;
 use super::record::expiry;
 use super::SandboxError;
 use crate::api::types::{CreateSandbox, Limits, Sandbox};
+use crate::net::policy::{DefaultEgress, NetworkPolicy};
 use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -51,6 +52,10 @@ impl Manager {
                         pooled: true,
                         gpu: None,
                         idempotency_key: None,
+                        network: NetworkPolicy {
+                            block_network: Some(this.config.default_egress == DefaultEgress::Block),
+                            allow_list: None,
+                        },
                     })
                     .await
                 {
@@ -92,6 +97,8 @@ impl Manager {
             || *limits != self.template_limits()
             || req.gpu.is_some()
             || req.gpu_count.is_some_and(|n| n > 0)
+            || req.block_network.is_some()
+            || req.allow_list.is_some()
         {
             return Ok(None);
         }

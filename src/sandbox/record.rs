@@ -40,6 +40,10 @@ pub struct SandboxRecord {
     /// The caller's key for retrying this create safely.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// The egress policy in force, as requested with the daemon's default
+    /// already applied (so a record never depends on a later default).
+    #[serde(default)]
+    pub network: crate::net::policy::NetworkPolicy,
 }
 
 pub fn now_ms() -> u64 {
@@ -73,6 +77,12 @@ impl SandboxRecord {
             failure: self.failure.clone(),
             usage: self.usage.clone(),
             gpus: self.gpus.clone(),
+            network: crate::net::policy::EgressPolicy::from_request(
+                &self.network,
+                crate::net::policy::DefaultEgress::Block,
+            )
+            .ok()
+            .map(|p| p.view()),
         }
     }
 }

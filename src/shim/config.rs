@@ -31,6 +31,13 @@ pub struct ShimConfig {
     /// configs written before GPUs existed.
     #[serde(default)]
     pub devices: crate::gpu::DeviceGrant,
+    /// The egress policy (the daemon's default already applied); absent in
+    /// configs written before egress existed, which then means block.
+    #[serde(default)]
+    pub network: crate::net::policy::NetworkPolicy,
+    /// Test-only name→address overrides for the egress proxy's resolver.
+    #[serde(default)]
+    pub test_hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
 }
 
 /// Files and folders of one sandbox under the daemon's run dir.

@@ -136,6 +136,21 @@ async fn serve(
     started: Started,
     init_rx: oneshot::Receiver<String>,
 ) -> i32 {
+    let policy = match crate::net::policy::EgressPolicy::from_request(
+        &config.network,
+        crate::net::policy::DefaultEgress::Block,
+    ) {
+        Ok(p) => p,
+        Err(e) => return fail(format!("the egress policy: {e}"), &config, &paths),
+    };
+    let egress = match crate::net::proxy::Egress::new(&config.id, policy, config.test_hosts.clone())
+    {
+        Ok(e) => e,
+        Err(e) => return fail(e.to_string(), &config, &paths),
+    };
+    if let Err(e) = egress.spawn(started.egress) {
+        return fail(format!("serving egress: {e}"), &config, &paths);
+    }
     let deadline = Duration::from_millis(config.ready_timeout_ms);
     let hello_wait = std::time::Instant::now();
     let (link, events) = match AgentLink::establish(started.link, deadline).await {
@@ -156,6 +171,7 @@ async fn serve(
     let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
     let cgroups = SandboxCgroups::new(Layout::detect(), &config.cgroups_path);
     let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
+    let _ = supervisor.egress.set(egress);
     tokio::spawn(Arc::clone(&supervisor).consume_events(events));
     let watcher = Arc::clone(&supervisor);
     tokio::spawn(async move {

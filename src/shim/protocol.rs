@@ -60,6 +60,14 @@ pub enum ShimRequest {
     SetEnv {
         env: Vec<(String, String)>,
     },
+    /// Puts a new egress policy in force (the daemon validated it and
+    /// applied its default); open connections it forbids are closed.
+    /// (The fields of [`crate::net::policy::NetworkPolicy`], spelled out:
+    /// its serde skips absent fields, which this binary framing cannot.)
+    SetPolicy {
+        block_network: Option<bool>,
+        allow_list: Option<Vec<String>>,
+    },
     /// A file request passed to the agent as is (file variants only).
     File(RequestBody),
     /// Kill everything, remove the container, exit.
@@ -118,6 +126,7 @@ pub struct ShimHealth {
     pub oom_kills: u64,
     /// Set once the sandbox died on its own (agent gone).
     pub failure: Option<String>,
+    pub egress: crate::net::proxy::EgressCounters,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -115,6 +115,13 @@ async fn answer(
 ) -> ShimReply {
     match request {
         ShimRequest::Health => ShimReply::Health(supervisor.health()),
+        ShimRequest::SetPolicy {
+            block_network,
+            allow_list,
+        } => reply_of(supervisor.set_policy(&crate::net::policy::NetworkPolicy {
+            block_network,
+            allow_list,
+        })),
         ShimRequest::Spawn(spec) => reply_of(supervisor.spawn(spec).await.map(ShimReply::Process)),
         ShimRequest::Get { proc } => reply_of(supervisor.get(proc).map(ShimReply::Process)),
         ShimRequest::List => ShimReply::Processes(supervisor.list()),

@@ -56,6 +56,8 @@ pub struct Supervisor {
     failure: watch::Sender<Option<String>>,
     events: Mutex<std::collections::VecDeque<(u64, ShimEvent)>>,
     event_seq: watch::Sender<u64>,
+    /// The sandbox's egress proxy and DNS server, once started.
+    pub egress: std::sync::OnceLock<Arc<crate::net::proxy::Egress>>,
 }
 
 fn now_rfc3339() -> String {
@@ -87,7 +89,26 @@ impl Supervisor {
             failure,
             events: Mutex::new(std::collections::VecDeque::new()),
             event_seq: watch::channel(0).0,
+            egress: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Puts a new egress policy in force.
+    pub fn set_policy(
+        &self,
+        request: &crate::net::policy::NetworkPolicy,
+    ) -> Result<super::protocol::ShimReply, ShimError> {
+        let policy = crate::net::policy::EgressPolicy::from_request(
+            request,
+            crate::net::policy::DefaultEgress::Block,
+        )
+        .map_err(|e| err(ShimErrorKind::InvalidInput, e.to_string()))?;
+        let egress = self
+            .egress
+            .get()
+            .ok_or_else(|| err(ShimErrorKind::Internal, "the egress proxy is not running"))?;
+        egress.set_policy(policy);
+        Ok(super::protocol::ShimReply::Ok)
     }
 
     fn procs(&self) -> MutexGuard<'_, BTreeMap<u64, Entry>> {
@@ -101,6 +122,7 @@ impl Supervisor {
             init_pid: self.init_pid,
             oom_kills: self.cgroups.oom_kills(),
             failure: self.failure.borrow().clone(),
+            egress: self.egress.get().map(|e| e.counters()).unwrap_or_default(),
         }
     }
 

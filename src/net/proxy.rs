@@ -1,0 +1,596 @@
+//! The per-sandbox egress proxy and DNS server, run by the sandbox's
+//! supervisor. [`prepare`] sets up the sandbox namespace (veth pair,
+//! nftables rules) and opens the listening sockets inside it; [`Egress`]
+//! serves them: every TCP connection the sandbox makes arrives here, is
+//! matched against the policy in force (synthetic DNS address, IP/CIDR
+//! entry, TLS SNI or HTTP Host), and is spliced to exactly one upstream
+//! address that passed the deny list, dialled from the supervisor's own
+//! (the host's) namespace. A policy change applies to the next connection
+//! and closes open ones the new policy forbids.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io;
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::Notify;
+
+use crate::net::deny::{host_interface_addresses, DenyList, HostPort, HostSpec};
+use crate::net::dns::{DnsConfig, DnsConfigError, DnsResponder};
+use crate::net::http::{parse_request_head, HeadStatus, RequestFramer, Step, MAX_HEAD_LEN};
+use crate::net::origdst::{original_destination, was_redirected};
+use crate::net::plumbing::{self, PlumbingError};
+use crate::net::policy::{canonical_ip, normalize_host, EgressPolicy};
+use crate::net::rules::{self, RulesError};
+use crate::net::sni::{parse_client_hello, ClientHello, MAX_HELLO_LEN};
+
+/// The proxy's port inside every sandbox namespace.
+pub const PROXY_PORT: u16 = 15001;
+/// The DNS server's port (UDP and TCP) inside every sandbox namespace.
+pub const DNS_PORT: u16 = 15053;
+/// Most connections one sandbox may hold open through the proxy.
+pub const MAX_CONNECTIONS: usize = 256;
+/// How long the proxy waits for a ClientHello or a request head.
+const SNIFF_DEADLINE: Duration = Duration::from_secs(5);
+/// How long the system resolver may take.
+const RESOLVE_DEADLINE: Duration = Duration::from_secs(5);
+/// How long dialling one upstream address may take.
+const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a DNS-over-TCP client may take to send its query.
+const DNS_TCP_DEADLINE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error("setting up the sandbox's interfaces: {0}")]
+    Plumbing(#[from] PlumbingError),
+    #[error("loading the sandbox's nftables rules: {0}")]
+    Rules(#[from] RulesError),
+    #[error("opening the egress sockets in the sandbox namespace: {0}")]
+    Socket(io::Error),
+    #[error("the DNS responder: {0}")]
+    Dns(#[from] DnsConfigError),
+}
+
+/// The listening sockets, made inside the sandbox's namespace (they stay
+/// there wherever they are used).
+#[derive(Debug)]
+pub struct Sockets {
+    proxy: std::net::TcpListener,
+    /// On 127.0.0.1 and ::1, where the output hook's redirect delivers: a
+    /// wildcard UDP socket would answer from the wrong source address and
+    /// conntrack could not map the reply back.
+    dns_udp: Vec<std::net::UdpSocket>,
+    dns_tcp: std::net::TcpListener,
+}
+
+/// Plumbs the namespace at `netns`, loads its rules, and opens the proxy and
+/// DNS sockets inside it (dual-stack, on every address). Blocking.
+pub fn prepare(netns: &Path) -> Result<Sockets, EgressError> {
+    plumbing::setup(netns)?;
+    rules::apply(netns, PROXY_PORT, DNS_PORT)?;
+    plumbing::in_netns(netns, || -> io::Result<Sockets> {
+        let any = Ipv6Addr::UNSPECIFIED;
+        let proxy = std::net::TcpListener::bind((any, PROXY_PORT))?;
+        let mut dns_udp = vec![std::net::UdpSocket::bind((
+            std::net::Ipv4Addr::LOCALHOST,
+            DNS_PORT,
+        ))?];
+        // IPv6 may be off in the namespace; IPv4 DNS still works then.
+        if let Ok(v6) = std::net::UdpSocket::bind((Ipv6Addr::LOCALHOST, DNS_PORT)) {
+            dns_udp.push(v6);
+        }
+        let dns_tcp = std::net::TcpListener::bind((any, DNS_PORT))?;
+        proxy.set_nonblocking(true)?;
+        for sock in &dns_udp {
+            sock.set_nonblocking(true)?;
+        }
+        dns_tcp.set_nonblocking(true)?;
+        Ok(Sockets {
+            proxy: std::net::TcpListener::from(numbered_high(proxy.into())?),
+            dns_udp: dns_udp
+                .into_iter()
+                .map(|s| numbered_high(s.into()).map(std::net::UdpSocket::from))
+                .collect::<io::Result<_>>()?,
+            dns_tcp: std::net::TcpListener::from(numbered_high(dns_tcp.into())?),
+        })
+    })?
+    .map_err(EgressError::Socket)
+}
+
+/// Renumbers `fd` to 10 or above (close-on-exec), so the low descriptors
+/// the container start hands out by number (the agent link's fd 3) are free.
+fn numbered_high(fd: OwnedFd) -> io::Result<OwnedFd> {
+    let raw = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))?;
+    // SAFETY: F_DUPFD_CLOEXEC returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// What a connection was allowed as (re-checked when the policy changes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// A normalised host name.
+    Name(String),
+    /// An original destination allowed by an IP/CIDR entry (or open mode).
+    Ip(IpAddr),
+}
+
+impl Target {
+    fn permitted_by(&self, policy: &EgressPolicy) -> bool {
+        match self {
+            Target::Name(n) => policy.allows_normalized(n),
+            Target::Ip(ip) => policy.allows_ip(*ip),
+        }
+    }
+}
+
+struct Live {
+    target: Target,
+    cancel: Arc<Notify>,
+}
+
+/// One sandbox's egress: the policy in force, the DNS responder whose
+/// synthetic addresses the proxy maps back to names, and the open
+/// connections.
+pub struct Egress {
+    sandbox: String,
+    policy: RwLock<Arc<EgressPolicy>>,
+    dns: DnsResponder,
+    deny: DenyList,
+    test_hosts: BTreeMap<String, IpAddr>,
+    live: Mutex<HashMap<u64, Live>>,
+    next_conn: AtomicU64,
+    /// Connections allowed and refused, and bytes carried both ways, since
+    /// the supervisor started (for the daemon's metrics and usage).
+    allowed: AtomicU64,
+    refused: AtomicU64,
+    bytes: AtomicU64,
+}
+
+/// What the proxy has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EgressCounters {
+    pub allowed: u64,
+    pub refused: u64,
+    pub bytes: u64,
+}
+
+/// Removes a connection from the registry when its task ends.
+struct Registered<'a> {
+    egress: &'a Egress,
+    id: u64,
+}
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.egress.live().remove(&self.id);
+    }
+}
+
+impl Egress {
+    /// `test_hosts` are resolved before the system resolver (tests only).
+    pub fn new(
+        sandbox: &str,
+        policy: EgressPolicy,
+        test_hosts: BTreeMap<String, IpAddr>,
+    ) -> Result<Arc<Self>, EgressError> {
+        // The supervisor dials from the namespace it runs in; its own
+        // addresses are refused like loopback.
+        let host_addrs = host_interface_addresses().unwrap_or_else(|e| {
+            tracing::warn!(sandbox = %sandbox, "listing the host's addresses: {e}");
+            Vec::new()
+        });
+        Ok(Arc::new(Egress {
+            sandbox: sandbox.to_string(),
+            policy: RwLock::new(Arc::new(policy)),
+            dns: DnsResponder::new(DnsConfig::default())?,
+            deny: DenyList::new(host_addrs),
+            test_hosts,
+            live: Mutex::new(HashMap::new()),
+            next_conn: AtomicU64::new(1),
+            allowed: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+        }))
+    }
+
+    fn live(&self) -> MutexGuard<'_, HashMap<u64, Live>> {
+        // The map stays consistent whatever panicked while holding it.
+        self.live.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The policy in force now.
+    pub fn policy(&self) -> Arc<EgressPolicy> {
+        Arc::clone(&self.policy.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Puts `policy` in force for new connections and DNS queries, and
+    /// closes open connections it forbids. Returns how many were closed.
+    pub fn set_policy(&self, policy: EgressPolicy) -> usize {
+        let policy = Arc::new(policy);
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&policy);
+        let mut closed = 0;
+        for live in self.live().values() {
+            if !live.target.permitted_by(&policy) {
+                live.cancel.notify_one();
+                closed += 1;
+            }
+        }
+        tracing::info!(sandbox = %self.sandbox, closed, "egress policy changed to {:?}", policy.view());
+        closed
+    }
+
+    /// Open connections through the proxy.
+    pub fn open_connections(&self) -> usize {
+        self.live().len()
+    }
+
+    /// Starts serving `sockets`; call inside a tokio runtime.
+    pub fn spawn(self: &Arc<Self>, sockets: Sockets) -> io::Result<()> {
+        let proxy = TcpListener::from_std(sockets.proxy)?;
+        let dns_tcp = TcpListener::from_std(sockets.dns_tcp)?;
+        tokio::spawn(Arc::clone(self).accept_loop(proxy));
+        for sock in sockets.dns_udp {
+            tokio::spawn(Arc::clone(self).dns_udp_loop(UdpSocket::from_std(sock)?));
+        }
+        tokio::spawn(Arc::clone(self).dns_tcp_loop(dns_tcp));
+        Ok(())
+    }
+
+    async fn accept_loop(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((stream, _)) => {
+                    tokio::spawn(Arc::clone(&self).handle(stream));
+                }
+                Err(e) => {
+                    // EMFILE and the like: back off instead of spinning.
+                    tracing::warn!(sandbox = %self.sandbox, "egress accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn dns_udp_loop(self: Arc<Self>, sock: UdpSocket) {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (n, from) = match sock.recv_from(&mut buf).await {
+                Ok(got) => got,
+                Err(_) => continue,
+            };
+            let policy = self.policy();
+            if let Some(reply) = self.dns.handle(&buf[..n], &policy) {
+                let _ = sock.send_to(&reply, from).await;
+            }
+        }
+    }
+
+    async fn dns_tcp_loop(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let this = Arc::clone(&self);
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(DNS_TCP_DEADLINE, this.dns_tcp_conn(stream)).await;
+            });
+        }
+    }
+
+    /// Answers length-prefixed queries until the client closes.
+    async fn dns_tcp_conn(&self, mut stream: TcpStream) -> io::Result<()> {
+        loop {
+            let len = stream.read_u16().await?;
+            let mut query = vec![0u8; usize::from(len)];
+            stream.read_exact(&mut query).await?;
+            let policy = self.policy();
+            let Some(reply) = self.dns.handle(&query, &policy) else {
+                return Ok(());
+            };
+            let Ok(reply_len) = u16::try_from(reply.len()) else {
+                return Ok(());
+            };
+            stream.write_u16(reply_len).await?;
+            stream.write_all(&reply).await?;
+        }
+    }
+
+    fn refuse(&self, host: &str, port: u16, reason: &str) {
+        self.refused.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(sandbox = %self.sandbox, host, port, reason, "egress refused");
+    }
+
+    pub fn counters(&self) -> EgressCounters {
+        EgressCounters {
+            allowed: self.allowed.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            bytes: self.bytes.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Serves one connection from the sandbox; refusals close it at once.
+    async fn handle(self: Arc<Self>, mut client: TcpStream) {
+        let _ = client.set_nodelay(true);
+        let dest = match (client.local_addr(), original_destination(&client)) {
+            (Ok(local), Ok(orig)) if was_redirected(local, orig) => orig,
+            _ => return self.refuse("-", 0, "not redirected (connected straight to the proxy)"),
+        };
+        let ip = canonical_ip(dest.ip());
+        let port = dest.port();
+        let shown = ip.to_string();
+        let policy = self.policy();
+        if policy.is_block() {
+            return self.refuse(&shown, port, "block_network is set");
+        }
+        if self.live().len() >= MAX_CONNECTIONS {
+            return self.refuse(&shown, port, "too many open connections");
+        }
+        let mut peeked = Vec::new();
+        let mut http = false;
+        let target = if self.dns.in_pool(ip) {
+            match self.dns.lookup_synthetic(ip) {
+                Some(name) => Target::Name(name),
+                None => return self.refuse(&shown, port, "unknown synthetic address"),
+            }
+        } else if policy.allows_ip(ip) {
+            Target::Ip(ip)
+        } else {
+            match sniff(&mut client, &mut peeked).await {
+                Ok((name, is_http)) => {
+                    http = is_http;
+                    Target::Name(name)
+                }
+                Err(reason) => return self.refuse(&shown, port, &reason),
+            }
+        };
+        let candidates: Vec<SocketAddr> = match &target {
+            Target::Name(name) => {
+                if !policy.allows_normalized(name) {
+                    return self.refuse(name, port, "not in the allow list");
+                }
+                let resolved = match self.resolve(name, port).await {
+                    Ok(r) => r,
+                    Err(e) => return self.refuse(name, port, &format!("resolving: {e}")),
+                };
+                let passed: Vec<SocketAddr> = resolved
+                    .into_iter()
+                    .filter(|a| !self.deny.denies(a.ip()))
+                    .collect();
+                if passed.is_empty() {
+                    return self.refuse(name, port, "every address it resolves to is denied");
+                }
+                passed
+            }
+            Target::Ip(ip) => {
+                if let Some(reason) = self.deny.check(*ip) {
+                    return self.refuse(&shown, port, &format!("{reason:?}"));
+                }
+                vec![SocketAddr::new(*ip, port)]
+            }
+        };
+        let host = match &target {
+            Target::Name(n) => n.clone(),
+            Target::Ip(ip) => ip.to_string(),
+        };
+        let cancel = Arc::new(Notify::new());
+        let id = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        self.live().insert(
+            id,
+            Live {
+                target: target.clone(),
+                cancel: Arc::clone(&cancel),
+            },
+        );
+        let _registered = Registered { egress: &self, id };
+        // The policy may have changed while this connection was being set up.
+        if !target.permitted_by(&self.policy()) {
+            return self.refuse(&host, port, "the policy changed");
+        }
+        let Some((upstream, dialled)) = dial(&candidates).await else {
+            return self.refuse(&host, port, "no address could be reached");
+        };
+        self.allowed.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(sandbox = %self.sandbox, host, port, %dialled, "egress allowed");
+        let _ = upstream.set_nodelay(true);
+        let name = match &target {
+            Target::Name(n) if http => Some(n.clone()),
+            _ => None,
+        };
+        let result = tokio::select! {
+            r = splice(client, upstream, peeked, name) => r,
+            _ = cancel.notified() => Err("the policy changed".to_string()),
+        };
+        match result {
+            Ok((up, down)) => {
+                self.bytes.fetch_add(up + down, Ordering::Relaxed);
+                tracing::debug!(sandbox = %self.sandbox, host, port, up, down, "egress closed")
+            }
+            Err(reason) => self.refuse(&host, port, &reason),
+        }
+    }
+
+    async fn resolve(&self, name: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
+        if let Some(ip) = self.test_hosts.get(name) {
+            return Ok(vec![SocketAddr::new(*ip, port)]);
+        }
+        let found = tokio::time::timeout(RESOLVE_DEADLINE, tokio::net::lookup_host((name, port)))
+            .await
+            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "resolver timed out"))??;
+        Ok(found.collect())
+    }
+}
+
+/// Reads the start of the connection until it names a host: TLS SNI or an
+/// HTTP request's host. Returns the name (normalised) and whether it was
+/// HTTP; `peeked` keeps every byte read, to be forwarded.
+async fn sniff(client: &mut TcpStream, peeked: &mut Vec<u8>) -> Result<(String, bool), String> {
+    let deadline = tokio::time::Instant::now() + SNIFF_DEADLINE;
+    let mut chunk = [0u8; 4096];
+    loop {
+        if !peeked.is_empty() {
+            match parse_client_hello(peeked) {
+                ClientHello::Sni(raw) => {
+                    return normalize_host(&raw)
+                        .map(|n| (n, false))
+                        .map_err(|e| format!("bad SNI {raw:?}: {e}"))
+                }
+                ClientHello::NoSni => {
+                    return Err("TLS ClientHello without SNI, and no IP entry matches".into())
+                }
+                ClientHello::Ech => {
+                    return Err("TLS Encrypted Client Hello, and no IP entry matches".into())
+                }
+                ClientHello::Malformed(why) => return Err(format!("malformed ClientHello: {why}")),
+                ClientHello::NeedMore => {}
+                ClientHello::NotTls => match parse_request_head(peeked) {
+                    HeadStatus::Complete(head) => {
+                        return match head.host {
+                            Some(HostPort {
+                                host: HostSpec::Name(name),
+                                ..
+                            }) => Ok((name, true)),
+                            Some(HostPort {
+                                host: HostSpec::Ip(ip),
+                                ..
+                            }) => Err(format!("HTTP host {ip} is not allowed by an IP entry")),
+                            None => Err("HTTP request without a host".into()),
+                        }
+                    }
+                    HeadStatus::NeedMore => {}
+                    HeadStatus::Malformed(e) => {
+                        return Err(format!(
+                            "neither TLS with SNI nor HTTP ({e}), and no IP entry matches"
+                        ))
+                    }
+                },
+            }
+            if peeked.len() > MAX_HELLO_LEN.max(MAX_HEAD_LEN) {
+                return Err("no host name in the first 16 KiB".into());
+            }
+        }
+        let n = match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
+            Err(_) => return Err("no ClientHello or request head in time".into()),
+            Ok(Err(e)) => return Err(format!("reading: {e}")),
+            Ok(Ok(0)) => return Err("closed before naming a host".into()),
+            Ok(Ok(n)) => n,
+        };
+        peeked.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Dials the candidates in order; the first that answers wins.
+async fn dial(candidates: &[SocketAddr]) -> Option<(TcpStream, SocketAddr)> {
+    for addr in candidates {
+        if let Ok(Ok(s)) = tokio::time::timeout(CONNECT_DEADLINE, TcpStream::connect(addr)).await {
+            return Some((s, *addr));
+        }
+    }
+    None
+}
+
+/// Copies both ways until both sides are done. With `http_host`, every
+/// request head the client sends is checked to name that host.
+async fn splice(
+    client: TcpStream,
+    upstream: TcpStream,
+    peeked: Vec<u8>,
+    http_host: Option<String>,
+) -> Result<(u64, u64), String> {
+    let (mut cr, mut cw) = client.into_split();
+    let (mut ur, mut uw) = upstream.into_split();
+    let up = async {
+        let r = match &http_host {
+            Some(host) => pump_http(&mut cr, &mut uw, peeked, host).await,
+            None => {
+                async {
+                    uw.write_all(&peeked).await.map_err(|e| e.to_string())?;
+                    let n = tokio::io::copy(&mut cr, &mut uw)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    Ok(n + peeked.len() as u64)
+                }
+                .await
+            }
+        };
+        let _ = uw.shutdown().await;
+        r
+    };
+    let down = async {
+        let r = tokio::io::copy(&mut ur, &mut cw).await.unwrap_or(0);
+        let _ = cw.shutdown().await;
+        r
+    };
+    tokio::pin!(up);
+    tokio::pin!(down);
+    let (mut up_bytes, mut down_bytes) = (None, None);
+    while up_bytes.is_none() || down_bytes.is_none() {
+        tokio::select! {
+            r = &mut up, if up_bytes.is_none() => up_bytes = Some(r?),
+            n = &mut down, if down_bytes.is_none() => down_bytes = Some(n),
+        }
+    }
+    Ok((up_bytes.unwrap_or(0), down_bytes.unwrap_or(0)))
+}
+
+/// Forwards the client's HTTP/1.x request stream, refusing (Err) a request
+/// that names a host other than `host`, or a stream that stops being HTTP.
+async fn pump_http(
+    from: &mut OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
+    mut pending: Vec<u8>,
+    host: &str,
+) -> Result<u64, String> {
+    let mut framer = RequestFramer::new();
+    let mut chunk = vec![0u8; 16 * 1024];
+    let mut total = 0u64;
+    let io_err = |e: io::Error| e.to_string();
+    loop {
+        while !pending.is_empty() {
+            let take = match framer.step(&pending) {
+                Step::NeedMore => {
+                    if pending.len() > MAX_HEAD_LEN {
+                        return Err("request head larger than 16 KiB".into());
+                    }
+                    break;
+                }
+                Step::Head(head) => {
+                    if let Some(HostPort { host: named, .. }) = &head.host {
+                        let same = matches!(named, HostSpec::Name(n) if n == host);
+                        if !same {
+                            return Err(format!(
+                                "a request on the connection to {host} names another host ({named:?})"
+                            ));
+                        }
+                    }
+                    head.head_len
+                }
+                Step::Forward(n) => n,
+                // The bytes go to the same upstream whatever the server
+                // answers, so the stream is simply treated as upgraded.
+                Step::UpgradePending => {
+                    framer.upgrade_accepted();
+                    continue;
+                }
+                Step::Opaque => pending.len(),
+                Step::Malformed(e) => return Err(format!("malformed HTTP request: {e}")),
+            };
+            let take = take.min(pending.len());
+            to.write_all(&pending[..take]).await.map_err(io_err)?;
+            total += take as u64;
+            pending.drain(..take);
+        }
+        let n = from.read(&mut chunk).await.map_err(io_err)?;
+        if n == 0 {
+            return Ok(total);
+        }
+        pending.extend_from_slice(&chunk[..n]);
+    }
+}
