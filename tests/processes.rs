@@ -9,56 +9,16 @@ use std::os::fd::{FromRawFd, OwnedFd};
 
 use base64::Engine;
 use common::Daemon;
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::{Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
 
-/// A live NDJSON output stream, read one event at a time.
-struct OutputStream {
-    body: hyper::body::Incoming,
-    buf: Vec<u8>,
-}
+/// How long a test waits for the next line of a stream.
+const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-impl OutputStream {
-    async fn open(daemon: &Daemon, id: &str, proc: u64) -> OutputStream {
-        let stream = tokio::net::UnixStream::connect(&daemon.socket)
-            .await
-            .expect("connect");
-        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .expect("handshake");
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        let request = Request::builder()
-            .method(Method::GET)
-            .uri(format!("/v1/sandboxes/{id}/processes/{proc}/output"))
-            .header("host", "sandboxd")
-            .body(Full::new(Bytes::new()))
-            .expect("request");
-        let response = sender.send_request(request).await.expect("output request");
-        assert_eq!(response.status(), StatusCode::OK);
-        OutputStream {
-            body: response.into_body(),
-            buf: Vec::new(),
-        }
-    }
-
-    /// The next event, or None at the end of the stream.
-    async fn next(&mut self) -> Option<Value> {
-        loop {
-            if let Some(at) = self.buf.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=at).collect();
-                return Some(serde_json::from_slice(&line[..at]).expect("ndjson line"));
-            }
-            let frame = self.body.frame().await?.expect("output body");
-            if let Some(data) = frame.data_ref() {
-                self.buf.extend_from_slice(data);
-            }
-        }
-    }
+async fn output_stream(daemon: &Daemon, id: &str, proc: u64) -> common::NdjsonStream {
+    daemon
+        .follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
+        .await
 }
 
 fn decode(event: &Value) -> Vec<u8> {
@@ -101,7 +61,7 @@ fn session_of(pid: i32) -> Option<i32> {
 /// Waits for the stream to carry `expected` (on stdout) and returns the host
 /// pids of the process's cgroup at that moment, with a pidfd for each.
 async fn pids_when_ready(
-    stream: &mut OutputStream,
+    stream: &mut common::NdjsonStream,
     id: &str,
     proc: u64,
     expected: &[u8],
@@ -109,7 +69,7 @@ async fn pids_when_ready(
     let mut seen = Vec::new();
     while !seen.ends_with(expected) {
         let event = stream
-            .next()
+            .next(WAIT)
             .await
             .expect("stream ended before the tree was ready");
         assert_eq!(event["type"], "stdout", "unexpected event {event}");
@@ -174,7 +134,7 @@ async fn stdout_and_stderr_interleave_in_order_and_exit_codes_are_kept() {
     let proc = daemon
         .start_process(&id, json!({"argv": ["sh", "-c", script], "stdin": true}))
         .await;
-    let mut stream = OutputStream::open(&daemon, &id, proc).await;
+    let mut stream = output_stream(&daemon, &id, proc).await;
     let mut offsets = [0u64; 2];
     for n in 0..8u32 {
         let (status, _) = daemon
@@ -185,7 +145,7 @@ async fn stdout_and_stderr_interleave_in_order_and_exit_codes_are_kept() {
             )
             .await;
         assert_eq!(status, StatusCode::NO_CONTENT);
-        let event = stream.next().await.expect("an output event");
+        let event = stream.next(WAIT).await.expect("an output event");
         let (kind, text, i) = if n % 2 == 0 {
             ("stdout", format!("out{n}\n"), 0)
         } else {
@@ -208,12 +168,12 @@ async fn stdout_and_stderr_interleave_in_order_and_exit_codes_are_kept() {
         )
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
-    let exit = stream.next().await.expect("exit event");
+    let exit = stream.next(WAIT).await.expect("exit event");
     assert_eq!(exit["type"], "exit", "{exit}");
     assert_eq!(exit["process"]["exit_code"], 5);
     assert_eq!(exit["process"]["state"], "exited");
     assert!(
-        stream.next().await.is_none(),
+        stream.next(WAIT).await.is_none(),
         "the stream ends with the exit"
     );
 
@@ -320,13 +280,13 @@ async fn timeout_kills_the_whole_tree_even_after_setsid() {
             json!({"argv": ["sh", "-c", TREE], "timeout_seconds": 2}),
         )
         .await;
-    let mut stream = OutputStream::open(&daemon, &id, proc).await;
+    let mut stream = output_stream(&daemon, &id, proc).await;
     let tree = pids_when_ready(&mut stream, &id, proc, b"ready\n").await;
     assert_tree_was_running(&id, proc, &tree);
 
     // The stream ends with the exit the timeout caused.
     let mut exit = None;
-    while let Some(event) = stream.next().await {
+    while let Some(event) = stream.next(WAIT).await {
         if event["type"] == "exit" {
             exit = Some(event["process"].clone());
         }
@@ -354,7 +314,7 @@ async fn kill_route_kills_the_tree() {
     let proc = daemon
         .start_process(&id, json!({"argv": ["sh", "-c", TREE]}))
         .await;
-    let mut stream = OutputStream::open(&daemon, &id, proc).await;
+    let mut stream = output_stream(&daemon, &id, proc).await;
     let tree = pids_when_ready(&mut stream, &id, proc, b"ready\n").await;
     assert_tree_was_running(&id, proc, &tree);
 
@@ -368,7 +328,7 @@ async fn kill_route_kills_the_tree() {
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     assert_tree_gone(&id, proc, &tree);
     let mut exit = None;
-    while let Some(event) = stream.next().await {
+    while let Some(event) = stream.next(WAIT).await {
         if event["type"] == "exit" {
             exit = Some(event["process"].clone());
         }

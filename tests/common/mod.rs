@@ -526,20 +526,20 @@ impl Daemon {
     }
 }
 
-/// A followed NDJSON stream (`GET /v1/events`), read line by line.
-pub struct EventStream {
+/// A followed NDJSON stream (events, process output), read line by line.
+pub struct NdjsonStream {
     body: hyper::body::Incoming,
     buf: Vec<u8>,
 }
 
-impl EventStream {
+impl NdjsonStream {
     /// Next event, or `None` when the stream ended or `timeout` passed.
     pub async fn next(&mut self, timeout: Duration) -> Option<Value> {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if let Some(end) = self.buf.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = self.buf.drain(..=end).collect();
-                return serde_json::from_slice(&line).ok();
+                return Some(serde_json::from_slice(&line).expect("an NDJSON line"));
             }
             let frame = tokio::time::timeout_at(deadline, self.body.frame())
                 .await
@@ -566,7 +566,12 @@ impl EventStream {
 
 impl Daemon {
     /// Follows `GET /v1/events` from `cursor`.
-    pub async fn follow_events(&self, cursor: u64) -> EventStream {
+    pub async fn follow_events(&self, cursor: u64) -> NdjsonStream {
+        self.follow(&format!("/v1/events?cursor={cursor}")).await
+    }
+
+    /// Opens a streaming GET (asserting 200) and reads it line by line.
+    pub async fn follow(&self, path: &str) -> NdjsonStream {
         let stream = UnixStream::connect(&self.socket).await.expect("connect");
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
@@ -575,13 +580,13 @@ impl Daemon {
             let _ = conn.await;
         });
         let request = Request::builder()
-            .uri(format!("/v1/events?cursor={cursor}"))
+            .uri(path)
             .header("host", "sandboxd")
             .body(Full::new(Bytes::new()))
             .expect("request");
         let response = sender.send_request(request).await.expect("send");
-        assert_eq!(response.status(), StatusCode::OK);
-        EventStream {
+        assert_eq!(response.status(), StatusCode::OK, "GET {path}");
+        NdjsonStream {
             body: response.into_body(),
             buf: Vec::new(),
         }
