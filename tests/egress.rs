@@ -272,6 +272,29 @@ async fn egress_follows_the_policy() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     assert_fetch_ok(&daemon, &id, &format!("http://{UPSTREAM_IP}/")).await;
 
+    // Every connection is in the sandbox's egress log, with its verdict.
+    let (status, log) = daemon
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/network/log"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{log}");
+    let entries = log["entries"].as_array().expect("entries");
+    assert!(
+        entries.iter().any(|e| e["verdict"] == "allowed"
+            && e["host"] == UPSTREAM_IP
+            && e["bytes"].as_u64() > Some(0)),
+        "{log}"
+    );
+    assert!(
+        entries.iter().any(|e| e["verdict"] == "refused"
+            && e["host"] == "169.254.169.254"
+            && e["reason"].is_string()),
+        "{log}"
+    );
+
     // The proxy's work shows in the sandbox's usage and the daemon's metrics.
     let (_, sandbox) = daemon
         .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)

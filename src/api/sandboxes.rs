@@ -97,6 +97,30 @@ pub async fn delete(
 /// `PATCH /v1/sandboxes/{id}/network`: body `{"block_network": true}`,
 /// `{"block_network": false}` (open), `{"allow_list": [...]}`, or `{}` (the
 /// daemon's default).
+/// `GET /v1/sandboxes/{id}/network/log`: recent connections, allowed and
+/// refused, oldest first (bounded per sandbox).
+pub async fn network_log(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+) -> ApiResult<impl IntoResponse> {
+    let mut conn = manager.connect(&id).await?;
+    let reply = conn
+        .call(
+            &crate::shim::protocol::ShimRequest::EgressLog,
+            std::time::Duration::from_secs(10),
+        )
+        .await?;
+    match reply {
+        crate::shim::protocol::ShimReply::EgressLog(entries) => {
+            Ok(Json(serde_json::json!({ "entries": entries })))
+        }
+        crate::shim::protocol::ShimReply::Error(e) => Err(ApiError(e.into())),
+        other => Err(ApiError(crate::sandbox::SandboxError::internal(format!(
+            "unexpected supervisor reply {other:?}"
+        )))),
+    }
+}
+
 pub async fn set_network(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,

@@ -26,6 +26,7 @@ pub fn router(manager: Arc<Manager>) -> Router {
         )
         .route("/sandboxes/{id}/ttl", put(sandboxes::set_ttl))
         .route("/sandboxes/{id}/network", patch(sandboxes::set_network))
+        .route("/sandboxes/{id}/network/log", get(sandboxes::network_log))
         .route(
             "/sandboxes/{id}/processes",
             post(processes::start).get(processes::list),

@@ -151,7 +151,25 @@ pub struct Egress {
     allowed: AtomicU64,
     refused: AtomicU64,
     bytes: AtomicU64,
+    log: Mutex<std::collections::VecDeque<EgressLogEntry>>,
 }
+
+/// One line of a sandbox's egress log.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EgressLogEntry {
+    pub time: String,
+    /// `allowed` (logged when the connection closed) or `refused`.
+    pub verdict: String,
+    pub host: String,
+    pub port: u16,
+    /// Bytes carried both ways (allowed connections).
+    pub bytes: u64,
+    /// Why it was refused.
+    pub reason: Option<String>,
+}
+
+/// Lines of egress log each sandbox keeps; older ones go first.
+const EGRESS_LOG_LINES: usize = 1024;
 
 /// What the proxy has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -197,6 +215,7 @@ impl Egress {
             allowed: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            log: Mutex::new(std::collections::VecDeque::new()),
         }))
     }
 
@@ -303,8 +322,34 @@ impl Egress {
         }
     }
 
+    fn note(&self, verdict: &str, host: &str, port: u16, bytes: u64, reason: Option<&str>) {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.push_back(EgressLogEntry {
+            time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+            verdict: verdict.to_string(),
+            host: host.to_string(),
+            port,
+            bytes,
+            reason: reason.map(String::from),
+        });
+        while log.len() > EGRESS_LOG_LINES {
+            log.pop_front();
+        }
+    }
+
+    /// The most recent egress log lines, oldest first.
+    pub fn log(&self) -> Vec<EgressLogEntry> {
+        self.log
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned()
+            .collect()
+    }
+
     fn refuse(&self, host: &str, port: u16, reason: &str) {
         self.refused.fetch_add(1, Ordering::Relaxed);
+        self.note("refused", host, port, 0, Some(reason));
         tracing::warn!(sandbox = %self.sandbox, host, port, reason, "egress refused");
     }
 
@@ -411,6 +456,7 @@ impl Egress {
         match result {
             Ok((up, down)) => {
                 self.bytes.fetch_add(up + down, Ordering::Relaxed);
+                self.note("allowed", &host, port, up + down, None);
                 tracing::debug!(sandbox = %self.sandbox, host, port, up, down, "egress closed")
             }
             Err(reason) => self.refuse(&host, port, &reason),

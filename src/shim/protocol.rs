@@ -68,6 +68,8 @@ pub enum ShimRequest {
         block_network: Option<bool>,
         allow_list: Option<Vec<String>>,
     },
+    /// The sandbox's recent egress log.
+    EgressLog,
     /// A file request passed to the agent as is (file variants only).
     File(RequestBody),
     /// Kill everything, remove the container, exit.
@@ -104,6 +106,7 @@ pub enum ShimReply {
         bytes: u64,
     },
     Exited(Process),
+    EgressLog(Vec<crate::net::proxy::EgressLogEntry>),
     Agent(Reply),
     Event {
         seq: u64,

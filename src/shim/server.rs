@@ -115,6 +115,9 @@ async fn answer(
 ) -> ShimReply {
     match request {
         ShimRequest::Health => ShimReply::Health(supervisor.health()),
+        ShimRequest::EgressLog => {
+            ShimReply::EgressLog(supervisor.egress.get().map(|e| e.log()).unwrap_or_default())
+        }
         ShimRequest::SetPolicy {
             block_network,
             allow_list,
