@@ -21,6 +21,18 @@ async fn output_stream(daemon: &Daemon, id: &str, proc: u64) -> common::NdjsonSt
         .await
 }
 
+/// Reads an output stream to its end and returns the process from its
+/// closing `exit` event.
+async fn final_state(stream: &mut common::NdjsonStream) -> Value {
+    let mut exit = None;
+    while let Some(event) = stream.next(WAIT).await {
+        if event["type"] == "exit" {
+            exit = Some(event["process"].clone());
+        }
+    }
+    exit.expect("exit event")
+}
+
 fn decode(event: &Value) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD
         .decode(event["data"].as_str().expect("data"))
@@ -285,13 +297,7 @@ async fn timeout_kills_the_whole_tree_even_after_setsid() {
     assert_tree_was_running(&id, proc, &tree);
 
     // The stream ends with the exit the timeout caused.
-    let mut exit = None;
-    while let Some(event) = stream.next(WAIT).await {
-        if event["type"] == "exit" {
-            exit = Some(event["process"].clone());
-        }
-    }
-    let process = exit.expect("exit event");
+    let process = final_state(&mut stream).await;
     assert_eq!(process["timed_out"], true, "{process}");
     assert_eq!(process["signal"], 9, "{process}");
     assert_eq!(process["oom_killed"], false, "{process}");
@@ -327,13 +333,7 @@ async fn kill_route_kills_the_tree() {
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
     assert_tree_gone(&id, proc, &tree);
-    let mut exit = None;
-    while let Some(event) = stream.next(WAIT).await {
-        if event["type"] == "exit" {
-            exit = Some(event["process"].clone());
-        }
-    }
-    let process = exit.expect("exit event");
+    let process = final_state(&mut stream).await;
     assert_eq!(process["signal"], 9, "{process}");
     assert_eq!(process["timed_out"], false, "{process}");
     assert_eq!(process["oom_killed"], false, "{process}");
