@@ -200,6 +200,23 @@ impl Client {
         Err(ApiError::from_body(status, &body).into())
     }
 
+    /// Sends an optional JSON body; a non-2xx answer becomes an [`ApiError`].
+    async fn send_json(
+        &self,
+        method: Method,
+        uri: &str,
+        body: Option<&impl Serialize>,
+    ) -> Result<Response<Incoming>> {
+        let (body, ct) = match body {
+            Some(b) => (
+                full(serde_json::to_vec(b).context("encoding the request")?),
+                Some("application/json"),
+            ),
+            None => (empty(), None),
+        };
+        self.send_ok(method, uri, body, ct, None).await
+    }
+
     /// A call whose answer is JSON: returns it parsed and as the raw bytes, so
     /// `--json` can print exactly what the daemon said.
     pub async fn json<T: DeserializeOwned>(
@@ -208,14 +225,7 @@ impl Client {
         uri: &str,
         body: Option<&impl Serialize>,
     ) -> Result<(T, Bytes)> {
-        let (body, ct) = match body {
-            Some(b) => (
-                full(serde_json::to_vec(b).context("encoding the request")?),
-                Some("application/json"),
-            ),
-            None => (empty(), None),
-        };
-        let resp = self.send_ok(method, uri, body, ct, None).await?;
+        let resp = self.send_json(method, uri, body).await?;
         let raw = read_all(resp.into_body(), MAX_JSON_BODY).await?;
         let parsed = serde_json::from_slice(&raw)
             .with_context(|| format!("unexpected answer from sandboxd to {uri}"))?;
@@ -229,14 +239,7 @@ impl Client {
         uri: &str,
         body: Option<&impl Serialize>,
     ) -> Result<()> {
-        let (body, ct) = match body {
-            Some(b) => (
-                full(serde_json::to_vec(b).context("encoding the request")?),
-                Some("application/json"),
-            ),
-            None => (empty(), None),
-        };
-        let resp = self.send_ok(method, uri, body, ct, None).await?;
+        let resp = self.send_json(method, uri, body).await?;
         // Drain so the connection ends cleanly; the content does not matter.
         let _ = read_all(resp.into_body(), MAX_JSON_BODY).await;
         Ok(())
