@@ -43,6 +43,8 @@ pub struct Manager {
     /// Ids of ready sandboxes of the default image and limits, not yet handed out.
     pub(super) pool: Mutex<VecDeque<String>>,
     pub(super) refilling: AtomicBool,
+    /// Notified when a refill task ends.
+    pub(super) refill_done: Notify,
     /// Set once the daemon stops: long-lived streams end so that in-flight
     /// requests can finish and the daemon can exit.
     pub(super) stopping: tokio::sync::watch::Sender<bool>,
@@ -137,6 +139,7 @@ impl Manager {
             ttl_changed: Notify::new(),
             pool: Mutex::new(VecDeque::new()),
             refilling: AtomicBool::new(false),
+            refill_done: Notify::new(),
             stopping: tokio::sync::watch::channel(false).0,
             egress_seen: Mutex::new(HashMap::new()),
         })

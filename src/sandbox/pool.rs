@@ -39,7 +39,7 @@ impl Manager {
         }
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            while this.pooled() < this.config.pool_size {
+            while this.pooled() < this.config.pool_size && !*this.stopping.borrow() {
                 let image = this.config.default_image.clone();
                 let limits = this.template_limits();
                 match this
@@ -68,12 +68,23 @@ impl Manager {
                 }
             }
             this.refilling.store(false, Ordering::Release);
+            this.refill_done.notify_waiters();
         });
     }
 
     /// Tears down the warm pool (on a clean stop: nobody can see or use those
     /// sandboxes, and a restart refills the pool in the background).
     pub async fn drain_pool(&self) {
+        // A refill still making a sandbox would add it after the drain and
+        // leave it running with nobody to adopt it; it stops once the daemon
+        // is stopping, so wait for it first.
+        loop {
+            let done = self.refill_done.notified();
+            if !self.refilling.load(Ordering::Acquire) {
+                break;
+            }
+            done.await;
+        }
         let ids: Vec<String> = self.pool().drain(..).collect();
         for id in ids {
             let record = self.records().get(&id).cloned();
