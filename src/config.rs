@@ -152,10 +152,24 @@ pub struct ConfigOverrides {
     /// or `open` (public internet; the deny list still holds).
     #[arg(long, value_parser = parse_default_egress)]
     pub default_egress: Option<crate::net::policy::DefaultEgress>,
-    /// FOR TESTS ONLY: `name=ip` pairs the egress proxy resolves before the
-    /// system resolver (upstream test servers on documentation addresses).
+    /// Network namespace the egress proxies dial from: a name made by `ip
+    /// netns add` or a path to a namespace file (default: the host's).
+    #[arg(long)]
+    pub upstream_netns: Option<String>,
+    /// Name servers the egress proxies resolve allowed names with
+    /// (`ip:port`, comma-separated; default: the upstream namespace's
+    /// resolv.conf).
     #[arg(long, value_delimiter = ',')]
-    pub test_hosts: Option<Vec<String>>,
+    pub upstream_dns: Option<Vec<std::net::SocketAddr>>,
+    /// Connections one sandbox may hold open through its proxy.
+    #[arg(long)]
+    pub egress_max_connections: Option<usize>,
+    /// DNS queries one sandbox may make per second; more get REFUSED.
+    #[arg(long)]
+    pub egress_dns_qps: Option<u32>,
+    /// Egress bandwidth per sandbox and direction, in Mbit/s (0: no cap).
+    #[arg(long)]
+    pub egress_bandwidth_mbit: Option<u64>,
 }
 
 fn parse_default_egress(s: &str) -> Result<crate::net::policy::DefaultEgress, String> {
@@ -164,25 +178,6 @@ fn parse_default_egress(s: &str) -> Result<crate::net::policy::DefaultEgress, St
         "open" => Ok(crate::net::policy::DefaultEgress::Open),
         other => Err(format!("expected block or open, got {other:?}")),
     }
-}
-
-fn parse_test_hosts(
-    pairs: &[String],
-) -> Result<std::collections::BTreeMap<String, std::net::IpAddr>, ConfigError> {
-    let mut map = std::collections::BTreeMap::new();
-    for pair in pairs {
-        let bad = |why: &str| ConfigError::Invalid {
-            field: "test_hosts",
-            message: format!("{pair:?}: {why}"),
-        };
-        let (name, ip) = pair
-            .split_once('=')
-            .ok_or_else(|| bad("expected name=ip"))?;
-        let name = crate::net::policy::normalize_host(name).map_err(|e| bad(&e.to_string()))?;
-        let ip = ip.parse().map_err(|_| bad("not an IP address"))?;
-        map.insert(name, ip);
-    }
-    Ok(map)
 }
 
 /// The merged, validated configuration the daemon runs with.
@@ -225,8 +220,8 @@ pub struct Config {
     pub log_format: LogFormat,
     pub stop_sandboxes_on_exit: bool,
     pub default_egress: crate::net::policy::DefaultEgress,
-    /// Test-only name→address overrides for the egress proxy's resolver.
-    pub test_hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
+    pub upstream: crate::net::upstream::UpstreamConfig,
+    pub egress_limits: crate::net::limits::EgressLimits,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -296,7 +291,27 @@ impl Config {
             ready_timeout_seconds: pick!(ready_timeout_seconds, 30),
             pool_size: pick!(pool_size, 0),
             default_egress: pick!(default_egress, Default::default()),
-            test_hosts: parse_test_hosts(&pick!(test_hosts, Vec::new()))?,
+            upstream: crate::net::upstream::UpstreamConfig {
+                netns: flags
+                    .upstream_netns
+                    .clone()
+                    .or(file.upstream_netns.clone())
+                    .filter(|n| !n.is_empty())
+                    .map(|n| crate::net::upstream::netns_path(&n)),
+                dns: pick!(upstream_dns, Vec::new()),
+            },
+            egress_limits: {
+                let defaults = crate::net::limits::EgressLimits::default();
+                crate::net::limits::EgressLimits {
+                    max_connections: pick!(egress_max_connections, defaults.max_connections),
+                    dns_qps: pick!(egress_dns_qps, defaults.dns_qps),
+                    bandwidth_bytes_per_sec: pick!(
+                        egress_bandwidth_mbit,
+                        defaults.bandwidth_bytes_per_sec / 125_000
+                    )
+                    .saturating_mul(125_000),
+                }
+            },
             event_retention_seconds: pick!(event_retention_seconds, 24 * 3600),
             metrics_address: flags.metrics_address.or(file.metrics_address),
             cgroup_parent: pick!(cgroup_parent, "/sandboxd".to_string()),
@@ -360,6 +375,23 @@ impl Config {
                 "default_ttl_seconds",
                 "must be a positive number of seconds, or -1 for none",
             ));
+        }
+        if self.egress_limits.max_connections == 0 || self.egress_limits.dns_qps == 0 {
+            return Err(invalid(
+                "egress_max_connections",
+                "egress_max_connections and egress_dns_qps must be above 0 (block_network is how a sandbox gets no egress)",
+            ));
+        }
+        if let Some(netns) = &self.upstream.netns {
+            if !netns.exists() {
+                return Err(invalid(
+                    "upstream_netns",
+                    &format!(
+                        "{} does not exist; create the namespace (ip netns add NAME) or leave upstream_netns unset to dial from the host's",
+                        netns.display()
+                    ),
+                ));
+            }
         }
         if self.id_map_base == 0 || self.id_map_base.checked_add(ID_MAP_SIZE).is_none() {
             return Err(invalid(

@@ -36,6 +36,11 @@ struct VerdictLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LimitLabels {
+    limit: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SandboxLabels {
     sandbox: String,
 }
@@ -56,6 +61,8 @@ pub struct Metrics {
     ttl_expiries: Counter,
     process_starts: Counter,
     egress_connections: Family<VerdictLabels, Counter>,
+    egress_limited: Family<LimitLabels, Counter>,
+    egress_throttled_seconds: Counter<f64, AtomicU64>,
     sandbox_cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>>,
     sandbox_memory_bytes: Family<SandboxLabels, Gauge>,
     /// Serialises scrapes: the state gauges are rebuilt on each one.
@@ -113,6 +120,18 @@ impl Metrics {
             "Outbound connections by verdict (allowed, refused)",
             egress_connections.clone(),
         );
+        let egress_limited = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "egress_limited",
+            "Connections and DNS queries refused by a per-sandbox cap (connections, dns_qps)",
+            egress_limited.clone(),
+        );
+        let egress_throttled_seconds = Counter::<f64, AtomicU64>::default();
+        registry.register(
+            "egress_throttled_seconds",
+            "Time egress proxies paused connections to hold the per-sandbox bandwidth cap",
+            egress_throttled_seconds.clone(),
+        );
         let sandbox_cpu_seconds = Family::<SandboxLabels, Gauge<f64, AtomicU64>>::default();
         registry.register(
             "sandbox_cpu_seconds",
@@ -134,6 +153,8 @@ impl Metrics {
             ttl_expiries,
             process_starts,
             egress_connections,
+            egress_limited,
+            egress_throttled_seconds,
             sandbox_cpu_seconds,
             sandbox_memory_bytes,
             scrape: Mutex::new(()),
@@ -168,15 +189,36 @@ impl Metrics {
         self.process_starts.inc();
     }
 
-    /// Adds connections the sandboxes' proxies allowed and refused.
-    pub fn egress(&self, allowed: u64, refused: u64) {
-        for (verdict, n) in [("allowed", allowed), ("refused", refused)] {
+    /// Adds what a sandbox's proxy did between two samples of its counters.
+    pub fn egress(
+        &self,
+        before: &crate::net::proxy::EgressCounters,
+        now: &crate::net::proxy::EgressCounters,
+    ) {
+        let delta =
+            |f: fn(&crate::net::proxy::EgressCounters) -> u64| f(now).saturating_sub(f(before));
+        for (verdict, n) in [
+            ("allowed", delta(|c| c.allowed)),
+            ("refused", delta(|c| c.refused)),
+        ] {
             self.egress_connections
                 .get_or_create(&VerdictLabels {
                     verdict: verdict.to_string(),
                 })
                 .inc_by(n);
         }
+        for (limit, n) in [
+            ("connections", delta(|c| c.connections_limited)),
+            ("dns_qps", delta(|c| c.dns_limited)),
+        ] {
+            self.egress_limited
+                .get_or_create(&LimitLabels {
+                    limit: limit.to_string(),
+                })
+                .inc_by(n);
+        }
+        self.egress_throttled_seconds
+            .inc_by(delta(|c| c.throttled_us) as f64 / 1e6);
     }
 
     pub fn sandbox_usage(&self, sandbox: &str, cpu_seconds: f64, memory_bytes: u64) {

@@ -5,11 +5,13 @@
 //! ([`policy`]), the fixed deny list and host-spelling parser ([`deny`]),
 //! and what the proxy uses to learn where a connection goes ([`origdst`],
 //! [`sni`], [`http`]) live here too, and so does the per-sandbox proxy and
-//! DNS server that serve them ([`proxy`]).
+//! DNS server that serve them ([`proxy`]), with its caps ([`limits`]) and
+//! its way out ([`upstream`]: namespace and resolver).
 
 pub mod deny;
 pub mod dns;
 pub mod http;
+pub mod limits;
 pub mod netns;
 pub mod origdst;
 pub mod plumbing;
@@ -17,3 +19,4 @@ pub mod policy;
 pub mod proxy;
 pub mod rules;
 pub mod sni;
+pub mod upstream;

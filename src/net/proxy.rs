@@ -8,7 +8,7 @@
 //! (the host's) namespace. A policy change applies to the next connection
 //! and closes open ones the new policy forbids.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -17,14 +17,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use hickory_resolver::TokioResolver;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Notify;
 
-use crate::net::deny::{host_interface_addresses, DenyList, HostPort, HostSpec};
+use crate::net::deny::{DenyList, HostPort, HostSpec};
 use crate::net::dns::{DnsConfig, DnsConfigError, DnsResponder};
 use crate::net::http::{parse_request_head, HeadStatus, RequestFramer, Step, MAX_HEAD_LEN};
+use crate::net::limits::{Bandwidth, EgressLimits, TokenBucket};
 use crate::net::origdst::{original_destination, was_redirected};
 use crate::net::plumbing::{self, PlumbingError};
 use crate::net::policy::{canonical_ip, normalize_host, EgressPolicy};
@@ -35,14 +37,14 @@ use crate::net::sni::{parse_client_hello, ClientHello, MAX_HELLO_LEN};
 pub const PROXY_PORT: u16 = 15001;
 /// The DNS server's port (UDP and TCP) inside every sandbox namespace.
 pub const DNS_PORT: u16 = 15053;
-/// Most connections one sandbox may hold open through the proxy.
-pub const MAX_CONNECTIONS: usize = 256;
 /// How long the proxy waits for a ClientHello or a request head.
 const SNIFF_DEADLINE: Duration = Duration::from_secs(5);
-/// How long the system resolver may take.
+/// How long resolving a name upstream may take.
 const RESOLVE_DEADLINE: Duration = Duration::from_secs(5);
 /// How long dialling one upstream address may take.
 const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
+/// Bytes read per step when carrying a connection's data.
+const COPY_CHUNK: usize = 64 * 1024;
 /// How long a DNS-over-TCP client may take to send its query.
 const DNS_TCP_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -143,7 +145,13 @@ pub struct Egress {
     policy: RwLock<Arc<EgressPolicy>>,
     dns: DnsResponder,
     deny: DenyList,
-    test_hosts: BTreeMap<String, IpAddr>,
+    /// Why there is none, when the upstream's name servers are unknown:
+    /// sandboxes still start, and names fail with the reason.
+    resolver: Result<TokioResolver, String>,
+    limits: EgressLimits,
+    dns_rate: TokenBucket,
+    upload: Bandwidth,
+    download: Bandwidth,
     live: Mutex<HashMap<u64, Live>>,
     next_conn: AtomicU64,
     /// Connections allowed and refused, and bytes carried both ways, since
@@ -151,6 +159,10 @@ pub struct Egress {
     allowed: AtomicU64,
     refused: AtomicU64,
     bytes: AtomicU64,
+    dns_queries: AtomicU64,
+    dns_limited: AtomicU64,
+    connections_limited: AtomicU64,
+    throttled_us: AtomicU64,
     log: Mutex<std::collections::VecDeque<EgressLogEntry>>,
 }
 
@@ -162,6 +174,9 @@ pub struct EgressLogEntry {
     pub verdict: String,
     pub host: String,
     pub port: u16,
+    /// The upstream address the proxy dialled (allowed connections).
+    #[serde(default)]
+    pub address: Option<String>,
     /// Bytes carried both ways (allowed connections).
     pub bytes: u64,
     /// Why it was refused.
@@ -173,10 +188,18 @@ const EGRESS_LOG_LINES: usize = 1024;
 
 /// What the proxy has done so far.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct EgressCounters {
     pub allowed: u64,
     pub refused: u64,
     pub bytes: u64,
+    /// DNS queries answered, and those refused by the rate cap.
+    pub dns_queries: u64,
+    pub dns_limited: u64,
+    /// Connections refused because the sandbox had the most open.
+    pub connections_limited: u64,
+    /// Microseconds the proxy paused carrying data to hold the bandwidth cap.
+    pub throttled_us: u64,
 }
 
 /// Removes a connection from the registry when its task ends.
@@ -192,29 +215,35 @@ impl Drop for Registered<'_> {
 }
 
 impl Egress {
-    /// `test_hosts` are resolved before the system resolver (tests only).
+    /// `own_addrs` are the addresses of the namespaces the supervisor lives
+    /// in (the host's, and the upstream one): refused like loopback.
     pub fn new(
         sandbox: &str,
         policy: EgressPolicy,
-        test_hosts: BTreeMap<String, IpAddr>,
+        limits: EgressLimits,
+        resolver: Result<TokioResolver, String>,
+        own_addrs: Vec<IpAddr>,
     ) -> Result<Arc<Self>, EgressError> {
-        // The supervisor dials from the namespace it runs in; its own
-        // addresses are refused like loopback.
-        let host_addrs = host_interface_addresses().unwrap_or_else(|e| {
-            tracing::warn!(sandbox = %sandbox, "listing the host's addresses: {e}");
-            Vec::new()
-        });
+        let qps = f64::from(limits.dns_qps);
         Ok(Arc::new(Egress {
             sandbox: sandbox.to_string(),
             policy: RwLock::new(Arc::new(policy)),
             dns: DnsResponder::new(DnsConfig::default())?,
-            deny: DenyList::new(host_addrs),
-            test_hosts,
+            deny: DenyList::new(own_addrs),
+            resolver,
+            limits,
+            dns_rate: TokenBucket::new(qps, qps),
+            upload: Bandwidth::new(limits.bandwidth_bytes_per_sec),
+            download: Bandwidth::new(limits.bandwidth_bytes_per_sec),
             live: Mutex::new(HashMap::new()),
             next_conn: AtomicU64::new(1),
             allowed: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            dns_queries: AtomicU64::new(0),
+            dns_limited: AtomicU64::new(0),
+            connections_limited: AtomicU64::new(0),
+            throttled_us: AtomicU64::new(0),
             log: Mutex::new(std::collections::VecDeque::new()),
         }))
     }
@@ -284,8 +313,7 @@ impl Egress {
                 Ok(got) => got,
                 Err(_) => continue,
             };
-            let policy = self.policy();
-            if let Some(reply) = self.dns.handle(&buf[..n], &policy) {
+            if let Some(reply) = self.answer_dns(&buf[..n]) {
                 let _ = sock.send_to(&reply, from).await;
             }
         }
@@ -310,8 +338,7 @@ impl Egress {
             let len = stream.read_u16().await?;
             let mut query = vec![0u8; usize::from(len)];
             stream.read_exact(&mut query).await?;
-            let policy = self.policy();
-            let Some(reply) = self.dns.handle(&query, &policy) else {
+            let Some(reply) = self.answer_dns(&query) else {
                 return Ok(());
             };
             let Ok(reply_len) = u16::try_from(reply.len()) else {
@@ -322,13 +349,38 @@ impl Egress {
         }
     }
 
+    /// Answers one DNS query under the policy in force, or REFUSED once the
+    /// sandbox is over its queries-per-second cap.
+    fn answer_dns(&self, query: &[u8]) -> Option<Vec<u8>> {
+        if self.dns_rate.try_take(1.0) {
+            self.dns_queries.fetch_add(1, Ordering::Relaxed);
+            self.dns.handle(query, &self.policy())
+        } else {
+            self.dns_limited.fetch_add(1, Ordering::Relaxed);
+            self.dns.handle(query, &EgressPolicy::block())
+        }
+    }
+
     fn note(&self, verdict: &str, host: &str, port: u16, bytes: u64, reason: Option<&str>) {
+        self.note_dialled(verdict, host, port, None, bytes, reason)
+    }
+
+    fn note_dialled(
+        &self,
+        verdict: &str,
+        host: &str,
+        port: u16,
+        address: Option<SocketAddr>,
+        bytes: u64,
+        reason: Option<&str>,
+    ) {
         let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
         log.push_back(EgressLogEntry {
             time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
             verdict: verdict.to_string(),
             host: host.to_string(),
             port,
+            address: address.map(|a| a.to_string()),
             bytes,
             reason: reason.map(String::from),
         });
@@ -358,6 +410,10 @@ impl Egress {
             allowed: self.allowed.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
+            dns_queries: self.dns_queries.load(Ordering::Relaxed),
+            dns_limited: self.dns_limited.load(Ordering::Relaxed),
+            connections_limited: self.connections_limited.load(Ordering::Relaxed),
+            throttled_us: self.throttled_us.load(Ordering::Relaxed),
         }
     }
 
@@ -375,8 +431,13 @@ impl Egress {
         if policy.is_block() {
             return self.refuse(&shown, port, "block_network is set");
         }
-        if self.live().len() >= MAX_CONNECTIONS {
-            return self.refuse(&shown, port, "too many open connections");
+        if self.live().len() >= self.limits.max_connections {
+            self.connections_limited.fetch_add(1, Ordering::Relaxed);
+            return self.refuse(
+                &shown,
+                port,
+                "too many open connections (egress_max_connections)",
+            );
         }
         let mut peeked = Vec::new();
         let mut http = false;
@@ -450,27 +511,112 @@ impl Egress {
             _ => None,
         };
         let result = tokio::select! {
-            r = splice(client, upstream, peeked, name) => r,
+            r = self.splice(client, upstream, peeked, name) => r,
             _ = cancel.notified() => Err("the policy changed".to_string()),
         };
         match result {
             Ok((up, down)) => {
                 self.bytes.fetch_add(up + down, Ordering::Relaxed);
-                self.note("allowed", &host, port, up + down, None);
+                self.note_dialled("allowed", &host, port, Some(dialled), up + down, None);
                 tracing::debug!(sandbox = %self.sandbox, host, port, up, down, "egress closed")
             }
             Err(reason) => self.refuse(&host, port, &reason),
         }
     }
 
-    async fn resolve(&self, name: &str, port: u16) -> io::Result<Vec<SocketAddr>> {
-        if let Some(ip) = self.test_hosts.get(name) {
-            return Ok(vec![SocketAddr::new(*ip, port)]);
-        }
-        let found = tokio::time::timeout(RESOLVE_DEADLINE, tokio::net::lookup_host((name, port)))
+    /// Resolves `name` upstream, once per connection: the addresses
+    /// checked against the deny list are the ones dialled.
+    async fn resolve(&self, name: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+        // Fully qualified: no search domain of the upstream's applies.
+        let fqdn = format!("{name}.");
+        let resolver = self.resolver.as_ref().map_err(Clone::clone)?;
+        let found = tokio::time::timeout(RESOLVE_DEADLINE, resolver.lookup_ip(fqdn))
             .await
-            .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "resolver timed out"))??;
-        Ok(found.collect())
+            .map_err(|_| "the upstream resolver timed out".to_string())?
+            .map_err(|e| e.to_string())?;
+        Ok(found
+            .iter()
+            .map(|ip| SocketAddr::new(canonical_ip(ip), port))
+            .collect())
+    }
+
+    /// Copies both ways until both sides are done, under the sandbox's
+    /// bandwidth cap. With `http_host`, every request head the client sends
+    /// is checked to name that host.
+    async fn splice(
+        &self,
+        client: TcpStream,
+        upstream: TcpStream,
+        peeked: Vec<u8>,
+        http_host: Option<String>,
+    ) -> Result<(u64, u64), String> {
+        let (mut cr, mut cw) = client.into_split();
+        let (mut ur, mut uw) = upstream.into_split();
+        let up = async {
+            let r = match &http_host {
+                Some(host) => self.pump_http(&mut cr, &mut uw, peeked, host).await,
+                None => {
+                    async {
+                        uw.write_all(&peeked).await.map_err(|e| e.to_string())?;
+                        let n = self
+                            .copy_capped(&mut cr, &mut uw, &self.upload)
+                            .await
+                            .map_err(|e| e.to_string())?;
+                        Ok(n + peeked.len() as u64)
+                    }
+                    .await
+                }
+            };
+            let _ = uw.shutdown().await;
+            r
+        };
+        let down = async {
+            let r = self
+                .copy_capped(&mut ur, &mut cw, &self.download)
+                .await
+                .unwrap_or(0);
+            let _ = cw.shutdown().await;
+            r
+        };
+        tokio::pin!(up);
+        tokio::pin!(down);
+        let (mut up_bytes, mut down_bytes) = (None, None);
+        while up_bytes.is_none() || down_bytes.is_none() {
+            tokio::select! {
+                r = &mut up, if up_bytes.is_none() => up_bytes = Some(r?),
+                n = &mut down, if down_bytes.is_none() => down_bytes = Some(n),
+            }
+        }
+        Ok((up_bytes.unwrap_or(0), down_bytes.unwrap_or(0)))
+    }
+
+    /// Copies until `from` ends, pausing as the bandwidth cap asks.
+    async fn copy_capped<R, W>(&self, from: &mut R, to: &mut W, cap: &Bandwidth) -> io::Result<u64>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut buf = vec![0u8; COPY_CHUNK];
+        let mut total = 0u64;
+        loop {
+            let n = from.read(&mut buf).await?;
+            if n == 0 {
+                return Ok(total);
+            }
+            to.write_all(&buf[..n]).await?;
+            total += n as u64;
+            self.pace(cap, n).await;
+        }
+    }
+
+    /// Charges `bytes` to `cap` and sleeps off any debt.
+    async fn pace(&self, cap: &Bandwidth, bytes: usize) {
+        let wait = cap.charge(bytes);
+        if !wait.is_zero() {
+            self.throttled_us
+                .fetch_add(wait.as_micros() as u64, Ordering::Relaxed);
+            tokio::time::sleep(wait).await;
+        }
     }
 }
 
@@ -542,101 +688,61 @@ async fn dial(candidates: &[SocketAddr]) -> Option<(TcpStream, SocketAddr)> {
     None
 }
 
-/// Copies both ways until both sides are done. With `http_host`, every
-/// request head the client sends is checked to name that host.
-async fn splice(
-    client: TcpStream,
-    upstream: TcpStream,
-    peeked: Vec<u8>,
-    http_host: Option<String>,
-) -> Result<(u64, u64), String> {
-    let (mut cr, mut cw) = client.into_split();
-    let (mut ur, mut uw) = upstream.into_split();
-    let up = async {
-        let r = match &http_host {
-            Some(host) => pump_http(&mut cr, &mut uw, peeked, host).await,
-            None => {
-                async {
-                    uw.write_all(&peeked).await.map_err(|e| e.to_string())?;
-                    let n = tokio::io::copy(&mut cr, &mut uw)
-                        .await
-                        .map_err(|e| e.to_string())?;
-                    Ok(n + peeked.len() as u64)
-                }
-                .await
-            }
-        };
-        let _ = uw.shutdown().await;
-        r
-    };
-    let down = async {
-        let r = tokio::io::copy(&mut ur, &mut cw).await.unwrap_or(0);
-        let _ = cw.shutdown().await;
-        r
-    };
-    tokio::pin!(up);
-    tokio::pin!(down);
-    let (mut up_bytes, mut down_bytes) = (None, None);
-    while up_bytes.is_none() || down_bytes.is_none() {
-        tokio::select! {
-            r = &mut up, if up_bytes.is_none() => up_bytes = Some(r?),
-            n = &mut down, if down_bytes.is_none() => down_bytes = Some(n),
-        }
-    }
-    Ok((up_bytes.unwrap_or(0), down_bytes.unwrap_or(0)))
-}
-
-/// Forwards the client's HTTP/1.x request stream, refusing (Err) a request
-/// that names a host other than `host`, or a stream that stops being HTTP.
-async fn pump_http(
-    from: &mut OwnedReadHalf,
-    to: &mut OwnedWriteHalf,
-    mut pending: Vec<u8>,
-    host: &str,
-) -> Result<u64, String> {
-    let mut framer = RequestFramer::new();
-    let mut chunk = vec![0u8; 16 * 1024];
-    let mut total = 0u64;
-    let io_err = |e: io::Error| e.to_string();
-    loop {
-        while !pending.is_empty() {
-            let take = match framer.step(&pending) {
-                Step::NeedMore => {
-                    if pending.len() > MAX_HEAD_LEN {
-                        return Err("request head larger than 16 KiB".into());
-                    }
-                    break;
-                }
-                Step::Head(head) => {
-                    if let Some(HostPort { host: named, .. }) = &head.host {
-                        let same = matches!(named, HostSpec::Name(n) if n == host);
-                        if !same {
-                            return Err(format!(
-                                "a request on the connection to {host} names another host ({named:?})"
-                            ));
+impl Egress {
+    /// Forwards the client's HTTP/1.x request stream, refusing (Err) a request
+    /// that names a host other than `host`, or a stream that stops being HTTP.
+    async fn pump_http(
+        &self,
+        from: &mut OwnedReadHalf,
+        to: &mut OwnedWriteHalf,
+        mut pending: Vec<u8>,
+        host: &str,
+    ) -> Result<u64, String> {
+        let mut framer = RequestFramer::new();
+        let mut chunk = vec![0u8; 16 * 1024];
+        let mut total = 0u64;
+        let io_err = |e: io::Error| e.to_string();
+        loop {
+            while !pending.is_empty() {
+                let take = match framer.step(&pending) {
+                    Step::NeedMore => {
+                        if pending.len() > MAX_HEAD_LEN {
+                            return Err("request head larger than 16 KiB".into());
                         }
+                        break;
                     }
-                    head.head_len
-                }
-                Step::Forward(n) => n,
-                // The bytes go to the same upstream whatever the server
-                // answers, so the stream is simply treated as upgraded.
-                Step::UpgradePending => {
-                    framer.upgrade_accepted();
-                    continue;
-                }
-                Step::Opaque => pending.len(),
-                Step::Malformed(e) => return Err(format!("malformed HTTP request: {e}")),
-            };
-            let take = take.min(pending.len());
-            to.write_all(&pending[..take]).await.map_err(io_err)?;
-            total += take as u64;
-            pending.drain(..take);
+                    Step::Head(head) => {
+                        if let Some(HostPort { host: named, .. }) = &head.host {
+                            let same = matches!(named, HostSpec::Name(n) if n == host);
+                            if !same {
+                                return Err(format!(
+                                    "a request on the connection to {host} names another host ({named:?})"
+                                ));
+                            }
+                        }
+                        head.head_len
+                    }
+                    Step::Forward(n) => n,
+                    // The bytes go to the same upstream whatever the server
+                    // answers, so the stream is simply treated as upgraded.
+                    Step::UpgradePending => {
+                        framer.upgrade_accepted();
+                        continue;
+                    }
+                    Step::Opaque => pending.len(),
+                    Step::Malformed(e) => return Err(format!("malformed HTTP request: {e}")),
+                };
+                let take = take.min(pending.len());
+                to.write_all(&pending[..take]).await.map_err(io_err)?;
+                total += take as u64;
+                self.pace(&self.upload, take).await;
+                pending.drain(..take);
+            }
+            let n = from.read(&mut chunk).await.map_err(io_err)?;
+            if n == 0 {
+                return Ok(total);
+            }
+            pending.extend_from_slice(&chunk[..n]);
         }
-        let n = from.read(&mut chunk).await.map_err(io_err)?;
-        if n == 0 {
-            return Ok(total);
-        }
-        pending.extend_from_slice(&chunk[..n]);
     }
 }

@@ -12,7 +12,7 @@ use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
 
 impl Manager {
     /// Reads each supervisor's egress counters into the sandbox's usage
-    /// (bytes) and the daemon's metrics (connections allowed and refused).
+    /// (bytes) and the daemon's metrics (verdicts, caps hit, throttling).
     pub async fn sample_egress(&self) {
         let ids: Vec<String> = self
             .records()
@@ -35,10 +35,7 @@ impl Manager {
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(id.clone(), now)
                 .unwrap_or_default();
-            self.metrics.egress(
-                now.allowed.saturating_sub(before.allowed),
-                now.refused.saturating_sub(before.refused),
-            );
+            self.metrics.egress(&before, &now);
             let mut records = self.records();
             if let Some(record) = records.get_mut(&id) {
                 if record.usage.egress_bytes != now.bytes {

@@ -445,7 +445,8 @@ impl Manager {
             ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
             devices: gpu.devices,
             network: record.network.clone(),
-            test_hosts: self.config.test_hosts.clone(),
+            upstream: self.config.upstream.clone(),
+            egress_limits: self.config.egress_limits,
         };
         let json = serde_json::to_vec(&shim_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;

@@ -35,9 +35,12 @@ pub struct ShimConfig {
     /// configs written before egress existed, which then means block.
     #[serde(default)]
     pub network: crate::net::policy::NetworkPolicy,
-    /// Test-only name→address overrides for the egress proxy's resolver.
+    /// Where the egress proxy dials from and resolves with.
     #[serde(default)]
-    pub test_hosts: std::collections::BTreeMap<String, std::net::IpAddr>,
+    pub upstream: crate::net::upstream::UpstreamConfig,
+    /// The egress proxy's caps.
+    #[serde(default)]
+    pub egress_limits: crate::net::limits::EgressLimits,
 }
 
 /// Files and folders of one sandbox under the daemon's run dir.

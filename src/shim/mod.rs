@@ -103,6 +103,17 @@ pub fn run(dir: &Path) -> i32 {
     let (init_tx, init_rx) = oneshot::channel();
     let init_pid = started.init_pid;
     std::thread::spawn(move || reap_children(init_pid, init_tx));
+    // The proxy's runtime runs on this thread: from here on it lives in the
+    // upstream namespace, so every upstream socket is made there. The
+    // addresses of both namespaces are the supervisor's own, refused like
+    // loopback.
+    let mut own_addrs = own_addresses(&config.id);
+    if let Err(e) = config.upstream.enter() {
+        return fail(e.to_string(), &config, &paths);
+    }
+    if config.upstream.netns.is_some() {
+        own_addrs.extend(own_addresses(&config.id));
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -110,7 +121,15 @@ pub fn run(dir: &Path) -> i32 {
         Ok(rt) => rt,
         Err(e) => return fail(format!("starting the runtime: {e}"), &config, &paths),
     };
-    runtime.block_on(serve(config, paths, started, init_rx))
+    runtime.block_on(serve(config, paths, started, init_rx, own_addrs))
+}
+
+/// The interface addresses of the calling thread's network namespace.
+fn own_addresses(sandbox: &str) -> Vec<std::net::IpAddr> {
+    crate::net::deny::host_interface_addresses().unwrap_or_else(|e| {
+        tracing::warn!(sandbox = %sandbox, "listing the host's addresses: {e}");
+        Vec::new()
+    })
 }
 
 /// Reaps every child; reports how init ended.
@@ -135,6 +154,7 @@ async fn serve(
     paths: SandboxPaths,
     started: Started,
     init_rx: oneshot::Receiver<String>,
+    own_addrs: Vec<std::net::IpAddr>,
 ) -> i32 {
     let policy = match crate::net::policy::EgressPolicy::from_request(
         &config.network,
@@ -143,8 +163,17 @@ async fn serve(
         Ok(p) => p,
         Err(e) => return fail(format!("the egress policy: {e}"), &config, &paths),
     };
-    let egress = match crate::net::proxy::Egress::new(&config.id, policy, config.test_hosts.clone())
-    {
+    let resolver = config.upstream.resolver().map_err(|e| {
+        tracing::warn!(sandbox = %config.id, "no upstream resolver, allowed names will not resolve: {e}");
+        e.to_string()
+    });
+    let egress = match crate::net::proxy::Egress::new(
+        &config.id,
+        policy,
+        config.egress_limits,
+        resolver,
+        own_addrs,
+    ) {
         Ok(e) => e,
         Err(e) => return fail(e.to_string(), &config, &paths),
     };
