@@ -117,6 +117,20 @@ impl Bandwidth {
         Bandwidth { bucket }
     }
 
+    pub fn is_unlimited(&self) -> bool {
+        self.bucket.is_none()
+    }
+
+    /// The most bytes to carry in one step: at most a burst when capped, so
+    /// pausing after each step keeps the average within one burst of the
+    /// cap.
+    pub fn step(&self, max: usize) -> usize {
+        match &self.bucket {
+            Some(bucket) => max.min(bucket.burst as usize).max(1),
+            None => max,
+        }
+    }
+
     /// Accounts `bytes` just carried; returns how long to pause before the
     /// next read so the average stays under the cap.
     pub fn charge(&self, bytes: usize) -> Duration {
@@ -164,6 +178,13 @@ mod tests {
             (wait.as_secs_f64() - 0.5).abs() < 1e-6,
             "500 bytes of debt at 1000/s is half a second, got {wait:?}"
         );
+    }
+
+    #[test]
+    fn a_capped_step_is_at_most_a_burst() {
+        assert_eq!(Bandwidth::new(10_000_000).step(1 << 20), 1_000_000);
+        assert_eq!(Bandwidth::new(1).step(1 << 20), 64 * 1024);
+        assert_eq!(Bandwidth::new(0).step(1 << 20), 1 << 20);
     }
 
     #[test]

@@ -5,8 +5,9 @@
 //! ([`policy`]), the fixed deny list and host-spelling parser ([`deny`]),
 //! and what the proxy uses to learn where a connection goes ([`origdst`],
 //! [`sni`], [`http`]) live here too, and so does the per-sandbox proxy and
-//! DNS server that serve them ([`proxy`]), with its caps ([`limits`]) and
-//! its way out ([`upstream`]: namespace and resolver).
+//! DNS server that serve them ([`proxy`]), with its caps ([`limits`]), its
+//! zero-copy forwarding ([`splice`]) and its way out ([`upstream`]:
+//! namespace and resolver).
 
 pub mod deny;
 pub mod dns;
@@ -19,4 +20,5 @@ pub mod policy;
 pub mod proxy;
 pub mod rules;
 pub mod sni;
+pub mod splice;
 pub mod upstream;

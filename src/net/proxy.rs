@@ -32,6 +32,7 @@ use crate::net::plumbing::{self, PlumbingError};
 use crate::net::policy::{canonical_ip, normalize_host, EgressPolicy};
 use crate::net::rules::{self, RulesError};
 use crate::net::sni::{parse_client_hello, ClientHello, MAX_HELLO_LEN};
+use crate::net::splice;
 
 /// The proxy's port inside every sandbox namespace.
 pub const PROXY_PORT: u16 = 15001;
@@ -559,7 +560,7 @@ impl Egress {
                     async {
                         uw.write_all(&peeked).await.map_err(|e| e.to_string())?;
                         let n = self
-                            .copy_capped(&mut cr, &mut uw, &self.upload)
+                            .carry(&mut cr, &mut uw, &self.upload)
                             .await
                             .map_err(|e| e.to_string())?;
                         Ok(n + peeked.len() as u64)
@@ -572,7 +573,7 @@ impl Egress {
         };
         let down = async {
             let r = self
-                .copy_capped(&mut ur, &mut cw, &self.download)
+                .carry(&mut ur, &mut cw, &self.download)
                 .await
                 .unwrap_or(0);
             let _ = cw.shutdown().await;
@@ -590,13 +591,33 @@ impl Egress {
         Ok((up_bytes.unwrap_or(0), down_bytes.unwrap_or(0)))
     }
 
+    /// Carries bytes one way until `from` ends, under `cap`: spliced
+    /// (zero-copy) when there is no cap and a pipe can be had, else copied
+    /// a burst at a time, which holds a cap to the byte.
+    async fn carry(
+        &self,
+        from: &mut OwnedReadHalf,
+        to: &mut OwnedWriteHalf,
+        cap: &Bandwidth,
+    ) -> io::Result<u64> {
+        if cap.is_unlimited() {
+            match splice::Pipe::new() {
+                Ok(pipe) => return splice::forward(from.as_ref(), to.as_ref(), &pipe).await,
+                Err(e) => {
+                    tracing::debug!(sandbox = %self.sandbox, "no pipe for splice ({e}); copying")
+                }
+            }
+        }
+        self.copy_capped(from, to, cap).await
+    }
+
     /// Copies until `from` ends, pausing as the bandwidth cap asks.
     async fn copy_capped<R, W>(&self, from: &mut R, to: &mut W, cap: &Bandwidth) -> io::Result<u64>
     where
         R: AsyncRead + Unpin,
         W: AsyncWrite + Unpin,
     {
-        let mut buf = vec![0u8; COPY_CHUNK];
+        let mut buf = vec![0u8; cap.step(COPY_CHUNK)];
         let mut total = 0u64;
         loop {
             let n = from.read(&mut buf).await?;

@@ -6,6 +6,8 @@
 //! HTTP on :80 and HTTPS (a test CA) on :443 of [`SERVER_IPS`], and a DNS
 //! server on [`DNS_IP`]:53 that is the daemon's `upstream_dns`.
 
+#![allow(dead_code)]
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
@@ -248,30 +250,33 @@ fn accept_loop(
 }
 
 /// Answers every request on a kept-alive connection: `/big` with
-/// [`BIG_LEN`] bytes, anything else with [`BODY`].
+/// [`BIG_LEN`] bytes, `/bytes/N` with N bytes, anything else with [`BODY`].
 fn serve_http(mut conn: impl Read + Write) {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 4096];
     loop {
         while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let big = buf.starts_with(b"GET /big ");
+            let body_len = requested_len(&buf[..end]);
             buf.drain(..end + 4);
-            let body_len = if big { BIG_LEN } else { BODY.len() };
-            let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {body_len}\r\n\r\n");
-            let sent = conn.write_all(head.as_bytes()).and_then(|()| {
-                if big {
-                    let block = vec![b'x'; 64 * 1024];
-                    let mut left = BIG_LEN;
-                    while left > 0 {
-                        let n = left.min(block.len());
-                        conn.write_all(&block[..n])?;
-                        left -= n;
+            let head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n",
+                body_len.unwrap_or(BODY.len())
+            );
+            let sent = conn
+                .write_all(head.as_bytes())
+                .and_then(|()| match body_len {
+                    Some(len) => {
+                        let block = vec![b'x'; 256 * 1024];
+                        let mut left = len;
+                        while left > 0 {
+                            let n = left.min(block.len());
+                            conn.write_all(&block[..n])?;
+                            left -= n;
+                        }
+                        Ok(())
                     }
-                    Ok(())
-                } else {
-                    conn.write_all(BODY.as_bytes())
-                }
-            });
+                    None => conn.write_all(BODY.as_bytes()),
+                });
             if sent.and_then(|()| conn.flush()).is_err() {
                 return;
             }
@@ -281,6 +286,16 @@ fn serve_http(mut conn: impl Read + Write) {
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
+}
+
+/// The body length a request head asks for (`/big`, `/bytes/N`), if any.
+fn requested_len(head: &[u8]) -> Option<usize> {
+    let line = head.split(|b| *b == b'\r').next()?;
+    let path = std::str::from_utf8(line).ok()?.split(' ').nth(1)?;
+    if path == "/big" {
+        return Some(BIG_LEN);
+    }
+    path.strip_prefix("/bytes/")?.parse().ok()
 }
 
 /// A UDP DNS server for [`zone`].
