@@ -1,2 +1,31 @@
-//! The microVM monitor. Empty until the microVM runtime is built: the crate
-//! exists so the workspace layout is final and the daemon can depend on it.
+//! sandboxd's microVM monitor: one process per VM, built on KVM with the
+//! rust-vmm crates (kvm-ioctls, vm-memory, linux-loader, vm-superio).
+//!
+//! Layout, one module per concern:
+//! - [`config`]: what a VM is asked to be, and the checks that need no KVM;
+//! - [`builder`]: turning a config into a ready [`Machine`];
+//! - [`machine`]: running it (a thread per vCPU) to a [`RunReport`];
+//! - [`stop`]: how the first stop reason is recorded and waited for;
+//! - [`vstate`]: KVM handle, guest memory, VM, vCPUs and their saved state;
+//! - [`arch`]: the x86_64 memory map and 64-bit boot state;
+//! - [`devices`]: port/MMIO buses, serial console, i8042, exit port;
+//! - [`loader`]: loading the ELF kernel.
+//!
+//! What is not here yet: virtio-mmio devices (block, vsock, net), the Linux
+//! boot protocol (zero page, e820, MP table), seccomp, snapshots; see
+//! vmm/README.md.
+
+#![warn(missing_docs)]
+
+pub mod arch;
+pub mod builder;
+pub mod config;
+pub mod devices;
+pub mod loader;
+pub mod machine;
+pub mod stop;
+pub mod vstate;
+
+pub use builder::{build, BuildError};
+pub use config::{ConfigError, VmConfig};
+pub use machine::{GuestExit, Machine, RunError, RunReport};

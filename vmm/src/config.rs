@@ -1,0 +1,223 @@
+//! What a VM is asked to be, and the checks on it that need no KVM: sizes of
+//! zero, memory beyond what the host has, command lines that do not fit. These
+//! run first, so bad input fails in microseconds with a message saying what to
+//! change.
+
+use std::io;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::arch::layout::{CMDLINE_MAX_LEN, MIN_MEM_MIB};
+use crate::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
+use crate::vstate::memory::MIB;
+
+/// Most vCPUs a VM may have: APIC IDs are 8 bits and 0xff is broadcast.
+pub const MAX_VCPUS: u8 = 254;
+
+/// A VM's configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmConfig {
+    /// ELF kernel (or test guest) to boot.
+    pub kernel: PathBuf,
+    /// Guest RAM in MiB.
+    pub mem_mib: u64,
+    /// Number of vCPUs.
+    pub vcpus: u8,
+    /// Kernel command line.
+    pub cmdline: String,
+    /// Most serial output bytes kept; the rest is dropped.
+    pub serial_cap_bytes: u64,
+    /// The KVM device.
+    pub kvm_device: PathBuf,
+    /// Stop the VM (as an error) if the guest has not finished by then.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for VmConfig {
+    fn default() -> Self {
+        VmConfig {
+            kernel: PathBuf::new(),
+            mem_mib: 128,
+            vcpus: 1,
+            cmdline: String::new(),
+            serial_cap_bytes: DEFAULT_SERIAL_CAP_BYTES,
+            kvm_device: PathBuf::from("/dev/kvm"),
+            timeout: None,
+        }
+    }
+}
+
+/// Configuration errors: each says which setting to change.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// No kernel given.
+    #[error("no kernel image given: pass --kernel PATH")]
+    NoKernel,
+    /// Memory below the minimum (zero included).
+    #[error("guest memory of {mib} MiB is too small: --mem-mib must be at least {min}")]
+    MemTooSmall {
+        /// Requested.
+        mib: u64,
+        /// Minimum.
+        min: u64,
+    },
+    /// More memory than the host has.
+    #[error(
+        "guest memory of {mib} MiB exceeds this host's {host_mib} MiB of RAM: lower --mem-mib"
+    )]
+    MemExceedsHost {
+        /// Requested.
+        mib: u64,
+        /// Host RAM.
+        host_mib: u64,
+    },
+    /// The host's RAM size could not be read.
+    #[error("cannot read the host's RAM size (sysinfo): {0}")]
+    HostMem(#[source] io::Error),
+    /// Zero vCPUs.
+    #[error("a VM needs at least one vCPU: --vcpus must be 1 or more")]
+    NoVcpus,
+    /// More vCPUs than the VMM or the host's KVM allows.
+    #[error("{vcpus} vCPUs requested, but at most {max} are possible here: lower --vcpus")]
+    TooManyVcpus {
+        /// Requested.
+        vcpus: u8,
+        /// Limit.
+        max: usize,
+    },
+    /// Command line too long.
+    #[error("kernel command line is {len} bytes, the limit is {max}: shorten --cmdline")]
+    CmdlineTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Command line contains a NUL byte, which would end it early.
+    #[error("kernel command line contains a NUL byte")]
+    CmdlineNul,
+}
+
+/// This host's RAM in MiB.
+pub fn host_ram_mib() -> Result<u64, ConfigError> {
+    // SAFETY: `sysinfo` is plain old data; all-zero is a valid value.
+    let mut info: libc::sysinfo = unsafe { std::mem::zeroed() };
+    // SAFETY: `info` is a valid, writable `sysinfo` for the call to fill.
+    if unsafe { libc::sysinfo(&mut info) } != 0 {
+        return Err(ConfigError::HostMem(io::Error::last_os_error()));
+    }
+    // `totalram` is a c_ulong, i.e. u64 on the 64-bit hosts this crate builds for.
+    Ok(info.totalram.saturating_mul(u64::from(info.mem_unit)) / MIB)
+}
+
+impl VmConfig {
+    /// Checks everything that can be checked without KVM or the kernel file.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.kernel.as_os_str().is_empty() {
+            return Err(ConfigError::NoKernel);
+        }
+        if self.mem_mib < MIN_MEM_MIB {
+            return Err(ConfigError::MemTooSmall {
+                mib: self.mem_mib,
+                min: MIN_MEM_MIB,
+            });
+        }
+        let host_mib = host_ram_mib()?;
+        if self.mem_mib > host_mib {
+            return Err(ConfigError::MemExceedsHost {
+                mib: self.mem_mib,
+                host_mib,
+            });
+        }
+        if self.vcpus == 0 {
+            return Err(ConfigError::NoVcpus);
+        }
+        if self.vcpus > MAX_VCPUS {
+            return Err(ConfigError::TooManyVcpus {
+                vcpus: self.vcpus,
+                max: usize::from(MAX_VCPUS),
+            });
+        }
+        if self.cmdline.len() > CMDLINE_MAX_LEN {
+            return Err(ConfigError::CmdlineTooLong {
+                len: self.cmdline.len(),
+                max: CMDLINE_MAX_LEN,
+            });
+        }
+        if self.cmdline.contains('\0') {
+            return Err(ConfigError::CmdlineNul);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> VmConfig {
+        VmConfig {
+            kernel: PathBuf::from("/some/vmlinux"),
+            mem_mib: 64,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn accepts_a_sane_config() {
+        config().validate().expect("valid");
+    }
+
+    #[test]
+    fn refuses_absurd_sizes() {
+        let check = |c: VmConfig| c.validate().unwrap_err();
+        assert!(matches!(
+            check(VmConfig {
+                mem_mib: 0,
+                ..config()
+            }),
+            ConfigError::MemTooSmall { mib: 0, .. }
+        ));
+        let err = check(VmConfig {
+            mem_mib: u64::MAX / MIB,
+            ..config()
+        });
+        assert!(matches!(err, ConfigError::MemExceedsHost { .. }), "{err}");
+        assert!(err.to_string().contains("--mem-mib"));
+        assert!(matches!(
+            check(VmConfig {
+                vcpus: 0,
+                ..config()
+            }),
+            ConfigError::NoVcpus
+        ));
+        assert!(matches!(
+            check(VmConfig {
+                vcpus: 255,
+                ..config()
+            }),
+            ConfigError::TooManyVcpus { .. }
+        ));
+        assert!(matches!(
+            check(VmConfig {
+                kernel: PathBuf::new(),
+                ..config()
+            }),
+            ConfigError::NoKernel
+        ));
+        assert!(matches!(
+            check(VmConfig {
+                cmdline: "x".repeat(CMDLINE_MAX_LEN + 1),
+                ..config()
+            }),
+            ConfigError::CmdlineTooLong { .. }
+        ));
+        assert!(matches!(
+            check(VmConfig {
+                cmdline: "a\0b".into(),
+                ..config()
+            }),
+            ConfigError::CmdlineNul
+        ));
+    }
+}

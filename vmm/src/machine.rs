@@ -1,0 +1,242 @@
+//! A built VM and how it runs: one thread per vCPU, the calling thread waiting
+//! for the first stop reason (or the timeout), then kicking every vCPU out of
+//! KVM_RUN and joining them, so no thread or KVM fd outlives [`Machine::run`].
+
+use std::io;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use vm_memory::GuestMemoryMmap;
+use vmm_sys_util::signal::Killable;
+
+use crate::devices::serial::{SerialDevice, SerialReport};
+use crate::stop::{StopLatch, StopReason};
+use crate::vstate::kvm::KvmContext;
+use crate::vstate::vcpu::{self, Vcpu, VcpuError, VcpuIo};
+use crate::vstate::vm::Vm;
+
+/// How the guest ended, when it ended on its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuestExit {
+    /// It wrote this code to the exit port.
+    Code(u8),
+    /// It asked for a reset (i8042), which for a microVM means it is done.
+    Reset,
+    /// A vCPU triple-faulted.
+    TripleFault {
+        /// The vCPU.
+        vcpu: u8,
+    },
+    /// A vCPU halted for good.
+    Halted {
+        /// The vCPU.
+        vcpu: u8,
+    },
+}
+
+/// Why a run did not end with the guest's own exit.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The kick handler could not be installed.
+    #[error(transparent)]
+    KickHandler(VcpuError),
+    /// A vCPU thread could not be started.
+    #[error("cannot start the thread for vCPU {vcpu}: {source}")]
+    Spawn {
+        /// The vCPU.
+        vcpu: u8,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
+    /// A vCPU failed.
+    #[error("vCPU {vcpu} failed: {source}")]
+    VcpuFailed {
+        /// The vCPU.
+        vcpu: u8,
+        /// What went wrong.
+        #[source]
+        source: VcpuError,
+    },
+    /// A vCPU thread panicked (a VMM bug).
+    #[error("the thread of vCPU {vcpu} panicked; this is a vmm bug")]
+    VcpuPanicked {
+        /// The vCPU.
+        vcpu: u8,
+    },
+    /// The guest did not finish in time.
+    #[error(
+        "the guest did not finish within {0:?}; it may be stuck (on kvm_pvm hosts every \
+         instruction of a guest that is not PVM-aware is emulated, so it also runs slowly)"
+    )]
+    TimedOut(Duration),
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunReport {
+    /// How the guest ended.
+    pub exit: GuestExit,
+    /// What became of its serial output.
+    pub serial: SerialReport,
+    /// Port accesses no device claimed.
+    pub unhandled_pio: u64,
+    /// MMIO accesses no device claimed (e.g. beyond guest RAM).
+    pub unhandled_mmio: u64,
+}
+
+/// Stops the VM if the vCPU thread holding it unwinds, so the run does not
+/// wait for a vCPU that is gone.
+struct StopOnPanic<'a> {
+    latch: &'a StopLatch,
+    vcpu: u8,
+}
+
+impl Drop for StopOnPanic<'_> {
+    fn drop(&mut self) {
+        if thread::panicking() {
+            self.latch.stop(StopReason::Panicked { vcpu: self.vcpu });
+        }
+    }
+}
+
+/// A VM ready to run.
+#[derive(Debug)]
+pub struct Machine {
+    // Field order is drop order: vCPUs, then the VM, then the memory its
+    // slots point into, then the KVM handle.
+    vcpus: Vec<Vcpu>,
+    vm: Vm,
+    mem: GuestMemoryMmap,
+    kvm: KvmContext,
+    io: VcpuIo,
+    serial: Arc<Mutex<SerialDevice>>,
+    timeout: Option<Duration>,
+}
+
+impl Machine {
+    pub(crate) fn new(
+        kvm: KvmContext,
+        vm: Vm,
+        mem: GuestMemoryMmap,
+        vcpus: Vec<Vcpu>,
+        io: VcpuIo,
+        serial: Arc<Mutex<SerialDevice>>,
+        timeout: Option<Duration>,
+    ) -> Self {
+        Machine {
+            vcpus,
+            vm,
+            mem,
+            kvm,
+            io,
+            serial,
+            timeout,
+        }
+    }
+
+    /// The vCPUs, before they run.
+    pub fn vcpus(&self) -> &[Vcpu] {
+        &self.vcpus
+    }
+
+    /// Guest memory.
+    pub fn memory(&self) -> &GuestMemoryMmap {
+        &self.mem
+    }
+
+    /// The KVM VM.
+    pub fn vm(&self) -> &Vm {
+        &self.vm
+    }
+
+    /// The KVM handle the VM was made with.
+    pub fn kvm(&self) -> &KvmContext {
+        &self.kvm
+    }
+
+    /// Runs the VM until the guest exits, a vCPU fails, or the timeout.
+    pub fn run(mut self) -> Result<RunReport, RunError> {
+        vcpu::register_kick_handler().map_err(RunError::KickHandler)?;
+
+        let mut handles: Vec<(u8, JoinHandle<Vcpu>)> = Vec::with_capacity(self.vcpus.len());
+        let mut spawn_error = None;
+        for vcpu in self.vcpus.drain(..) {
+            let id = vcpu.id();
+            let io = self.io.clone();
+            match thread::Builder::new()
+                .name(format!("vcpu{id}"))
+                .spawn(move || {
+                    let _guard = StopOnPanic {
+                        latch: &io.latch,
+                        vcpu: id,
+                    };
+                    vcpu.run(&io)
+                }) {
+                Ok(handle) => handles.push((id, handle)),
+                Err(source) => {
+                    spawn_error = Some(RunError::Spawn { vcpu: id, source });
+                    self.io.latch.stop(StopReason::Aborted);
+                    break;
+                }
+            }
+        }
+
+        if !self.io.latch.wait(self.timeout) {
+            self.io.latch.stop(StopReason::TimedOut);
+        }
+        for (_, handle) in &handles {
+            // Fails only if the thread has already ended, which is fine.
+            let _ = handle.kill(vcpu::kick_signal());
+        }
+        let mut panicked = None;
+        for (id, handle) in handles {
+            if handle.join().is_err() {
+                panicked.get_or_insert(id);
+            }
+        }
+
+        if let Some(err) = spawn_error {
+            return Err(err);
+        }
+        let reason = self.io.latch.take_reason();
+        let exit = match reason {
+            Some(StopReason::GuestExit(code)) => GuestExit::Code(code),
+            Some(StopReason::Reset) => GuestExit::Reset,
+            Some(StopReason::TripleFault { vcpu }) => GuestExit::TripleFault { vcpu },
+            Some(StopReason::Halted { vcpu }) => GuestExit::Halted { vcpu },
+            Some(StopReason::VcpuFailed { vcpu, error }) => {
+                return Err(RunError::VcpuFailed {
+                    vcpu,
+                    source: error,
+                })
+            }
+            Some(StopReason::Panicked { vcpu }) => return Err(RunError::VcpuPanicked { vcpu }),
+            Some(StopReason::TimedOut) => {
+                return Err(RunError::TimedOut(self.timeout.unwrap_or_default()))
+            }
+            // `Aborted` comes only with `spawn_error`, returned above; a
+            // latch that was waited on always holds a reason.
+            Some(StopReason::Aborted) | None => {
+                return Err(RunError::VcpuPanicked {
+                    vcpu: panicked.unwrap_or(0),
+                })
+            }
+        };
+        if let Some(vcpu) = panicked {
+            return Err(RunError::VcpuPanicked { vcpu });
+        }
+        let serial = self
+            .serial
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .report();
+        Ok(RunReport {
+            exit,
+            serial,
+            unhandled_pio: self.io.pio.unhandled_accesses(),
+            unhandled_mmio: self.io.mmio.unhandled_accesses(),
+        })
+    }
+}
