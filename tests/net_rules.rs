@@ -346,3 +346,273 @@ fn traffic_arriving_on_an_interface_takes_the_prerouting_path() {
     let mut buf = [0u8; 4];
     assert!(udp.recv_from(&mut buf).is_err(), "input filter let UDP in");
 }
+
+/// A real tap, as a microVM's VMM holds it: the test writes the guest's
+/// Ethernet frames into the tap's file and reads what the namespace sends
+/// back, so the packets enter the namespace exactly as a guest's would.
+mod tap {
+    use std::fs::File;
+    use std::io::{Read, Write};
+    use std::net::Ipv4Addr;
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, Instant};
+
+    pub const HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x01];
+    pub const GUEST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0x02];
+
+    const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+    const IFF_TAP: libc::c_short = 0x0002;
+    const IFF_NO_PI: libc::c_short = 0x1000;
+
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+
+    /// Creates tap `name` in the calling thread's namespace.
+    pub fn open(name: &str) -> File {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/net/tun")
+            .expect("open /dev/net/tun");
+        let mut req = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            flags: IFF_TAP | IFF_NO_PI,
+            _pad: [0; 22],
+        };
+        req.name[..name.len()].copy_from_slice(name.as_bytes());
+        // SAFETY: TUNSETIFF reads an ifreq, which `req` is laid out as.
+        let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETIFF, &mut req) };
+        assert_eq!(rc, 0, "TUNSETIFF: {}", std::io::Error::last_os_error());
+        file
+    }
+
+    fn checksum(chunks: &[&[u8]]) -> u16 {
+        let mut sum = 0u32;
+        for chunk in chunks {
+            for pair in chunk.chunks(2) {
+                let word = u16::from_be_bytes([pair[0], *pair.get(1).unwrap_or(&0)]);
+                sum += u32::from(word);
+            }
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    pub struct Segment {
+        pub src: (Ipv4Addr, u16),
+        pub dst: (Ipv4Addr, u16),
+        pub seq: u32,
+        pub ack: u32,
+        pub flags: u8,
+        pub payload: Vec<u8>,
+    }
+
+    pub const SYN: u8 = 0x02;
+    pub const ACK: u8 = 0x10;
+    pub const PSH: u8 = 0x08;
+
+    /// An Ethernet frame from the guest carrying `seg`.
+    pub fn frame(seg: &Segment) -> Vec<u8> {
+        let mut tcp = Vec::with_capacity(20 + seg.payload.len());
+        tcp.extend_from_slice(&seg.src.1.to_be_bytes());
+        tcp.extend_from_slice(&seg.dst.1.to_be_bytes());
+        tcp.extend_from_slice(&seg.seq.to_be_bytes());
+        tcp.extend_from_slice(&seg.ack.to_be_bytes());
+        tcp.extend_from_slice(&[5 << 4, seg.flags, 0xff, 0xff, 0, 0, 0, 0]);
+        tcp.extend_from_slice(&seg.payload);
+        let tcp_len = (tcp.len() as u16).to_be_bytes();
+        let pseudo = [
+            &seg.src.0.octets()[..],
+            &seg.dst.0.octets()[..],
+            &[0, 6],
+            &tcp_len[..],
+        ]
+        .concat();
+        let sum = checksum(&[&pseudo, &tcp]).to_be_bytes();
+        tcp[16..18].copy_from_slice(&sum);
+        let total = (20 + tcp.len() as u16).to_be_bytes();
+        let mut ip = vec![0x45, 0, total[0], total[1], 0, 1, 0x40, 0, 64, 6, 0, 0];
+        ip.extend_from_slice(&seg.src.0.octets());
+        ip.extend_from_slice(&seg.dst.0.octets());
+        let sum = checksum(&[&ip]).to_be_bytes();
+        ip[10..12].copy_from_slice(&sum);
+        [&HOST_MAC[..], &GUEST_MAC[..], &[0x08, 0x00], &ip, &tcp].concat()
+    }
+
+    /// The TCP segment in `frame`, if it is IPv4 TCP.
+    fn parse(frame: &[u8]) -> Option<Segment> {
+        if frame.len() < 54 || frame[12..14] != [0x08, 0x00] || frame[23] != 6 {
+            return None;
+        }
+        let ip = &frame[14..];
+        let ihl = usize::from(ip[0] & 0x0f) * 4;
+        let tcp = ip.get(ihl..)?;
+        let addr = |b: &[u8]| Ipv4Addr::new(b[0], b[1], b[2], b[3]);
+        let word = |b: &[u8]| u16::from_be_bytes([b[0], b[1]]);
+        let long = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
+        Some(Segment {
+            src: (addr(&ip[12..16]), word(&tcp[0..2])),
+            dst: (addr(&ip[16..20]), word(&tcp[2..4])),
+            seq: long(&tcp[4..8]),
+            ack: long(&tcp[8..12]),
+            flags: tcp[13],
+            payload: Vec::new(),
+        })
+    }
+
+    pub fn send(tap: &mut File, seg: &Segment) {
+        tap.write_all(&frame(seg)).expect("write to the tap");
+    }
+
+    /// Reads frames until a TCP segment matches, or panics after 3 s.
+    pub fn await_segment(tap: &mut File, want: impl Fn(&Segment) -> bool) -> Segment {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        let mut buf = [0u8; 2048];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(!left.is_zero(), "no matching segment came out of the tap");
+            let mut pfd = libc::pollfd {
+                fd: tap.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd, for the duration of the call.
+            unsafe { libc::poll(&mut pfd, 1, left.as_millis() as i32) };
+            if pfd.revents & libc::POLLIN == 0 {
+                continue;
+            }
+            let n = tap.read(&mut buf).expect("read the tap");
+            if let Some(seg) = parse(&buf[..n]) {
+                if want(&seg) {
+                    return seg;
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn a_microvm_tap_takes_the_prerouting_path() {
+    root_only!();
+    use std::net::Ipv4Addr;
+    use tap::{Segment, ACK, PSH, SYN};
+    let ns = Ns::sandbox();
+    let mut dev = in_netns(&ns.path, || tap::open("vmtap0")).unwrap();
+    let mac = tap::HOST_MAC
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    let guest_mac = tap::GUEST_MAC
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    run_in(&ns.path, &["ip", "link", "set", "vmtap0", "address", &mac]);
+    run_in(
+        &ns.path,
+        &["ip", "addr", "add", "10.201.0.1/30", "dev", "vmtap0"],
+    );
+    run_in(&ns.path, &["ip", "link", "set", "vmtap0", "up"]);
+    // The VMM knows the guest's MAC; no ARP round trip through the test.
+    run_in(
+        &ns.path,
+        &[
+            "ip",
+            "neigh",
+            "add",
+            "10.201.0.2",
+            "lladdr",
+            &guest_mac,
+            "dev",
+            "vmtap0",
+        ],
+    );
+    let listener = in_netns(&ns.path, || TcpListener::bind(("0.0.0.0", PROXY_PORT)))
+        .unwrap()
+        .unwrap();
+
+    // The guest's SYN to a public address comes back as a SYN-ACK from that
+    // address: the redirect and its reversal both happened in the namespace.
+    let guest = (Ipv4Addr::new(10, 201, 0, 2), 40000);
+    let target = (Ipv4Addr::new(203, 0, 113, 7), 443);
+    let isn = 1000;
+    tap::send(
+        &mut dev,
+        &Segment {
+            src: guest,
+            dst: target,
+            seq: isn,
+            ack: 0,
+            flags: SYN,
+            payload: Vec::new(),
+        },
+    );
+    let syn_ack = tap::await_segment(&mut dev, |s| s.flags & (SYN | ACK) == SYN | ACK);
+    assert_eq!(
+        syn_ack.src, target,
+        "the SYN-ACK must come from the address the guest dialled"
+    );
+    assert_eq!(syn_ack.dst, guest);
+    assert_eq!(syn_ack.ack, isn + 1);
+    tap::send(
+        &mut dev,
+        &Segment {
+            src: guest,
+            dst: target,
+            seq: isn + 1,
+            ack: syn_ack.seq.wrapping_add(1),
+            flags: ACK | PSH,
+            payload: b"hello".to_vec(),
+        },
+    );
+    let (_conn, orig) = accept_one(&listener);
+    assert_eq!(orig, SocketAddr::from(target));
+
+    // Even the namespace's own address is not reachable from the guest:
+    // a connection to a port listening there lands at the proxy too.
+    let own = in_netns(&ns.path, || TcpListener::bind(("10.201.0.1", 0)))
+        .unwrap()
+        .unwrap();
+    own.set_nonblocking(true).unwrap();
+    let own_target = (
+        Ipv4Addr::new(10, 201, 0, 1),
+        own.local_addr().unwrap().port(),
+    );
+    let second = (guest.0, 40001);
+    tap::send(
+        &mut dev,
+        &Segment {
+            src: second,
+            dst: own_target,
+            seq: isn,
+            ack: 0,
+            flags: SYN,
+            payload: Vec::new(),
+        },
+    );
+    let syn_ack = tap::await_segment(&mut dev, |s| s.dst == second && s.flags & SYN != 0);
+    tap::send(
+        &mut dev,
+        &Segment {
+            src: second,
+            dst: own_target,
+            seq: isn + 1,
+            ack: syn_ack.seq.wrapping_add(1),
+            flags: ACK | PSH,
+            payload: b"hello".to_vec(),
+        },
+    );
+    let (_conn, orig) = accept_one(&listener);
+    assert_eq!(orig, SocketAddr::from(own_target));
+    assert!(
+        own.accept().is_err(),
+        "the guest reached a socket beside the proxy"
+    );
+}
