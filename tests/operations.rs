@@ -205,6 +205,12 @@ fn which(name: &str) -> Result<String, ()> {
 fn inventory(daemon: &Daemon) -> BTreeSet<String> {
     let mut items = BTreeSet::new();
     let parent = format!("/sys/fs/cgroup/pids{}", daemon.cgroup_parent());
+    // Supervisors sit in this daemon's own `<cgroup_parent>/supervisors`.
+    let supervisors = std::fs::read_to_string(format!("{parent}/supervisors/cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .count();
+    items.insert(format!("supervisors {supervisors}"));
     for group in std::fs::read_dir(parent).into_iter().flatten().flatten() {
         let name = group.file_name().to_string_lossy().into_owned();
         if name.starts_with("sb-") {
@@ -244,6 +250,7 @@ fn inventory(daemon: &Daemon) -> BTreeSet<String> {
 
 fn expected_inventory(daemon: &Daemon, ids: &[String]) -> BTreeSet<String> {
     let run = daemon.run_dir();
+    let supervisors = format!("supervisors {}", ids.len());
     ids.iter()
         .flat_map(|id| {
             [
@@ -260,6 +267,7 @@ fn expected_inventory(daemon: &Daemon, ids: &[String]) -> BTreeSet<String> {
                 ),
             ]
         })
+        .chain([supervisors])
         .collect()
 }
 
@@ -344,7 +352,7 @@ async fn sigkill_during_creates_loses_no_ready_sandbox_and_leaves_nothing_half_m
         assert_eq!(run.out(), "ok\n");
         daemon.delete(id).await;
     }
-    assert_eq!(inventory(&daemon), BTreeSet::new());
+    assert_eq!(inventory(&daemon), expected_inventory(&daemon, &[]));
     let _ = Duration::from_secs(0);
 }
 

@@ -18,7 +18,12 @@ pub enum CgroupError {
     Io { path: String, source: io::Error },
     #[error("cgroup {path} still has processes after {waited_ms} ms of killing")]
     Stuck { path: String, waited_ms: u128 },
+    #[error("cgroup {path} did not freeze within {waited_ms} ms (a task in uninterruptible I/O?); try again")]
+    NotFrozen { path: String, waited_ms: u128 },
 }
+
+/// How long a sandbox may take to freeze.
+const FREEZE_DEADLINE: Duration = Duration::from_secs(5);
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
     move |source| CgroupError::Io {
@@ -179,6 +184,54 @@ impl SandboxCgroups {
         }
     }
 
+    /// Stops every task of the sandbox (per-process groups included) and
+    /// waits until all are stopped, so its memory and files hold still.
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        let start = Instant::now();
+        let (dir, file, value) = match self.layout {
+            Layout::V1 => (self.dir("freezer"), "freezer.state", "FROZEN"),
+            Layout::V2 => (self.dir(""), "cgroup.freeze", "1"),
+        };
+        let path = dir.join(file);
+        fs::write(&path, value).map_err(io_err(&path))?;
+        let mut backoff = Duration::from_micros(100);
+        loop {
+            let frozen = match self.layout {
+                Layout::V1 => fs::read_to_string(&path)
+                    .map(|s| s.trim() == "FROZEN")
+                    .unwrap_or(false),
+                Layout::V2 => read_key(&dir.join("cgroup.events"), "frozen") == Some(1),
+            };
+            if frozen {
+                return Ok(());
+            }
+            if start.elapsed() > FREEZE_DEADLINE {
+                let _ = self.thaw();
+                return Err(CgroupError::NotFrozen {
+                    path: dir.display().to_string(),
+                    waited_ms: start.elapsed().as_millis(),
+                });
+            }
+            // Freezing completes in microseconds to milliseconds; v1 gives
+            // no event for it.
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(10));
+        }
+    }
+
+    /// Lets a frozen sandbox run again.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        let path = match self.layout {
+            Layout::V1 => self.dir("freezer").join("freezer.state"),
+            Layout::V2 => self.dir("").join("cgroup.freeze"),
+        };
+        let value = match self.layout {
+            Layout::V1 => "THAWED",
+            Layout::V2 => "0",
+        };
+        fs::write(&path, value).map_err(io_err(&path))
+    }
+
     /// Kills every process of the sandbox, in every per-process group too.
     pub fn kill_all(&self) -> Result<(), CgroupError> {
         match self.layout {
@@ -261,6 +314,16 @@ pub fn join_supervisors_group(parent: &str) -> Result<(), CgroupError> {
         fs::write(&procs, &me).map_err(io_err(&procs))?;
     }
     Ok(())
+}
+
+/// Pids in `<parent>/supervisors`: every supervisor of this daemon's
+/// sandboxes that got as far as joining it.
+pub fn supervisor_pids(parent: &str) -> Vec<i32> {
+    let group = Path::new(parent.trim_matches('/')).join("supervisors");
+    match Layout::detect() {
+        Layout::V2 => read_pids(&Path::new(CGROUP_ROOT).join(group)),
+        Layout::V1 => read_pids(&Path::new(CGROUP_ROOT).join("pids").join(group)),
+    }
 }
 
 /// Sandbox ids that have a cgroup under `parent` (for recovery to find

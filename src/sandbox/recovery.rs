@@ -16,6 +16,14 @@ impl Manager {
     /// ones whose supervisor is gone are torn down and kept as failed.
     pub async fn recover(self: &Arc<Self>) -> Result<(), SandboxError> {
         let stored: Vec<SandboxRecord> = self.store.all().map_err(SandboxError::internal)?;
+        // A supervisor the old daemon started but never saw ready would go
+        // on making its sandbox while it is torn down below: stop it first.
+        let finished: std::collections::HashSet<&str> = stored
+            .iter()
+            .filter(|r| !matches!(r.state, SandboxState::Creating | SandboxState::Deleting))
+            .map(|r| r.id.as_str())
+            .collect();
+        self.kill_supervisors_except(&finished);
         for mut record in stored {
             let alive = match ShimConn::connect(&self.paths(&record.id).socket()).await {
                 Ok(mut conn) => matches!(
@@ -71,11 +79,47 @@ impl Manager {
         Ok(())
     }
 
+    /// SIGKILLs this daemon's supervisors whose sandbox is not in `keep`.
+    /// A supervisor is `sandboxd shim <run dir>/<id>`; its sandbox's
+    /// processes live in the sandbox's cgroup and go with its teardown.
+    fn kill_supervisors_except(&self, keep: &std::collections::HashSet<&str>) {
+        let run_dir = self.config.sandboxes_run_dir();
+        for pid in crate::runtime::cgroups::supervisor_pids(&self.config.cgroup_parent) {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let Some(dir) = args
+                .windows(2)
+                .find(|w| w[0] == b"shim")
+                .map(|w| std::path::PathBuf::from(String::from_utf8_lossy(w[1]).into_owned()))
+            else {
+                continue;
+            };
+            if dir.parent() != Some(run_dir.as_path()) {
+                continue;
+            }
+            let id = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if keep.contains(id.as_str()) {
+                continue;
+            }
+            tracing::info!(sandbox = %id, pid, "stopping a supervisor no finished record owns");
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+
     /// Removes what no record owns: run dirs, writable layers and cgroups of
     /// sandboxes whose creation was cut off before their record was written
     /// (or whose record was lost).
     pub(super) async fn sweep_unowned(&self) {
         let known: std::collections::HashSet<String> = self.records().keys().cloned().collect();
+        self.kill_supervisors_except(&known.iter().map(String::as_str).collect());
         let mut unowned: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_run_dir()) {
             unowned.extend(

@@ -2,6 +2,7 @@
 //! after a restart all end here. Each step is idempotent, so a teardown that
 //! was interrupted (even by SIGKILL) is finished by running it again.
 
+use std::os::fd::FromRawFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -11,6 +12,8 @@ use crate::shim::config::SandboxPaths;
 use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
 
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
+/// How long a supervisor may take to exit once it has torn its sandbox down.
+const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 
 /// Removes every trace of sandbox `id`; returns what could not be removed.
 pub async fn teardown(
@@ -22,8 +25,16 @@ pub async fn teardown(
     let mut problems = Vec::new();
     // The supervisor kills and removes the container itself when it is there...
     if let Ok(mut conn) = ShimConn::connect(&paths.socket()).await {
+        let supervisor = conn.peer_pid();
         match conn.call(&ShimRequest::Shutdown, SHUTDOWN_DEADLINE).await {
-            Ok(ShimReply::Ok) => {}
+            // Gone means gone: the supervisor exits right after answering.
+            Ok(ShimReply::Ok) => {
+                if let Some(pid) = supervisor {
+                    if !exited(pid, EXIT_DEADLINE).await {
+                        problems.push(format!("supervisor {pid} still runs after its teardown"));
+                    }
+                }
+            }
             Ok(ShimReply::Error(e)) => problems.push(format!("supervisor teardown: {e}")),
             Ok(other) => problems.push(format!("supervisor answered shutdown with {other:?}")),
             Err(e) => problems.push(e.to_string()),
@@ -42,6 +53,31 @@ pub async fn teardown(
         problems.push(e);
     }
     problems
+}
+
+/// Waits (on a pidfd, no polling) until process `pid` has exited; `true`
+/// when it has, or when it cannot be watched because it is already gone.
+async fn exited(pid: i32, deadline: Duration) -> bool {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if raw < 0 {
+        // ESRCH: already gone.
+        return true;
+    }
+    // SAFETY: the syscall returned a new descriptor that nothing else owns.
+    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw as i32) };
+    // SAFETY: `pidfd` is an open descriptor that the AsyncFd owns from here
+    // until it is dropped, and OwnedFd always reports that same descriptor.
+    let registered = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+    };
+    let Ok(watch) = registered else {
+        return true;
+    };
+    // A pidfd becomes readable when its process exits.
+    tokio::time::timeout(deadline, watch.readable())
+        .await
+        .is_ok()
 }
 
 /// Deletes the sandbox's run directory, but never through a mount that is

@@ -88,7 +88,12 @@ pub fn run(dir: &Path) -> i32 {
             return 1;
         }
     };
-    let parent = std::env::var("SANDBOXD_CGROUP_PARENT").unwrap_or_else(|_| "/sandboxd".into());
+    // The sandbox's group is `<cgroup_parent>/<id>`; supervisors live
+    // beside the sandboxes, in `<cgroup_parent>/supervisors`.
+    let parent = std::path::Path::new(&config.cgroups_path)
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|| "/sandboxd".into());
     if let Err(e) = crate::runtime::cgroups::join_supervisors_group(&parent) {
         tracing::warn!(sandbox = %config.id, "leaving the daemon's cgroup: {e}");
     }

@@ -197,6 +197,11 @@ impl ShimConn {
             .map_err(ClientError::Unreachable)
     }
 
+    /// The pid of the supervisor at the other end.
+    pub fn peer_pid(&self) -> Option<i32> {
+        self.stream.peer_cred().ok().and_then(|c| c.pid())
+    }
+
     /// The next reply, or `None` when the supervisor closed the connection.
     pub async fn next(&mut self) -> Result<Option<ShimReply>, ClientError> {
         loop {
