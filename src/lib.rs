@@ -14,4 +14,5 @@ pub mod net;
 pub mod runtime;
 pub mod sandbox;
 pub mod shim;
+pub mod snapshot;
 pub mod store;

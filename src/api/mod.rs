@@ -7,6 +7,7 @@ mod gpus;
 mod processes;
 mod sandboxes;
 pub mod server;
+mod snapshots;
 pub mod types;
 
 /// The OpenAPI document of this API, kept in the repo at `api/openapi.json`.

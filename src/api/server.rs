@@ -9,7 +9,7 @@ use axum::routing::{get, patch, post, put};
 use axum::Router;
 use tokio::net::UnixListener;
 
-use super::{events, files, gpus, processes, sandboxes};
+use super::{events, files, gpus, processes, sandboxes, snapshots};
 use crate::sandbox::Manager;
 
 pub fn router(manager: Arc<Manager>) -> Router {
@@ -25,6 +25,12 @@ pub fn router(manager: Arc<Manager>) -> Router {
             get(sandboxes::get).delete(sandboxes::delete),
         )
         .route("/sandboxes/{id}/ttl", put(sandboxes::set_ttl))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::take))
+        .route("/snapshots", get(snapshots::list))
+        .route(
+            "/snapshots/{id}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
         .route("/sandboxes/{id}/network", patch(sandboxes::set_network))
         .route("/sandboxes/{id}/network/log", get(sandboxes::network_log))
         .route(

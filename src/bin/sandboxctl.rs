@@ -18,6 +18,7 @@ mod units;
 // The wire types are the daemon's own, so the two cannot drift; `crate::types`
 // names them for the modules under `sandboxctl/`.
 use sandboxd::api::types;
+use sandboxd::snapshot::SnapshotView;
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -169,6 +170,22 @@ enum Cmd {
         /// Remove a directory and everything under it.
         #[arg(long, short)]
         recursive: bool,
+    },
+    /// Snapshot a running sandbox (it keeps running); prints the snapshot
+    /// id. `--filesystem` snapshots its files only, as an image that
+    /// `create --image SNAP` accepts.
+    Snapshot {
+        #[arg(value_parser = units::parse_id)]
+        id: String,
+        #[arg(long)]
+        filesystem: bool,
+    },
+    /// List snapshots.
+    Snapshots,
+    /// Delete snapshots; sandboxes made from them keep running.
+    RmSnapshot {
+        #[arg(required = true, value_parser = units::parse_id)]
+        ids: Vec<String>,
     },
     /// Check that the daemon answers; exits 1 unless it says ok.
     Health,
@@ -461,6 +478,38 @@ async fn run(cli: Cli) -> Result<i32> {
             c.call(Method::DELETE, &uri, None::<&()>).await?;
             Ok(0)
         }
+        Cmd::Snapshot { id, filesystem } => {
+            let kind = if filesystem { "filesystem" } else { "memory" };
+            let body = serde_json::json!({ "kind": kind });
+            let (snap, raw): (SnapshotView, Bytes) = c
+                .json(
+                    Method::POST,
+                    &format!("{}/snapshots", sandbox_uri(&id)),
+                    Some(&body),
+                )
+                .await?;
+            if json {
+                print_raw(&raw)?;
+            } else {
+                println!("{}", snap.id);
+            }
+            Ok(0)
+        }
+        Cmd::Snapshots => snapshots(&c, json).await,
+        Cmd::RmSnapshot { ids } => {
+            let mut code = 0;
+            for id in ids {
+                let uri = format!("/v1/snapshots/{}", enc_seg(&id));
+                match c.call(Method::DELETE, &uri, None::<&()>).await {
+                    Ok(()) => println!("{id}"),
+                    Err(e) => {
+                        eprintln!("error: {id}: {e:#}");
+                        code = 1;
+                    }
+                }
+            }
+            Ok(code)
+        }
         Cmd::Health => {
             let (h, raw): (Health, Bytes) = c.json(Method::GET, "/v1/health", None::<&()>).await?;
             if json {
@@ -554,6 +603,42 @@ async fn ls(c: &Client, json: bool) -> Result<i32> {
         .collect();
     print_out(&output::table(
         &["ID", "STATE", "IMAGE", "CPU", "MEMORY", "TTL-LEFT"],
+        &rows,
+    ))?;
+    Ok(0)
+}
+
+#[derive(serde::Deserialize)]
+struct SnapshotList {
+    snapshots: Vec<SnapshotView>,
+}
+
+async fn snapshots(c: &Client, json: bool) -> Result<i32> {
+    let (list, raw): (SnapshotList, Bytes) =
+        c.json(Method::GET, "/v1/snapshots", None::<&()>).await?;
+    if json {
+        print_raw(&raw)?;
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = list
+        .snapshots
+        .iter()
+        .map(|s| {
+            vec![
+                s.id.clone(),
+                serde_json::to_value(s.kind)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default(),
+                s.sandbox.clone(),
+                s.image.clone(),
+                output::fmt_mib(s.size_bytes >> 20),
+                s.created_at.clone(),
+            ]
+        })
+        .collect();
+    print_out(&output::table(
+        &["ID", "KIND", "SANDBOX", "IMAGE", "SIZE", "CREATED"],
         &rows,
     ))?;
     Ok(0)

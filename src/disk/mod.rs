@@ -2,6 +2,9 @@
 //! (overlay `upper/` + `work/`), one subvolume per sandbox with a qgroup limit, so a
 //! sandbox that fills its disk gets EDQUOT and the host disk is untouched.
 //!
+//! Snapshots of layers (read-only btrfs snapshots, sharing extents) live in
+//! the same pool, under `snapshots/`.
+//!
 //! Setting the pool up (mkfs, loop mount, quota enable) uses the btrfs CLI once per
 //! boot; creating and removing layers is ioctls only, since it is on the sandbox
 //! create/delete path.
@@ -10,6 +13,7 @@ mod error;
 mod ioctl;
 mod layer;
 mod pool;
+mod snapshot;
 
 #[cfg(test)]
 mod tests;

@@ -217,9 +217,15 @@ fn place_at_link_fd(child: OwnedFd) -> io::Result<()> {
 fn mount_root(config: &ShimConfig, target: &Path) -> Result<(), ContainerError> {
     let upper = config.layer_dir.join("upper");
     let work = config.layer_dir.join("work");
+    let lower: Vec<String> = config
+        .image_layers
+        .iter()
+        .chain(std::iter::once(&config.image_rootfs))
+        .map(|p| p.display().to_string())
+        .collect();
     let options = format!(
         "lowerdir={},upperdir={},workdir={}",
-        config.image_rootfs.display(),
+        lower.join(":"),
         upper.display(),
         work.display()
     );

@@ -138,6 +138,7 @@ mod tests {
             usage: Default::default(),
             idempotency_key: None,
             network: Default::default(),
+            base_snapshot: None,
         }
     }
 

@@ -50,6 +50,8 @@ pub struct Manager {
     pub(super) stopping: tokio::sync::watch::Sender<bool>,
     /// Each supervisor's egress counters as last read, for metric deltas.
     pub(super) egress_seen: Mutex<HashMap<String, crate::net::proxy::EgressCounters>>,
+    /// Every snapshot, with its meta.
+    pub(super) snapshots: crate::snapshot::SnapshotIndex,
 }
 
 pub(super) fn default_env() -> Vec<(String, String)> {
@@ -127,6 +129,7 @@ pub(super) fn new_id() -> String {
 impl Manager {
     pub fn new(config: Config, store: Store, images: ImageCache, disk: DiskPool) -> Arc<Self> {
         let store = Arc::new(store);
+        let snapshots = crate::snapshot::SnapshotIndex::load(&disk);
         Arc::new(Self {
             events: EventLog::open(Arc::clone(&store), config.event_retention_seconds),
             metrics: crate::metrics::Metrics::new(),
@@ -142,6 +145,7 @@ impl Manager {
             refill_done: Notify::new(),
             stopping: tokio::sync::watch::channel(false).0,
             egress_seen: Mutex::new(HashMap::new()),
+            snapshots,
         })
     }
 
@@ -348,6 +352,7 @@ impl Manager {
                 usage: Default::default(),
                 idempotency_key,
                 network,
+                base_snapshot: None,
             };
             records.insert(id.clone(), record.clone());
             record
@@ -391,21 +396,36 @@ impl Manager {
             lap = std::time::Instant::now();
         };
         self.persist(&record)?;
-        let images = Arc::clone(&self.images);
-        let name = image_name.to_string();
-        let image = tokio::task::spawn_blocking(move || images.resolve(&name))
-            .await
-            .map_err(SandboxError::internal)?
-            .map_err(|e| {
-                if e.is_client_error() {
-                    SandboxError::NotFound {
-                        code: "image_not_found",
-                        message: e.to_string(),
-                    }
-                } else {
-                    SandboxError::internal(e)
-                }
-            })?;
+        let (image, image_layers) = match self.snapshot_image(image_name)? {
+            Some(snapshot) => {
+                record.base_snapshot = Some(snapshot.id.clone());
+                self.persist(&record)?;
+                let image = crate::image::Image {
+                    name: snapshot.id.clone(),
+                    digest: snapshot.image_digest.clone(),
+                    rootfs: snapshot.base_rootfs.clone(),
+                };
+                (image, snapshot.layers.clone())
+            }
+            None => {
+                let images = Arc::clone(&self.images);
+                let name = image_name.to_string();
+                let image = tokio::task::spawn_blocking(move || images.resolve(&name))
+                    .await
+                    .map_err(SandboxError::internal)?
+                    .map_err(|e| {
+                        if e.is_client_error() {
+                            SandboxError::NotFound {
+                                code: "image_not_found",
+                                message: e.to_string(),
+                            }
+                        } else {
+                            SandboxError::internal(e)
+                        }
+                    })?;
+                (image, Vec::new())
+            }
+        };
         record.image_digest = image.digest.clone();
         phase("image");
 
@@ -430,6 +450,7 @@ impl Manager {
             id: record.id.clone(),
             hostname: record.id.clone(),
             image_rootfs: image.rootfs.clone(),
+            image_layers,
             layer_dir,
             agent_path: self.config.agent_path.clone(),
             cgroups_path: record.cgroups_path.clone(),
@@ -546,6 +567,9 @@ impl Manager {
             let _ = self.store.remove(&record.id);
             self.gpus.release(&record.id);
             self.metrics.sandbox_gone(&record.id);
+            if record.base_snapshot.is_some() {
+                self.collect_snapshots();
+            }
             if !record.pooled && record.state != SandboxState::Creating {
                 let usage = serde_json::to_string(&record.usage).ok();
                 self.events

@@ -11,6 +11,7 @@ mod network;
 mod pool;
 mod record;
 mod recovery;
+mod snapshots;
 mod teardown;
 mod validate;
 mod watch;

@@ -44,6 +44,11 @@ pub struct SandboxRecord {
     /// already applied (so a record never depends on a later default).
     #[serde(default)]
     pub network: crate::net::policy::NetworkPolicy,
+    /// The snapshot whose layers this sandbox's root stacks on (a
+    /// filesystem snapshot used as its image, or a memory snapshot it was
+    /// forked from); it cannot be removed while the sandbox lives.
+    #[serde(default)]
+    pub base_snapshot: Option<String>,
 }
 
 pub fn now_ms() -> u64 {

@@ -11,6 +11,9 @@ pub struct ShimConfig {
     pub id: String,
     pub hostname: String,
     pub image_rootfs: PathBuf,
+    /// Read-only layers above the image (snapshots' writes), top first.
+    #[serde(default)]
+    pub image_layers: Vec<PathBuf>,
     /// The btrfs subvolume holding `upper/` and `work/`.
     pub layer_dir: PathBuf,
     pub agent_path: PathBuf,
