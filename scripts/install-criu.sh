@@ -40,10 +40,12 @@ criu_works() {
   "$bin" check >/dev/null 2>&1
 }
 
-if current=$(command -v criu) && criu_works "$current"; then
-  echo "criu: $("$current" --version | awk '/^Version:/ { print $2 }') at $current works; nothing to do"
-  exit 0
-fi
+for current in "$dest" "$(command -v criu || true)"; do
+  if [[ -n $current ]] && criu_works "$current"; then
+    echo "criu: $("$current" --version | awk '/^Version:/ { print $2 }') at $current works; nothing to do"
+    exit 0
+  fi
+done
 case ":$PATH:" in
   *:/usr/local/sbin:*) ;;
   *) echo "warning: /usr/local/sbin is not on PATH; sandboxd finds criu through PATH" >&2 ;;

@@ -21,6 +21,10 @@ if ((${#missing[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# Memory snapshots need CRIU 4.2+, which Debian 12 does not ship: built once
+# from Debian testing's source and cached.
+"$(dirname "$0")/install-criu.sh" ||
+  echo "warning: CRIU 4.2+ could not be installed; memory snapshots will fail (and their test skips)" >&2
 if ! command -v cargo >/dev/null; then
   echo "cargo (Rust 1.85+) is required: install it with rustup, then run this again" >&2
   exit 1

@@ -170,6 +170,10 @@ pub struct ConfigOverrides {
     /// Egress bandwidth per sandbox and direction, in Mbit/s (0: no cap).
     #[arg(long)]
     pub egress_bandwidth_mbit: Option<u64>,
+    /// The CRIU binary memory snapshots use (4.2 or newer; default: the
+    /// first of /usr/local/sbin/criu, /usr/sbin/criu).
+    #[arg(long)]
+    pub criu_path: Option<PathBuf>,
 }
 
 fn parse_default_egress(s: &str) -> Result<crate::net::policy::DefaultEgress, String> {
@@ -178,6 +182,15 @@ fn parse_default_egress(s: &str) -> Result<crate::net::policy::DefaultEgress, St
         "open" => Ok(crate::net::policy::DefaultEgress::Open),
         other => Err(format!("expected block or open, got {other:?}")),
     }
+}
+
+/// Where `scripts/install-criu.sh` puts CRIU, else Debian's.
+fn default_criu_path() -> PathBuf {
+    ["/usr/local/sbin/criu", "/usr/sbin/criu"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+        .unwrap_or_else(|| PathBuf::from("/usr/local/sbin/criu"))
 }
 
 /// The merged, validated configuration the daemon runs with.
@@ -222,6 +235,7 @@ pub struct Config {
     pub default_egress: crate::net::policy::DefaultEgress,
     pub upstream: crate::net::upstream::UpstreamConfig,
     pub egress_limits: crate::net::limits::EgressLimits,
+    pub criu_path: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -300,6 +314,7 @@ impl Config {
                     .map(|n| crate::net::upstream::netns_path(&n)),
                 dns: pick!(upstream_dns, Vec::new()),
             },
+            criu_path: pick!(criu_path, default_criu_path()),
             egress_limits: {
                 let defaults = crate::net::limits::EgressLimits::default();
                 crate::net::limits::EgressLimits {

@@ -58,6 +58,11 @@ pub struct CreateSandbox {
     /// sandbox may reach (and nothing else).
     #[serde(default)]
     pub allow_list: Option<Vec<String>>,
+    /// A memory snapshot to fork: the sandbox starts with the snapshot's
+    /// processes running where they stood, its files, limits and
+    /// environment.
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
 }
 
 impl CreateSandbox {

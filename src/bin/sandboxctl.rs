@@ -172,8 +172,9 @@ enum Cmd {
         recursive: bool,
     },
     /// Snapshot a running sandbox (it keeps running); prints the snapshot
-    /// id. `--filesystem` snapshots its files only, as an image that
-    /// `create --image SNAP` accepts.
+    /// id. By default its processes and memory too, for `create
+    /// --from-snapshot SNAP`; `--filesystem` its files only, as an image
+    /// that `create --image SNAP` accepts.
     Snapshot {
         #[arg(value_parser = units::parse_id)]
         id: String,
@@ -196,6 +197,9 @@ struct CreateArgs {
     /// Retrying with the same key returns the sandbox the first attempt made.
     #[arg(long)]
     idempotency_key: Option<String>,
+    /// Fork a memory snapshot: start with its processes where they stood.
+    #[arg(long, value_parser = units::parse_id)]
+    from_snapshot: Option<String>,
     /// Image name (default: the daemon's default image).
     #[arg(long)]
     image: Option<String>,
@@ -563,6 +567,7 @@ async fn create(c: &Client, json: bool, a: CreateArgs) -> Result<i32> {
         idempotency_key: a.idempotency_key,
         block_network: None,
         allow_list: None,
+        from_snapshot: a.from_snapshot,
     };
     let (sb, raw): (Sandbox, Bytes) = c.json(Method::POST, "/v1/sandboxes", Some(&req)).await?;
     if json {

@@ -60,9 +60,11 @@ pub struct SandboxCgroups {
 /// v1 hierarchies that hold per-process groups: `pids` lists and counts the
 /// tree; `freezer` stops it from forking while it is killed.
 const V1_PROCESS_HIERARCHIES: [&str; 2] = ["pids", "freezer"];
-/// Every v1 hierarchy libcontainer may have created the sandbox group in.
-const V1_ALL_HIERARCHIES: [&str; 8] = [
-    "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids",
+/// Every v1 hierarchy the sandbox group may be in: libcontainer's, and the
+/// named `systemd` and `unified` ones a CRIU restore also recreates.
+const V1_ALL_HIERARCHIES: [&str; 10] = [
+    "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
+    "unified",
 ];
 
 impl SandboxCgroups {
@@ -181,6 +183,15 @@ impl SandboxCgroups {
         match self.layout {
             Layout::V1 => V1_ALL_HIERARCHIES.iter().map(|h| self.dir(h)).collect(),
             Layout::V2 => vec![self.dir("")],
+        }
+    }
+
+    /// The group whose freezing stops the whole sandbox (CRIU's
+    /// `--freeze-cgroup`).
+    pub fn freezer_dir(&self) -> PathBuf {
+        match self.layout {
+            Layout::V1 => self.dir("freezer"),
+            Layout::V2 => self.dir(""),
         }
     }
 

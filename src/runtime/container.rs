@@ -61,25 +61,14 @@ pub struct Started {
 /// Makes and starts the container of `config`. On error the caller runs
 /// [`destroy`], which removes whatever was made.
 pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, ContainerError> {
-    for dir in [
-        paths.rootfs(),
-        paths.bundle(),
-        paths.container_root(),
-        paths.etc(),
-    ] {
-        fs::create_dir_all(&dir).map_err(prepare("run directory"))?;
-    }
     let mut clock = std::time::Instant::now();
     let mut phases = Vec::new();
     let mut lap = |name: &'static str, phases: &mut Vec<_>| {
         phases.push((name, clock.elapsed()));
         clock = std::time::Instant::now();
     };
-    netns::create(&paths.netns())?;
-    let egress = crate::net::proxy::prepare(&paths.netns())?;
+    let egress = prepare_root(config, paths)?;
     lap("netns", &mut phases);
-    mount_root(config, &paths.rootfs())?;
-    write_etc(config, &paths.etc())?;
 
     let nofile = usable_nofile(config.nofile).map_err(prepare("file descriptor limit"))?;
     let input = ContainerSpecInput {
@@ -106,13 +95,7 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
     spec.save(paths.bundle().join("config.json"))
         .map_err(|e| ContainerError::Spec(e.to_string()))?;
 
-    let (host, child) = socketpair(
-        AddressFamily::Unix,
-        SockType::Stream,
-        None,
-        SockFlag::SOCK_CLOEXEC,
-    )
-    .map_err(|e| prepare("agent link")(e.into()))?;
+    let (host, child) = agent_link_pair(&paths.netns())?;
     let host = move_above(host, 10).map_err(prepare("agent link"))?;
     place_at_link_fd(child).map_err(prepare("agent link"))?;
     lap("rootfs_and_spec", &mut phases);
@@ -137,6 +120,44 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
         egress,
         phases,
     })
+}
+
+/// What every sandbox start needs before its processes exist: the run
+/// directories, the network namespace with its egress sockets, the overlay
+/// root and the host-side /etc files. Returns the egress sockets.
+pub(crate) fn prepare_root(
+    config: &ShimConfig,
+    paths: &SandboxPaths,
+) -> Result<crate::net::proxy::Sockets, ContainerError> {
+    for dir in [
+        paths.rootfs(),
+        paths.bundle(),
+        paths.container_root(),
+        paths.etc(),
+    ] {
+        fs::create_dir_all(&dir).map_err(prepare("run directory"))?;
+    }
+    netns::create(&paths.netns())?;
+    let egress = crate::net::proxy::prepare(&paths.netns())?;
+    mount_root(config, &paths.rootfs())?;
+    write_etc(config, &paths.etc())?;
+    Ok(egress)
+}
+
+/// The agent link: a socketpair made inside the sandbox's network
+/// namespace. A CRIU checkpoint runs in that namespace and must find both
+/// ends of every unix socket of the tree there.
+pub(crate) fn agent_link_pair(netns: &Path) -> Result<(OwnedFd, OwnedFd), ContainerError> {
+    crate::net::plumbing::in_netns(netns, || {
+        socketpair(
+            AddressFamily::Unix,
+            SockType::Stream,
+            None,
+            SockFlag::SOCK_CLOEXEC,
+        )
+    })
+    .map_err(|e| prepare("agent link")(io::Error::other(e.to_string())))?
+    .map_err(|e| prepare("agent link")(e.into()))
 }
 
 fn create_and_start(config: &ShimConfig, paths: &SandboxPaths) -> Result<i32, ContainerError> {

@@ -1,8 +1,11 @@
 //! Sandbox runtimes: how a sandbox's isolation is made. Containers through
-//! youki's libcontainer ([`container`]), with the OCI spec built in [`spec`].
+//! youki's libcontainer ([`container`]), with the OCI spec built in [`spec`];
+//! checkpoints and forks of them through CRIU ([`criu`]).
 
 pub mod agent_binary;
 pub mod cgroups;
 pub mod container;
+pub mod criu;
+pub mod reaped;
 pub mod seccomp;
 pub mod spec;

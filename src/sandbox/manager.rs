@@ -100,6 +100,8 @@ pub(super) struct ColdCreate {
     pub(super) idempotency_key: Option<String>,
     /// The egress policy, the daemon's default already applied.
     pub(super) network: NetworkPolicy,
+    /// The memory snapshot this sandbox is a fork of.
+    pub(super) from_snapshot: Option<String>,
 }
 
 impl Manager {
@@ -281,6 +283,11 @@ impl Manager {
         validated_env(&req.env)?;
         validated_labels(&req.labels)?;
         let network = self.resolved_network(&req.network())?;
+        if let Some(snapshot) = req.from_snapshot.clone() {
+            return self
+                .create_fork(&snapshot, req, gpu, ttl_seconds, network)
+                .await;
+        }
         let image_name = req
             .image
             .clone()
@@ -301,6 +308,7 @@ impl Manager {
             gpu,
             idempotency_key: req.idempotency_key,
             network,
+            from_snapshot: None,
         })
         .await
     }
@@ -319,6 +327,7 @@ impl Manager {
             gpu,
             idempotency_key,
             network,
+            from_snapshot,
         } = create;
         let id = new_id();
         let record = {
@@ -352,7 +361,7 @@ impl Manager {
                 usage: Default::default(),
                 idempotency_key,
                 network,
-                base_snapshot: None,
+                base_snapshot: from_snapshot,
             };
             records.insert(id.clone(), record.clone());
             record
@@ -396,35 +405,71 @@ impl Manager {
             lap = std::time::Instant::now();
         };
         self.persist(&record)?;
-        let (image, image_layers) = match self.snapshot_image(image_name)? {
+        let fork = record
+            .base_snapshot
+            .as_deref()
+            .and_then(|b| self.snapshots.get(b))
+            .filter(|m| m.memory.is_some());
+        let mut restore = None;
+        let (image, image_layers) = match fork {
             Some(snapshot) => {
-                record.base_snapshot = Some(snapshot.id.clone());
-                self.persist(&record)?;
+                let memory = snapshot.memory.clone().ok_or_else(|| {
+                    SandboxError::internal("a memory snapshot without its checkpoint")
+                })?;
+                let (dir, sums) = (memory.images_dir.clone(), memory.sha256.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::snapshot::integrity::verify(&dir, &sums)
+                })
+                .await
+                .map_err(SandboxError::internal)?
+                .map_err(|e| SandboxError::Conflict {
+                    code: "snapshot_corrupted",
+                    message: e.to_string(),
+                })?;
+                phase("verify");
+                restore = Some(crate::runtime::criu::RestoreSpec {
+                    criu: self.config.criu_path.clone(),
+                    images_dir: memory.images_dir,
+                    checkpoint: memory.checkpoint,
+                    next_proc: memory.next_proc,
+                });
                 let image = crate::image::Image {
-                    name: snapshot.id.clone(),
+                    name: snapshot.image.clone(),
                     digest: snapshot.image_digest.clone(),
                     rootfs: snapshot.base_rootfs.clone(),
                 };
                 (image, snapshot.layers.clone())
             }
-            None => {
-                let images = Arc::clone(&self.images);
-                let name = image_name.to_string();
-                let image = tokio::task::spawn_blocking(move || images.resolve(&name))
-                    .await
-                    .map_err(SandboxError::internal)?
-                    .map_err(|e| {
-                        if e.is_client_error() {
-                            SandboxError::NotFound {
-                                code: "image_not_found",
-                                message: e.to_string(),
+            None => match self.snapshot_image(image_name)? {
+                Some(snapshot) => {
+                    record.base_snapshot = Some(snapshot.id.clone());
+                    self.persist(&record)?;
+                    let image = crate::image::Image {
+                        name: snapshot.id.clone(),
+                        digest: snapshot.image_digest.clone(),
+                        rootfs: snapshot.base_rootfs.clone(),
+                    };
+                    (image, snapshot.layers.clone())
+                }
+                None => {
+                    let images = Arc::clone(&self.images);
+                    let name = image_name.to_string();
+                    let image = tokio::task::spawn_blocking(move || images.resolve(&name))
+                        .await
+                        .map_err(SandboxError::internal)?
+                        .map_err(|e| {
+                            if e.is_client_error() {
+                                SandboxError::NotFound {
+                                    code: "image_not_found",
+                                    message: e.to_string(),
+                                }
+                            } else {
+                                SandboxError::internal(e)
                             }
-                        } else {
-                            SandboxError::internal(e)
-                        }
-                    })?;
-                (image, Vec::new())
-            }
+                        })?;
+                    (image, Vec::new())
+                }
+            },
         };
         record.image_digest = image.digest.clone();
         phase("image");
@@ -468,6 +513,7 @@ impl Manager {
             network: record.network.clone(),
             upstream: self.config.upstream.clone(),
             egress_limits: self.config.egress_limits,
+            restore,
         };
         let json = serde_json::to_vec(&shim_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;

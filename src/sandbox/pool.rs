@@ -44,6 +44,7 @@ impl Manager {
                 let limits = this.template_limits();
                 match this
                     .create_cold(ColdCreate {
+                        from_snapshot: None,
                         image_name: image,
                         limits,
                         ttl_seconds: -1,

@@ -12,11 +12,24 @@ use super::error::SandboxError;
 use super::manager::Manager;
 use crate::api::types::SandboxState;
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
-use crate::snapshot::{new_id, SnapshotKind, SnapshotMeta, SnapshotView, META_VERSION};
+use crate::shim::protocol::{ShimReply, ShimRequest};
+use crate::snapshot::{
+    integrity, new_id, MemoryImage, SnapshotKind, SnapshotMeta, SnapshotView, META_VERSION,
+};
 
 /// Pool space a filesystem snapshot needs free: it shares the layer's
 /// extents, so only btrfs metadata is written.
 const FILESYSTEM_SNAPSHOT_RESERVE: u64 = 64 << 20;
+/// How long CRIU may take to checkpoint a sandbox.
+const CHECKPOINT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// What a new snapshot stacks on.
+struct SnapshotBase {
+    image: String,
+    base_rootfs: std::path::PathBuf,
+    layers: Vec<std::path::PathBuf>,
+    parents: Vec<String>,
+}
 
 impl Manager {
     /// Snapshots sandbox `id`. The sandbox is frozen while its state is
@@ -36,117 +49,268 @@ impl Manager {
                 ),
             });
         }
-        match kind {
-            SnapshotKind::Filesystem => self.snapshot_filesystem(record).await,
-            SnapshotKind::Memory => Err(SandboxError::bad(
-                "not_implemented",
-                "memory snapshots are not built yet; take {\"kind\": \"filesystem\"} for the files",
-            )),
+        if kind == SnapshotKind::Memory && !record.gpus.is_empty() {
+            return Err(SandboxError::bad(
+                "gpu_snapshot_unsupported",
+                "a sandbox with GPUs cannot be memory-snapshotted (GPU state cannot be checkpointed yet); take {\"kind\": \"filesystem\"}",
+            ));
         }
-    }
-
-    async fn snapshot_filesystem(
-        self: &Arc<Self>,
-        record: super::record::SandboxRecord,
-    ) -> Result<SnapshotView, SandboxError> {
+        let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
+        // Memory images are about as large as the memory in use.
+        let needed = FILESYSTEM_SNAPSHOT_RESERVE
+            + match kind {
+                SnapshotKind::Memory => cgroups.memory_bytes().unwrap_or(0),
+                SnapshotKind::Filesystem => 0,
+            };
         let free = self.disk.free_bytes().map_err(SandboxError::internal)?;
-        if free < FILESYSTEM_SNAPSHOT_RESERVE {
+        if free < needed {
             return Err(SandboxError::Unavailable {
                 resource: "disk",
                 message: format!(
-                    "the disk pool has {} MiB free; a snapshot needs {} MiB",
+                    "the disk pool has {} MiB free; this snapshot needs {} MiB",
                     free >> 20,
-                    FILESYSTEM_SNAPSHOT_RESERVE >> 20
+                    needed >> 20
                 ),
             });
         }
-        let (parents, parent_layers) = match record.base_snapshot.as_deref() {
-            Some(base) => {
-                let index = self.snapshots.lock();
-                let base_meta = index.get(base).ok_or_else(|| {
-                    SandboxError::internal(format!("the sandbox's base snapshot {base} is missing"))
-                })?;
-                let mut parents = vec![base.to_string()];
-                parents.extend(base_meta.parents.iter().cloned());
-                (parents, base_meta.layers.clone())
-            }
-            None => (Vec::new(), Vec::new()),
-        };
-        let (image_name, base_rootfs) = match record.base_snapshot.as_deref() {
-            Some(base) => {
-                let index = self.snapshots.lock();
-                let meta = index.get(base).ok_or_else(|| {
-                    SandboxError::internal(format!("the sandbox's base snapshot {base} is missing"))
-                })?;
-                (meta.image.clone(), meta.base_rootfs.clone())
-            }
-            None => {
-                let images = Arc::clone(&self.images);
-                let name = record.image.clone();
-                let image = tokio::task::spawn_blocking(move || images.resolve(&name))
-                    .await
-                    .map_err(SandboxError::internal)?
-                    .map_err(SandboxError::internal)?;
-                (record.image.clone(), image.rootfs)
-            }
-        };
-
+        let base = self.snapshot_base(&record).await?;
         let snapshot_id = new_id();
-        let disk = Arc::clone(&self.disk);
-        let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
-        let sandbox = record.id.clone();
-        let sid = snapshot_id.clone();
-        let layer = tokio::task::spawn_blocking(move || -> Result<_, SandboxError> {
-            disk.create_snapshot_dir(&sid)
-                .map_err(SandboxError::internal)?;
-            cgroups.freeze().map_err(|e| SandboxError::Conflict {
+        let dir = self
+            .disk
+            .create_snapshot_dir(&snapshot_id)
+            .map_err(SandboxError::internal)?;
+        match self
+            .capture(&record, &cgroups, kind, &snapshot_id, &dir, base)
+            .await
+        {
+            Ok(meta) => {
+                tracing::info!(sandbox = %record.id, snapshot = %snapshot_id, ?kind, size_bytes = meta.size_bytes, "snapshot taken");
+                Ok(meta.view())
+            }
+            Err(e) => {
+                if let Err(undo) = self.disk.remove_snapshot(&snapshot_id) {
+                    tracing::warn!(snapshot = %snapshot_id, "removing a failed snapshot: {undo}");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The base image and layers a snapshot of `record` stacks on.
+    async fn snapshot_base(
+        &self,
+        record: &super::record::SandboxRecord,
+    ) -> Result<SnapshotBase, SandboxError> {
+        if let Some(base) = record.base_snapshot.as_deref() {
+            let index = self.snapshots.lock();
+            let meta = index.get(base).ok_or_else(|| {
+                SandboxError::internal(format!("the sandbox's base snapshot {base} is missing"))
+            })?;
+            let mut parents = vec![base.to_string()];
+            parents.extend(meta.parents.iter().cloned());
+            return Ok(SnapshotBase {
+                image: meta.image.clone(),
+                base_rootfs: meta.base_rootfs.clone(),
+                layers: meta.layers.clone(),
+                parents,
+            });
+        }
+        let images = Arc::clone(&self.images);
+        let name = record.image.clone();
+        let image = tokio::task::spawn_blocking(move || images.resolve(&name))
+            .await
+            .map_err(SandboxError::internal)?
+            .map_err(SandboxError::internal)?;
+        Ok(SnapshotBase {
+            image: record.image.clone(),
+            base_rootfs: image.rootfs,
+            layers: Vec::new(),
+            parents: Vec::new(),
+        })
+    }
+
+    /// Freezes the sandbox, checkpoints its processes (memory), snapshots
+    /// its layer, thaws it, and records the snapshot.
+    async fn capture(
+        &self,
+        record: &super::record::SandboxRecord,
+        cgroups: &SandboxCgroups,
+        kind: SnapshotKind,
+        snapshot_id: &str,
+        dir: &Path,
+        base: SnapshotBase,
+    ) -> Result<SnapshotMeta, SandboxError> {
+        let freezing = cgroups.clone();
+        tokio::task::spawn_blocking(move || freezing.freeze())
+            .await
+            .map_err(SandboxError::internal)?
+            .map_err(|e| SandboxError::Conflict {
                 code: "sandbox_busy",
                 message: e.to_string(),
             })?;
-            let taken = disk.snapshot_layer(&sandbox, &sid);
-            if let Err(e) = cgroups.thaw() {
-                tracing::error!(sandbox = %sandbox, "thawing after a snapshot: {e}");
-            }
-            taken.map_err(SandboxError::internal)
-        })
-        .await
-        .map_err(SandboxError::internal)?;
-        let layer = match layer {
-            Ok(layer) => layer,
-            Err(e) => {
-                let _ = self.disk.remove_snapshot(&snapshot_id);
-                return Err(e);
-            }
-        };
+        let captured = self
+            .capture_frozen(record, cgroups, kind, snapshot_id, dir)
+            .await;
+        if let Err(e) = cgroups.thaw() {
+            tracing::error!(sandbox = %record.id, "thawing after a snapshot: {e}");
+        }
+        let (layer, memory) = captured?;
         let upper = layer.join("upper");
-        let size_bytes = tokio::task::spawn_blocking({
-            let upper = upper.clone();
-            move || tree_bytes(&upper)
-        })
-        .await
-        .unwrap_or(0);
+        let mut measured = vec![upper.clone()];
+        if let Some(m) = &memory {
+            measured.push(m.images_dir.clone());
+        }
+        let size_bytes =
+            tokio::task::spawn_blocking(move || measured.iter().map(|d| tree_bytes(d)).sum())
+                .await
+                .unwrap_or(0);
         let mut layers = vec![upper];
-        layers.extend(parent_layers);
+        layers.extend(base.layers);
         let meta = SnapshotMeta {
             version: META_VERSION,
-            id: snapshot_id.clone(),
-            kind: SnapshotKind::Filesystem,
+            id: snapshot_id.to_string(),
+            kind,
             sandbox: record.id.clone(),
-            image: image_name,
+            image: base.image,
             image_digest: record.image_digest.clone(),
-            base_rootfs,
+            base_rootfs: base.base_rootfs,
             layers,
-            parents,
+            parents: base.parents,
             created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
             size_bytes,
             deleted: false,
+            memory,
         };
-        if let Err(e) = self.snapshots.save(&self.disk, &meta) {
-            let _ = self.disk.remove_snapshot(&snapshot_id);
-            return Err(SandboxError::internal(e));
+        self.snapshots
+            .save(&self.disk, &meta)
+            .map_err(SandboxError::internal)?;
+        Ok(meta)
+    }
+
+    /// The part of [`Self::capture`] done while the sandbox is frozen.
+    async fn capture_frozen(
+        &self,
+        record: &super::record::SandboxRecord,
+        cgroups: &SandboxCgroups,
+        kind: SnapshotKind,
+        snapshot_id: &str,
+        dir: &Path,
+    ) -> Result<(std::path::PathBuf, Option<MemoryImage>), SandboxError> {
+        let mut memory = None;
+        if kind == SnapshotKind::Memory {
+            let images_dir = dir.join("images");
+            std::fs::create_dir(&images_dir).map_err(SandboxError::internal)?;
+            let request = ShimRequest::Checkpoint {
+                criu: self.config.criu_path.clone(),
+                freezer: cgroups.freezer_dir(),
+                images_dir: images_dir.clone(),
+                work_dir: dir.to_path_buf(),
+            };
+            let mut conn = self.connect(&record.id).await?;
+            let reply = conn.call(&request, CHECKPOINT_DEADLINE).await?;
+            let (checkpoint, next_proc) = match reply {
+                ShimReply::Checkpointed {
+                    checkpoint,
+                    next_proc,
+                } => (checkpoint, next_proc),
+                ShimReply::Error(e) => {
+                    return Err(SandboxError::internal(format!(
+                        "checkpointing the sandbox: {}",
+                        e.message
+                    )))
+                }
+                other => {
+                    return Err(SandboxError::internal(format!(
+                        "the supervisor answered a checkpoint with {other:?}"
+                    )))
+                }
+            };
+            let hashing = images_dir.clone();
+            let sha256 = tokio::task::spawn_blocking(move || integrity::digest_dir(&hashing))
+                .await
+                .map_err(SandboxError::internal)?
+                .map_err(SandboxError::internal)?;
+            memory = Some(MemoryImage {
+                images_dir,
+                checkpoint,
+                next_proc,
+                limits: record.limits.clone(),
+                env: record.env.clone(),
+                sha256,
+            });
         }
-        tracing::info!(sandbox = %record.id, snapshot = %snapshot_id, size_bytes, "filesystem snapshot taken");
-        Ok(meta.view())
+        let disk = Arc::clone(&self.disk);
+        let (layer_id, sid) = (record.id.clone(), snapshot_id.to_string());
+        let layer = tokio::task::spawn_blocking(move || disk.snapshot_layer(&layer_id, &sid))
+            .await
+            .map_err(SandboxError::internal)?
+            .map_err(SandboxError::internal)?;
+        Ok((layer, memory))
+    }
+
+    /// Creates a fork of memory snapshot `snapshot`: a new sandbox whose
+    /// processes continue from where the snapshot's stood. A fork keeps the
+    /// snapshot's image, limits and environment (extra `env` is added);
+    /// asking for others is a 400.
+    pub(super) async fn create_fork(
+        self: &Arc<Self>,
+        snapshot: &str,
+        req: crate::api::types::CreateSandbox,
+        gpu: Option<crate::gpu::GpuRequest>,
+        ttl_seconds: i64,
+        network: crate::net::policy::NetworkPolicy,
+    ) -> Result<crate::api::types::Sandbox, SandboxError> {
+        let meta = self
+            .snapshots
+            .get(snapshot)
+            .ok_or_else(|| snapshot_not_found(snapshot))?;
+        let Some(memory) = meta.memory.clone() else {
+            return Err(SandboxError::bad(
+                "invalid_snapshot",
+                format!("{snapshot} is a filesystem snapshot: create from it with \"image\": \"{snapshot}\""),
+            ));
+        };
+        let conflict = |what: &str| {
+            SandboxError::bad(
+                "snapshot_conflict",
+                format!(
+                    "a fork of {snapshot} keeps the snapshot's {what}; leave it out of the request"
+                ),
+            )
+        };
+        if req
+            .image
+            .as_deref()
+            .is_some_and(|i| i != meta.image && i != snapshot)
+        {
+            return Err(conflict("image"));
+        }
+        if gpu.is_some() {
+            return Err(conflict("devices (no GPUs)"));
+        }
+        let limits = &memory.limits;
+        let differs = req.cpu.is_some_and(|v| v != limits.cpu)
+            || req.memory_mib.is_some_and(|v| v != limits.memory_mib)
+            || req.disk_mib.is_some_and(|v| v != limits.disk_mib)
+            || req.pids.is_some_and(|v| v != limits.pids);
+        if differs {
+            return Err(conflict("limits"));
+        }
+        let mut env = memory.env.clone();
+        env.extend(req.env);
+        self.create_cold(super::manager::ColdCreate {
+            image_name: meta.image.clone(),
+            limits: memory.limits,
+            ttl_seconds,
+            labels: req.labels,
+            env,
+            pooled: false,
+            gpu: None,
+            idempotency_key: req.idempotency_key,
+            network,
+            from_snapshot: Some(snapshot.to_string()),
+        })
+        .await
     }
 
     /// Every snapshot not deleted, oldest first.

@@ -44,6 +44,10 @@ pub struct ShimConfig {
     /// The egress proxy's caps.
     #[serde(default)]
     pub egress_limits: crate::net::limits::EgressLimits,
+    /// Set for a fork: restore this checkpoint instead of starting the
+    /// container afresh.
+    #[serde(default)]
+    pub restore: Option<crate::runtime::criu::RestoreSpec>,
 }
 
 /// Files and folders of one sandbox under the daemon's run dir.

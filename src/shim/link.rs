@@ -56,9 +56,12 @@ pub struct AgentLink {
 impl AgentLink {
     /// Wraps the host end of the link, waits for the agent's hello, and starts
     /// the reader. Events arrive on the returned channel.
+    /// Takes over the host end of the link. A freshly started agent says
+    /// Hello first, awaited for `hello_deadline`; one restored from a
+    /// checkpoint (`None`) said it long ago to another supervisor.
     pub async fn establish(
         fd: OwnedFd,
-        hello_deadline: Duration,
+        hello_deadline: Option<Duration>,
     ) -> Result<(Arc<Self>, mpsc::Receiver<LinkEvent>), LinkError> {
         let std_stream = std::os::unix::net::UnixStream::from(fd);
         std_stream
@@ -74,7 +77,23 @@ impl AgentLink {
             closed: Mutex::new(None),
         });
         let mut decoder = FrameDecoder::new();
-        let first = tokio::time::timeout(hello_deadline, link.read_message(&mut decoder))
+        if let Some(hello_deadline) = hello_deadline {
+            link.await_hello(&mut decoder, hello_deadline).await?;
+        }
+        // Bounded, so a flood of output pushes back on the agent (and through
+        // it on the sandbox's processes) instead of growing memory here.
+        let (events, rx) = mpsc::channel(256);
+        let reader = Arc::clone(&link);
+        tokio::spawn(async move { reader.read_loop(decoder, events).await });
+        Ok((link, rx))
+    }
+
+    async fn await_hello(
+        &self,
+        decoder: &mut FrameDecoder,
+        hello_deadline: Duration,
+    ) -> Result<(), LinkError> {
+        let first = tokio::time::timeout(hello_deadline, self.read_message(decoder))
             .await
             .map_err(|_| LinkError::Timeout(hello_deadline))??;
         match first {
@@ -90,12 +109,7 @@ impl AgentLink {
                 )))
             }
         }
-        // Bounded, so a flood of output pushes back on the agent (and through
-        // it on the sandbox's processes) instead of growing memory here.
-        let (events, rx) = mpsc::channel(256);
-        let reader = Arc::clone(&link);
-        tokio::spawn(async move { reader.read_loop(decoder, events).await });
-        Ok((link, rx))
+        Ok(())
     }
 
     async fn read_message(&self, decoder: &mut FrameDecoder) -> Result<AgentMessage, LinkError> {

@@ -101,7 +101,11 @@ pub fn run(dir: &Path) -> i32 {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
-    let started = match container::start(&config, &paths) {
+    let started = match &config.restore {
+        Some(spec) => crate::runtime::criu::restore(&config, &paths, spec),
+        None => container::start(&config, &paths),
+    };
+    let started = match started {
         Ok(s) => s,
         Err(e) => return fail(e.to_string(), &config, &paths),
     };
@@ -147,7 +151,19 @@ fn reap_children(init_pid: i32, init_tx: oneshot::Sender<String>) {
                     let _ = tx.send(format!("{status:?}"));
                 }
             }
-            Ok(_) => {}
+            Ok(status) => {
+                if let Some(pid) = status.pid() {
+                    let code = match status {
+                        nix::sys::wait::WaitStatus::Exited(_, code) => Some(code),
+                        _ => None,
+                    };
+                    crate::runtime::reaped::record(crate::runtime::reaped::Ended {
+                        pid: pid.as_raw(),
+                        code,
+                        description: format!("{status:?}"),
+                    });
+                }
+            }
             Err(nix::errno::Errno::EINTR) => {}
             Err(_) => return,
         }
@@ -187,10 +203,24 @@ async fn serve(
     }
     let deadline = Duration::from_millis(config.ready_timeout_ms);
     let hello_wait = std::time::Instant::now();
-    let (link, events) = match AgentLink::establish(started.link, deadline).await {
+    let hello = config.restore.is_none().then_some(deadline);
+    let (link, events) = match AgentLink::establish(started.link, hello).await {
         Ok(l) => l,
         Err(e) => return fail(e.to_string(), &config, &paths),
     };
+    if config.restore.is_some() {
+        // A restored agent sends no Hello: it must answer instead.
+        let asked = link
+            .call(sandbox_proto::RequestBody::Health, &[], deadline)
+            .await;
+        if let Err(e) = asked {
+            return fail(
+                format!("the restored agent does not answer: {e}"),
+                &config,
+                &paths,
+            );
+        }
+    }
     let _ = std::fs::remove_file(paths.socket());
     let listener = match UnixListener::bind(paths.socket()) {
         Ok(l) => l,

@@ -74,6 +74,14 @@ pub enum ShimRequest {
     File(RequestBody),
     /// Kill everything, remove the container, exit.
     Shutdown,
+    /// Checkpoint the sandbox's process tree (frozen by the daemon, left
+    /// running) with CRIU. Reply: [`ShimReply::Checkpointed`].
+    Checkpoint {
+        criu: std::path::PathBuf,
+        freezer: std::path::PathBuf,
+        images_dir: std::path::PathBuf,
+        work_dir: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -113,6 +121,10 @@ pub enum ShimReply {
         event: ShimEvent,
     },
     Error(ShimError),
+    Checkpointed {
+        checkpoint: crate::runtime::criu::Checkpoint,
+        next_proc: u64,
+    },
 }
 
 /// What a supervisor reports without being asked.

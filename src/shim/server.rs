@@ -115,6 +115,16 @@ async fn answer(
 ) -> ShimReply {
     match request {
         ShimRequest::Health => ShimReply::Health(supervisor.health()),
+        ShimRequest::Checkpoint {
+            criu,
+            freezer,
+            images_dir,
+            work_dir,
+        } => reply_of(
+            supervisor
+                .checkpoint(criu, freezer, images_dir, work_dir)
+                .await,
+        ),
         ShimRequest::EgressLog => {
             ShimReply::EgressLog(supervisor.egress.get().map(|e| e.log()).unwrap_or_default())
         }

@@ -77,6 +77,7 @@ impl Supervisor {
         cgroups: SandboxCgroups,
     ) -> Arc<Self> {
         let (failure, _) = watch::channel(None);
+        let first_proc = config.restore.as_ref().map(|r| r.next_proc).unwrap_or(1);
         Arc::new(Self {
             env: Mutex::new(config.env.clone()),
             config,
@@ -85,7 +86,7 @@ impl Supervisor {
             link,
             cgroups,
             procs: Mutex::new(BTreeMap::new()),
-            next_proc: AtomicU64::new(1),
+            next_proc: AtomicU64::new(first_proc),
             failure,
             events: Mutex::new(std::collections::VecDeque::new()),
             event_seq: watch::channel(0).0,
@@ -115,6 +116,29 @@ impl Supervisor {
         // A panic while holding the lock cannot leave the map inconsistent
         // in a way that matters more than losing the supervisor, so recover.
         self.procs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Checkpoints the sandbox's tree into `images_dir` with CRIU. The
+    /// daemon has frozen the sandbox; the tree keeps running afterwards.
+    pub async fn checkpoint(
+        &self,
+        criu: std::path::PathBuf,
+        freezer: std::path::PathBuf,
+        images_dir: std::path::PathBuf,
+        work_dir: std::path::PathBuf,
+    ) -> Result<super::protocol::ShimReply, ShimError> {
+        let init_pid = self.init_pid;
+        let paths = self.paths.clone();
+        let checkpoint = tokio::task::spawn_blocking(move || {
+            crate::runtime::criu::dump(&criu, init_pid, &paths, &freezer, &images_dir, &work_dir)
+        })
+        .await
+        .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
+        .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?;
+        Ok(super::protocol::ShimReply::Checkpointed {
+            checkpoint,
+            next_proc: self.next_proc.load(Ordering::Relaxed),
+        })
     }
 
     pub fn health(&self) -> ShimHealth {

@@ -4,7 +4,9 @@
 //! read-only; it becomes an image that later creates stack under a fresh
 //! writable layer, so a sandbox made from it copies nothing. Making,
 //! referencing and removing snapshots is the manager's job
-//! (`sandbox/snapshots.rs`); the data itself is the disk pool's.
+//! (`sandbox/snapshots.rs`); the data itself is the disk pool's. A memory
+//! snapshot adds a CRIU checkpoint of the sandbox's processes, with a
+//! SHA-256 of every image file ([`integrity`]).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,6 +15,8 @@ use std::sync::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use crate::disk::DiskPool;
+
+pub mod integrity;
 
 /// The meta file in each snapshot's directory.
 const META: &str = "meta.json";
@@ -54,6 +58,25 @@ pub struct SnapshotMeta {
     /// removed once nothing uses it.
     #[serde(default)]
     pub deleted: bool,
+    /// A memory snapshot's checkpoint.
+    #[serde(default)]
+    pub memory: Option<MemoryImage>,
+}
+
+/// What a memory snapshot holds beyond its layer, and what its forks get.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryImage {
+    /// CRIU's image files (`<snapshot dir>/images`).
+    pub images_dir: PathBuf,
+    pub checkpoint: crate::runtime::criu::Checkpoint,
+    /// The source supervisor's next process id.
+    pub next_proc: u64,
+    /// Forks keep the source's limits (its cgroups are restored as were)
+    /// and its environment.
+    pub limits: crate::api::types::Limits,
+    pub env: BTreeMap<String, String>,
+    /// SHA-256 of every image file, checked before each restore.
+    pub sha256: BTreeMap<String, String>,
 }
 
 /// What the API shows of a snapshot.

@@ -1,0 +1,401 @@
+//! Checkpoint and restore of a container sandbox's process tree with the
+//! `criu` binary (4.2 or newer). CRIU runs inside the sandbox's network
+//! namespace: that namespace belongs to the host's user namespace, which
+//! CRIU refuses to dump or join from the container's, and a tree restored
+//! there simply inherits it. The agent link (fd 3) is an external socket:
+//! each restore is handed a new link of its own. Host files bind-mounted
+//! over single files in the sandbox (`/etc/hosts`, the agent, `/dev` nodes,
+//! masked `/proc` files) are external mounts, re-bound from the fork's own
+//! files at restore. See docs/criu.md for why each option is there.
+
+use std::fs;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+use serde::{Deserialize, Serialize};
+
+use super::container::{agent_link_pair, ContainerError, Started};
+use super::spec::AGENT_PATH_IN_SANDBOX;
+use crate::shim::config::{SandboxPaths, ShimConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CriuError {
+    #[error("running {binary}: {source}; install CRIU 4.2 or newer (scripts/install-criu.sh) or set criu_path")]
+    Spawn { binary: String, source: io::Error },
+    #[error("criu {action} failed ({status}): {detail} (full log: {log})")]
+    Failed {
+        action: &'static str,
+        status: String,
+        detail: String,
+        log: String,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: &'static str,
+        source: io::Error,
+    },
+}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> CriuError {
+    move |source| CriuError::Io { what, source }
+}
+
+/// What a checkpoint records for its restores.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// Inode of the agent's end of the link, as CRIU names the external
+    /// socket (`socket:[inode]`).
+    pub link_inode: u64,
+    /// Mount points of the file bind mounts marked external.
+    pub external_mounts: Vec<String>,
+}
+
+/// What a fork's supervisor needs to restore a checkpoint.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreSpec {
+    pub criu: PathBuf,
+    pub images_dir: PathBuf,
+    pub checkpoint: Checkpoint,
+    /// The source supervisor's next process id: the fork continues above
+    /// it, since the agent still knows the source's processes by theirs.
+    pub next_proc: u64,
+}
+
+/// The key CRIU files an external mount under, from its mount point.
+fn mount_key(mount_point: &str) -> String {
+    format!("m{}", mount_point.replace('/', "_"))
+}
+
+/// Mount points in `init`'s mount namespace that are bind mounts over
+/// something other than a directory.
+fn file_bind_mounts(init_pid: i32) -> Result<Vec<String>, CriuError> {
+    let info = fs::read_to_string(format!("/proc/{init_pid}/mountinfo"))
+        .map_err(io_err("reading the sandbox's mounts"))?;
+    let root = PathBuf::from(format!("/proc/{init_pid}/root"));
+    let mut points = Vec::new();
+    for line in info.lines() {
+        let Some(point) = line.split(' ').nth(4) else {
+            continue;
+        };
+        // mountinfo escapes spaces and the like as octal; ours have none.
+        if point == "/" || point.contains('\\') {
+            continue;
+        }
+        let inside = root.join(point.trim_start_matches('/'));
+        let is_dir = fs::symlink_metadata(&inside)
+            .map(|m| m.is_dir())
+            .unwrap_or(true);
+        if !is_dir {
+            points.push(point.to_string());
+        }
+    }
+    Ok(points)
+}
+
+/// Where a fork's external mount comes from on the host.
+fn external_source(point: &str, config: &ShimConfig, paths: &SandboxPaths) -> PathBuf {
+    match point {
+        "/etc/hosts" | "/etc/resolv.conf" | "/etc/hostname" => {
+            paths.etc().join(point.trim_start_matches("/etc/"))
+        }
+        _ if point == AGENT_PATH_IN_SANDBOX => config.agent_path.clone(),
+        _ if point.starts_with("/dev/") => PathBuf::from(point),
+        // A masked /proc or /sys file.
+        _ => PathBuf::from("/dev/null"),
+    }
+}
+
+/// Runs `criu` from inside the network namespace at `netns`, passing
+/// `keep` open to it; fails with the log's error lines.
+fn run_in_netns(
+    criu: &Path,
+    action: &'static str,
+    args: &[String],
+    netns: &Path,
+    keep: Option<&OwnedFd>,
+    log: &Path,
+) -> Result<(), CriuError> {
+    let netns_file =
+        fs::File::open(netns).map_err(io_err("opening the sandbox's network namespace"))?;
+    if let Some(fd) = keep {
+        // Inherited by criu (and through it by the restored agent).
+        fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::empty()))
+            .map_err(|e| io_err("passing the agent link")(e.into()))?;
+    }
+    let mut command = Command::new(criu);
+    command
+        .arg(action)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let raw_netns = netns_file.as_raw_fd();
+    // SAFETY: setns is async-signal-safe and touches only the child.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(raw_netns, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn().map_err(|source| CriuError::Spawn {
+        binary: criu.display().to_string(),
+        source,
+    });
+    if let Some(fd) = keep {
+        let _ = fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    }
+    let mut child = child?;
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    let pid = child.id() as i32;
+    // The supervisor's reaper may have taken criu's status first.
+    let (success, status) = match child.wait() {
+        Ok(status) => (status.success(), status.to_string()),
+        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
+            match super::reaped::take(pid, std::time::Duration::from_secs(5)) {
+                Some(ended) => (ended.code == Some(0), ended.description),
+                None => (false, "its exit status was lost".into()),
+            }
+        }
+        Err(e) => return Err(io_err("waiting for criu")(e)),
+    };
+    if success {
+        return Ok(());
+    }
+    let text = fs::read_to_string(log).unwrap_or_default();
+    let mut detail: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error"))
+        .take(5)
+        .collect();
+    if detail.is_empty() {
+        detail = stderr.lines().take(5).collect();
+    }
+    Err(CriuError::Failed {
+        action,
+        status,
+        detail: detail.join(" | "),
+        log: log.display().to_string(),
+    })
+}
+
+/// Checkpoints the tree of `init_pid` (already frozen by the caller, and
+/// left running) into `images_dir`; `work_dir` gets CRIU's log.
+pub fn dump(
+    criu: &Path,
+    init_pid: i32,
+    paths: &SandboxPaths,
+    freezer: &Path,
+    images_dir: &Path,
+    work_dir: &Path,
+) -> Result<Checkpoint, CriuError> {
+    let link = fs::read_link(format!(
+        "/proc/{init_pid}/fd/{}",
+        sandbox_proto::AGENT_LINK_FD
+    ))
+    .map_err(io_err("finding the agent link"))?;
+    let link_inode: u64 = link
+        .to_string_lossy()
+        .trim_start_matches("socket:[")
+        .trim_end_matches(']')
+        .parse()
+        .map_err(|_| {
+            io_err("finding the agent link")(io::Error::other(format!("{link:?} is not a socket")))
+        })?;
+    let external_mounts = file_bind_mounts(init_pid)?;
+    let mut args = vec![
+        "--tree".into(),
+        init_pid.to_string(),
+        "--images-dir".into(),
+        images_dir.display().to_string(),
+        "--work-dir".into(),
+        work_dir.display().to_string(),
+        "--log-file".into(),
+        "dump.log".into(),
+        "--leave-running".into(),
+        "--tcp-close".into(),
+        "--freeze-cgroup".into(),
+        freezer.display().to_string(),
+        "--external".into(),
+        format!("unix[{link_inode}]"),
+    ];
+    for point in &external_mounts {
+        args.push("--external".into());
+        args.push(format!("mnt[{point}]:{}", mount_key(point)));
+    }
+    run_in_netns(
+        criu,
+        "dump",
+        &args,
+        &paths.netns(),
+        None,
+        &work_dir.join("dump.log"),
+    )?;
+    Ok(Checkpoint {
+        link_inode,
+        external_mounts,
+    })
+}
+
+/// Makes a fork of `spec`'s checkpoint: the sandbox's network namespace
+/// (with its egress sockets), its root over the snapshot's layers and a
+/// fresh writable layer, a new agent link, then the restored tree in new
+/// cgroups at `config.cgroups_path`, thawed. On error the caller runs
+/// `container::destroy`.
+pub fn restore(
+    config: &ShimConfig,
+    paths: &SandboxPaths,
+    spec: &RestoreSpec,
+) -> Result<Started, ContainerError> {
+    let mut clock = std::time::Instant::now();
+    let mut phases = Vec::new();
+    let mut lap = |name: &'static str, phases: &mut Vec<_>| {
+        phases.push((name, clock.elapsed()));
+        clock = std::time::Instant::now();
+    };
+    let made = super::container::prepare_root(config, paths)?;
+    lap("netns", &mut phases);
+    let (host, child) = agent_link_pair(&paths.netns())?;
+    let work_dir = paths.dir.join("criu");
+    fs::create_dir_all(&work_dir).map_err(|e| ContainerError::Prepare {
+        what: "checkpoint work directory",
+        source: e,
+    })?;
+    let pidfile = work_dir.join("init.pid");
+    let mut args = vec![
+        "--images-dir".into(),
+        spec.images_dir.display().to_string(),
+        "--work-dir".into(),
+        work_dir.display().to_string(),
+        "--log-file".into(),
+        "restore.log".into(),
+        "--root".into(),
+        paths.rootfs().display().to_string(),
+        "--restore-detached".into(),
+        // The restored init becomes our child, to be reaped and watched.
+        "--restore-sibling".into(),
+        "--pidfile".into(),
+        pidfile.display().to_string(),
+        "--tcp-close".into(),
+        "--cgroup-root".into(),
+        format!("/{}", config.cgroups_path.trim_start_matches('/')),
+        "--inherit-fd".into(),
+        format!(
+            "fd[{}]:socket:[{}]",
+            child.as_raw_fd(),
+            spec.checkpoint.link_inode
+        ),
+    ];
+    for point in &spec.checkpoint.external_mounts {
+        args.push("--external".into());
+        args.push(format!(
+            "mnt[{}]:{}",
+            mount_key(point),
+            external_source(point, config, paths).display()
+        ));
+    }
+    lap("rootfs_and_spec", &mut phases);
+    run_in_netns(
+        &spec.criu,
+        "restore",
+        &args,
+        &paths.netns(),
+        Some(&child),
+        &work_dir.join("restore.log"),
+    )
+    .map_err(|e| ContainerError::Runtime {
+        step: "restore the checkpoint",
+        message: e.to_string(),
+    })?;
+    drop(child);
+    let init_pid: i32 = fs::read_to_string(&pidfile)
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .ok_or(ContainerError::Runtime {
+            step: "restore the checkpoint",
+            message: format!("criu wrote no pid to {}", pidfile.display()),
+        })?;
+    // The checkpoint was taken frozen, so the fork comes back frozen.
+    let cgroups =
+        super::cgroups::SandboxCgroups::new(super::cgroups::Layout::detect(), &config.cgroups_path);
+    cgroups.thaw().map_err(|e| ContainerError::Runtime {
+        step: "thaw the restored sandbox",
+        message: e.to_string(),
+    })?;
+    set_hostname(init_pid, &config.hostname).map_err(|e| ContainerError::Prepare {
+        what: "the fork's hostname",
+        source: e,
+    })?;
+    lap("runtime", &mut phases);
+    Ok(Started {
+        init_pid,
+        link: host,
+        egress: made,
+        phases,
+    })
+}
+
+/// Gives the restored tree's UTS namespace (the source's name) the fork's.
+fn set_hostname(init_pid: i32, name: &str) -> io::Result<()> {
+    let uts = fs::File::open(format!("/proc/{init_pid}/ns/uts"))?;
+    let name = name.to_string();
+    std::thread::scope(|scope| {
+        scope
+            .spawn(move || -> io::Result<()> {
+                nix::sched::setns(&uts, nix::sched::CloneFlags::CLONE_NEWUTS)?;
+                nix::unistd::sethostname(&name)?;
+                Ok(())
+            })
+            .join()
+            .map_err(|_| io::Error::other("the hostname thread panicked"))?
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mount_keys_have_no_slashes() {
+        assert_eq!(mount_key("/etc/hosts"), "m_etc_hosts");
+        assert_eq!(mount_key("/.sandboxd/agent"), "m_.sandboxd_agent");
+    }
+
+    #[test]
+    fn external_sources_are_the_forks_own_files() {
+        let config: ShimConfig = serde_json::from_value(serde_json::json!({
+            "id": "sb-1", "hostname": "sb-1", "image_rootfs": "/img", "layer_dir": "/l",
+            "agent_path": "/usr/lib/sandboxd/sandbox-agent", "cgroups_path": "/sandboxd/sb-1",
+            "cpu": 1.0, "memory_bytes": 1, "pids": 8, "id_map_base": 100000, "id_map_size": 65536,
+            "shm_bytes": 1, "nofile": 1024, "env": [], "output_buffer_bytes": 1, "ready_timeout_ms": 1
+        }))
+        .unwrap();
+        let paths = SandboxPaths {
+            dir: PathBuf::from("/run/sandboxd/sandboxes/sb-1"),
+        };
+        assert_eq!(
+            external_source("/etc/resolv.conf", &config, &paths),
+            PathBuf::from("/run/sandboxd/sandboxes/sb-1/etc/resolv.conf")
+        );
+        assert_eq!(
+            external_source(AGENT_PATH_IN_SANDBOX, &config, &paths),
+            PathBuf::from("/usr/lib/sandboxd/sandbox-agent")
+        );
+        assert_eq!(
+            external_source("/dev/urandom", &config, &paths),
+            PathBuf::from("/dev/urandom")
+        );
+        assert_eq!(
+            external_source("/proc/keys", &config, &paths),
+            PathBuf::from("/dev/null")
+        );
+    }
+}
