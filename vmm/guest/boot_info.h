@@ -8,7 +8,18 @@
 #define SANDBOXD_BOOT_INFO_H
 
 #define BOOT_INFO_MAGIC 0x42584253u /* "SBXB", little endian */
-#define BOOT_INFO_VERSION 1u
+#define BOOT_INFO_VERSION 2u
+#define BOOT_INFO_MAX_VIRTIO 8
+
+/* One virtio-mmio device (there is no ACPI or device tree). */
+struct boot_virtio {
+	unsigned long base;          /* guest-physical base of its 4 KiB registers */
+	unsigned int gsi;            /* its interrupt line (unused: the guest polls) */
+	unsigned int device_type;    /* virtio device ID */
+};
+
+#define VIRTIO_ID_BLOCK 2u
+#define VIRTIO_ID_VSOCK 19u
 
 struct boot_info {
 	unsigned int magic;
@@ -19,6 +30,9 @@ struct boot_info {
 	unsigned long low_ram_end;   /* end (exclusive) of RAM below the MMIO gap */
 	unsigned long cmdline_addr;  /* guest-physical address of the command line */
 	unsigned long cmdline_len;   /* its length in bytes, no terminator */
+	unsigned int virtio_count;   /* entries used in virtio[] */
+	unsigned int reserved2;
+	struct boot_virtio virtio[BOOT_INFO_MAX_VIRTIO];
 };
 
 /* I/O ports the guest talks to. */

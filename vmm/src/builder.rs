@@ -1,7 +1,8 @@
-//! Building a VM from a [`VmConfig`]: checks first (config, kernel file, KVM),
-//! then guest memory, the KVM VM, the kernel and boot structures, the devices
-//! and the vCPUs, ready for [`Machine::run`]. Cheap checks come before
-//! expensive work so bad input fails fast.
+//! Building a VM from a [`VmConfig`]: checks first (config, kernel file, disks,
+//! vsock socket, KVM), then guest memory, the KVM VM, the kernel, the
+//! devices, the boot structures (which list the virtio devices) and the
+//! vCPUs, ready for [`Machine::run`]. Cheap checks come before expensive work
+//! so bad input fails fast.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -9,7 +10,9 @@ use std::time::Instant;
 
 use vm_memory::GuestMemoryMmap;
 
-use crate::arch::{self, layout::BOOT_INFO_START, ConfigureSystemError, SystemInfo};
+use crate::arch::boot_info::BootVirtio;
+use crate::arch::layout::{BOOT_INFO_START, VIRTIO_GSI_START, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
+use crate::arch::{self, ConfigureSystemError, SystemInfo};
 use crate::config::{ConfigError, VmConfig, MAX_VCPUS};
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::exit::{ExitDevice, EXIT_PORT, EXIT_PORT_LEN};
@@ -17,8 +20,12 @@ use crate::devices::i8042::{I8042, I8042_BASE, I8042_LEN};
 use crate::devices::serial::{
     IrqTrigger, SerialDevice, SerialError, SerialSink, COM1_GSI, COM1_LEN, COM1_PORT,
 };
+use crate::devices::virtio::block::{Block, BlockError, Disk};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::vsock::{Vsock, VsockError};
+use crate::devices::virtio::{Interrupt, VirtioDevice};
 use crate::loader::{KernelImage, LoaderError};
-use crate::machine::Machine;
+use crate::machine::{Machine, MachineDevices};
 use crate::stop::StopLatch;
 use crate::vstate::kvm::{KvmContext, KvmError};
 use crate::vstate::memory::{self, MemoryError, MIB};
@@ -55,6 +62,52 @@ pub enum BuildError {
     /// Devices overlap (a bug in the fixed device layout).
     #[error("device layout: {0}")]
     Bus(#[from] BusError),
+    /// A disk could not be opened or used.
+    #[error(transparent)]
+    Block(#[from] BlockError),
+    /// The vsock device could not be set up.
+    #[error(transparent)]
+    Vsock(#[from] VsockError),
+    /// A virtio device's interrupt eventfd could not be created.
+    #[error("cannot create a virtio interrupt eventfd: {0}")]
+    VirtioInterrupt(#[source] std::io::Error),
+}
+
+/// Offset of QueueNotify in a virtio-mmio window.
+const QUEUE_NOTIFY: u64 = virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY as u64;
+
+/// Places virtio device number `index` on the MMIO bus with its interrupt
+/// line and queue-notify ioeventfds; returns its boot-info entry.
+fn attach_virtio(
+    vm: &Vm,
+    mem: &GuestMemoryMmap,
+    mmio: &mut Bus,
+    index: usize,
+    device: Box<dyn VirtioDevice>,
+) -> Result<(BootVirtio, Arc<Mutex<MmioTransport>>), BuildError> {
+    // `index` < MAX_VIRTIO_DEVICES (config validation), so neither overflows.
+    let base = VIRTIO_MMIO_START + index as u64 * VIRTIO_MMIO_SIZE;
+    let gsi = VIRTIO_GSI_START + index as u32;
+    let interrupt = Arc::new(Interrupt::new().map_err(BuildError::VirtioInterrupt)?);
+    vm.register_irqfd(interrupt.eventfd(), gsi)?;
+    for (queue, evt) in device.queue_events().iter().enumerate() {
+        // Notifies then never leave KVM. Without the ioeventfd (a KVM that
+        // refuses it) the write exits to the VMM and the transport signals
+        // the same eventfd, so a failure here only costs speed.
+        let _ = vm.register_ioevent(evt, base + QUEUE_NOTIFY, queue as u32);
+    }
+    let entry = BootVirtio {
+        base,
+        gsi,
+        device_type: device.device_type(),
+    };
+    let transport = Arc::new(Mutex::new(MmioTransport::new(
+        device,
+        mem.clone(),
+        interrupt,
+    )));
+    mmio.insert(transport.clone(), base, VIRTIO_MMIO_SIZE)?;
+    Ok((entry, transport))
 }
 
 /// Builds the VM described by `config`, with the guest's serial output going
@@ -63,6 +116,16 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
     let started = Instant::now();
     config.validate()?;
     let mut kernel = KernelImage::open(&config.kernel)?;
+    // Disks and the vsock socket before KVM: a wrong path is the likelier
+    // mistake and the cheaper check.
+    let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
+    for (i, disk) in config.disks.iter().enumerate() {
+        let id = format!("disk{i}");
+        devices.push(Box::new(Block::new(Disk::from_config(disk, &id)?, &id)?));
+    }
+    if let Some(v) = &config.vsock {
+        devices.push(Box::new(Vsock::new(v.cid, &v.uds_path)?));
+    }
     let kvm = KvmContext::open(&config.kvm_device)?;
     let max_vcpus = kvm.max_vcpus().min(usize::from(MAX_VCPUS));
     if usize::from(config.vcpus) > max_vcpus {
@@ -78,12 +141,23 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
 
     let mem_bytes = config.mem_mib * MIB;
     let kernel = kernel.load(&mem, arch::low_ram_end(mem_bytes))?;
+
+    let mut mmio = Bus::new();
+    let mut boot_virtio = Vec::with_capacity(devices.len());
+    let mut virtio = Vec::with_capacity(devices.len());
+    for (index, device) in devices.into_iter().enumerate() {
+        let (entry, transport) = attach_virtio(&vm, &mem, &mut mmio, index, device)?;
+        boot_virtio.push(entry);
+        virtio.push(transport);
+    }
+
     arch::configure_system(
         &mem,
         &SystemInfo {
             mem_bytes,
             vcpus: config.vcpus,
             cmdline: config.cmdline.as_bytes(),
+            virtio: &boot_virtio,
         },
     )?;
 
@@ -109,8 +183,6 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
         EXIT_PORT,
         EXIT_PORT_LEN,
     )?;
-    // Nothing on the MMIO bus yet: virtio-mmio devices will go here.
-    let mmio = Bus::new();
 
     let vcpus = (0..config.vcpus)
         .map(|id| {
@@ -133,7 +205,7 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
             mmio: Arc::new(mmio),
             latch,
         },
-        serial,
+        MachineDevices { serial, virtio },
         config.timeout,
     ))
 }

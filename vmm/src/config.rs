@@ -5,11 +5,75 @@
 
 use std::io;
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
 
-use crate::arch::layout::{CMDLINE_MAX_LEN, MIN_MEM_MIB};
+use crate::arch::layout::{CMDLINE_MAX_LEN, MAX_VIRTIO_DEVICES, MIN_MEM_MIB};
 use crate::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
+use crate::devices::virtio::vsock::{MAX_GUEST_CID, MIN_GUEST_CID};
 use crate::vstate::memory::MIB;
+
+/// Where a disk comes from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DiskSource {
+    /// A file the VMM opens (read-only for a read-only disk).
+    Path(PathBuf),
+    /// A descriptor the VMM inherited (the daemon opens disks for an
+    /// unprivileged VMM); the VMM duplicates it and leaves it open.
+    Fd(i32),
+}
+
+impl std::fmt::Display for DiskSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DiskSource::Path(p) => write!(f, "{}", p.display()),
+            DiskSource::Fd(fd) => write!(f, "fd={fd}"),
+        }
+    }
+}
+
+/// A virtio-blk disk.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The backing file.
+    pub source: DiskSource,
+    /// Refuse every write, whatever the guest negotiates.
+    pub read_only: bool,
+}
+
+impl FromStr for DiskConfig {
+    type Err = ConfigError;
+
+    /// `PATH[,ro]` or `fd=N[,ro]` (the `--disk` flag's syntax; a path may
+    /// not contain a comma).
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let bad = || ConfigError::DiskSpec(s.to_owned());
+        let mut parts = s.split(',');
+        let source = parts.next().filter(|p| !p.is_empty()).ok_or_else(bad)?;
+        let source = match source.strip_prefix("fd=") {
+            Some(n) => DiskSource::Fd(n.parse().ok().filter(|&fd: &i32| fd >= 0).ok_or_else(bad)?),
+            None => DiskSource::Path(PathBuf::from(source)),
+        };
+        let mut read_only = false;
+        for opt in parts {
+            match opt {
+                "ro" => read_only = true,
+                "rw" => read_only = false,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(DiskConfig { source, read_only })
+    }
+}
+
+/// The virtio-vsock device.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VsockConfig {
+    /// The guest's context ID (3 or more).
+    pub cid: u64,
+    /// The host-side Unix socket (see `devices::virtio::vsock`).
+    pub uds_path: PathBuf,
+}
 
 /// Most vCPUs a VM may have: APIC IDs are 8 bits and 0xff is broadcast.
 pub const MAX_VCPUS: u8 = 254;
@@ -31,6 +95,10 @@ pub struct VmConfig {
     pub kvm_device: PathBuf,
     /// Stop the VM (as an error) if the guest has not finished by then.
     pub timeout: Option<Duration>,
+    /// virtio-blk disks, in order (the guest sees them in this order).
+    pub disks: Vec<DiskConfig>,
+    /// The virtio-vsock device, if any.
+    pub vsock: Option<VsockConfig>,
 }
 
 impl Default for VmConfig {
@@ -43,6 +111,8 @@ impl Default for VmConfig {
             serial_cap_bytes: DEFAULT_SERIAL_CAP_BYTES,
             kvm_device: PathBuf::from("/dev/kvm"),
             timeout: None,
+            disks: Vec::new(),
+            vsock: None,
         }
     }
 }
@@ -96,6 +166,25 @@ pub enum ConfigError {
     /// Command line contains a NUL byte, which would end it early.
     #[error("kernel command line contains a NUL byte")]
     CmdlineNul,
+    /// A `--disk` value that does not parse.
+    #[error("bad disk `{0}`: use --disk PATH[,ro] or --disk fd=N[,ro]")]
+    DiskSpec(String),
+    /// More virtio devices than the machine has slots for.
+    #[error(
+        "{count} virtio devices requested (disks plus vsock), at most {max} fit: \
+         use fewer --disk flags"
+    )]
+    TooManyDevices {
+        /// Requested.
+        count: usize,
+        /// Limit.
+        max: usize,
+    },
+    /// A reserved or out-of-range vsock CID.
+    #[error(
+        "vsock CID {0} is invalid: --vsock-cid must be between {MIN_GUEST_CID} and {MAX_GUEST_CID}"
+    )]
+    VsockCid(u64),
 }
 
 /// This host's RAM in MiB.
@@ -146,6 +235,18 @@ impl VmConfig {
         }
         if self.cmdline.contains('\0') {
             return Err(ConfigError::CmdlineNul);
+        }
+        let count = self.disks.len() + usize::from(self.vsock.is_some());
+        if count > MAX_VIRTIO_DEVICES {
+            return Err(ConfigError::TooManyDevices {
+                count,
+                max: MAX_VIRTIO_DEVICES,
+            });
+        }
+        if let Some(v) = &self.vsock {
+            if !(MIN_GUEST_CID..=MAX_GUEST_CID).contains(&v.cid) {
+                return Err(ConfigError::VsockCid(v.cid));
+            }
         }
         Ok(())
     }
@@ -219,5 +320,38 @@ mod tests {
             }),
             ConfigError::CmdlineNul
         ));
+        assert!(matches!(
+            check(VmConfig {
+                disks: vec!["/d".parse().expect("disk"); 9],
+                ..config()
+            }),
+            ConfigError::TooManyDevices { count: 9, .. }
+        ));
+        assert!(matches!(
+            check(VmConfig {
+                vsock: Some(VsockConfig {
+                    cid: 2,
+                    uds_path: "/tmp/v.sock".into()
+                }),
+                ..config()
+            }),
+            ConfigError::VsockCid(2)
+        ));
+    }
+
+    #[test]
+    fn disk_flags_parse() {
+        let d: DiskConfig = "/img/base.ext4,ro".parse().expect("parse");
+        assert_eq!(d.source, DiskSource::Path("/img/base.ext4".into()));
+        assert!(d.read_only);
+        let d: DiskConfig = "scratch.img".parse().expect("parse");
+        assert!(!d.read_only);
+        let d: DiskConfig = "fd=3,ro".parse().expect("parse");
+        assert_eq!(d.source, DiskSource::Fd(3));
+        assert_eq!(d.source.to_string(), "fd=3");
+        for bad in ["", ",ro", "x,rx", "fd=-1", "fd=abc", "x,ro,zz"] {
+            let err = bad.parse::<DiskConfig>().unwrap_err();
+            assert!(err.to_string().contains("--disk PATH[,ro]"), "{bad}: {err}");
+        }
     }
 }

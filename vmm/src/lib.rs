@@ -8,12 +8,13 @@
 //! - [`stop`]: how the first stop reason is recorded and waited for;
 //! - [`vstate`]: KVM handle, guest memory, VM, vCPUs and their saved state;
 //! - [`arch`]: the x86_64 memory map and 64-bit boot state;
-//! - [`devices`]: port/MMIO buses, serial console, i8042, exit port;
+//! - [`devices`]: port/MMIO buses, serial console, i8042, exit port, and the
+//!   virtio-mmio devices (block, vsock);
 //! - [`loader`]: loading the ELF kernel.
 //!
-//! What is not here yet: virtio-mmio devices (block, vsock, net), the Linux
-//! boot protocol (zero page, e820, MP table), seccomp, snapshots; see
-//! vmm/README.md.
+//! What is not here yet: virtio-net and virtio-rng, the Linux boot protocol
+//! (zero page, e820, MP table), seccomp, whole-VM snapshots (device and vCPU
+//! state are serialisable already); see vmm/README.md.
 
 #![warn(missing_docs)]
 

@@ -11,6 +11,8 @@ use vm_memory::GuestMemoryMmap;
 use vmm_sys_util::signal::Killable;
 
 use crate::devices::serial::{SerialDevice, SerialReport};
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::persist::VirtioMmioState;
 use crate::stop::{StopLatch, StopReason};
 use crate::vstate::kvm::KvmContext;
 use crate::vstate::vcpu::{self, Vcpu, VcpuError, VcpuIo};
@@ -84,6 +86,12 @@ pub struct RunReport {
     pub unhandled_pio: u64,
     /// MMIO accesses no device claimed (e.g. beyond guest RAM).
     pub unhandled_mmio: u64,
+    /// virtio QueueNotify writes that exited to the VMM (0 when KVM's
+    /// ioeventfds caught them all).
+    pub virtio_notify_exits: u64,
+    /// Each virtio device's state when the VM stopped (vCPUs joined, so
+    /// the guest no longer changes it), in boot-info order.
+    pub virtio: Vec<VirtioMmioState>,
 }
 
 /// Stops the VM if the vCPU thread holding it unwinds, so the run does not
@@ -101,6 +109,14 @@ impl Drop for StopOnPanic<'_> {
     }
 }
 
+/// The devices a [`Machine`] keeps handles to (they also sit on its buses).
+pub(crate) struct MachineDevices {
+    /// The serial console, for its report.
+    pub serial: Arc<Mutex<SerialDevice>>,
+    /// The virtio-mmio transports, for their state.
+    pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
+}
+
 /// A VM ready to run.
 #[derive(Debug)]
 pub struct Machine {
@@ -112,6 +128,7 @@ pub struct Machine {
     kvm: KvmContext,
     io: VcpuIo,
     serial: Arc<Mutex<SerialDevice>>,
+    virtio: Vec<Arc<Mutex<MmioTransport>>>,
     timeout: Option<Duration>,
 }
 
@@ -122,9 +139,10 @@ impl Machine {
         mem: GuestMemoryMmap,
         vcpus: Vec<Vcpu>,
         io: VcpuIo,
-        serial: Arc<Mutex<SerialDevice>>,
+        devices: MachineDevices,
         timeout: Option<Duration>,
     ) -> Self {
+        let MachineDevices { serial, virtio } = devices;
         Machine {
             vcpus,
             vm,
@@ -132,8 +150,14 @@ impl Machine {
             kvm,
             io,
             serial,
+            virtio,
             timeout,
         }
+    }
+
+    /// The virtio-mmio devices, in boot-info order (disks, then vsock).
+    pub fn virtio_devices(&self) -> &[Arc<Mutex<MmioTransport>>] {
+        &self.virtio
     }
 
     /// The vCPUs, before they run.
@@ -237,6 +261,20 @@ impl Machine {
             serial,
             unhandled_pio: self.io.pio.unhandled_accesses(),
             unhandled_mmio: self.io.mmio.unhandled_accesses(),
+            virtio_notify_exits: self
+                .virtio
+                .iter()
+                .map(|t| {
+                    t.lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .notify_exits()
+                })
+                .sum(),
+            virtio: self
+                .virtio
+                .iter()
+                .map(|t| t.lock().unwrap_or_else(PoisonError::into_inner).snapshot())
+                .collect(),
         })
     }
 }

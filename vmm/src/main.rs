@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
+use vmm::config::{DiskConfig, VsockConfig};
 use vmm::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
 use vmm::{GuestExit, VmConfig};
 
@@ -43,9 +44,26 @@ struct Args {
     /// The KVM device.
     #[arg(long, default_value = "/dev/kvm")]
     kvm_device: PathBuf,
+    /// A virtio-blk disk: PATH[,ro] or fd=N[,ro] (an inherited descriptor).
+    /// Repeat for more disks; the guest sees them in order. `ro` disks
+    /// refuse every write.
+    #[arg(long = "disk", value_name = "PATH[,ro]", value_parser = parse_disk)]
+    disks: Vec<DiskConfig>,
+    /// Host side of a virtio-vsock device: host processes connect here and
+    /// write `CONNECT <port>\n`; guest connections to host port P go to
+    /// PATH_P.
+    #[arg(long, value_name = "PATH")]
+    vsock_uds: Option<PathBuf>,
+    /// The guest's vsock context ID.
+    #[arg(long, value_name = "N", default_value_t = 3, requires = "vsock_uds")]
+    vsock_cid: u64,
     /// Print a summary of the run on stderr.
     #[arg(short, long)]
     verbose: bool,
+}
+
+fn parse_disk(s: &str) -> Result<DiskConfig, String> {
+    s.parse().map_err(|e: vmm::ConfigError| e.to_string())
 }
 
 fn serial_output(path: &Path) -> io::Result<Box<dyn Write + Send>> {
@@ -66,6 +84,11 @@ fn main() -> ExitCode {
         serial_cap_bytes: args.serial_log_cap,
         kvm_device: args.kvm_device,
         timeout: args.timeout_ms.map(Duration::from_millis),
+        disks: args.disks,
+        vsock: args.vsock_uds.map(|uds_path| VsockConfig {
+            cid: args.vsock_cid,
+            uds_path,
+        }),
     };
     // Refuse bad input before creating the log file.
     if let Err(e) = config.validate() {
@@ -97,7 +120,7 @@ fn main() -> ExitCode {
         let s = &report.serial;
         eprintln!(
             "vmm: {:?}; serial {} bytes written, {} dropped{}; first line after {}; \
-             unhandled accesses: {} port, {} MMIO",
+             unhandled accesses: {} port, {} MMIO; virtio notifies via exit: {}",
             report.exit,
             s.bytes_written,
             s.bytes_dropped,
@@ -110,6 +133,7 @@ fn main() -> ExitCode {
                 .unwrap_or_else(|| "-".into()),
             report.unhandled_pio,
             report.unhandled_mmio,
+            report.virtio_notify_exits,
         );
     }
     if let Some(e) = &report.serial.error {

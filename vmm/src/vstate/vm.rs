@@ -3,7 +3,7 @@
 //! traffic out of the VMM, and the irq lines (irqfd) of devices.
 
 use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
-use kvm_ioctls::VmFd;
+use kvm_ioctls::{IoEventAddress, VmFd};
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -33,6 +33,15 @@ pub enum VmError {
     MemoryRegion {
         /// The slot.
         slot: u32,
+        /// The error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// KVM_IOEVENTFD failed.
+    #[error("KVM_IOEVENTFD failed for MMIO address {addr:#x}: {source}")]
+    Ioeventfd {
+        /// The guest-physical address.
+        addr: u64,
         /// The error.
         #[source]
         source: kvm_ioctls::Error,
@@ -106,6 +115,14 @@ impl Vm {
         self.fd
             .register_irqfd(evt, gsi)
             .map_err(|source| VmError::Irqfd { gsi, source })
+    }
+
+    /// Makes a 4-byte guest write of `value` to MMIO address `addr` signal
+    /// `evt` inside KVM, without an exit to the VMM (virtio QueueNotify).
+    pub fn register_ioevent(&self, evt: &EventFd, addr: u64, value: u32) -> Result<(), VmError> {
+        self.fd
+            .register_ioevent(evt, &IoEventAddress::Mmio(addr), value)
+            .map_err(|source| VmError::Ioeventfd { addr, source })
     }
 
     /// The VM file descriptor.

@@ -41,6 +41,18 @@ pub const HIMEM_START: u64 = 0x10_0000;
 pub const MMIO_GAP_START: u64 = 0xc000_0000;
 /// End (exclusive) of the 32-bit MMIO gap.
 pub const MMIO_GAP_END: u64 = 1 << 32;
+/// First virtio-mmio device window; device `i` is at
+/// `VIRTIO_MMIO_START + i * VIRTIO_MMIO_SIZE`. Inside the MMIO gap, clear of
+/// the IOAPIC (0xfec0_0000), the LAPIC (0xfee0_0000) and the TSS area.
+pub const VIRTIO_MMIO_START: u64 = 0xd000_0000;
+/// Size of one virtio-mmio window.
+pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
+/// Interrupt line of the first virtio device; device `i` gets GSI
+/// `VIRTIO_GSI_START + i`. GSI 4 is COM1; 5 and up are free ISA/IOAPIC pins
+/// (Firecracker numbers its devices' lines the same way).
+pub const VIRTIO_GSI_START: u32 = 5;
+/// Most virtio devices: IOAPIC pins 5..=12, and the boot-info block's list.
+pub const MAX_VIRTIO_DEVICES: usize = 8;
 /// The TSS area KVM needs on Intel (three pages just below the 4 GiB BIOS
 /// area); it must not overlap RAM, so it lives in the MMIO gap.
 pub const KVM_TSS_ADDRESS: u64 = 0xfffb_d000;

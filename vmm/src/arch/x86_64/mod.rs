@@ -16,7 +16,7 @@ pub mod regs;
 
 use vm_memory::{Bytes, GuestAddress, GuestMemoryError, GuestMemoryMmap};
 
-use self::boot_info::BootInfo;
+use self::boot_info::{BootInfo, BootVirtio};
 use self::layout::{
     BOOT_GDT_START, BOOT_IDT_START, BOOT_INFO_START, CMDLINE_MAX_LEN, CMDLINE_START, MMIO_GAP_END,
     MMIO_GAP_START,
@@ -76,6 +76,8 @@ pub struct SystemInfo<'a> {
     pub vcpus: u8,
     /// Kernel command line, without terminator.
     pub cmdline: &'a [u8],
+    /// The virtio-mmio devices, for the boot-info block.
+    pub virtio: &'a [BootVirtio],
 }
 
 /// Writes everything the boot vCPU needs into guest memory: descriptor tables,
@@ -109,7 +111,8 @@ pub fn configure_system(
         low_ram_end(info.mem_bytes),
         CMDLINE_START,
         info.cmdline.len() as u64,
-    );
+    )
+    .with_virtio(info.virtio);
     mem.write_obj(boot_info, GuestAddress(BOOT_INFO_START))
         .map_err(ConfigureSystemError::BootInfo)?;
     Ok(())
@@ -148,12 +151,20 @@ mod tests {
             mem_bytes: 2 << 20,
             vcpus: 3,
             cmdline: b"exit=7",
+            virtio: &[BootVirtio {
+                base: 0xd000_0000,
+                gsi: 5,
+                device_type: 2,
+            }],
         };
         configure_system(&mem, &info).expect("configure");
         let bi: BootInfo = mem.read_obj(GuestAddress(BOOT_INFO_START)).expect("read");
         assert_eq!(bi.vcpus, 3);
         assert_eq!(bi.mem_bytes, 2 << 20);
         assert_eq!(bi.cmdline_len, 6);
+        assert_eq!(bi.virtio_count, 1);
+        assert_eq!(bi.virtio[0].base, 0xd000_0000);
+        assert_eq!(bi.virtio[0].gsi, 5);
         let mut cmdline = [0u8; 7];
         mem.read_slice(&mut cmdline, GuestAddress(CMDLINE_START))
             .expect("read");
@@ -169,6 +180,7 @@ mod tests {
             mem_bytes: 2 << 20,
             vcpus: 1,
             cmdline: &long,
+            virtio: &[],
         };
         assert!(matches!(
             configure_system(&mem, &info),
