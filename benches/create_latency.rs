@@ -9,6 +9,8 @@
 //! so the whole benchmark (daemon, runc, crun) runs in a private mount
 //! namespace without `/sys/fs/cgroup/unified`: same conditions for everyone.
 
+mod peers;
+
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -21,8 +23,9 @@ use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::UnixStream;
 
+use peers::{median, oci_bundle, private_mount_namespace, python_rootfs, IMAGES};
+
 const DAEMON: &str = env!("CARGO_BIN_EXE_sandboxd");
-const IMAGES: &str = "/var/lib/sandboxd/images";
 
 fn agent() -> PathBuf {
     Path::new(DAEMON)
@@ -53,32 +56,6 @@ async fn http(socket: &Path, method: Method, path: &str, body: Vec<u8>) -> (u16,
         .expect("body")
         .to_bytes();
     (status, bytes.to_vec())
-}
-
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(|a, b| a.total_cmp(b));
-    let n = samples.len();
-    if n == 0 {
-        return f64::NAN;
-    }
-    if n % 2 == 1 {
-        samples[n / 2]
-    } else {
-        (samples[n / 2 - 1] + samples[n / 2]) / 2.0
-    }
-}
-
-fn private_mount_namespace() {
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare mount ns");
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .expect("make / private");
-    let _ = nix::mount::umount2("/sys/fs/cgroup/unified", nix::mount::MntFlags::MNT_DETACH);
 }
 
 struct Daemon {
@@ -237,25 +214,6 @@ async fn measure(runs: usize, flags: &[&str], pool: Option<u64>) -> (Vec<f64>, V
     (ready, output)
 }
 
-fn oci_bundle(dir: &Path, rootfs: &Path) -> PathBuf {
-    let bundle = dir.join("bundle");
-    std::fs::create_dir_all(&bundle).expect("bundle");
-    let status = Command::new("runc")
-        .args(["spec", "-b"])
-        .arg(&bundle)
-        .status()
-        .expect("runc spec");
-    assert!(status.success());
-    let path = bundle.join("config.json");
-    let mut spec: Value =
-        serde_json::from_slice(&std::fs::read(&path).expect("spec")).expect("json");
-    spec["root"] = json!({"path": rootfs, "readonly": true});
-    spec["process"]["terminal"] = json!(false);
-    spec["process"]["args"] = json!(["python3", "-c", "print(1)"]);
-    std::fs::write(&path, spec.to_string()).expect("write spec");
-    bundle
-}
-
 fn time_runtime(runtime: &str, bundle: &Path, i: usize) -> f64 {
     let start = Instant::now();
     let out = Command::new(runtime)
@@ -287,21 +245,7 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(50);
     private_mount_namespace();
-    let built = Command::new(DAEMON)
-        .args(["--images-dir", IMAGES, "image", "build", "python"])
-        .output()
-        .expect("image build");
-    assert!(
-        built.status.success(),
-        "{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    let rootfs = PathBuf::from(
-        String::from_utf8_lossy(&built.stdout)
-            .split_whitespace()
-            .nth(2)
-            .expect("rootfs path"),
-    );
+    let rootfs = python_rootfs(DAEMON);
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -312,7 +256,7 @@ fn main() {
         runtime.block_on(measure(runs, &["--pool-size", "2"], Some(2)));
 
     let scratch = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-    let bundle = oci_bundle(scratch.path(), &rootfs);
+    let bundle = oci_bundle(scratch.path(), &rootfs, &["python3", "-c", "print(1)"]);
     let mut runc = Vec::new();
     let mut crun = Vec::new();
     for i in 0..runs {
@@ -330,12 +274,9 @@ fn main() {
         "runc_run_python": runc,
         "crun_run_python": crun,
     });
-    let (m_ready, m_out) = (median(&mut ready.clone()), median(&mut output.clone()));
-    let (p_ready, p_out) = (
-        median(&mut pooled_ready.clone()),
-        median(&mut pooled_output.clone()),
-    );
-    let (m_runc, m_crun) = (median(&mut runc.clone()), median(&mut crun.clone()));
+    let (m_ready, m_out) = (median(&ready), median(&output));
+    let (p_ready, p_out) = (median(&pooled_ready), median(&pooled_output));
+    let (m_runc, m_crun) = (median(&runc), median(&crun));
     println!("create_latency ({runs} runs each, medians in ms)");
     println!("  sandboxd create -> ready (cold)          {m_ready:8.2}");
     println!("  sandboxd create -> python output (cold)  {m_out:8.2}");

@@ -9,8 +9,9 @@ packages=(
   debootstrap busybox-static btrfs-progs util-linux iproute2 nftables
   # tests: the systemd units are verified and booted under a real systemd
   systemd systemd-container
-  # benchmarks compare against these runtimes
-  runc crun
+  # benchmarks compare against these runtimes (runc checkpoint locks the
+  # container's network with iptables-restore)
+  runc crun iptables
 )
 missing=()
 for p in "${packages[@]}"; do

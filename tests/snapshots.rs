@@ -318,6 +318,22 @@ async fn a_memory_snapshot_forks_running_processes() {
         forks.push(fork);
     }
     assert_eq!(randoms.len(), 10, "forks read the same kernel randomness");
+    // Each fork has its own groups and nothing more: a restore must not
+    // copy other groups of a hierarchy under the fork's.
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+        .expect("cgroupfs")
+        .flatten()
+    {
+        let parent = hierarchy
+            .path()
+            .join(daemon.cgroup_parent().trim_start_matches('/'));
+        let groups = walkdir_count(&parent);
+        assert!(
+            groups < 200,
+            "{groups} groups under {} for 11 sandboxes",
+            parent.display()
+        );
+    }
     // They diverge independently.
     assert_eq!(ask(&daemon, &forks[0]).await.0, 2);
     assert_eq!(ask(&daemon, &forks[0]).await.0, 3);
@@ -360,11 +376,7 @@ async fn a_memory_snapshot_forks_running_processes() {
     let (status, snap) = snapshot(&daemon, &source, "memory").await;
     assert_eq!(status, StatusCode::CREATED, "{snap}");
     let snap_id = snap["id"].as_str().expect("id").to_string();
-    let images = daemon
-        .state_dir()
-        .join("disk/snapshots")
-        .join(&snap_id)
-        .join("images");
+    let images = daemon.state_dir().join("snapshot-images").join(&snap_id);
     let victim = std::fs::read_dir(&images)
         .expect("images")
         .flatten()
@@ -393,6 +405,18 @@ async fn a_memory_snapshot_forks_running_processes() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     daemon.delete(&source).await;
+}
+
+/// Directories at or below `dir` (0 when it does not exist).
+fn walkdir_count(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    1 + entries
+        .flatten()
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .map(|e| walkdir_count(&e.path()))
+        .sum::<usize>()
 }
 
 /// Why memory snapshots cannot be tested here, if they cannot.

@@ -65,6 +65,11 @@ pub struct RestoreSpec {
     pub next_proc: u64,
 }
 
+/// The v1 controllers a sandbox has its own groups in (libcontainer's).
+const DUMPED_V1_CONTROLLERS: [&str; 8] = [
+    "cpuset", "cpu", "cpuacct", "blkio", "memory", "devices", "freezer", "pids",
+];
+
 /// The key CRIU files an external mount under, from its mount point.
 fn mount_key(mount_point: &str) -> String {
     format!("m{}", mount_point.replace('/', "_"))
@@ -230,6 +235,16 @@ pub fn dump(
     for point in &external_mounts {
         args.push("--external".into());
         args.push(format!("mnt[{point}]:{}", mount_key(point)));
+    }
+    // Only the sandbox's own hierarchies. In the named v1 ones (systemd,
+    // unified) its tasks sit in groups it does not own, and CRIU would dump
+    // everything below them and recreate it under every fork's root, the
+    // earlier forks' copies included.
+    if super::cgroups::Layout::detect() == super::cgroups::Layout::V1 {
+        for controller in DUMPED_V1_CONTROLLERS {
+            args.push("--cgroup-dump-controller".into());
+            args.push(controller.into());
+        }
     }
     run_in_netns(
         criu,

@@ -4,7 +4,7 @@
 //! on them.
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -22,6 +22,13 @@ use crate::snapshot::{
 const FILESYSTEM_SNAPSHOT_RESERVE: u64 = 64 << 20;
 /// How long CRIU may take to checkpoint a sandbox.
 const CHECKPOINT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Where memory snapshots' CRIU images live, under the state directory.
+const SNAPSHOT_IMAGES: &str = "snapshot-images";
+
+/// A checkpoint just taken: its images, what restores need, and the
+/// source's next process id.
+type Checkpointed = (PathBuf, crate::runtime::criu::Checkpoint, u64);
 
 /// What a new snapshot stacks on.
 struct SnapshotBase {
@@ -62,12 +69,15 @@ impl Manager {
                 SnapshotKind::Memory => cgroups.memory_bytes().unwrap_or(0),
                 SnapshotKind::Filesystem => 0,
             };
-        let free = self.disk.free_bytes().map_err(SandboxError::internal)?;
+        let free = match kind {
+            SnapshotKind::Memory => free_bytes(&self.config.state_dir)?,
+            SnapshotKind::Filesystem => self.disk.free_bytes().map_err(SandboxError::internal)?,
+        };
         if free < needed {
             return Err(SandboxError::Unavailable {
                 resource: "disk",
                 message: format!(
-                    "the disk pool has {} MiB free; this snapshot needs {} MiB",
+                    "{} MiB of disk are free; this snapshot needs {} MiB",
                     free >> 20,
                     needed >> 20
                 ),
@@ -88,7 +98,7 @@ impl Manager {
                 Ok(meta.view())
             }
             Err(e) => {
-                if let Err(undo) = self.disk.remove_snapshot(&snapshot_id) {
+                if let Err(undo) = self.remove_snapshot_data(&snapshot_id) {
                     tracing::warn!(snapshot = %snapshot_id, "removing a failed snapshot: {undo}");
                 }
                 Err(e)
@@ -154,7 +164,25 @@ impl Manager {
         if let Err(e) = cgroups.thaw() {
             tracing::error!(sandbox = %record.id, "thawing after a snapshot: {e}");
         }
-        let (layer, memory) = captured?;
+        let (layer, checkpointed) = captured?;
+        let memory = match checkpointed {
+            Some((images_dir, checkpoint, next_proc)) => {
+                let hashing = images_dir.clone();
+                let sha256 = tokio::task::spawn_blocking(move || integrity::digest_dir(&hashing))
+                    .await
+                    .map_err(SandboxError::internal)?
+                    .map_err(SandboxError::internal)?;
+                Some(MemoryImage {
+                    images_dir,
+                    checkpoint,
+                    next_proc,
+                    limits: record.limits.clone(),
+                    env: record.env.clone(),
+                    sha256,
+                })
+            }
+            None => None,
+        };
         let upper = layer.join("upper");
         let mut measured = vec![upper.clone()];
         if let Some(m) = &memory {
@@ -187,7 +215,11 @@ impl Manager {
         Ok(meta)
     }
 
-    /// The part of [`Self::capture`] done while the sandbox is frozen.
+    /// The part of [`Self::capture`] done while the sandbox is frozen: the
+    /// layer snapshot first (its sync then has only the layer to write),
+    /// then the checkpoint, whose images stay outside the btrfs pool so that
+    /// the pool's transaction commits (every layer create) never wait on
+    /// writing them back.
     async fn capture_frozen(
         &self,
         record: &super::record::SandboxRecord,
@@ -195,57 +227,72 @@ impl Manager {
         kind: SnapshotKind,
         snapshot_id: &str,
         dir: &Path,
-    ) -> Result<(std::path::PathBuf, Option<MemoryImage>), SandboxError> {
-        let mut memory = None;
-        if kind == SnapshotKind::Memory {
-            let images_dir = dir.join("images");
-            std::fs::create_dir(&images_dir).map_err(SandboxError::internal)?;
-            let request = ShimRequest::Checkpoint {
-                criu: self.config.criu_path.clone(),
-                freezer: cgroups.freezer_dir(),
-                images_dir: images_dir.clone(),
-                work_dir: dir.to_path_buf(),
-            };
-            let mut conn = self.connect(&record.id).await?;
-            let reply = conn.call(&request, CHECKPOINT_DEADLINE).await?;
-            let (checkpoint, next_proc) = match reply {
-                ShimReply::Checkpointed {
-                    checkpoint,
-                    next_proc,
-                } => (checkpoint, next_proc),
-                ShimReply::Error(e) => {
-                    return Err(SandboxError::internal(format!(
-                        "checkpointing the sandbox: {}",
-                        e.message
-                    )))
-                }
-                other => {
-                    return Err(SandboxError::internal(format!(
-                        "the supervisor answered a checkpoint with {other:?}"
-                    )))
-                }
-            };
-            let hashing = images_dir.clone();
-            let sha256 = tokio::task::spawn_blocking(move || integrity::digest_dir(&hashing))
-                .await
-                .map_err(SandboxError::internal)?
-                .map_err(SandboxError::internal)?;
-            memory = Some(MemoryImage {
-                images_dir,
-                checkpoint,
-                next_proc,
-                limits: record.limits.clone(),
-                env: record.env.clone(),
-                sha256,
-            });
-        }
+    ) -> Result<(PathBuf, Option<Checkpointed>), SandboxError> {
         let disk = Arc::clone(&self.disk);
         let (layer_id, sid) = (record.id.clone(), snapshot_id.to_string());
         let layer = tokio::task::spawn_blocking(move || disk.snapshot_layer(&layer_id, &sid))
             .await
             .map_err(SandboxError::internal)?
             .map_err(SandboxError::internal)?;
-        Ok((layer, memory))
+        if kind == SnapshotKind::Filesystem {
+            return Ok((layer, None));
+        }
+        let images_dir = self.images_dir(snapshot_id)?;
+        let request = ShimRequest::Checkpoint {
+            criu: self.config.criu_path.clone(),
+            freezer: cgroups.freezer_dir(),
+            images_dir: images_dir.clone(),
+            work_dir: dir.to_path_buf(),
+        };
+        let mut conn = self.connect(&record.id).await?;
+        match conn.call(&request, CHECKPOINT_DEADLINE).await? {
+            ShimReply::Checkpointed {
+                checkpoint,
+                next_proc,
+            } => Ok((layer, Some((images_dir, checkpoint, next_proc)))),
+            ShimReply::Error(e) => Err(SandboxError::internal(format!(
+                "checkpointing the sandbox: {}",
+                e.message
+            ))),
+            other => Err(SandboxError::internal(format!(
+                "the supervisor answered a checkpoint with {other:?}"
+            ))),
+        }
+    }
+
+    /// Makes the directory of snapshot `id`'s CRIU images, under a 0700
+    /// parent in the state directory.
+    fn images_dir(&self, id: &str) -> Result<PathBuf, SandboxError> {
+        let parent = self.config.state_dir.join(SNAPSHOT_IMAGES);
+        let mut builder = std::fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        if let Err(e) = builder.create(&parent) {
+            if e.kind() != std::io::ErrorKind::AlreadyExists {
+                return Err(SandboxError::internal(format!(
+                    "creating {}: {e}",
+                    parent.display()
+                )));
+            }
+        }
+        // Searchable itself: CRIU opens images from inside the restored
+        // tree's user namespace. The 0700 parent keeps everyone else out.
+        let dir = parent.join(id);
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o755);
+        builder
+            .create(&dir)
+            .map_err(|e| SandboxError::internal(format!("creating {}: {e}", dir.display())))?;
+        Ok(dir)
+    }
+
+    /// Removes snapshot `id`'s layer, meta and images.
+    fn remove_snapshot_data(&self, id: &str) -> Result<(), String> {
+        self.disk.remove_snapshot(id).map_err(|e| e.to_string())?;
+        let images = self.config.state_dir.join(SNAPSHOT_IMAGES).join(id);
+        match std::fs::remove_dir_all(&images) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("removing {}: {e}", images.display())),
+        }
     }
 
     /// Creates a fork of memory snapshot `snapshot`: a new sandbox whose
@@ -395,7 +442,7 @@ impl Manager {
                 return;
             }
             for id in removable {
-                if let Err(e) = self.disk.remove_snapshot(&id) {
+                if let Err(e) = self.remove_snapshot_data(&id) {
                     tracing::warn!(snapshot = %id, "removing a deleted snapshot: {e}");
                     return;
                 }
@@ -404,6 +451,13 @@ impl Manager {
             }
         }
     }
+}
+
+/// Bytes free on the filesystem holding `dir`.
+fn free_bytes(dir: &Path) -> Result<u64, SandboxError> {
+    let st = nix::sys::statvfs::statvfs(dir)
+        .map_err(|e| SandboxError::internal(format!("statvfs {}: {e}", dir.display())))?;
+    Ok(st.blocks_available() * st.fragment_size())
 }
 
 fn snapshot_not_found(id: &str) -> SandboxError {

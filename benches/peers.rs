@@ -1,0 +1,77 @@
+//! What the benchmarks share to run the same work under runc/crun: a mount
+//! namespace where those runtimes accept this hybrid cgroup host, an OCI
+//! bundle over the cached python image, and medians.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::{json, Value};
+
+/// The image cache every benchmark uses.
+pub const IMAGES: &str = "/var/lib/sandboxd/images";
+
+/// crun 1.8 refuses a hybrid cgroup host while a cgroup2 mount is visible,
+/// so a benchmark runs wholly (daemon and peers) in a private mount
+/// namespace without `/sys/fs/cgroup/unified`: same conditions for all.
+pub fn private_mount_namespace() {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).expect("unshare mount ns");
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        nix::mount::MsFlags::MS_REC | nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .expect("make / private");
+    let _ = nix::mount::umount2("/sys/fs/cgroup/unified", nix::mount::MntFlags::MNT_DETACH);
+}
+
+/// Builds (once) the python image with `daemon`; returns its rootfs.
+pub fn python_rootfs(daemon: &str) -> PathBuf {
+    let built = Command::new(daemon)
+        .args(["--images-dir", IMAGES, "image", "build", "python"])
+        .output()
+        .expect("image build");
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    PathBuf::from(
+        String::from_utf8_lossy(&built.stdout)
+            .split_whitespace()
+            .nth(2)
+            .expect("rootfs path"),
+    )
+}
+
+/// An OCI bundle in `dir` running `args` over `rootfs` (read-only).
+pub fn oci_bundle(dir: &Path, rootfs: &Path, args: &[&str]) -> PathBuf {
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(&bundle).expect("bundle");
+    let status = Command::new("runc")
+        .args(["spec", "-b"])
+        .arg(&bundle)
+        .status()
+        .expect("runc spec");
+    assert!(status.success());
+    let path = bundle.join("config.json");
+    let mut spec: Value =
+        serde_json::from_slice(&std::fs::read(&path).expect("spec")).expect("json");
+    spec["root"] = json!({"path": rootfs, "readonly": true});
+    spec["process"]["terminal"] = json!(false);
+    spec["process"]["args"] = json!(args);
+    std::fs::write(&path, spec.to_string()).expect("write spec");
+    bundle
+}
+
+pub fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(|a, b| a.total_cmp(b));
+    let n = sorted.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => sorted[n / 2],
+        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
+    }
+}
