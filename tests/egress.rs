@@ -407,7 +407,12 @@ async fn a_policy_change_closes_a_forbidden_open_connection() {
     let python = "import socket, time\n\
         s = socket.create_connection(('allowed.example.test', 80), timeout=60)\n\
         s.sendall(b'GET / HTTP/1.1\\r\\nHost: allowed.example.test\\r\\n\\r\\n')\n\
-        print('first', len(s.recv(4096)), flush=True)\n\
+        got = b''\n\
+        while not got.endswith(b'hello from upstream'):\n\
+        \x20   chunk = s.recv(4096)\n\
+        \x20   if not chunk: break\n\
+        \x20   got += chunk\n\
+        print('first', len(got), flush=True)\n\
         begun = time.monotonic()\n\
         try:\n    end = 'eof %d' % len(s.recv(4096))\n\
         except OSError as e:\n    end = 'error %s' % e\n\
