@@ -132,6 +132,7 @@ impl Manager {
     pub fn new(config: Config, store: Store, images: ImageCache, disk: DiskPool) -> Arc<Self> {
         let store = Arc::new(store);
         let snapshots = crate::snapshot::SnapshotIndex::load(&disk);
+        super::snapshots::sweep_orphan_images(&config.state_dir, &snapshots);
         Arc::new(Self {
             events: EventLog::open(Arc::clone(&store), config.event_retention_seconds),
             metrics: crate::metrics::Metrics::new(),

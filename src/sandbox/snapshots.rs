@@ -453,6 +453,24 @@ impl Manager {
     }
 }
 
+/// Removes CRIU image directories no snapshot owns (a crash between the
+/// dump and the snapshot's meta being written).
+pub(super) fn sweep_orphan_images(state_dir: &Path, index: &crate::snapshot::SnapshotIndex) {
+    let Ok(entries) = std::fs::read_dir(state_dir.join(SNAPSHOT_IMAGES)) else {
+        return;
+    };
+    let known = index.lock();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !known.contains_key(&name) {
+            tracing::warn!(snapshot = %name, "removing checkpoint images no snapshot owns");
+            if let Err(e) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(snapshot = %name, "{e}");
+            }
+        }
+    }
+}
+
 /// Bytes free on the filesystem holding `dir`.
 fn free_bytes(dir: &Path) -> Result<u64, SandboxError> {
     let st = nix::sys::statvfs::statvfs(dir)
