@@ -237,10 +237,10 @@ async fn sandboxctl_takes_lists_and_removes_snapshots() {
 }
 
 /// Holds state in memory (a counter), an open file and a listening socket;
-/// each `get` answers with the counter, the file's size and fresh kernel
-/// randomness, then counts up.
+/// each `get` answers with the counter, the file's size, fresh kernel
+/// randomness and its monotonic clock, then counts up.
 const SERVER: &str = r#"
-import os, socket
+import os, socket, time
 counter = 0
 journal = open('/tmp/journal', 'a+')
 server = socket.socket()
@@ -253,7 +253,7 @@ while True:
     conn.recv(16)
     journal.write('x')
     journal.flush()
-    conn.sendall(('%d %d %s' % (counter, journal.tell(), os.urandom(8).hex())).encode())
+    conn.sendall(('%d %d %s %.6f' % (counter, journal.tell(), os.urandom(8).hex(), time.monotonic())).encode())
     conn.close()
     counter += 1
 "#;
@@ -263,16 +263,30 @@ const CLIENT: &str = "import socket\n\
     s.sendall(b'get')\n\
     print(s.recv(100).decode())";
 
-/// (counter, journal size, random hex) from the server in sandbox `id`.
-async fn ask(daemon: &Daemon, id: &str) -> (u64, u64, String) {
+/// What the server in a sandbox answered.
+struct Answer {
+    counter: u64,
+    journal_bytes: u64,
+    random: String,
+    monotonic: f64,
+}
+
+async fn ask(daemon: &Daemon, id: &str) -> Answer {
     let run = daemon.exec(id, &["python3", "-c", CLIENT]).await;
     let out = run.out();
-    let mut words = out.split_whitespace();
-    let parse = |w: Option<&str>| w.and_then(|w| w.parse().ok());
-    match (parse(words.next()), parse(words.next()), words.next()) {
-        (Some(counter), Some(size), Some(random)) => (counter, size, random.to_string()),
-        _ => panic!("server in {id} answered {out:?}: {}", run.err()),
-    }
+    let words: Vec<&str> = out.split_whitespace().collect();
+    let answer = match words.as_slice() {
+        [counter, size, random, monotonic] => (|| {
+            Some(Answer {
+                counter: counter.parse().ok()?,
+                journal_bytes: size.parse().ok()?,
+                random: random.to_string(),
+                monotonic: monotonic.parse().ok()?,
+            })
+        })(),
+        _ => None,
+    };
+    answer.unwrap_or_else(|| panic!("server in {id} answered {out:?}: {}", run.err()))
 }
 
 #[tokio::test]
@@ -302,7 +316,8 @@ async fn a_memory_snapshot_forks_running_processes() {
             e["type"] == "stdout"
         })
         .await;
-    assert_eq!(ask(&daemon, &source).await.0, 0);
+    let first = ask(&daemon, &source).await;
+    assert_eq!(first.counter, 0);
     let run = daemon.sh(&source, "echo kept > /before").await;
     assert_eq!(run.exit_code(), Some(0));
 
@@ -311,16 +326,27 @@ async fn a_memory_snapshot_forks_running_processes() {
     let snap_id = snap["id"].as_str().expect("id").to_string();
     assert_eq!(snap["kind"], "memory");
     // The source keeps running where it was.
-    assert_eq!(ask(&daemon, &source).await.0, 1);
+    assert_eq!(ask(&daemon, &source).await.counter, 1);
 
     let mut forks = Vec::new();
     let mut randoms = std::collections::BTreeSet::new();
     for _ in 0..10 {
         let fork = daemon.create(json!({"from_snapshot": snap_id})).await;
         // Each fork starts from the snapshot: counter 1, journal of 1 byte.
-        let (counter, size, random) = ask(&daemon, &fork).await;
-        assert_eq!((counter, size), (1, 2), "fork {fork}");
-        randoms.insert(random);
+        let answer = ask(&daemon, &fork).await;
+        assert_eq!(
+            (answer.counter, answer.journal_bytes),
+            (1, 2),
+            "fork {fork}"
+        );
+        // The monotonic clock went on from where the source's was.
+        assert!(
+            answer.monotonic > first.monotonic,
+            "fork {fork}: monotonic {} went back from {}",
+            answer.monotonic,
+            first.monotonic
+        );
+        randoms.insert(answer.random);
         let run = daemon.sh(&fork, "cat /before; hostname").await;
         assert_eq!(run.out(), format!("kept\n{fork}\n"), "{}", run.err());
         forks.push(fork);
@@ -343,10 +369,10 @@ async fn a_memory_snapshot_forks_running_processes() {
         );
     }
     // They diverge independently.
-    assert_eq!(ask(&daemon, &forks[0]).await.0, 2);
-    assert_eq!(ask(&daemon, &forks[0]).await.0, 3);
-    assert_eq!(ask(&daemon, &forks[1]).await.0, 2);
-    assert_eq!(ask(&daemon, &source).await.0, 2);
+    assert_eq!(ask(&daemon, &forks[0]).await.counter, 2);
+    assert_eq!(ask(&daemon, &forks[0]).await.counter, 3);
+    assert_eq!(ask(&daemon, &forks[1]).await.counter, 2);
+    assert_eq!(ask(&daemon, &source).await.counter, 2);
     // New processes in a fork work as anywhere.
     let run = daemon
         .exec(&forks[2], &["python3", "-c", "print(6 * 7)"])
@@ -358,7 +384,7 @@ async fn a_memory_snapshot_forks_running_processes() {
         .call(Method::DELETE, &format!("/v1/snapshots/{snap_id}"), None)
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT);
-    assert_eq!(ask(&daemon, &forks[3]).await.0, 2);
+    assert_eq!(ask(&daemon, &forks[3]).await.counter, 2);
     for fork in &forks {
         daemon.delete(fork).await;
     }
