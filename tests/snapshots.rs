@@ -373,6 +373,45 @@ async fn a_memory_snapshot_forks_running_processes() {
     assert_eq!(ask(&daemon, &forks[0]).await.counter, 3);
     assert_eq!(ask(&daemon, &forks[1]).await.counter, 2);
     assert_eq!(ask(&daemon, &source).await.counter, 2);
+    // A fork lists the processes it inherited, and can end them.
+    let (status, list) = daemon
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{}/processes", forks[4]),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let inherited = list["processes"]
+        .as_array()
+        .expect("processes")
+        .iter()
+        .find(|p| p["id"] == server)
+        .cloned()
+        .unwrap_or_else(|| panic!("the server is not listed in the fork: {list}"));
+    assert_eq!(inherited["state"], "running", "{inherited}");
+    assert_eq!(inherited["sandbox_id"], forks[4].as_str(), "{inherited}");
+    let (status, v) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{}/processes/{server}/kill", forks[4]),
+            None,
+        )
+        .await;
+    assert!(status.is_success(), "{v}");
+    let (_, ended) = daemon
+        .call(
+            Method::GET,
+            &format!(
+                "/v1/sandboxes/{}/processes/{server}/wait?timeout_seconds=10",
+                forks[4]
+            ),
+            None,
+        )
+        .await;
+    assert_ne!(ended["state"], "running", "{ended}");
+    // The source's server is untouched.
+    assert_eq!(ask(&daemon, &forks[5]).await.counter, 2);
     // New processes in a fork work as anywhere.
     let run = daemon
         .exec(&forks[2], &["python3", "-c", "print(6 * 7)"])

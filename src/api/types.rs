@@ -205,7 +205,7 @@ pub enum ProcessState {
     Exited,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Process {
     pub id: u64,
     pub sandbox_id: String,

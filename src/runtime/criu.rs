@@ -55,7 +55,7 @@ pub struct Checkpoint {
 }
 
 /// What a fork's supervisor needs to restore a checkpoint.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RestoreSpec {
     pub criu: PathBuf,
     pub images_dir: PathBuf,
@@ -63,6 +63,10 @@ pub struct RestoreSpec {
     /// The source supervisor's next process id: the fork continues above
     /// it, since the agent still knows the source's processes by theirs.
     pub next_proc: u64,
+    /// The processes running at the checkpoint: they run on in the fork,
+    /// whose supervisor lists them (with output from the restore on).
+    #[serde(default)]
+    pub processes: Vec<crate::api::types::Process>,
 }
 
 /// The v1 controllers a sandbox has its own groups in (libcontainer's).

@@ -433,6 +433,7 @@ impl Manager {
                     images_dir: memory.images_dir,
                     checkpoint: memory.checkpoint,
                     next_proc: memory.next_proc,
+                    processes: memory.processes,
                 });
                 let image = crate::image::Image {
                     name: snapshot.image.clone(),

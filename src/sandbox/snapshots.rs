@@ -26,9 +26,14 @@ const CHECKPOINT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(
 /// Where memory snapshots' CRIU images live, under the state directory.
 const SNAPSHOT_IMAGES: &str = "snapshot-images";
 
-/// A checkpoint just taken: its images, what restores need, and the
-/// source's next process id.
-type Checkpointed = (PathBuf, crate::runtime::criu::Checkpoint, u64);
+/// A checkpoint just taken: its images, what restores need, the source's
+/// next process id and its running processes.
+type Checkpointed = (
+    PathBuf,
+    crate::runtime::criu::Checkpoint,
+    u64,
+    Vec<crate::api::types::Process>,
+);
 
 /// What a new snapshot stacks on.
 struct SnapshotBase {
@@ -166,7 +171,7 @@ impl Manager {
         }
         let (layer, checkpointed) = captured?;
         let memory = match checkpointed {
-            Some((images_dir, checkpoint, next_proc)) => {
+            Some((images_dir, checkpoint, next_proc, processes)) => {
                 let hashing = images_dir.clone();
                 let sha256 = tokio::task::spawn_blocking(move || integrity::digest_dir(&hashing))
                     .await
@@ -179,6 +184,7 @@ impl Manager {
                     limits: record.limits.clone(),
                     env: record.env.clone(),
                     sha256,
+                    processes,
                 })
             }
             None => None,
@@ -249,7 +255,8 @@ impl Manager {
             ShimReply::Checkpointed {
                 checkpoint,
                 next_proc,
-            } => Ok((layer, Some((images_dir, checkpoint, next_proc)))),
+                processes,
+            } => Ok((layer, Some((images_dir, checkpoint, next_proc, processes)))),
             ShimReply::Error(e) => Err(SandboxError::internal(format!(
                 "checkpointing the sandbox: {}",
                 e.message

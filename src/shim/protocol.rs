@@ -124,6 +124,8 @@ pub enum ShimReply {
     Checkpointed {
         checkpoint: crate::runtime::criu::Checkpoint,
         next_proc: u64,
+        /// The processes running at the checkpoint, which forks inherit.
+        processes: Vec<crate::api::types::Process>,
     },
 }
 

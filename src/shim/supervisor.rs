@@ -78,6 +78,25 @@ impl Supervisor {
     ) -> Arc<Self> {
         let (failure, _) = watch::channel(None);
         let first_proc = config.restore.as_ref().map(|r| r.next_proc).unwrap_or(1);
+        let oom_now = cgroups.oom_kills();
+        // A fork's inherited processes: running on, output from here.
+        let inherited: BTreeMap<u64, Entry> = config
+            .restore
+            .iter()
+            .flat_map(|r| r.processes.iter())
+            .map(|p| {
+                let mut info = p.clone();
+                info.sandbox_id = config.id.clone();
+                let entry = Entry {
+                    info,
+                    log: OutputLog::new(config.output_buffer_bytes),
+                    changed: watch::channel(0).0,
+                    oom_at_start: oom_now,
+                    killed_by_supervisor: false,
+                };
+                (p.id, entry)
+            })
+            .collect();
         Arc::new(Self {
             env: Mutex::new(config.env.clone()),
             config,
@@ -85,7 +104,7 @@ impl Supervisor {
             init_pid,
             link,
             cgroups,
-            procs: Mutex::new(BTreeMap::new()),
+            procs: Mutex::new(inherited),
             next_proc: AtomicU64::new(first_proc),
             failure,
             events: Mutex::new(std::collections::VecDeque::new()),
@@ -135,9 +154,16 @@ impl Supervisor {
         .await
         .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
         .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?;
+        let processes = self
+            .procs()
+            .values()
+            .filter(|e| e.info.state == ProcessState::Running)
+            .map(|e| e.info.clone())
+            .collect();
         Ok(super::protocol::ShimReply::Checkpointed {
             checkpoint,
             next_proc: self.next_proc.load(Ordering::Relaxed),
+            processes,
         })
     }
 

@@ -77,6 +77,9 @@ pub struct MemoryImage {
     pub env: BTreeMap<String, String>,
     /// SHA-256 of every image file, checked before each restore.
     pub sha256: BTreeMap<String, String>,
+    /// The processes running at the checkpoint, which forks inherit.
+    #[serde(default)]
+    pub processes: Vec<crate::api::types::Process>,
 }
 
 /// What the API shows of a snapshot.
