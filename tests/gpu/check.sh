@@ -51,6 +51,21 @@ pack() {
 	if [[ -n $seccomp ]]; then
 		cp -L "$seccomp" "$stage/lib/"
 	fi
+	# Every sandbox loads nftables rules (nft) and lives on a btrfs pool
+	# (mkfs.btrfs, btrfs); a bare GPU machine may have neither. Their
+	# libraries (not the C library's) ride along; run installs wrappers.
+	mkdir -p "$stage/tools"
+	local tool path lib
+	for tool in nft mkfs.btrfs btrfs; do
+		path=$(command -v "$tool") || die "$tool is missing here: scripts/install-deps.sh"
+		install -m 0755 "$path" "$stage/tools/$tool"
+		while read -r lib; do
+			case $(basename "$lib") in
+			libc.so.* | libm.so.* | libpthread.so.* | libdl.so.* | librt.so.* | ld-linux*) ;;
+			*) cp -Ln "$lib" "$stage/lib/" ;;
+			esac
+		done < <(ldd "$path" | awk '/=> \// { print $3 }')
+	done
 	install -m 0755 "$0" "$stage/check.sh"
 	tar -C "$stage" -czf "$out" .
 	rm -rf "$stage"
@@ -359,6 +374,19 @@ gpu_of() {
 	ctl --json inspect "$1" | tr -d ' \n' | sed -n 's/.*"gpus":\["\([^"]*\)".*/\1/p'
 }
 
+# Puts the bundled nft / mkfs.btrfs / btrfs where sandboxd looks (its
+# supervisors search /usr/sbin) when this machine lacks them.
+install_missing_tools() {
+	local tool
+	for tool in nft mkfs.btrfs btrfs; do
+		command -v "$tool" >/dev/null 2>&1 && continue
+		[[ -x $B/tools/$tool ]] || continue
+		echo "   installing the bundled $tool into /usr/sbin"
+		printf '#!/bin/sh\nLD_LIBRARY_PATH=%s/lib exec %s/tools/%s "$@"\n' "$B" "$B" "$tool" >"/usr/sbin/$tool"
+		chmod 0755 "/usr/sbin/$tool"
+	done
+}
+
 run() {
 	local src=${1:?usage: check.sh run BUNDLE.tar.gz|BUNDLE_DIR}
 	W=$(mktemp -d /var/tmp/sandboxd-gpucheck.XXXXXX)
@@ -376,6 +404,7 @@ run() {
 		[[ -x $B/$f ]] || die "the bundle has no $f; make it with: tests/gpu/check.sh pack BUNDLE.tar.gz"
 	done
 
+	install_missing_tools
 	preflight || exit 2
 
 	if ! ldd "$B/sandboxd" >/dev/null 2>&1 || ldd "$B/sandboxd" | grep -q 'not found'; then
