@@ -4,6 +4,7 @@ pub mod error;
 mod events;
 mod files;
 mod gpus;
+mod images;
 mod processes;
 mod sandboxes;
 pub mod server;

@@ -9,7 +9,7 @@ use axum::routing::{get, patch, post, put};
 use axum::Router;
 use tokio::net::UnixListener;
 
-use super::{events, files, gpus, processes, sandboxes, snapshots};
+use super::{events, files, gpus, images, processes, sandboxes, snapshots};
 use crate::sandbox::Manager;
 
 pub fn router(manager: Arc<Manager>) -> Router {
@@ -19,6 +19,8 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/events", get(events::events))
         .route("/capacity", get(sandboxes::capacity))
         .route("/gpus", get(gpus::list))
+        .route("/images", get(images::list))
+        .route("/images/prune", post(images::prune))
         .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route(
             "/sandboxes/{id}",

@@ -183,6 +183,11 @@ enum Cmd {
     },
     /// List snapshots.
     Snapshots,
+    /// List the image cache: each image, whether built, its size.
+    Images,
+    /// Remove built images no recipe names any more (and forced-rebuild
+    /// leftovers) that no sandbox or snapshot stacks on.
+    ImagePrune,
     /// Delete snapshots; sandboxes made from them keep running.
     RmSnapshot {
         #[arg(required = true, value_parser = units::parse_id)]
@@ -500,6 +505,25 @@ async fn run(cli: Cli) -> Result<i32> {
             Ok(0)
         }
         Cmd::Snapshots => snapshots(&c, json).await,
+        Cmd::Images => images(&c, json).await,
+        Cmd::ImagePrune => {
+            let (report, raw): (PruneReport, Bytes) = c
+                .json(Method::POST, "/v1/images/prune", None::<&()>)
+                .await?;
+            if json {
+                print_raw(&raw)?;
+            } else {
+                for entry in &report.removed {
+                    println!("{entry}");
+                }
+                eprintln!(
+                    "{} removed, {} freed",
+                    report.removed.len(),
+                    output::fmt_mib(report.freed_bytes >> 20)
+                );
+            }
+            Ok(0)
+        }
         Cmd::RmSnapshot { ids } => {
             let mut code = 0;
             for id in ids {
@@ -610,6 +634,49 @@ async fn ls(c: &Client, json: bool) -> Result<i32> {
         &["ID", "STATE", "IMAGE", "CPU", "MEMORY", "TTL-LEFT"],
         &rows,
     ))?;
+    Ok(0)
+}
+
+#[derive(serde::Deserialize)]
+struct PruneReport {
+    removed: Vec<String>,
+    freed_bytes: u64,
+}
+
+#[derive(serde::Deserialize)]
+struct ImageRow {
+    name: String,
+    digest: String,
+    built: bool,
+    size_bytes: Option<u64>,
+}
+
+#[derive(serde::Deserialize)]
+struct ImageList {
+    images: Vec<ImageRow>,
+}
+
+async fn images(c: &Client, json: bool) -> Result<i32> {
+    let (list, raw): (ImageList, Bytes) = c.json(Method::GET, "/v1/images", None::<&()>).await?;
+    if json {
+        print_raw(&raw)?;
+        return Ok(0);
+    }
+    let rows: Vec<Vec<String>> = list
+        .images
+        .iter()
+        .map(|i| {
+            vec![
+                i.name.clone(),
+                if i.built { "yes" } else { "no" }.to_string(),
+                i.size_bytes
+                    .map(|b| output::fmt_mib(b >> 20))
+                    .unwrap_or_else(|| "-".into()),
+                i.digest.chars().take(19).collect(),
+            ]
+        })
+        .collect();
+    print_out(&output::table(&["NAME", "BUILT", "SIZE", "DIGEST"], &rows))?;
     Ok(0)
 }
 

@@ -14,12 +14,16 @@
 //! logs/<name>.log          output of the last build of <name>
 //! trash/                   trees replaced by a forced rebuild (see `build`)
 //! ```
+//!
+//! [`ImageCache::prune`] removes trees no recipe names any more and trash
+//! that nothing stacks on.
 
 mod build;
 mod cache;
 mod error;
 mod mounts;
 mod name;
+mod prune;
 mod recipe;
 mod shift;
 
@@ -29,5 +33,6 @@ mod tests;
 pub use cache::{Image, ImageCache, ImageInfo};
 pub use error::ImageError;
 pub use name::validate_name;
+pub use prune::{mounted_lower_layers, PruneReport};
 pub use recipe::FORMAT_VERSION;
 pub use shift::{ID_OFFSET, ID_RANGE};

@@ -6,6 +6,7 @@ mod background;
 pub mod capacity;
 mod error;
 pub mod events;
+mod images;
 mod manager;
 mod network;
 mod pool;
