@@ -257,6 +257,12 @@ impl Manager {
                 next_proc,
                 processes,
             } => Ok((layer, Some((images_dir, checkpoint, next_proc, processes)))),
+            ShimReply::Error(e) if e.kind == crate::shim::protocol::ShimErrorKind::Conflict => {
+                Err(SandboxError::Conflict {
+                    code: "sandbox_busy",
+                    message: e.message,
+                })
+            }
             ShimReply::Error(e) => Err(SandboxError::internal(format!(
                 "checkpointing the sandbox: {}",
                 e.message

@@ -49,6 +49,8 @@ pub struct AgentLink {
     stream: UnixStream,
     write_lock: tokio::sync::Mutex<()>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    /// Read-held by every call; see [`Self::try_pause`].
+    gate: tokio::sync::RwLock<()>,
     next_id: AtomicU64,
     closed: Mutex<Option<String>>,
 }
@@ -73,6 +75,7 @@ impl AgentLink {
             stream,
             write_lock: tokio::sync::Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
+            gate: tokio::sync::RwLock::new(()),
             next_id: AtomicU64::new(1),
             closed: Mutex::new(None),
         });
@@ -173,6 +176,13 @@ impl AgentLink {
         let _ = events.send(LinkEvent::Closed(reason)).await;
     }
 
+    /// Holds new requests back (they wait) while the guard lives; `None`
+    /// when requests are in flight. A checkpoint takes it: a request the
+    /// agent has not answered would be answered again by every fork.
+    pub fn try_pause(&self) -> Option<tokio::sync::RwLockWriteGuard<'_, ()>> {
+        self.gate.try_write().ok()
+    }
+
     /// Sends one request (with descriptors, for a spawn) and waits for its reply.
     pub async fn call(
         &self,
@@ -180,6 +190,7 @@ impl AgentLink {
         fds: &[RawFd],
         deadline: Duration,
     ) -> Result<Reply, LinkError> {
+        let _gate = self.gate.read().await;
         if let Some(reason) = self.closed.lock().ok().and_then(|c| c.clone()) {
             return Err(LinkError::Closed(reason));
         }

@@ -146,6 +146,12 @@ impl Supervisor {
         images_dir: std::path::PathBuf,
         work_dir: std::path::PathBuf,
     ) -> Result<super::protocol::ShimReply, ShimError> {
+        let Some(_paused) = self.link.try_pause() else {
+            return Err(err(
+                ShimErrorKind::Conflict,
+                "requests to the sandbox are in flight (a file transfer or a process start); snapshot again once they finish",
+            ));
+        };
         let init_pid = self.init_pid;
         let paths = self.paths.clone();
         let checkpoint = tokio::task::spawn_blocking(move || {
