@@ -3,55 +3,20 @@
 //! the guest print why they skip where either is missing. Boot times are
 //! printed for information; nothing here asserts on time.
 
-use std::io::{self, BufRead, BufReader, Write};
+mod common;
+
+use std::io::{self, BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{guest, Captured};
 use kvm_bindings::KVM_MP_STATE_UNINITIALIZED;
 use vmm::config::host_ram_mib;
 use vmm::{BuildError, ConfigError, GuestExit, RunError, RunReport, VmConfig};
 
 /// A generous limit so a broken guest fails the test instead of hanging it.
 const TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The test guest, if it was built and KVM is usable; otherwise prints why not.
-fn guest() -> Option<PathBuf> {
-    let path = env!("VMM_TEST_GUEST");
-    if path.is_empty() {
-        eprintln!("skipping: the test guest was not built (see the build warning)");
-        return None;
-    }
-    if let Err(e) = vmm::vstate::kvm::KvmContext::open(Path::new("/dev/kvm")) {
-        eprintln!("skipping: no usable KVM: {e}");
-        return None;
-    }
-    Some(PathBuf::from(path))
-}
-
-/// Serial output the test can read after the run.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().expect("lock"))
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 fn config(kernel: &Path, mem_mib: u64, vcpus: u8, cmdline: &str) -> VmConfig {
     VmConfig {

@@ -7,6 +7,8 @@
 //! fresh devices. Tests print why they skip where KVM or the guest is
 //! missing. Round-trip times are printed, not asserted.
 
+mod common;
+
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
@@ -15,10 +17,11 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use common::{guest, Captured};
 use vmm::config::{DiskConfig, DiskSource, VsockConfig};
 use vmm::devices::virtio::block::{Block, Disk};
 use vmm::devices::virtio::mmio::MmioTransport;
@@ -31,41 +34,6 @@ const TIMEOUT: Duration = Duration::from_secs(60);
 /// The guest's writable-disk pattern (devices.c): byte i of sector 1.
 fn pattern(i: usize) -> u8 {
     (i * 7 + 3) as u8
-}
-
-fn guest() -> Option<PathBuf> {
-    let path = env!("VMM_TEST_GUEST");
-    if path.is_empty() {
-        eprintln!("skipping: the test guest was not built (see the build warning)");
-        return None;
-    }
-    if let Err(e) = vmm::vstate::kvm::KvmContext::open(Path::new("/dev/kvm")) {
-        eprintln!("skipping: no usable KVM: {e}");
-        return None;
-    }
-    Some(PathBuf::from(path))
-}
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.lock().expect("lock").extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn lines(&self) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().expect("lock"))
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    }
 }
 
 /// A file under the temp dir, removed on drop.
