@@ -95,6 +95,15 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert!(message(&body).contains("vm"), "{body}");
+    // It says what this host's virtualisation is, as /v1/health does.
+    let (_, health) = daemon.call(Method::GET, "/v1/health", None).await;
+    let expected = match health["virtualization"].as_str() {
+        Some("hardware") => "VMX/SVM",
+        Some("pvm") => "kvm_pvm",
+        Some("none") => "no usable /dev/kvm",
+        other => panic!("virtualization is {other:?} in {health}"),
+    };
+    assert!(message(&body).contains(expected), "{body}");
     let (status, body) = create_fails(
         &daemon,
         json!({"image": "busybox", "runtime": "docker"})

@@ -18,6 +18,7 @@ pub async fn health(State(manager): State<Arc<Manager>>) -> Json<Health> {
         version: env!("CARGO_PKG_VERSION").into(),
         sandboxes: manager.count(),
         pooled: manager.pooled(),
+        virtualization: manager.virtualization,
     })
 }
 

@@ -289,6 +289,14 @@ pub struct Health {
     /// Ready sandboxes waiting in the warm pool.
     #[serde(default)]
     pub pooled: usize,
+    /// What this host offers microVMs: `hardware` (VMX/SVM), `pvm`
+    /// (kvm_pvm: PVM guest kernels only) or `none`.
+    #[serde(default = "no_virtualization")]
+    pub virtualization: crate::runtime::virt::Virtualization,
+}
+
+fn no_virtualization() -> crate::runtime::virt::Virtualization {
+    crate::runtime::virt::Virtualization::None
 }
 
 /// The one error shape of the API.

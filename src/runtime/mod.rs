@@ -1,6 +1,7 @@
 //! Sandbox runtimes: how a sandbox's isolation is made. Containers through
 //! youki's libcontainer ([`container`]), with the OCI spec built in [`spec`];
-//! checkpoints and forks of them through CRIU ([`criu`]).
+//! checkpoints and forks of them through CRIU ([`criu`]). [`virt`] says
+//! what virtualisation the host offers microVMs.
 
 pub mod agent_binary;
 pub mod cgroups;
@@ -9,3 +10,4 @@ pub mod criu;
 pub mod reaped;
 pub mod seccomp;
 pub mod spec;
+pub mod virt;

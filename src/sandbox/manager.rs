@@ -52,6 +52,8 @@ pub struct Manager {
     pub(super) egress_seen: Mutex<HashMap<String, crate::net::proxy::EgressCounters>>,
     /// Every snapshot, with its meta.
     pub(super) snapshots: crate::snapshot::SnapshotIndex,
+    /// What the host offers microVMs, found at start.
+    pub virtualization: crate::runtime::virt::Virtualization,
 }
 
 pub(super) fn default_env() -> Vec<(String, String)> {
@@ -149,6 +151,7 @@ impl Manager {
             stopping: tokio::sync::watch::channel(false).0,
             egress_seen: Mutex::new(HashMap::new()),
             snapshots,
+            virtualization: crate::runtime::virt::Virtualization::detect(),
         })
     }
 
@@ -267,10 +270,15 @@ impl Manager {
             GpuRequest::from_create(req.runtime.as_deref(), req.gpu.as_deref(), req.gpu_count)?;
         match req.runtime.as_deref() {
             None | Some("container") => {}
-            Some("vm") => return Err(SandboxError::bad(
-                "runtime_unavailable",
-                "runtime \"vm\" (microVM) is not available in this build yet; use \"container\"",
-            )),
+            Some("vm") => {
+                return Err(SandboxError::bad(
+                    "runtime_unavailable",
+                    format!(
+                        "runtime \"vm\" (microVM) is not available in this build yet ({}); use \"container\"",
+                        self.virtualization.explain()
+                    ),
+                ))
+            }
             Some(other) => {
                 return Err(SandboxError::bad(
                     "invalid_runtime",
