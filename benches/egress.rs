@@ -14,6 +14,7 @@
 
 #[path = "../tests/common/mod.rs"]
 mod common;
+mod peers;
 #[path = "../tests/common/upstream.rs"]
 mod upstream;
 
@@ -22,6 +23,7 @@ use std::process::Command;
 
 use common::Daemon;
 use hyper::Method;
+use peers::median;
 use serde_json::{json, Value};
 use upstream::{Upstream, SERVER_IPS};
 
@@ -69,17 +71,6 @@ print(json.dumps({'setup_ms': setup, 'mb_per_s': rates}))
 
 const SIZE: usize = 200_000_000;
 const REPS: usize = 5;
-
-fn median(samples: &[f64]) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(|a, b| a.total_cmp(b));
-    let n = sorted.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => sorted[n / 2],
-        _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
-    }
-}
 
 fn parse(out: &str) -> (Vec<f64>, Vec<f64>) {
     let v: Value =

@@ -1,6 +1,9 @@
 //! What the benchmarks share to run the same work under runc/crun: a mount
 //! namespace where those runtimes accept this hybrid cgroup host, an OCI
-//! bundle over the cached python image, and medians.
+//! bundle over the cached python image, and medians. Each benchmark uses
+//! part of it.
+
+#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -59,6 +59,14 @@ async fn assert_refused_fast(daemon: &Daemon, id: &str, url: &str) {
     assert!(secs < 3.0, "{url} took {secs:.1}s to fail: {out}");
 }
 
+/// Runs `curl -sS --max-time 10 [extra...] url` in sandbox `id`.
+async fn curl(daemon: &Daemon, id: &str, extra: &[&str], url: &str) -> common::Exec {
+    let mut argv = vec!["curl", "-sS", "--max-time", "10"];
+    argv.extend_from_slice(extra);
+    argv.push(url);
+    daemon.exec(id, &argv).await
+}
+
 async fn network_view(daemon: &Daemon, id: &str) -> Value {
     let (status, v) = daemon
         .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
@@ -298,20 +306,13 @@ async fn https_is_matched_on_sni_with_curl_and_python() {
     assert!(status.is_success(), "{}", String::from_utf8_lossy(&v));
 
     // Through synthetic DNS, with curl and with Python's ssl.
-    let run = daemon
-        .exec(
-            &id,
-            &[
-                "curl",
-                "-sS",
-                "--max-time",
-                "10",
-                "--cacert",
-                "/tmp/ca.pem",
-                "https://allowed.example.test/",
-            ],
-        )
-        .await;
+    let run = curl(
+        &daemon,
+        &id,
+        &["--cacert", "/tmp/ca.pem"],
+        "https://allowed.example.test/",
+    )
+    .await;
     assert_eq!(run.out(), BODY, "{}", run.err());
     let python = "import ssl, sys, urllib.request\n\
         ctx = ssl.create_default_context(cafile='/tmp/ca.pem')\n\
@@ -326,40 +327,24 @@ async fn https_is_matched_on_sni_with_curl_and_python() {
 
     // Straight to the server's address: the SNI names the host.
     let at_ip = |name: &str| format!("{name}:443:{}", SERVER_IPS[0]);
-    let run = daemon
-        .exec(
-            &id,
-            &[
-                "curl",
-                "-sS",
-                "--max-time",
-                "10",
-                "--cacert",
-                "/tmp/ca.pem",
-                "--resolve",
-                &at_ip("allowed.example.test"),
-                "https://allowed.example.test/",
-            ],
-        )
-        .await;
+    let allowed_at_ip = at_ip("allowed.example.test");
+    let pinned = [
+        "--cacert",
+        "/tmp/ca.pem",
+        "--resolve",
+        allowed_at_ip.as_str(),
+    ];
+    let run = curl(&daemon, &id, &pinned, "https://allowed.example.test/").await;
     assert_eq!(run.out(), BODY, "{}", run.err());
     let begun = Instant::now();
-    let run = daemon
-        .exec(
-            &id,
-            &[
-                "curl",
-                "-sS",
-                "--max-time",
-                "10",
-                "--cacert",
-                "/tmp/ca.pem",
-                "--resolve",
-                &at_ip("denied.example.test"),
-                "https://denied.example.test/",
-            ],
-        )
-        .await;
+    let denied_at_ip = at_ip("denied.example.test");
+    let pinned = [
+        "--cacert",
+        "/tmp/ca.pem",
+        "--resolve",
+        denied_at_ip.as_str(),
+    ];
+    let run = curl(&daemon, &id, &pinned, "https://denied.example.test/").await;
     assert_ne!(run.exit_code(), Some(0), "{}", run.out());
     assert!(
         begun.elapsed() < Duration::from_secs(3),
@@ -367,18 +352,7 @@ async fn https_is_matched_on_sni_with_curl_and_python() {
         begun.elapsed()
     );
     // A name that is not listed does not even resolve.
-    let run = daemon
-        .exec(
-            &id,
-            &[
-                "curl",
-                "-sS",
-                "--max-time",
-                "10",
-                "https://denied.example.test/",
-            ],
-        )
-        .await;
+    let run = curl(&daemon, &id, &[], "https://denied.example.test/").await;
     assert_eq!(
         run.exit_code(),
         Some(6),
