@@ -60,12 +60,13 @@ pub struct SandboxCgroups {
 /// v1 hierarchies that hold per-process groups: `pids` lists and counts the
 /// tree; `freezer` stops it from forking while it is killed.
 const V1_PROCESS_HIERARCHIES: [&str; 2] = ["pids", "freezer"];
-/// Every v1 hierarchy the sandbox group may be in: libcontainer's, and the
-/// named `systemd` and `unified` ones a CRIU restore also recreates.
-const V1_ALL_HIERARCHIES: [&str; 10] = [
-    "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids", "systemd",
-    "unified",
+/// The v1 controllers libcontainer gives a sandbox its own groups in.
+pub const V1_SANDBOX_CONTROLLERS: [&str; 8] = [
+    "cpu", "cpuacct", "cpuset", "memory", "devices", "freezer", "blkio", "pids",
 ];
+/// Named v1 hierarchies where a sandbox's tasks sit in groups it does not
+/// own, but where a CRIU restore may still make groups for a fork.
+const V1_NAMED_HIERARCHIES: [&str; 2] = ["systemd", "unified"];
 
 impl SandboxCgroups {
     pub fn new(layout: Layout, path: &str) -> Self {
@@ -181,7 +182,11 @@ impl SandboxCgroups {
 
     fn tops(&self) -> Vec<PathBuf> {
         match self.layout {
-            Layout::V1 => V1_ALL_HIERARCHIES.iter().map(|h| self.dir(h)).collect(),
+            Layout::V1 => V1_SANDBOX_CONTROLLERS
+                .iter()
+                .chain(V1_NAMED_HIERARCHIES.iter())
+                .map(|h| self.dir(h))
+                .collect(),
             Layout::V2 => vec![self.dir("")],
         }
     }
@@ -195,23 +200,30 @@ impl SandboxCgroups {
         }
     }
 
+    /// The file that freezes the whole sandbox, and what to write to it to
+    /// freeze and to thaw.
+    fn freeze_control(&self) -> (PathBuf, &'static str, &'static str) {
+        match self.layout {
+            Layout::V1 => (self.freezer_dir().join("freezer.state"), "FROZEN", "THAWED"),
+            Layout::V2 => (self.freezer_dir().join("cgroup.freeze"), "1", "0"),
+        }
+    }
+
     /// Stops every task of the sandbox (per-process groups included) and
     /// waits until all are stopped, so its memory and files hold still.
     pub fn freeze(&self) -> Result<(), CgroupError> {
         let start = Instant::now();
-        let (dir, file, value) = match self.layout {
-            Layout::V1 => (self.dir("freezer"), "freezer.state", "FROZEN"),
-            Layout::V2 => (self.dir(""), "cgroup.freeze", "1"),
-        };
-        let path = dir.join(file);
-        fs::write(&path, value).map_err(io_err(&path))?;
+        let (path, frozen_value, _) = self.freeze_control();
+        fs::write(&path, frozen_value).map_err(io_err(&path))?;
         let mut backoff = Duration::from_micros(100);
         loop {
             let frozen = match self.layout {
                 Layout::V1 => fs::read_to_string(&path)
                     .map(|s| s.trim() == "FROZEN")
                     .unwrap_or(false),
-                Layout::V2 => read_key(&dir.join("cgroup.events"), "frozen") == Some(1),
+                Layout::V2 => {
+                    read_key(&self.freezer_dir().join("cgroup.events"), "frozen") == Some(1)
+                }
             };
             if frozen {
                 return Ok(());
@@ -219,7 +231,7 @@ impl SandboxCgroups {
             if start.elapsed() > FREEZE_DEADLINE {
                 let _ = self.thaw();
                 return Err(CgroupError::NotFrozen {
-                    path: dir.display().to_string(),
+                    path: self.freezer_dir().display().to_string(),
                     waited_ms: start.elapsed().as_millis(),
                 });
             }
@@ -232,15 +244,8 @@ impl SandboxCgroups {
 
     /// Lets a frozen sandbox run again.
     pub fn thaw(&self) -> Result<(), CgroupError> {
-        let path = match self.layout {
-            Layout::V1 => self.dir("freezer").join("freezer.state"),
-            Layout::V2 => self.dir("").join("cgroup.freeze"),
-        };
-        let value = match self.layout {
-            Layout::V1 => "THAWED",
-            Layout::V2 => "0",
-        };
-        fs::write(&path, value).map_err(io_err(&path))
+        let (path, _, thawed_value) = self.freeze_control();
+        fs::write(&path, thawed_value).map_err(io_err(&path))
     }
 
     /// Kills every process of the sandbox, in every per-process group too.

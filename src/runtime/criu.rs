@@ -69,11 +69,6 @@ pub struct RestoreSpec {
     pub processes: Vec<crate::api::types::Process>,
 }
 
-/// The v1 controllers a sandbox has its own groups in (libcontainer's).
-const DUMPED_V1_CONTROLLERS: [&str; 8] = [
-    "cpuset", "cpu", "cpuacct", "blkio", "memory", "devices", "freezer", "pids",
-];
-
 /// The key CRIU files an external mount under, from its mount point.
 fn mount_key(mount_point: &str) -> String {
     format!("m{}", mount_point.replace('/', "_"))
@@ -245,7 +240,7 @@ pub fn dump(
     // everything below them and recreate it under every fork's root, the
     // earlier forks' copies included.
     if super::cgroups::Layout::detect() == super::cgroups::Layout::V1 {
-        for controller in DUMPED_V1_CONTROLLERS {
+        for controller in super::cgroups::V1_SANDBOX_CONTROLLERS {
             args.push("--cgroup-dump-controller".into());
             args.push(controller.into());
         }
