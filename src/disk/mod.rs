@@ -21,6 +21,7 @@ mod tests;
 pub use error::DiskError;
 pub use layer::validate_id;
 pub use pool::DiskPool;
+pub use snapshot::free_bytes_at;
 
 /// Default per-sandbox limit.
 pub const DEFAULT_LIMIT_BYTES: u64 = 10 << 30;

@@ -108,8 +108,12 @@ impl DiskPool {
 
     /// Bytes free in the pool for new data.
     pub fn free_bytes(&self) -> Result<u64, DiskError> {
-        let st = nix::sys::statvfs::fstatvfs(self.fd())
-            .map_err(|e| DiskError::io("statvfs", self.dir(), e))?;
-        Ok(st.blocks_available() * st.fragment_size())
+        free_bytes_at(self.dir())
     }
+}
+
+/// Bytes free for new data on the filesystem holding `path`.
+pub fn free_bytes_at(path: &std::path::Path) -> Result<u64, DiskError> {
+    let st = nix::sys::statvfs::statvfs(path).map_err(|e| DiskError::io("statvfs", path, e))?;
+    Ok(st.blocks_available() * st.fragment_size())
 }

@@ -75,7 +75,8 @@ impl Manager {
                 SnapshotKind::Filesystem => 0,
             };
         let free = match kind {
-            SnapshotKind::Memory => free_bytes(&self.config.state_dir)?,
+            SnapshotKind::Memory => crate::disk::free_bytes_at(&self.config.state_dir)
+                .map_err(SandboxError::internal)?,
             SnapshotKind::Filesystem => self.disk.free_bytes().map_err(SandboxError::internal)?,
         };
         if free < needed {
@@ -482,13 +483,6 @@ pub(super) fn sweep_orphan_images(state_dir: &Path, index: &crate::snapshot::Sna
             }
         }
     }
-}
-
-/// Bytes free on the filesystem holding `dir`.
-fn free_bytes(dir: &Path) -> Result<u64, SandboxError> {
-    let st = nix::sys::statvfs::statvfs(dir)
-        .map_err(|e| SandboxError::internal(format!("statvfs {}: {e}", dir.display())))?;
-    Ok(st.blocks_available() * st.fragment_size())
 }
 
 fn snapshot_not_found(id: &str) -> SandboxError {
