@@ -34,6 +34,10 @@ pub const AGENT_LINK_FD: i32 = 3;
 /// Environment variable that tells the agent which descriptor is its link.
 pub const AGENT_LINK_ENV: &str = "SANDBOX_AGENT_FD";
 
+/// The vsock port on the host (CID 2) that a microVM's agent connects to;
+/// it then says Hello, as on a container's fd-3 link.
+pub const AGENT_VSOCK_PORT: u32 = 1025;
+
 /// A request from the host, answered by one [`AgentMessage::Reply`] with the same `id`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Request {

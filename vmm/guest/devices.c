@@ -11,7 +11,11 @@
  *
  * vsock: listens on port 1024 and echoes what each connection sends; a
  * packet starting with "quit" ends the guest through the exit port. Other
- * ports get RST. Up to 4 connections at once.
+ * ports get RST. Up to 4 connections at once. It also connects to the host
+ * on AGENT_HOST_PORT and serves the agent protocol there (agent.c); a host
+ * with nothing listening there refuses, and the guest carries on without.
+ * While nothing arrives the guest halts until the device's interrupt
+ * (irq.c).
  *
  * Everything is synchronous and polled, a few hundred instructions per
  * request: under kvm_pvm every guest instruction may be emulated.
@@ -37,6 +41,7 @@ static unsigned char blk_buf[512] __attribute__((aligned(16)));
 static unsigned char blk_out[512] __attribute__((aligned(16)));
 static unsigned char blk_id[21];
 static volatile unsigned char blk_status;
+static int blk_count;
 
 /* One request: header, optional data, status. Returns the status byte. */
 static unsigned int blk_do(struct vq *q, unsigned int type, unsigned long sector,
@@ -143,6 +148,19 @@ void run_block_checks(const struct boot_info *bi)
 			block_check(n, &bi->virtio[i], &blk_qs[n]);
 			n++;
 		}
+	blk_count = n;
+}
+
+unsigned int guest_blk_sector(int n, unsigned long sector, unsigned char *buf, int write)
+{
+	unsigned int st;
+
+	if (n < 0 || n >= blk_count)
+		return 0xff;
+	if (!write)
+		return blk_do(&blk_qs[n], BLK_T_IN, sector, buf, 512, 1);
+	st = blk_do(&blk_qs[n], BLK_T_OUT, sector, buf, 512, 0);
+	return st ? st : blk_do(&blk_qs[n], BLK_T_FLUSH, 0, 0, 0, 0);
 }
 
 /* ---- vsock ---- */
@@ -161,6 +179,11 @@ void run_block_checks(const struct boot_info *bi)
 #define NRX 4
 #define RX_BUF_SIZE 1024
 #define MAX_CONNS 4
+/* sandbox_proto::AGENT_VSOCK_PORT, and the guest's own end of that link. */
+#define AGENT_HOST_PORT 1025u
+#define AGENT_LOCAL_PORT 49152u
+#define AGENT_CONNECTING 1
+#define AGENT_CONNECTED 2
 
 struct vsock_hdr {
 	unsigned long src_cid;
@@ -190,6 +213,7 @@ static struct vsock_hdr vs_tx_hdr;
 static unsigned int vs_event;
 static struct conn conns[MAX_CONNS];
 static unsigned long my_cid;
+static struct conn agent_conn;   /* used: 0, AGENT_CONNECTING or AGENT_CONNECTED */
 
 /* Sends one packet on the TX queue and waits until the device took it.
  * `data` may point into an RX buffer: it is not recycled before this returns. */
@@ -238,6 +262,66 @@ static struct conn *find_conn(unsigned int peer_port)
 	return 0;
 }
 
+static void agent_connect(void)
+{
+	agent_conn.used = AGENT_CONNECTING;
+	agent_conn.peer_port = AGENT_HOST_PORT;
+	agent_conn.fwd_cnt = 0;
+	agent_conn.tx_cnt = 0;
+	agent_conn.peer_buf_alloc = 0;
+	agent_conn.peer_fwd_cnt = 0;
+	vs_send(OP_REQUEST, AGENT_LOCAL_PORT, AGENT_HOST_PORT, 0, &agent_conn, 0, 0);
+}
+
+void agent_link_send(const void *data, unsigned int len)
+{
+	if (agent_conn.used == AGENT_CONNECTED)
+		vs_send(OP_RW, AGENT_LOCAL_PORT, AGENT_HOST_PORT, 0, &agent_conn, data, len);
+}
+
+static void agent_packet(const struct vsock_hdr *h, const unsigned char *data,
+			 unsigned int len)
+{
+	struct conn *c = &agent_conn;
+
+	if (!c->used || h->src_port != AGENT_HOST_PORT) {
+		if (h->op != OP_RST)
+			reply_rst(h);
+		return;
+	}
+	c->peer_buf_alloc = h->buf_alloc;
+	c->peer_fwd_cnt = h->fwd_cnt;
+	switch (h->op) {
+	case OP_RESPONSE:
+		if (c->used == AGENT_CONNECTING) {
+			c->used = AGENT_CONNECTED;
+			agent_connected();
+		}
+		break;
+	case OP_RW:
+		/* agent.c copies the bytes out at once, so they count as
+		 * forwarded; it bounds a frame well below GUEST_BUF_ALLOC. */
+		c->fwd_cnt += len;
+		if (c->used != AGENT_CONNECTED || agent_data(data, len)) {
+			vs_send(OP_RST, AGENT_LOCAL_PORT, AGENT_HOST_PORT, 0, c, 0, 0);
+			c->used = 0;
+		}
+		break;
+	case OP_CREDIT_REQUEST:
+		vs_send(OP_CREDIT_UPDATE, AGENT_LOCAL_PORT, AGENT_HOST_PORT, 0, c, 0, 0);
+		break;
+	case OP_SHUTDOWN:
+		vs_send(OP_RST, AGENT_LOCAL_PORT, AGENT_HOST_PORT, 0, c, 0, 0);
+		c->used = 0;
+		break;
+	case OP_RST:
+		c->used = 0;
+		break;
+	default:
+		break;
+	}
+}
+
 static void handle_packet(const struct vsock_hdr *h, const unsigned char *data,
 			  unsigned int len)
 {
@@ -247,6 +331,10 @@ static void handle_packet(const struct vsock_hdr *h, const unsigned char *data,
 	if (h->type != VSOCK_TYPE_STREAM || h->dst_cid != my_cid ||
 	    h->src_cid != VSOCK_HOST_CID)
 		return;
+	if (h->dst_port == AGENT_LOCAL_PORT) {
+		agent_packet(h, data, len);
+		return;
+	}
 	if (h->dst_port != LISTEN_PORT) {
 		if (h->op != OP_RST)
 			reply_rst(h);
@@ -344,11 +432,14 @@ void serve_vsock(const struct boot_info *bi)
 	put_str("guest: vsock cid=");
 	put_dec(my_cid);
 	put_str(" listening port=1024\n");
+	irq_route(d->gsi);
+	agent_init(bi);
+	agent_connect();
 	for (;;) {
 		const struct vsock_hdr *h;
 		unsigned int data_len;
 
-		head = vq_wait(&vs_q[0], &len);
+		head = vq_wait_idle(&vs_q[0], &len);
 		if (head >= 0 && head < NRX && len >= sizeof(*h)) {
 			h = (const struct vsock_hdr *)vs_rx[head];
 			data_len = len - (unsigned int)sizeof(*h);

@@ -16,4 +16,22 @@ void run_block_checks(const struct boot_info *bi);
  * there is no vsock device. */
 void serve_vsock(const struct boot_info *bi);
 
+/* Sector I/O on disk n (boot-info order among disks) of 512 bytes at buf; a
+ * write is flushed. Returns the virtio status (0: done), or 0xff when there
+ * is no such disk. */
+unsigned int guest_blk_sector(int n, unsigned long sector, unsigned char *buf, int write);
+
+/* devices.c: sends on the agent's vsock connection, if it is up. */
+void agent_link_send(const void *data, unsigned int len);
+
+/* agent.c: the agent protocol over that connection. agent_data returns -1
+ * when the host broke the framing, and the link is then reset. */
+void agent_init(const struct boot_info *bi);
+void agent_connected(void);
+int agent_data(const unsigned char *data, unsigned int len);
+
+/* irq.c: routes a GSI to the guest's one interrupt vector (setting up the
+ * IDT and local APIC the first time). */
+void irq_route(unsigned int gsi);
+
 #endif

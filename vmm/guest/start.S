@@ -15,6 +15,24 @@ _start:
 	hlt
 	jmp 1b
 
+/*
+ * Interrupt handlers (irq.c installs them). The device interrupt only has to
+ * end: the wait loop that halted polls its queue again. EOI goes to the
+ * local APIC's xAPIC MMIO register; the spurious vector needs none.
+ */
+	.text
+	.globl irq_entry
+irq_entry:
+	push %rax
+	mov $0xfee000b0, %eax
+	movl $0, (%rax)
+	pop %rax
+	iretq
+
+	.globl spurious_entry
+spurious_entry:
+	iretq
+
 	.section .bss
 	.balign 16
 stack:
