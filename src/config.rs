@@ -174,6 +174,22 @@ pub struct ConfigOverrides {
     /// first of /usr/local/sbin/criu, /usr/sbin/criu).
     #[arg(long)]
     pub criu_path: Option<PathBuf>,
+    /// The guest kernel microVM sandboxes boot (`runtime: "vm"`). Without
+    /// one, creating a microVM is refused. On a kvm_pvm host it must be a
+    /// PVM-enabled kernel.
+    #[arg(long)]
+    pub vm_kernel: Option<PathBuf>,
+    /// The `vmm` binary (default: beside sandboxd, else
+    /// /usr/local/lib/sandboxd/vmm).
+    #[arg(long)]
+    pub vmm_path: Option<PathBuf>,
+    /// Words appended to every microVM's kernel command line.
+    #[arg(long)]
+    pub vm_cmdline: Option<String>,
+    /// Memory a microVM's cgroup allows beyond its guest RAM, for the VMM
+    /// itself (page tables, device buffers, the binary), in MiB.
+    #[arg(long)]
+    pub vm_memory_overhead_mib: Option<u64>,
 }
 
 fn parse_default_egress(s: &str) -> Result<crate::net::policy::DefaultEgress, String> {
@@ -236,6 +252,16 @@ pub struct Config {
     pub upstream: crate::net::upstream::UpstreamConfig,
     pub egress_limits: crate::net::limits::EgressLimits,
     pub criu_path: PathBuf,
+    pub vm: VmSettings,
+}
+
+/// How microVM sandboxes are made.
+#[derive(Debug, Clone)]
+pub struct VmSettings {
+    pub kernel: Option<PathBuf>,
+    pub vmm_path: PathBuf,
+    pub cmdline: String,
+    pub memory_overhead_mib: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -315,6 +341,16 @@ impl Config {
                 dns: pick!(upstream_dns, Vec::new()),
             },
             criu_path: pick!(criu_path, default_criu_path()),
+            vm: VmSettings {
+                kernel: flags
+                    .vm_kernel
+                    .clone()
+                    .or(file.vm_kernel.clone())
+                    .filter(|p| !p.as_os_str().is_empty()),
+                vmm_path: pick!(vmm_path, default_vmm_path()),
+                cmdline: pick!(vm_cmdline, String::new()),
+                memory_overhead_mib: pick!(vm_memory_overhead_mib, 32),
+            },
             egress_limits: {
                 let defaults = crate::net::limits::EgressLimits::default();
                 crate::net::limits::EgressLimits {
@@ -474,6 +510,17 @@ fn parse_file(path: &Path) -> Result<ConfigOverrides, ConfigError> {
         path: path.to_path_buf(),
         message: e.to_string(),
     })
+}
+
+/// The `vmm` beside the daemon (a development build or an install that
+/// keeps them together), else the installed location.
+fn default_vmm_path() -> PathBuf {
+    let installed = PathBuf::from("/usr/local/lib/sandboxd/vmm");
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("vmm")))
+        .filter(|p| p.is_file())
+        .unwrap_or(installed)
 }
 
 /// The first statically linked agent among: the development build of the

@@ -104,6 +104,8 @@ pub(super) struct ColdCreate {
     pub(super) network: NetworkPolicy,
     /// The memory snapshot this sandbox is a fork of.
     pub(super) from_snapshot: Option<String>,
+    /// `"container"` or `"vm"`.
+    pub(super) runtime: &'static str,
 }
 
 impl Manager {
@@ -268,16 +270,19 @@ impl Manager {
         }
         let gpu =
             GpuRequest::from_create(req.runtime.as_deref(), req.gpu.as_deref(), req.gpu_count)?;
-        match req.runtime.as_deref() {
-            None | Some("container") => {}
+        let runtime = match req.runtime.as_deref() {
+            None | Some("container") => "container",
             Some("vm") => {
-                return Err(SandboxError::bad(
-                    "runtime_unavailable",
-                    format!(
-                        "runtime \"vm\" (microVM) is not available in this build yet ({}); use \"container\"",
-                        self.virtualization.explain()
-                    ),
-                ))
+                if let Some(why) = self.vm_unavailable() {
+                    return Err(SandboxError::bad("runtime_unavailable", why));
+                }
+                if req.from_snapshot.is_some() {
+                    return Err(SandboxError::bad(
+                        "invalid_runtime",
+                        "a fork has its snapshot's runtime (memory snapshots are of containers); leave runtime unset",
+                    ));
+                }
+                "vm"
             }
             Some(other) => {
                 return Err(SandboxError::bad(
@@ -285,7 +290,7 @@ impl Manager {
                     format!("runtime must be \"container\" or \"vm\", got {other:?}"),
                 ))
             }
-        }
+        };
         let limits = validated_limits(&req, &self.config)?;
         let ttl_seconds =
             validated_ttl(req.ttl_seconds.unwrap_or(self.config.default_ttl_seconds))?;
@@ -301,11 +306,20 @@ impl Manager {
             .image
             .clone()
             .unwrap_or_else(|| self.config.default_image.clone());
-        if let Some(view) = self
-            .claim_pooled(&image_name, &limits, ttl_seconds, &req)
-            .await?
-        {
-            return Ok(view);
+        if runtime == "vm" && self.snapshot_image(&image_name)?.is_some() {
+            return Err(SandboxError::bad(
+                "invalid_image",
+                format!("{image_name} is a filesystem snapshot of a container; microVMs boot built images only"),
+            ));
+        }
+        // The warm pool holds containers.
+        if runtime == "container" {
+            if let Some(view) = self
+                .claim_pooled(&image_name, &limits, ttl_seconds, &req)
+                .await?
+            {
+                return Ok(view);
+            }
         }
         self.create_cold(ColdCreate {
             image_name,
@@ -318,8 +332,73 @@ impl Manager {
             idempotency_key: req.idempotency_key,
             network,
             from_snapshot: None,
+            runtime,
         })
         .await
+    }
+
+    /// Why a microVM cannot be made here, if it cannot.
+    fn vm_unavailable(&self) -> Option<String> {
+        use crate::runtime::virt::Virtualization;
+        if self.virtualization == Virtualization::None {
+            return Some(format!(
+                "microVMs cannot run on this host: {}; use runtime \"container\"",
+                self.virtualization.explain()
+            ));
+        }
+        let vm = &self.config.vm;
+        let Some(kernel) = &vm.kernel else {
+            return Some(format!(
+                "no guest kernel is configured: set vm_kernel in the daemon's configuration ({}); use runtime \"container\" meanwhile",
+                self.virtualization.explain()
+            ));
+        };
+        if !kernel.is_file() {
+            return Some(format!(
+                "the guest kernel {} (vm_kernel) does not exist; build it with scripts/build-guest-kernel.sh or fix vm_kernel",
+                kernel.display()
+            ));
+        }
+        if !vm.vmm_path.is_file() {
+            return Some(format!(
+                "the VMM binary {} (vmm_path) does not exist; build it with `cargo build --release -p vmm` or fix vmm_path",
+                vm.vmm_path.display()
+            ));
+        }
+        None
+    }
+
+    /// The VM a microVM sandbox boots: its image as an ext4 file (made on
+    /// first use), its size from the sandbox's limits.
+    async fn vm_spec(
+        &self,
+        record: &SandboxRecord,
+        image: &crate::image::Image,
+    ) -> Result<crate::runtime::microvm::VmSpec, SandboxError> {
+        let vm = &self.config.vm;
+        let kernel = vm.kernel.clone().ok_or_else(|| {
+            SandboxError::bad(
+                "runtime_unavailable",
+                "no guest kernel is configured (vm_kernel)",
+            )
+        })?;
+        let rootfs = image.rootfs.clone();
+        let base_disk =
+            tokio::task::spawn_blocking(move || crate::image::ext4::ensure_ext4(&rootfs))
+                .await
+                .map_err(SandboxError::internal)?
+                .map_err(SandboxError::internal)?;
+        Ok(crate::runtime::microvm::VmSpec {
+            vmm_path: vm.vmm_path.clone(),
+            kernel,
+            cmdline: vm.cmdline.clone(),
+            // Whole vCPUs; the cgroup's CPU quota holds a fractional limit.
+            vcpus: record.limits.cpu.ceil().clamp(1.0, 254.0) as u8,
+            mem_mib: record.limits.memory_mib,
+            overhead_bytes: vm.memory_overhead_mib << 20,
+            base_disk,
+            scratch_bytes: record.limits.disk_mib << 20,
+        })
     }
 
     pub(super) async fn create_cold(
@@ -337,6 +416,7 @@ impl Manager {
             idempotency_key,
             network,
             from_snapshot,
+            runtime,
         } = create;
         let id = new_id();
         let record = {
@@ -351,7 +431,7 @@ impl Manager {
             let record = SandboxRecord {
                 id: id.clone(),
                 state: SandboxState::Creating,
-                runtime: "container".into(),
+                runtime: runtime.into(),
                 image: image_name.clone(),
                 image_digest: String::new(),
                 limits: limits.clone(),
@@ -482,6 +562,11 @@ impl Manager {
             },
         };
         record.image_digest = image.digest.clone();
+        let vm = if record.runtime == "vm" {
+            Some(self.vm_spec(&record, &image).await?)
+        } else {
+            None
+        };
         phase("image");
 
         let disk = Arc::clone(&self.disk);
@@ -524,6 +609,7 @@ impl Manager {
             upstream: self.config.upstream.clone(),
             egress_limits: self.config.egress_limits,
             restore,
+            vm,
         };
         let json = serde_json::to_vec(&shim_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;

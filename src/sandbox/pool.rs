@@ -45,6 +45,7 @@ impl Manager {
                 match this
                     .create_cold(ColdCreate {
                         from_snapshot: None,
+                        runtime: "container",
                         image_name: image,
                         limits,
                         ttl_seconds: -1,

@@ -61,6 +61,12 @@ impl Manager {
                 ),
             });
         }
+        if record.runtime == "vm" {
+            return Err(SandboxError::bad(
+                "vm_snapshot_unsupported",
+                "snapshots of microVM sandboxes are not available in the daemon yet; snapshot a container sandbox",
+            ));
+        }
         if kind == SnapshotKind::Memory && !record.gpus.is_empty() {
             return Err(SandboxError::bad(
                 "gpu_snapshot_unsupported",
@@ -370,6 +376,7 @@ impl Manager {
             idempotency_key: req.idempotency_key,
             network,
             from_snapshot: Some(snapshot.to_string()),
+            runtime: "container",
         })
         .await
     }

@@ -48,6 +48,15 @@ pub struct ShimConfig {
     /// container afresh.
     #[serde(default)]
     pub restore: Option<crate::runtime::criu::RestoreSpec>,
+    /// Set for a microVM sandbox: boot this VM instead of a container.
+    #[serde(default)]
+    pub vm: Option<crate::runtime::microvm::VmSpec>,
+}
+
+impl ShimConfig {
+    pub fn is_vm(&self) -> bool {
+        self.vm.is_some()
+    }
 }
 
 /// Files and folders of one sandbox under the daemon's run dir.

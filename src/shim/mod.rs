@@ -101,13 +101,18 @@ pub fn run(dir: &Path) -> i32 {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
-    let started = match &config.restore {
-        Some(spec) => crate::runtime::criu::restore(&config, &paths, spec),
-        None => container::start(&config, &paths),
+    let started = match (&config.restore, &config.vm) {
+        (_, Some(vm)) => {
+            crate::runtime::microvm::start(&config, &paths, vm).map_err(|e| e.to_string())
+        }
+        (Some(spec), None) => {
+            crate::runtime::criu::restore(&config, &paths, spec).map_err(|e| e.to_string())
+        }
+        (None, None) => container::start(&config, &paths).map_err(|e| e.to_string()),
     };
     let started = match started {
         Ok(s) => s,
-        Err(e) => return fail(e.to_string(), &config, &paths),
+        Err(e) => return fail(e, &config, &paths),
     };
     let (init_tx, init_rx) = oneshot::channel();
     let init_pid = started.init_pid;

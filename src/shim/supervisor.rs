@@ -317,7 +317,11 @@ impl Supervisor {
             return Err(err(ShimErrorKind::AgentGone, reason));
         }
         let proc = self.next_proc.fetch_add(1, Ordering::Relaxed);
-        let cgroup_files = {
+        // A microVM's processes live in the guest, behind its kernel: no
+        // host cgroup can hold them, and the guest's agent kills them.
+        let cgroup_files = if self.config.is_vm() {
+            Vec::new()
+        } else {
             let cgroups = self.cgroups.clone();
             tokio::task::spawn_blocking(move || cgroups.create_process_group(proc))
                 .await
@@ -470,12 +474,29 @@ impl Supervisor {
         self.procs().values().map(|e| e.info.clone()).collect()
     }
 
-    /// Kills the process and everything it started, through its cgroup.
+    /// Kills the process and everything it started, through its cgroup. In
+    /// a microVM the guest's agent does it (its process group); an agent
+    /// that does not answer fails the sandbox, which ends the VM.
     pub async fn kill(&self, proc: u64) -> Result<(), ShimError> {
         {
             let mut procs = self.procs();
             let entry = procs.get_mut(&proc).ok_or_else(|| unknown(proc))?;
             entry.killed_by_supervisor = true;
+        }
+        if self.config.is_vm() {
+            let signal = RequestBody::Signal {
+                proc,
+                signal: libc::SIGKILL,
+            };
+            return match self.agent(signal).await {
+                Ok(Reply::Ok) => Ok(()),
+                Ok(Reply::Error(e)) if e.kind == ErrorKind::UnknownProcess => Ok(()),
+                Ok(other) => Err(err(
+                    ShimErrorKind::Internal,
+                    format!("the agent answered a kill with {other:?}"),
+                )),
+                Err(e) => Err(e),
+            };
         }
         let cgroups = self.cgroups.clone();
         tokio::task::spawn_blocking(move || cgroups.kill_process_group(proc))

@@ -1,0 +1,319 @@
+//! A microVM sandbox: one `vmm` process (the `vmm/` crate's binary) per
+//! sandbox, started by the supervisor in the sandbox's network namespace and
+//! cgroups, with the image's read-only ext4 and a per-sandbox scratch disk.
+//! The guest's agent dials the host on vsock port
+//! [`sandbox_proto::AGENT_VSOCK_PORT`]; the VMM turns that into a connection
+//! to `<vsock socket>_<port>`, which this module listens on before the VMM
+//! starts, so the link is an event, not a retry loop. From there the
+//! supervisor drives the guest's agent exactly as a container's.
+
+use std::fs::{self, File};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use serde::{Deserialize, Serialize};
+
+use super::cgroups::{CgroupError, Layout, SandboxCgroups};
+use super::container::Started;
+use super::vm_cgroups::{self, VmLimits};
+use crate::net::netns;
+use crate::shim::config::{SandboxPaths, ShimConfig};
+
+/// The guest's vsock context ID; every VM has its own vsock device, so the
+/// same number in all of them is no clash.
+const GUEST_CID: u64 = 3;
+/// Threads a VMM needs: main, one per vCPU, one per device worker, the
+/// vsock listener, with room.
+const VMM_PIDS: u64 = 512;
+/// Serial console bytes kept per sandbox.
+const CONSOLE_CAP_BYTES: u64 = 1 << 20;
+/// How much of the VMM's own log an error quotes.
+const LOG_TAIL_BYTES: usize = 2048;
+
+/// What the daemon decided about a microVM (written into `shim.json`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VmSpec {
+    pub vmm_path: PathBuf,
+    pub kernel: PathBuf,
+    pub cmdline: String,
+    pub vcpus: u8,
+    pub mem_mib: u64,
+    /// Memory the cgroup allows beyond guest RAM, for the VMM itself.
+    pub overhead_bytes: u64,
+    /// The image as a read-only ext4 file, shared by every VM of the image.
+    pub base_disk: PathBuf,
+    /// Size of the sandbox's writable scratch disk.
+    pub scratch_bytes: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MicrovmError {
+    #[error("preparing the microVM's {what}: {source}")]
+    Prepare {
+        what: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Netns(#[from] netns::NetnsError),
+    #[error(transparent)]
+    Egress(#[from] crate::net::proxy::EgressError),
+    #[error("the microVM's cgroups: {0}")]
+    Cgroup(#[from] CgroupError),
+    #[error("the microVM's scratch disk: {0}")]
+    Scratch(String),
+    #[error("cannot start the VMM {}: {source}; check the daemon's vmm_path", path.display())]
+    Spawn {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("the VMM exited before the guest's agent connected ({status}): {log}")]
+    VmmExited { status: String, log: String },
+    #[error(
+        "the guest's agent did not connect within {0:?}; the guest kernel may not have \
+         booted (see the sandbox's console log)"
+    )]
+    AgentTimeout(Duration),
+}
+
+fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> MicrovmError {
+    move |source| MicrovmError::Prepare { what, source }
+}
+
+/// Files of one microVM under the sandbox's run directory.
+pub struct VmPaths {
+    pub dir: PathBuf,
+}
+
+impl VmPaths {
+    pub fn new(paths: &SandboxPaths) -> Self {
+        Self {
+            dir: paths.dir.join("vm"),
+        }
+    }
+    /// The VMM's vsock socket (host-initiated connections).
+    pub fn vsock(&self) -> PathBuf {
+        self.dir.join("vsock.sock")
+    }
+    /// Where guest-initiated connections to the agent port arrive.
+    pub fn agent_socket(&self) -> PathBuf {
+        self.dir
+            .join(format!("vsock.sock_{}", sandbox_proto::AGENT_VSOCK_PORT))
+    }
+    /// The guest's serial console.
+    pub fn console(&self) -> PathBuf {
+        self.dir.join("console.log")
+    }
+    /// The VMM's own stderr.
+    pub fn vmm_log(&self) -> PathBuf {
+        self.dir.join("vmm.log")
+    }
+    /// The per-sandbox writable disk (inside the sandbox's btrfs layer, so
+    /// the disk quota covers it).
+    pub fn scratch(layer_dir: &Path) -> PathBuf {
+        layer_dir.join("scratch.ext4")
+    }
+}
+
+/// The cgroup limits of a VM: the sandbox's CPU, and guest RAM plus the
+/// VMM's overhead, so a guest that touches all its RAM is not OOM-killed.
+pub fn limits(config: &ShimConfig, vm: &VmSpec) -> Result<VmLimits, MicrovmError> {
+    let quota = super::spec::cpu_quota_us(config.cpu)
+        .map_err(|e| prepare("CPU limit")(io::Error::other(e.to_string())))?;
+    Ok(VmLimits {
+        cpu_quota_us: quota,
+        cpu_period_us: super::spec::CPU_PERIOD_US,
+        memory_bytes: (vm.mem_mib << 20).saturating_add(vm.overhead_bytes),
+        pids: VMM_PIDS,
+    })
+}
+
+/// The VMM's command line.
+fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
+    let mut command = Command::new(&vm.vmm_path);
+    command
+        .arg("--kernel")
+        .arg(&vm.kernel)
+        .arg("--mem-mib")
+        .arg(vm.mem_mib.to_string())
+        .arg("--vcpus")
+        .arg(vm.vcpus.to_string())
+        .arg("--cmdline")
+        .arg(&vm.cmdline)
+        .arg("--serial-log")
+        .arg(paths.console())
+        .arg("--serial-log-cap")
+        .arg(CONSOLE_CAP_BYTES.to_string())
+        .arg("--disk")
+        .arg(format!("{},ro", vm.base_disk.display()))
+        .arg("--disk")
+        .arg(scratch)
+        .arg("--vsock-uds")
+        .arg(paths.vsock())
+        .arg("--vsock-cid")
+        .arg(GUEST_CID.to_string())
+        .env_clear()
+        .stdin(Stdio::null())
+        .stdout(Stdio::null());
+    command
+}
+
+/// Makes the microVM of `config` and waits for its agent to connect. On
+/// error the caller runs `container::destroy`, which removes what was made
+/// (the cgroups, where the VMM dies, and the namespace).
+pub fn start(
+    config: &ShimConfig,
+    paths: &SandboxPaths,
+    vm: &VmSpec,
+) -> Result<Started, MicrovmError> {
+    let mut clock = Instant::now();
+    let mut phases = Vec::new();
+    let mut lap = |name: &'static str, phases: &mut Vec<_>| {
+        phases.push((name, clock.elapsed()));
+        clock = Instant::now();
+    };
+    let vm_paths = VmPaths::new(paths);
+    fs::create_dir_all(&vm_paths.dir).map_err(prepare("run directory"))?;
+    fs::set_permissions(&vm_paths.dir, fs::Permissions::from_mode(0o700))
+        .map_err(prepare("run directory"))?;
+    netns::create(&paths.netns())?;
+    let egress = crate::net::proxy::prepare(&paths.netns())?;
+    lap("netns", &mut phases);
+
+    let scratch = VmPaths::scratch(&config.layer_dir);
+    crate::image::ext4::make_scratch(&scratch, vm.scratch_bytes)
+        .map_err(|e| MicrovmError::Scratch(e.to_string()))?;
+    let layout = Layout::detect();
+    let cgroup_procs = vm_cgroups::create(layout, &config.cgroups_path, &limits(config, vm)?)?;
+    let agent_listener =
+        UnixListener::bind(vm_paths.agent_socket()).map_err(prepare("agent socket"))?;
+    lap("rootfs_and_spec", &mut phases);
+
+    let netns_file = File::open(paths.netns()).map_err(prepare("network namespace"))?;
+    let log = File::create(vm_paths.vmm_log()).map_err(prepare("VMM log"))?;
+    let mut command = vmm_command(vm, &vm_paths, &scratch);
+    command.stderr(log);
+    let netns_fd = netns_file.as_raw_fd();
+    let procs_fds: Vec<i32> = cgroup_procs.iter().map(|f| f.as_raw_fd()).collect();
+    // SAFETY: between fork and exec only async-signal-safe calls are made
+    // (setns, write, prctl), on descriptors this process keeps open until
+    // `spawn` returns.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setns(netns_fd, libc::CLONE_NEWNET) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            for &fd in &procs_fds {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            // The VM goes with its supervisor: nothing else holds its link.
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn().map_err(|source| MicrovmError::Spawn {
+        path: vm.vmm_path.clone(),
+        source,
+    })?;
+    let pid = child.id() as i32;
+    // The supervisor's reaper waits for it from here; `Child` is only a handle.
+    drop(child);
+    drop(cgroup_procs);
+    SandboxCgroups::new(layout, &config.cgroups_path)
+        .join_accounting(pid)
+        .map_err(MicrovmError::Cgroup)?;
+    let link = await_agent(
+        &agent_listener,
+        pid,
+        &vm_paths,
+        Duration::from_millis(config.ready_timeout_ms),
+    )?;
+    lap("runtime", &mut phases);
+    Ok(Started {
+        init_pid: pid,
+        link,
+        egress,
+        phases,
+    })
+}
+
+/// Waits for the guest's agent to connect, or for the VMM to exit first (a
+/// kernel that does not boot, a bad disk), whichever comes first.
+fn await_agent(
+    listener: &UnixListener,
+    vmm_pid: i32,
+    paths: &VmPaths,
+    deadline: Duration,
+) -> Result<OwnedFd, MicrovmError> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
+    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, vmm_pid, 0) };
+    if raw < 0 {
+        return Err(prepare("VMM pidfd")(io::Error::last_os_error()));
+    }
+    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let started = Instant::now();
+    loop {
+        let left = deadline.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            return Err(MicrovmError::AgentTimeout(deadline));
+        }
+        let mut fds = [
+            PollFd::new(listener.as_fd(), PollFlags::POLLIN),
+            PollFd::new(pidfd.as_fd(), PollFlags::POLLIN),
+        ];
+        let timeout = PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32)
+            .unwrap_or(PollTimeout::MAX);
+        match poll(&mut fds, timeout) {
+            Ok(0) => return Err(MicrovmError::AgentTimeout(deadline)),
+            Ok(_) => {}
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(prepare("waiting for the agent")(e.into())),
+        }
+        let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
+        if ready(&fds[0]) {
+            let (stream, _) = listener.accept().map_err(prepare("agent link"))?;
+            return Ok(stream.into());
+        }
+        if ready(&fds[1]) {
+            // The supervisor's reaper does not run yet: this is the only waiter.
+            let status = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(vmm_pid), None)
+                .map(|s| format!("{s:?}"))
+                .unwrap_or_else(|e| format!("exited ({e})"));
+            return Err(MicrovmError::VmmExited {
+                status,
+                log: log_tail(&paths.vmm_log()),
+            });
+        }
+    }
+}
+
+/// The end of the VMM's log, where its error is.
+fn log_tail(path: &Path) -> String {
+    let mut text = String::new();
+    if let Ok(mut f) = File::open(path) {
+        let _ = f.read_to_string(&mut text);
+    }
+    let start = text.len().saturating_sub(LOG_TAIL_BYTES);
+    let start = (start..text.len())
+        .find(|&i| text.is_char_boundary(i))
+        .unwrap_or(text.len());
+    let tail = text[start..].trim();
+    if tail.is_empty() {
+        format!("no message; see {}", path.display())
+    } else {
+        tail.to_string()
+    }
+}

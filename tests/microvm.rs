@@ -1,0 +1,357 @@
+//! MicroVM sandboxes through the real daemon, on real KVM: `runtime: "vm"`
+//! boots the freestanding test guest (vmm/guest, built here with gcc) in a
+//! `vmm` process, whose agent answers over vsock with the real protocol. The
+//! daemon is only told `vm_kernel`: nothing in it knows this guest.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{sandbox_cgroup, Daemon};
+use hyper::{Method, StatusCode};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The `vmm` built beside the daemon (`cargo build --bins`).
+fn vmm_path() -> PathBuf {
+    Path::new(common::DAEMON)
+        .parent()
+        .expect("target dir")
+        .join("vmm")
+}
+
+/// Builds the test guest into `dir`, or says why microVM tests cannot run.
+fn test_guest(dir: &Path) -> Result<PathBuf, String> {
+    if !Path::new("/dev/kvm").exists() {
+        return Err("no /dev/kvm on this host".into());
+    }
+    if !vmm_path().is_file() {
+        return Err(format!(
+            "{} missing; run cargo build --bins",
+            vmm_path().display()
+        ));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("vmm/guest/build.sh");
+    let out = std::process::Command::new("sh")
+        .arg(script)
+        .arg(dir)
+        .output()
+        .map_err(|e| format!("cannot run the guest build: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the test guest did not build (is gcc installed?): {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(dir.join("test-guest.elf"))
+}
+
+/// A daemon that boots the test guest for `runtime: "vm"`, or `None` (with
+/// the reason printed) where microVMs cannot run.
+fn vm_daemon() -> Option<(Daemon, tempfile::TempDir)> {
+    if let Some(reason) = common::skip_reason() {
+        eprintln!("SKIPPED: {reason}");
+        return None;
+    }
+    let guest_dir = tempfile::tempdir().expect("tempdir");
+    let guest = match test_guest(guest_dir.path()) {
+        Ok(g) => g,
+        Err(reason) => {
+            eprintln!("SKIPPED: {reason}");
+            return None;
+        }
+    };
+    let daemon = Daemon::start_with(&[
+        "--vm-kernel",
+        &guest.display().to_string(),
+        "--vmm-path",
+        &vmm_path().display().to_string(),
+    ]);
+    Some((daemon, guest_dir))
+}
+
+/// The host pids in a sandbox's memory cgroup (a microVM: its vmm).
+fn cgroup_pids(id: &str) -> Vec<i32> {
+    std::fs::read_to_string(sandbox_cgroup("memory", id).join("cgroup.procs"))
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+fn process_name(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_vm_sandbox_runs_processes_and_disk_io_through_its_agent() {
+    let Some((daemon, _guest)) = vm_daemon() else {
+        return;
+    };
+    let id = daemon
+        .create(json!({"runtime": "vm", "image": "busybox", "cpu": 2, "memory_mib": 64}))
+        .await;
+    let (status, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(view["runtime"], "vm");
+    assert_eq!(view["state"], "ready");
+
+    let run = daemon
+        .exec(&id, &["echo", "hello", "from", "a", "vm"])
+        .await;
+    assert_eq!(run.out(), "hello from a vm\n");
+    assert_eq!(run.exit_code(), Some(0));
+    // cpu 2 -> 2 vCPUs; memory_mib -> guest RAM, its last byte usable.
+    assert_eq!(daemon.exec(&id, &["vcpus"]).await.out(), "2\n");
+    assert_eq!(
+        daemon.exec(&id, &["mem"]).await.out(),
+        "mem_mib=64 top=ok\n"
+    );
+    // Disk 0 is the image as ext4 (its superblock magic), read-only; disk 1
+    // is the sandbox's scratch disk and keeps what is written.
+    assert_eq!(
+        daemon
+            .exec(&id, &["disk-read", "0", "2", "56", "2"])
+            .await
+            .out(),
+        "53ef\n"
+    );
+    let refused = daemon.exec(&id, &["disk-write", "0", "0", "x"]).await;
+    assert_eq!(refused.exit_code(), Some(1), "{}", refused.err());
+    let wrote = daemon.exec(&id, &["disk-write", "1", "9", "hello"]).await;
+    assert_eq!(wrote.out(), "status=0\n");
+    assert_eq!(
+        daemon
+            .exec(&id, &["disk-read", "1", "9", "0", "5"])
+            .await
+            .out(),
+        "68656c6c6f\n"
+    );
+    assert_eq!(daemon.exec(&id, &["exit", "7"]).await.exit_code(), Some(7));
+    // A program the guest does not have is refused as in a container.
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/processes"),
+            Some(json!({"argv": ["python3", "-c", "1"]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // The VMM runs in the sandbox's cgroups, with guest RAM plus the stated
+    // overhead as its memory limit, in the sandbox's own network namespace.
+    let pids = cgroup_pids(&id);
+    assert_eq!(pids.len(), 1, "one vmm process: {pids:?}");
+    let vmm = pids[0];
+    assert_eq!(process_name(vmm), "vmm");
+    let limit: u64 =
+        std::fs::read_to_string(sandbox_cgroup("memory", &id).join("memory.limit_in_bytes"))
+            .expect("memory limit")
+            .trim()
+            .parse()
+            .expect("number");
+    assert_eq!(limit, (64 + 32) << 20);
+    let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("netns");
+    assert_ne!(ns(&vmm.to_string()), ns("self"));
+    let console = daemon
+        .run_dir()
+        .join("sandboxes")
+        .join(&id)
+        .join("vm/console.log");
+    let console = std::fs::read_to_string(&console).unwrap_or_default();
+    assert!(
+        console.contains("guest: up vcpus=2 mem_mib=64"),
+        "{console}"
+    );
+
+    daemon.delete(&id).await;
+    assert!(
+        !Path::new(&format!("/proc/{vmm}")).exists(),
+        "the vmm outlived its sandbox"
+    );
+    assert!(!sandbox_cgroup("memory", &id).exists());
+    assert!(!sandbox_cgroup("pids", &id).exists());
+}
+
+#[tokio::test]
+async fn killing_a_vmm_fails_only_its_sandbox() {
+    let Some((daemon, _guest)) = vm_daemon() else {
+        return;
+    };
+    let victim = daemon
+        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
+        .await;
+    let bystander = daemon
+        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
+        .await;
+    let mut events = daemon.follow_events(0).await;
+    let pids = cgroup_pids(&victim);
+    assert_eq!(pids.len(), 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pids[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the vmm");
+    let seen = events
+        .until(WAIT, |e| {
+            e["kind"] == "failed" && e["sandbox_id"] == victim.as_str()
+        })
+        .await;
+    assert!(
+        seen.iter()
+            .any(|e| e["kind"] == "failed" && e["sandbox_id"] == victim.as_str()),
+        "no failed event: {seen:?}"
+    );
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{victim}"), None)
+        .await;
+    assert_eq!(view["state"], "failed", "{view}");
+    assert_eq!(
+        daemon
+            .exec(&bystander, &["echo", "still", "here"])
+            .await
+            .out(),
+        "still here\n"
+    );
+    daemon.delete(&victim).await;
+    assert!(!sandbox_cgroup("memory", &victim).exists());
+    assert!(!daemon.run_dir().join("sandboxes").join(&victim).exists());
+    daemon.delete(&bystander).await;
+}
+
+#[tokio::test]
+async fn ten_vms_at_once() {
+    let Some((daemon, _guest)) = vm_daemon() else {
+        return;
+    };
+    let creates = (0..10)
+        .map(|_| daemon.create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32})));
+    let ids = futures::future::join_all(creates).await;
+    let daemon = &daemon;
+    let runs = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| async move { daemon.exec(id, &["echo", &i.to_string()]).await });
+    let outputs = futures::future::join_all(runs).await;
+    for (i, run) in outputs.iter().enumerate() {
+        assert_eq!(run.out(), format!("{i}\n"));
+    }
+    let vmms: Vec<i32> = ids.iter().flat_map(|id| cgroup_pids(id)).collect();
+    assert_eq!(vmms.len(), 10, "{vmms:?}");
+    futures::future::join_all(ids.iter().map(|id| daemon.delete(id))).await;
+    for pid in vmms {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists());
+    }
+}
+
+#[tokio::test]
+async fn vm_requests_that_cannot_work_say_why() {
+    if let Some(reason) = common::skip_reason() {
+        eprintln!("SKIPPED: {reason}");
+        return;
+    }
+    // No guest kernel configured.
+    let daemon = Daemon::start();
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"runtime": "vm", "image": "busybox"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "runtime_unavailable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    if Path::new("/dev/kvm").exists() {
+        assert!(message.contains("vm_kernel"), "{message}");
+    }
+    drop(daemon);
+
+    // A kernel path that does not exist.
+    let daemon = Daemon::start_with(&["--vm-kernel", "/nonexistent/vmlinux"]);
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"runtime": "vm", "image": "busybox"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    if Path::new("/dev/kvm").exists() {
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("/nonexistent/vmlinux")),
+            "{body}"
+        );
+    }
+    drop(daemon);
+
+    let Some((daemon, _guest)) = vm_daemon() else {
+        return;
+    };
+    for (request, code) in [
+        (
+            json!({"runtime": "vm", "image": "busybox", "gpu": "any"}),
+            "gpu_unsupported_runtime",
+        ),
+        (
+            json!({"runtime": "vm", "image": "busybox", "memory_mib": 1u64 << 40}),
+            "",
+        ),
+        (
+            json!({"runtime": "vm", "image": "busybox", "from_snapshot": "snap-x"}),
+            "invalid_runtime",
+        ),
+    ] {
+        let (status, body) = daemon
+            .call(Method::POST, "/v1/sandboxes", Some(request.clone()))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{request}: {body}");
+        if !code.is_empty() {
+            assert_eq!(body["error"]["code"], code, "{request}: {body}");
+        }
+    }
+    // A kernel file that is not a kernel: the VMM refuses it and the create
+    // fails with its reason, at once, leaving nothing behind.
+    let bogus = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(bogus.path(), b"not an ELF image").expect("write");
+    drop(daemon);
+    let daemon = Daemon::start_with(&[
+        "--vm-kernel",
+        &bogus.path().display().to_string(),
+        "--vmm-path",
+        &vmm_path().display().to_string(),
+    ]);
+    let started = std::time::Instant::now();
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"runtime": "vm", "image": "busybox"})),
+        )
+        .await;
+    assert!(status.is_server_error(), "{status}: {body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("VMM exited") && m.contains("ELF")),
+        "{body}"
+    );
+    assert!(
+        started.elapsed() < WAIT,
+        "the failure took {:?}",
+        started.elapsed()
+    );
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(0),
+        "{list}"
+    );
+}
