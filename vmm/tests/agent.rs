@@ -89,7 +89,12 @@ impl Agent {
             pty: None,
             cgroup_fds: 0,
         }));
-        assert_eq!(reply, Reply::Spawned { pid: 1000 + proc as i32 });
+        assert_eq!(
+            reply,
+            Reply::Spawned {
+                pid: 1000 + proc as i32
+            }
+        );
         let mut out = String::new();
         let mut code = None;
         for m in rest {
@@ -154,15 +159,30 @@ fn the_guest_agent_answers_the_real_protocol() {
         agent.call(RequestBody::Health).0,
         Reply::Health { version: 1 }
     );
-    assert_eq!(agent.run(1, &["echo", "hello", "vm"]), ("hello vm\n".into(), Some(0)));
+    assert_eq!(
+        agent.run(1, &["echo", "hello", "vm"]),
+        ("hello vm\n".into(), Some(0))
+    );
     assert_eq!(agent.run(2, &["vcpus"]), ("2\n".into(), Some(0)));
-    assert_eq!(agent.run(3, &["mem"]), ("mem_mib=48 top=ok\n".into(), Some(0)));
+    assert_eq!(
+        agent.run(3, &["mem"]),
+        ("mem_mib=48 top=ok\n".into(), Some(0))
+    );
     // The base disk is read-only whatever the guest does; the scratch disk
     // keeps what was written.
-    assert_eq!(agent.run(4, &["disk-read", "0", "2", "56", "2"]), ("53ef\n".into(), Some(0)));
+    assert_eq!(
+        agent.run(4, &["disk-read", "0", "2", "56", "2"]),
+        ("53ef\n".into(), Some(0))
+    );
     assert_eq!(agent.run(5, &["disk-write", "0", "1", "x"]).1, Some(1));
-    assert_eq!(agent.run(6, &["disk-write", "1", "3", "kept"]), ("status=0\n".into(), Some(0)));
-    assert_eq!(agent.run(7, &["disk-read", "1", "3", "0", "4"]), ("6b657074\n".into(), Some(0)));
+    assert_eq!(
+        agent.run(6, &["disk-write", "1", "3", "kept"]),
+        ("status=0\n".into(), Some(0))
+    );
+    assert_eq!(
+        agent.run(7, &["disk-read", "1", "3", "0", "4"]),
+        ("6b657074\n".into(), Some(0))
+    );
     assert_eq!(agent.run(8, &["count"]).0, "count=1\n");
     assert_eq!(agent.run(9, &["count"]).0, "count=2\n");
     assert_eq!(agent.run(10, &["exit", "7"]), (String::new(), Some(7)));
@@ -193,7 +213,10 @@ fn the_guest_agent_answers_the_real_protocol() {
         "{reply:?}"
     );
     assert_eq!(std::fs::read(&base).expect("base"), base_bytes);
-    assert_eq!(&std::fs::read(&scratch).expect("scratch")[3 * 512..3 * 512 + 4], b"kept");
+    assert_eq!(
+        &std::fs::read(&scratch).expect("scratch")[3 * 512..3 * 512 + 4],
+        b"kept"
+    );
 
     // A frame over the guest's bound resets the link instead of being buffered.
     agent
