@@ -10,8 +10,12 @@
  *     (sector 1 gets byte i = i * 7 + 3, then is read back)
  *
  * vsock: listens on port 1024 and echoes what each connection sends; a
- * packet starting with "quit" ends the guest through the exit port. Other
- * ports get RST. Up to 4 connections at once.
+ * packet starting with "quit" ends the guest through the exit port, one
+ * starting with "count" increments a counter in guest memory and is answered
+ * "count=N" instead of an echo (snapshot tests: the counter must continue
+ * after a restore). Other ports get RST. Up to 4 connections at once. A
+ * TRANSPORT_RESET event (the VMM was restored from a snapshot) drops every
+ * connection and the guest keeps listening ("guest: vsock reset").
  *
  * Everything is synchronous and polled, a few hundred instructions per
  * request: under kvm_pvm every guest instruction may be emulated.
@@ -190,6 +194,8 @@ static struct vsock_hdr vs_tx_hdr;
 static unsigned int vs_event;
 static struct conn conns[MAX_CONNS];
 static unsigned long my_cid;
+static volatile unsigned long vs_counter;
+static char vs_count_reply[32];
 
 /* Sends one packet on the TX queue and waits until the device took it.
  * `data` may point into an RX buffer: it is not recycled before this returns. */
@@ -236,6 +242,49 @@ static struct conn *find_conn(unsigned int peer_port)
 		if (conns[i].used && conns[i].peer_port == peer_port)
 			return &conns[i];
 	return 0;
+}
+
+/* A "count" message: bumps the counter and points data/len at the reply
+ * ("count=N"). Returns 0 and leaves them alone for any other message. */
+static int count_message(const unsigned char **data, unsigned int *len)
+{
+	char digits[20];
+	unsigned long v;
+	unsigned int n = 0, i = 0;
+	const char *prefix = "count=";
+
+	if (*len < 5 || (*data)[0] != 'c' || (*data)[1] != 'o' || (*data)[2] != 'u' ||
+	    (*data)[3] != 'n' || (*data)[4] != 't')
+		return 0;
+	v = ++vs_counter;
+	while (prefix[i]) {
+		vs_count_reply[i] = prefix[i];
+		i++;
+	}
+	do {
+		digits[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	while (n)
+		vs_count_reply[i++] = digits[--n];
+	*data = (const unsigned char *)vs_count_reply;
+	*len = i;
+	return 1;
+}
+
+/* The event queue: TRANSPORT_RESET (the only event) means every connection
+ * is gone, e.g. after the VMM restored this guest from a snapshot. */
+static void poll_vsock_events(void)
+{
+	unsigned int len;
+	int i;
+
+	if (vq_poll(&vs_q[2], &len) < 0)
+		return;
+	for (i = 0; i < MAX_CONNS; i++)
+		conns[i].used = 0;
+	put_str("guest: vsock reset\n");
+	vq_submit(&vs_q[2], 0);
 }
 
 static void handle_packet(const struct vsock_hdr *h, const unsigned char *data,
@@ -287,6 +336,7 @@ static void handle_packet(const struct vsock_hdr *h, const unsigned char *data,
 			put_str("guest: vsock quit\n");
 			guest_exit(0);
 		}
+		count_message(&data, &len);
 		/* Echo only within the host's credit; a host that grants too
 		 * little for an echo gets its connection reset. */
 		if (len > c->peer_buf_alloc - (c->tx_cnt - c->peer_fwd_cnt)) {
@@ -348,7 +398,14 @@ void serve_vsock(const struct boot_info *bi)
 		const struct vsock_hdr *h;
 		unsigned int data_len;
 
-		head = vq_wait(&vs_q[0], &len);
+		poll_vsock_events();
+		head = vq_poll(&vs_q[0], &len);
+		if (head < 0) {
+			__asm__ volatile("pause");
+			continue;
+		}
+		/* A reset the device posted before this packet is seen first. */
+		poll_vsock_events();
 		if (head >= 0 && head < NRX && len >= sizeof(*h)) {
 			h = (const struct vsock_hdr *)vs_rx[head];
 			data_len = len - (unsigned int)sizeof(*h);
