@@ -176,10 +176,9 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
     let mut boot_virtio = Vec::with_capacity(devices.len());
     let mut virtio = Vec::with_capacity(devices.len());
     for (index, device) in devices.into_iter().enumerate() {
-        let (entry, transport) =
-            attach_virtio(&vm, &mem, &mut mmio, index, device, |d, m, i| {
-                Ok(MmioTransport::new(d, m, i))
-            })?;
+        let (entry, transport) = attach_virtio(&vm, &mem, &mut mmio, index, device, |d, m, i| {
+            Ok(MmioTransport::new(d, m, i))
+        })?;
         boot_virtio.push(entry);
         virtio.push(transport);
     }
@@ -196,8 +195,7 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
 
     let latch = Arc::new(StopLatch::new());
     let sink = SerialSink::new(serial_out, config.serial_cap_bytes, started);
-    let (pio, serial) =
-        legacy_devices(&vm, SerialDevice::new(IrqTrigger::new()?, sink), &latch)?;
+    let (pio, serial) = legacy_devices(&vm, SerialDevice::new(IrqTrigger::new()?, sink), &latch)?;
 
     let vcpus = (0..config.vcpus)
         .map(|id| {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use vmm::config::{DiskConfig, VsockConfig};
 use vmm::control::ControlServer;
-use vmm::snapshot::restore::{restore, RestoreConfig, VerifyMemory};
 use vmm::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
+use vmm::snapshot::restore::{restore, RestoreConfig, VerifyMemory};
 use vmm::{GuestExit, VmConfig};
 
 /// Run one microVM on KVM.

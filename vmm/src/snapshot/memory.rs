@@ -137,7 +137,9 @@ impl MemoryLayout {
         let mut at = 0u64;
         for r in &self.regions {
             if r.file_offset != at || r.len == 0 || r.len % PAGE != 0 || r.guest_addr % PAGE != 0 {
-                return Err(format!("memory region {r:?} is not where the file layout puts it"));
+                return Err(format!(
+                    "memory region {r:?} is not where the file layout puts it"
+                ));
             }
             at = at.checked_add(r.len).ok_or("memory regions overflow")?;
         }
@@ -237,7 +239,8 @@ fn file_data_runs(file: &File, start: u64, len: u64) -> io::Result<Vec<Run>> {
 
 /// lseek(2) with SEEK_DATA/SEEK_HOLE; `None` for ENXIO (nothing after).
 fn seek(file: &File, offset: u64, whence: libc::c_int) -> io::Result<Option<u64>> {
-    let off = libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let off =
+        libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: lseek on a descriptor `file` owns; it touches no memory.
     let r = unsafe { libc::lseek(file.as_raw_fd(), off, whence) };
     if r < 0 {
@@ -288,8 +291,8 @@ pub fn write_memory(mem: &GuestMemoryMmap, path: &Path) -> Result<MemoryLayout, 
     let mut file_offset = 0u64;
     for region in mem.iter() {
         let len = region.len();
-        let mut touched =
-            pagemap_runs(&pagemap, region.as_ptr() as u64, len).map_err(MemoryFileError::Pagemap)?;
+        let mut touched = pagemap_runs(&pagemap, region.as_ptr() as u64, len)
+            .map_err(MemoryFileError::Pagemap)?;
         if let Some(source) = region.file_offset() {
             let data = file_data_runs(source.file(), source.start(), len).map_err(|source| {
                 MemoryFileError::Read {
@@ -371,7 +374,8 @@ pub fn map_memory(file: File, layout: &MemoryLayout) -> Result<GuestMemoryMmap, 
         .regions
         .iter()
         .map(|r| {
-            let len = usize::try_from(r.len).map_err(|_| MemoryFileError::Map("region too large".into()))?;
+            let len = usize::try_from(r.len)
+                .map_err(|_| MemoryFileError::Map("region too large".into()))?;
             let mapping = MmapRegionBuilder::<()>::new(len)
                 .with_file_offset(FileOffset::from_arc(file.clone(), r.file_offset))
                 .with_mmap_prot(libc::PROT_READ | libc::PROT_WRITE)
@@ -434,7 +438,9 @@ pub fn verify_memory(
                 source,
             })?;
             if let Some(d) = data.filter(|&d| d < run.offset) {
-                return Err(bad(format!("data at offset {d:#x}, which should be a hole")));
+                return Err(bad(format!(
+                    "data at offset {d:#x}, which should be a hole"
+                )));
             }
         }
         at = run.offset + run.len;
@@ -454,12 +460,36 @@ mod tests {
         push_run(&mut r, 4 * PAGE, PAGE);
         assert_eq!(
             r,
-            vec![Run { offset: 0, len: 2 * PAGE }, Run { offset: 4 * PAGE, len: PAGE }]
+            vec![
+                Run {
+                    offset: 0,
+                    len: 2 * PAGE
+                },
+                Run {
+                    offset: 4 * PAGE,
+                    len: PAGE
+                }
+            ]
         );
-        let u = union(r, vec![Run { offset: 2 * PAGE, len: PAGE }]);
+        let u = union(
+            r,
+            vec![Run {
+                offset: 2 * PAGE,
+                len: PAGE,
+            }],
+        );
         assert_eq!(
             u,
-            vec![Run { offset: 0, len: 3 * PAGE }, Run { offset: 4 * PAGE, len: PAGE }]
+            vec![
+                Run {
+                    offset: 0,
+                    len: 3 * PAGE
+                },
+                Run {
+                    offset: 4 * PAGE,
+                    len: PAGE
+                }
+            ]
         );
     }
 
@@ -471,7 +501,16 @@ mod tests {
                 file_offset: 0,
             }],
             file_len: 16 * PAGE,
-            runs: vec![Run { offset: 0, len: PAGE }, Run { offset: 4 * PAGE, len: 2 * PAGE }],
+            runs: vec![
+                Run {
+                    offset: 0,
+                    len: PAGE,
+                },
+                Run {
+                    offset: 4 * PAGE,
+                    len: 2 * PAGE,
+                },
+            ],
             sha256: "0".repeat(64),
         }
     }
@@ -501,7 +540,8 @@ mod tests {
         let mem = crate::vstate::memory::create_guest_memory(4).expect("memory");
         use vm_memory::Bytes;
         mem.write_obj(0x11u8, GuestAddress(0x3000)).expect("write");
-        mem.write_obj(0x22u8, GuestAddress(0x20_0000)).expect("write");
+        mem.write_obj(0x22u8, GuestAddress(0x20_0000))
+            .expect("write");
         let dir = std::env::temp_dir().join(format!("vmm-mem-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).expect("dir");
@@ -512,9 +552,16 @@ mod tests {
         let file = open_memory(&path, &layout).expect("open");
         let mapped = map_memory(file.try_clone().expect("dup"), &layout).expect("map");
         verify_memory(&mapped, &file, &layout, &path).expect("verify");
-        assert_eq!(mapped.read_obj::<u8>(GuestAddress(0x20_0000)).expect("read"), 0x22);
+        assert_eq!(
+            mapped
+                .read_obj::<u8>(GuestAddress(0x20_0000))
+                .expect("read"),
+            0x22
+        );
         // Copy-on-write: the guest's write does not reach the file.
-        mapped.write_obj(0x33u8, GuestAddress(0x20_0000)).expect("write");
+        mapped
+            .write_obj(0x33u8, GuestAddress(0x20_0000))
+            .expect("write");
         let mut b = [0u8; 1];
         file.read_exact_at(&mut b, 0x20_0000).expect("read file");
         assert_eq!(b[0], 0x22);

@@ -200,9 +200,8 @@ pub fn restore(
     let mut virtio = Vec::with_capacity(devices.len());
     for (index, (device, saved)) in devices.into_iter().zip(&state.virtio).enumerate() {
         let (_, transport) = attach_virtio(&vm, &mem, &mut mmio, index, device, |d, m, i| {
-            MmioTransport::restore(d, m, i, &saved.transport).map_err(|source| {
-                BuildError::Restore(format!("virtio device {index}: {source}"))
-            })
+            MmioTransport::restore(d, m, i, &saved.transport)
+                .map_err(|source| BuildError::Restore(format!("virtio device {index}: {source}")))
         })?;
         virtio.push(transport);
     }
@@ -221,7 +220,8 @@ pub fn restore(
         .vcpus
         .iter()
         .map(|s| {
-            let vcpu = Vcpu::new(&vm, s.id).map_err(|source| RestoreError::Vcpu { id: s.id, source })?;
+            let vcpu =
+                Vcpu::new(&vm, s.id).map_err(|source| RestoreError::Vcpu { id: s.id, source })?;
             vcpu.restore_state(s)
                 .map_err(|source| RestoreError::Vcpu { id: s.id, source })?;
             Ok(vcpu)

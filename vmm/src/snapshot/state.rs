@@ -165,7 +165,12 @@ impl SnapshotState {
                 c.vcpus
             ));
         }
-        if let Some((i, s)) = self.vcpus.iter().enumerate().find(|(i, s)| usize::from(s.id) != *i) {
+        if let Some((i, s)) = self
+            .vcpus
+            .iter()
+            .enumerate()
+            .find(|(i, s)| usize::from(s.id) != *i)
+        {
             return Err(format!("vCPU state {i} is for vCPU {}", s.id));
         }
         if self.virtio.len() > MAX_VIRTIO_DEVICES || self.virtio.len() != c.devices.len() {
@@ -240,7 +245,9 @@ pub fn read_state(path: &Path) -> Result<SnapshotState, StateFileError> {
     }
     let mut bytes = Vec::with_capacity(size as usize);
     // `take`: the file may grow between the size check and the read.
-    file.take(MAX_STATE_BYTES).read_to_end(&mut bytes).map_err(io)?;
+    file.take(MAX_STATE_BYTES)
+        .read_to_end(&mut bytes)
+        .map_err(io)?;
     parse_state(&bytes, &p())
 }
 

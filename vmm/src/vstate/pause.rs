@@ -25,7 +25,9 @@ pub enum PauseError {
     #[error("the VM is not running (it has stopped or not started yet)")]
     NotRunning,
     /// Not every vCPU parked in time.
-    #[error("only {parked} of {vcpus} vCPUs paused within {PARK_TIMEOUT:?}; the vmm is stuck, stop it")]
+    #[error(
+        "only {parked} of {vcpus} vCPUs paused within {PARK_TIMEOUT:?}; the vmm is stuck, stop it"
+    )]
     Timeout {
         /// vCPUs parked.
         parked: usize,
@@ -90,7 +92,11 @@ impl RunControl {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wait<'a>(&self, g: MutexGuard<'a, Inner>, deadline: Instant) -> (MutexGuard<'a, Inner>, bool) {
+    fn wait<'a>(
+        &self,
+        g: MutexGuard<'a, Inner>,
+        deadline: Instant,
+    ) -> (MutexGuard<'a, Inner>, bool) {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return (g, false);

@@ -6,8 +6,8 @@ use kvm_bindings::{
     kvm_clock_data, kvm_irqchip, kvm_pit_config, kvm_pit_state2, kvm_userspace_memory_region,
     KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
 };
-use serde::{Deserialize, Serialize};
 use kvm_ioctls::{IoEventAddress, VmFd};
+use serde::{Deserialize, Serialize};
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -104,7 +104,11 @@ pub enum VmStateError {
     Invalid(String),
 }
 
-const IRQCHIPS: [u32; 3] = [KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_IRQCHIP_IOAPIC];
+const IRQCHIPS: [u32; 3] = [
+    KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE,
+    KVM_IRQCHIP_IOAPIC,
+];
 
 /// A KVM VM with its irqchip and PIT.
 #[derive(Debug)]

@@ -203,16 +203,16 @@ impl WorkerHandler for VsockWorker {
         let reset = self.reset_event_pending && self.process_evq();
         let used = reset
             | match index {
-            RXQ => self.process_rx(),
-            TXQ => {
-                // TX first: the guest's packets often produce replies (a
-                // RESPONSE, an RST, credit) that RX then delivers.
-                let tx = self.process_tx();
-                self.process_rx() || tx
-            }
-            EVQ => self.process_evq(),
-            _ => false,
-        };
+                RXQ => self.process_rx(),
+                TXQ => {
+                    // TX first: the guest's packets often produce replies (a
+                    // RESPONSE, an RST, credit) that RX then delivers.
+                    let tx = self.process_tx();
+                    self.process_rx() || tx
+                }
+                EVQ => self.process_evq(),
+                _ => false,
+            };
         self.signal(used);
     }
 
