@@ -306,3 +306,167 @@ pub fn parse_state(bytes: &[u8], path: &str) -> Result<SnapshotState, StateFileE
         .map_err(|detail| StateFileError::Invalid { path, detail })?;
     Ok(state)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::snapshot::memory::{Run, SavedRegion};
+    use crate::vstate::vcpu::VCPU_STATE_VERSION;
+    use crate::vstate::vm::VM_STATE_VERSION;
+
+    fn vcpu(id: u8) -> VcpuState {
+        VcpuState {
+            version: VCPU_STATE_VERSION,
+            id,
+            cpuid: Vec::new(),
+            mp_state: Default::default(),
+            regs: kvm_bindings::kvm_regs {
+                rip: 0x10_0000 + u64::from(id),
+                ..Default::default()
+            },
+            sregs: Default::default(),
+            xsave: Default::default(),
+            xcrs: Default::default(),
+            debug_regs: Default::default(),
+            lapic: Default::default(),
+            msrs: Vec::new(),
+            vcpu_events: Default::default(),
+        }
+    }
+
+    fn state() -> SnapshotState {
+        SnapshotState {
+            config: SavedConfig {
+                mem_mib: 4,
+                vcpus: 2,
+                devices: Vec::new(),
+            },
+            memory: MemoryLayout {
+                regions: vec![SavedRegion {
+                    guest_addr: 0,
+                    len: 4 << 20,
+                    file_offset: 0,
+                }],
+                file_len: 4 << 20,
+                runs: vec![Run {
+                    offset: 0x10_0000,
+                    len: 0x1000,
+                }],
+                sha256: "ab".repeat(32),
+            },
+            vcpus: vec![vcpu(0), vcpu(1)],
+            vm: VmState {
+                version: VM_STATE_VERSION,
+                irqchips: Vec::new(),
+                pit: Default::default(),
+                clock: kvm_bindings::kvm_clock_data {
+                    clock: 12345,
+                    ..Default::default()
+                },
+            },
+            serial: SerialDeviceState::default(),
+            virtio: Vec::new(),
+        }
+    }
+
+    fn bytes_of(s: &SnapshotState) -> Vec<u8> {
+        let dir = std::env::temp_dir().join(format!(
+            "vmm-state-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).expect("dir");
+        let path = dir.join("state");
+        let n = write_state(s, &path).expect("write");
+        let bytes = std::fs::read(&path).expect("read");
+        assert_eq!(n, bytes.len() as u64);
+        let _ = std::fs::remove_dir_all(&dir);
+        bytes
+    }
+
+    #[test]
+    fn state_round_trips() {
+        let bytes = bytes_of(&state());
+        let back = parse_state(&bytes, "s").expect("parse");
+        assert_eq!(back.config, state().config);
+        assert_eq!(back.memory, state().memory);
+        assert_eq!(back.vcpus[1].regs.rip, 0x10_0001);
+        assert_eq!(back.vm.clock.clock, 12345);
+    }
+
+    #[test]
+    fn corrupt_truncated_and_foreign_state_is_refused() {
+        let good = bytes_of(&state());
+        let mut flipped = good.clone();
+        let mid = HEADER_LEN + (good.len() - HEADER_LEN) / 2;
+        flipped[mid] ^= 1;
+        assert!(matches!(
+            parse_state(&flipped, "s"),
+            Err(StateFileError::Checksum { .. })
+        ));
+        for len in [0, 7, 20, HEADER_LEN, good.len() - 1] {
+            assert!(
+                matches!(
+                    parse_state(&good[..len], "s"),
+                    Err(StateFileError::Truncated { .. })
+                ),
+                "length {len}"
+            );
+        }
+        let mut longer = good.clone();
+        longer.push(b' ');
+        assert!(matches!(
+            parse_state(&longer, "s"),
+            Err(StateFileError::Truncated { .. })
+        ));
+        let mut version = good.clone();
+        version[8] = 2;
+        let err = parse_state(&version, "s").expect_err("version");
+        assert!(err.to_string().contains("format version 2"), "{err}");
+        let mut magic = good.clone();
+        magic[0] = b'X';
+        assert!(matches!(
+            parse_state(&magic, "s"),
+            Err(StateFileError::Magic { .. })
+        ));
+        // A huge length in the header is a truncation, not an allocation.
+        let mut huge = good;
+        huge[16..24].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            parse_state(&huge, "s"),
+            Err(StateFileError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn state_that_breaks_limits_is_refused_after_its_checksum() {
+        let mut s = state();
+        s.vcpus.pop();
+        let err = parse_state(&bytes_of(&s), "s").expect_err("vcpu count");
+        assert!(matches!(err, StateFileError::Invalid { .. }), "{err}");
+        let mut s = state();
+        s.config.mem_mib = 8;
+        let err = parse_state(&bytes_of(&s), "s").expect_err("regions");
+        assert!(err.to_string().contains("do not match 8 MiB"), "{err}");
+        let mut s = state();
+        s.memory.runs[0].len = 64 << 20;
+        assert!(parse_state(&bytes_of(&s), "s").is_err());
+    }
+
+    #[test]
+    fn oversized_state_file_is_refused_before_reading() {
+        let dir = std::env::temp_dir().join(format!("vmm-state-big-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).expect("dir");
+        let path = dir.join("state");
+        let f = File::create(&path).expect("create");
+        // Sparse: costs no disk.
+        f.set_len(MAX_STATE_BYTES + 1).expect("grow");
+        assert!(matches!(
+            read_state(&path),
+            Err(StateFileError::TooLarge { .. })
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
