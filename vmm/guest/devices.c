@@ -10,12 +10,18 @@
  *     (sector 1 gets byte i = i * 7 + 3, then is read back)
  *
  * vsock: listens on port 1024 and echoes what each connection sends; a
- * packet starting with "quit" ends the guest through the exit port. Other
- * ports get RST. Up to 4 connections at once. It also connects to the host
- * on AGENT_HOST_PORT and serves the agent protocol there (agent.c); a host
- * with nothing listening there refuses, and the guest carries on without.
- * While nothing arrives the guest halts until the device's interrupt
- * (irq.c).
+ * packet starting with "quit" ends the guest through the exit port, one
+ * starting with "count" increments a counter in guest memory and is answered
+ * "count=N" instead of an echo (snapshot tests: the counter must continue
+ * after a restore). Other ports get RST. Up to 4 connections at once. A
+ * TRANSPORT_RESET event (the VMM was restored from a snapshot) drops every
+ * connection and the guest keeps listening ("guest: vsock reset").
+ *
+ * It also connects to the host on AGENT_HOST_PORT and serves the agent
+ * protocol there (agent.c); a host with nothing listening there refuses,
+ * and the guest carries on without. After a TRANSPORT_RESET it dials again,
+ * so a restored guest's agent reaches its new host. While nothing arrives
+ * the guest halts until the device's interrupt (irq.c).
  *
  * Everything is synchronous and polled, a few hundred instructions per
  * request: under kvm_pvm every guest instruction may be emulated.
@@ -214,6 +220,8 @@ static unsigned int vs_event;
 static struct conn conns[MAX_CONNS];
 static unsigned long my_cid;
 static struct conn agent_conn;   /* used: 0, AGENT_CONNECTING or AGENT_CONNECTED */
+static volatile unsigned long vs_counter;
+static char vs_count_reply[32];
 
 /* Sends one packet on the TX queue and waits until the device took it.
  * `data` may point into an RX buffer: it is not recycled before this returns. */
@@ -322,6 +330,53 @@ static void agent_packet(const struct vsock_hdr *h, const unsigned char *data,
 	}
 }
 
+/* A "count" message: bumps the counter and points data/len at the reply
+ * ("count=N"). Returns 0 and leaves them alone for any other message. */
+static int count_message(const unsigned char **data, unsigned int *len)
+{
+	char digits[20];
+	unsigned long v;
+	unsigned int n = 0, i = 0;
+	const char *prefix = "count=";
+
+	if (*len < 5 || (*data)[0] != 'c' || (*data)[1] != 'o' || (*data)[2] != 'u' ||
+	    (*data)[3] != 'n' || (*data)[4] != 't')
+		return 0;
+	v = ++vs_counter;
+	while (prefix[i]) {
+		vs_count_reply[i] = prefix[i];
+		i++;
+	}
+	do {
+		digits[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	while (n)
+		vs_count_reply[i++] = digits[--n];
+	*data = (const unsigned char *)vs_count_reply;
+	*len = i;
+	return 1;
+}
+
+/* The event queue: TRANSPORT_RESET (the only event) means every connection
+ * is gone, e.g. after the VMM restored this guest from a snapshot. */
+static void poll_vsock_events(void)
+{
+	unsigned int len;
+	int i;
+
+	if (vq_poll(&vs_q[2], &len) < 0)
+		return;
+	for (i = 0; i < MAX_CONNS; i++)
+		conns[i].used = 0;
+	put_str("guest: vsock reset\n");
+	vq_submit(&vs_q[2], 0);
+	if (agent_conn.used) {
+		agent_conn.used = 0;
+		agent_connect();
+	}
+}
+
 static void handle_packet(const struct vsock_hdr *h, const unsigned char *data,
 			  unsigned int len)
 {
@@ -375,6 +430,7 @@ static void handle_packet(const struct vsock_hdr *h, const unsigned char *data,
 			put_str("guest: vsock quit\n");
 			guest_exit(0);
 		}
+		count_message(&data, &len);
 		/* Echo only within the host's credit; a host that grants too
 		 * little for an echo gets its connection reset. */
 		if (len > c->peer_buf_alloc - (c->tx_cnt - c->peer_fwd_cnt)) {
@@ -397,6 +453,28 @@ static void handle_packet(const struct vsock_hdr *h, const unsigned char *data,
 		break;
 	default:
 		break;
+	}
+}
+
+/* The next RX buffer the device filled, handling reset events meanwhile;
+ * halts while there is neither (a device interrupt ends the halt). */
+static int vs_wait_rx(unsigned int *len)
+{
+	int head;
+
+	for (;;) {
+		__asm__ volatile("cli" ::: "memory");
+		poll_vsock_events();
+		head = vq_poll(&vs_q[0], len);
+		if (head >= 0) {
+			/* A reset the device posted before this packet is
+			 * seen first. */
+			poll_vsock_events();
+			return head;
+		}
+		/* sti takes effect after hlt starts: an interrupt that arrived
+		 * since the polls wakes the hlt instead of being lost. */
+		__asm__ volatile("sti; hlt" ::: "memory");
 	}
 }
 
@@ -439,7 +517,7 @@ void serve_vsock(const struct boot_info *bi)
 		const struct vsock_hdr *h;
 		unsigned int data_len;
 
-		head = vq_wait_idle(&vs_q[0], &len);
+		head = vs_wait_rx(&len);
 		if (head >= 0 && head < NRX && len >= sizeof(*h)) {
 			h = (const struct vsock_hdr *)vs_rx[head];
 			data_len = len - (unsigned int)sizeof(*h);

@@ -13,7 +13,10 @@
  *
  * Command-line words (boot_info.cmdline): exit=N (exit code, default 0),
  * reset (i8042 reset instead of the exit port), fault (triple fault),
- * hang (halt forever with interrupts off; for the VMM's timeout).
+ * hang (halt forever with interrupts off; for the VMM's timeout),
+ * touch=N (write one byte in each page of the N MiB above the image before
+ * the device work, so the VM has N MiB of touched memory for the snapshot
+ * benchmark; prints "guest: touched N MiB").
  */
 #include "guest.h"
 
@@ -140,6 +143,49 @@ static int check_memory(const struct boot_info *bi)
 	return rw_ok && beyond_absent;
 }
 
+/* The value of the cmdline word `name=N` (decimal), or 0 without it. */
+static unsigned long cmdline_number(const struct boot_info *bi, const char *name)
+{
+	const char *cmd = (const char *)bi->cmdline_addr;
+	const char *end = cmd + bi->cmdline_len;
+	unsigned long v = 0, n, plen = 0;
+
+	while (name[plen])
+		plen++;
+	while (cmd < end) {
+		const char *w = cmd;
+
+		while (cmd < end && *cmd != ' ')
+			cmd++;
+		n = (unsigned long)(cmd - w);
+		if (starts_with(w, n, name))
+			for (v = 0, w += plen, n -= plen; n && *w >= '0' && *w <= '9'; w++, n--)
+				v = v * 10 + (unsigned long)(*w - '0');
+		while (cmd < end && *cmd == ' ')
+			cmd++;
+	}
+	return v;
+}
+
+/* touch=N: one byte per page above the image, clamped to low RAM. */
+static void touch_memory(const struct boot_info *bi)
+{
+	extern char guest_image_end[];
+	unsigned long mib = cmdline_number(bi, "touch="), addr, end;
+
+	if (!mib)
+		return;
+	addr = ((unsigned long)guest_image_end + 4095) & ~4095ul;
+	end = addr + (mib << 20);
+	if (end > bi->low_ram_end || end < addr)
+		end = bi->low_ram_end;
+	for (; addr < end; addr += 4096)
+		*(volatile unsigned char *)addr = 1;
+	put_str("guest: touched ");
+	put_dec(mib);
+	put_str(" MiB\n");
+}
+
 __attribute__((noreturn)) void guest_main(const struct boot_info *bi)
 {
 	const char *cmd, *end;
@@ -158,6 +204,8 @@ __attribute__((noreturn)) void guest_main(const struct boot_info *bi)
 
 	if (!check_memory(bi))
 		guest_exit(EXIT_MEM_CHECK_FAILED);
+
+	touch_memory(bi);
 
 	/* Device work only when the VMM gave devices, so a plain boot stays a
 	 * few thousand instructions. serve_vsock returns only without vsock. */

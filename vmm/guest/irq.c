@@ -11,7 +11,6 @@
  * their default vector base would make an interrupt look like an exception.
  */
 #include "guest.h"
-#include "virtio.h"
 
 #define IRQ_VECTOR 0x30
 #define SPURIOUS_VECTOR 0xff
@@ -91,19 +90,4 @@ void irq_route(unsigned int gsi)
 	/* High word first, so the entry is never live with a stale destination. */
 	ioapic_write(0x11 + 2 * gsi, 0);
 	ioapic_write(0x10 + 2 * gsi, IRQ_VECTOR);
-}
-
-int vq_wait_idle(struct vq *q, unsigned int *len)
-{
-	int head;
-
-	for (;;) {
-		__asm__ volatile("cli" ::: "memory");
-		head = vq_poll(q, len);
-		if (head >= 0)
-			return head;
-		/* sti takes effect after hlt starts: an interrupt that arrived
-		 * since the poll wakes the hlt instead of being lost. */
-		__asm__ volatile("sti; hlt" ::: "memory");
-	}
 }

@@ -60,8 +60,5 @@ void vq_submit(struct vq *q, unsigned short head);
 int vq_poll(struct vq *q, unsigned int *len);
 /* Spins until the next used entry. */
 int vq_wait(struct vq *q, unsigned int *len);
-/* Halts until the next used entry (irq.c; the queue's device must have its
- * GSI routed with irq_route first). */
-int vq_wait_idle(struct vq *q, unsigned int *len);
 
 #endif

@@ -25,10 +25,11 @@ use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::vsock::{Vsock, VsockError};
 use crate::devices::virtio::{Interrupt, VirtioDevice};
 use crate::loader::{KernelImage, LoaderError};
-use crate::machine::{Machine, MachineDevices};
+use crate::machine::{Machine, MachineDevices, MachineShape};
 use crate::stop::StopLatch;
 use crate::vstate::kvm::{KvmContext, KvmError};
 use crate::vstate::memory::{self, MemoryError, MIB};
+use crate::vstate::pause::RunControl;
 use crate::vstate::vcpu::{Vcpu, VcpuError, VcpuIo};
 use crate::vstate::vm::{Vm, VmError};
 
@@ -68,6 +69,9 @@ pub enum BuildError {
     /// The vsock device could not be set up.
     #[error(transparent)]
     Vsock(#[from] VsockError),
+    /// A device's saved state could not be restored.
+    #[error("cannot restore the device: {0}")]
+    Restore(String),
     /// A virtio device's interrupt eventfd could not be created.
     #[error("cannot create a virtio interrupt eventfd: {0}")]
     VirtioInterrupt(#[source] std::io::Error),
@@ -77,13 +81,19 @@ pub enum BuildError {
 const QUEUE_NOTIFY: u64 = virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY as u64;
 
 /// Places virtio device number `index` on the MMIO bus with its interrupt
-/// line and queue-notify ioeventfds; returns its boot-info entry.
-fn attach_virtio(
+/// line and queue-notify ioeventfds; `transport` puts the device behind a
+/// transport (new, or restored from a snapshot). Returns its boot-info entry.
+pub(crate) fn attach_virtio(
     vm: &Vm,
     mem: &GuestMemoryMmap,
     mmio: &mut Bus,
     index: usize,
     device: Box<dyn VirtioDevice>,
+    transport: impl FnOnce(
+        Box<dyn VirtioDevice>,
+        GuestMemoryMmap,
+        Arc<Interrupt>,
+    ) -> Result<MmioTransport, BuildError>,
 ) -> Result<(BootVirtio, Arc<Mutex<MmioTransport>>), BuildError> {
     // `index` < MAX_VIRTIO_DEVICES (config validation), so neither overflows.
     let base = VIRTIO_MMIO_START + index as u64 * VIRTIO_MMIO_SIZE;
@@ -101,13 +111,33 @@ fn attach_virtio(
         gsi,
         device_type: device.device_type(),
     };
-    let transport = Arc::new(Mutex::new(MmioTransport::new(
-        device,
-        mem.clone(),
-        interrupt,
-    )));
+    let transport = Arc::new(Mutex::new(transport(device, mem.clone(), interrupt)?));
     mmio.insert(transport.clone(), base, VIRTIO_MMIO_SIZE)?;
     Ok((entry, transport))
+}
+
+/// The serial port, i8042 and exit port on a new port bus, the serial's
+/// interrupt wired to COM1's GSI.
+pub(crate) fn legacy_devices(
+    vm: &Vm,
+    serial: SerialDevice,
+    latch: &Arc<StopLatch>,
+) -> Result<(Bus, Arc<Mutex<SerialDevice>>), BuildError> {
+    vm.register_irqfd(serial.irq().eventfd(), COM1_GSI)?;
+    let serial = Arc::new(Mutex::new(serial));
+    let mut pio = Bus::new();
+    pio.insert(serial.clone(), COM1_PORT, COM1_LEN)?;
+    pio.insert(
+        Arc::new(Mutex::new(I8042::new(latch.clone()))),
+        I8042_BASE,
+        I8042_LEN,
+    )?;
+    pio.insert(
+        Arc::new(Mutex::new(ExitDevice::new(latch.clone()))),
+        EXIT_PORT,
+        EXIT_PORT_LEN,
+    )?;
+    Ok((pio, serial))
 }
 
 /// Builds the VM described by `config`, with the guest's serial output going
@@ -146,7 +176,9 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
     let mut boot_virtio = Vec::with_capacity(devices.len());
     let mut virtio = Vec::with_capacity(devices.len());
     for (index, device) in devices.into_iter().enumerate() {
-        let (entry, transport) = attach_virtio(&vm, &mem, &mut mmio, index, device)?;
+        let (entry, transport) = attach_virtio(&vm, &mem, &mut mmio, index, device, |d, m, i| {
+            Ok(MmioTransport::new(d, m, i))
+        })?;
         boot_virtio.push(entry);
         virtio.push(transport);
     }
@@ -163,26 +195,7 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
 
     let latch = Arc::new(StopLatch::new());
     let sink = SerialSink::new(serial_out, config.serial_cap_bytes, started);
-    let serial = Arc::new(Mutex::new(SerialDevice::new(IrqTrigger::new()?, sink)));
-    {
-        // Not contended yet: no vCPU runs.
-        let serial = serial
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        vm.register_irqfd(serial.irq().eventfd(), COM1_GSI)?;
-    }
-    let mut pio = Bus::new();
-    pio.insert(serial.clone(), COM1_PORT, COM1_LEN)?;
-    pio.insert(
-        Arc::new(Mutex::new(I8042::new(latch.clone()))),
-        I8042_BASE,
-        I8042_LEN,
-    )?;
-    pio.insert(
-        Arc::new(Mutex::new(ExitDevice::new(latch.clone()))),
-        EXIT_PORT,
-        EXIT_PORT_LEN,
-    )?;
+    let (pio, serial) = legacy_devices(&vm, SerialDevice::new(IrqTrigger::new()?, sink), &latch)?;
 
     let vcpus = (0..config.vcpus)
         .map(|id| {
@@ -204,8 +217,13 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
             pio: Arc::new(pio),
             mmio: Arc::new(mmio),
             latch,
+            control: Arc::new(RunControl::new(usize::from(config.vcpus))),
         },
         MachineDevices { serial, virtio },
         config.timeout,
+        MachineShape {
+            mem_mib: config.mem_mib,
+            vcpus: config.vcpus,
+        },
     ))
 }

@@ -21,12 +21,16 @@
 pub mod arch;
 pub mod builder;
 pub mod config;
+pub mod control;
 pub mod devices;
+pub mod handle;
 pub mod loader;
 pub mod machine;
+pub mod snapshot;
 pub mod stop;
 pub mod vstate;
 
 pub use builder::{build, BuildError};
 pub use config::{ConfigError, VmConfig};
+pub use handle::MachineHandle;
 pub use machine::{GuestExit, Machine, RunError, RunReport};

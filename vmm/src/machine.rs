@@ -13,6 +13,7 @@ use vmm_sys_util::signal::Killable;
 use crate::devices::serial::{SerialDevice, SerialReport};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::persist::VirtioMmioState;
+use crate::handle::MachineHandle;
 use crate::stop::{StopLatch, StopReason};
 use crate::vstate::kvm::KvmContext;
 use crate::vstate::vcpu::{self, Vcpu, VcpuError, VcpuIo};
@@ -117,22 +118,36 @@ pub(crate) struct MachineDevices {
     pub virtio: Vec<Arc<Mutex<MmioTransport>>>,
 }
 
+/// What a [`Machine`] was configured as (recorded in snapshots).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MachineShape {
+    /// Guest RAM in MiB.
+    pub mem_mib: u64,
+    /// vCPU count.
+    pub vcpus: u8,
+}
+
 /// A VM ready to run.
 #[derive(Debug)]
 pub struct Machine {
     // Field order is drop order: vCPUs, then the VM, then the memory its
     // slots point into, then the KVM handle.
     vcpus: Vec<Vcpu>,
-    vm: Vm,
+    // Shared with handles, which save its irqchip state; a handle that
+    // outlives the run keeps the VM (and its memory) until it is dropped.
+    vm: Arc<Vm>,
     mem: GuestMemoryMmap,
     kvm: KvmContext,
     io: VcpuIo,
     serial: Arc<Mutex<SerialDevice>>,
     virtio: Vec<Arc<Mutex<MmioTransport>>>,
     timeout: Option<Duration>,
+    shape: MachineShape,
+    devices_paused: Arc<Mutex<bool>>,
 }
 
 impl Machine {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         kvm: KvmContext,
         vm: Vm,
@@ -141,17 +156,35 @@ impl Machine {
         io: VcpuIo,
         devices: MachineDevices,
         timeout: Option<Duration>,
+        shape: MachineShape,
     ) -> Self {
         let MachineDevices { serial, virtio } = devices;
         Machine {
             vcpus,
-            vm,
+            vm: Arc::new(vm),
             mem,
             kvm,
             io,
             serial,
             virtio,
             timeout,
+            shape,
+            devices_paused: Arc::new(Mutex::new(false)),
+        }
+    }
+
+    /// A handle to pause, resume or snapshot this machine while it runs
+    /// (take it before [`run`](Self::run), which consumes the machine).
+    pub fn handle(&self) -> MachineHandle {
+        MachineHandle {
+            control: self.io.control.clone(),
+            vm: self.vm.clone(),
+            mem: self.mem.clone(),
+            serial: self.serial.clone(),
+            virtio: self.virtio.clone(),
+            mem_mib: self.shape.mem_mib,
+            vcpus: self.shape.vcpus,
+            op: self.devices_paused.clone(),
         }
     }
 
@@ -181,7 +214,13 @@ impl Machine {
     }
 
     /// Runs the VM until the guest exits, a vCPU fails, or the timeout.
-    pub fn run(mut self) -> Result<RunReport, RunError> {
+    pub fn run(self) -> Result<RunReport, RunError> {
+        self.run_with(|| {})
+    }
+
+    /// [`run`](Self::run), calling `started` once every vCPU thread has been
+    /// started (readiness notification, restore timing).
+    pub fn run_with(mut self, started: impl FnOnce()) -> Result<RunReport, RunError> {
         vcpu::register_kick_handler().map_err(RunError::KickHandler)?;
 
         let mut handles: Vec<(u8, JoinHandle<Vcpu>)> = Vec::with_capacity(self.vcpus.len());
@@ -207,9 +246,14 @@ impl Machine {
             }
         }
 
+        if spawn_error.is_none() {
+            started();
+        }
         if !self.io.latch.wait(self.timeout) {
             self.io.latch.stop(StopReason::TimedOut);
         }
+        // Parked vCPUs (a paused VM) leave their park; pauses now fail.
+        self.io.control.finish();
         for (_, handle) in &handles {
             // Fails only if the thread has already ended, which is fine.
             let _ = handle.kill(vcpu::kick_signal());

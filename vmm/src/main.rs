@@ -9,11 +9,13 @@ use std::fs::File;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use vmm::config::{DiskConfig, VsockConfig};
+use vmm::control::ControlServer;
 use vmm::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
+use vmm::snapshot::restore::{restore, RestoreConfig, VerifyMemory};
 use vmm::{GuestExit, VmConfig};
 
 /// Run one microVM on KVM.
@@ -21,8 +23,26 @@ use vmm::{GuestExit, VmConfig};
 #[command(name = "vmm", version)]
 struct Args {
     /// ELF kernel image to boot (vmlinux, or the test guest).
-    #[arg(long)]
-    kernel: PathBuf,
+    #[arg(long, required_unless_present = "restore")]
+    kernel: Option<PathBuf>,
+    /// Restore (fork) the VM saved in this snapshot directory instead of
+    /// booting a kernel; give the same --disk list again and a new
+    /// --vsock-uds. Memory size, vCPUs and command line come from the snapshot.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "mem_mib", "vcpus", "cmdline", "vsock_cid"])]
+    restore: Option<PathBuf>,
+    /// With --restore: `stamp` (default) hashes the memory file unless a
+    /// verification stamp shows it unchanged since it was last checked;
+    /// `always` hashes it every time.
+    #[arg(long, value_name = "stamp|always", default_value = "stamp", value_parser = ["stamp", "always"])]
+    verify_memory: String,
+    /// Listen for control commands (pause, resume, status, snapshot DIR) on
+    /// this Unix socket; see vmm/README.md.
+    #[arg(long, value_name = "PATH")]
+    control_sock: Option<PathBuf>,
+    /// Write `ready <us>\n` (microseconds since the vmm started) to this
+    /// inherited descriptor once the vCPUs run.
+    #[arg(long, value_name = "FD")]
+    ready_fd: Option<i32>,
     /// Guest RAM in MiB.
     #[arg(long, default_value_t = 128)]
     mem_mib: u64,
@@ -74,43 +94,108 @@ fn serial_output(path: &Path) -> io::Result<Box<dyn Write + Send>> {
     }
 }
 
-fn main() -> ExitCode {
-    let args = Args::parse();
-    let config = VmConfig {
-        kernel: args.kernel,
-        mem_mib: args.mem_mib,
-        vcpus: args.vcpus,
-        cmdline: args.cmdline,
-        serial_cap_bytes: args.serial_log_cap,
-        kvm_device: args.kvm_device,
-        timeout: args.timeout_ms.map(Duration::from_millis),
-        disks: args.disks,
-        vsock: args.vsock_uds.map(|uds_path| VsockConfig {
-            cid: args.vsock_cid,
-            uds_path,
-        }),
-    };
-    // Refuse bad input before creating the log file.
-    if let Err(e) = config.validate() {
-        eprintln!("vmm: error: {e}");
-        return ExitCode::FAILURE;
+/// Tells whoever waits on `fd` that the VM runs.
+fn notify_ready(fd: i32, since: Instant) {
+    let line = format!("ready {}\n", since.elapsed().as_micros());
+    // SAFETY: write(2) of a buffer we own to a descriptor number; an invalid
+    // or closed descriptor fails with EBADF and touches no memory.
+    let written = unsafe { libc::write(fd, line.as_ptr().cast(), line.len()) };
+    if written < 0 {
+        eprintln!(
+            "vmm: warning: cannot write to --ready-fd {fd}: {}",
+            io::Error::last_os_error()
+        );
     }
-    let out = match serial_output(&args.serial_log) {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!(
-                "vmm: error: cannot open serial log {}: {e}",
-                args.serial_log.display()
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    let report = match vmm::build(&config, out).map(|machine| machine.run()) {
-        Ok(Ok(report)) => report,
-        Ok(Err(e)) => {
+}
+
+fn serial_log_error(path: &Path, e: &io::Error) -> ExitCode {
+    eprintln!("vmm: error: cannot open serial log {}: {e}", path.display());
+    ExitCode::FAILURE
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let args = Args::parse();
+    let vsock = args.vsock_uds.clone().map(|uds_path| VsockConfig {
+        cid: args.vsock_cid,
+        uds_path,
+    });
+    let machine = if let Some(dir) = &args.restore {
+        let config = RestoreConfig {
+            dir: dir.clone(),
+            disks: args.disks.clone(),
+            vsock_uds: args.vsock_uds.clone(),
+            serial_cap_bytes: args.serial_log_cap,
+            kvm_device: args.kvm_device.clone(),
+            timeout: args.timeout_ms.map(Duration::from_millis),
+            verify_memory: if args.verify_memory == "always" {
+                VerifyMemory::Always
+            } else {
+                VerifyMemory::Stamp
+            },
+        };
+        let out = match serial_output(&args.serial_log) {
+            Ok(out) => out,
+            Err(e) => return serial_log_error(&args.serial_log, &e),
+        };
+        restore(&config, out).map_err(|e| e.to_string())
+    } else {
+        let config = VmConfig {
+            // clap requires --kernel without --restore.
+            kernel: args.kernel.clone().unwrap_or_default(),
+            mem_mib: args.mem_mib,
+            vcpus: args.vcpus,
+            cmdline: args.cmdline.clone(),
+            serial_cap_bytes: args.serial_log_cap,
+            kvm_device: args.kvm_device.clone(),
+            timeout: args.timeout_ms.map(Duration::from_millis),
+            disks: args.disks.clone(),
+            vsock,
+        };
+        // Refuse bad input before creating the log file.
+        if let Err(e) = config.validate() {
             eprintln!("vmm: error: {e}");
             return ExitCode::FAILURE;
         }
+        let out = match serial_output(&args.serial_log) {
+            Ok(out) => out,
+            Err(e) => return serial_log_error(&args.serial_log, &e),
+        };
+        vmm::build(&config, out).map_err(|e| e.to_string())
+    };
+    let machine = match machine {
+        Ok(machine) => machine,
+        Err(e) => {
+            eprintln!("vmm: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Kept until the VM ends: dropping it removes the socket.
+    let _control = match &args.control_sock {
+        Some(path) => match ControlServer::spawn(path, machine.handle()) {
+            Ok(server) => Some(server),
+            Err(e) => {
+                eprintln!("vmm: error: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => None,
+    };
+    let verbose = args.verbose;
+    let restoring = args.restore.is_some();
+    let report = machine.run_with(|| {
+        if verbose && restoring {
+            eprintln!(
+                "vmm: restored: vCPUs running {} us after start",
+                started.elapsed().as_micros()
+            );
+        }
+        if let Some(fd) = args.ready_fd {
+            notify_ready(fd, started);
+        }
+    });
+    let report = match report {
+        Ok(report) => report,
         Err(e) => {
             eprintln!("vmm: error: {e}");
             return ExitCode::FAILURE;

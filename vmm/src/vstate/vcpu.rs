@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use vmm_sys_util::signal::{register_signal_handler, unblock_signal, SIGRTMIN};
 
 use super::kvm::KvmContext;
+use super::pause::RunControl;
 use super::vm::Vm;
 use crate::arch::{cpuid, interrupts, msr, regs};
 use crate::devices::bus::Bus;
@@ -193,6 +194,8 @@ pub struct VcpuIo {
     pub mmio: Arc<Bus>,
     /// Where the VM's stop is recorded.
     pub latch: Arc<StopLatch>,
+    /// Pause requests (snapshots).
+    pub control: Arc<RunControl>,
 }
 
 /// What one KVM exit means for the loop.
@@ -338,8 +341,14 @@ impl Vcpu {
         let _ = unblock_signal(kick_signal());
         let run: *mut kvm_run = self.fd.get_kvm_run();
         KICK_TARGET.with(|t| t.set(run));
+        io.control.register_current(self.id);
 
         while !io.latch.is_stopped() {
+            if io.control.pause_requested() {
+                self.complete_pending_io();
+                io.control.park(&self);
+                continue;
+            }
             let step = match self.fd.run() {
                 Ok(exit) => handle_exit(self.id, exit, io),
                 Err(e) if e.errno() == libc::EINTR => {
@@ -376,9 +385,22 @@ impl Vcpu {
             io.latch.stop(stop);
         }
 
+        io.control.unregister(self.id);
         // The fd, and with it the mapping, may be dropped once this returns.
         KICK_TARGET.with(|t| t.set(std::ptr::null_mut()));
         self
+    }
+
+    /// Finishes an exit the VMM has handled but KVM has not yet applied
+    /// (the data of a port or MMIO read goes into the guest's registers only
+    /// on the next KVM_RUN): KVM_RUN with `immediate_exit` set completes it
+    /// and returns without running guest code, so saved state is consistent
+    /// (KVM API docs, "immediate_exit").
+    fn complete_pending_io(&mut self) {
+        self.fd.set_kvm_immediate_exit(1);
+        // EINTR is the expected answer; anything else shows on the next run.
+        let _ = self.fd.run();
+        self.fd.set_kvm_immediate_exit(0);
     }
 
     fn internal_error(&mut self) -> StopReason {

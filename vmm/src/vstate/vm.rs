@@ -2,8 +2,12 @@
 //! LAPICs) and PIT, which Linux needs and which keep interrupt and timer
 //! traffic out of the VMM, and the irq lines (irqfd) of devices.
 
-use kvm_bindings::{kvm_pit_config, kvm_userspace_memory_region, KVM_PIT_SPEAKER_DUMMY};
+use kvm_bindings::{
+    kvm_clock_data, kvm_irqchip, kvm_pit_config, kvm_pit_state2, kvm_userspace_memory_region,
+    KVM_IRQCHIP_IOAPIC, KVM_IRQCHIP_PIC_MASTER, KVM_IRQCHIP_PIC_SLAVE, KVM_PIT_SPEAKER_DUMMY,
+};
 use kvm_ioctls::{IoEventAddress, VmFd};
+use serde::{Deserialize, Serialize};
 use vm_memory::{Address, GuestMemoryBackend, GuestMemoryMmap, GuestMemoryRegion};
 use vmm_sys_util::eventfd::EventFd;
 
@@ -56,6 +60,55 @@ pub enum VmError {
         source: kvm_ioctls::Error,
     },
 }
+
+/// Version of [`VmState`]'s layout.
+pub const VM_STATE_VERSION: u32 = 1;
+
+/// The in-kernel devices' state of a paused VM: the interrupt controllers,
+/// the PIT and the KVM clock (each vCPU's LAPIC is in its `VcpuState`).
+#[derive(Debug, Serialize, Deserialize)]
+pub struct VmState {
+    /// [`VM_STATE_VERSION`].
+    pub version: u32,
+    /// PIC master, PIC slave, IOAPIC (KVM_GET_IRQCHIP), in that order.
+    pub irqchips: Vec<kvm_irqchip>,
+    /// KVM_GET_PIT2.
+    pub pit: kvm_pit_state2,
+    /// KVM_GET_CLOCK.
+    pub clock: kvm_clock_data,
+}
+
+/// Failures saving or restoring [`VmState`]; each names the ioctl.
+#[derive(Debug, thiserror::Error)]
+pub enum VmStateError {
+    /// A KVM_GET_* call failed.
+    #[error("cannot save the VM's interrupt controller/timer state: {what} failed: {source}")]
+    Save {
+        /// The ioctl.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// A KVM_SET_* call failed (the saved values are refused by this KVM).
+    #[error("cannot restore the VM's interrupt controller/timer state: {what} failed: {source}")]
+    Restore {
+        /// The ioctl.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: kvm_ioctls::Error,
+    },
+    /// The state is not what this vmm writes.
+    #[error("saved VM state is invalid: {0}; the snapshot is corrupt or from another vmm")]
+    Invalid(String),
+}
+
+const IRQCHIPS: [u32; 3] = [
+    KVM_IRQCHIP_PIC_MASTER,
+    KVM_IRQCHIP_PIC_SLAVE,
+    KVM_IRQCHIP_IOAPIC,
+];
 
 /// A KVM VM with its irqchip and PIT.
 #[derive(Debug)]
@@ -123,6 +176,68 @@ impl Vm {
         self.fd
             .register_ioevent(evt, &IoEventAddress::Mmio(addr), value)
             .map_err(|source| VmError::Ioeventfd { addr, source })
+    }
+
+    /// Saves the irqchip, PIT and clock. The vCPUs must be paused.
+    pub fn save_state(&self) -> Result<VmState, VmStateError> {
+        let save = |what| move |source| VmStateError::Save { what, source };
+        let irqchips = IRQCHIPS
+            .iter()
+            .map(|&chip_id| {
+                let mut chip = kvm_irqchip {
+                    chip_id,
+                    ..Default::default()
+                };
+                self.fd
+                    .get_irqchip(&mut chip)
+                    .map(|()| chip)
+                    .map_err(save("KVM_GET_IRQCHIP"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(VmState {
+            version: VM_STATE_VERSION,
+            irqchips,
+            pit: self.fd.get_pit2().map_err(save("KVM_GET_PIT2"))?,
+            clock: self.fd.get_clock().map_err(save("KVM_GET_CLOCK"))?,
+        })
+    }
+
+    /// Loads `state` (before any vCPU runs, as Firecracker does: PIT,
+    /// clock, then the interrupt controllers).
+    pub fn restore_state(&self, state: &VmState) -> Result<(), VmStateError> {
+        if state.version != VM_STATE_VERSION {
+            return Err(VmStateError::Invalid(format!(
+                "version {}, this vmm reads {VM_STATE_VERSION}",
+                state.version
+            )));
+        }
+        let ids: Vec<u32> = state.irqchips.iter().map(|c| c.chip_id).collect();
+        if ids != IRQCHIPS {
+            return Err(VmStateError::Invalid(format!(
+                "irqchips {ids:?}, expected PIC master, PIC slave, IOAPIC {IRQCHIPS:?}"
+            )));
+        }
+        let restore = |what| move |source| VmStateError::Restore { what, source };
+        self.fd
+            .set_pit2(&state.pit)
+            .map_err(restore("KVM_SET_PIT2"))?;
+        // Flags describe how the clock was read (TSC-stable, realtime);
+        // with none, KVM sets the guest's clock to exactly the saved value, so
+        // guest time continues from the snapshot instead of jumping by the
+        // time the snapshot sat on disk.
+        let clock = kvm_clock_data {
+            flags: 0,
+            ..state.clock
+        };
+        self.fd
+            .set_clock(&clock)
+            .map_err(restore("KVM_SET_CLOCK"))?;
+        for chip in &state.irqchips {
+            self.fd
+                .set_irqchip(chip)
+                .map_err(restore("KVM_SET_IRQCHIP"))?;
+        }
+        Ok(())
     }
 
     /// The VM file descriptor.

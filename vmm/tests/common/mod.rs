@@ -43,3 +43,85 @@ impl Captured {
             .collect()
     }
 }
+
+/// A host connection to the test guest's vsock port 1024 through the VMM's
+/// socket (`CONNECT 1024` then messages).
+pub struct GuestConn {
+    stream: std::os::unix::net::UnixStream,
+}
+
+impl GuestConn {
+    /// Connects to `uds` and opens port 1024; panics if the guest refuses.
+    pub fn open(uds: &Path) -> Self {
+        use std::io::Read;
+        let mut stream = std::os::unix::net::UnixStream::connect(uds)
+            .unwrap_or_else(|e| panic!("connect to {}: {e}", uds.display()));
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(30)))
+            .expect("timeout");
+        stream.write_all(b"CONNECT 1024\n").expect("write CONNECT");
+        // The answer line, byte by byte so nothing after it is consumed.
+        let mut line = Vec::new();
+        let mut b = [0u8; 1];
+        while b[0] != b'\n' {
+            stream.read_exact(&mut b).expect("read the CONNECT answer");
+            line.push(b[0]);
+        }
+        assert!(
+            line.starts_with(b"OK "),
+            "{}",
+            String::from_utf8_lossy(&line)
+        );
+        GuestConn { stream }
+    }
+
+    /// Sends `count`; returns the counter the guest answers with.
+    pub fn count(&mut self) -> u64 {
+        use std::io::Read;
+        self.stream.write_all(b"count").expect("write count");
+        // The guest answers in one packet, which the VMM writes at once.
+        let mut buf = [0u8; 64];
+        let n = self.stream.read(&mut buf).expect("read count answer");
+        let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+        text.strip_prefix("count=")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("unexpected answer {text:?}"))
+    }
+
+    /// Sends `quit`: the guest exits 0.
+    pub fn quit(mut self) {
+        self.stream.write_all(b"quit").expect("write quit");
+    }
+}
+
+/// A directory under the temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "vmm-{tag}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("create temp dir");
+        TempDir(p)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}

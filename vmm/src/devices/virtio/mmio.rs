@@ -345,6 +345,16 @@ impl MmioTransport {
         }
     }
 
+    /// Stops the device's worker for a pause (see `VirtioDevice::pause`).
+    pub fn pause_device(&mut self) -> Result<(), super::ActivateError> {
+        self.device.pause()
+    }
+
+    /// Restarts the device's worker after a pause.
+    pub fn resume_device(&mut self) -> Result<(), super::ActivateError> {
+        self.device.resume()
+    }
+
     /// Saves the transport and the device behind it.
     pub fn snapshot(&self) -> VirtioMmioState {
         VirtioMmioState {

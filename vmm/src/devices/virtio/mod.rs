@@ -163,6 +163,17 @@ pub trait VirtioDevice: Send {
     fn reset(&mut self);
     /// The device's own saved state (the transport saves the queues).
     fn device_state(&self) -> persist::DeviceState;
+    /// Stops the worker (if running) between two batches and keeps its
+    /// running state, so that guest memory and queues stay still while the
+    /// VM is paused (snapshots). Queue notifies wait in their eventfds.
+    fn pause(&mut self) -> Result<(), ActivateError> {
+        Ok(())
+    }
+    /// Restarts a worker stopped by [`pause`](Self::pause) with the same
+    /// running state (connections, disk).
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        Ok(())
+    }
 }
 
 /// Copies the part of `config` at `offset` into `data`; bytes past its end

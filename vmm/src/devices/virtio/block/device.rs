@@ -378,6 +378,7 @@ fn is_writable(file: &File) -> io::Result<bool> {
 }
 
 /// The running device: the disk plus its queue.
+#[derive(Debug)]
 struct BlockWorker {
     disk: Disk,
     ctx: DeviceContext,
@@ -407,6 +408,8 @@ pub struct Block {
     /// The disk, while no worker runs.
     disk: Option<Disk>,
     worker: Option<Worker<BlockWorker>>,
+    /// The running state while paused.
+    paused: Option<BlockWorker>,
     evts: [EventFd; 1],
     config: [u8; 8],
     avail_features: u64,
@@ -433,6 +436,7 @@ impl Block {
             id: id.into(),
             disk: Some(disk),
             worker: None,
+            paused: None,
             evts: [evt],
             avail_features,
         })
@@ -497,6 +501,9 @@ impl VirtioDevice for Block {
     }
 
     fn reset(&mut self) {
+        if let Some(handler) = self.paused.take() {
+            self.disk = Some(handler.disk);
+        }
         if let Some(worker) = self.worker.take() {
             // A panicked worker took the disk with it; the device then stays
             // inactive and later activations fail with `Broken`.
@@ -509,6 +516,20 @@ impl VirtioDevice for Block {
 
     fn device_state(&self) -> crate::devices::virtio::persist::DeviceState {
         crate::devices::virtio::persist::DeviceState::Block(self.save())
+    }
+
+    fn pause(&mut self) -> Result<(), ActivateError> {
+        if let Some(worker) = self.worker.take() {
+            self.paused = Some(worker.stop()?);
+        }
+        Ok(())
+    }
+
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        if let Some(handler) = self.paused.take() {
+            self.worker = Some(Worker::spawn("block", handler, &self.evts)?);
+        }
+        Ok(())
     }
 }
 

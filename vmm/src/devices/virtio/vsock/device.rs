@@ -66,6 +66,7 @@ pub enum VsockError {
 const BACKEND_TOKEN: u64 = HANDLER_TOKEN_BASE;
 
 /// The running device.
+#[derive(Debug)]
 struct VsockWorker {
     backend: VsockUnixBackend,
     ctx: DeviceContext,
@@ -197,21 +198,28 @@ impl WorkerHandler for VsockWorker {
     }
 
     fn queue_notified(&mut self, index: usize) {
-        let used = match index {
-            RXQ => self.process_rx(),
-            TXQ => {
-                // TX first: the guest's packets often produce replies (a
-                // RESPONSE, an RST, credit) that RX then delivers.
-                let tx = self.process_tx();
-                self.process_rx() || tx
-            }
-            EVQ => self.process_evq(),
-            _ => false,
-        };
+        // After a restore the guest must learn that its connections are gone
+        // before it sees a packet of a new one.
+        let reset = self.reset_event_pending && self.process_evq();
+        let used = reset
+            | match index {
+                RXQ => self.process_rx(),
+                TXQ => {
+                    // TX first: the guest's packets often produce replies (a
+                    // RESPONSE, an RST, credit) that RX then delivers.
+                    let tx = self.process_tx();
+                    self.process_rx() || tx
+                }
+                EVQ => self.process_evq(),
+                _ => false,
+            };
         self.signal(used);
     }
 
     fn fd_ready(&mut self, _token: u64) {
+        if self.reset_event_pending && self.process_evq() {
+            self.signal(true);
+        }
         self.backend.notify();
         let used = self.process_rx();
         self.signal(used);
@@ -234,6 +242,8 @@ pub struct Vsock {
     cid: u64,
     backend: Option<VsockUnixBackend>,
     worker: Option<Worker<VsockWorker>>,
+    /// The running state (connections) while paused.
+    paused: Option<VsockWorker>,
     evts: [EventFd; 3],
     config: [u8; 8],
     /// Set by a restore: the next activation tells the guest that every
@@ -264,6 +274,7 @@ impl Vsock {
             config: backend.guest_cid().to_le_bytes(),
             backend: Some(backend),
             worker: None,
+            paused: None,
             evts: [evt()?, evt()?, evt()?],
             send_reset_event: false,
         })
@@ -321,6 +332,10 @@ impl VirtioDevice for Vsock {
     }
 
     fn reset(&mut self) {
+        if let Some(mut handler) = self.paused.take() {
+            handler.backend.reset_connections();
+            self.backend = Some(handler.backend);
+        }
         if let Some(worker) = self.worker.take() {
             // A panicked worker took the backend (and its listener) with
             // it; the device then stays inactive.
@@ -336,6 +351,20 @@ impl VirtioDevice for Vsock {
 
     fn device_state(&self) -> crate::devices::virtio::persist::DeviceState {
         crate::devices::virtio::persist::DeviceState::Vsock(self.save())
+    }
+
+    fn pause(&mut self) -> Result<(), ActivateError> {
+        if let Some(worker) = self.worker.take() {
+            self.paused = Some(worker.stop()?);
+        }
+        Ok(())
+    }
+
+    fn resume(&mut self) -> Result<(), ActivateError> {
+        if let Some(handler) = self.paused.take() {
+            self.worker = Some(Worker::spawn("vsock", handler, &self.evts)?);
+        }
+        Ok(())
     }
 }
 

@@ -1,0 +1,99 @@
+//! [`MachineHandle`]: control of a running [`crate::Machine`] from another
+//! thread (the control socket, tests): pause, resume, snapshot. Operations
+//! are serialised; a snapshot leaves the VM paused so the caller decides
+//! what happens next (resume it, or stop it and keep the snapshot).
+
+use std::path::Path;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+use vm_memory::GuestMemoryMmap;
+
+use crate::devices::serial::SerialDevice;
+use crate::devices::virtio::lock;
+use crate::devices::virtio::mmio::MmioTransport;
+use crate::snapshot::state::SavedConfig;
+use crate::snapshot::{self, PausedVm, SnapshotError, SnapshotReport};
+use crate::vstate::pause::RunControl;
+use crate::vstate::vm::Vm;
+
+/// A handle on a machine that may be running. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct MachineHandle {
+    pub(crate) control: Arc<RunControl>,
+    pub(crate) vm: Arc<Vm>,
+    pub(crate) mem: GuestMemoryMmap,
+    pub(crate) serial: Arc<Mutex<SerialDevice>>,
+    pub(crate) virtio: Vec<Arc<Mutex<MmioTransport>>>,
+    pub(crate) mem_mib: u64,
+    pub(crate) vcpus: u8,
+    /// Serialises pause/resume/snapshot; holds whether devices are paused.
+    pub(crate) op: Arc<Mutex<bool>>,
+}
+
+impl MachineHandle {
+    /// Parks every vCPU and stops every device worker, so guest memory and
+    /// device state stay still. A no-op on a paused VM.
+    pub fn pause(&self) -> Result<(), SnapshotError> {
+        let mut devices_paused = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        self.pause_locked(&mut devices_paused)
+    }
+
+    fn pause_locked(&self, devices_paused: &mut bool) -> Result<(), SnapshotError> {
+        self.control.pause()?;
+        if !*devices_paused {
+            for t in &self.virtio {
+                lock(t).pause_device()?;
+            }
+            *devices_paused = true;
+        }
+        Ok(())
+    }
+
+    /// Restarts device workers and lets the vCPUs run. A no-op on a running VM.
+    pub fn resume(&self) -> Result<(), SnapshotError> {
+        let mut devices_paused = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        if *devices_paused {
+            for t in &self.virtio {
+                lock(t).resume_device()?;
+            }
+            *devices_paused = false;
+        }
+        self.control.resume();
+        Ok(())
+    }
+
+    /// Whether the VM is paused.
+    pub fn is_paused(&self) -> bool {
+        self.control.is_paused()
+    }
+
+    /// Pauses the VM (if running) and writes a snapshot into `dir`, which
+    /// must exist and be empty. The VM stays paused.
+    pub fn snapshot(&self, dir: &Path) -> Result<SnapshotReport, SnapshotError> {
+        let started = Instant::now();
+        snapshot::check_directory(dir)?;
+        let mut devices_paused = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        self.pause_locked(&mut devices_paused)?;
+        let vcpus = self.control.save_vcpus()?;
+        let virtio: Vec<_> = self.virtio.iter().map(|t| lock(t).snapshot()).collect();
+        let serial = self
+            .serial
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .state();
+        let paused = PausedVm {
+            config: SavedConfig {
+                mem_mib: self.mem_mib,
+                vcpus: self.vcpus,
+                devices: snapshot::saved_devices(&virtio),
+            },
+            vm: &self.vm,
+            mem: &self.mem,
+            vcpus,
+            serial,
+            virtio,
+        };
+        snapshot::write_snapshot(paused, dir, started)
+    }
+}
