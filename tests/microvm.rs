@@ -355,3 +355,107 @@ async fn vm_requests_that_cannot_work_say_why() {
         "{list}"
     );
 }
+
+async fn count(daemon: &Daemon, id: &str) -> String {
+    let run = daemon.exec(id, &["count"]).await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
+    run.out()
+}
+
+#[tokio::test]
+async fn a_vm_memory_snapshot_forks_into_vms_that_continue_from_it() {
+    let Some((daemon, _guest)) = vm_daemon() else {
+        return;
+    };
+    let source = daemon
+        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
+        .await;
+    for n in 1..=3 {
+        assert_eq!(count(&daemon, &source).await, format!("count={n}\n"));
+    }
+    let wrote = daemon
+        .exec(&source, &["disk-write", "1", "5", "before"])
+        .await;
+    assert_eq!(wrote.out(), "status=0\n");
+    let (status, filesystem) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{source}/snapshots"),
+            Some(json!({"kind": "filesystem"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{filesystem}");
+    let (status, snap) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{source}/snapshots"),
+            Some(json!({"kind": "memory"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{snap}\n{}", daemon.log());
+    let snap = snap["id"].as_str().expect("snapshot id").to_string();
+
+    // The source runs on from where it stood, and writes on.
+    assert_eq!(count(&daemon, &source).await, "count=4\n");
+    let wrote = daemon
+        .exec(&source, &["disk-write", "1", "5", "after!"])
+        .await;
+    assert_eq!(wrote.out(), "status=0\n");
+
+    // Two forks: each continues from the snapshot's counter and disk, then
+    // goes its own way.
+    let fork_a = daemon.create(json!({"from_snapshot": snap})).await;
+    let fork_b = daemon
+        .create(json!({"from_snapshot": snap, "runtime": "vm"}))
+        .await;
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{fork_a}"), None)
+        .await;
+    assert_eq!(view["runtime"], "vm", "{view}");
+    assert_eq!(count(&daemon, &fork_a).await, "count=4\n");
+    assert_eq!(count(&daemon, &fork_b).await, "count=4\n");
+    assert_eq!(count(&daemon, &fork_a).await, "count=5\n");
+    assert_eq!(count(&daemon, &fork_a).await, "count=6\n");
+    assert_eq!(count(&daemon, &fork_b).await, "count=5\n");
+    assert_eq!(count(&daemon, &source).await, "count=5\n");
+    let hex = |s: &str| s.bytes().map(|b| format!("{b:02x}")).collect::<String>() + "\n";
+    for (id, text) in [
+        (&fork_a, "before"),
+        (&fork_b, "before"),
+        (&source, "after!"),
+    ] {
+        let read = daemon.exec(id, &["disk-read", "1", "5", "0", "6"]).await;
+        assert_eq!(read.out(), hex(text), "{id}");
+    }
+    // Process ids in a fork continue above the source's at the snapshot.
+    let proc = daemon
+        .start_process(&fork_b, json!({"argv": ["echo", "x"]}))
+        .await;
+    assert!(proc > 5, "fork process id {proc}");
+
+    // A fork asking for another runtime is refused.
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"from_snapshot": snap, "runtime": "container"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+
+    // Deleting the snapshot while forks run leaves them running.
+    let (status, _) = daemon
+        .call(Method::DELETE, &format!("/v1/snapshots/{snap}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(count(&daemon, &fork_a).await, "count=7\n");
+    for id in [&source, &fork_a, &fork_b] {
+        daemon.delete(id).await;
+    }
+    let images = daemon.state_dir().join("snapshot-images").join(&snap);
+    assert!(
+        !images.exists(),
+        "{} outlived its last fork",
+        images.display()
+    );
+}

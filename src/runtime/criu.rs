@@ -44,8 +44,8 @@ fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> CriuError {
     move |source| CriuError::Io { what, source }
 }
 
-/// What a checkpoint records for its restores.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// What a checkpoint records for its restores (empty for a microVM's).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Checkpoint {
     /// Inode of the agent's end of the link, as CRIU names the external
     /// socket (`socket:[inode]`).

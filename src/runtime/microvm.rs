@@ -32,6 +32,9 @@ const GUEST_CID: u64 = 3;
 /// Threads a VMM needs: main, one per vCPU, one per device worker, the
 /// vsock listener, with room.
 const VMM_PIDS: u64 = 512;
+/// A microVM memory snapshot's copy of the scratch disk, in the snapshot's
+/// directory in the disk pool (a reflink needs the same filesystem).
+pub const SNAPSHOT_DISK: &str = "scratch.ext4";
 /// Serial console bytes kept per sandbox.
 const CONSOLE_CAP_BYTES: u64 = 1 << 20;
 /// How much of the VMM's own log an error quotes.
@@ -51,6 +54,21 @@ pub struct VmSpec {
     pub base_disk: PathBuf,
     /// Size of the sandbox's writable scratch disk.
     pub scratch_bytes: u64,
+    /// Set for a fork: restore this memory snapshot instead of booting.
+    #[serde(default)]
+    pub restore: Option<VmRestore>,
+}
+
+/// A microVM memory snapshot a fork starts from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct VmRestore {
+    /// The VMM's snapshot directory (`memory`, `state`).
+    pub dir: PathBuf,
+    /// The scratch disk as it was at the snapshot (the fork gets a
+    /// copy-on-write clone of it).
+    pub scratch: PathBuf,
+    /// The source supervisor's next process id.
+    pub next_proc: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +100,8 @@ pub enum MicrovmError {
          booted (see the sandbox's console log)"
     )]
     AgentTimeout(Duration),
+    #[error("the VMM's control socket: {0}")]
+    Control(String),
 }
 
 fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> MicrovmError {
@@ -116,6 +136,10 @@ impl VmPaths {
     pub fn vmm_log(&self) -> PathBuf {
         self.dir.join("vmm.log")
     }
+    /// The VMM's control socket (pause, resume, snapshot).
+    pub fn control(&self) -> PathBuf {
+        self.dir.join("control.sock")
+    }
     /// The per-sandbox writable disk (inside the sandbox's btrfs layer, so
     /// the disk quota covers it).
     pub fn scratch(layer_dir: &Path) -> PathBuf {
@@ -136,18 +160,31 @@ pub fn limits(config: &ShimConfig, vm: &VmSpec) -> Result<VmLimits, MicrovmError
     })
 }
 
-/// The VMM's command line.
+/// The VMM's command line: boot, or restore a snapshot (which carries the
+/// memory size, vCPUs and command line).
 fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
     let mut command = Command::new(&vm.vmm_path);
+    match &vm.restore {
+        Some(restore) => {
+            command.arg("--restore").arg(&restore.dir);
+        }
+        None => {
+            command
+                .arg("--kernel")
+                .arg(&vm.kernel)
+                .arg("--mem-mib")
+                .arg(vm.mem_mib.to_string())
+                .arg("--vcpus")
+                .arg(vm.vcpus.to_string())
+                .arg("--cmdline")
+                .arg(&vm.cmdline)
+                .arg("--vsock-cid")
+                .arg(GUEST_CID.to_string());
+        }
+    }
     command
-        .arg("--kernel")
-        .arg(&vm.kernel)
-        .arg("--mem-mib")
-        .arg(vm.mem_mib.to_string())
-        .arg("--vcpus")
-        .arg(vm.vcpus.to_string())
-        .arg("--cmdline")
-        .arg(&vm.cmdline)
+        .arg("--control-sock")
+        .arg(paths.control())
         .arg("--serial-log")
         .arg(paths.console())
         .arg("--serial-log-cap")
@@ -158,8 +195,6 @@ fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
         .arg(scratch)
         .arg("--vsock-uds")
         .arg(paths.vsock())
-        .arg("--vsock-cid")
-        .arg(GUEST_CID.to_string())
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null());
@@ -189,8 +224,12 @@ pub fn start(
     lap("netns", &mut phases);
 
     let scratch = VmPaths::scratch(&config.layer_dir);
-    crate::image::ext4::make_scratch(&scratch, vm.scratch_bytes)
-        .map_err(|e| MicrovmError::Scratch(e.to_string()))?;
+    match &vm.restore {
+        Some(restore) => clone_file(&restore.scratch, &scratch)
+            .map_err(|e| MicrovmError::Scratch(e.to_string()))?,
+        None => crate::image::ext4::make_scratch(&scratch, vm.scratch_bytes)
+            .map_err(|e| MicrovmError::Scratch(e.to_string()))?,
+    }
     let layout = Layout::detect();
     let cgroup_procs = vm_cgroups::create(layout, &config.cgroups_path, &limits(config, vm)?)?;
     let agent_listener =
@@ -316,4 +355,63 @@ fn log_tail(path: &Path) -> String {
     } else {
         tail.to_string()
     }
+}
+
+/// A copy of `from` at `to` that shares its blocks (btrfs reflink), else a
+/// plain copy (sparse files stay sparse through copy_file_range).
+pub fn clone_file(from: &Path, to: &Path) -> io::Result<()> {
+    let src = File::open(from)?;
+    let dst = File::create(to)?;
+    // SAFETY: FICLONE takes the source descriptor as its argument; both
+    // descriptors are open for the call.
+    let cloned = unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) } == 0;
+    if !cloned {
+        drop(dst);
+        fs::copy(from, to)?;
+    }
+    Ok(())
+}
+
+/// One command on the VMM's control socket; its `ok ...` answer.
+fn control(paths: &VmPaths, command: &str) -> Result<String, MicrovmError> {
+    use std::io::{BufRead, BufReader, Write};
+    let failed = |e: io::Error| MicrovmError::Control(format!("{command}: {e}"));
+    let mut stream = std::os::unix::net::UnixStream::connect(paths.control()).map_err(failed)?;
+    stream
+        .set_read_timeout(Some(CONTROL_DEADLINE))
+        .map_err(failed)?;
+    writeln!(stream, "{command}").map_err(failed)?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .take(4096)
+        .read_line(&mut line)
+        .map_err(failed)?;
+    let line = line.trim_end();
+    match line.strip_prefix("ok") {
+        Some(rest) => Ok(rest.trim().to_string()),
+        None => Err(MicrovmError::Control(format!("{command}: {line}"))),
+    }
+}
+
+/// Bound on one control command; a snapshot writes the guest's touched
+/// memory, seconds for gigabytes.
+const CONTROL_DEADLINE: Duration = Duration::from_secs(120);
+
+/// Snapshots a running microVM: the VMM pauses it and writes its memory
+/// and device state into `images_dir`; while it is paused its scratch disk
+/// is cloned to `disk_copy`, so disk and memory agree; then it runs on,
+/// whatever happened.
+pub fn snapshot(
+    paths: &SandboxPaths,
+    layer_dir: &Path,
+    images_dir: &Path,
+    disk_copy: &Path,
+) -> Result<(), MicrovmError> {
+    let vm_paths = VmPaths::new(paths);
+    let taken = control(&vm_paths, &format!("snapshot {}", images_dir.display())).and_then(|_| {
+        clone_file(&VmPaths::scratch(layer_dir), disk_copy)
+            .map_err(|e| MicrovmError::Scratch(format!("copying it for the snapshot: {e}")))
+    });
+    let resumed = control(&vm_paths, "resume");
+    taken.and(resumed.map(|_| ()))
 }

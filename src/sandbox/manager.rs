@@ -276,12 +276,6 @@ impl Manager {
                 if let Some(why) = self.vm_unavailable() {
                     return Err(SandboxError::bad("runtime_unavailable", why));
                 }
-                if req.from_snapshot.is_some() {
-                    return Err(SandboxError::bad(
-                        "invalid_runtime",
-                        "a fork has its snapshot's runtime (memory snapshots are of containers); leave runtime unset",
-                    ));
-                }
                 "vm"
             }
             Some(other) => {
@@ -398,6 +392,7 @@ impl Manager {
             overhead_bytes: vm.memory_overhead_mib << 20,
             base_disk,
             scratch_bytes: record.limits.disk_mib << 20,
+            restore: None,
         })
     }
 
@@ -500,7 +495,27 @@ impl Manager {
             .and_then(|b| self.snapshots.get(b))
             .filter(|m| m.memory.is_some());
         let mut restore = None;
+        let mut vm_restore = None;
         let (image, image_layers) = match fork {
+            Some(snapshot) if snapshot.memory.as_ref().is_some_and(|m| m.vm.is_some()) => {
+                // The VMM checks its own snapshot files before it maps them.
+                if let Some(memory) = &snapshot.memory {
+                    vm_restore = memory
+                        .vm
+                        .as_ref()
+                        .map(|vm| crate::runtime::microvm::VmRestore {
+                            dir: memory.images_dir.clone(),
+                            scratch: vm.scratch.clone(),
+                            next_proc: memory.next_proc,
+                        });
+                }
+                let image = crate::image::Image {
+                    name: snapshot.image.clone(),
+                    digest: snapshot.image_digest.clone(),
+                    rootfs: snapshot.base_rootfs.clone(),
+                };
+                (image, Vec::new())
+            }
             Some(snapshot) => {
                 let memory = snapshot.memory.clone().ok_or_else(|| {
                     SandboxError::internal("a memory snapshot without its checkpoint")
@@ -563,7 +578,9 @@ impl Manager {
         };
         record.image_digest = image.digest.clone();
         let vm = if record.runtime == "vm" {
-            Some(self.vm_spec(&record, &image).await?)
+            let mut spec = self.vm_spec(&record, &image).await?;
+            spec.restore = vm_restore;
+            Some(spec)
         } else {
             None
         };

@@ -61,10 +61,10 @@ impl Manager {
                 ),
             });
         }
-        if record.runtime == "vm" {
+        if record.runtime == "vm" && kind == SnapshotKind::Filesystem {
             return Err(SandboxError::bad(
                 "vm_snapshot_unsupported",
-                "snapshots of microVM sandboxes are not available in the daemon yet; snapshot a container sandbox",
+                "filesystem snapshots of microVM sandboxes are not available yet; take {\"kind\": \"memory\"}",
             ));
         }
         if kind == SnapshotKind::Memory && !record.gpus.is_empty() {
@@ -162,6 +162,9 @@ impl Manager {
         dir: &Path,
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
+        if record.runtime == "vm" {
+            return self.capture_vm(record, snapshot_id, dir, base).await;
+        }
         let freezing = cgroups.clone();
         tokio::task::spawn_blocking(move || freezing.freeze())
             .await
@@ -192,6 +195,7 @@ impl Manager {
                     env: record.env.clone(),
                     sha256,
                     processes,
+                    vm: None,
                 })
             }
             None => None,
@@ -221,6 +225,83 @@ impl Manager {
             size_bytes,
             deleted: false,
             memory,
+        };
+        self.snapshots
+            .save(&self.disk, &meta)
+            .map_err(SandboxError::internal)?;
+        Ok(meta)
+    }
+
+    /// A microVM's memory snapshot: its VMM pauses the guest, writes memory
+    /// and device state, and the supervisor clones the scratch disk before
+    /// the guest runs on. No cgroup freeze: a frozen VMM could not answer.
+    async fn capture_vm(
+        &self,
+        record: &super::record::SandboxRecord,
+        snapshot_id: &str,
+        dir: &Path,
+        base: SnapshotBase,
+    ) -> Result<SnapshotMeta, SandboxError> {
+        let images_dir = self.images_dir(snapshot_id)?;
+        let request = ShimRequest::Checkpoint {
+            criu: self.config.criu_path.clone(),
+            freezer: PathBuf::new(),
+            images_dir: images_dir.clone(),
+            work_dir: dir.to_path_buf(),
+        };
+        let mut conn = self.connect(&record.id).await?;
+        let (next_proc, processes) = match conn.call(&request, CHECKPOINT_DEADLINE).await? {
+            ShimReply::Checkpointed {
+                next_proc,
+                processes,
+                ..
+            } => (next_proc, processes),
+            ShimReply::Error(e) if e.kind == crate::shim::protocol::ShimErrorKind::Conflict => {
+                return Err(SandboxError::Conflict {
+                    code: "sandbox_busy",
+                    message: e.message,
+                })
+            }
+            ShimReply::Error(e) => {
+                return Err(SandboxError::internal(format!(
+                    "snapshotting the microVM: {}",
+                    e.message
+                )))
+            }
+            other => {
+                return Err(SandboxError::internal(format!(
+                    "the supervisor answered a snapshot with {other:?}"
+                )))
+            }
+        };
+        let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
+        let measured = images_dir.clone();
+        let size_bytes = tokio::task::spawn_blocking(move || tree_bytes(&measured))
+            .await
+            .unwrap_or(0);
+        let meta = SnapshotMeta {
+            version: META_VERSION,
+            id: snapshot_id.to_string(),
+            kind: SnapshotKind::Memory,
+            sandbox: record.id.clone(),
+            image: base.image,
+            image_digest: record.image_digest.clone(),
+            base_rootfs: base.base_rootfs,
+            layers: Vec::new(),
+            parents: base.parents,
+            created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            size_bytes,
+            deleted: false,
+            memory: Some(MemoryImage {
+                images_dir,
+                checkpoint: Default::default(),
+                next_proc,
+                limits: record.limits.clone(),
+                env: record.env.clone(),
+                sha256: Default::default(),
+                processes,
+                vm: Some(crate::snapshot::VmImage { scratch }),
+            }),
         };
         self.snapshots
             .save(&self.disk, &meta)
@@ -363,6 +444,14 @@ impl Manager {
         if differs {
             return Err(conflict("limits"));
         }
+        let runtime = if memory.vm.is_some() {
+            "vm"
+        } else {
+            "container"
+        };
+        if req.runtime.as_deref().is_some_and(|r| r != runtime) {
+            return Err(conflict("runtime"));
+        }
         let mut env = memory.env.clone();
         env.extend(req.env);
         self.create_cold(super::manager::ColdCreate {
@@ -376,7 +465,7 @@ impl Manager {
             idempotency_key: req.idempotency_key,
             network,
             from_snapshot: Some(snapshot.to_string()),
-            runtime: "container",
+            runtime,
         })
         .await
     }

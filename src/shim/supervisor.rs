@@ -77,7 +77,12 @@ impl Supervisor {
         cgroups: SandboxCgroups,
     ) -> Arc<Self> {
         let (failure, _) = watch::channel(None);
-        let first_proc = config.restore.as_ref().map(|r| r.next_proc).unwrap_or(1);
+        let first_proc = config
+            .restore
+            .as_ref()
+            .map(|r| r.next_proc)
+            .or_else(|| config.vm.as_ref()?.restore.as_ref().map(|r| r.next_proc))
+            .unwrap_or(1);
         let oom_now = cgroups.oom_kills();
         // A fork's inherited processes: running on, output from here.
         let inherited: BTreeMap<u64, Entry> = config
@@ -154,12 +159,33 @@ impl Supervisor {
         };
         let init_pid = self.init_pid;
         let paths = self.paths.clone();
-        let checkpoint = tokio::task::spawn_blocking(move || {
-            crate::runtime::criu::dump(&criu, init_pid, &paths, &freezer, &images_dir, &work_dir)
-        })
-        .await
+        let checkpoint = if self.config.is_vm() {
+            // The VMM pauses the guest itself (the cgroup is not frozen),
+            // and the scratch disk is cloned beside the snapshot's meta.
+            let layer_dir = self.config.layer_dir.clone();
+            let disk_copy = work_dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
+            tokio::task::spawn_blocking(move || {
+                crate::runtime::microvm::snapshot(&paths, &layer_dir, &images_dir, &disk_copy)
+                    .map(|()| crate::runtime::criu::Checkpoint::default())
+                    .map_err(|e| e.to_string())
+            })
+            .await
+        } else {
+            tokio::task::spawn_blocking(move || {
+                crate::runtime::criu::dump(
+                    &criu,
+                    init_pid,
+                    &paths,
+                    &freezer,
+                    &images_dir,
+                    &work_dir,
+                )
+                .map_err(|e| e.to_string())
+            })
+            .await
+        }
         .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
-        .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?;
+        .map_err(|e| err(ShimErrorKind::Internal, e))?;
         let processes = self
             .procs()
             .values()

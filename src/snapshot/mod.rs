@@ -80,6 +80,18 @@ pub struct MemoryImage {
     /// The processes running at the checkpoint, which forks inherit.
     #[serde(default)]
     pub processes: Vec<crate::api::types::Process>,
+    /// A microVM's snapshot: `images_dir` holds the VMM's memory and state
+    /// files (checked by the VMM itself on restore, so `sha256` is empty),
+    /// and the scratch disk's clone sits in the snapshot's pool directory.
+    #[serde(default)]
+    pub vm: Option<VmImage>,
+}
+
+/// What a microVM fork needs beyond [`MemoryImage`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VmImage {
+    /// The clone of the scratch disk taken while the VM was paused.
+    pub scratch: PathBuf,
 }
 
 /// What the API shows of a snapshot.
