@@ -3,7 +3,13 @@
 //!
 //! Exit status: the guest's exit-port code; 0 when the guest resets (Linux
 //! `reboot`); 1 when the VMM fails or the guest crashes (triple fault), with
-//! the reason on stderr; 2 for command-line errors.
+//! the reason on stderr; 2 for command-line errors. Killed by SIGSYS: the
+//! VMM made a system call its seccomp filter does not allow (a vmm bug, or a
+//! compromised VMM); rerun with `--seccomp log` to see which.
+//!
+//! For an unprivileged VMM (a uid that may not open /dev/kvm, in a chroot
+//! that shows it nothing), everything can be handed in as inherited
+//! descriptors: `--kvm-fd`, `--kernel-fd`, `--serial-fd`, `--disk fd=N`.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -12,8 +18,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use vmm::config::{DiskConfig, VsockConfig};
+use vmm::config::{dup_inherited, DiskConfig, VsockConfig};
 use vmm::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
+use vmm::seccomp::{self, SeccompMode};
 use vmm::{GuestExit, VmConfig};
 
 /// Run one microVM on KVM.
@@ -21,8 +28,16 @@ use vmm::{GuestExit, VmConfig};
 #[command(name = "vmm", version)]
 struct Args {
     /// ELF kernel image to boot (vmlinux, or the test guest).
-    #[arg(long)]
-    kernel: PathBuf,
+    #[arg(
+        long,
+        required_unless_present = "kernel_fd",
+        conflicts_with = "kernel_fd"
+    )]
+    kernel: Option<PathBuf>,
+    /// Read the kernel from this inherited descriptor (a seekable file)
+    /// instead of --kernel.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(0..))]
+    kernel_fd: Option<i32>,
     /// Guest RAM in MiB.
     #[arg(long, default_value_t = 128)]
     mem_mib: u64,
@@ -35,6 +50,11 @@ struct Args {
     /// Where the guest's serial console goes; `-` is stdout.
     #[arg(long, default_value = "-")]
     serial_log: PathBuf,
+    /// Write the serial console to this inherited descriptor instead of
+    /// --serial-log.
+    #[arg(long, value_name = "N", conflicts_with = "serial_log",
+          value_parser = clap::value_parser!(i32).range(0..))]
+    serial_fd: Option<i32>,
     /// Most serial bytes written; the rest is dropped.
     #[arg(long, default_value_t = DEFAULT_SERIAL_CAP_BYTES)]
     serial_log_cap: u64,
@@ -44,6 +64,11 @@ struct Args {
     /// The KVM device.
     #[arg(long, default_value = "/dev/kvm")]
     kvm_device: PathBuf,
+    /// Use this inherited descriptor of /dev/kvm instead of opening
+    /// --kvm-device.
+    #[arg(long, value_name = "N", conflicts_with = "kvm_device",
+          value_parser = clap::value_parser!(i32).range(0..))]
+    kvm_fd: Option<i32>,
     /// A virtio-blk disk: PATH[,ro] or fd=N[,ro] (an inherited descriptor).
     /// Repeat for more disks; the guest sees them in order. `ro` disks
     /// refuse every write.
@@ -57,6 +82,14 @@ struct Args {
     /// The guest's vsock context ID.
     #[arg(long, value_name = "N", default_value_t = 3, requires = "vsock_uds")]
     vsock_cid: u64,
+    /// What a system call outside the seccomp allow-list does: `kill` the
+    /// process (default), `log` it and let it run (to find what the list
+    /// lacks: see the kernel log, type=1326), or `off` (no filter).
+    #[arg(long, value_name = "kill|log|off", default_value = "kill", value_parser = parse_seccomp)]
+    seccomp: SeccompMode,
+    /// No seccomp filter (debugging; same as --seccomp off).
+    #[arg(long, conflicts_with = "seccomp")]
+    no_seccomp: bool,
     /// Print a summary of the run on stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -66,8 +99,15 @@ fn parse_disk(s: &str) -> Result<DiskConfig, String> {
     s.parse().map_err(|e: vmm::ConfigError| e.to_string())
 }
 
-fn serial_output(path: &Path) -> io::Result<Box<dyn Write + Send>> {
-    if path.as_os_str() == "-" {
+fn parse_seccomp(s: &str) -> Result<SeccompMode, String> {
+    s.parse()
+        .map_err(|e: vmm::seccomp::SeccompError| e.to_string())
+}
+
+fn serial_output(path: &Path, fd: Option<i32>) -> io::Result<Box<dyn Write + Send>> {
+    if let Some(fd) = fd {
+        Ok(Box::new(File::from(dup_inherited(fd)?)))
+    } else if path.as_os_str() == "-" {
         Ok(Box::new(io::stdout()))
     } else {
         Ok(Box::new(File::create(path)?))
@@ -77,7 +117,9 @@ fn serial_output(path: &Path) -> io::Result<Box<dyn Write + Send>> {
 fn main() -> ExitCode {
     let args = Args::parse();
     let config = VmConfig {
-        kernel: args.kernel,
+        kernel: args.kernel.unwrap_or_default(),
+        kernel_fd: args.kernel_fd,
+        kvm_fd: args.kvm_fd,
         mem_mib: args.mem_mib,
         vcpus: args.vcpus,
         cmdline: args.cmdline,
@@ -95,17 +137,38 @@ fn main() -> ExitCode {
         eprintln!("vmm: error: {e}");
         return ExitCode::FAILURE;
     }
-    let out = match serial_output(&args.serial_log) {
-        Ok(out) => out,
+    // The filter is compiled before the VM is built, so the hook that
+    // installs it only makes the two system calls that do.
+    let seccomp = if args.no_seccomp {
+        SeccompMode::Off
+    } else {
+        args.seccomp
+    };
+    let filters = match seccomp::filters(seccomp) {
+        Ok(f) => f,
         Err(e) => {
-            eprintln!(
-                "vmm: error: cannot open serial log {}: {e}",
-                args.serial_log.display()
-            );
+            eprintln!("vmm: error: {e}");
             return ExitCode::FAILURE;
         }
     };
-    let report = match vmm::build(&config, out).map(|machine| machine.run()) {
+    let out = match serial_output(&args.serial_log, args.serial_fd) {
+        Ok(out) => out,
+        Err(e) => {
+            match args.serial_fd {
+                Some(fd) => eprintln!(
+                    "vmm: error: cannot use --serial-fd {fd}: {e}; pass a descriptor the vmm inherits"
+                ),
+                None => eprintln!(
+                    "vmm: error: cannot open serial log {}: {e}",
+                    args.serial_log.display()
+                ),
+            }
+            return ExitCode::FAILURE;
+        }
+    };
+    let report = match vmm::build(&config, out)
+        .map(|machine| machine.run_with(|| seccomp::apply(&filters)))
+    {
         Ok(Ok(report)) => report,
         Ok(Err(e)) => {
             eprintln!("vmm: error: {e}");
