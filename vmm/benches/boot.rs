@@ -1,6 +1,7 @@
 //! Boot time of the freestanding test guest (vmm/guest/): process start ->
 //! the guest's first serial line, for our `vmm` binary (release, seccomp on,
-//! as sandboxd runs it) and for QEMU microvm booting the same ELF through its
+//! as sandboxd runs it; and with --no-seccomp, for the filter's cost) and
+//! for QEMU microvm booting the same ELF through its
 //! PVH entry, interleaved run by run so both see the same host load. Both
 //! guests get 64 MiB and one vCPU. The first line is timestamped when its
 //! `\n` arrives on the serial pipe (our stdout / QEMU's `-serial stdio`).
@@ -299,10 +300,19 @@ fn main() {
     }
 
     let (mut ours, mut theirs) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    // The same without the seccomp filter: what compiling and installing it
+    // costs at boot.
+    let mut unfiltered = Vec::with_capacity(runs);
     for _ in 0..runs {
         match time_boot(vmm_command(&guest), 0) {
             Ok(d) => ours.push(ms(d)),
             Err(e) => fail("vmm", e),
+        }
+        let mut cmd = vmm_command(&guest);
+        cmd.arg("--no-seccomp");
+        match time_boot(cmd, 0) {
+            Ok(d) => unfiltered.push(ms(d)),
+            Err(e) => fail("vmm --no-seccomp", e),
         }
         if qemu {
             let mut cmd = Command::new(QEMU);
@@ -328,6 +338,8 @@ fn main() {
          {runs} runs each, interleaved"
     );
     println!("  vmm (release, seccomp on)   median {m:7.2} ms  min {min:7.2}  p90 {p90:7.2}");
+    let (um, umin, up90) = stats(&unfiltered);
+    println!("  vmm --no-seccomp            median {um:7.2} ms  min {umin:7.2}  p90 {up90:7.2}");
     let mut ratio = None;
     if qemu {
         let (qm, qmin, qp90) = stats(&theirs);
@@ -356,6 +368,7 @@ fn main() {
         "runs": runs,
         "guest": "vmm/guest test guest, 64 MiB, 1 vCPU, first serial line",
         "vmm_first_line": ours,
+        "vmm_no_seccomp_first_line": unfiltered,
         "qemu_microvm_first_line": theirs,
         "qemu_args": qemu.then(|| qemu_args(Path::new("test-guest.elf"), "")),
         "ratio_of_medians": ratio,
