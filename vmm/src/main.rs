@@ -138,7 +138,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     // The filter is compiled before the VM is built, so the hook that
-    // installs it only makes the two system calls that do.
+    // installs it makes only the prctl and seccomp calls that do so.
     let seccomp = if args.no_seccomp {
         SeccompMode::Off
     } else {
