@@ -12,6 +12,8 @@ packages=(
   # benchmarks compare against these runtimes (runc checkpoint locks the
   # container's network with iptables-restore)
   runc crun iptables
+  # the microVM boot benchmark (vmm/benches/boot.rs) compares against QEMU microvm
+  qemu-system-x86
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -304,10 +304,6 @@ async fn vm_requests_that_cannot_work_say_why() {
             json!({"runtime": "vm", "image": "busybox", "memory_mib": 1u64 << 40}),
             "",
         ),
-        (
-            json!({"runtime": "vm", "image": "busybox", "from_snapshot": "snap-x"}),
-            "invalid_runtime",
-        ),
     ] {
         let (status, body) = daemon
             .call(Method::POST, "/v1/sandboxes", Some(request.clone()))

@@ -9,6 +9,8 @@ void put_str(const char *s);
 void put_dec(unsigned long v);
 void put_hex(unsigned long v);
 __attribute__((noreturn)) void guest_exit(unsigned char code);
+/* The checks and device work, from either entry (start.S, pvh.c). */
+__attribute__((noreturn)) void guest_main(const struct boot_info *bi);
 
 /* devices.c: the block checks and the vsock echo server. */
 void run_block_checks(const struct boot_info *bi);

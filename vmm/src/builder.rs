@@ -145,7 +145,10 @@ pub(crate) fn legacy_devices(
 pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Machine, BuildError> {
     let started = Instant::now();
     config.validate()?;
-    let mut kernel = KernelImage::open(&config.kernel)?;
+    let mut kernel = match config.kernel_fd {
+        Some(fd) => KernelImage::from_fd(fd)?,
+        None => KernelImage::open(&config.kernel)?,
+    };
     // Disks and the vsock socket before KVM: a wrong path is the likelier
     // mistake and the cheaper check.
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
@@ -156,7 +159,10 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
     if let Some(v) = &config.vsock {
         devices.push(Box::new(Vsock::new(v.cid, &v.uds_path)?));
     }
-    let kvm = KvmContext::open(&config.kvm_device)?;
+    let kvm = match config.kvm_fd {
+        Some(fd) => KvmContext::from_fd(fd)?,
+        None => KvmContext::open(&config.kvm_device)?,
+    };
     let max_vcpus = kvm.max_vcpus().min(usize::from(MAX_VCPUS));
     if usize::from(config.vcpus) > max_vcpus {
         return Err(ConfigError::TooManyVcpus {

@@ -4,6 +4,8 @@
 //! change.
 
 use std::io;
+use std::os::fd::{OwnedFd, RawFd};
+use std::os::unix::io::FromRawFd;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -83,6 +85,10 @@ pub const MAX_VCPUS: u8 = 254;
 pub struct VmConfig {
     /// ELF kernel (or test guest) to boot.
     pub kernel: PathBuf,
+    /// Read the kernel from this inherited descriptor instead of `kernel`
+    /// (a seekable file: the loader reads headers, then segments). The VMM
+    /// duplicates it and leaves it open.
+    pub kernel_fd: Option<RawFd>,
     /// Guest RAM in MiB.
     pub mem_mib: u64,
     /// Number of vCPUs.
@@ -93,6 +99,10 @@ pub struct VmConfig {
     pub serial_cap_bytes: u64,
     /// The KVM device.
     pub kvm_device: PathBuf,
+    /// Use this inherited descriptor of the KVM device instead of opening
+    /// `kvm_device` (an unprivileged VMM that cannot open /dev/kvm). The VMM
+    /// duplicates it and leaves it open.
+    pub kvm_fd: Option<RawFd>,
     /// Stop the VM (as an error) if the guest has not finished by then.
     pub timeout: Option<Duration>,
     /// virtio-blk disks, in order (the guest sees them in this order).
@@ -105,11 +115,13 @@ impl Default for VmConfig {
     fn default() -> Self {
         VmConfig {
             kernel: PathBuf::new(),
+            kernel_fd: None,
             mem_mib: 128,
             vcpus: 1,
             cmdline: String::new(),
             serial_cap_bytes: DEFAULT_SERIAL_CAP_BYTES,
             kvm_device: PathBuf::from("/dev/kvm"),
+            kvm_fd: None,
             timeout: None,
             disks: Vec::new(),
             vsock: None,
@@ -121,8 +133,18 @@ impl Default for VmConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     /// No kernel given.
-    #[error("no kernel image given: pass --kernel PATH")]
+    #[error("no kernel image given: pass --kernel PATH or --kernel-fd N")]
     NoKernel,
+    /// A negative descriptor number.
+    #[error(
+        "descriptor {fd} given for {what} is negative: pass the number of an inherited descriptor"
+    )]
+    NegativeFd {
+        /// The flag.
+        what: &'static str,
+        /// Its value.
+        fd: RawFd,
+    },
     /// Memory below the minimum (zero included).
     #[error("guest memory of {mib} MiB is too small: --mem-mib must be at least {min}")]
     MemTooSmall {
@@ -202,8 +224,13 @@ pub fn host_ram_mib() -> Result<u64, ConfigError> {
 impl VmConfig {
     /// Checks everything that can be checked without KVM or the kernel file.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        if self.kernel.as_os_str().is_empty() {
+        if self.kernel.as_os_str().is_empty() && self.kernel_fd.is_none() {
             return Err(ConfigError::NoKernel);
+        }
+        for (what, fd) in [("--kernel-fd", self.kernel_fd), ("--kvm-fd", self.kvm_fd)] {
+            if let Some(fd) = fd.filter(|&fd| fd < 0) {
+                return Err(ConfigError::NegativeFd { what, fd });
+            }
         }
         if self.mem_mib < MIN_MEM_MIB {
             return Err(ConfigError::MemTooSmall {
@@ -250,6 +277,19 @@ impl VmConfig {
         }
         Ok(())
     }
+}
+
+/// Duplicates the inherited descriptor `fd` (close-on-exec), so the VMM owns
+/// its copy and the caller's stays open; fails with EBADF if `fd` is not open.
+pub fn dup_inherited(fd: RawFd) -> io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC only reads `fd` (an invalid one fails with
+    // EBADF) and returns a new descriptor or -1.
+    let dup = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) };
+    if dup < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `dup` is a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(dup) })
 }
 
 #[cfg(test)]

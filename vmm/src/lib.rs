@@ -10,10 +10,11 @@
 //! - [`arch`]: the x86_64 memory map and 64-bit boot state;
 //! - [`devices`]: port/MMIO buses, serial console, i8042, exit port, and the
 //!   virtio-mmio devices (block, vsock);
-//! - [`loader`]: loading the ELF kernel.
+//! - [`loader`]: loading the ELF kernel;
+//! - [`seccomp`]: the allow-list filter the binary installs before the guest runs.
 //!
 //! What is not here yet: virtio-net and virtio-rng, the Linux boot protocol
-//! (zero page, e820, MP table), seccomp, whole-VM snapshots (device and vCPU
+//! (zero page, e820, MP table), whole-VM snapshots (device and vCPU
 //! state are serialisable already); see vmm/README.md.
 
 #![warn(missing_docs)]
@@ -26,6 +27,7 @@ pub mod devices;
 pub mod handle;
 pub mod loader;
 pub mod machine;
+pub mod seccomp;
 pub mod snapshot;
 pub mod stop;
 pub mod vstate;

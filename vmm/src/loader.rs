@@ -8,6 +8,7 @@
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
+use std::os::fd::RawFd;
 use std::path::{Path, PathBuf};
 
 use linux_loader::elf::{Elf64_Ehdr, Elf64_Phdr, EI_CLASS, ELFCLASS64, EM_X86_64, PT_LOAD};
@@ -119,6 +120,19 @@ pub struct KernelImage {
 }
 
 impl KernelImage {
+    /// Reads the image from the inherited descriptor `fd` (duplicated; the
+    /// caller's stays open). It must be seekable: a regular file or memfd.
+    pub fn from_fd(fd: RawFd) -> Result<Self, LoaderError> {
+        let path = PathBuf::from(format!("--kernel-fd {fd}"));
+        let file = crate::config::dup_inherited(fd)
+            .map_err(|source| LoaderError::Open {
+                path: path.clone(),
+                source,
+            })?
+            .into();
+        Ok(KernelImage { path, file })
+    }
+
     /// Opens the image at `path`.
     pub fn open(path: &Path) -> Result<Self, LoaderError> {
         let file = File::open(path).map_err(|source| LoaderError::Open {

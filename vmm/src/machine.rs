@@ -44,6 +44,9 @@ pub enum RunError {
     /// The kick handler could not be installed.
     #[error(transparent)]
     KickHandler(VcpuError),
+    /// The hook given to [`Machine::run_with`] failed; no vCPU ran.
+    #[error("{0}")]
+    BeforeVcpus(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// A vCPU thread could not be started.
     #[error("cannot start the thread for vCPU {vcpu}: {source}")]
     Spawn {
@@ -215,13 +218,25 @@ impl Machine {
 
     /// Runs the VM until the guest exits, a vCPU fails, or the timeout.
     pub fn run(self) -> Result<RunReport, RunError> {
-        self.run_with(|| {})
+        self.run_with(|| Ok::<(), std::convert::Infallible>(()), || {})
     }
 
-    /// [`run`](Self::run), calling `started` once every vCPU thread has been
-    /// started (readiness notification, restore timing).
-    pub fn run_with(mut self, started: impl FnOnce()) -> Result<RunReport, RunError> {
+    /// [`Machine::run`] with two hooks on this thread: `before_vcpus` once
+    /// the VM is complete and the kick handler installed, just before the
+    /// vCPU threads start (the binary installs its seccomp filter there,
+    /// after the last setup-only system call and before any guest
+    /// instruction; if it fails, no vCPU runs and the error is returned),
+    /// and `started` once every vCPU thread runs (readiness, restore timing).
+    pub fn run_with<E>(
+        mut self,
+        before_vcpus: impl FnOnce() -> Result<(), E>,
+        started: impl FnOnce(),
+    ) -> Result<RunReport, RunError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+    {
         vcpu::register_kick_handler().map_err(RunError::KickHandler)?;
+        before_vcpus().map_err(|e| RunError::BeforeVcpus(Box::new(e)))?;
 
         let mut handles: Vec<(u8, JoinHandle<Vcpu>)> = Vec::with_capacity(self.vcpus.len());
         let mut spawn_error = None;

@@ -3,7 +3,13 @@
 //!
 //! Exit status: the guest's exit-port code; 0 when the guest resets (Linux
 //! `reboot`); 1 when the VMM fails or the guest crashes (triple fault), with
-//! the reason on stderr; 2 for command-line errors.
+//! the reason on stderr; 2 for command-line errors. Killed by SIGSYS: the
+//! VMM made a system call its seccomp filter does not allow (a vmm bug, or a
+//! compromised VMM); rerun with `--seccomp log` to see which.
+//!
+//! For an unprivileged VMM (a uid that may not open /dev/kvm, in a chroot
+//! that shows it nothing), everything can be handed in as inherited
+//! descriptors: `--kvm-fd`, `--kernel-fd`, `--serial-fd`, `--disk fd=N`.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -12,9 +18,10 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use vmm::config::{DiskConfig, VsockConfig};
+use vmm::config::{dup_inherited, DiskConfig, VsockConfig};
 use vmm::control::ControlServer;
 use vmm::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
+use vmm::seccomp::{self, SeccompMode};
 use vmm::snapshot::restore::{restore, RestoreConfig, VerifyMemory};
 use vmm::{GuestExit, VmConfig};
 
@@ -23,12 +30,16 @@ use vmm::{GuestExit, VmConfig};
 #[command(name = "vmm", version)]
 struct Args {
     /// ELF kernel image to boot (vmlinux, or the test guest).
-    #[arg(long, required_unless_present = "restore")]
+    #[arg(long, required_unless_present_any = ["restore", "kernel_fd"], conflicts_with = "kernel_fd")]
     kernel: Option<PathBuf>,
+    /// Read the kernel from this inherited descriptor (a seekable file)
+    /// instead of --kernel.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(i32).range(0..))]
+    kernel_fd: Option<i32>,
     /// Restore (fork) the VM saved in this snapshot directory instead of
     /// booting a kernel; give the same --disk list again and a new
     /// --vsock-uds. Memory size, vCPUs and command line come from the snapshot.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "mem_mib", "vcpus", "cmdline", "vsock_cid"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["kernel", "kernel_fd", "mem_mib", "vcpus", "cmdline", "vsock_cid", "kvm_fd"])]
     restore: Option<PathBuf>,
     /// With --restore: `stamp` (default) hashes the memory file unless a
     /// verification stamp shows it unchanged since it was last checked;
@@ -55,6 +66,11 @@ struct Args {
     /// Where the guest's serial console goes; `-` is stdout.
     #[arg(long, default_value = "-")]
     serial_log: PathBuf,
+    /// Write the serial console to this inherited descriptor instead of
+    /// --serial-log.
+    #[arg(long, value_name = "N", conflicts_with = "serial_log",
+          value_parser = clap::value_parser!(i32).range(0..))]
+    serial_fd: Option<i32>,
     /// Most serial bytes written; the rest is dropped.
     #[arg(long, default_value_t = DEFAULT_SERIAL_CAP_BYTES)]
     serial_log_cap: u64,
@@ -64,6 +80,11 @@ struct Args {
     /// The KVM device.
     #[arg(long, default_value = "/dev/kvm")]
     kvm_device: PathBuf,
+    /// Use this inherited descriptor of /dev/kvm instead of opening
+    /// --kvm-device.
+    #[arg(long, value_name = "N", conflicts_with = "kvm_device",
+          value_parser = clap::value_parser!(i32).range(0..))]
+    kvm_fd: Option<i32>,
     /// A virtio-blk disk: PATH[,ro] or fd=N[,ro] (an inherited descriptor).
     /// Repeat for more disks; the guest sees them in order. `ro` disks
     /// refuse every write.
@@ -77,6 +98,14 @@ struct Args {
     /// The guest's vsock context ID.
     #[arg(long, value_name = "N", default_value_t = 3, requires = "vsock_uds")]
     vsock_cid: u64,
+    /// What a system call outside the seccomp allow-list does: `kill` the
+    /// process (default), `log` it and let it run (to find what the list
+    /// lacks: see the kernel log, type=1326), or `off` (no filter).
+    #[arg(long, value_name = "kill|log|off", default_value = "kill", value_parser = parse_seccomp)]
+    seccomp: SeccompMode,
+    /// No seccomp filter (debugging; same as --seccomp off).
+    #[arg(long, conflicts_with = "seccomp")]
+    no_seccomp: bool,
     /// Print a summary of the run on stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -86,8 +115,15 @@ fn parse_disk(s: &str) -> Result<DiskConfig, String> {
     s.parse().map_err(|e: vmm::ConfigError| e.to_string())
 }
 
-fn serial_output(path: &Path) -> io::Result<Box<dyn Write + Send>> {
-    if path.as_os_str() == "-" {
+fn parse_seccomp(s: &str) -> Result<SeccompMode, String> {
+    s.parse()
+        .map_err(|e: vmm::seccomp::SeccompError| e.to_string())
+}
+
+fn serial_output(path: &Path, fd: Option<i32>) -> io::Result<Box<dyn Write + Send>> {
+    if let Some(fd) = fd {
+        Ok(Box::new(File::from(dup_inherited(fd)?)))
+    } else if path.as_os_str() == "-" {
         Ok(Box::new(io::stdout()))
     } else {
         Ok(Box::new(File::create(path)?))
@@ -108,14 +144,36 @@ fn notify_ready(fd: i32, since: Instant) {
     }
 }
 
-fn serial_log_error(path: &Path, e: &io::Error) -> ExitCode {
-    eprintln!("vmm: error: cannot open serial log {}: {e}", path.display());
+fn serial_log_error(args: &Args, e: &io::Error) -> ExitCode {
+    match args.serial_fd {
+        Some(fd) => eprintln!(
+            "vmm: error: cannot use --serial-fd {fd}: {e}; pass a descriptor the vmm inherits"
+        ),
+        None => eprintln!(
+            "vmm: error: cannot open serial log {}: {e}",
+            args.serial_log.display()
+        ),
+    }
     ExitCode::FAILURE
 }
 
 fn main() -> ExitCode {
     let started = Instant::now();
     let args = Args::parse();
+    // The filter is compiled before the VM is built, so the hook that
+    // installs it makes only the prctl and seccomp calls that do so.
+    let seccomp_mode = if args.no_seccomp {
+        SeccompMode::Off
+    } else {
+        args.seccomp
+    };
+    let filters = match seccomp::filters(seccomp_mode) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("vmm: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let vsock = args.vsock_uds.clone().map(|uds_path| VsockConfig {
         cid: args.vsock_cid,
         uds_path,
@@ -134,15 +192,17 @@ fn main() -> ExitCode {
                 VerifyMemory::Stamp
             },
         };
-        let out = match serial_output(&args.serial_log) {
+        let out = match serial_output(&args.serial_log, args.serial_fd) {
             Ok(out) => out,
-            Err(e) => return serial_log_error(&args.serial_log, &e),
+            Err(e) => return serial_log_error(&args, &e),
         };
         restore(&config, out).map_err(|e| e.to_string())
     } else {
         let config = VmConfig {
             // clap requires --kernel without --restore.
             kernel: args.kernel.clone().unwrap_or_default(),
+            kernel_fd: args.kernel_fd,
+            kvm_fd: args.kvm_fd,
             mem_mib: args.mem_mib,
             vcpus: args.vcpus,
             cmdline: args.cmdline.clone(),
@@ -157,9 +217,9 @@ fn main() -> ExitCode {
             eprintln!("vmm: error: {e}");
             return ExitCode::FAILURE;
         }
-        let out = match serial_output(&args.serial_log) {
+        let out = match serial_output(&args.serial_log, args.serial_fd) {
             Ok(out) => out,
-            Err(e) => return serial_log_error(&args.serial_log, &e),
+            Err(e) => return serial_log_error(&args, &e),
         };
         vmm::build(&config, out).map_err(|e| e.to_string())
     };
@@ -183,17 +243,20 @@ fn main() -> ExitCode {
     };
     let verbose = args.verbose;
     let restoring = args.restore.is_some();
-    let report = machine.run_with(|| {
-        if verbose && restoring {
-            eprintln!(
-                "vmm: restored: vCPUs running {} us after start",
-                started.elapsed().as_micros()
-            );
-        }
-        if let Some(fd) = args.ready_fd {
-            notify_ready(fd, started);
-        }
-    });
+    let report = machine.run_with(
+        || seccomp::apply(&filters),
+        || {
+            if verbose && restoring {
+                eprintln!(
+                    "vmm: restored: vCPUs running {} us after start",
+                    started.elapsed().as_micros()
+                );
+            }
+            if let Some(fd) = args.ready_fd {
+                notify_ready(fd, started);
+            }
+        },
+    );
     let report = match report {
         Ok(report) => report,
         Err(e) => {

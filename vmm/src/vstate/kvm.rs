@@ -4,6 +4,7 @@
 
 use std::ffi::CString;
 use std::io;
+use std::os::fd::{FromRawFd, IntoRawFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -70,6 +71,15 @@ pub enum KvmError {
     /// A capability the VMM needs is missing.
     #[error("this host's KVM lacks {0}, which the vmm needs; use a newer host kernel")]
     MissingCap(&'static str),
+    /// An inherited KVM descriptor is not open.
+    #[error("cannot use --kvm-fd {fd}: {source}; pass a descriptor of /dev/kvm the vmm inherits")]
+    Fd {
+        /// The descriptor.
+        fd: RawFd,
+        /// The error.
+        #[source]
+        source: io::Error,
+    },
     /// KVM_GET_SUPPORTED_CPUID failed.
     #[error("KVM_GET_SUPPORTED_CPUID failed: {0}")]
     SupportedCpuid(#[source] kvm_ioctls::Error),
@@ -105,6 +115,24 @@ impl KvmContext {
                 },
             }
         })?;
+        Self::check(kvm, path)
+    }
+
+    /// Uses the inherited KVM descriptor `fd` (duplicated; the caller's
+    /// stays open) and checks it like [`KvmContext::open`].
+    pub fn from_fd(fd: RawFd) -> Result<Self, KvmError> {
+        let owned =
+            crate::config::dup_inherited(fd).map_err(|source| KvmError::Fd { fd, source })?;
+        // SAFETY: `owned` is a descriptor nothing else owns; `Kvm` takes it
+        // over (and closes it on drop). A descriptor that is not KVM is
+        // caught by the API version check below.
+        let kvm = unsafe { Kvm::from_raw_fd(owned.into_raw_fd()) };
+        Self::check(kvm, &PathBuf::from(format!("--kvm-fd {fd}")))
+    }
+
+    /// Checks the API version and capabilities; `path` names the device in
+    /// errors.
+    fn check(kvm: Kvm, path: &Path) -> Result<Self, KvmError> {
         let found = kvm.get_api_version();
         if u32::try_from(found) != Ok(KVM_API_VERSION) {
             return Err(KvmError::ApiVersion {
