@@ -346,8 +346,12 @@ impl Config {
                     .vm_kernel
                     .clone()
                     .or(file.vm_kernel.clone())
-                    .filter(|p| !p.as_os_str().is_empty()),
-                vmm_path: pick!(vmm_path, default_vmm_path()),
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .map(|p| std::path::absolute(&p).unwrap_or(p)),
+                // The VMM starts in the VM's run directory: a relative
+                // path would be resolved there.
+                vmm_path: std::path::absolute(pick!(vmm_path, default_vmm_path()))
+                    .unwrap_or_else(|_| default_vmm_path()),
                 cmdline: pick!(vm_cmdline, String::new()),
                 memory_overhead_mib: pick!(vm_memory_overhead_mib, 32),
             },

@@ -209,8 +209,11 @@ struct CreateArgs {
     #[arg(long)]
     image: Option<String>,
     /// `container` or `vm`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "vm")]
     runtime: Option<String>,
+    /// A microVM: same as --runtime vm.
+    #[arg(long)]
+    vm: bool,
     /// CPU cores, fractions allowed (0.5) or millicores (500m).
     #[arg(long, value_parser = units::parse_cpu)]
     cpu: Option<f64>,
@@ -578,7 +581,7 @@ fn print_out(s: &str) -> Result<()> {
 async fn create(c: &Client, json: bool, a: CreateArgs) -> Result<i32> {
     let req = CreateSandbox {
         image: a.image,
-        runtime: a.runtime,
+        runtime: if a.vm { Some("vm".into()) } else { a.runtime },
         cpu: a.cpu,
         memory_mib: a.memory,
         disk_mib: a.disk,

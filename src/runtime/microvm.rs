@@ -35,6 +35,13 @@ const VMM_PIDS: u64 = 512;
 /// A microVM memory snapshot's copy of the scratch disk, in the snapshot's
 /// directory in the disk pool (a reflink needs the same filesystem).
 pub const SNAPSHOT_DISK: &str = "scratch.ext4";
+/// The VMM runs chrooted in the VM's run directory, from which it was
+/// started: it names these files relative to it, so they resolve the same
+/// before and after the chroot.
+const VSOCK_SOCKET: &str = "vsock.sock";
+const CONTROL_SOCKET: &str = "control.sock";
+const CONSOLE: &str = "console.log";
+const SNAPSHOT_MOUNT: &str = "snapshot";
 /// Serial console bytes kept per sandbox.
 const CONSOLE_CAP_BYTES: u64 = 1 << 20;
 /// How much of the VMM's own log an error quotes.
@@ -57,6 +64,9 @@ pub struct VmSpec {
     /// Set for a fork: restore this memory snapshot instead of booting.
     #[serde(default)]
     pub restore: Option<VmRestore>,
+    /// The uid and gid the VMM drops to once the VM is built, chrooted in
+    /// the VM's run directory.
+    pub uid: u32,
 }
 
 /// A microVM memory snapshot a fork starts from.
@@ -96,10 +106,14 @@ pub enum MicrovmError {
     #[error("the VMM exited before the guest's agent connected ({status}): {log}")]
     VmmExited { status: String, log: String },
     #[error(
-        "the guest's agent did not connect within {0:?}; the guest kernel may not have \
-         booted (see the sandbox's console log)"
+        "the guest's agent did not connect within {waited:?}; the guest kernel may not have \
+         booted. Console: {console}; VMM: {log}"
     )]
-    AgentTimeout(Duration),
+    AgentTimeout {
+        waited: Duration,
+        console: String,
+        log: String,
+    },
     #[error("the VMM's control socket: {0}")]
     Control(String),
 }
@@ -121,16 +135,23 @@ impl VmPaths {
     }
     /// The VMM's vsock socket (host-initiated connections).
     pub fn vsock(&self) -> PathBuf {
-        self.dir.join("vsock.sock")
+        self.dir.join(VSOCK_SOCKET)
     }
     /// Where guest-initiated connections to the agent port arrive.
     pub fn agent_socket(&self) -> PathBuf {
-        self.dir
-            .join(format!("vsock.sock_{}", sandbox_proto::AGENT_VSOCK_PORT))
+        self.dir.join(format!(
+            "{VSOCK_SOCKET}_{}",
+            sandbox_proto::AGENT_VSOCK_PORT
+        ))
     }
     /// The guest's serial console.
     pub fn console(&self) -> PathBuf {
-        self.dir.join("console.log")
+        self.dir.join(CONSOLE)
+    }
+    /// Where a snapshot's directory is bind-mounted for the jailed VMM to
+    /// write into.
+    pub fn snapshot_mount(&self) -> PathBuf {
+        self.dir.join(SNAPSHOT_MOUNT)
     }
     /// The VMM's own stderr.
     pub fn vmm_log(&self) -> PathBuf {
@@ -138,7 +159,7 @@ impl VmPaths {
     }
     /// The VMM's control socket (pause, resume, snapshot).
     pub fn control(&self) -> PathBuf {
-        self.dir.join("control.sock")
+        self.dir.join(CONTROL_SOCKET)
     }
     /// The per-sandbox writable disk (inside the sandbox's btrfs layer, so
     /// the disk quota covers it).
@@ -183,10 +204,17 @@ fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
         }
     }
     command
+        .current_dir(&paths.dir)
+        .arg("--jail")
+        .arg(&paths.dir)
+        .arg("--uid")
+        .arg(vm.uid.to_string())
+        .arg("--gid")
+        .arg(vm.uid.to_string())
         .arg("--control-sock")
-        .arg(paths.control())
+        .arg(CONTROL_SOCKET)
         .arg("--serial-log")
-        .arg(paths.console())
+        .arg(CONSOLE)
         .arg("--serial-log-cap")
         .arg(CONSOLE_CAP_BYTES.to_string())
         .arg("--disk")
@@ -194,7 +222,7 @@ fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
         .arg("--disk")
         .arg(scratch)
         .arg("--vsock-uds")
-        .arg(paths.vsock())
+        .arg(VSOCK_SOCKET)
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null());
@@ -219,6 +247,9 @@ pub fn start(
     fs::create_dir_all(&vm_paths.dir).map_err(prepare("run directory"))?;
     fs::set_permissions(&vm_paths.dir, fs::Permissions::from_mode(0o700))
         .map_err(prepare("run directory"))?;
+    // The jailed VMM removes its sockets at stop: the directory is its own.
+    std::os::unix::fs::chown(&vm_paths.dir, Some(vm.uid), Some(vm.uid))
+        .map_err(prepare("run directory"))?;
     netns::create(&paths.netns())?;
     let egress = crate::net::proxy::prepare(&paths.netns())?;
     lap("netns", &mut phases);
@@ -234,6 +265,9 @@ pub fn start(
     let cgroup_procs = vm_cgroups::create(layout, &config.cgroups_path, &limits(config, vm)?)?;
     let agent_listener =
         UnixListener::bind(vm_paths.agent_socket()).map_err(prepare("agent socket"))?;
+    // The jailed VMM connects to it for the guest.
+    std::os::unix::fs::chown(vm_paths.agent_socket(), Some(vm.uid), Some(vm.uid))
+        .map_err(prepare("agent socket"))?;
     lap("rootfs_and_spec", &mut phases);
 
     let netns_file = File::open(paths.netns()).map_err(prepare("network namespace"))?;
@@ -307,7 +341,7 @@ fn await_agent(
     loop {
         let left = deadline.saturating_sub(started.elapsed());
         if left.is_zero() {
-            return Err(MicrovmError::AgentTimeout(deadline));
+            return Err(timed_out(paths, deadline));
         }
         let mut fds = [
             PollFd::new(listener.as_fd(), PollFlags::POLLIN),
@@ -316,7 +350,7 @@ fn await_agent(
         let timeout = PollTimeout::try_from(left.as_millis().min(i32::MAX as u128) as i32)
             .unwrap_or(PollTimeout::MAX);
         match poll(&mut fds, timeout) {
-            Ok(0) => return Err(MicrovmError::AgentTimeout(deadline)),
+            Ok(0) => return Err(timed_out(paths, deadline)),
             Ok(_) => {}
             Err(nix::errno::Errno::EINTR) => continue,
             Err(e) => return Err(prepare("waiting for the agent")(e.into())),
@@ -336,6 +370,14 @@ fn await_agent(
                 log: log_tail(&paths.vmm_log()),
             });
         }
+    }
+}
+
+fn timed_out(paths: &VmPaths, waited: Duration) -> MicrovmError {
+    MicrovmError::AgentTimeout {
+        waited,
+        console: log_tail(&paths.console()),
+        log: log_tail(&paths.vmm_log()),
     }
 }
 
@@ -403,15 +445,62 @@ const CONTROL_DEADLINE: Duration = Duration::from_secs(120);
 /// whatever happened.
 pub fn snapshot(
     paths: &SandboxPaths,
+    uid: u32,
     layer_dir: &Path,
     images_dir: &Path,
     disk_copy: &Path,
 ) -> Result<(), MicrovmError> {
     let vm_paths = VmPaths::new(paths);
-    let taken = control(&vm_paths, &format!("snapshot {}", images_dir.display())).and_then(|_| {
+    let taken = with_snapshot_mount(&vm_paths, uid, images_dir, || {
+        control(&vm_paths, &format!("snapshot /{SNAPSHOT_MOUNT}"))
+    })
+    .and_then(|_| {
         clone_file(&VmPaths::scratch(layer_dir), disk_copy)
             .map_err(|e| MicrovmError::Scratch(format!("copying it for the snapshot: {e}")))
     });
     let resumed = control(&vm_paths, "resume");
     taken.and(resumed.map(|_| ()))
+}
+
+/// Runs `write` with `images_dir` bind-mounted into the jail and writable by
+/// the VMM's uid; afterwards the mount is gone and root owns every file.
+fn with_snapshot_mount<T>(
+    paths: &VmPaths,
+    uid: u32,
+    images_dir: &Path,
+    write: impl FnOnce() -> Result<T, MicrovmError>,
+) -> Result<T, MicrovmError> {
+    use nix::mount::{mount, umount2, MntFlags, MsFlags};
+    let target = paths.snapshot_mount();
+    let mount_err = |what: &'static str| move |e: nix::errno::Errno| prepare(what)(e.into());
+    fs::create_dir_all(&target).map_err(prepare("snapshot mount point"))?;
+    std::os::unix::fs::chown(images_dir, Some(uid), Some(uid))
+        .map_err(prepare("snapshot directory"))?;
+    mount(
+        Some(images_dir),
+        &target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(mount_err("snapshot mount"))?;
+    let written = write();
+    let unmounted = umount2(&target, MntFlags::MNT_DETACH).map_err(mount_err("snapshot unmount"));
+    let owned = chown_tree_to_root(images_dir).map_err(prepare("snapshot directory"));
+    let _ = fs::remove_dir(&target);
+    let value = written?;
+    unmounted?;
+    owned?;
+    Ok(value)
+}
+
+/// The snapshot's files become root's again: forks read them as root, and
+/// the jailed VMM that wrote them must not change them later.
+fn chown_tree_to_root(dir: &Path) -> io::Result<()> {
+    std::os::unix::fs::chown(dir, Some(0), Some(0))?;
+    for entry in fs::read_dir(dir)? {
+        let entry = entry?;
+        std::os::unix::fs::lchown(entry.path(), Some(0), Some(0))?;
+    }
+    Ok(())
 }

@@ -139,6 +139,7 @@ mod tests {
             idempotency_key: None,
             network: Default::default(),
             base_snapshot: None,
+            vm_uid: None,
         }
     }
 

@@ -393,6 +393,9 @@ impl Manager {
             base_disk,
             scratch_bytes: record.limits.disk_mib << 20,
             restore: None,
+            uid: record
+                .vm_uid
+                .ok_or_else(|| SandboxError::internal("a microVM record without its uid"))?,
         })
     }
 
@@ -423,6 +426,14 @@ impl Manager {
                 Some(request) => self.gpus.allocate(&id, request)?,
                 None => Vec::new(),
             };
+            // The lowest uid above the containers' id range that no other
+            // microVM holds.
+            let vm_uid = (runtime == "vm").then(|| {
+                let used: std::collections::HashSet<u32> =
+                    records.values().filter_map(|r| r.vm_uid).collect();
+                let base = self.config.id_map_base.saturating_add(ID_MAP_SIZE);
+                (base..u32::MAX).find(|u| !used.contains(u)).unwrap_or(base)
+            });
             let record = SandboxRecord {
                 id: id.clone(),
                 state: SandboxState::Creating,
@@ -446,6 +457,7 @@ impl Manager {
                 idempotency_key,
                 network,
                 base_snapshot: from_snapshot,
+                vm_uid,
             };
             records.insert(id.clone(), record.clone());
             record

@@ -49,6 +49,10 @@ pub struct SandboxRecord {
     /// forked from); it cannot be removed while the sandbox lives.
     #[serde(default)]
     pub base_snapshot: Option<String>,
+    /// A microVM's own host uid and gid: its VMM drops to it, so no two
+    /// VMMs can signal or read each other.
+    #[serde(default)]
+    pub vm_uid: Option<u32>,
 }
 
 pub fn now_ms() -> u64 {

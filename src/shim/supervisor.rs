@@ -163,9 +163,10 @@ impl Supervisor {
             // The VMM pauses the guest itself (the cgroup is not frozen),
             // and the scratch disk is cloned beside the snapshot's meta.
             let layer_dir = self.config.layer_dir.clone();
+            let uid = self.config.vm.as_ref().map(|vm| vm.uid).unwrap_or_default();
             let disk_copy = work_dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
             tokio::task::spawn_blocking(move || {
-                crate::runtime::microvm::snapshot(&paths, &layer_dir, &images_dir, &disk_copy)
+                crate::runtime::microvm::snapshot(&paths, uid, &layer_dir, &images_dir, &disk_copy)
                     .map(|()| crate::runtime::criu::Checkpoint::default())
                     .map_err(|e| e.to_string())
             })

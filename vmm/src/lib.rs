@@ -25,6 +25,7 @@ pub mod config;
 pub mod control;
 pub mod devices;
 pub mod handle;
+pub mod jail;
 pub mod loader;
 pub mod machine;
 pub mod seccomp;

@@ -106,6 +106,18 @@ struct Args {
     /// No seccomp filter (debugging; same as --seccomp off).
     #[arg(long, conflicts_with = "seccomp")]
     no_seccomp: bool,
+    /// Before running the guest, chroot into DIR and become --uid/--gid
+    /// (root is needed until then, to open /dev/kvm, the kernel and the
+    /// disks). Paths given to the control socket's `snapshot` are then
+    /// inside DIR.
+    #[arg(long, value_name = "DIR", requires_all = ["uid", "gid"])]
+    jail: Option<PathBuf>,
+    /// The uid the jailed VMM runs as.
+    #[arg(long, requires = "jail")]
+    uid: Option<u32>,
+    /// The gid the jailed VMM runs as.
+    #[arg(long, requires = "jail")]
+    gid: Option<u32>,
     /// Print a summary of the run on stderr.
     #[arg(short, long)]
     verbose: bool,
@@ -241,6 +253,17 @@ fn main() -> ExitCode {
         },
         None => None,
     };
+    if let (Some(dir), Some(uid), Some(gid)) = (&args.jail, args.uid, args.gid) {
+        let jail = vmm::jail::Jail {
+            dir: dir.clone(),
+            uid,
+            gid,
+        };
+        if let Err(e) = jail.enter() {
+            eprintln!("vmm: error: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let verbose = args.verbose;
     let restoring = args.restore.is_some();
     let report = machine.run_with(

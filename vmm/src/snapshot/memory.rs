@@ -279,7 +279,7 @@ pub fn write_memory(mem: &GuestMemoryMmap, path: &Path) -> Result<MemoryLayout, 
         path: path.display().to_string(),
         source,
     };
-    let pagemap = File::open("/proc/self/pagemap").map_err(MemoryFileError::Pagemap)?;
+    let pagemap = crate::jail::pagemap().map_err(MemoryFileError::Pagemap)?;
     let file = File::options()
         .write(true)
         .create_new(true)

@@ -196,6 +196,22 @@ pub fn restore(
     let vm = Vm::new(&kvm, &mem).map_err(BuildError::from)?;
     vm.restore_state(&state.vm)?;
 
+    // vCPUs (their local APICs) before the devices: a restored device may
+    // raise an interrupt at once (vsock's TRANSPORT_RESET), and a LAPIC
+    // restored after it would drop it from its IRR, leaving a halted guest
+    // halted for good.
+    let vcpus = state
+        .vcpus
+        .iter()
+        .map(|s| {
+            let vcpu =
+                Vcpu::new(&vm, s.id).map_err(|source| RestoreError::Vcpu { id: s.id, source })?;
+            vcpu.restore_state(s)
+                .map_err(|source| RestoreError::Vcpu { id: s.id, source })?;
+            Ok(vcpu)
+        })
+        .collect::<Result<Vec<_>, RestoreError>>()?;
+
     let mut mmio = Bus::new();
     let mut virtio = Vec::with_capacity(devices.len());
     for (index, (device, saved)) in devices.into_iter().zip(&state.virtio).enumerate() {
@@ -215,18 +231,6 @@ pub fn restore(
     )
     .map_err(BuildError::from)?;
     let (pio, serial) = legacy_devices(&vm, serial, &latch)?;
-
-    let vcpus = state
-        .vcpus
-        .iter()
-        .map(|s| {
-            let vcpu =
-                Vcpu::new(&vm, s.id).map_err(|source| RestoreError::Vcpu { id: s.id, source })?;
-            vcpu.restore_state(s)
-                .map_err(|source| RestoreError::Vcpu { id: s.id, source })?;
-            Ok(vcpu)
-        })
-        .collect::<Result<Vec<_>, RestoreError>>()?;
 
     Ok(Machine::new(
         kvm,
