@@ -81,8 +81,10 @@ pub const MAX_VCPUS: u8 = 254;
 /// A VM's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmConfig {
-    /// ELF kernel (or test guest) to boot.
+    /// Kernel to boot: an ELF vmlinux, a bzImage, or the test guest.
     pub kernel: PathBuf,
+    /// Initramfs (a cpio archive) for a Linux kernel.
+    pub initrd: Option<PathBuf>,
     /// Guest RAM in MiB.
     pub mem_mib: u64,
     /// Number of vCPUs.
@@ -105,6 +107,7 @@ impl Default for VmConfig {
     fn default() -> Self {
         VmConfig {
             kernel: PathBuf::new(),
+            initrd: None,
             mem_mib: 128,
             vcpus: 1,
             cmdline: String::new(),

@@ -10,16 +10,19 @@
 //! - [`arch`]: the x86_64 memory map and 64-bit boot state;
 //! - [`devices`]: port/MMIO buses, serial console, i8042, exit port, and the
 //!   virtio-mmio devices (block, vsock);
-//! - [`loader`]: loading the ELF kernel.
+//! - [`loader`]: loading the kernel (ELF or bzImage) and the initramfs, and
+//!   choosing the boot protocol from the image;
+//! - [`cmdline`]: the command line a Linux guest gets.
 //!
-//! What is not here yet: virtio-net and virtio-rng, the Linux boot protocol
-//! (zero page, e820, MP table), seccomp, whole-VM snapshots (device and vCPU
-//! state are serialisable already); see vmm/README.md.
+//! What is not here yet: virtio-net and virtio-rng, ACPI, seccomp, whole-VM
+//! snapshots (device and vCPU state are serialisable already); see
+//! vmm/README.md.
 
 #![warn(missing_docs)]
 
 pub mod arch;
 pub mod builder;
+pub mod cmdline;
 pub mod config;
 pub mod devices;
 pub mod loader;

@@ -20,9 +20,13 @@ use vmm::{GuestExit, VmConfig};
 #[derive(Debug, Parser)]
 #[command(name = "vmm", version)]
 struct Args {
-    /// ELF kernel image to boot (vmlinux, or the test guest).
+    /// Kernel to boot: an ELF vmlinux (PVH entry if it has one), a bzImage,
+    /// or the test guest. The image decides the boot protocol.
     #[arg(long)]
     kernel: PathBuf,
+    /// Initramfs (cpio archive) for a Linux kernel.
+    #[arg(long, value_name = "PATH")]
+    initrd: Option<PathBuf>,
     /// Guest RAM in MiB.
     #[arg(long, default_value_t = 128)]
     mem_mib: u64,
@@ -78,6 +82,7 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let config = VmConfig {
         kernel: args.kernel,
+        initrd: args.initrd,
         mem_mib: args.mem_mib,
         vcpus: args.vcpus,
         cmdline: args.cmdline,
