@@ -8,9 +8,19 @@
 #define SANDBOXD_BOOT_INFO_H
 
 #define BOOT_INFO_MAGIC 0x42584253u /* "SBXB", little endian */
-#define BOOT_INFO_VERSION 2u
+/* Plain (no u suffix): note.S hands it to the assembler. */
+#define BOOT_INFO_VERSION 2
 #define BOOT_INFO_MAX_VIRTIO 8
 
+/*
+ * The ELF note by which the guest asks for this block instead of a Linux boot
+ * protocol (note.S emits it; vmm/src/loader/notes.rs reads it): owner
+ * "sandboxd", this type, and BOOT_INFO_VERSION as a 4-byte descriptor.
+ */
+#define SANDBOXD_NOTE_NAME "sandboxd"
+#define SANDBOXD_NOTE_BOOT_INFO 1
+
+#ifndef __ASSEMBLER__
 /* One virtio-mmio device (there is no ACPI or device tree). */
 struct boot_virtio {
 	unsigned long base;          /* guest-physical base of its 4 KiB registers */
@@ -34,6 +44,7 @@ struct boot_info {
 	unsigned int reserved2;
 	struct boot_virtio virtio[BOOT_INFO_MAX_VIRTIO];
 };
+#endif
 
 /* I/O ports the guest talks to. */
 #define SERIAL_PORT 0x3f8      /* COM1 data register (16550) */

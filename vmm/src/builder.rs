@@ -1,8 +1,9 @@
-//! Building a VM from a [`VmConfig`]: checks first (config, kernel file, disks,
-//! vsock socket, KVM), then guest memory, the KVM VM, the kernel, the
-//! devices, the boot structures (which list the virtio devices) and the
-//! vCPUs, ready for [`Machine::run`]. Cheap checks come before expensive work
-//! so bad input fails fast.
+//! Building a VM from a [`VmConfig`]: checks first (config, kernel and
+//! initramfs files, the composed command line, disks, vsock socket, KVM),
+//! then guest memory, the KVM VM, the kernel and initramfs, the devices, the
+//! boot structures (which list the virtio devices) and the vCPUs, ready for
+//! [`Machine::run`]. Cheap checks come before expensive work so bad input
+//! fails fast.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -11,8 +12,9 @@ use std::time::Instant;
 use vm_memory::GuestMemoryMmap;
 
 use crate::arch::boot_info::BootVirtio;
-use crate::arch::layout::{BOOT_INFO_START, VIRTIO_GSI_START, VIRTIO_MMIO_SIZE, VIRTIO_MMIO_START};
-use crate::arch::{self, ConfigureSystemError, SystemInfo};
+use crate::arch::layout::{virtio_slot, CMDLINE_MAX_LEN, VIRTIO_MMIO_SIZE};
+use crate::arch::{self, BootProtocol, ConfigureSystemError, SystemInfo};
+use crate::cmdline::{self, CmdlineError};
 use crate::config::{ConfigError, VmConfig, MAX_VCPUS};
 use crate::devices::bus::{Bus, BusError};
 use crate::devices::exit::{ExitDevice, EXIT_PORT, EXIT_PORT_LEN};
@@ -24,6 +26,7 @@ use crate::devices::virtio::block::{Block, BlockError, Disk};
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::devices::virtio::vsock::{Vsock, VsockError};
 use crate::devices::virtio::{Interrupt, VirtioDevice};
+use crate::loader::initrd::{self, Initrd, InitrdError};
 use crate::loader::{KernelImage, LoaderError};
 use crate::machine::{Machine, MachineDevices, MachineShape};
 use crate::stop::StopLatch;
@@ -42,6 +45,12 @@ pub enum BuildError {
     /// The kernel could not be opened or loaded.
     #[error(transparent)]
     Loader(#[from] LoaderError),
+    /// The initramfs could not be opened or loaded.
+    #[error(transparent)]
+    Initrd(#[from] InitrdError),
+    /// The Linux command line does not fit.
+    #[error(transparent)]
+    Cmdline(#[from] CmdlineError),
     /// KVM is missing or unusable.
     #[error(transparent)]
     Kvm(#[from] KvmError),
@@ -80,9 +89,21 @@ pub enum BuildError {
 /// Offset of QueueNotify in a virtio-mmio window.
 const QUEUE_NOTIFY: u64 = virtio_bindings::virtio_mmio::VIRTIO_MMIO_QUEUE_NOTIFY as u64;
 
+/// Where virtio device number `index` goes and what it is, as the guest is
+/// told (boot-info block or command line).
+fn virtio_entry(index: usize, device: &dyn VirtioDevice) -> BootVirtio {
+    // `index` < MAX_VIRTIO_DEVICES (config validation), so nothing overflows.
+    let (base, gsi) = virtio_slot(index);
+    BootVirtio {
+        base,
+        gsi,
+        device_type: device.device_type(),
+    }
+}
+
 /// Places virtio device number `index` on the MMIO bus with its interrupt
 /// line and queue-notify ioeventfds; `transport` puts the device behind a
-/// transport (new, or restored from a snapshot). Returns its boot-info entry.
+/// transport (new, or restored from a snapshot).
 pub(crate) fn attach_virtio(
     vm: &Vm,
     mem: &GuestMemoryMmap,
@@ -95,9 +116,8 @@ pub(crate) fn attach_virtio(
         Arc<Interrupt>,
     ) -> Result<MmioTransport, BuildError>,
 ) -> Result<(BootVirtio, Arc<Mutex<MmioTransport>>), BuildError> {
-    // `index` < MAX_VIRTIO_DEVICES (config validation), so neither overflows.
-    let base = VIRTIO_MMIO_START + index as u64 * VIRTIO_MMIO_SIZE;
-    let gsi = VIRTIO_GSI_START + index as u32;
+    let entry = virtio_entry(index, device.as_ref());
+    let BootVirtio { base, gsi, .. } = entry;
     let interrupt = Arc::new(Interrupt::new().map_err(BuildError::VirtioInterrupt)?);
     vm.register_irqfd(interrupt.eventfd(), gsi)?;
     for (queue, evt) in device.queue_events().iter().enumerate() {
@@ -106,14 +126,23 @@ pub(crate) fn attach_virtio(
         // the same eventfd, so a failure here only costs speed.
         let _ = vm.register_ioevent(evt, base + QUEUE_NOTIFY, queue as u32);
     }
-    let entry = BootVirtio {
-        base,
-        gsi,
-        device_type: device.device_type(),
-    };
     let transport = Arc::new(Mutex::new(transport(device, mem.clone(), interrupt)?));
     mmio.insert(transport.clone(), base, VIRTIO_MMIO_SIZE)?;
     Ok((entry, transport))
+}
+
+/// The command line the guest gets: the caller's for the test guest, with
+/// the Linux additions (see [`cmdline`]) for a Linux kernel.
+fn guest_cmdline(
+    config: &VmConfig,
+    kernel: &KernelImage,
+    virtio: &[BootVirtio],
+) -> Result<String, CmdlineError> {
+    if !kernel.protocol().is_linux() {
+        return Ok(config.cmdline.clone());
+    }
+    let max = kernel.cmdline_limit().unwrap_or(CMDLINE_MAX_LEN);
+    cmdline::linux_cmdline(&config.cmdline, virtio, max)
 }
 
 /// The serial port, i8042 and exit port on a new port bus, the serial's
@@ -149,6 +178,12 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
         Some(fd) => KernelImage::from_fd(fd)?,
         None => KernelImage::open(&config.kernel)?,
     };
+    let protocol = kernel.protocol();
+    let mut initrd = match &config.initrd {
+        Some(_) if !protocol.is_linux() => return Err(InitrdError::Unsupported.into()),
+        Some(path) => Some(Initrd::open(path)?),
+        None => None,
+    };
     // Disks and the vsock socket before KVM: a wrong path is the likelier
     // mistake and the cheaper check.
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
@@ -159,6 +194,12 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
     if let Some(v) = &config.vsock {
         devices.push(Box::new(Vsock::new(v.cid, &v.uds_path)?));
     }
+    let boot_virtio: Vec<BootVirtio> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| virtio_entry(i, d.as_ref()))
+        .collect();
+    let guest_cmdline = guest_cmdline(config, &kernel, &boot_virtio)?;
     let kvm = match config.kvm_fd {
         Some(fd) => KvmContext::from_fd(fd)?,
         None => KvmContext::open(&config.kvm_device)?,
@@ -176,16 +217,25 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
     let vm = Vm::new(&kvm, &mem)?;
 
     let mem_bytes = config.mem_mib * MIB;
-    let kernel = kernel.load(&mem, arch::low_ram_end(mem_bytes))?;
+    let ram_end = arch::low_ram_end(mem_bytes);
+    let kernel = kernel.load(&mem, ram_end)?;
+    let initrd = match initrd.as_mut() {
+        Some(initrd) => {
+            let header = match &kernel.protocol {
+                BootProtocol::Linux64 { setup_header } => setup_header.as_ref(),
+                BootProtocol::BootInfo | BootProtocol::Pvh => None,
+            };
+            Some(initrd.load(&mem, kernel.end, ram_end, initrd::addr_max(header))?)
+        }
+        None => None,
+    };
 
     let mut mmio = Bus::new();
-    let mut boot_virtio = Vec::with_capacity(devices.len());
     let mut virtio = Vec::with_capacity(devices.len());
     for (index, device) in devices.into_iter().enumerate() {
-        let (entry, transport) = attach_virtio(&vm, &mem, &mut mmio, index, device, |d, m, i| {
+        let (_, transport) = attach_virtio(&vm, &mem, &mut mmio, index, device, |d, m, i| {
             Ok(MmioTransport::new(d, m, i))
         })?;
-        boot_virtio.push(entry);
         virtio.push(transport);
     }
 
@@ -194,8 +244,10 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
         &SystemInfo {
             mem_bytes,
             vcpus: config.vcpus,
-            cmdline: config.cmdline.as_bytes(),
+            cmdline: guest_cmdline.as_bytes(),
             virtio: &boot_virtio,
+            protocol: kernel.protocol,
+            initrd,
         },
     )?;
 
@@ -208,7 +260,7 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
             let vcpu = Vcpu::new(&vm, id)?;
             vcpu.configure(&kvm, config.vcpus)?;
             if id == 0 {
-                vcpu.setup_boot_regs(kernel.entry.0, BOOT_INFO_START)?;
+                vcpu.setup_boot_regs(kernel.protocol.boot_entry(kernel.entry.0))?;
             }
             Ok(vcpu)
         })

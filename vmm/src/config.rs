@@ -83,12 +83,14 @@ pub const MAX_VCPUS: u8 = 254;
 /// A VM's configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmConfig {
-    /// ELF kernel (or test guest) to boot.
+    /// Kernel to boot: an ELF vmlinux, a bzImage, or the test guest.
     pub kernel: PathBuf,
     /// Read the kernel from this inherited descriptor instead of `kernel`
     /// (a seekable file: the loader reads headers, then segments). The VMM
     /// duplicates it and leaves it open.
     pub kernel_fd: Option<RawFd>,
+    /// Initramfs (a cpio archive) for a Linux kernel.
+    pub initrd: Option<PathBuf>,
     /// Guest RAM in MiB.
     pub mem_mib: u64,
     /// Number of vCPUs.
@@ -116,6 +118,7 @@ impl Default for VmConfig {
         VmConfig {
             kernel: PathBuf::new(),
             kernel_fd: None,
+            initrd: None,
             mem_mib: 128,
             vcpus: 1,
             cmdline: String::new(),

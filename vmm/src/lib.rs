@@ -10,17 +10,20 @@
 //! - [`arch`]: the x86_64 memory map and 64-bit boot state;
 //! - [`devices`]: port/MMIO buses, serial console, i8042, exit port, and the
 //!   virtio-mmio devices (block, vsock);
-//! - [`loader`]: loading the ELF kernel;
-//! - [`seccomp`]: the allow-list filter the binary installs before the guest runs.
+//! - [`loader`]: loading the kernel (ELF or bzImage) and the initramfs, and
+//!   choosing the boot protocol from the image;
+//! - [`cmdline`]: the command line a Linux guest gets;
+//! - [`control`], [`handle`], [`snapshot`]: pausing, snapshotting and
+//!   restoring a running VM;
+//! - [`jail`], [`seccomp`]: what the binary drops before the guest runs.
 //!
-//! What is not here yet: virtio-net and virtio-rng, the Linux boot protocol
-//! (zero page, e820, MP table), whole-VM snapshots (device and vCPU
-//! state are serialisable already); see vmm/README.md.
+//! What is not here yet: virtio-net and virtio-rng, ACPI; see vmm/README.md.
 
 #![warn(missing_docs)]
 
 pub mod arch;
 pub mod builder;
+pub mod cmdline;
 pub mod config;
 pub mod control;
 pub mod devices;

@@ -73,10 +73,11 @@ pub enum RunError {
     },
     /// The guest did not finish in time.
     #[error(
-        "the guest did not finish within {0:?}; it may be stuck (on kvm_pvm hosts every \
-         instruction of a guest that is not PVM-aware is emulated, so it also runs slowly)"
+        "the guest did not finish within {0:?} (the boot vCPU was at rip {1:#x}); it may be \
+         stuck (on kvm_pvm hosts every instruction of a guest that is not PVM-aware is \
+         emulated, so it also runs slowly)"
     )]
-    TimedOut(Duration),
+    TimedOut(Duration, u64),
 }
 
 /// What a finished run reports.
@@ -274,9 +275,16 @@ impl Machine {
             let _ = handle.kill(vcpu::kick_signal());
         }
         let mut panicked = None;
+        // Where the boot vCPU stopped: for the timeout message, since a
+        // guest that hangs before its first serial line says nothing else.
+        let mut boot_rip = 0;
         for (id, handle) in handles {
-            if handle.join().is_err() {
-                panicked.get_or_insert(id);
+            match handle.join() {
+                Ok(vcpu) if id == 0 => boot_rip = vcpu.fd().get_regs().map_or(0, |r| r.rip),
+                Ok(_) => {}
+                Err(_) => {
+                    panicked.get_or_insert(id);
+                }
             }
         }
 
@@ -297,7 +305,10 @@ impl Machine {
             }
             Some(StopReason::Panicked { vcpu }) => return Err(RunError::VcpuPanicked { vcpu }),
             Some(StopReason::TimedOut) => {
-                return Err(RunError::TimedOut(self.timeout.unwrap_or_default()))
+                return Err(RunError::TimedOut(
+                    self.timeout.unwrap_or_default(),
+                    boot_rip,
+                ))
             }
             // `Aborted` comes only with `spawn_error`, returned above; a
             // latch that was waited on always holds a reason.

@@ -29,7 +29,8 @@ use vmm::{GuestExit, VmConfig};
 #[derive(Debug, Parser)]
 #[command(name = "vmm", version)]
 struct Args {
-    /// ELF kernel image to boot (vmlinux, or the test guest).
+    /// Kernel to boot: an ELF vmlinux (PVH entry if it has one), a bzImage,
+    /// or the test guest. The image decides the boot protocol.
     #[arg(long, required_unless_present_any = ["restore", "kernel_fd"], conflicts_with = "kernel_fd")]
     kernel: Option<PathBuf>,
     /// Read the kernel from this inherited descriptor (a seekable file)
@@ -54,6 +55,9 @@ struct Args {
     /// inherited descriptor once the vCPUs run.
     #[arg(long, value_name = "FD")]
     ready_fd: Option<i32>,
+    /// Initramfs (cpio archive) for a Linux kernel.
+    #[arg(long, value_name = "PATH", conflicts_with = "restore")]
+    initrd: Option<PathBuf>,
     /// Guest RAM in MiB.
     #[arg(long, default_value_t = 128)]
     mem_mib: u64,
@@ -214,6 +218,7 @@ fn main() -> ExitCode {
             // clap requires --kernel without --restore.
             kernel: args.kernel.clone().unwrap_or_default(),
             kernel_fd: args.kernel_fd,
+            initrd: args.initrd.clone(),
             kvm_fd: args.kvm_fd,
             mem_mib: args.mem_mib,
             vcpus: args.vcpus,

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::{guest, Captured};
 use kvm_bindings::KVM_MP_STATE_UNINITIALIZED;
 use vmm::config::host_ram_mib;
+use vmm::loader::LoaderError;
 use vmm::{BuildError, ConfigError, GuestExit, RunError, RunReport, VmConfig};
 
 /// A generous limit so a broken guest fails the test instead of hanging it.
@@ -123,7 +124,7 @@ fn a_hung_guest_is_stopped_by_the_timeout() {
     };
     let started = Instant::now();
     let (result, lines) = boot(&config);
-    assert!(matches!(result, Err(RunError::TimedOut(_))), "{result:?}");
+    assert!(matches!(result, Err(RunError::TimedOut(..))), "{result:?}");
     assert_eq!(lines.last().map(String::as_str), Some("guest: hang"));
     // Both vCPUs (one halted, one waiting for SIPI) were kicked and joined.
     eprintln!("info: hung guest stopped after {:?}", started.elapsed());
@@ -200,8 +201,31 @@ fn bad_input_is_refused_before_any_vm_exists() {
         err.to_string().contains("cannot open kernel image"),
         "{err}"
     );
+    // The kernel's headers are read before KVM is touched.
+    let err = build(base.clone()).unwrap_err();
+    assert!(
+        matches!(err, BuildError::Loader(LoaderError::NotKernel { .. })),
+        "{err}"
+    );
+    let guest = env!("VMM_TEST_GUEST");
+    if guest.is_empty() {
+        eprintln!("skipping the rest: the test guest was not built");
+        return;
+    }
+    // The test guest takes no initramfs; a missing initramfs is named.
+    let err = build(VmConfig {
+        kernel: PathBuf::from(guest),
+        initrd: Some(kernel.clone()),
+        ..base.clone()
+    })
+    .unwrap_err();
+    assert!(err.to_string().contains("leave out --initrd"), "{err}");
     // A missing KVM device is reported as such (on any host).
-    let err = build(base).unwrap_err();
+    let err = build(VmConfig {
+        kernel: PathBuf::from(guest),
+        ..base
+    })
+    .unwrap_err();
     assert!(err.to_string().contains("has no KVM"), "{err}");
 }
 

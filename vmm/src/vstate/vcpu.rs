@@ -246,9 +246,9 @@ impl Vcpu {
         Ok(())
     }
 
-    /// Loads the 64-bit boot state into this (the boot) vCPU.
-    pub fn setup_boot_regs(&self, entry: u64, boot_info: u64) -> Result<(), VcpuError> {
-        regs::setup_boot_vcpu(&self.fd, entry, boot_info)?;
+    /// Loads the boot state for `boot` into this (the boot) vCPU.
+    pub fn setup_boot_regs(&self, boot: regs::BootEntry) -> Result<(), VcpuError> {
+        regs::setup_boot_vcpu(&self.fd, boot)?;
         Ok(())
     }
 
@@ -512,8 +512,11 @@ mod tests {
     fn state_round_trips_through_serde_on_kvm() {
         let Some(kvm) = host_kvm() else { return };
         let (vcpu, _vm, _mem) = vm_with_vcpu(&kvm);
-        vcpu.setup_boot_regs(HIMEM_START, BOOT_INFO_START)
-            .expect("boot regs");
+        vcpu.setup_boot_regs(regs::BootEntry::LongMode {
+            entry: HIMEM_START,
+            params: BOOT_INFO_START,
+        })
+        .expect("boot regs");
         let mut regs = vcpu.fd().get_regs().expect("regs");
         regs.rax = 0x1234_5678_9abc_def0;
         regs.r15 = 42;

@@ -1,6 +1,7 @@
 //! The boot-info block: the VMM's description of the machine for the
 //! freestanding test guest (vmm/guest/boot_info.h is the C half; keep the two
-//! in step). Linux gets its boot_params zero page instead, once that path lands.
+//! in step). The guest asks for it with a `sandboxd` ELF note (guest/note.S);
+//! Linux gets a zero page or PVH start info instead.
 
 use vm_memory::ByteValued;
 

@@ -21,6 +21,16 @@ pub const BOOT_GDT: [u64; 4] = [
     gdt_entry(0x808b, 0, 0xfffff),
 ];
 
+/// The GDT for the PVH entry (32-bit protected mode, paging off): null, flat
+/// 32-bit code (D=1), flat data, and a 32-bit TSS with base 0 and limit 0x67,
+/// as the PVH ABI asks for TR. Same selectors as [`BOOT_GDT`].
+pub const PVH_GDT: [u64; 4] = [
+    gdt_entry(0, 0, 0),
+    gdt_entry(0xc09b, 0, 0xfffff),
+    gdt_entry(0xc093, 0, 0xfffff),
+    gdt_entry(0x008b, 0, 0x67),
+];
+
 /// Encodes a segment descriptor. `flags` holds the access byte in bits 0-7 and
 /// the G/DB/L/AVL nibble in bits 12-15, as in the descriptor's upper half.
 pub const fn gdt_entry(flags: u16, base: u32, limit: u32) -> u64 {
@@ -98,6 +108,15 @@ mod tests {
         assert_eq!((tr.selector, tr.type_, tr.s), (0x18, 0xb, 0));
         let null = kvm_segment_from_gdt(BOOT_GDT[0], 0);
         assert_eq!(null.unusable, 1);
+    }
+
+    #[test]
+    fn pvh_segments_are_32_bit() {
+        let cs = kvm_segment_from_gdt(PVH_GDT[CODE_INDEX as usize], CODE_INDEX);
+        assert_eq!((cs.selector, cs.l, cs.db, cs.type_), (0x08, 0, 1, 0xb));
+        assert_eq!(cs.limit, 0xffff_ffff);
+        let tr = kvm_segment_from_gdt(PVH_GDT[TSS_INDEX as usize], TSS_INDEX);
+        assert_eq!((tr.base, tr.limit, tr.type_, tr.present), (0, 0x67, 0xb, 1));
     }
 
     #[test]

@@ -10,9 +10,14 @@ pub const BOOT_GDT_START: u64 = 0x500;
 /// VMM reports.
 pub const BOOT_IDT_START: u64 = 0x520;
 /// The test guest's boot-info block (see [`super::boot_info`]). The PVH boot
-/// protocol uses the same page for its start_info.
+/// protocol uses the same page for its `hvm_start_info` (only one of the two
+/// is ever written).
 pub const BOOT_INFO_START: u64 = 0x6000;
-/// Reserved for Linux's zero page (boot_params), not written yet.
+/// PVH: the module list (one entry, the initramfs), after `hvm_start_info`.
+pub const PVH_MODLIST_START: u64 = 0x6040;
+/// PVH: the memory map, after the module list; room for 160 entries.
+pub const PVH_MEMMAP_START: u64 = 0x6080;
+/// Linux's zero page (`boot_params`) for the 64-bit boot protocol.
 pub const ZERO_PAGE_START: u64 = 0x7000;
 /// Initial stack pointer of the boot vCPU (grows down, below the page tables).
 pub const BOOT_STACK_POINTER: u64 = 0x8ff0;
@@ -28,6 +33,17 @@ pub const BOOT_PD_COUNT: u64 = 4;
 /// RAM below the MMIO gap and the gap itself (LAPIC, IOAPIC, virtio-mmio) are
 /// reachable before the guest builds its own tables.
 pub const IDENTITY_MAPPED_BYTES: u64 = BOOT_PD_COUNT << 30;
+/// Start of the extended BIOS data area on a PC: RAM ends here for the guest
+/// (e820) and the MP table lives here, in the last KiB below 640 KiB, where
+/// Linux looks for the MP floating pointer when the BIOS data area names no
+/// EBDA. The area up to 1 MiB is reserved.
+pub const EBDA_START: u64 = 0x9_fc00;
+/// The MP table: floating pointer, then the configuration table.
+pub const MPTABLE_START: u64 = EBDA_START;
+/// The IOAPIC's MMIO base (KVM's in-kernel IOAPIC sits at the PC default).
+pub const IOAPIC_START: u64 = 0xfec0_0000;
+/// The local APICs' MMIO base.
+pub const APIC_START: u64 = 0xfee0_0000;
 /// Kernel command line.
 pub const CMDLINE_START: u64 = 0x2_0000;
 /// Longest command line accepted, terminator excluded (Linux's x86
@@ -53,6 +69,15 @@ pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 pub const VIRTIO_GSI_START: u32 = 5;
 /// Most virtio devices: IOAPIC pins 5..=12, and the boot-info block's list.
 pub const MAX_VIRTIO_DEVICES: usize = 8;
+
+/// Where virtio device number `index` (below [`MAX_VIRTIO_DEVICES`]) sits:
+/// its MMIO base and its GSI.
+pub const fn virtio_slot(index: usize) -> (u64, u32) {
+    (
+        VIRTIO_MMIO_START + index as u64 * VIRTIO_MMIO_SIZE,
+        VIRTIO_GSI_START + index as u32,
+    )
+}
 /// The TSS area KVM needs on Intel (three pages just below the 4 GiB BIOS
 /// area); it must not overlap RAM, so it lives in the MMIO gap.
 pub const KVM_TSS_ADDRESS: u64 = 0xfffb_d000;
