@@ -21,6 +21,7 @@
 mod build;
 mod cache;
 mod error;
+pub mod ext4;
 mod mounts;
 mod name;
 mod prune;
