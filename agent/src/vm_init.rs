@@ -117,11 +117,19 @@ pub fn boot() -> Result<OwnedFd, VmInitError> {
     }
     build_root()?;
     mount_dev_extras()?;
+    // Two lines per boot on the console: enough for an operator (and
+    // scripts/check-guest-kernel.sh) to see how far the guest got.
+    console(&format!(
+        "sandbox-agent: root is an overlay of {IMAGE_DISK} (image) and {SCRATCH_DISK} (scratch)"
+    ));
     // Loopback is a convenience for programs, not needed for the link: a
     // failure is reported and boot goes on.
     if let Err(e) = loopback_up() {
         console(&format!("sandbox-agent: cannot bring up lo: {e}"));
     }
+    console(&format!(
+        "sandbox-agent: connecting to the host on vsock port {AGENT_VSOCK_PORT}"
+    ));
     connect_host(AGENT_VSOCK_PORT)
 }
 
