@@ -30,7 +30,9 @@ die() {
 
 [[ -r "$kernel" ]] || die "no kernel at $kernel: run scripts/build-guest-kernel.sh (or set KERNEL)"
 command -v qemu-system-x86_64 >/dev/null || die "qemu-system-x86_64 is missing: apt-get install qemu-system-x86"
-command -v mkfs.ext4 >/dev/null || die "mkfs.ext4 is missing: apt-get install e2fsprogs"
+for tool in mkfs.ext4 debugfs; do
+  command -v "$tool" >/dev/null || die "$tool is missing: apt-get install e2fsprogs"
+done
 busybox=$(command -v busybox || true)
 [[ -n "$busybox" ]] || die "busybox is missing: apt-get install busybox-static"
 if [[ ! -x "$agent" ]]; then
@@ -51,7 +53,8 @@ mkdir -p "$work/image/bin" "$work/image/etc" "$work/image/tmp"
 cp "$busybox" "$work/image/bin/busybox"
 ln -s busybox "$work/image/bin/sh"
 echo "check-guest-kernel" >"$work/image/etc/hostname"
-mkfs.ext4 -q -F -O ^has_journal -m 0 -L sandbox-image -d "$work/image" "$work/image.ext4" 16M
+truncate -s 16M "$work/image.ext4"
+mkfs.ext4 -q -F -O ^has_journal -m 0 -L sandbox-image -d "$work/image" "$work/image.ext4"
 
 # The scratch disk, as make_scratch makes it.
 truncate -s 256M "$work/scratch.ext4"
@@ -60,7 +63,8 @@ mkfs.ext4 -q -F -m 0 -L sandbox-scratch -E lazy_itable_init=0,lazy_journal_init=
 # The agent disk: read-only, so every mount point the agent uses exists.
 mkdir -p "$work/agent"/{proc,sys,dev,vm/lower,vm/scratch,vm/root}
 cp "$agent" "$work/agent/sandbox-agent"
-mkfs.ext4 -q -F -O ^has_journal -m 0 -L sandbox-agent -d "$work/agent" "$work/agent.ext4" 32M
+truncate -s 32M "$work/agent.ext4"
+mkfs.ext4 -q -F -O ^has_journal -m 0 -L sandbox-agent -d "$work/agent" "$work/agent.ext4"
 
 seed=$(head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n')
 # reboot=t: without ACPI or a keyboard controller the kernel resets by
@@ -105,6 +109,16 @@ expect "agent started as PID 1" "Run /sandbox-agent as init process"
 expect "overlay root built" "sandbox-agent: root is an overlay of /dev/vda (image) and /dev/vdb (scratch)"
 expect "vsock connect reached" "sandbox-agent: connecting to the host on vsock port 1025"
 expect "connect failure explained" "sandbox-agent: VM init failed: connecting to the host on vsock"
+# The overlay's upper layer must be on the scratch disk: the agent made
+# upper/ and work/ there, and the mount points it moved /proc /sys /dev onto
+# (missing from this image) were created in upper/.
+upper=$(debugfs -R "ls /upper" "$work/scratch.ext4" 2>/dev/null || true)
+if [[ "$upper" == *proc* && "$upper" == *sys* && "$upper" == *dev* ]]; then
+  echo "ok: the overlay wrote its upper layer to the scratch disk"
+else
+  echo "MISSING: /upper/{proc,sys,dev} on the scratch disk (debugfs ls /upper: ${upper:-nothing})"
+  failed=1
+fi
 if grep -qE "Kernel panic|Attempted to kill init|BUG:|Oops" "$log"; then
   echo "UNEXPECTED: kernel panic or oops"
   failed=1
