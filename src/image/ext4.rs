@@ -111,6 +111,7 @@ pub fn ensure_ext4(image_dir: &Path, id_shift: u32) -> Result<PathBuf, Ext4Error
     if out.is_file() {
         return Ok(out);
     }
+    remove_stale_tmp(&out);
     let (bytes, inodes) = tree_size(image_dir)?;
     let size = round_up(
         bytes + bytes / 10 + inodes * INODE_BYTES + IMAGE_HEADROOM_BYTES,
@@ -129,6 +130,25 @@ pub fn ensure_ext4(image_dir: &Path, id_shift: u32) -> Result<PathBuf, Ext4Error
         let _ = std::fs::remove_file(&tmp);
     }
     result.map(|()| out)
+}
+
+/// Half-made exports of a maker that died (they carry its pid): with the
+/// lock held, nobody else is writing one.
+fn remove_stale_tmp(out: &Path) {
+    let (Some(dir), Some(name)) = (out.parent(), out.file_name()) else {
+        return;
+    };
+    let mut prefix = name.to_owned();
+    prefix.push(".tmp");
+    let prefix = prefix.as_encoded_bytes().to_vec();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        if entry.file_name().as_encoded_bytes().starts_with(&prefix) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
 }
 
 fn make_image(
@@ -632,6 +652,55 @@ mod tests {
             .filter(|n| n.contains(".tmp"))
             .collect();
         assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    /// Set SANDBOXD_TEST_EXT4_IMAGE to a copy of a real cached image tree
+    /// (`cp -a .../sha256-X/rootfs /tmp/copy/rootfs`) to time its export.
+    #[test]
+    fn real_image_export_when_asked() {
+        let Some(tree) = std::env::var_os("SANDBOXD_TEST_EXT4_IMAGE") else {
+            eprintln!("skipped: set SANDBOXD_TEST_EXT4_IMAGE to time a real image's export");
+            return;
+        };
+        if !tools_and_root() {
+            return;
+        }
+        let tree = PathBuf::from(tree);
+        let started = Instant::now();
+        let image = ensure_ext4(&tree, SHIFT).expect("ensure_ext4");
+        let took = started.elapsed();
+        let size = std::fs::metadata(&image).unwrap().len();
+        let (bytes, inodes) = tree_size(&tree).unwrap();
+        eprintln!(
+            "export of {}: {took:?}, {} MiB file for ~{} MiB in {inodes} inodes",
+            tree.display(),
+            size >> 20,
+            bytes >> 20
+        );
+        let fsck = Command::new("e2fsck")
+            .args(["-f", "-n"])
+            .arg(&image)
+            .output()
+            .unwrap();
+        assert!(
+            fsck.status.success(),
+            "{}",
+            String::from_utf8_lossy(&fsck.stdout)
+        );
+        assert_eq!(owner(&debugfs(&image, "stat /")), (0, 0));
+    }
+
+    #[test]
+    fn stale_halves_are_removed_under_the_lock() {
+        if !tools_and_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let root = shifted_tree(dir.path());
+        let stale = dir.path().join("rootfs.ext4.tmp99999");
+        std::fs::write(&stale, b"half").unwrap();
+        ensure_ext4(&root, SHIFT).expect("ensure_ext4");
+        assert!(!stale.exists());
     }
 
     #[test]
