@@ -10,6 +10,8 @@
 #   vda  the image: busybox in a read-only ext4 (mkfs.ext4 -d)
 #   vdb  the scratch disk: an empty ext4
 #   vdc  the agent disk, the kernel's root: /sandbox-agent and mount points
+# with 2 vCPUs, which the kernel finds through the MP table (no ACPI), as it
+# will with our VMM.
 #
 # Environment: KERNEL (default: the cached build's current/vmlinux), AGENT
 # (default: the static release build; built if missing), QEMU_TIMEOUT
@@ -79,7 +81,7 @@ set +e
 # microvm with acpi=off: QEMU puts the virtio-mmio devices on the kernel
 # command line (virtio_mmio.device=...), the way our VMM describes them.
 timeout "$timeout_s" qemu-system-x86_64 \
-  -M microvm,acpi=off,rtc=off -accel tcg -cpu max -m 256 -smp 1 \
+  -M microvm,acpi=off,rtc=off -accel tcg -cpu max -m 256 -smp 2 \
   -nodefaults -no-user-config -nographic -no-reboot -serial stdio \
   -kernel "$kernel" -append "$cmdline" \
   -drive id=image,file="$work/image.ext4",format=raw,if=none,readonly=on \
@@ -103,6 +105,7 @@ expect() {
   fi
 }
 expect "kernel booted" "Linux version"
+expect "both vCPUs up (MP table, no ACPI)" "smp: Brought up 1 node, 2 CPUs"
 expect "virtio disks found" "virtio_blk virtio"
 expect "agent disk mounted as root" "VFS: Mounted root (ext4 filesystem) readonly"
 expect "agent started as PID 1" "Run /sandbox-agent as init process"
