@@ -10,8 +10,8 @@
 #   vda  the image: busybox in a read-only ext4 (mkfs.ext4 -d)
 #   vdb  the scratch disk: an empty ext4
 #   vdc  the agent disk, the kernel's root: /sandbox-agent and mount points
-# with 2 vCPUs, which the kernel finds through the MP table (no ACPI), as it
-# will with our VMM.
+# The guest has 2 vCPUs, which the kernel finds through the MP table (it has
+# no ACPI), as it will with our VMM.
 #
 # Environment: KERNEL (default: the cached build's current/vmlinux), AGENT
 # (default: the static release build; built if missing), QEMU_TIMEOUT
