@@ -73,6 +73,10 @@ mkdir -p "$cache"
 exec 9>"$cache/lock"
 flock 9
 
+# With the lock held no build is running: any *.tmp / *.final left here is
+# from one that failed or was killed (kept until now for its logs).
+rm -rf "$cache"/*.tmp "$cache"/*.final "$cache"/src/*.tmp
+
 point_current() {
   ln -sfn "$key" "$cache/current.tmp"
   mv -T "$cache/current.tmp" "$cache/current"
