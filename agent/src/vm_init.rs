@@ -41,7 +41,8 @@ const IMAGE_DISK: &str = "/dev/vda";
 const SCRATCH_DISK: &str = "/dev/vdb";
 
 /// Mount points on the agent disk (made when the host builds it, since that
-/// disk is read-only; created here only if missing and possible).
+/// disk is read-only, from `VM_AGENT_DISK_DIRS`; created here only if
+/// missing and possible).
 const LOWER: &str = "/vm/lower";
 const SCRATCH: &str = "/vm/scratch";
 const NEW_ROOT: &str = "/vm/root";
@@ -422,6 +423,17 @@ pub fn shut_down() -> ! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_agent_disk_holds_every_mount_point_used_here() {
+        for dir in [LOWER, SCRATCH, NEW_ROOT, "/proc", "/sys", "/dev"] {
+            let relative = dir.trim_start_matches('/');
+            assert!(
+                sandbox_proto::VM_AGENT_DISK_DIRS.contains(&relative),
+                "{dir} is missing from VM_AGENT_DISK_DIRS"
+            );
+        }
+    }
 
     #[test]
     fn flag_needs_a_non_zero_value() {

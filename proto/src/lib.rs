@@ -57,6 +57,16 @@ pub const AGENT_RNG_SEED_ENV: &str = "SANDBOX_RNG_SEED";
 /// Largest seed the agent accepts in [`AGENT_RNG_SEED_ENV`], in bytes.
 pub const MAX_RNG_SEED: usize = 256;
 
+/// Where the agent lies on a microVM's agent disk (the guest kernel's root,
+/// `root=/dev/vdc`): the kernel command line says `init=` this.
+pub const VM_AGENT_INIT: &str = "/sandbox-agent";
+
+/// Directories the agent disk must hold, since it is mounted read-only: the
+/// agent mounts /proc, /sys, /dev there, then the image (`vm/lower`), the
+/// scratch disk (`vm/scratch`) and the overlay root (`vm/root`).
+pub const VM_AGENT_DISK_DIRS: &[&str] =
+    &["proc", "sys", "dev", "vm/lower", "vm/scratch", "vm/root"];
+
 /// A request from the host, answered by one [`AgentMessage::Reply`] with the same `id`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Request {

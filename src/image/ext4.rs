@@ -1,7 +1,7 @@
 //! Disk images for microVM sandboxes: owns the read-only ext4 export of a
-//! cached image directory (`<image_dir>.ext4`, the guest's `/dev/vda`) and the
+//! cached image directory (`<image_dir>.ext4`, the guest's `/dev/vda`), the
 //! per-sandbox writable scratch disk (`/dev/vdb`), which the agent in the guest
-//! stacks into an overlay root.
+//! stacks into an overlay root, and the agent disk (`/dev/vdc`).
 //!
 //! Image directories are stored with owners shifted by the daemon's
 //! `id_map_base` (see `shift.rs`), but a VM's root is not in a user namespace:
@@ -10,6 +10,9 @@
 //! `0 <shift> 65536`, where the tree already reads as unshifted; the output file
 //! is owned by the shift base (the namespace's root) while it is written, then
 //! handed back to host root, mode 0444, and renamed into place.
+//!
+//! The agent disk (`/dev/vdc`, the guest kernel's root) holds only the agent
+//! and the mount points it needs; it is made once per agent binary.
 //!
 //! Scratch disks are cut from a template formatted once per size: a btrfs
 //! reflink (`FICLONE`) of it costs well under a millisecond, a sparse copy a
@@ -374,6 +377,93 @@ fn lock_file(path: &Path) -> Result<nix::fcntl::Flock<File>, Ext4Error> {
     })
 }
 
+/// Free space on the agent disk beyond the binary: ext4's metadata.
+const AGENT_DISK_HEADROOM_BYTES: u64 = 8 << 20;
+
+/// Returns the read-only agent disk for `agent` (the static sandbox-agent
+/// binary), made once per binary in `dir` as `agent-<sha256 prefix>.ext4`: the
+/// guest kernel's root (`/dev/vdc`), holding the agent at
+/// [`VM_AGENT_INIT`](sandbox_proto::VM_AGENT_INIT) and the empty mount points
+/// [`VM_AGENT_DISK_DIRS`](sandbox_proto::VM_AGENT_DISK_DIRS). A separate disk
+/// keeps image exports independent of the agent's version, as the bind mount
+/// does for containers.
+pub fn ensure_agent_disk(agent: &Path, dir: &Path) -> Result<PathBuf, Ext4Error> {
+    use sha2::{Digest, Sha256};
+    let binary = std::fs::read(agent).map_err(io_err("read the agent binary", agent))?;
+    let digest = hex::encode(Sha256::digest(&binary));
+    let out = dir.join(format!("agent-{}.ext4", &digest[..16]));
+    if out.is_file() {
+        return Ok(out);
+    }
+    std::fs::create_dir_all(dir).map_err(io_err("create", dir))?;
+    let _lock = lock_file(&dir.join("agent-disk.lock"))?;
+    if out.is_file() {
+        return Ok(out);
+    }
+    let stage = dir.join(format!("agent-{}.stage", &digest[..16]));
+    let tmp = dir.join(format!("agent-{}.ext4.tmp", &digest[..16]));
+    let result = make_agent_disk(&binary, &stage, &tmp)
+        .and_then(|()| std::fs::rename(&tmp, &out).map_err(io_err("rename into place", &out)));
+    let _ = std::fs::remove_dir_all(&stage);
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result.map(|()| out)
+}
+
+fn make_agent_disk(binary: &[u8], stage: &Path, tmp: &Path) -> Result<(), Ext4Error> {
+    let _ = std::fs::remove_dir_all(stage);
+    let _ = std::fs::remove_file(tmp);
+    for sub in sandbox_proto::VM_AGENT_DISK_DIRS {
+        let d = stage.join(sub);
+        std::fs::create_dir_all(&d).map_err(io_err("create", &d))?;
+    }
+    let init = stage.join(sandbox_proto::VM_AGENT_INIT.trim_start_matches('/'));
+    std::fs::write(&init, binary).map_err(io_err("write", &init))?;
+    std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755))
+        .map_err(io_err("chmod", &init))?;
+    let size = round_up(binary.len() as u64 + AGENT_DISK_HEADROOM_BYTES, 1 << 20);
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)
+        .map_err(io_err("create", tmp))?;
+    file.set_len(size).map_err(io_err("size", tmp))?;
+    drop(file);
+    let output = Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-t",
+            "ext4",
+            "-b",
+            "4096",
+            "-m",
+            "0",
+            "-L",
+            "sandbox-agent",
+        ])
+        .args(["-O", "^has_journal", "-E", "root_owner=0:0", "-d"])
+        .arg(stage)
+        .arg(tmp)
+        .stdin(Stdio::null())
+        .output();
+    let output = match output {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Ext4Error::MkfsMissing),
+        other => other.map_err(io_err("run mkfs.ext4 for", tmp))?,
+    };
+    if !output.status.success() {
+        return Err(Ext4Error::MkfsFailed {
+            path: tmp.to_path_buf(),
+            status: output.status.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+        });
+    }
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o444))
+        .map_err(io_err("chmod", tmp))
+}
+
 /// How a scratch disk was made, for logs and measurements.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ScratchCopy {
@@ -688,6 +778,41 @@ mod tests {
             String::from_utf8_lossy(&fsck.stdout)
         );
         assert_eq!(owner(&debugfs(&image, "stat /")), (0, 0));
+    }
+
+    #[test]
+    fn agent_disk_holds_the_agent_and_mount_points_once_per_binary() {
+        if !tools_and_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let agent = dir.path().join("sandbox-agent");
+        std::fs::write(&agent, b"\x7fELF not really").unwrap();
+        let disks = dir.path().join("disks");
+        let started = Instant::now();
+        let disk = ensure_agent_disk(&agent, &disks).expect("agent disk");
+        eprintln!("agent disk: {:?}", started.elapsed());
+        let meta = std::fs::metadata(&disk).unwrap();
+        assert_eq!(meta.mode() & 0o777, 0o444);
+        let init = debugfs(&disk, "stat /sandbox-agent");
+        assert_eq!(owner(&init), (0, 0));
+        assert!(init.contains("Mode:  0755"), "{init}");
+        assert_eq!(debugfs(&disk, "cat /sandbox-agent"), "\x7fELF not really");
+        for sub in sandbox_proto::VM_AGENT_DISK_DIRS {
+            let stat = debugfs(&disk, &format!("stat /{sub}"));
+            assert!(stat.contains("Type: directory"), "/{sub}: {stat}");
+        }
+        assert_eq!(ensure_agent_disk(&agent, &disks).unwrap(), disk);
+        std::fs::write(&agent, b"\x7fELF another build").unwrap();
+        let other = ensure_agent_disk(&agent, &disks).unwrap();
+        assert_ne!(other, disk);
+        let names: Vec<_> = std::fs::read_dir(&disks)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.contains(".stage") || n.contains(".tmp"))
+            .collect();
+        assert!(names.is_empty(), "{names:?}");
     }
 
     #[test]
