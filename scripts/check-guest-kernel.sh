@@ -14,8 +14,9 @@
 # no ACPI), as it will with our VMM.
 #
 # Environment: KERNEL (default: the cached build's current/vmlinux), AGENT
-# (default: the static release build; built if missing), QEMU_TIMEOUT
-# (seconds, default 300), KEEP=1 keeps the work dir. Run as root or as a
+# (default: the static release build; built if missing), IMAGE_EXT4 (an
+# image export to use as vda instead of the busybox one, e.g. one made by
+# ensure_ext4), QEMU_TIMEOUT (seconds, default 300), KEEP=1 keeps the work dir. Run as root or as a
 # user who can run qemu; no KVM is used.
 set -euo pipefail
 
@@ -50,13 +51,21 @@ if [[ "${KEEP:-0}" != 1 ]]; then
 fi
 
 # The image: what rootfs/images/busybox.sh makes, unshifted (the daemon's
-# export, ensure_ext4, unshifts the cached tree the same way).
-mkdir -p "$work/image/bin" "$work/image/etc" "$work/image/tmp"
-cp "$busybox" "$work/image/bin/busybox"
-ln -s busybox "$work/image/bin/sh"
-echo "check-guest-kernel" >"$work/image/etc/hostname"
-truncate -s 16M "$work/image.ext4"
-mkfs.ext4 -q -F -O ^has_journal -m 0 -L sandbox-image -d "$work/image" "$work/image.ext4"
+# export, ensure_ext4, unshifts the cached tree the same way). Without
+# /proc /sys /dev, so the agent must make those mount points in the upper
+# layer, which shows afterwards on the scratch disk.
+if [[ -n "${IMAGE_EXT4:-}" ]]; then
+  [[ -r "$IMAGE_EXT4" ]] || die "IMAGE_EXT4=$IMAGE_EXT4 is not readable"
+  image="$IMAGE_EXT4"
+else
+  mkdir -p "$work/image/bin" "$work/image/etc" "$work/image/tmp"
+  cp "$busybox" "$work/image/bin/busybox"
+  ln -s busybox "$work/image/bin/sh"
+  echo "check-guest-kernel" >"$work/image/etc/hostname"
+  image="$work/image.ext4"
+  truncate -s 16M "$image"
+  mkfs.ext4 -q -F -O ^has_journal -m 0 -L sandbox-image -d "$work/image" "$image"
+fi
 
 # The scratch disk, as make_scratch makes it.
 truncate -s 256M "$work/scratch.ext4"
@@ -84,7 +93,7 @@ timeout "$timeout_s" qemu-system-x86_64 \
   -M microvm,acpi=off,rtc=off -accel tcg -cpu max -m 256 -smp 2 \
   -nodefaults -no-user-config -nographic -no-reboot -serial stdio \
   -kernel "$kernel" -append "$cmdline" \
-  -drive id=image,file="$work/image.ext4",format=raw,if=none,readonly=on \
+  -drive id=image,file="$image",format=raw,if=none,readonly=on \
   -drive id=scratch,file="$work/scratch.ext4",format=raw,if=none \
   -drive id=agent,file="$work/agent.ext4",format=raw,if=none,readonly=on \
   -device virtio-blk-device,drive=image \
@@ -115,12 +124,24 @@ expect "connect failure explained" "sandbox-agent: VM init failed: connecting to
 # The overlay's upper layer must be on the scratch disk: the agent made
 # upper/ and work/ there, and the mount points it moved /proc /sys /dev onto
 # (missing from this image) were created in upper/.
-upper=$(debugfs -R "ls /upper" "$work/scratch.ext4" 2>/dev/null || true)
-if [[ "$upper" == *proc* && "$upper" == *sys* && "$upper" == *dev* ]]; then
-  echo "ok: the overlay wrote its upper layer to the scratch disk"
+if [[ -n "${IMAGE_EXT4:-}" ]]; then
+  # An image that has the mount points leaves upper/ empty: only its
+  # presence (and work/'s) can be checked.
+  top=$(debugfs -R "ls /" "$work/scratch.ext4" 2>/dev/null || true)
+  if [[ "$top" == *upper* && "$top" == *work* ]]; then
+    echo "ok: the overlay's upper and work dirs are on the scratch disk"
+  else
+    echo "MISSING: /upper and /work on the scratch disk (debugfs ls /: ${top:-nothing})"
+    failed=1
+  fi
 else
-  echo "MISSING: /upper/{proc,sys,dev} on the scratch disk (debugfs ls /upper: ${upper:-nothing})"
-  failed=1
+  upper=$(debugfs -R "ls /upper" "$work/scratch.ext4" 2>/dev/null || true)
+  if [[ "$upper" == *proc* && "$upper" == *sys* && "$upper" == *dev* ]]; then
+    echo "ok: the overlay wrote its upper layer to the scratch disk"
+  else
+    echo "MISSING: /upper/{proc,sys,dev} on the scratch disk (debugfs ls /upper: ${upper:-nothing})"
+    failed=1
+  fi
 fi
 if grep -qE "Kernel panic|Attempted to kill init|BUG:|Oops" "$log"; then
   echo "UNEXPECTED: kernel panic or oops"
