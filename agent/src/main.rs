@@ -3,8 +3,8 @@
 //! The container runtime starts it with a connected stream socket to the host
 //! on fd 3 (`SANDBOX_AGENT_FD` overrides the number). In a microVM the guest
 //! kernel starts it as init with `SANDBOX_AGENT_VM=1`; it then builds its own
-//! root and connects to the host over vsock first (`vm_init`). It greets the host with `Hello`, then serves the agent
-//! protocol from `sandbox-proto`: it spawns processes (each in its own session,
+//! root and connects to the host over vsock first (`vm_init`). It greets the
+//! host with `Hello`, then serves the agent protocol from `sandbox-proto`: it spawns processes (each in its own session,
 //! cgroup and credentials, optionally on a PTY or from run-code), streams their
 //! output and exit status, feeds their stdin, delivers signals, and reads and
 //! writes files. As PID 1 it reaps every process in the sandbox. When the link
@@ -80,7 +80,10 @@ fn start() -> Result<(), StartError> {
 /// PID 1 of a microVM: build the root, connect, serve, and end the VM when
 /// the link ends or anything fails (init must not exit).
 fn vm_main() -> ! {
-    match vm_init::boot() {
+    // A panic here would end init and panic the kernel; catching it (the
+    // default hook has already printed it on the console) ends the VM the
+    // same way as any other failure.
+    let ran = std::panic::catch_unwind(|| match vm_init::boot() {
         Ok(link) => {
             fill_standard_fds();
             if let Err(e) = serve(link) {
@@ -90,6 +93,9 @@ fn vm_main() -> ! {
         Err(e) => vm_init::console(&format!(
             "sandbox-agent: VM init failed: {e}; shutting the VM down"
         )),
+    });
+    if ran.is_err() {
+        vm_init::console("sandbox-agent: panicked (see above); shutting the VM down");
     }
     vm_init::shut_down()
 }
