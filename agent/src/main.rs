@@ -1,9 +1,10 @@
 //! sandbox-agent: PID 1 of every sandbox.
 //!
-//! The container runtime (or the microVM's init path) starts it with a
-//! connected stream socket to the host on fd 3 (`SANDBOX_AGENT_FD` overrides
-//! the number). It greets the host with `Hello`, then serves the agent
-//! protocol from `sandbox-proto`: it spawns processes (each in its own session,
+//! The container runtime starts it with a connected stream socket to the host
+//! on fd 3 (`SANDBOX_AGENT_FD` overrides the number). In a microVM the guest
+//! kernel starts it as init with `SANDBOX_AGENT_VM=1`; it then builds its own
+//! root and connects to the host over vsock first (`vm_init`). It greets the
+//! host with `Hello`, then serves the agent protocol from `sandbox-proto`: it spawns processes (each in its own session,
 //! cgroup and credentials, optionally on a PTY or from run-code), streams their
 //! output and exit status, feeds their stdin, delivers signals, and reads and
 //! writes files. As PID 1 it reaps every process in the sandbox. When the link
@@ -30,6 +31,7 @@ mod process;
 mod pty;
 mod reaper;
 mod stdin;
+mod vm_init;
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
@@ -49,6 +51,9 @@ enum StartError {
 }
 
 fn main() {
+    if vm_init::requested() {
+        vm_main();
+    }
     let code = match start() {
         Ok(()) => 0,
         Err(e) => {
@@ -69,6 +74,34 @@ fn start() -> Result<(), StartError> {
     // SAFETY: this descriptor was handed to the agent at exec as its link;
     // nothing else in the process refers to it, so the agent owns it.
     let link = unsafe { OwnedFd::from_raw_fd(fd) };
+    serve(link)
+}
+
+/// PID 1 of a microVM: build the root, connect, serve, and end the VM when
+/// the link ends or anything fails (init must not exit).
+fn vm_main() -> ! {
+    // A panic here would end init and panic the kernel; catching it (the
+    // default hook has already printed it on the console) ends the VM the
+    // same way as any other failure.
+    let ran = std::panic::catch_unwind(|| match vm_init::boot() {
+        Ok(link) => {
+            fill_standard_fds();
+            if let Err(e) = serve(link) {
+                vm_init::console(&format!("sandbox-agent: {e}; shutting the VM down"));
+            }
+        }
+        Err(e) => vm_init::console(&format!(
+            "sandbox-agent: VM init failed: {e}; shutting the VM down"
+        )),
+    });
+    if ran.is_err() {
+        vm_init::console("sandbox-agent: panicked (see above); shutting the VM down");
+    }
+    vm_init::shut_down()
+}
+
+/// Serves the protocol on a connected link until it ends.
+fn serve(link: OwnedFd) -> Result<(), StartError> {
     mark_inherited_cloexec();
     become_subreaper();
     let runtime = tokio::runtime::Builder::new_current_thread()

@@ -34,9 +34,38 @@ pub const AGENT_LINK_FD: i32 = 3;
 /// Environment variable that tells the agent which descriptor is its link.
 pub const AGENT_LINK_ENV: &str = "SANDBOX_AGENT_FD";
 
-/// The vsock port on the host (CID 2) that a microVM's agent connects to;
-/// it then says Hello, as on a container's fd-3 link.
+/// The vsock port on the host (CID 2, `VMADDR_CID_HOST`) that a microVM's
+/// agent connects to when it has built its root: it then sends `Hello` and
+/// serves requests exactly as on a container's fd-3 link. Descriptors cannot
+/// cross vsock, so spawns on this link carry `cgroup_fds: 0`.
 pub const AGENT_VSOCK_PORT: u32 = 1025;
+
+/// Put `SANDBOX_AGENT_VM=1` on the guest kernel's command line: the kernel
+/// hands unknown `key=value` words to init as environment variables, and this
+/// one tells the agent it is PID 1 of a microVM (mount the disks, build the
+/// overlay root, connect over vsock) rather than of a container, which also
+/// starts it as PID 1 without [`AGENT_LINK_ENV`].
+pub const AGENT_VM_ENV: &str = "SANDBOX_AGENT_VM";
+
+/// Optional command-line word `SANDBOX_RNG_SEED=<hex>` (up to
+/// [`MAX_RNG_SEED`] bytes): random bytes from the host that the agent mixes
+/// into the guest kernel's RNG before anything else runs, so a guest without
+/// virtio-rng or RDRAND does not start with a predictable pool. It is visible
+/// in the guest's /proc/cmdline, so it is entropy, not a secret.
+pub const AGENT_RNG_SEED_ENV: &str = "SANDBOX_RNG_SEED";
+
+/// Largest seed the agent accepts in [`AGENT_RNG_SEED_ENV`], in bytes.
+pub const MAX_RNG_SEED: usize = 256;
+
+/// Where the agent lies on a microVM's agent disk (the guest kernel's root,
+/// `root=/dev/vdc`): the kernel command line says `init=` this.
+pub const VM_AGENT_INIT: &str = "/sandbox-agent";
+
+/// Directories the agent disk must hold, since it is mounted read-only: the
+/// agent mounts /proc, /sys, /dev there, then the image (`vm/lower`), the
+/// scratch disk (`vm/scratch`) and the overlay root (`vm/root`).
+pub const VM_AGENT_DISK_DIRS: &[&str] =
+    &["proc", "sys", "dev", "vm/lower", "vm/scratch", "vm/root"];
 
 /// A request from the host, answered by one [`AgentMessage::Reply`] with the same `id`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -57,8 +57,12 @@ pub struct VmSpec {
     pub mem_mib: u64,
     /// Memory the cgroup allows beyond guest RAM, for the VMM itself.
     pub overhead_bytes: u64,
-    /// The image as a read-only ext4 file, shared by every VM of the image.
+    /// The image as a read-only ext4 file, shared by every VM of the image
+    /// (`/dev/vda`).
     pub base_disk: PathBuf,
+    /// The read-only disk holding the agent, the guest kernel's root
+    /// (`/dev/vdc`; the scratch disk is `/dev/vdb`).
+    pub agent_disk: PathBuf,
     /// Size of the sandbox's writable scratch disk.
     pub scratch_bytes: u64,
     /// Set for a fork: restore this memory snapshot instead of booting.
@@ -221,6 +225,8 @@ fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
         .arg(format!("{},ro", vm.base_disk.display()))
         .arg("--disk")
         .arg(scratch)
+        .arg("--disk")
+        .arg(format!("{},ro", vm.agent_disk.display()))
         .arg("--vsock-uds")
         .arg(VSOCK_SOCKET)
         .env_clear()
@@ -258,8 +264,17 @@ pub fn start(
     match &vm.restore {
         Some(restore) => clone_file(&restore.scratch, &scratch)
             .map_err(|e| MicrovmError::Scratch(e.to_string()))?,
-        None => crate::image::ext4::make_scratch(&scratch, vm.scratch_bytes)
-            .map_err(|e| MicrovmError::Scratch(e.to_string()))?,
+        None => {
+            // Templates beside the layers, on the same btrfs, so each
+            // scratch disk is a reflink of one formatted once.
+            let templates = config
+                .layer_dir
+                .parent()
+                .unwrap_or(&config.layer_dir)
+                .join(crate::image::ext4::SCRATCH_TEMPLATE_DIR);
+            crate::image::ext4::make_scratch_with(&scratch, vm.scratch_bytes, &templates)
+                .map_err(|e| MicrovmError::Scratch(e.to_string()))?;
+        }
     }
     let layout = Layout::detect();
     let cgroup_procs = vm_cgroups::create(layout, &config.cgroups_path, &limits(config, vm)?)?;

@@ -362,6 +362,9 @@ impl Manager {
         None
     }
 
+    /// Where the agent disks of microVMs are kept, under the image cache.
+    const VM_AGENT_DISKS: &str = "vm-agent";
+
     /// The VM a microVM sandbox boots: its image as an ext4 file (made on
     /// first use), its size from the sandbox's limits.
     async fn vm_spec(
@@ -377,20 +380,40 @@ impl Manager {
             )
         })?;
         let rootfs = image.rootfs.clone();
-        let base_disk =
-            tokio::task::spawn_blocking(move || crate::image::ext4::ensure_ext4(&rootfs))
-                .await
-                .map_err(SandboxError::internal)?
-                .map_err(SandboxError::internal)?;
+        let shift = self.config.id_map_base;
+        let agent = self.config.agent_path.clone();
+        let agent_dir = self.config.images_dir.join(Self::VM_AGENT_DISKS);
+        let (base_disk, agent_disk) = tokio::task::spawn_blocking(move || {
+            Ok::<_, crate::image::ext4::Ext4Error>((
+                crate::image::ext4::ensure_ext4(&rootfs, shift)?,
+                crate::image::ext4::ensure_agent_disk(&agent, &agent_dir)?,
+            ))
+        })
+        .await
+        .map_err(SandboxError::internal)?
+        .map_err(SandboxError::internal)?;
+        // The agent runs as the guest's init; the seed is mixed into the
+        // guest kernel's RNG before anything else runs.
+        let seed: [u8; 32] = rand::random();
+        let cmdline = format!(
+            "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init={} panic=-1 reboot=k \
+             {}=1 {}={} {}",
+            sandbox_proto::VM_AGENT_INIT,
+            sandbox_proto::AGENT_VM_ENV,
+            sandbox_proto::AGENT_RNG_SEED_ENV,
+            hex::encode(seed),
+            vm.cmdline
+        );
         Ok(crate::runtime::microvm::VmSpec {
             vmm_path: vm.vmm_path.clone(),
             kernel,
-            cmdline: vm.cmdline.clone(),
+            cmdline: cmdline.trim_end().to_string(),
             // Whole vCPUs; the cgroup's CPU quota holds a fractional limit.
             vcpus: record.limits.cpu.ceil().clamp(1.0, 254.0) as u8,
             mem_mib: record.limits.memory_mib,
             overhead_bytes: vm.memory_overhead_mib << 20,
             base_disk,
+            agent_disk,
             scratch_bytes: record.limits.disk_mib << 20,
             restore: None,
             uid: record
