@@ -388,6 +388,51 @@ const AGENT_DISK_HEADROOM_BYTES: u64 = 8 << 20;
 /// keeps image exports independent of the agent's version, as the bind mount
 /// does for containers.
 pub fn ensure_agent_disk(agent: &Path, dir: &Path) -> Result<PathBuf, Ext4Error> {
+    // Hashing the ~10 MiB binary costs tens of milliseconds, on every VM
+    // create: remember the answer for as long as the file is unchanged.
+    static KNOWN: std::sync::Mutex<Vec<(AgentFileId, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let id = AgentFileId::of(agent, dir);
+    if let Some(id) = &id {
+        let known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, disk)) = known.iter().find(|(k, d)| k == id && d.is_file()) {
+            return Ok(disk.clone());
+        }
+    }
+    let disk = make_or_find_agent_disk(agent, dir)?;
+    if let Some(id) = id {
+        let mut known = KNOWN.lock().unwrap_or_else(|p| p.into_inner());
+        known.retain(|(k, _)| k.dir != id.dir);
+        known.push((id, disk.clone()));
+    }
+    Ok(disk)
+}
+
+/// What identifies an unchanged agent binary (and where its disks go).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct AgentFileId {
+    dir: PathBuf,
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl AgentFileId {
+    fn of(agent: &Path, dir: &Path) -> Option<Self> {
+        let m = std::fs::metadata(agent).ok()?;
+        Some(AgentFileId {
+            dir: dir.to_path_buf(),
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
+    }
+}
+
+fn make_or_find_agent_disk(agent: &Path, dir: &Path) -> Result<PathBuf, Ext4Error> {
     use sha2::{Digest, Sha256};
     let binary = std::fs::read(agent).map_err(io_err("read the agent binary", agent))?;
     let digest = hex::encode(Sha256::digest(&binary));
