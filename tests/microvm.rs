@@ -304,6 +304,10 @@ async fn vm_requests_that_cannot_work_say_why() {
             json!({"runtime": "vm", "image": "busybox", "memory_mib": 1u64 << 40}),
             "",
         ),
+        (
+            json!({"runtime": "vm", "image": "busybox", "allow_list": ["pypi.org"]}),
+            "invalid_network_policy",
+        ),
     ] {
         let (status, body) = daemon
             .call(Method::POST, "/v1/sandboxes", Some(request.clone()))
