@@ -427,6 +427,12 @@ async fn a_vm_memory_snapshot_forks_into_vms_that_continue_from_it() {
         let read = daemon.exec(id, &["disk-read", "1", "5", "0", "6"]).await;
         assert_eq!(read.out(), hex(text), "{id}");
     }
+    // Each fork's agent took its own fresh seed before it was ready.
+    let seed_a = daemon.exec(&fork_a, &["seed"]).await.out();
+    let seed_b = daemon.exec(&fork_b, &["seed"]).await.out();
+    assert_eq!(seed_a.len(), 33, "{seed_a:?}");
+    assert_ne!(seed_a, seed_b);
+    assert_eq!(daemon.exec(&source, &["seed"]).await.out(), "none\n");
     // Process ids in a fork continue above the source's at the snapshot.
     let proc = daemon
         .start_process(&fork_b, json!({"argv": ["echo", "x"]}))

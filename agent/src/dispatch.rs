@@ -82,6 +82,14 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         RequestBody::ResizePty { proc, size } => Some(process::resize(agent, *proc, *size)),
         _ => None,
     };
+    if let RequestBody::Reseed { seed, unix_time_ns } = &body {
+        let reply = match crate::vm_init::reseed(seed, *unix_time_ns) {
+            Ok(()) => Reply::Ok,
+            Err(e) => Reply::Error(AgentError::new(ErrorKind::InvalidInput, e.to_string())),
+        };
+        let _ = agent.outbox.reply(id, reply).await;
+        return;
+    }
     if let Some(result) = immediate {
         let reply = into_reply(result.map_err(AgentError::from));
         let _ = agent.outbox.reply(id, reply).await;
@@ -97,7 +105,10 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
     };
     match body {
         // Answered above.
-        RequestBody::Health | RequestBody::Signal { .. } | RequestBody::ResizePty { .. } => {}
+        RequestBody::Health
+        | RequestBody::Signal { .. }
+        | RequestBody::ResizePty { .. }
+        | RequestBody::Reseed { .. } => {}
         RequestBody::Spawn(spawn) => {
             let claimed = claimed.unwrap_or_else(|| Ok(Vec::new()));
             tokio::spawn(process::spawn(agent.clone(), id, spawn, claimed, permit));

@@ -300,6 +300,33 @@ fn parse_seed(hex: &[u8]) -> Result<Vec<u8>, VmInitError> {
         .collect()
 }
 
+/// After a restore from a memory snapshot (a fork): fresh entropy from the
+/// host into the guest kernel's pool, and the host's wall time. Only in a
+/// microVM: a container shares the host kernel's RNG and clock.
+pub fn reseed(seed: &[u8], unix_time_ns: u64) -> io::Result<()> {
+    if !requested() {
+        return Err(io::Error::other(
+            "reseeding is for a microVM's agent; a container shares the host's RNG and clock",
+        ));
+    }
+    if seed.len() > MAX_RNG_SEED {
+        return Err(io::Error::other(format!(
+            "a seed of {} bytes is over the {MAX_RNG_SEED}-byte limit",
+            seed.len()
+        )));
+    }
+    add_entropy(seed)?;
+    let now = libc::timespec {
+        tv_sec: (unix_time_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (unix_time_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: clock_settime reads the timespec it is given for the call.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &now) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// `RNDADDENTROPY`: `_IOW('R', 0x03, int[2])`.
 const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
 

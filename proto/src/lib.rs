@@ -112,6 +112,14 @@ pub enum RequestBody {
     },
     /// Reply: [`Reply::Ok`].
     Remove { path: String, recursive: bool },
+    /// Sent once to a microVM's agent after its VM was restored from a memory
+    /// snapshot (every fork), before the fork is reported ready: mix `seed`
+    /// (fresh host randomness, at most [`MAX_RNG_SEED`] bytes) into the guest
+    /// kernel's RNG and set the realtime clock to `unix_time_ns`, so forks
+    /// neither share the snapshot's entropy nor its wall time. A container's
+    /// agent refuses it (the host kernel's RNG and clock are already shared).
+    /// Reply: [`Reply::Ok`].
+    Reseed { seed: Vec<u8>, unix_time_ns: u64 },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

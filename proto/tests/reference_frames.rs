@@ -158,6 +158,16 @@ fn what_the_guest_reads() {
             },
             vec![9, 4, 3, 18],
         ),
+        (
+            Request {
+                id: 9,
+                body: RequestBody::Reseed {
+                    seed: vec![1, 2],
+                    unix_time_ns: 5,
+                },
+            },
+            vec![9, 15, 2, 1, 2, 5],
+        ),
     ];
     for (request, payload) in cases {
         assert_eq!(

@@ -213,6 +213,36 @@ async fn serve(
         Ok(l) => l,
         Err(e) => return fail(e.to_string(), &config, &paths),
     };
+    if config.vm.as_ref().is_some_and(|vm| vm.restore.is_some()) {
+        // A microVM fork's guest left the snapshot with the source's RNG
+        // state and wall time: it is ready only once its agent has taken
+        // fresh ones.
+        let seed: [u8; 32] = rand::random();
+        let unix_time_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let reseeded = link
+            .call(
+                sandbox_proto::RequestBody::Reseed {
+                    seed: seed.to_vec(),
+                    unix_time_ns,
+                },
+                &[],
+                deadline,
+            )
+            .await;
+        match reseeded {
+            Ok(sandbox_proto::Reply::Ok) => {}
+            other => {
+                return fail(
+                    format!("the fork's agent did not take a fresh RNG seed and clock: {other:?}"),
+                    &config,
+                    &paths,
+                )
+            }
+        }
+    }
     if config.restore.is_some() {
         // A restored agent sends no Hello: it must answer instead.
         let asked = link

@@ -10,6 +10,8 @@
  *                           program is a NotFound error, as for a container
  *   Signal, WriteStdin, CloseStdin
  *                        -> UnknownProcess (built-ins end at once)
+ *   Reseed { seed, time } -> Ok, keeping the seed (a fork's fresh entropy;
+ *                           this guest has no RNG to feed)
  *   anything else        -> Error { Other, "not in the test guest" }
  *
  * Built-in programs:
@@ -17,6 +19,7 @@
  *   vcpus                        the vCPU count the VMM gave
  *   mem                          guest RAM in MiB, after checking its last byte
  *   count                        increments a counter in guest memory
+ *   seed                         hex of the first 16 bytes of the last Reseed
  *   disk-read D S [OFF [LEN]]    hex of LEN (16) bytes at OFF of sector S of disk D
  *   disk-write D S TEXT          writes TEXT at the start of sector S, flushes
  *   exit N                       exits with code N
@@ -40,7 +43,7 @@
 
 /* Variant indexes, in the order the Rust enums declare them. */
 enum { REQ_HEALTH = 0, REQ_SPAWN = 1, REQ_WRITE_STDIN = 2, REQ_CLOSE_STDIN = 3,
-       REQ_SIGNAL = 4 };
+       REQ_SIGNAL = 4, REQ_RESEED = 15 };
 enum { MSG_HELLO = 0, MSG_REPLY = 1, MSG_OUTPUT = 2, MSG_EXIT = 3 };
 enum { REPLY_OK = 0, REPLY_HEALTH = 1, REPLY_SPAWNED = 2, REPLY_ERROR = 7 };
 enum { KIND_NOT_FOUND = 0, KIND_INVALID_INPUT = 3, KIND_UNKNOWN_PROCESS = 8,
@@ -66,6 +69,8 @@ static char text[TEXT_SIZE];
 static unsigned long text_len;
 static unsigned char sector_buf[512] __attribute__((aligned(16)));
 static unsigned long counter;
+static unsigned char seed[16];
+static unsigned long seed_len;
 
 /* ---- decoding ---- */
 
@@ -325,6 +330,18 @@ static int run_builtin(struct str *argv, int argc, int *to_stderr)
 		text_char('\n');
 		return 0;
 	}
+	if (str_is(argv[0], "seed")) {
+		static const char digits[] = "0123456789abcdef";
+
+		if (!seed_len)
+			text_str("none");
+		for (i = 0; i < (int)seed_len; i++) {
+			text_char(digits[seed[i] >> 4]);
+			text_char(digits[seed[i] & 0xf]);
+		}
+		text_char('\n');
+		return 0;
+	}
 	if (str_is(argv[0], "exit")) {
 		if (argc != 2 || parse_dec(argv[1], &v) || v > 255) {
 			*to_stderr = 1;
@@ -406,6 +423,22 @@ static void handle_request(const unsigned char *payload, unsigned long n)
 	case REQ_SPAWN:
 		handle_spawn(id, &r);
 		break;
+	case REQ_RESEED: {
+		struct str s = rd_str(&r);
+		unsigned long i;
+
+		rd_varint(&r); /* the wall time: this guest keeps none */
+		if (r.bad) {
+			reply_error(id, KIND_INVALID_INPUT, "malformed reseed request");
+			break;
+		}
+		seed_len = s.n < sizeof(seed) ? s.n : sizeof(seed);
+		for (i = 0; i < seed_len; i++)
+			seed[i] = s.p[i];
+		reply_begin(id, REPLY_OK);
+		frame_end();
+		break;
+	}
 	case REQ_WRITE_STDIN:
 	case REQ_CLOSE_STDIN:
 	case REQ_SIGNAL:
