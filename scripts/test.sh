@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 scripts/build-agent.sh >/dev/null
+# The microVM guest kernel, for the QEMU TCG check of the guest side
+# (tests/guest_kernel.rs): 9-12 minutes the first time on 2 cores, cached
+# by source version and config after that.
+scripts/build-guest-kernel.sh >/dev/null
 scripts/nspawn-rootfs.sh
 cargo build --quiet --bins
 target=${CARGO_TARGET_DIR:-target}

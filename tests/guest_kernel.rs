@@ -25,9 +25,14 @@ fn guest_kernel_boots_to_the_agent_under_tcg() {
     let kernel = std::env::var_os("KERNEL")
         .map(PathBuf::from)
         .unwrap_or_else(|| cache.join("kernel/current/vmlinux"));
-    // The static agent is built by scripts/build-agent.sh; building it from
-    // here would take the cargo lock this test may already run under.
-    let agent = repo().join("target/x86_64-unknown-linux-gnu/release/sandbox-agent");
+    // The static agent is built by scripts/build-agent.sh into this build's
+    // target folder (CI keeps it outside the clone); building it from here
+    // would take the cargo lock this test may already run under.
+    let agent = Path::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .parent()
+        .and_then(Path::parent)
+        .map(|t| t.join("x86_64-unknown-linux-gnu/release/sandbox-agent"))
+        .unwrap_or_else(|| repo().join("target/x86_64-unknown-linux-gnu/release/sandbox-agent"));
     let missing: Vec<String> = [
         (kernel.as_path(), "run scripts/build-guest-kernel.sh"),
         (agent.as_path(), "run scripts/build-agent.sh"),
