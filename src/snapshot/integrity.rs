@@ -2,11 +2,22 @@
 //! the checkpoint and checked before every restore: CRIU restores as root
 //! from images of hostile processes, so a changed, missing or added file
 //! must never reach it.
+//!
+//! Hashing 100 MiB takes about 100 ms, most of a fork's time, so the daemon
+//! remembers (in its own memory, nowhere an attacker could write) each file
+//! it has hashed with what identifies that version of it: device, inode,
+//! size, mtime and ctime. A file whose identity is unchanged is not hashed
+//! again. Any write through the file system changes its ctime, which no
+//! caller can set back; what this misses is corruption below the file system
+//! (the disk or its driver changing bytes with no write), which the first
+//! restore after a daemon restart hashes again.
 
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
-use std::path::Path;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
 
@@ -39,7 +50,57 @@ pub fn digest_dir(dir: &Path) -> Result<BTreeMap<String, String>, IntegrityError
     Ok(sums)
 }
 
+/// What identifies one version of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct FileVersion {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl FileVersion {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
+        FileVersion {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
+            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+/// Files hashed by this process: path -> (version, SHA-256).
+static HASHED: Mutex<Vec<(PathBuf, FileVersion, String)>> = Mutex::new(Vec::new());
+/// Entries kept; the oldest are forgotten first.
+const MAX_HASHED: usize = 65536;
+
+/// The file's SHA-256, from memory when this version was hashed before.
 fn digest_file(path: &Path) -> io::Result<String> {
+    let before = FileVersion::of(&std::fs::metadata(path)?);
+    {
+        let hashed = HASHED.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, _, sum)) = hashed.iter().find(|(p, v, _)| p == path && *v == before) {
+            return Ok(sum.clone());
+        }
+    }
+    let sum = hash_file(path)?;
+    // Kept only if nothing changed the file while it was read.
+    if FileVersion::of(&std::fs::metadata(path)?) == before {
+        let mut hashed = HASHED.lock().unwrap_or_else(|p| p.into_inner());
+        hashed.retain(|(p, _, _)| p != path);
+        if hashed.len() >= MAX_HASHED {
+            hashed.remove(0);
+        }
+        hashed.push((path.to_path_buf(), before, sum.clone()));
+    }
+    Ok(sum)
+}
+
+fn hash_file(path: &Path) -> io::Result<String> {
     let mut file = File::open(path)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -90,6 +151,12 @@ mod tests {
         std::fs::write(dir.path().join("extra.img"), b"").unwrap();
         let err = verify(dir.path(), &sums).unwrap_err().to_string();
         assert!(err.contains("extra.img was added"), "{err}");
+
+        // Same length, same second: the change is still seen (ctime moves).
+        std::fs::write(dir.path().join("core-1.img"), b"registerz").unwrap();
+        let err = verify(dir.path(), &sums).unwrap_err().to_string();
+        assert!(err.contains("core-1.img has changed"), "{err}");
+        std::fs::write(dir.path().join("core-1.img"), b"registers").unwrap();
 
         std::fs::remove_file(dir.path().join("extra.img")).unwrap();
         std::fs::remove_file(dir.path().join("core-1.img")).unwrap();
