@@ -377,14 +377,6 @@ async fn a_vm_memory_snapshot_forks_into_vms_that_continue_from_it() {
         .exec(&source, &["disk-write", "1", "5", "before"])
         .await;
     assert_eq!(wrote.out(), "status=0\n");
-    let (status, filesystem) = daemon
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{source}/snapshots"),
-            Some(json!({"kind": "filesystem"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{filesystem}");
     let (status, snap) = daemon
         .call(
             Method::POST,
@@ -464,4 +456,71 @@ async fn a_vm_memory_snapshot_forks_into_vms_that_continue_from_it() {
         "{} outlived its last fork",
         images.display()
     );
+}
+
+#[tokio::test]
+async fn a_vm_filesystem_snapshot_becomes_an_image() {
+    let Some((daemon, _guest)) = vm_daemon() else {
+        return;
+    };
+    let source = daemon
+        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
+        .await;
+    let wrote = daemon
+        .exec(&source, &["disk-write", "1", "7", "keep"])
+        .await;
+    assert_eq!(wrote.out(), "status=0\n");
+    let (status, snap) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{source}/snapshots"),
+            Some(json!({"kind": "filesystem"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{snap}");
+    let snap = snap["id"].as_str().expect("snapshot id").to_string();
+    // Written after the snapshot: not in it.
+    daemon
+        .exec(&source, &["disk-write", "1", "7", "gone"])
+        .await;
+
+    let child = daemon
+        .create(json!({"runtime": "vm", "image": snap, "memory_mib": 32}))
+        .await;
+    let read = daemon
+        .exec(&child, &["disk-read", "1", "7", "0", "4"])
+        .await;
+    assert_eq!(read.out(), "6b656570\n", "the snapshot's disk");
+    // The image underneath is the source's.
+    assert_eq!(
+        daemon
+            .exec(&child, &["disk-read", "0", "2", "56", "2"])
+            .await
+            .out(),
+        "53ef\n"
+    );
+    // The child's writes are its own.
+    daemon.exec(&child, &["disk-write", "1", "7", "mine"]).await;
+    let again = daemon
+        .create(json!({"runtime": "vm", "image": snap, "memory_mib": 32}))
+        .await;
+    let read = daemon
+        .exec(&again, &["disk-read", "1", "7", "0", "4"])
+        .await;
+    assert_eq!(read.out(), "6b656570\n");
+
+    // Only microVMs can start from a microVM's disk.
+    let (status, body) = daemon
+        .call(Method::POST, "/v1/sandboxes", Some(json!({"image": snap})))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_image", "{body}");
+
+    for id in [&source, &child, &again] {
+        daemon.delete(id).await;
+    }
+    let (status, _) = daemon
+        .call(Method::DELETE, &format!("/v1/snapshots/{snap}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
 }

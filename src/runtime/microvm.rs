@@ -68,6 +68,10 @@ pub struct VmSpec {
     /// Set for a fork: restore this memory snapshot instead of booting.
     #[serde(default)]
     pub restore: Option<VmRestore>,
+    /// Start from a clone of this disk (a filesystem snapshot's) instead of
+    /// an empty scratch disk.
+    #[serde(default)]
+    pub scratch_from: Option<PathBuf>,
     /// The uid and gid the VMM drops to once the VM is built, chrooted in
     /// the VM's run directory.
     pub uid: u32,
@@ -261,9 +265,15 @@ pub fn start(
     lap("netns", &mut phases);
 
     let scratch = VmPaths::scratch(&config.layer_dir);
-    match &vm.restore {
-        Some(restore) => clone_file(&restore.scratch, &scratch)
-            .map_err(|e| MicrovmError::Scratch(e.to_string()))?,
+    let disk_from = vm
+        .restore
+        .as_ref()
+        .map(|r| &r.scratch)
+        .or(vm.scratch_from.as_ref());
+    match disk_from {
+        Some(from) => {
+            clone_file(from, &scratch).map_err(|e| MicrovmError::Scratch(e.to_string()))?
+        }
         None => {
             // Templates beside the layers, on the same btrfs, so each
             // scratch disk is a reflink of one formatted once.
@@ -518,4 +528,20 @@ fn chown_tree_to_root(dir: &Path) -> io::Result<()> {
         std::os::unix::fs::lchown(entry.path(), Some(0), Some(0))?;
     }
     Ok(())
+}
+
+/// Clones the scratch disk to `to` while the guest is paused (a
+/// filesystem snapshot: crash-consistent, the guest's unwritten cache aside).
+pub fn clone_disk_paused(
+    paths: &SandboxPaths,
+    layer_dir: &Path,
+    to: &Path,
+) -> Result<(), MicrovmError> {
+    let vm_paths = VmPaths::new(paths);
+    let cloned = control(&vm_paths, "pause").and_then(|_| {
+        clone_file(&VmPaths::scratch(layer_dir), to)
+            .map_err(|e| MicrovmError::Scratch(format!("copying it for the snapshot: {e}")))
+    });
+    let resumed = control(&vm_paths, "resume");
+    cloned.and(resumed.map(|_| ()))
 }

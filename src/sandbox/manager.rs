@@ -316,11 +316,24 @@ impl Manager {
             .image
             .clone()
             .unwrap_or_else(|| self.config.default_image.clone());
-        if runtime == "vm" && self.snapshot_image(&image_name)?.is_some() {
-            return Err(SandboxError::bad(
-                "invalid_image",
-                format!("{image_name} is a filesystem snapshot of a container; microVMs boot built images only"),
-            ));
+        // A filesystem snapshot is an image for sandboxes of its own kind:
+        // a container's is overlay layers, a microVM's a disk.
+        if let Some(snapshot) = self.snapshot_image(&image_name)? {
+            match (runtime, snapshot.vm_scratch.is_some()) {
+                ("vm", false) => {
+                    return Err(SandboxError::bad(
+                        "invalid_image",
+                        format!("{image_name} is a filesystem snapshot of a container; use it with runtime \"container\""),
+                    ))
+                }
+                ("container", true) => {
+                    return Err(SandboxError::bad(
+                        "invalid_image",
+                        format!("{image_name} is a filesystem snapshot of a microVM; use it with runtime \"vm\""),
+                    ))
+                }
+                _ => {}
+            }
         }
         // The warm pool holds containers.
         if runtime == "container" {
@@ -432,6 +445,7 @@ impl Manager {
             agent_disk,
             scratch_bytes: record.limits.disk_mib << 20,
             restore: None,
+            scratch_from: None,
             uid: record
                 .vm_uid
                 .ok_or_else(|| SandboxError::internal("a microVM record without its uid"))?,
@@ -631,6 +645,11 @@ impl Manager {
         let vm = if record.runtime == "vm" {
             let mut spec = self.vm_spec(&record, &image).await?;
             spec.restore = vm_restore;
+            spec.scratch_from = record
+                .base_snapshot
+                .as_deref()
+                .and_then(|b| self.snapshots.get(b))
+                .and_then(|m| m.vm_scratch);
             Some(spec)
         } else {
             None

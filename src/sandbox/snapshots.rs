@@ -61,12 +61,6 @@ impl Manager {
                 ),
             });
         }
-        if record.runtime == "vm" && kind == SnapshotKind::Filesystem {
-            return Err(SandboxError::bad(
-                "vm_snapshot_unsupported",
-                "filesystem snapshots of microVM sandboxes are not available yet; take {\"kind\": \"memory\"}",
-            ));
-        }
         if kind == SnapshotKind::Memory && !record.gpus.is_empty() {
             return Err(SandboxError::bad(
                 "gpu_snapshot_unsupported",
@@ -162,6 +156,9 @@ impl Manager {
         dir: &Path,
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
+        if record.runtime == "vm" && kind == SnapshotKind::Filesystem {
+            return self.capture_vm_disk(record, snapshot_id, dir, base).await;
+        }
         if record.runtime == "vm" {
             return self.capture_vm(record, snapshot_id, dir, base).await;
         }
@@ -225,6 +222,67 @@ impl Manager {
             size_bytes,
             deleted: false,
             memory,
+            vm_scratch: None,
+        };
+        self.snapshots
+            .save(&self.disk, &meta)
+            .map_err(SandboxError::internal)?;
+        Ok(meta)
+    }
+
+    /// A microVM's filesystem snapshot: its scratch disk (the overlay's
+    /// upper layer over the image), cloned while the guest is paused. A
+    /// sandbox made from it starts with a clone of that disk over the same
+    /// image.
+    async fn capture_vm_disk(
+        &self,
+        record: &super::record::SandboxRecord,
+        snapshot_id: &str,
+        dir: &Path,
+        base: SnapshotBase,
+    ) -> Result<SnapshotMeta, SandboxError> {
+        let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
+        let mut conn = self.connect(&record.id).await?;
+        match conn
+            .call(
+                &ShimRequest::CloneDisk {
+                    to: scratch.clone(),
+                },
+                CHECKPOINT_DEADLINE,
+            )
+            .await?
+        {
+            ShimReply::Ok => {}
+            ShimReply::Error(e) => {
+                return Err(SandboxError::internal(format!(
+                    "snapshotting the microVM's disk: {}",
+                    e.message
+                )))
+            }
+            other => {
+                return Err(SandboxError::internal(format!(
+                    "the supervisor answered a disk snapshot with {other:?}"
+                )))
+            }
+        }
+        let size_bytes = std::fs::metadata(&scratch)
+            .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
+            .unwrap_or(0);
+        let meta = SnapshotMeta {
+            version: META_VERSION,
+            id: snapshot_id.to_string(),
+            kind: SnapshotKind::Filesystem,
+            sandbox: record.id.clone(),
+            image: base.image,
+            image_digest: record.image_digest.clone(),
+            base_rootfs: base.base_rootfs,
+            layers: Vec::new(),
+            parents: base.parents,
+            created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+            size_bytes,
+            deleted: false,
+            memory: None,
+            vm_scratch: Some(scratch),
         };
         self.snapshots
             .save(&self.disk, &meta)
@@ -302,6 +360,7 @@ impl Manager {
                 processes,
                 vm: Some(crate::snapshot::VmImage { scratch }),
             }),
+            vm_scratch: None,
         };
         self.snapshots
             .save(&self.disk, &meta)

@@ -74,6 +74,11 @@ pub enum ShimRequest {
     File(RequestBody),
     /// Kill everything, remove the container, exit.
     Shutdown,
+    /// A microVM only: pause the guest, clone its scratch disk to `to`,
+    /// resume it. Reply: [`ShimReply::Ok`].
+    CloneDisk {
+        to: std::path::PathBuf,
+    },
     /// Checkpoint the sandbox's process tree (frozen by the daemon, left
     /// running) with CRIU. Reply: [`ShimReply::Checkpointed`].
     Checkpoint {

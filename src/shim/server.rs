@@ -125,6 +125,7 @@ async fn answer(
                 .checkpoint(criu, freezer, images_dir, work_dir)
                 .await,
         ),
+        ShimRequest::CloneDisk { to } => reply_of(supervisor.clone_disk(to).await),
         ShimRequest::EgressLog => {
             ShimReply::EgressLog(supervisor.egress.get().map(|e| e.log()).unwrap_or_default())
         }

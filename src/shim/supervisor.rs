@@ -144,6 +144,29 @@ impl Supervisor {
 
     /// Checkpoints the sandbox's tree into `images_dir` with CRIU. The
     /// daemon has frozen the sandbox; the tree keeps running afterwards.
+    /// A crash-consistent copy of a microVM's scratch disk: the guest is
+    /// paused while it is cloned (reflink), so no write is half in it.
+    pub async fn clone_disk(
+        &self,
+        to: std::path::PathBuf,
+    ) -> Result<super::protocol::ShimReply, ShimError> {
+        if !self.config.is_vm() {
+            return Err(err(
+                ShimErrorKind::InvalidInput,
+                "only a microVM has a scratch disk",
+            ));
+        }
+        let paths = self.paths.clone();
+        let layer_dir = self.config.layer_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::runtime::microvm::clone_disk_paused(&paths, &layer_dir, &to)
+        })
+        .await
+        .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
+        .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?;
+        Ok(super::protocol::ShimReply::Ok)
+    }
+
     pub async fn checkpoint(
         &self,
         criu: std::path::PathBuf,

@@ -61,6 +61,10 @@ pub struct SnapshotMeta {
     /// A memory snapshot's checkpoint.
     #[serde(default)]
     pub memory: Option<MemoryImage>,
+    /// A microVM's filesystem snapshot: the clone of its scratch disk, which
+    /// sandboxes made from it start with (its `layers` are empty).
+    #[serde(default)]
+    pub vm_scratch: Option<PathBuf>,
 }
 
 /// What a memory snapshot holds beyond its layer, and what its forks get.
