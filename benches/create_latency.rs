@@ -296,13 +296,6 @@ fn main() {
         "  ratio sandboxd output / runc (cold)      {:8.2}",
         m_out / m_runc
     );
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
-    let _ = std::fs::create_dir_all(&dir);
-    let file = dir.join("create_latency.json");
-    std::fs::write(
-        &file,
-        serde_json::to_string_pretty(&raw).unwrap_or_default(),
-    )
-    .expect("write results");
+    let file = peers::write_results("create_latency", &raw);
     println!("  raw samples: {}", file.display());
 }

@@ -18,7 +18,6 @@ mod peers;
 #[path = "../tests/common/upstream.rs"]
 mod upstream;
 
-use std::path::Path;
 use std::process::Command;
 
 use common::Daemon;
@@ -195,11 +194,5 @@ fn main() {
             "proxy_default_cap_mb_per_s": cr,
         },
     });
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
-    let _ = std::fs::create_dir_all(&dir);
-    std::fs::write(
-        dir.join("egress.json"),
-        serde_json::to_string_pretty(&raw).unwrap_or_default(),
-    )
-    .expect("write results");
+    peers::write_results("egress", &raw);
 }

@@ -193,11 +193,5 @@ fn main() {
         "vm_fork_to_ready": s.fork_ready,
         "medians": medians,
     });
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
-    let _ = std::fs::create_dir_all(&dir);
-    std::fs::write(
-        dir.join("microvm.json"),
-        serde_json::to_string_pretty(&raw).unwrap_or_default(),
-    )
-    .expect("write results");
+    peers::write_results("microvm", &raw);
 }

@@ -78,3 +78,14 @@ pub fn median(samples: &[f64]) -> f64 {
         _ => (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0,
     }
 }
+
+/// Writes a benchmark's raw samples to `benches/results/<name>.json`;
+/// returns the path.
+pub fn write_results(name: &str, raw: &Value) -> std::path::PathBuf {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
+    let _ = std::fs::create_dir_all(&dir);
+    let file = dir.join(format!("{name}.json"));
+    std::fs::write(&file, serde_json::to_string_pretty(raw).unwrap_or_default())
+        .expect("write results");
+    file
+}

@@ -231,11 +231,5 @@ fn main() {
         "runc_restore": restore_ms,
         "medians": medians,
     });
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
-    let _ = std::fs::create_dir_all(&dir);
-    std::fs::write(
-        dir.join("snapshot.json"),
-        serde_json::to_string_pretty(&raw).unwrap_or_default(),
-    )
-    .expect("write results");
+    peers::write_results("snapshot", &raw);
 }

@@ -10,6 +10,7 @@
 //! create/delete path.
 
 mod error;
+mod file_version;
 mod ioctl;
 mod layer;
 mod pool;
@@ -19,6 +20,7 @@ mod snapshot;
 mod tests;
 
 pub use error::DiskError;
+pub use file_version::FileVersion;
 pub use layer::validate_id;
 pub use pool::DiskPool;
 pub use snapshot::free_bytes_at;

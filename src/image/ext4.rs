@@ -407,27 +407,18 @@ pub fn ensure_agent_disk(agent: &Path, dir: &Path) -> Result<PathBuf, Ext4Error>
     Ok(disk)
 }
 
-/// What identifies an unchanged agent binary (and where its disks go).
+/// An agent binary's version, and where its disks go.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct AgentFileId {
     dir: PathBuf,
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
+    version: crate::disk::FileVersion,
 }
 
 impl AgentFileId {
     fn of(agent: &Path, dir: &Path) -> Option<Self> {
-        let m = std::fs::metadata(agent).ok()?;
         Some(AgentFileId {
             dir: dir.to_path_buf(),
-            dev: m.dev(),
-            ino: m.ino(),
-            len: m.len(),
-            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
-            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+            version: crate::disk::FileVersion::read(agent).ok()?,
         })
     }
 }

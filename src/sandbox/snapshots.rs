@@ -35,6 +35,15 @@ type Checkpointed = (
     Vec<crate::api::types::Process>,
 );
 
+/// What a capture produced, for [`Manager::record_snapshot`].
+struct Captured {
+    kind: SnapshotKind,
+    layers: Vec<PathBuf>,
+    size_bytes: u64,
+    memory: Option<MemoryImage>,
+    vm_scratch: Option<PathBuf>,
+}
+
 /// What a new snapshot stacks on.
 struct SnapshotBase {
     image: String,
@@ -207,22 +216,44 @@ impl Manager {
                 .await
                 .unwrap_or(0);
         let mut layers = vec![upper];
-        layers.extend(base.layers);
+        layers.extend(base.layers.iter().cloned());
+        self.record_snapshot(
+            record,
+            snapshot_id,
+            base,
+            Captured {
+                kind,
+                layers,
+                size_bytes,
+                memory,
+                vm_scratch: None,
+            },
+        )
+    }
+
+    /// Records a captured snapshot: its meta, written atomically.
+    fn record_snapshot(
+        &self,
+        record: &super::record::SandboxRecord,
+        snapshot_id: &str,
+        base: SnapshotBase,
+        captured: Captured,
+    ) -> Result<SnapshotMeta, SandboxError> {
         let meta = SnapshotMeta {
             version: META_VERSION,
             id: snapshot_id.to_string(),
-            kind,
+            kind: captured.kind,
             sandbox: record.id.clone(),
             image: base.image,
             image_digest: record.image_digest.clone(),
             base_rootfs: base.base_rootfs,
-            layers,
+            layers: captured.layers,
             parents: base.parents,
             created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            size_bytes,
+            size_bytes: captured.size_bytes,
             deleted: false,
-            memory,
-            vm_scratch: None,
+            memory: captured.memory,
+            vm_scratch: captured.vm_scratch,
         };
         self.snapshots
             .save(&self.disk, &meta)
@@ -268,26 +299,18 @@ impl Manager {
         let size_bytes = std::fs::metadata(&scratch)
             .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
             .unwrap_or(0);
-        let meta = SnapshotMeta {
-            version: META_VERSION,
-            id: snapshot_id.to_string(),
-            kind: SnapshotKind::Filesystem,
-            sandbox: record.id.clone(),
-            image: base.image,
-            image_digest: record.image_digest.clone(),
-            base_rootfs: base.base_rootfs,
-            layers: Vec::new(),
-            parents: base.parents,
-            created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            size_bytes,
-            deleted: false,
-            memory: None,
-            vm_scratch: Some(scratch),
-        };
-        self.snapshots
-            .save(&self.disk, &meta)
-            .map_err(SandboxError::internal)?;
-        Ok(meta)
+        self.record_snapshot(
+            record,
+            snapshot_id,
+            base,
+            Captured {
+                kind: SnapshotKind::Filesystem,
+                layers: Vec::new(),
+                size_bytes,
+                memory: None,
+                vm_scratch: Some(scratch),
+            },
+        )
     }
 
     /// A microVM's memory snapshot: its VMM pauses the guest, writes memory
@@ -337,35 +360,27 @@ impl Manager {
         let size_bytes = tokio::task::spawn_blocking(move || tree_bytes(&measured))
             .await
             .unwrap_or(0);
-        let meta = SnapshotMeta {
-            version: META_VERSION,
-            id: snapshot_id.to_string(),
-            kind: SnapshotKind::Memory,
-            sandbox: record.id.clone(),
-            image: base.image,
-            image_digest: record.image_digest.clone(),
-            base_rootfs: base.base_rootfs,
-            layers: Vec::new(),
-            parents: base.parents,
-            created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-            size_bytes,
-            deleted: false,
-            memory: Some(MemoryImage {
-                images_dir,
-                checkpoint: Default::default(),
-                next_proc,
-                limits: record.limits.clone(),
-                env: record.env.clone(),
-                sha256: Default::default(),
-                processes,
-                vm: Some(crate::snapshot::VmImage { scratch }),
-            }),
-            vm_scratch: None,
-        };
-        self.snapshots
-            .save(&self.disk, &meta)
-            .map_err(SandboxError::internal)?;
-        Ok(meta)
+        self.record_snapshot(
+            record,
+            snapshot_id,
+            base,
+            Captured {
+                kind: SnapshotKind::Memory,
+                layers: Vec::new(),
+                size_bytes,
+                memory: Some(MemoryImage {
+                    images_dir,
+                    checkpoint: Default::default(),
+                    next_proc,
+                    limits: record.limits.clone(),
+                    env: record.env.clone(),
+                    sha256: Default::default(),
+                    processes,
+                    vm: Some(crate::snapshot::VmImage { scratch }),
+                }),
+                vm_scratch: None,
+            },
+        )
     }
 
     /// The part of [`Self::capture`] done while the sandbox is frozen: the

@@ -15,11 +15,12 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use sha2::{Digest, Sha256};
+
+use crate::disk::FileVersion;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IntegrityError {
@@ -50,29 +51,6 @@ pub fn digest_dir(dir: &Path) -> Result<BTreeMap<String, String>, IntegrityError
     Ok(sums)
 }
 
-/// What identifies one version of a file.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct FileVersion {
-    dev: u64,
-    ino: u64,
-    len: u64,
-    mtime_ns: i128,
-    ctime_ns: i128,
-}
-
-impl FileVersion {
-    fn of(meta: &std::fs::Metadata) -> Self {
-        let ns = |s: i64, n: i64| i128::from(s) * 1_000_000_000 + i128::from(n);
-        FileVersion {
-            dev: meta.dev(),
-            ino: meta.ino(),
-            len: meta.len(),
-            mtime_ns: ns(meta.mtime(), meta.mtime_nsec()),
-            ctime_ns: ns(meta.ctime(), meta.ctime_nsec()),
-        }
-    }
-}
-
 /// Files hashed by this process: path -> (version, SHA-256).
 static HASHED: Mutex<Vec<(PathBuf, FileVersion, String)>> = Mutex::new(Vec::new());
 /// Entries kept; the oldest are forgotten first.
@@ -80,7 +58,7 @@ const MAX_HASHED: usize = 65536;
 
 /// The file's SHA-256, from memory when this version was hashed before.
 fn digest_file(path: &Path) -> io::Result<String> {
-    let before = FileVersion::of(&std::fs::metadata(path)?);
+    let before = FileVersion::read(path)?;
     {
         let hashed = HASHED.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((_, _, sum)) = hashed.iter().find(|(p, v, _)| p == path && *v == before) {
@@ -89,7 +67,7 @@ fn digest_file(path: &Path) -> io::Result<String> {
     }
     let sum = hash_file(path)?;
     // Kept only if nothing changed the file while it was read.
-    if FileVersion::of(&std::fs::metadata(path)?) == before {
+    if FileVersion::read(path)? == before {
         let mut hashed = HASHED.lock().unwrap_or_else(|p| p.into_inner());
         hashed.retain(|(p, _, _)| p != path);
         if hashed.len() >= MAX_HASHED {
