@@ -12,7 +12,9 @@ packages=(
   # benchmarks compare against these runtimes (runc checkpoint locks the
   # container's network with iptables-restore)
   runc crun iptables
-  # the microVM boot benchmark (vmm/benches/boot.rs) compares against QEMU microvm
+  # QEMU: the microVM boot benchmark (vmm/benches/boot.rs) compares against
+  # its microvm machine, and tests/guest_kernel.rs boots the guest kernel
+  # under its TCG (this host's kvm_pvm cannot run a stock kernel)
   qemu-system-x86
 )
 missing=()
