@@ -125,8 +125,15 @@ pub fn boot() -> Result<OwnedFd, VmInitError> {
     ));
     // Loopback is a convenience for programs, not needed for the link: a
     // failure is reported and boot goes on.
-    if let Err(e) = loopback_up() {
+    if let Err(e) = set_flags_up("lo") {
         console(&format!("sandbox-agent: cannot bring up lo: {e}"));
+    }
+    // A VM without a network device has no egress, and that is its policy.
+    if Path::new("/sys/class/net/eth0").exists() {
+        match configure_eth0() {
+            Ok(()) => console("sandbox-agent: eth0 is up"),
+            Err(e) => console(&format!("sandbox-agent: cannot configure eth0: {e}")),
+        }
     }
     console(&format!(
         "sandbox-agent: connecting to the host on vsock port {AGENT_VSOCK_PORT}"
@@ -362,18 +369,80 @@ fn rand_pool_info(seed: &[u8]) -> Vec<u32> {
     words
 }
 
-fn loopback_up() -> io::Result<()> {
-    let sock = socket::socket(
+/// An `ifreq` naming `name` (shorter than IFNAMSIZ), the rest zero.
+fn ifreq(name: &str) -> libc::ifreq {
+    // SAFETY: ifreq is plain data; all zeroes is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req
+        .ifr_name
+        .iter_mut()
+        .zip(name.bytes().take(libc::IFNAMSIZ - 1))
+    {
+        *dst = src as libc::c_char;
+    }
+    req
+}
+
+fn inet_socket() -> io::Result<OwnedFd> {
+    Ok(socket::socket(
         AddressFamily::Inet,
         SockType::Datagram,
         SockFlag::SOCK_CLOEXEC,
         None,
-    )?;
-    // SAFETY: ifreq is plain data; all zeroes is a valid value.
-    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
-    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
+    )?)
+}
+
+/// A `sockaddr_in` for `addr`, as the interface ioctls take it.
+fn sockaddr(addr: [u8; 4]) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr {
+            s_addr: u32::from_ne_bytes(addr),
+        },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr are both 16 bytes of plain data; the
+    // kernel reads this one as a sockaddr_in because of its family.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+/// The guest's side of its link to the host's tap: address, up, default
+/// route via the gateway, and the gateway as resolver (DNS to any address
+/// is redirected to the sandbox's resolver anyway).
+fn configure_eth0() -> io::Result<()> {
+    use sandbox_proto::{VM_GATEWAY_V4, VM_GUEST_V4, VM_PREFIX_V4};
+    let sock = inet_socket()?;
+    let mut req = ifreq("eth0");
+    req.ifr_ifru.ifru_addr = sockaddr(VM_GUEST_V4);
+    // SAFETY: SIOCSIFADDR reads the ifreq, which lives across the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFADDR, &req) } != 0 {
+        return Err(io::Error::last_os_error());
     }
+    let mask = u32::MAX << (32 - u32::from(VM_PREFIX_V4));
+    req.ifr_ifru.ifru_netmask = sockaddr(mask.to_be_bytes());
+    // SAFETY: as above.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFNETMASK, &req) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    set_flags_up("eth0")?;
+    // SAFETY: rtentry is plain data; all zeroes is a valid value.
+    let mut route: libc::rtentry = unsafe { std::mem::zeroed() };
+    route.rt_dst = sockaddr([0; 4]);
+    route.rt_genmask = sockaddr([0; 4]);
+    route.rt_gateway = sockaddr(VM_GATEWAY_V4);
+    route.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+    // SAFETY: SIOCADDRT reads the rtentry, which lives across the call.
+    if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCADDRT, &route) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let [a, b, c, d] = VM_GATEWAY_V4;
+    std::fs::write("/etc/resolv.conf", format!("nameserver {a}.{b}.{c}.{d}\n"))
+}
+
+fn set_flags_up(name: &str) -> io::Result<()> {
+    let sock = inet_socket()?;
+    let mut req = ifreq(name);
     // SAFETY: SIOCGIFFLAGS fills the flags of the named interface in `req`,
     // which lives across the call.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGIFFLAGS, &mut req) } != 0 {

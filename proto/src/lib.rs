@@ -40,6 +40,16 @@ pub const AGENT_LINK_ENV: &str = "SANDBOX_AGENT_FD";
 /// cross vsock, so spawns on this link carry `cgroup_fds: 0`.
 pub const AGENT_VSOCK_PORT: u32 = 1025;
 
+/// A microVM's network, the same in every VM (forks need no change): the
+/// guest's `eth0` (virtio-net) has this address in a /30 whose other end,
+/// the default gateway, is the host's tap in the sandbox's namespace, where
+/// every TCP connection is redirected to the egress proxy and DNS to the
+/// sandbox's resolver.
+pub const VM_GUEST_V4: [u8; 4] = [10, 201, 0, 2];
+/// The host end of the guest's link: its default gateway and resolver.
+pub const VM_GATEWAY_V4: [u8; 4] = [10, 201, 0, 1];
+pub const VM_PREFIX_V4: u8 = 30;
+
 /// Put `SANDBOX_AGENT_VM=1` on the guest kernel's command line: the kernel
 /// hands unknown `key=value` words to init as environment variables, and this
 /// one tells the agent it is PID 1 of a microVM (mount the disks, build the

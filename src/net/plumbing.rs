@@ -42,6 +42,17 @@ pub const SANDBOX_V6: Ipv6Addr = Ipv6Addr::new(0xfd5a, 0xdb0c, 0, 0x200, 0, 0, 0
 pub const PEER_V6: Ipv6Addr = Ipv6Addr::new(0xfd5a, 0xdb0c, 0, 0x200, 0, 0, 0, 1);
 pub const PREFIX_V6: u8 = 126;
 
+/// A microVM's tap, inside the namespace: the VMM attaches its virtio-net
+/// device to it. The host end has [`TAP_HOST_V4`] and [`TAP_HOST_MAC`]; the
+/// guest is [`TAP_GUEST_V4`] with [`TAP_GUEST_MAC`], the same in every VM (so
+/// forks need no reconfiguration), with a permanent neighbour entry so the
+/// host never has to ask the guest.
+pub const VM_TAP: &str = "tap0";
+pub const TAP_HOST_V4: Ipv4Addr = v4(sandbox_proto::VM_GATEWAY_V4);
+pub const TAP_GUEST_V4: Ipv4Addr = v4(sandbox_proto::VM_GUEST_V4);
+pub const TAP_HOST_MAC: [u8; 6] = [0x06, 0x00, 0x0a, 0xc9, 0x00, 0x01];
+pub const TAP_GUEST_MAC: [u8; 6] = [0x06, 0x00, 0x0a, 0xc9, 0x00, 0x02];
+
 /// What went wrong while setting up a namespace's interfaces.
 #[derive(Debug, thiserror::Error)]
 pub enum PlumbingError {
@@ -104,6 +115,72 @@ fn setup_here() -> Result<(), PlumbingError> {
     // IPv6 refuses a gateway that is a local address, and the peer's is
     // (both ends live here), so the IPv6 default route is on-link.
     nl.add_default_route(sandbox, AddressFamily::Inet6, None)?;
+    Ok(())
+}
+
+const fn v4(a: [u8; 4]) -> Ipv4Addr {
+    Ipv4Addr::new(a[0], a[1], a[2], a[3])
+}
+
+/// Makes [`VM_TAP`] in the namespace at `netns`: a persistent tap
+/// (`IFF_TAP | IFF_NO_PI | IFF_VNET_HDR`, the flags the VMM attaches with),
+/// up, with the host end's address and MAC and the guest's permanent
+/// neighbour entry. It goes with the namespace.
+pub fn setup_vm_tap(netns: &Path) -> Result<(), PlumbingError> {
+    in_netns(netns, || {
+        create_persistent_tap(VM_TAP).map_err(|source| PlumbingError::Netlink {
+            op: format!("creating tap {VM_TAP}"),
+            source,
+        })?;
+        let mut nl = Netlink::open()?;
+        let tap = if_index(VM_TAP)?;
+        nl.set_mac(tap, &TAP_HOST_MAC)?;
+        nl.add_address(tap, IpAddr::V4(TAP_HOST_V4), sandbox_proto::VM_PREFIX_V4)?;
+        nl.set_up(tap)?;
+        nl.add_neighbour(tap, TAP_GUEST_V4, &TAP_GUEST_MAC)
+    })?
+}
+
+/// TUNSETIFF then TUNSETPERSIST on /dev/net/tun, in the calling thread's
+/// namespace.
+fn create_persistent_tap(name: &str) -> io::Result<()> {
+    const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
+    const TUNSETPERSIST: libc::c_ulong = 0x4004_54cb;
+    const IFF_TAP: libc::c_short = 0x0002;
+    const IFF_NO_PI: libc::c_short = 0x1000;
+    const IFF_VNET_HDR: libc::c_short = 0x4000;
+    #[repr(C)]
+    struct IfReq {
+        name: [u8; libc::IFNAMSIZ],
+        flags: libc::c_short,
+        _pad: [u8; 22],
+    }
+    if name.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "tap name too long",
+        ));
+    }
+    let tun = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    let mut req = IfReq {
+        name: [0; libc::IFNAMSIZ],
+        flags: IFF_TAP | IFF_NO_PI | IFF_VNET_HDR,
+        _pad: [0; 22],
+    };
+    req.name[..name.len()].copy_from_slice(name.as_bytes());
+    use std::os::fd::AsRawFd;
+    // SAFETY: TUNSETIFF reads and writes a `struct ifreq`, which `IfReq`
+    // lays out (name, flags, padding to its 40 bytes); it lives for the call.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETIFF, &mut req) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: TUNSETPERSIST takes an integer argument.
+    if unsafe { libc::ioctl(tun.as_raw_fd(), TUNSETPERSIST, 1 as libc::c_ulong) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(())
 }
 
@@ -204,6 +281,42 @@ impl Netlink {
         self.request(
             &format!("bringing up interface {index}"),
             RouteNetlinkMessage::SetLink(msg),
+        )
+    }
+
+    fn set_mac(&mut self, index: u32, mac: &[u8; 6]) -> Result<(), PlumbingError> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes.push(LinkAttribute::Address(mac.to_vec()));
+        self.request(
+            &format!("setting the MAC of interface {index}"),
+            RouteNetlinkMessage::SetLink(msg),
+        )
+    }
+
+    fn add_neighbour(
+        &mut self,
+        index: u32,
+        addr: Ipv4Addr,
+        mac: &[u8; 6],
+    ) -> Result<(), PlumbingError> {
+        use netlink_packet_route::neighbour::{
+            NeighbourAddress, NeighbourAttribute, NeighbourMessage, NeighbourState,
+        };
+        let mut msg = NeighbourMessage::default();
+        msg.header.family = AddressFamily::Inet;
+        msg.header.ifindex = index;
+        msg.header.state = NeighbourState::Permanent;
+        msg.header.kind = RouteType::Unicast;
+        msg.attributes
+            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
+                addr,
+            )));
+        msg.attributes
+            .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+        self.request(
+            &format!("adding neighbour {addr} on interface {index}"),
+            RouteNetlinkMessage::NewNeighbour(msg),
         )
     }
 
