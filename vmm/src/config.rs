@@ -99,7 +99,13 @@ impl FromStr for NetConfig {
         let mut mac = DEFAULT_GUEST_MAC;
         for opt in parts {
             match opt.strip_prefix("mac=") {
-                Some(m) => mac = m.parse().map_err(|e: crate::devices::virtio::net::MacError| ConfigError::NetSpec(e.to_string()))?,
+                Some(m) => {
+                    mac = m
+                        .parse()
+                        .map_err(|e: crate::devices::virtio::net::MacError| {
+                            ConfigError::NetSpec(e.to_string())
+                        })?
+                }
                 None => {
                     return Err(ConfigError::NetSpec(format!(
                         "unknown option `{opt}` in `{s}`: use --net TAP[,mac=xx:xx:xx:xx:xx:xx]"

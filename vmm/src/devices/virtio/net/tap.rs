@@ -141,7 +141,13 @@ pub fn open_tap(name: &str) -> Result<File, TapError> {
     }
     let size: libc::c_int = VNET_HDR_LEN as libc::c_int;
     // SAFETY: TUNSETVNETHDRSZ reads one int from the pointer, valid for the call.
-    let rc = unsafe { libc::ioctl(file.as_raw_fd(), TUNSETVNETHDRSZ, &size as *const libc::c_int) };
+    let rc = unsafe {
+        libc::ioctl(
+            file.as_raw_fd(),
+            TUNSETVNETHDRSZ,
+            &size as *const libc::c_int,
+        )
+    };
     if rc < 0 {
         return Err(configure(io::Error::last_os_error()));
     }
@@ -159,7 +165,16 @@ mod tests {
 
     #[test]
     fn names_are_checked_before_anything_is_opened() {
-        for bad in ["", "0123456789abcdef", "a/b", "a b", "a,b", "a:b", ".", ".."] {
+        for bad in [
+            "",
+            "0123456789abcdef",
+            "a/b",
+            "a b",
+            "a,b",
+            "a:b",
+            ".",
+            "..",
+        ] {
             assert!(
                 matches!(open_tap(bad), Err(TapError::BadName(_))),
                 "{bad:?}"
