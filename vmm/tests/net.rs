@@ -229,3 +229,65 @@ fn the_binary_refuses_bad_net_flags_with_a_clear_message() {
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("cannot attach to tap lo"), "{err}");
 }
+
+/// The binary, started as the daemon will (`ip netns exec`, default seccomp
+/// filter): the net worker's run-time system calls are all allowed, or the
+/// vmm would die of SIGSYS here.
+#[test]
+fn the_binary_under_seccomp_passes_traffic_through_the_tap() {
+    let Some(kernel) = guest() else { return };
+    let Some(ns) = Netns::with_tap() else { return };
+    let dir = Dir(std::env::temp_dir().join(format!("vmm-net-bin-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).expect("temp dir");
+    let uds = dir.0.join("v.sock");
+    let agent_listener =
+        UnixListener::bind(format!("{}_{AGENT_VSOCK_PORT}", uds.display())).expect("listen");
+    let ns_name = ns.0.clone();
+    let listener = std::thread::spawn(move || {
+        enter_netns(&ns_name);
+        TcpListener::bind("10.201.0.1:0").expect("listen in the namespace")
+    })
+    .join()
+    .expect("listener thread");
+    let port = listener.local_addr().expect("addr").port().to_string();
+    let uds_arg = uds.display().to_string();
+    let kernel = kernel.display().to_string();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &ns.0, env!("CARGO_BIN_EXE_vmm")])
+        .args([
+            "--kernel",
+            &kernel,
+            "--mem-mib",
+            "32",
+            "--timeout-ms",
+            "60000",
+        ])
+        .args([
+            "--net",
+            "tap0,mac=06:00:0a:c9:00:02",
+            "--vsock-uds",
+            &uds_arg,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn vmm");
+    let (stream, _) = agent_listener.accept().expect("the guest's agent connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut agent = Agent {
+        stream,
+        decoder: FrameDecoder::new(),
+        next_id: 1,
+    };
+    assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+    assert_eq!(
+        agent.run(1, &["net-syn", "10.201.0.1", &port]),
+        (format!("synack from 10.201.0.1:{port}\n"), Some(0))
+    );
+    common::GuestConn::open(&uds).quit();
+    let out = child.wait_with_output().expect("vmm exits");
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    drop(listener);
+    drop(ns);
+}
