@@ -291,3 +291,121 @@ fn the_binary_under_seccomp_passes_traffic_through_the_tap() {
     drop(listener);
     drop(ns);
 }
+
+/// Snapshot a VM with a net device, stop it, and fork it with `--restore
+/// ... --net tap0` in the same namespace: the fork re-attaches to the tap
+/// and its guest (gateway MAC still cached in its memory) reaches the
+/// listener. A restore without `--net`, or with another MAC, is refused.
+#[test]
+fn a_snapshot_restores_onto_the_tap_named_again() {
+    let Some(kernel) = guest() else { return };
+    let Some(ns) = Netns::with_tap() else { return };
+    let dir = Dir(std::env::temp_dir().join(format!("vmm-net-snap-{}", std::process::id())));
+    let snap = dir.0.join("snap");
+    std::fs::create_dir_all(&snap).expect("temp dir");
+    let uds = dir.0.join("a.sock");
+    let agent_listener =
+        UnixListener::bind(format!("{}_{AGENT_VSOCK_PORT}", uds.display())).expect("listen");
+    let config = VmConfig {
+        kernel,
+        mem_mib: 32,
+        timeout: Some(Duration::from_secs(60)),
+        vsock: Some(VsockConfig {
+            cid: 3,
+            uds_path: uds.clone(),
+        }),
+        net: Some(NetConfig {
+            tap: "tap0".into(),
+            mac: DEFAULT_GUEST_MAC,
+        }),
+        ..Default::default()
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ns_name = ns.0.clone();
+    let vm = std::thread::spawn(move || {
+        enter_netns(&ns_name);
+        let listener = TcpListener::bind("10.201.0.1:0").expect("listen in the namespace");
+        let machine = vmm::build(&config, Box::new(Captured::default())).expect("build");
+        tx.send((listener, machine.handle())).expect("send");
+        machine.run()
+    });
+    let (listener, handle) = rx.recv().expect("the VM was built");
+    let port = listener.local_addr().expect("addr").port().to_string();
+    let (stream, _) = agent_listener.accept().expect("the guest's agent connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut agent = Agent {
+        stream,
+        decoder: FrameDecoder::new(),
+        next_id: 1,
+    };
+    assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+    assert_eq!(agent.run(1, &["net-syn", "10.201.0.1", &port]).1, Some(0));
+    handle.snapshot(&snap).expect("snapshot");
+    handle.resume().expect("resume");
+    common::GuestConn::open(&uds).quit();
+    let report = vm.join().expect("thread").expect("run");
+    assert_eq!(report.exit, vmm::GuestExit::Code(0));
+    // The handle shares the devices: the tap stays attached (and a second
+    // attach gets EBUSY) until it goes.
+    drop(handle);
+
+    let fork_uds = dir.0.join("b.sock");
+    let snap_arg = snap.display().to_string();
+    let fork_uds_arg = fork_uds.display().to_string();
+    let restore = |extra: &[&str]| {
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &ns.0, env!("CARGO_BIN_EXE_vmm")])
+            .args(["--restore", &snap_arg, "--vsock-uds", &fork_uds_arg])
+            .args(["--timeout-ms", "60000"])
+            .args(extra)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        cmd
+    };
+    let out = restore(&[]).output().expect("run vmm");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the snapshot has a net device: give --net TAP"),
+        "{err}"
+    );
+    let out = restore(&["--net", "tap0,mac=02:00:00:00:00:01"])
+        .output()
+        .expect("run vmm");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("use --net tap0,mac=06:00:0a:c9:00:02"),
+        "{err}"
+    );
+
+    let fork_agent =
+        UnixListener::bind(format!("{}_{AGENT_VSOCK_PORT}", fork_uds.display())).expect("listen");
+    let child = restore(&["--net", "tap0"]).spawn().expect("spawn fork");
+    let (stream, _) = fork_agent.accept().expect("the fork's agent dials again");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    let mut agent = Agent {
+        stream,
+        decoder: FrameDecoder::new(),
+        next_id: 100,
+    };
+    assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+    assert_eq!(
+        agent.run(2, &["net-syn", "10.201.0.1", &port]),
+        (format!("synack from 10.201.0.1:{port}\n"), Some(0))
+    );
+    common::GuestConn::open(&fork_uds).quit();
+    let out = child.wait_with_output().expect("fork exits");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(listener);
+    drop(ns);
+}
