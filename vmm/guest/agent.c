@@ -23,6 +23,9 @@
  *   disk-read D S [OFF [LEN]]    hex of LEN (16) bytes at OFF of sector S of disk D
  *   disk-write D S TEXT          writes TEXT at the start of sector S, flushes
  *   exit N                       exits with code N
+ *   net-syn A.B.C.D PORT         a TCP SYN through the net device (net.c):
+ *                                `synack from A.B.C.D:PORT` (exit 0), `rst from
+ *                                A.B.C.D:PORT` or `no answer` (exit 1)
  *
  * The codec is postcard as serde derives it for the Rust types: unsigned
  * integers as LEB128 varints, signed ones zigzag-encoded first, enums as a
@@ -297,6 +300,59 @@ static int run_disk_write(struct str *argv, int argc)
 	return st ? 1 : 0;
 }
 
+/* A dotted IPv4 address, in host order; -1 if it is not one. */
+static int parse_ip(struct str s, unsigned int *ip)
+{
+	unsigned long i, part = 0, parts = 0, digits = 0;
+
+	*ip = 0;
+	for (i = 0; i <= s.n; i++) {
+		if (i == s.n || s.p[i] == '.') {
+			if (!digits || part > 255 || parts == 4)
+				return -1;
+			*ip = (*ip << 8) | (unsigned int)part;
+			parts++;
+			part = 0;
+			digits = 0;
+		} else if (s.p[i] >= '0' && s.p[i] <= '9' && digits < 3) {
+			part = part * 10 + (s.p[i] - '0');
+			digits++;
+		} else {
+			return -1;
+		}
+	}
+	return parts == 4 ? 0 : -1;
+}
+
+static int run_net_syn(struct str *argv, int argc)
+{
+	unsigned long port;
+	unsigned int ip;
+	int r;
+
+	if (argc != 3 || parse_ip(argv[1], &ip) || parse_dec(argv[2], &port) || !port ||
+	    port > 65535)
+		return usage("usage: net-syn A.B.C.D PORT\n");
+	r = net_syn(ip, (unsigned int)port);
+	if (r == NET_SYNACK || r == NET_RST) {
+		text_str(r == NET_SYNACK ? "synack from " : "rst from ");
+		text_dec(ip >> 24);
+		text_char('.');
+		text_dec((ip >> 16) & 0xff);
+		text_char('.');
+		text_dec((ip >> 8) & 0xff);
+		text_char('.');
+		text_dec(ip & 0xff);
+		text_char(':');
+		text_dec(port);
+		text_char('\n');
+		return r == NET_SYNACK ? 0 : 1;
+	}
+	text_str(r == NET_NO_DEVICE ? "no net device\n" :
+		 r == NET_NO_ARP ? "no answer from the gateway (ARP)\n" : "no answer\n");
+	return 1;
+}
+
 /* Runs a built-in; returns its exit code, or -1 if there is no such program. */
 static int run_builtin(struct str *argv, int argc, int *to_stderr)
 {
@@ -348,6 +404,11 @@ static int run_builtin(struct str *argv, int argc, int *to_stderr)
 			return usage("usage: exit N (0-255)\n");
 		}
 		return (int)v;
+	}
+	if (str_is(argv[0], "net-syn")) {
+		code = run_net_syn(argv, argc);
+		*to_stderr = code == 2;
+		return code;
 	}
 	if (str_is(argv[0], "disk-read") || str_is(argv[0], "disk-write")) {
 		code = argv[0].n == 9 ? run_disk_read(argv, argc) : run_disk_write(argv, argc);

@@ -28,6 +28,7 @@ struct boot_virtio {
 	unsigned int device_type;    /* virtio device ID */
 };
 
+#define VIRTIO_ID_NET 1u
 #define VIRTIO_ID_BLOCK 2u
 #define VIRTIO_ID_VSOCK 19u
 

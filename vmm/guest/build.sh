@@ -15,5 +15,5 @@ flags="-m64 -O2 -ffreestanding -nostdlib -fno-pic -no-pie -static -mno-red-zone
 # shellcheck disable=SC2086 # $flags is a word list
 $cc $flags -Wl,--build-id=none -Wl,--no-warn-rwx-segments -Wl,-T,"$here/guest.ld" \
 	-o "$out/test-guest.elf" "$here/start.S" "$here/note.S" "$here/guest.c" "$here/virtio.c" \
-	"$here/devices.c" "$here/agent.c" "$here/irq.c" "$here/pvh.c"
+	"$here/devices.c" "$here/net.c" "$here/agent.c" "$here/irq.c" "$here/pvh.c"
 echo "$out/test-guest.elf"

@@ -211,6 +211,7 @@ __attribute__((noreturn)) void guest_main(const struct boot_info *bi)
 	 * few thousand instructions. serve_vsock returns only without vsock. */
 	if (bi->virtio_count) {
 		run_block_checks(bi);
+		net_init(bi);
 		serve_vsock(bi);
 	}
 

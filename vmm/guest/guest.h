@@ -35,5 +35,19 @@ int agent_data(const unsigned char *data, unsigned int len);
 /* irq.c: routes a GSI to the guest's one interrupt vector (setting up the
  * IDT and local APIC the first time). */
 void irq_route(unsigned int gsi);
+/* irq.c: a one-shot local APIC timer on that vector, to bound a wait. */
+void irq_timer_start(unsigned int count);
+unsigned int irq_timer_left(void);
+void irq_timer_stop(void);
+
+/* net.c: the virtio-net driver, only with a net device listed. */
+void net_init(const struct boot_info *bi);
+/* Sends a TCP SYN from 10.201.0.2 to ip:port (ip in host order) through
+ * the gateway 10.201.0.1 (its MAC learnt once by ARP) and waits (bounded)
+ * for the answer. Returns NET_SYNACK (an RST was sent back), NET_RST (the
+ * peer refused), NET_NO_ANSWER, NET_NO_ARP (the gateway did not answer
+ * ARP) or NET_NO_DEVICE. */
+enum { NET_SYNACK = 0, NET_RST = 1, NET_NO_ANSWER = 2, NET_NO_ARP = 3, NET_NO_DEVICE = 4 };
+int net_syn(unsigned int ip, unsigned int port);
 
 #endif

@@ -24,6 +24,7 @@ use crate::devices::serial::{
 };
 use crate::devices::virtio::block::{Block, BlockError, Disk};
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::{Net, NetError};
 use crate::devices::virtio::vsock::{Vsock, VsockError};
 use crate::devices::virtio::{Interrupt, VirtioDevice};
 use crate::loader::initrd::{self, Initrd, InitrdError};
@@ -78,6 +79,9 @@ pub enum BuildError {
     /// The vsock device could not be set up.
     #[error(transparent)]
     Vsock(#[from] VsockError),
+    /// The net device (its tap) could not be set up.
+    #[error(transparent)]
+    Net(#[from] NetError),
     /// A device's saved state could not be restored.
     #[error("cannot restore the device: {0}")]
     Restore(String),
@@ -184,12 +188,15 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
         Some(path) => Some(Initrd::open(path)?),
         None => None,
     };
-    // Disks and the vsock socket before KVM: a wrong path is the likelier
+    // Disks, the tap and the vsock socket before KVM: a wrong path is the likelier
     // mistake and the cheaper check.
     let mut devices: Vec<Box<dyn VirtioDevice>> = Vec::new();
     for (i, disk) in config.disks.iter().enumerate() {
         let id = format!("disk{i}");
         devices.push(Box::new(Block::new(Disk::from_config(disk, &id)?, &id)?));
+    }
+    if let Some(n) = &config.net {
+        devices.push(Box::new(Net::new(&n.tap, n.mac)?));
     }
     if let Some(v) = &config.vsock {
         devices.push(Box::new(Vsock::new(v.cid, &v.uds_path)?));

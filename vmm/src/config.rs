@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use crate::arch::layout::{CMDLINE_MAX_LEN, MAX_VIRTIO_DEVICES, MIN_MEM_MIB};
 use crate::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
+use crate::devices::virtio::net::tap::{check_name, TapError};
+use crate::devices::virtio::net::{Mac, DEFAULT_GUEST_MAC};
 use crate::devices::virtio::vsock::{MAX_GUEST_CID, MIN_GUEST_CID};
 use crate::vstate::memory::MIB;
 
@@ -77,6 +79,44 @@ pub struct VsockConfig {
     pub uds_path: PathBuf,
 }
 
+/// The virtio-net device: the daemon's persistent tap, by name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetConfig {
+    /// The tap's interface name (in the vmm's network namespace).
+    pub tap: String,
+    /// The guest's MAC.
+    pub mac: Mac,
+}
+
+impl FromStr for NetConfig {
+    type Err = ConfigError;
+
+    /// `TAP[,mac=xx:xx:xx:xx:xx:xx]` (the `--net` flag's syntax).
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let mut parts = s.split(',');
+        let tap = parts.next().unwrap_or_default().to_owned();
+        check_name(&tap)?;
+        let mut mac = DEFAULT_GUEST_MAC;
+        for opt in parts {
+            match opt.strip_prefix("mac=") {
+                Some(m) => {
+                    mac = m
+                        .parse()
+                        .map_err(|e: crate::devices::virtio::net::MacError| {
+                            ConfigError::NetSpec(e.to_string())
+                        })?
+                }
+                None => {
+                    return Err(ConfigError::NetSpec(format!(
+                        "unknown option `{opt}` in `{s}`: use --net TAP[,mac=xx:xx:xx:xx:xx:xx]"
+                    )))
+                }
+            }
+        }
+        Ok(NetConfig { tap, mac })
+    }
+}
+
 /// Most vCPUs a VM may have: APIC IDs are 8 bits and 0xff is broadcast.
 pub const MAX_VCPUS: u8 = 254;
 
@@ -111,6 +151,8 @@ pub struct VmConfig {
     pub disks: Vec<DiskConfig>,
     /// The virtio-vsock device, if any.
     pub vsock: Option<VsockConfig>,
+    /// The virtio-net device, if any.
+    pub net: Option<NetConfig>,
 }
 
 impl Default for VmConfig {
@@ -128,6 +170,7 @@ impl Default for VmConfig {
             timeout: None,
             disks: Vec::new(),
             vsock: None,
+            net: None,
         }
     }
 }
@@ -196,7 +239,7 @@ pub enum ConfigError {
     DiskSpec(String),
     /// More virtio devices than the machine has slots for.
     #[error(
-        "{count} virtio devices requested (disks plus vsock), at most {max} fit: \
+        "{count} virtio devices requested (disks plus vsock and net), at most {max} fit: \
          use fewer --disk flags"
     )]
     TooManyDevices {
@@ -210,6 +253,12 @@ pub enum ConfigError {
         "vsock CID {0} is invalid: --vsock-cid must be between {MIN_GUEST_CID} and {MAX_GUEST_CID}"
     )]
     VsockCid(u64),
+    /// A bad `--net` tap name.
+    #[error(transparent)]
+    NetTap(#[from] TapError),
+    /// A bad `--net` value.
+    #[error("bad --net value: {0}")]
+    NetSpec(String),
 }
 
 /// This host's RAM in MiB.
@@ -266,7 +315,8 @@ impl VmConfig {
         if self.cmdline.contains('\0') {
             return Err(ConfigError::CmdlineNul);
         }
-        let count = self.disks.len() + usize::from(self.vsock.is_some());
+        let count =
+            self.disks.len() + usize::from(self.vsock.is_some()) + usize::from(self.net.is_some());
         if count > MAX_VIRTIO_DEVICES {
             return Err(ConfigError::TooManyDevices {
                 count,
@@ -277,6 +327,9 @@ impl VmConfig {
             if !(MIN_GUEST_CID..=MAX_GUEST_CID).contains(&v.cid) {
                 return Err(ConfigError::VsockCid(v.cid));
             }
+        }
+        if let Some(n) = &self.net {
+            check_name(&n.tap)?;
         }
         Ok(())
     }

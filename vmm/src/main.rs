@@ -18,7 +18,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use vmm::config::{dup_inherited, DiskConfig, VsockConfig};
+use vmm::config::{dup_inherited, DiskConfig, NetConfig, VsockConfig};
 use vmm::control::ControlServer;
 use vmm::devices::serial::DEFAULT_SERIAL_CAP_BYTES;
 use vmm::seccomp::{self, SeccompMode};
@@ -99,6 +99,11 @@ struct Args {
     /// PATH_P.
     #[arg(long, value_name = "PATH")]
     vsock_uds: Option<PathBuf>,
+    /// virtio-net on the daemon's persistent tap (IFF_TAP | IFF_NO_PI |
+    /// IFF_VNET_HDR) named TAP, in the vmm's network namespace; the guest
+    /// gets MAC (default 06:00:0a:c9:00:02). Opened before --jail and seccomp.
+    #[arg(long, value_name = "TAP[,mac=MAC]", value_parser = parse_net)]
+    net: Option<NetConfig>,
     /// The guest's vsock context ID.
     #[arg(long, value_name = "N", default_value_t = 3, requires = "vsock_uds")]
     vsock_cid: u64,
@@ -128,6 +133,10 @@ struct Args {
 }
 
 fn parse_disk(s: &str) -> Result<DiskConfig, String> {
+    s.parse().map_err(|e: vmm::ConfigError| e.to_string())
+}
+
+fn parse_net(s: &str) -> Result<NetConfig, String> {
     s.parse().map_err(|e: vmm::ConfigError| e.to_string())
 }
 
@@ -199,6 +208,7 @@ fn main() -> ExitCode {
             dir: dir.clone(),
             disks: args.disks.clone(),
             vsock_uds: args.vsock_uds.clone(),
+            net: args.net.clone(),
             serial_cap_bytes: args.serial_log_cap,
             kvm_device: args.kvm_device.clone(),
             timeout: args.timeout_ms.map(Duration::from_millis),
@@ -228,6 +238,7 @@ fn main() -> ExitCode {
             timeout: args.timeout_ms.map(Duration::from_millis),
             disks: args.disks.clone(),
             vsock,
+            net: args.net.clone(),
         };
         // Refuse bad input before creating the log file.
         if let Err(e) = config.validate() {

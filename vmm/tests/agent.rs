@@ -10,10 +10,9 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{guest, Captured};
+use common::{guest, Agent, Captured};
 use sandbox_proto::{
-    decode, encode, AgentMessage, ErrorKind, FrameDecoder, Reply, Request, RequestBody,
-    SpawnRequest, AGENT_VSOCK_PORT,
+    AgentMessage, ErrorKind, FrameDecoder, Reply, RequestBody, SpawnRequest, AGENT_VSOCK_PORT,
 };
 use vmm::config::{DiskConfig, DiskSource, VsockConfig};
 use vmm::{GuestExit, VmConfig};
@@ -31,82 +30,6 @@ impl Dir {
 impl Drop for Dir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct Agent {
-    stream: UnixStream,
-    decoder: FrameDecoder,
-    next_id: u64,
-}
-
-impl Agent {
-    fn next_message(&mut self) -> AgentMessage {
-        loop {
-            if let Some(frame) = self.decoder.next_frame().expect("frame") {
-                return decode(&frame).expect("decode");
-            }
-            let mut buf = [0u8; 4096];
-            let n = self.stream.read(&mut buf).expect("read from the agent");
-            assert!(n > 0, "the agent closed its link");
-            self.decoder.push(&buf[..n]);
-        }
-    }
-
-    fn call(&mut self, body: RequestBody) -> (Reply, Vec<AgentMessage>) {
-        let id = self.next_id;
-        self.next_id += 1;
-        let frame = encode(&Request { id, body }).expect("encode");
-        self.stream.write_all(&frame).expect("write");
-        let reply = match self.next_message() {
-            AgentMessage::Reply { id: got, reply } if got == id => reply,
-            other => panic!("expected the reply to {id}, got {other:?}"),
-        };
-        let mut rest = Vec::new();
-        if matches!(reply, Reply::Spawned { .. }) {
-            loop {
-                let m = self.next_message();
-                let done = matches!(m, AgentMessage::Exit { .. });
-                rest.push(m);
-                if done {
-                    break;
-                }
-            }
-        }
-        (reply, rest)
-    }
-
-    fn run(&mut self, proc: u64, argv: &[&str]) -> (String, Option<i32>) {
-        let (reply, rest) = self.call(RequestBody::Spawn(SpawnRequest {
-            proc,
-            argv: argv.iter().map(|s| s.to_string()).collect(),
-            code: None,
-            env: vec![("PATH".into(), "/bin".into())],
-            cwd: "/root".into(),
-            uid: 0,
-            gid: 0,
-            stdin: false,
-            pty: None,
-            cgroup_fds: 0,
-        }));
-        assert_eq!(
-            reply,
-            Reply::Spawned {
-                pid: 1000 + proc as i32
-            }
-        );
-        let mut out = String::new();
-        let mut code = None;
-        for m in rest {
-            match m {
-                AgentMessage::Output { proc: p, data, .. } if p == proc => {
-                    out.push_str(&String::from_utf8_lossy(&data))
-                }
-                AgentMessage::Exit { proc: p, status } if p == proc => code = status.code,
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        (out, code)
     }
 }
 

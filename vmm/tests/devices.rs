@@ -437,6 +437,7 @@ fn restore_and_save(
             let backend = VsockUnixBackend::new(v.cid, uds).expect("listen again");
             Box::new(Vsock::restore(v, backend).expect("restore vsock"))
         }
+        DeviceState::Net(n) => panic!("these tests give the VM no net device, found {n:?}"),
     };
     let interrupt = Arc::new(Interrupt::new().expect("eventfd"));
     let transport = MmioTransport::restore(device, mem.clone(), interrupt, &state.transport)

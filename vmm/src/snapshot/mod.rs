@@ -91,6 +91,7 @@ pub(crate) fn saved_devices(virtio: &[VirtioMmioState]) -> Vec<SavedDevice> {
                 capacity: b.capacity,
             },
             DeviceState::Vsock(s) => SavedDevice::Vsock { cid: s.cid },
+            DeviceState::Net(n) => SavedDevice::Net { mac: n.mac },
         })
         .collect()
 }

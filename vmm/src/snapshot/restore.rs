@@ -3,7 +3,7 @@
 //! a matching verification stamp) before anything is built; map the memory
 //! file private; then the KVM VM, its irqchip/PIT/clock, the devices (the
 //! disks given again, matched against the saved list; a new vsock socket,
-//! same CID), the serial port and the vCPUs, ready for `Machine::run`.
+//! same CID; the tap named again, same MAC), the serial port and the vCPUs, ready for `Machine::run`.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,11 +15,12 @@ use super::stamp;
 use super::state::{self, SavedDevice, SnapshotState, StateFileError};
 use super::{MEMORY_FILE, STATE_FILE};
 use crate::builder::{attach_virtio, legacy_devices, BuildError};
-use crate::config::DiskConfig;
+use crate::config::{DiskConfig, NetConfig};
 use crate::devices::bus::Bus;
 use crate::devices::serial::{IrqTrigger, SerialDevice, SerialSink};
 use crate::devices::virtio::block::{Block, Disk};
 use crate::devices::virtio::mmio::MmioTransport;
+use crate::devices::virtio::net::Net;
 use crate::devices::virtio::persist::{DeviceState, PersistError};
 use crate::devices::virtio::vsock::{Vsock, VsockUnixBackend};
 use crate::devices::virtio::VirtioDevice;
@@ -50,6 +51,9 @@ pub struct RestoreConfig {
     pub disks: Vec<DiskConfig>,
     /// The new VM's vsock socket (the snapshot had a vsock device iff set).
     pub vsock_uds: Option<PathBuf>,
+    /// The tap to attach the restored net device to (the snapshot had a net
+    /// device iff set; its MAC must be the saved one).
+    pub net: Option<NetConfig>,
     /// Serial output cap.
     pub serial_cap_bytes: u64,
     /// The KVM device.
@@ -109,6 +113,7 @@ fn describe(d: &SavedDevice) -> String {
             if *read_only { "ro" } else { "rw" }
         ),
         SavedDevice::Vsock { cid } => format!("vsock (CID {cid})"),
+        SavedDevice::Net { mac } => format!("net (MAC {mac})"),
     }
 }
 
@@ -136,6 +141,31 @@ fn match_devices(state: &SnapshotState, config: &RestoreConfig) -> Result<(), Re
         } else {
             "the snapshot has no vsock device: drop --vsock-uds".into()
         }));
+    }
+    let saved_net = saved.iter().find_map(|d| match d {
+        SavedDevice::Net { mac } => Some(*mac),
+        _ => None,
+    });
+    match (saved_net, &config.net) {
+        (Some(_), None) => {
+            return Err(RestoreError::Devices(
+                "the snapshot has a net device: give --net TAP (a persistent tap in this \
+                 network namespace)"
+                    .into(),
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(RestoreError::Devices(
+                "the snapshot has no net device: drop --net".into(),
+            ))
+        }
+        (Some(saved), Some(n)) if saved != n.mac => {
+            return Err(RestoreError::Devices(format!(
+                "the snapshot's guest has MAC {saved}, --net gives {}: use --net {},mac={saved}",
+                n.mac, n.tap
+            )))
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -187,6 +217,13 @@ pub fn restore(
                 };
                 let backend = VsockUnixBackend::new(v.cid, uds).map_err(BuildError::from)?;
                 Box::new(Vsock::restore(v, backend).map_err(dev_err)?)
+            }
+            DeviceState::Net(n) => {
+                let Some(net) = &config.net else {
+                    return Err(RestoreError::Devices("no --net".into()));
+                };
+                let device = Net::new(&net.tap, n.mac).map_err(BuildError::from)?;
+                Box::new(Net::restore(n, device).map_err(dev_err)?)
             }
         };
         devices.push(device);

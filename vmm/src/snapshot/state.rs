@@ -123,6 +123,11 @@ pub enum SavedDevice {
         /// The guest CID.
         cid: u64,
     },
+    /// The net device.
+    Net {
+        /// The guest MAC.
+        mac: crate::devices::virtio::net::Mac,
+    },
 }
 
 /// What the VM was configured as.

@@ -2,7 +2,7 @@
 //! version 2), laid out as Firecracker's are: [`mmio`] is the transport (the
 //! register file a vCPU's MMIO exits land in), [`queue`] the bounded helpers
 //! around rust-vmm's `virtio-queue`, [`worker`] the per-device thread that
-//! processes queues, and one directory per device ([`block`], [`vsock`]), each
+//! processes queues, and one directory per device ([`block`], [`net`], [`vsock`]), each
 //! with a `persist.rs` holding its serde state.
 //!
 //! Division of work: the transport owns configuration (features, queue
@@ -15,6 +15,7 @@
 
 pub mod block;
 pub mod mmio;
+pub mod net;
 pub mod persist;
 pub mod queue;
 pub mod vsock;
@@ -140,7 +141,7 @@ pub enum ActivateError {
 
 /// A virtio device behind a virtio-mmio transport.
 pub trait VirtioDevice: Send {
-    /// The virtio device ID (block 2, vsock 19, ...).
+    /// The virtio device ID (net 1, block 2, vsock 19, ...).
     fn device_type(&self) -> u32;
     /// The largest size of each queue; its length is the number of queues.
     fn queue_max_sizes(&self) -> &[u16];

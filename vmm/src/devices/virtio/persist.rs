@@ -13,6 +13,8 @@ pub enum DeviceState {
     Block(super::block::BlockState),
     /// virtio-vsock.
     Vsock(super::vsock::VsockState),
+    /// virtio-net.
+    Net(super::net::NetState),
 }
 
 /// Everything saved for one virtio-mmio device: the transport (registers and
