@@ -101,6 +101,8 @@ pub enum MicrovmError {
     Netns(#[from] netns::NetnsError),
     #[error(transparent)]
     Egress(#[from] crate::net::proxy::EgressError),
+    #[error("the microVM's tap: {0}")]
+    Tap(#[from] crate::net::plumbing::PlumbingError),
     #[error("the microVM's cgroups: {0}")]
     Cgroup(#[from] CgroupError),
     #[error("the microVM's scratch disk: {0}")]
@@ -233,6 +235,10 @@ fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
         .arg(format!("{},ro", vm.agent_disk.display()))
         .arg("--vsock-uds")
         .arg(VSOCK_SOCKET)
+        // The guest's MAC is the VMM's default, the one the tap's
+        // neighbour entry names.
+        .arg("--net")
+        .arg(crate::net::plumbing::VM_TAP)
         .env_clear()
         .stdin(Stdio::null())
         .stdout(Stdio::null());
@@ -262,6 +268,7 @@ pub fn start(
         .map_err(prepare("run directory"))?;
     netns::create(&paths.netns())?;
     let egress = crate::net::proxy::prepare(&paths.netns())?;
+    crate::net::plumbing::setup_vm_tap(&paths.netns())?;
     lap("netns", &mut phases);
 
     let scratch = VmPaths::scratch(&config.layer_dir);

@@ -290,23 +290,7 @@ impl Manager {
             validated_ttl(req.ttl_seconds.unwrap_or(self.config.default_ttl_seconds))?;
         validated_env(&req.env)?;
         validated_labels(&req.labels)?;
-        let network = if runtime == "vm" {
-            // A microVM has no network device yet: it is blocked whatever the
-            // daemon's default, and asking for egress says so.
-            let asked = req.network();
-            if asked.block_network == Some(false) || asked.allow_list.is_some() {
-                return Err(SandboxError::bad(
-                    "invalid_network_policy",
-                    "microVM sandboxes have no network device yet (no egress at all); leave out allow_list and block_network",
-                ));
-            }
-            NetworkPolicy {
-                block_network: Some(true),
-                allow_list: None,
-            }
-        } else {
-            self.resolved_network(&req.network())?
-        };
+        let network = self.resolved_network(&req.network())?;
         if let Some(snapshot) = req.from_snapshot.clone() {
             return self
                 .create_fork(&snapshot, req, gpu, ttl_seconds, network)

@@ -16,12 +16,6 @@ impl Manager {
         id: &str,
         request: &NetworkPolicy,
     ) -> Result<Sandbox, SandboxError> {
-        if self.record(id)?.runtime == "vm" {
-            return Err(SandboxError::bad(
-                "invalid_network_policy",
-                "microVM sandboxes have no network device yet, so no egress policy to change",
-            ));
-        }
         let network = self.resolved_network(request)?;
         let mut conn = self.connect(id).await?;
         match conn
