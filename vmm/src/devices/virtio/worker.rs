@@ -141,6 +141,63 @@ impl<H: WorkerHandler> Worker<H> {
     }
 }
 
+/// A device's worker: running, parked by a pause with its handler (the
+/// device's running state) kept, or neither. Every device holds one, so
+/// activation, pause, resume and reset work alike for all of them.
+#[derive(Debug)]
+pub struct WorkerSlot<H: WorkerHandler> {
+    device: &'static str,
+    running: Option<Worker<H>>,
+    paused: Option<H>,
+}
+
+impl<H: WorkerHandler> WorkerSlot<H> {
+    /// An empty slot for the device named `device` (its threads' name).
+    pub fn new(device: &'static str) -> Self {
+        WorkerSlot {
+            device,
+            running: None,
+            paused: None,
+        }
+    }
+
+    /// Whether a worker thread runs (a paused one does not).
+    pub fn is_running(&self) -> bool {
+        self.running.is_some()
+    }
+
+    /// Starts a worker running `handler`, woken by `queue_evts`.
+    pub fn start(&mut self, handler: H, queue_evts: &[EventFd]) -> Result<(), WorkerError> {
+        self.running = Some(Worker::spawn(self.device, handler, queue_evts)?);
+        Ok(())
+    }
+
+    /// Stops a running worker between two batches and keeps its handler.
+    pub fn pause(&mut self) -> Result<(), WorkerError> {
+        if let Some(worker) = self.running.take() {
+            self.paused = Some(worker.stop()?);
+        }
+        Ok(())
+    }
+
+    /// Restarts a worker stopped by [`pause`](Self::pause) with the same
+    /// handler.
+    pub fn resume(&mut self, queue_evts: &[EventFd]) -> Result<(), WorkerError> {
+        if let Some(handler) = self.paused.take() {
+            self.start(handler, queue_evts)?;
+        }
+        Ok(())
+    }
+
+    /// Stops the worker, running or paused, and gives its handler back; a
+    /// worker that panicked took its handler with it (`None`).
+    pub fn stop(&mut self) -> Option<H> {
+        let paused = self.paused.take();
+        let stopped = self.running.take().and_then(|worker| worker.stop().ok());
+        paused.or(stopped)
+    }
+}
+
 impl<H: WorkerHandler> Drop for Worker<H> {
     fn drop(&mut self) {
         let _ = self.stop_and_join();

@@ -28,7 +28,7 @@ use vmm_sys_util::eventfd::EventFd;
 
 use crate::config::{DiskConfig, DiskSource};
 use crate::devices::virtio::queue::{self, Chain, QueueError, QUEUE_MAX_SIZE};
-use crate::devices::virtio::worker::{Worker, WorkerError, WorkerHandler};
+use crate::devices::virtio::worker::{WorkerError, WorkerHandler, WorkerSlot};
 use crate::devices::virtio::{
     lock, read_config_bytes, ActivateError, DeviceContext, VirtioDevice, INTERRUPT_USED_RING,
     VIRTIO_F_VERSION_1, VIRTIO_ID_BLOCK,
@@ -407,9 +407,7 @@ impl WorkerHandler for BlockWorker {
 pub struct Block {
     /// The disk, while no worker runs.
     disk: Option<Disk>,
-    worker: Option<Worker<BlockWorker>>,
-    /// The running state while paused.
-    paused: Option<BlockWorker>,
+    worker: WorkerSlot<BlockWorker>,
     evts: [EventFd; 1],
     config: [u8; 8],
     avail_features: u64,
@@ -435,8 +433,7 @@ impl Block {
             capacity: disk.capacity(),
             id: id.into(),
             disk: Some(disk),
-            worker: None,
-            paused: None,
+            worker: WorkerSlot::new("block"),
             evts: [evt],
             avail_features,
         })
@@ -480,36 +477,25 @@ impl VirtioDevice for Block {
     }
 
     fn activate(&mut self, ctx: DeviceContext) -> Result<(), ActivateError> {
-        if self.worker.is_some() {
+        if self.worker.is_running() {
             return Err(ActivateError::AlreadyActive);
         }
         let disk = self.disk.take().ok_or(ActivateError::Broken("block"))?;
         // Look at the queue once at start: requests made available before
         // activation (or before a snapshot) are served, not left waiting.
         let _ = self.evts[0].write(1);
-        match Worker::spawn("block", BlockWorker { disk, ctx }, &self.evts) {
-            Ok(worker) => {
-                self.worker = Some(worker);
-                Ok(())
-            }
-            Err(e) => Err(e.into()),
-        }
+        Ok(self.worker.start(BlockWorker { disk, ctx }, &self.evts)?)
     }
 
     fn is_activated(&self) -> bool {
-        self.worker.is_some()
+        self.worker.is_running()
     }
 
     fn reset(&mut self) {
-        if let Some(handler) = self.paused.take() {
+        // A panicked worker took the disk with it; the device then stays
+        // inactive and later activations fail with `Broken`.
+        if let Some(handler) = self.worker.stop() {
             self.disk = Some(handler.disk);
-        }
-        if let Some(worker) = self.worker.take() {
-            // A panicked worker took the disk with it; the device then stays
-            // inactive and later activations fail with `Broken`.
-            if let Ok(handler) = worker.stop() {
-                self.disk = Some(handler.disk);
-            }
         }
         let _ = self.evts[0].read();
     }
@@ -519,17 +505,11 @@ impl VirtioDevice for Block {
     }
 
     fn pause(&mut self) -> Result<(), ActivateError> {
-        if let Some(worker) = self.worker.take() {
-            self.paused = Some(worker.stop()?);
-        }
-        Ok(())
+        Ok(self.worker.pause()?)
     }
 
     fn resume(&mut self) -> Result<(), ActivateError> {
-        if let Some(handler) = self.paused.take() {
-            self.worker = Some(Worker::spawn("block", handler, &self.evts)?);
-        }
-        Ok(())
+        Ok(self.worker.resume(&self.evts)?)
     }
 }
 

@@ -30,7 +30,7 @@ use vmm_sys_util::eventfd::EventFd;
 use super::tap::{open_tap, TapError};
 use super::{Mac, MAX_FRAME_LEN, RXQ, TXQ, VIRTIO_NET_F_MAC, VNET_HDR_LEN};
 use crate::devices::virtio::queue::{self, QUEUE_MAX_SIZE};
-use crate::devices::virtio::worker::{Worker, WorkerError, WorkerHandler, HANDLER_TOKEN_BASE};
+use crate::devices::virtio::worker::{WorkerError, WorkerHandler, WorkerSlot, HANDLER_TOKEN_BASE};
 use crate::devices::virtio::{
     lock, read_config_bytes, ActivateError, DeviceContext, VirtioDevice, INTERRUPT_USED_RING,
     VIRTIO_F_VERSION_1,
@@ -285,9 +285,7 @@ pub struct Net {
     name: String,
     mac: Mac,
     tap: Option<File>,
-    worker: Option<Worker<NetWorker>>,
-    /// The running state while paused.
-    paused: Option<NetWorker>,
+    worker: WorkerSlot<NetWorker>,
     evts: [EventFd; 2],
     counters: Arc<NetCounters>,
 }
@@ -312,8 +310,7 @@ impl Net {
             name: name.to_owned(),
             mac,
             tap: Some(backend),
-            worker: None,
-            paused: None,
+            worker: WorkerSlot::new("net"),
             evts: [evt()?, evt()?],
             counters: Arc::new(NetCounters::default()),
         })
@@ -357,7 +354,7 @@ impl VirtioDevice for Net {
     }
 
     fn activate(&mut self, ctx: DeviceContext) -> Result<(), ActivateError> {
-        if self.worker.is_some() {
+        if self.worker.is_running() {
             return Err(ActivateError::AlreadyActive);
         }
         let tap = self.tap.take().ok_or(ActivateError::Broken("net"))?;
@@ -392,24 +389,18 @@ impl VirtioDevice for Net {
             buf: vec![0; VNET_HDR_LEN + MAX_FRAME_LEN],
             counters: self.counters.clone(),
         };
-        self.worker = Some(Worker::spawn("net", handler, &self.evts)?);
-        Ok(())
+        Ok(self.worker.start(handler, &self.evts)?)
     }
 
     fn is_activated(&self) -> bool {
-        self.worker.is_some()
+        self.worker.is_running()
     }
 
     fn reset(&mut self) {
-        if let Some(handler) = self.paused.take() {
+        // A panicked worker took the tap with it; the device then stays
+        // inactive.
+        if let Some(handler) = self.worker.stop() {
             self.tap = Some(handler.tap);
-        }
-        if let Some(worker) = self.worker.take() {
-            // A panicked worker took the tap with it; the device then stays
-            // inactive.
-            if let Ok(handler) = worker.stop() {
-                self.tap = Some(handler.tap);
-            }
         }
         for evt in &self.evts {
             let _ = evt.read();
@@ -421,17 +412,11 @@ impl VirtioDevice for Net {
     }
 
     fn pause(&mut self) -> Result<(), ActivateError> {
-        if let Some(worker) = self.worker.take() {
-            self.paused = Some(worker.stop()?);
-        }
-        Ok(())
+        Ok(self.worker.pause()?)
     }
 
     fn resume(&mut self) -> Result<(), ActivateError> {
-        if let Some(handler) = self.paused.take() {
-            self.worker = Some(Worker::spawn("net", handler, &self.evts)?);
-        }
-        Ok(())
+        Ok(self.worker.resume(&self.evts)?)
     }
 }
 

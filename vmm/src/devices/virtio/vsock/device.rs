@@ -16,7 +16,7 @@ use super::packet;
 use super::unix_backend::VsockUnixBackend;
 use super::{EVENT_TRANSPORT_RESET, EVQ, MAX_GUEST_CID, MIN_GUEST_CID, RXQ, TXQ};
 use crate::devices::virtio::queue::{self, QUEUE_MAX_SIZE};
-use crate::devices::virtio::worker::{Worker, WorkerError, WorkerHandler, HANDLER_TOKEN_BASE};
+use crate::devices::virtio::worker::{WorkerError, WorkerHandler, WorkerSlot, HANDLER_TOKEN_BASE};
 use crate::devices::virtio::{
     lock, read_config_bytes, ActivateError, DeviceContext, VirtioDevice, INTERRUPT_USED_RING,
     VIRTIO_F_VERSION_1, VIRTIO_ID_VSOCK,
@@ -241,9 +241,8 @@ impl WorkerHandler for VsockWorker {
 pub struct Vsock {
     cid: u64,
     backend: Option<VsockUnixBackend>,
-    worker: Option<Worker<VsockWorker>>,
-    /// The running state (connections) while paused.
-    paused: Option<VsockWorker>,
+    /// Its handler is the running state (connections), kept while paused.
+    worker: WorkerSlot<VsockWorker>,
     evts: [EventFd; 3],
     config: [u8; 8],
     /// Set by a restore: the next activation tells the guest that every
@@ -273,8 +272,7 @@ impl Vsock {
             cid: backend.guest_cid(),
             config: backend.guest_cid().to_le_bytes(),
             backend: Some(backend),
-            worker: None,
-            paused: None,
+            worker: WorkerSlot::new("vsock"),
             evts: [evt()?, evt()?, evt()?],
             send_reset_event: false,
         })
@@ -308,7 +306,7 @@ impl VirtioDevice for Vsock {
     }
 
     fn activate(&mut self, ctx: DeviceContext) -> Result<(), ActivateError> {
-        if self.worker.is_some() {
+        if self.worker.is_running() {
             return Err(ActivateError::AlreadyActive);
         }
         let backend = self.backend.take().ok_or(ActivateError::Broken("vsock"))?;
@@ -323,26 +321,19 @@ impl VirtioDevice for Vsock {
             data: Vec::new(),
             reset_event_pending: std::mem::take(&mut self.send_reset_event),
         };
-        self.worker = Some(Worker::spawn("vsock", handler, &self.evts)?);
-        Ok(())
+        Ok(self.worker.start(handler, &self.evts)?)
     }
 
     fn is_activated(&self) -> bool {
-        self.worker.is_some()
+        self.worker.is_running()
     }
 
     fn reset(&mut self) {
-        if let Some(mut handler) = self.paused.take() {
+        // A panicked worker took the backend (and its listener) with it;
+        // the device then stays inactive.
+        if let Some(mut handler) = self.worker.stop() {
             handler.backend.reset_connections();
             self.backend = Some(handler.backend);
-        }
-        if let Some(worker) = self.worker.take() {
-            // A panicked worker took the backend (and its listener) with
-            // it; the device then stays inactive.
-            if let Ok(mut handler) = worker.stop() {
-                handler.backend.reset_connections();
-                self.backend = Some(handler.backend);
-            }
         }
         for evt in &self.evts {
             let _ = evt.read();
@@ -354,17 +345,11 @@ impl VirtioDevice for Vsock {
     }
 
     fn pause(&mut self) -> Result<(), ActivateError> {
-        if let Some(worker) = self.worker.take() {
-            self.paused = Some(worker.stop()?);
-        }
-        Ok(())
+        Ok(self.worker.pause()?)
     }
 
     fn resume(&mut self) -> Result<(), ActivateError> {
-        if let Some(handler) = self.paused.take() {
-            self.worker = Some(Worker::spawn("vsock", handler, &self.evts)?);
-        }
-        Ok(())
+        Ok(self.worker.resume(&self.evts)?)
     }
 }
 
