@@ -273,23 +273,14 @@ impl Manager {
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
         let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
-        let mut conn = self.connect(&record.id).await?;
-        match conn
-            .call(
-                &ShimRequest::CloneDisk {
-                    to: scratch.clone(),
-                },
-                CHECKPOINT_DEADLINE,
-            )
+        let request = ShimRequest::CloneDisk {
+            to: scratch.clone(),
+        };
+        match self
+            .snapshot_call(&record.id, &request, "snapshotting the microVM's disk")
             .await?
         {
             ShimReply::Ok => {}
-            ShimReply::Error(e) => {
-                return Err(SandboxError::internal(format!(
-                    "snapshotting the microVM's disk: {}",
-                    e.message
-                )))
-            }
             other => {
                 return Err(SandboxError::internal(format!(
                     "the supervisor answered a disk snapshot with {other:?}"
@@ -330,25 +321,15 @@ impl Manager {
             images_dir: images_dir.clone(),
             work_dir: dir.to_path_buf(),
         };
-        let mut conn = self.connect(&record.id).await?;
-        let (next_proc, processes) = match conn.call(&request, CHECKPOINT_DEADLINE).await? {
+        let reply = self
+            .snapshot_call(&record.id, &request, "snapshotting the microVM")
+            .await?;
+        let (next_proc, processes) = match reply {
             ShimReply::Checkpointed {
                 next_proc,
                 processes,
                 ..
             } => (next_proc, processes),
-            ShimReply::Error(e) if e.kind == crate::shim::protocol::ShimErrorKind::Conflict => {
-                return Err(SandboxError::Conflict {
-                    code: "sandbox_busy",
-                    message: e.message,
-                })
-            }
-            ShimReply::Error(e) => {
-                return Err(SandboxError::internal(format!(
-                    "snapshotting the microVM: {}",
-                    e.message
-                )))
-            }
             other => {
                 return Err(SandboxError::internal(format!(
                     "the supervisor answered a snapshot with {other:?}"
@@ -412,26 +393,40 @@ impl Manager {
             images_dir: images_dir.clone(),
             work_dir: dir.to_path_buf(),
         };
-        let mut conn = self.connect(&record.id).await?;
-        match conn.call(&request, CHECKPOINT_DEADLINE).await? {
+        match self
+            .snapshot_call(&record.id, &request, "checkpointing the sandbox")
+            .await?
+        {
             ShimReply::Checkpointed {
                 checkpoint,
                 next_proc,
                 processes,
             } => Ok((layer, Some((images_dir, checkpoint, next_proc, processes)))),
+            other => Err(SandboxError::internal(format!(
+                "the supervisor answered a checkpoint with {other:?}"
+            ))),
+        }
+    }
+
+    /// Sends a snapshot request to the sandbox's supervisor. Its refusals
+    /// become errors: with calls to the agent in flight, a 409
+    /// `sandbox_busy`; any other, an internal error saying `what` failed.
+    async fn snapshot_call(
+        &self,
+        id: &str,
+        request: &ShimRequest,
+        what: &str,
+    ) -> Result<ShimReply, SandboxError> {
+        let mut conn = self.connect(id).await?;
+        match conn.call(request, CHECKPOINT_DEADLINE).await? {
             ShimReply::Error(e) if e.kind == crate::shim::protocol::ShimErrorKind::Conflict => {
                 Err(SandboxError::Conflict {
                     code: "sandbox_busy",
                     message: e.message,
                 })
             }
-            ShimReply::Error(e) => Err(SandboxError::internal(format!(
-                "checkpointing the sandbox: {}",
-                e.message
-            ))),
-            other => Err(SandboxError::internal(format!(
-                "the supervisor answered a checkpoint with {other:?}"
-            ))),
+            ShimReply::Error(e) => Err(SandboxError::internal(format!("{what}: {}", e.message))),
+            reply => Ok(reply),
         }
     }
 
