@@ -161,33 +161,14 @@ fn make_image(
     inode_count: u64,
     shift: u32,
 ) -> Result<(), Ext4Error> {
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(tmp)
-        .map_err(io_err("create", tmp))?;
+    let file = create_sparse(tmp, size)?;
     // Owned by the namespace's root while mkfs writes it: inside the namespace
     // host root is unmapped, so a root-owned file would not be writable.
     std::os::unix::fs::fchown(&file, Some(shift), Some(shift)).map_err(io_err("chown", tmp))?;
-    file.set_len(size).map_err(io_err("size", tmp))?;
 
     let target = format!("/proc/self/fd/{}", file.as_raw_fd());
-    let mut command = Command::new("mkfs.ext4");
+    let mut command = mkfs_command("sandbox-image");
     command
-        .args([
-            "-q",
-            "-F",
-            "-t",
-            "ext4",
-            "-b",
-            "4096",
-            "-m",
-            "0",
-            "-L",
-            "sandbox-image",
-        ])
         // Never written in the guest: a journal would be dead weight.
         .args(["-O", "^has_journal"])
         .args(["-N", &inode_count.to_string()])
@@ -202,13 +183,7 @@ fn make_image(
         .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
         .stdin(Stdio::null());
     let output = run_in_shifted_userns(command, shift, file.as_raw_fd())?;
-    if !output.status.success() {
-        return Err(Ext4Error::MkfsFailed {
-            path: image_dir.to_path_buf(),
-            status: output.status.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        });
-    }
+    mkfs_succeeded(&output, image_dir)?;
     file.sync_all().map_err(io_err("sync", tmp))?;
     std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io_err("chown", tmp))?;
     file.set_permissions(std::fs::Permissions::from_mode(0o444))
@@ -459,43 +434,14 @@ fn make_agent_disk(binary: &[u8], stage: &Path, tmp: &Path) -> Result<(), Ext4Er
     std::fs::set_permissions(&init, std::fs::Permissions::from_mode(0o755))
         .map_err(io_err("chmod", &init))?;
     let size = round_up(binary.len() as u64 + AGENT_DISK_HEADROOM_BYTES, 1 << 20);
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(tmp)
-        .map_err(io_err("create", tmp))?;
-    file.set_len(size).map_err(io_err("size", tmp))?;
-    drop(file);
-    let output = Command::new("mkfs.ext4")
-        .args([
-            "-q",
-            "-F",
-            "-t",
-            "ext4",
-            "-b",
-            "4096",
-            "-m",
-            "0",
-            "-L",
-            "sandbox-agent",
-        ])
-        .args(["-O", "^has_journal", "-E", "root_owner=0:0", "-d"])
-        .arg(stage)
-        .arg(tmp)
-        .stdin(Stdio::null())
-        .output();
-    let output = match output {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Ext4Error::MkfsMissing),
-        other => other.map_err(io_err("run mkfs.ext4 for", tmp))?,
-    };
-    if !output.status.success() {
-        return Err(Ext4Error::MkfsFailed {
-            path: tmp.to_path_buf(),
-            status: output.status.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        });
-    }
+    drop(create_sparse(tmp, size)?);
+    run_mkfs(
+        mkfs_command("sandbox-agent")
+            .args(["-O", "^has_journal", "-E", "root_owner=0:0", "-d"])
+            .arg(stage)
+            .arg(tmp),
+        tmp,
+    )?;
     std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o444))
         .map_err(io_err("chmod", tmp))
 }
@@ -530,19 +476,72 @@ pub fn make_scratch_with(
         return Err(Ext4Error::BadScratchSize(size_bytes));
     }
     let template = scratch_template(template_dir, size_bytes)?;
-    let src = File::open(&template).map_err(io_err("open", &template))?;
+    clone_disk(&template, path)
+}
+
+/// A copy of the disk file `from` at `to` (which must not exist), mode
+/// 0600: a reflink sharing every extent where the file system can (btrfs,
+/// XFS), else a copy of its data ranges that keeps the holes.
+pub fn clone_disk(from: &Path, to: &Path) -> Result<ScratchCopy, Ext4Error> {
+    let src = File::open(from).map_err(io_err("open", from))?;
+    let size = src.metadata().map_err(io_err("stat", from))?.len();
     let dst = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(to)
+        .map_err(io_err("create", to))?;
+    let copied = clone_or_copy(&src, &dst, size).map_err(io_err("copy a disk to", to));
+    if copied.is_err() {
+        let _ = std::fs::remove_file(to);
+    }
+    copied
+}
+
+/// A new sparse file of `size` bytes at `path` (which must not exist), mode
+/// 0600, for mkfs to fill.
+fn create_sparse(path: &Path, size: u64) -> Result<File, Ext4Error> {
+    let file = OpenOptions::new()
+        .read(true)
         .write(true)
         .create_new(true)
         .mode(0o600)
         .open(path)
         .map_err(io_err("create", path))?;
-    let copied =
-        clone_or_copy(&src, &dst, size_bytes).map_err(io_err("copy the template to", path));
-    if copied.is_err() {
-        let _ = std::fs::remove_file(path);
+    file.set_len(size).map_err(io_err("size", path))?;
+    Ok(file)
+}
+
+/// `mkfs.ext4` with what every disk here shares: quiet, forced (a file, not
+/// a device), 4 KiB blocks, no blocks reserved for root, and `label`.
+fn mkfs_command(label: &str) -> Command {
+    let mut command = Command::new("mkfs.ext4");
+    command
+        .args([
+            "-q", "-F", "-t", "ext4", "-b", "4096", "-m", "0", "-L", label,
+        ])
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs a [`mkfs_command`] that makes `path`.
+fn run_mkfs(command: &mut Command, path: &Path) -> Result<(), Ext4Error> {
+    let output = match command.output() {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Ext4Error::MkfsMissing),
+        other => other.map_err(io_err("run mkfs.ext4 for", path))?,
+    };
+    mkfs_succeeded(&output, path)
+}
+
+fn mkfs_succeeded(output: &std::process::Output, path: &Path) -> Result<(), Ext4Error> {
+    if output.status.success() {
+        return Ok(());
     }
-    copied
+    Err(Ext4Error::MkfsFailed {
+        path: path.to_path_buf(),
+        status: output.status.to_string(),
+        stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+    })
 }
 
 /// The template for `size_bytes`, formatted on first use under a lock.
@@ -558,50 +557,24 @@ fn scratch_template(dir: &Path, size_bytes: u64) -> Result<PathBuf, Ext4Error> {
     }
     let tmp = dir.join(format!("{size_bytes}.ext4.tmp"));
     let _ = std::fs::remove_file(&tmp);
-    let file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(io_err("create", &tmp))?;
-    file.set_len(size_bytes).map_err(io_err("size", &tmp))?;
-    drop(file);
+    drop(create_sparse(&tmp, size_bytes)?);
     // lazy_itable_init=0: mkfs marks the inode tables zeroed (on a sparse
     // file by punching, not writing), so the guest kernel does not write
     // every table full of zeroes in the background on first mount.
     // lazy_journal_init=1: an unwritten journal in a sparse file reads as
     // zeroes anyway. A journal at all: the disk may be snapshotted mid-run.
-    let output = Command::new("mkfs.ext4")
-        .args([
-            "-q",
-            "-F",
-            "-t",
-            "ext4",
-            "-b",
-            "4096",
-            "-m",
-            "0",
-            "-L",
-            "sandbox-scratch",
-        ])
-        .args([
-            "-E",
-            "lazy_itable_init=0,lazy_journal_init=1,root_owner=0:0",
-        ])
-        .arg(&tmp)
-        .stdin(Stdio::null())
-        .output();
-    let output = match output {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(Ext4Error::MkfsMissing),
-        other => other.map_err(io_err("run mkfs.ext4 for", &tmp))?,
-    };
-    if !output.status.success() {
+    let made = run_mkfs(
+        mkfs_command("sandbox-scratch")
+            .args([
+                "-E",
+                "lazy_itable_init=0,lazy_journal_init=1,root_owner=0:0",
+            ])
+            .arg(&tmp),
+        &tmp,
+    );
+    if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
-        return Err(Ext4Error::MkfsFailed {
-            path: tmp,
-            status: output.status.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_owned(),
-        });
+        return Err(e);
     }
     std::fs::rename(&tmp, &template).map_err(io_err("rename into place", &template))?;
     Ok(template)

@@ -279,7 +279,8 @@ pub fn start(
         .or(vm.scratch_from.as_ref());
     match disk_from {
         Some(from) => {
-            clone_file(from, &scratch).map_err(|e| MicrovmError::Scratch(e.to_string()))?
+            crate::image::ext4::clone_disk(from, &scratch)
+                .map_err(|e| MicrovmError::Scratch(e.to_string()))?;
         }
         None => {
             // Templates beside the layers, on the same btrfs, so each
@@ -431,21 +432,6 @@ fn log_tail(path: &Path) -> String {
     }
 }
 
-/// A copy of `from` at `to` that shares its blocks (btrfs reflink), else a
-/// plain copy (sparse files stay sparse through copy_file_range).
-pub fn clone_file(from: &Path, to: &Path) -> io::Result<()> {
-    let src = File::open(from)?;
-    let dst = File::create(to)?;
-    // SAFETY: FICLONE takes the source descriptor as its argument; both
-    // descriptors are open for the call.
-    let cloned = unsafe { libc::ioctl(dst.as_raw_fd(), libc::FICLONE, src.as_raw_fd()) } == 0;
-    if !cloned {
-        drop(dst);
-        fs::copy(from, to)?;
-    }
-    Ok(())
-}
-
 /// One command on the VMM's control socket; its `ok ...` answer.
 fn control(paths: &VmPaths, command: &str) -> Result<String, MicrovmError> {
     use std::io::{BufRead, BufReader, Write};
@@ -487,7 +473,7 @@ pub fn snapshot(
         control(&vm_paths, &format!("snapshot /{SNAPSHOT_MOUNT}"))
     })
     .and_then(|_| {
-        clone_file(&VmPaths::scratch(layer_dir), disk_copy)
+        crate::image::ext4::clone_disk(&VmPaths::scratch(layer_dir), disk_copy)
             .map_err(|e| MicrovmError::Scratch(format!("copying it for the snapshot: {e}")))
     });
     let resumed = control(&vm_paths, "resume");
@@ -546,7 +532,7 @@ pub fn clone_disk_paused(
 ) -> Result<(), MicrovmError> {
     let vm_paths = VmPaths::new(paths);
     let cloned = control(&vm_paths, "pause").and_then(|_| {
-        clone_file(&VmPaths::scratch(layer_dir), to)
+        crate::image::ext4::clone_disk(&VmPaths::scratch(layer_dir), to)
             .map_err(|e| MicrovmError::Scratch(format!("copying it for the snapshot: {e}")))
     });
     let resumed = control(&vm_paths, "resume");
