@@ -11,9 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{guest, Agent, Captured};
-use sandbox_proto::{
-    AgentMessage, ErrorKind, FrameDecoder, Reply, RequestBody, SpawnRequest, AGENT_VSOCK_PORT,
-};
+use sandbox_proto::{ErrorKind, Reply, RequestBody, SpawnRequest, AGENT_VSOCK_PORT};
 use vmm::config::{DiskConfig, DiskSource, VsockConfig};
 use vmm::{GuestExit, VmConfig};
 
@@ -68,16 +66,12 @@ fn the_guest_agent_answers_the_real_protocol() {
     let machine = vmm::build(&config, Box::new(serial.clone())).expect("build");
     let vm = std::thread::spawn(move || machine.run());
 
-    let (stream, _) = listener.accept().expect("the guest's agent connects");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let mut agent = Agent {
-        stream,
-        decoder: FrameDecoder::new(),
-        next_id: 1,
-    };
-    assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+    let mut agent = Agent::accept(
+        &listener,
+        Duration::from_secs(20),
+        1,
+        "the guest's agent connects",
+    );
     assert_eq!(
         agent.call(RequestBody::Health).0,
         Reply::Health { version: 1 }

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use common::{guest, Agent, Captured};
-use sandbox_proto::{AgentMessage, FrameDecoder, AGENT_VSOCK_PORT};
+use sandbox_proto::AGENT_VSOCK_PORT;
 use vmm::config::{NetConfig, VsockConfig};
 use vmm::devices::virtio::net::DEFAULT_GUEST_MAC;
 use vmm::VmConfig;
@@ -134,16 +134,12 @@ fn the_guest_reaches_a_listener_behind_the_tap_and_sees_a_closed_port_refused() 
     });
     let (open_port, closed_port) = rx.recv().expect("the VM was built");
 
-    let (stream, _) = agent_listener.accept().expect("the guest's agent connects");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let mut agent = Agent {
-        stream,
-        decoder: FrameDecoder::new(),
-        next_id: 1,
-    };
-    assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+    let mut agent = Agent::accept(
+        &agent_listener,
+        Duration::from_secs(30),
+        1,
+        "the guest's agent connects",
+    );
     assert_eq!(
         agent.run(1, &["net-syn", "10.201.0.1", &open_port.to_string()]),
         (format!("synack from 10.201.0.1:{open_port}\n"), Some(0)),
@@ -271,16 +267,12 @@ fn the_binary_under_seccomp_passes_traffic_through_the_tap() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("spawn vmm");
-    let (stream, _) = agent_listener.accept().expect("the guest's agent connects");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let mut agent = Agent {
-        stream,
-        decoder: FrameDecoder::new(),
-        next_id: 1,
-    };
-    assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+    let mut agent = Agent::accept(
+        &agent_listener,
+        Duration::from_secs(30),
+        1,
+        "the guest's agent connects",
+    );
     assert_eq!(
         agent.run(1, &["net-syn", "10.201.0.1", &port]),
         (format!("synack from 10.201.0.1:{port}\n"), Some(0))
@@ -331,16 +323,12 @@ fn a_snapshot_restores_onto_the_tap_named_again() {
     });
     let (listener, handle) = rx.recv().expect("the VM was built");
     let port = listener.local_addr().expect("addr").port().to_string();
-    let (stream, _) = agent_listener.accept().expect("the guest's agent connects");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let mut agent = Agent {
-        stream,
-        decoder: FrameDecoder::new(),
-        next_id: 1,
-    };
-    assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+    let mut agent = Agent::accept(
+        &agent_listener,
+        Duration::from_secs(30),
+        1,
+        "the guest's agent connects",
+    );
     assert_eq!(agent.run(1, &["net-syn", "10.201.0.1", &port]).1, Some(0));
     handle.snapshot(&snap).expect("snapshot");
     handle.resume().expect("resume");
@@ -384,16 +372,12 @@ fn a_snapshot_restores_onto_the_tap_named_again() {
     let fork_agent =
         UnixListener::bind(format!("{}_{AGENT_VSOCK_PORT}", fork_uds.display())).expect("listen");
     let child = restore(&["--net", "tap0"]).spawn().expect("spawn fork");
-    let (stream, _) = fork_agent.accept().expect("the fork's agent dials again");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let mut agent = Agent {
-        stream,
-        decoder: FrameDecoder::new(),
-        next_id: 100,
-    };
-    assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+    let mut agent = Agent::accept(
+        &fork_agent,
+        Duration::from_secs(30),
+        100,
+        "the fork's agent dials again",
+    );
     assert_eq!(
         agent.run(2, &["net-syn", "10.201.0.1", &port]),
         (format!("synack from 10.201.0.1:{port}\n"), Some(0))

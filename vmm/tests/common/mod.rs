@@ -137,6 +137,28 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// Waits for the guest's agent to dial `listener` (`what` says who, in
+    /// the failure), and for its Hello; requests are numbered from
+    /// `first_id`.
+    pub fn accept(
+        listener: &std::os::unix::net::UnixListener,
+        read_timeout: std::time::Duration,
+        first_id: u64,
+        what: &str,
+    ) -> Agent {
+        let (stream, _) = listener.accept().expect(what);
+        stream
+            .set_read_timeout(Some(read_timeout))
+            .expect("timeout");
+        let mut agent = Agent {
+            stream,
+            decoder: sandbox_proto::FrameDecoder::new(),
+            next_id: first_id,
+        };
+        assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+        agent
+    }
+
     pub fn next_message(&mut self) -> AgentMessage {
         use std::io::Read;
         loop {
