@@ -74,7 +74,12 @@ fn vm_daemon() -> Option<(Daemon, tempfile::TempDir)> {
 
 /// The host pids in a sandbox's memory cgroup (a microVM: its vmm).
 fn cgroup_pids(id: &str) -> Vec<i32> {
-    std::fs::read_to_string(sandbox_cgroup("memory", id).join("cgroup.procs"))
+    controller_pids("memory", id)
+}
+
+/// The host pids in a sandbox's group of a v1 `controller`.
+fn controller_pids(controller: &str, id: &str) -> Vec<i32> {
+    std::fs::read_to_string(sandbox_cgroup(controller, id).join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
         .unwrap_or_default()
 }
@@ -149,6 +154,10 @@ async fn a_vm_sandbox_runs_processes_and_disk_io_through_its_agent() {
     assert_eq!(pids.len(), 1, "one vmm process: {pids:?}");
     let vmm = pids[0];
     assert_eq!(process_name(vmm), "vmm");
+    // CPU accounting and the pids and freezer groups hold it too.
+    for controller in ["cpuacct", "pids", "freezer"] {
+        assert_eq!(controller_pids(controller, &id), vec![vmm], "{controller}");
+    }
     let limit: u64 =
         std::fs::read_to_string(sandbox_cgroup("memory", &id).join("memory.limit_in_bytes"))
             .expect("memory limit")

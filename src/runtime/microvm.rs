@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use serde::{Deserialize, Serialize};
 
-use super::cgroups::{CgroupError, Layout, SandboxCgroups};
+use super::cgroups::{CgroupError, Layout};
 use super::container::Started;
 use super::vm_cgroups::{self, VmLimits};
 use crate::net::netns;
@@ -336,10 +336,8 @@ pub fn start(
     let pid = child.id() as i32;
     // The supervisor's reaper waits for it from here; `Child` is only a handle.
     drop(child);
+    // It joined every group, cpuacct included, before it exec'd.
     drop(cgroup_procs);
-    SandboxCgroups::new(layout, &config.cgroups_path)
-        .join_accounting(pid)
-        .map_err(MicrovmError::Cgroup)?;
     let link = await_agent(
         &agent_listener,
         pid,

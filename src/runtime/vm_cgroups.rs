@@ -51,10 +51,10 @@ pub fn create(layout: Layout, path: &str, limits: &VmLimits) -> Result<Vec<File>
             .collect(),
         Layout::V2 => vec![Path::new(CGROUP_ROOT).join(path)],
     };
+    if layout == Layout::V2 {
+        enable_v2_controllers(Path::new(CGROUP_ROOT), path)?;
+    }
     for dir in &dirs {
-        if layout == Layout::V2 {
-            enable_v2_controllers(Path::new(CGROUP_ROOT), path)?;
-        }
         fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
     let quota = limits.cpu_quota_us;
@@ -102,24 +102,24 @@ pub fn create(layout: Layout, path: &str, limits: &VmLimits) -> Result<Vec<File>
         .collect()
 }
 
-/// v2: a group's controllers must be enabled in every ancestor's
-/// `cgroup.subtree_control` below the root.
+/// v2: a group's controllers must be enabled in the `cgroup.subtree_control`
+/// of every ancestor, from the root down to its parent.
 fn enable_v2_controllers(root: &Path, path: &str) -> Result<(), CgroupError> {
-    let mut dir = root.to_path_buf();
-    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
-    for part in &parts[..parts.len().saturating_sub(1)] {
+    let group = root.join(path);
+    let parent = group.parent().unwrap_or(root);
+    fs::create_dir_all(parent).map_err(io_err(parent))?;
+    let mut ancestors: Vec<&Path> = parent
+        .ancestors()
+        .filter(|dir| dir.starts_with(root))
+        .collect();
+    ancestors.reverse();
+    for dir in ancestors {
         let control = dir.join("cgroup.subtree_control");
         // Already enabled is fine; a controller the host lacks shows when
         // its limit file is written.
         for controller in ["+cpu", "+memory", "+pids"] {
             let _ = fs::write(&control, controller);
         }
-        dir = dir.join(part);
-        fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-    }
-    let control = dir.join("cgroup.subtree_control");
-    for controller in ["+cpu", "+memory", "+pids"] {
-        let _ = fs::write(&control, controller);
     }
     Ok(())
 }
