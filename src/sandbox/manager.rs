@@ -545,6 +545,8 @@ impl Manager {
             .filter(|m| m.memory.is_some());
         let mut restore = None;
         let mut vm_restore = None;
+        // A microVM's filesystem snapshot used as its image: its disk.
+        let mut vm_scratch = None;
         let (image, image_layers) = match fork {
             Some(snapshot) if snapshot.memory.as_ref().is_some_and(|m| m.vm.is_some()) => {
                 // The VMM checks its own snapshot files before it maps them.
@@ -598,6 +600,7 @@ impl Manager {
                 Some(snapshot) => {
                     record.base_snapshot = Some(snapshot.id.clone());
                     self.persist(&record)?;
+                    vm_scratch = snapshot.vm_scratch.clone();
                     let image = crate::image::Image {
                         name: snapshot.id.clone(),
                         digest: snapshot.image_digest.clone(),
@@ -629,11 +632,7 @@ impl Manager {
         let vm = if record.runtime == "vm" {
             let mut spec = self.vm_spec(&record, &image).await?;
             spec.restore = vm_restore;
-            spec.scratch_from = record
-                .base_snapshot
-                .as_deref()
-                .and_then(|b| self.snapshots.get(b))
-                .and_then(|m| m.vm_scratch);
+            spec.scratch_from = vm_scratch;
             Some(spec)
         } else {
             None
