@@ -72,6 +72,13 @@ fn vm_daemon() -> Option<(Daemon, tempfile::TempDir)> {
     Some((daemon, guest_dir))
 }
 
+/// Creates a 32 MiB microVM of the busybox image (asserting 201).
+async fn small_vm(daemon: &Daemon) -> String {
+    daemon
+        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
+        .await
+}
+
 /// The host pids in a sandbox's memory cgroup (a microVM: its vmm).
 fn cgroup_pids(id: &str) -> Vec<i32> {
     controller_pids("memory", id)
@@ -192,12 +199,8 @@ async fn killing_a_vmm_fails_only_its_sandbox() {
     let Some((daemon, _guest)) = vm_daemon() else {
         return;
     };
-    let victim = daemon
-        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
-        .await;
-    let bystander = daemon
-        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
-        .await;
+    let victim = small_vm(&daemon).await;
+    let bystander = small_vm(&daemon).await;
     let mut events = daemon.follow_events(0).await;
     let pids = cgroup_pids(&victim);
     assert_eq!(pids.len(), 1);
@@ -238,8 +241,7 @@ async fn ten_vms_at_once() {
     let Some((daemon, _guest)) = vm_daemon() else {
         return;
     };
-    let creates = (0..10)
-        .map(|_| daemon.create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32})));
+    let creates = (0..10).map(|_| small_vm(&daemon));
     let ids = futures::future::join_all(creates).await;
     let daemon = &daemon;
     let runs = ids
@@ -385,9 +387,7 @@ async fn a_vm_memory_snapshot_forks_into_vms_that_continue_from_it() {
     let Some((daemon, _guest)) = vm_daemon() else {
         return;
     };
-    let source = daemon
-        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
-        .await;
+    let source = small_vm(&daemon).await;
     for n in 1..=3 {
         assert_eq!(count(&daemon, &source).await, format!("count={n}\n"));
     }
@@ -473,9 +473,7 @@ async fn a_vm_filesystem_snapshot_becomes_an_image() {
     let Some((daemon, _guest)) = vm_daemon() else {
         return;
     };
-    let source = daemon
-        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
-        .await;
+    let source = small_vm(&daemon).await;
     let wrote = daemon
         .exec(&source, &["disk-write", "1", "7", "keep"])
         .await;
@@ -532,9 +530,7 @@ async fn a_vm_reaches_the_egress_proxy_through_its_tap() {
     let Some((daemon, _guest)) = vm_daemon() else {
         return;
     };
-    let id = daemon
-        .create(json!({"runtime": "vm", "image": "busybox", "memory_mib": 32}))
-        .await;
+    let id = small_vm(&daemon).await;
     // A SYN to a public address is answered by the sandbox's namespace (its
     // nftables redirect every TCP connection arriving on the tap to the
     // egress proxy), with the address the guest dialled: nothing left the
