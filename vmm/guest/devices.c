@@ -287,6 +287,26 @@ void agent_link_send(const void *data, unsigned int len)
 		vs_send(OP_RW, AGENT_LOCAL_PORT, AGENT_HOST_PORT, 0, &agent_conn, data, len);
 }
 
+/* The control packets every connection answers alike: a credit request, the
+ * host's shutdown (finished the way Linux does: with RST) and its reset. */
+static void conn_control(struct conn *c, unsigned int local_port, unsigned short op)
+{
+	switch (op) {
+	case OP_CREDIT_REQUEST:
+		vs_send(OP_CREDIT_UPDATE, local_port, c->peer_port, 0, c, 0, 0);
+		break;
+	case OP_SHUTDOWN:
+		vs_send(OP_RST, local_port, c->peer_port, 0, c, 0, 0);
+		c->used = 0;
+		break;
+	case OP_RST:
+		c->used = 0;
+		break;
+	default:
+		break;
+	}
+}
+
 static void agent_packet(const struct vsock_hdr *h, const unsigned char *data,
 			 unsigned int len)
 {
@@ -315,17 +335,8 @@ static void agent_packet(const struct vsock_hdr *h, const unsigned char *data,
 			c->used = 0;
 		}
 		break;
-	case OP_CREDIT_REQUEST:
-		vs_send(OP_CREDIT_UPDATE, AGENT_LOCAL_PORT, AGENT_HOST_PORT, 0, c, 0, 0);
-		break;
-	case OP_SHUTDOWN:
-		vs_send(OP_RST, AGENT_LOCAL_PORT, AGENT_HOST_PORT, 0, c, 0, 0);
-		c->used = 0;
-		break;
-	case OP_RST:
-		c->used = 0;
-		break;
 	default:
+		conn_control(c, AGENT_LOCAL_PORT, h->op);
 		break;
 	}
 }
@@ -440,18 +451,8 @@ static void handle_packet(const struct vsock_hdr *h, const unsigned char *data,
 		}
 		vs_send(OP_RW, LISTEN_PORT, c->peer_port, 0, c, data, len);
 		break;
-	case OP_CREDIT_REQUEST:
-		vs_send(OP_CREDIT_UPDATE, LISTEN_PORT, c->peer_port, 0, c, 0, 0);
-		break;
-	case OP_SHUTDOWN:
-		/* The host is done: finish the close the way Linux does. */
-		vs_send(OP_RST, LISTEN_PORT, c->peer_port, 0, c, 0, 0);
-		c->used = 0;
-		break;
-	case OP_RST:
-		c->used = 0;
-		break;
 	default:
+		conn_control(c, LISTEN_PORT, h->op);
 		break;
 	}
 }
