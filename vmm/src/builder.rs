@@ -33,8 +33,7 @@ use crate::machine::{Machine, MachineDevices, MachineShape};
 use crate::stop::StopLatch;
 use crate::vstate::kvm::{KvmContext, KvmError};
 use crate::vstate::memory::{self, MemoryError, MIB};
-use crate::vstate::pause::RunControl;
-use crate::vstate::vcpu::{Vcpu, VcpuError, VcpuIo};
+use crate::vstate::vcpu::{Vcpu, VcpuError};
 use crate::vstate::vm::{Vm, VmError};
 
 /// Why a VM could not be built. Each variant's message says what to change.
@@ -278,13 +277,13 @@ pub fn build(config: &VmConfig, serial_out: Box<dyn Write + Send>) -> Result<Mac
         vm,
         mem,
         vcpus,
-        VcpuIo {
-            pio: Arc::new(pio),
-            mmio: Arc::new(mmio),
+        MachineDevices {
+            pio,
+            mmio,
             latch,
-            control: Arc::new(RunControl::new(usize::from(config.vcpus))),
+            serial,
+            virtio,
         },
-        MachineDevices { serial, virtio },
         config.timeout,
         MachineShape {
             mem_mib: config.mem_mib,

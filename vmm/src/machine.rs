@@ -116,6 +116,12 @@ impl Drop for StopOnPanic<'_> {
 
 /// The devices a [`Machine`] keeps handles to (they also sit on its buses).
 pub(crate) struct MachineDevices {
+    /// Port I/O devices.
+    pub pio: crate::devices::bus::Bus,
+    /// MMIO devices.
+    pub mmio: crate::devices::bus::Bus,
+    /// Where the VM's stop is recorded (the exit port and i8042 hold it too).
+    pub latch: Arc<StopLatch>,
     /// The serial console, for its report.
     pub serial: Arc<Mutex<SerialDevice>>,
     /// The virtio-mmio transports, for their state.
@@ -157,12 +163,25 @@ impl Machine {
         vm: Vm,
         mem: GuestMemoryMmap,
         vcpus: Vec<Vcpu>,
-        io: VcpuIo,
         devices: MachineDevices,
         timeout: Option<Duration>,
         shape: MachineShape,
     ) -> Self {
-        let MachineDevices { serial, virtio } = devices;
+        let MachineDevices {
+            pio,
+            mmio,
+            latch,
+            serial,
+            virtio,
+        } = devices;
+        let io = VcpuIo {
+            pio: Arc::new(pio),
+            mmio: Arc::new(mmio),
+            latch,
+            control: Arc::new(crate::vstate::pause::RunControl::new(usize::from(
+                shape.vcpus,
+            ))),
+        };
         Machine {
             vcpus,
             vm: Arc::new(vm),

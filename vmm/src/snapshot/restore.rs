@@ -27,8 +27,7 @@ use crate::devices::virtio::VirtioDevice;
 use crate::machine::{Machine, MachineDevices, MachineShape};
 use crate::stop::StopLatch;
 use crate::vstate::kvm::KvmContext;
-use crate::vstate::pause::RunControl;
-use crate::vstate::vcpu::{Vcpu, VcpuError, VcpuIo};
+use crate::vstate::vcpu::{Vcpu, VcpuError};
 use crate::vstate::vm::{Vm, VmStateError};
 
 /// When to hash the whole memory file on restore.
@@ -274,13 +273,13 @@ pub fn restore(
         vm,
         mem,
         vcpus,
-        VcpuIo {
-            pio: Arc::new(pio),
-            mmio: Arc::new(mmio),
+        MachineDevices {
+            pio,
+            mmio,
             latch,
-            control: Arc::new(RunControl::new(usize::from(state.config.vcpus))),
+            serial,
+            virtio,
         },
-        MachineDevices { serial, virtio },
         config.timeout,
         MachineShape {
             mem_mib: state.config.mem_mib,
