@@ -41,17 +41,20 @@ elapsed() {
 
 [[ -r "$fragment" ]] || die "missing $fragment: run this from a sandboxd checkout"
 
+# Empty when the package is absent: dpkg-query exits 1 for an unknown package,
+# which must not end the script before it installs it.
 installed_version() {
-  dpkg-query -W -f='${Status} ${Version}\n' "$PACKAGE" 2>/dev/null |
+  { dpkg-query -W -f='${Status} ${Version}\n' "$PACKAGE" 2>/dev/null || true; } |
     awk '$3 == "installed" { print $4 }'
 }
 
 version=$(installed_version)
 if [[ -z "$version" ]]; then
   echo "installing $PACKAGE and the kernel's build tools" >&2
-  apt-get update -qq
+  apt-get update -qq || die "apt-get update failed (above); fix apt's sources"
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    "$PACKAGE" build-essential bc bison flex libelf-dev libssl-dev xz-utils >/dev/null
+    "$PACKAGE" build-essential bc bison flex libelf-dev libssl-dev xz-utils >/dev/null ||
+    die "installing $PACKAGE and the build tools failed (apt's errors are above)"
   version=$(installed_version)
   [[ -n "$version" ]] || die "$PACKAGE did not install; check apt's sources"
 fi

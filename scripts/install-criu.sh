@@ -67,38 +67,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The first mirror that serves bookworm in the host's apt configuration (the same
-# function as rootfs/images/python.sh), so the source comes from the mirror apt uses.
 suite=bookworm
-find_mirror() {
-  local f uri
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [[ -r $f ]] || continue
-    # one-line format: deb [options] URI SUITE COMPONENTS...
-    uri=$(sed -E 's/#.*//; s/\[[^]]*\]//' "$f" |
-      awk -v s="$suite" '$1 == "deb" && $3 == s { print $2; exit }')
-    if [[ -n $uri ]]; then echo "$uri"; return; fi
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [[ -r $f ]] || continue
-    # deb822 format: paragraphs of "Key: value" lines separated by blank lines
-    uri=$(awk -v s="$suite" '
-      function flush() {
-        if (types ~ /(^| )deb( |$)/ && (" " suites " ") ~ (" " s " ") && uris != "") {
-          split(uris, u, " "); print u[1]; found = 1; exit
-        }
-        types = ""; suites = ""; uris = ""
-      }
-      /^[ \t]*#/ { next }
-      /^[ \t]*$/ { flush(); next }
-      /^Types:/  { sub(/^Types:[ \t]*/, "");  types = $0 }
-      /^Suites:/ { sub(/^Suites:[ \t]*/, ""); suites = $0 }
-      /^URIs:/   { sub(/^URIs:[ \t]*/, "");   uris = $0 }
-      END { if (!found) flush() }' "$f")
-    if [[ -n $uri ]]; then echo "$uri"; return; fi
-  done
-  echo "http://deb.debian.org/debian"
-}
+# shellcheck source=../rootfs/lib/debian-mirror.sh
+. "$(dirname "$0")/../rootfs/lib/debian-mirror.sh"
 
 build_ok() { [[ -x $src/criu/criu ]] && "$src/criu/criu" --version 2>/dev/null | grep -q "^Version: $version\$"; }
 
@@ -108,8 +79,7 @@ if ! build_ok; then
   work=$(mktemp -d /tmp/install-criu.XXXXXX)
   trap 'rm -rf "$work"' EXIT
   if [[ ! -s $tarball ]]; then
-    mirror=$(find_mirror)
-    mirror=${mirror%/}
+    mirror=$(debian_mirror "$suite") || exit 1
     echo "fetching criu $version (Debian source, $suites) from $mirror"
     mkdir -p "$work/sources.list.d" "$work/lists/partial" "$work/download"
     cat >"$work/sources.list.d/criu-src.sources" <<EOF

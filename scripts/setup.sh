@@ -4,6 +4,8 @@
 # in a fresh sandbox.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# No step fails silently: say which one, so its own messages above make sense.
+trap 'echo "setup.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO); its messages are above" >&2' ERR
 scripts/install-deps.sh
 scripts/build.sh
 target=${CARGO_TARGET_DIR:-target}

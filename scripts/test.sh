@@ -4,6 +4,8 @@
 # daemon, real sandboxes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# No step fails silently: say which one, so its own messages above make sense.
+trap 'echo "test.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO); its messages are above" >&2' ERR
 scripts/install-deps.sh
 scripts/build-agent.sh >/dev/null
 # The microVM guest kernel, for the QEMU TCG check of the guest side

@@ -15,42 +15,19 @@ suite=bookworm
 debs="python3,curl"
 pips=""
 
-# The first mirror that serves $suite in the host's apt configuration, so builds
-# use the same (possibly internal) mirror that apt on this host uses.
-find_mirror() {
-	local f uri
-	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-		[[ -r $f ]] || continue
-		# one-line format: deb [options] URI SUITE COMPONENTS...
-		uri=$(sed -E 's/#.*//; s/\[[^]]*\]//' "$f" |
-			awk -v s="$suite" '$1 == "deb" && $3 == s { print $2; exit }')
-		if [[ -n $uri ]]; then echo "$uri"; return; fi
-	done
-	for f in /etc/apt/sources.list.d/*.sources; do
-		[[ -r $f ]] || continue
-		# deb822 format: paragraphs of "Key: value" lines separated by blank lines
-		uri=$(awk -v s="$suite" '
-			function flush() {
-				if (types ~ /(^| )deb( |$)/ && (" " suites " ") ~ (" " s " ") && uris != "") {
-					split(uris, u, " "); print u[1]; found = 1; exit
-				}
-				types = ""; suites = ""; uris = ""
-			}
-			/^[ \t]*#/ { next }
-			/^[ \t]*$/ { flush(); next }
-			/^Types:/  { sub(/^Types:[ \t]*/, "");  types = $0 }
-			/^Suites:/ { sub(/^Suites:[ \t]*/, ""); suites = $0 }
-			/^URIs:/   { sub(/^URIs:[ \t]*/, "");   uris = $0 }
-			END { if (!found) flush() }' "$f")
-		if [[ -n $uri ]]; then echo "$uri"; return; fi
-	done
-	echo "http://deb.debian.org/debian"
-}
+# The Debian mirror finder shared with the install scripts: sandboxd writes it
+# beside the recipe it runs; in a checkout it is rootfs/lib/.
+here=$(dirname "${BASH_SOURCE[0]}")
+for lib in "$here/debian-mirror.sh" "$here/../lib/debian-mirror.sh"; do
+	[[ -r $lib ]] && break
+done
+# shellcheck source=../lib/debian-mirror.sh
+. "$lib"
 
 command -v debootstrap >/dev/null ||
 	{ echo "debootstrap is not installed: apt-get install debootstrap" >&2; exit 1; }
 
-mirror=$(find_mirror)
+mirror=$(debian_mirror "$suite")
 echo "building $suite minbase from $mirror with: $debs"
 debootstrap --variant=minbase --include="$debs" "$suite" "$dest" "$mirror"
 

@@ -259,6 +259,9 @@ impl ImageCache {
         );
         let script = ddir.join("recipe.sh");
         fs::write(&script, &r.text).map_err(|e| ImageError::io("write", &script, e))?;
+        let (lib_name, lib_text) = recipe::RECIPE_LIB;
+        let lib = ddir.join(lib_name);
+        fs::write(&lib, lib_text).map_err(|e| ImageError::io("write", &lib, e))?;
 
         let outcome = run_recipe(&script, tmp, ddir, &log, self.build_timeout)
             .map_err(|e| ImageError::io("run /bin/bash for", &script, e))?;

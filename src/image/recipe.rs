@@ -23,6 +23,13 @@ const BUILTIN: &[(&str, &str)] = &[
     ("python", include_str!("../../rootfs/images/python.sh")),
 ];
 
+/// The Debian mirror finder the install scripts share, written beside every
+/// recipe the daemon runs (as `debian-mirror.sh`) for recipes that debootstrap.
+pub(crate) const RECIPE_LIB: (&str, &str) = (
+    "debian-mirror.sh",
+    include_str!("../../rootfs/lib/debian-mirror.sh"),
+);
+
 /// Where a recipe came from, for `list` and logs.
 #[derive(Debug, Clone)]
 pub(crate) enum Source {
