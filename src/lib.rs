@@ -1,7 +1,7 @@
 //! sandboxd: a single-node worker daemon that runs untrusted code in throwaway sandboxes.
 //!
 //! The daemon (`src/main.rs`) serves the API in [`api`]; each sandbox is owned by
-//! a small supervisor process ([`shim`]) that outlives daemon restarts and talks
+//! a small supervisor process ([`supervisor`]) that outlives daemon restarts and talks
 //! to the in-sandbox agent with the protocol in the `sandbox-proto` crate.
 
 pub mod api;
@@ -13,6 +13,6 @@ pub mod metrics;
 pub mod net;
 pub mod runtime;
 pub mod sandbox;
-pub mod shim;
 pub mod snapshot;
 pub mod store;
+pub mod supervisor;

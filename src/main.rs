@@ -1,4 +1,4 @@
-//! `sandboxd`: the daemon, its per-sandbox supervisor (`sandboxd shim DIR`),
+//! `sandboxd`: the daemon, its per-sandbox supervisor (`sandboxd supervise DIR`),
 //! and operator commands (`sandboxd image build NAME`).
 
 use std::path::PathBuf;
@@ -38,8 +38,9 @@ enum Command {
     /// Run the daemon (the default).
     Run,
     /// Supervise one sandbox (started by the daemon, not by hand).
-    #[command(hide = true)]
-    Shim { dir: PathBuf },
+    /// Supervisors started by earlier builds run as `sandboxd shim DIR`.
+    #[command(hide = true, alias = "shim")]
+    Supervise { dir: PathBuf },
     /// Manage the image cache.
     Image {
         #[command(subcommand)]
@@ -61,13 +62,13 @@ enum ImageCommand {
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Command::Shim { dir }) = &cli.command {
+    if let Some(Command::Supervise { dir }) = &cli.command {
         let format = match std::env::var("SANDBOXD_LOG_FORMAT").as_deref() {
             Ok("json") => LogFormat::Json,
             _ => LogFormat::Text,
         };
         init_logging(format);
-        std::process::exit(sandboxd::shim::run(dir));
+        std::process::exit(sandboxd::supervisor::run(dir));
     }
     if let Err(e) = real_main(cli) {
         eprintln!("sandboxd: {e:#}");
@@ -100,13 +101,13 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
     }
     match cli.command {
         Some(Command::Image { command }) => image_command(&config, command),
-        Some(Command::Shim { .. }) => unreachable_shim(),
+        Some(Command::Supervise { .. }) => unreachable_supervise(),
         Some(Command::Run) | None => run_daemon(config),
     }
 }
 
-fn unreachable_shim() -> anyhow::Result<()> {
-    bail!("the shim subcommand is handled before the daemon starts")
+fn unreachable_supervise() -> anyhow::Result<()> {
+    bail!("the supervise subcommand is handled before the daemon starts")
 }
 
 fn image_command(config: &Config, command: ImageCommand) -> anyhow::Result<()> {

@@ -16,8 +16,8 @@ impl From<SandboxError> for ApiError {
     }
 }
 
-impl From<crate::shim::protocol::ClientError> for ApiError {
-    fn from(e: crate::shim::protocol::ClientError) -> Self {
+impl From<crate::supervisor::protocol::ClientError> for ApiError {
+    fn from(e: crate::supervisor::protocol::ClientError) -> Self {
         Self(e.into())
     }
 }

@@ -17,7 +17,7 @@ use sandbox_proto::{FileKind, FileStat, Reply, RequestBody, MAX_CHUNK};
 use super::error::{ApiError, ApiResult};
 use super::types::{FileInfo, FileList};
 use crate::sandbox::{sandbox_path, Manager, SandboxError};
-use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 
 const FILE_DEADLINE: Duration = Duration::from_secs(35);
 
@@ -77,11 +77,14 @@ fn info(stat: FileStat) -> FileInfo {
 }
 
 /// One file request to the agent through the supervisor.
-async fn agent(conn: &mut ShimConn, body: RequestBody) -> ApiResult<Reply> {
-    match conn.call(&ShimRequest::File(body), FILE_DEADLINE).await? {
-        ShimReply::Agent(Reply::Error(e)) => Err(ApiError(e.into())),
-        ShimReply::Agent(reply) => Ok(reply),
-        ShimReply::Error(e) => Err(ApiError(e.into())),
+async fn agent(conn: &mut SupervisorConn, body: RequestBody) -> ApiResult<Reply> {
+    match conn
+        .call(&SupervisorRequest::File(body), FILE_DEADLINE)
+        .await?
+    {
+        SupervisorReply::Agent(Reply::Error(e)) => Err(ApiError(e.into())),
+        SupervisorReply::Agent(reply) => Ok(reply),
+        SupervisorReply::Error(e) => Err(ApiError(e.into())),
         other => Err(ApiError(SandboxError::internal(format!(
             "unexpected reply {other:?}"
         )))),
@@ -94,7 +97,7 @@ fn unexpected(reply: Reply) -> ApiError {
     )))
 }
 
-async fn stat_of(conn: &mut ShimConn, path: &str) -> ApiResult<FileInfo> {
+async fn stat_of(conn: &mut SupervisorConn, path: &str) -> ApiResult<FileInfo> {
     match agent(
         conn,
         RequestBody::Stat {

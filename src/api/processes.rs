@@ -17,8 +17,8 @@ use serde::Deserialize;
 use super::error::{parse_json, ApiError, ApiResult};
 use super::types::{OutputEvent, ProcessList, SendSignal, StartProcess};
 use crate::sandbox::{sandbox_path, Manager, SandboxError};
-use crate::shim::protocol::{ShimReply, ShimRequest, SpawnSpec};
-use crate::shim::supervisor::Supervisor;
+use crate::supervisor::processes::Supervisor;
+use crate::supervisor::protocol::{SpawnSpec, SupervisorReply, SupervisorRequest};
 
 /// Deadline of a plain request to a supervisor.
 const CALL_DEADLINE: Duration = Duration::from_secs(35);
@@ -29,17 +29,17 @@ const MAX_TIMEOUT_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
 pub async fn call(
     manager: &Manager,
     id: &str,
-    request: ShimRequest,
+    request: SupervisorRequest,
     deadline: Duration,
-) -> ApiResult<ShimReply> {
+) -> ApiResult<SupervisorReply> {
     let mut conn = manager.connect(id).await?;
     match conn.call(&request, deadline).await? {
-        ShimReply::Error(e) => Err(ApiError(e.into())),
+        SupervisorReply::Error(e) => Err(ApiError(e.into())),
         reply => Ok(reply),
     }
 }
 
-fn unexpected(reply: ShimReply) -> ApiError {
+fn unexpected(reply: SupervisorReply) -> ApiError {
     ApiError(SandboxError::internal(format!(
         "unexpected supervisor reply {reply:?}"
     )))
@@ -145,8 +145,8 @@ pub async fn start(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let spec = spawn_spec(parse_json::<StartProcess>(&body)?)?;
-    match call(&manager, &id, ShimRequest::Spawn(spec), CALL_DEADLINE).await? {
-        ShimReply::Process(p) => {
+    match call(&manager, &id, SupervisorRequest::Spawn(spec), CALL_DEADLINE).await? {
+        SupervisorReply::Process(p) => {
             manager.metrics.process_started();
             Ok((StatusCode::CREATED, Json(p)))
         }
@@ -158,8 +158,8 @@ pub async fn list(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    match call(&manager, &id, ShimRequest::List, CALL_DEADLINE).await? {
-        ShimReply::Processes(processes) => Ok(Json(ProcessList { processes })),
+    match call(&manager, &id, SupervisorRequest::List, CALL_DEADLINE).await? {
+        SupervisorReply::Processes(processes) => Ok(Json(ProcessList { processes })),
         other => Err(unexpected(other)),
     }
 }
@@ -168,8 +168,15 @@ pub async fn get(
     State(manager): State<Arc<Manager>>,
     Path((id, proc)): Path<(String, u64)>,
 ) -> ApiResult<impl IntoResponse> {
-    match call(&manager, &id, ShimRequest::Get { proc }, CALL_DEADLINE).await? {
-        ShimReply::Process(p) => Ok(Json(p)),
+    match call(
+        &manager,
+        &id,
+        SupervisorRequest::Get { proc },
+        CALL_DEADLINE,
+    )
+    .await?
+    {
+        SupervisorReply::Process(p) => Ok(Json(p)),
         other => Err(unexpected(other)),
     }
 }
@@ -198,9 +205,15 @@ pub async fn output(
     // An unknown process is a 404 at once. The stream itself starts without
     // waiting for the first output: a client that attaches before it writes
     // the stdin that makes the output would otherwise never get the headers.
-    call(&manager, &id, ShimRequest::Get { proc }, CALL_DEADLINE).await?;
+    call(
+        &manager,
+        &id,
+        SupervisorRequest::Get { proc },
+        CALL_DEADLINE,
+    )
+    .await?;
     let mut conn = manager.connect(&id).await?;
-    conn.send(&ShimRequest::Attach {
+    conn.send(&SupervisorRequest::Attach {
         proc,
         stdout_offset: query.stdout_offset,
         stderr_offset: query.stderr_offset,
@@ -217,7 +230,7 @@ pub async fn output(
             };
             let b64 = base64::engine::general_purpose::STANDARD;
             let (event, done) = match reply {
-                ShimReply::Output {
+                SupervisorReply::Output {
                     stream,
                     offset,
                     data,
@@ -229,14 +242,14 @@ pub async fn output(
                     };
                     (event, false)
                 }
-                ShimReply::Dropped { stream, bytes } => (
+                SupervisorReply::Dropped { stream, bytes } => (
                     OutputEvent::Dropped {
                         stream: Supervisor::stream_name(stream).into(),
                         bytes,
                     },
                     false,
                 ),
-                ShimReply::Exited(process) => (OutputEvent::Exit { process }, true),
+                SupervisorReply::Exited(process) => (OutputEvent::Exit { process }, true),
                 _ => return None,
             };
             let next_conn = if done { None } else { Some(conn) };
@@ -256,7 +269,7 @@ pub async fn write_stdin(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     for chunk in body.chunks(sandbox_proto::MAX_CHUNK) {
-        let request = ShimRequest::WriteStdin {
+        let request = SupervisorRequest::WriteStdin {
             proc,
             data: chunk.to_vec(),
         };
@@ -272,7 +285,7 @@ pub async fn close_stdin(
     call(
         &manager,
         &id,
-        ShimRequest::CloseStdin { proc },
+        SupervisorRequest::CloseStdin { proc },
         CALL_DEADLINE,
     )
     .await?;
@@ -316,7 +329,7 @@ pub async fn signal(
     call(
         &manager,
         &id,
-        ShimRequest::Signal { proc, signal },
+        SupervisorRequest::Signal { proc, signal },
         CALL_DEADLINE,
     )
     .await?;
@@ -327,7 +340,13 @@ pub async fn kill(
     State(manager): State<Arc<Manager>>,
     Path((id, proc)): Path<(String, u64)>,
 ) -> ApiResult<StatusCode> {
-    call(&manager, &id, ShimRequest::Kill { proc }, CALL_DEADLINE).await?;
+    call(
+        &manager,
+        &id,
+        SupervisorRequest::Kill { proc },
+        CALL_DEADLINE,
+    )
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -350,12 +369,12 @@ pub async fn wait(
         None => 30.0,
     };
     let timeout = Duration::from_secs_f64(seconds);
-    let request = ShimRequest::Wait {
+    let request = SupervisorRequest::Wait {
         proc,
         timeout_ms: timeout.as_millis() as u64,
     };
     match call(&manager, &id, request, timeout + CALL_DEADLINE).await? {
-        ShimReply::Process(p) => Ok(Json(p)),
+        SupervisorReply::Process(p) => Ok(Json(p)),
         other => Err(unexpected(other)),
     }
 }

@@ -107,15 +107,15 @@ pub async fn network_log(
     let mut conn = manager.connect(&id).await?;
     let reply = conn
         .call(
-            &crate::shim::protocol::ShimRequest::EgressLog,
+            &crate::supervisor::protocol::SupervisorRequest::EgressLog,
             std::time::Duration::from_secs(10),
         )
         .await?;
     match reply {
-        crate::shim::protocol::ShimReply::EgressLog(entries) => {
+        crate::supervisor::protocol::SupervisorReply::EgressLog(entries) => {
             Ok(Json(serde_json::json!({ "entries": entries })))
         }
-        crate::shim::protocol::ShimReply::Error(e) => Err(ApiError(e.into())),
+        crate::supervisor::protocol::SupervisorReply::Error(e) => Err(ApiError(e.into())),
         other => Err(ApiError(crate::sandbox::SandboxError::internal(format!(
             "unexpected supervisor reply {other:?}"
         )))),

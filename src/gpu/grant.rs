@@ -1,7 +1,7 @@
 //! What a sandbox is given on top of the base container spec: device nodes
 //! (bind-mounted from the host and allowed in its device cgroup), read-only
 //! host files, and /proc paths to mask. Carried from the daemon to the
-//! supervisor in `ShimConfig` and applied by `runtime::spec::build_spec`.
+//! supervisor in `SupervisorConfig` and applied by `runtime::spec::build_spec`.
 
 use std::path::PathBuf;
 

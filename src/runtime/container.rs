@@ -21,7 +21,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use super::cgroups::{Layout, SandboxCgroups};
 use super::spec::{build_spec, enter_netns, ContainerSpecInput};
 use crate::net::netns;
-use crate::shim::config::{SandboxPaths, ShimConfig};
+use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
 use sandbox_proto::AGENT_LINK_FD;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +60,7 @@ pub struct Started {
 
 /// Makes and starts the container of `config`. On error the caller runs
 /// [`destroy`], which removes whatever was made.
-pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, ContainerError> {
+pub fn start(config: &SupervisorConfig, paths: &SandboxPaths) -> Result<Started, ContainerError> {
     let mut clock = std::time::Instant::now();
     let mut phases = Vec::new();
     let mut lap = |name: &'static str, phases: &mut Vec<_>| {
@@ -126,7 +126,7 @@ pub fn start(config: &ShimConfig, paths: &SandboxPaths) -> Result<Started, Conta
 /// directories, the network namespace with its egress sockets, the overlay
 /// root and the host-side /etc files. Returns the egress sockets.
 pub(crate) fn prepare_root(
-    config: &ShimConfig,
+    config: &SupervisorConfig,
     paths: &SandboxPaths,
 ) -> Result<crate::net::proxy::Sockets, ContainerError> {
     for dir in [
@@ -160,7 +160,10 @@ pub(crate) fn agent_link_pair(netns: &Path) -> Result<(OwnedFd, OwnedFd), Contai
     .map_err(|e| prepare("agent link")(e.into()))
 }
 
-fn create_and_start(config: &ShimConfig, paths: &SandboxPaths) -> Result<i32, ContainerError> {
+fn create_and_start(
+    config: &SupervisorConfig,
+    paths: &SandboxPaths,
+) -> Result<i32, ContainerError> {
     let null = || File::open("/dev/null").map(OwnedFd::from);
     let runtime_err = |step| {
         move |e: libcontainer::error::LibcontainerError| ContainerError::Runtime {
@@ -235,7 +238,7 @@ fn place_at_link_fd(child: OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-fn mount_root(config: &ShimConfig, target: &Path) -> Result<(), ContainerError> {
+fn mount_root(config: &SupervisorConfig, target: &Path) -> Result<(), ContainerError> {
     let upper = config.layer_dir.join("upper");
     let work = config.layer_dir.join("work");
     let lower: Vec<String> = config
@@ -260,7 +263,7 @@ fn mount_root(config: &ShimConfig, target: &Path) -> Result<(), ContainerError> 
     .map_err(ContainerError::Mount)
 }
 
-fn write_etc(config: &ShimConfig, dir: &Path) -> Result<(), ContainerError> {
+fn write_etc(config: &SupervisorConfig, dir: &Path) -> Result<(), ContainerError> {
     let hosts = format!(
         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
         config.hostname

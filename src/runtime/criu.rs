@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use super::container::{agent_link_pair, ContainerError, Started};
 use super::spec::AGENT_PATH_IN_SANDBOX;
-use crate::shim::config::{SandboxPaths, ShimConfig};
+use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CriuError {
@@ -101,7 +101,7 @@ fn file_bind_mounts(init_pid: i32) -> Result<Vec<String>, CriuError> {
 }
 
 /// Where a fork's external mount comes from on the host.
-fn external_source(point: &str, config: &ShimConfig, paths: &SandboxPaths) -> PathBuf {
+fn external_source(point: &str, config: &SupervisorConfig, paths: &SandboxPaths) -> PathBuf {
     match point {
         "/etc/hosts" | "/etc/resolv.conf" | "/etc/hostname" => {
             paths.etc().join(point.trim_start_matches("/etc/"))
@@ -265,7 +265,7 @@ pub fn dump(
 /// cgroups at `config.cgroups_path`, thawed. On error the caller runs
 /// `container::destroy`.
 pub fn restore(
-    config: &ShimConfig,
+    config: &SupervisorConfig,
     paths: &SandboxPaths,
     spec: &RestoreSpec,
 ) -> Result<Started, ContainerError> {
@@ -385,7 +385,7 @@ mod tests {
 
     #[test]
     fn external_sources_are_the_forks_own_files() {
-        let config: ShimConfig = serde_json::from_value(serde_json::json!({
+        let config: SupervisorConfig = serde_json::from_value(serde_json::json!({
             "id": "sb-1", "hostname": "sb-1", "image_rootfs": "/img", "layer_dir": "/l",
             "agent_path": "/usr/lib/sandboxd/sandbox-agent", "cgroups_path": "/sandboxd/sb-1",
             "cpu": 1.0, "memory_bytes": 1, "pids": 8, "id_map_base": 100000, "id_map_size": 65536,

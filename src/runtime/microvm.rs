@@ -24,7 +24,7 @@ use super::cgroups::{CgroupError, Layout};
 use super::container::Started;
 use super::vm_cgroups::{self, VmLimits};
 use crate::net::netns;
-use crate::shim::config::{SandboxPaths, ShimConfig};
+use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
 
 /// The guest's vsock context ID; every VM has its own vsock device, so the
 /// same number in all of them is no clash.
@@ -180,7 +180,7 @@ impl VmPaths {
 
 /// The cgroup limits of a VM: the sandbox's CPU, and guest RAM plus the
 /// VMM's overhead, so a guest that touches all its RAM is not OOM-killed.
-pub fn limits(config: &ShimConfig, vm: &VmSpec) -> Result<VmLimits, MicrovmError> {
+pub fn limits(config: &SupervisorConfig, vm: &VmSpec) -> Result<VmLimits, MicrovmError> {
     let quota = super::spec::cpu_quota_us(config.cpu)
         .map_err(|e| prepare("CPU limit")(io::Error::other(e.to_string())))?;
     Ok(VmLimits {
@@ -249,7 +249,7 @@ fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
 /// error the caller runs `container::destroy`, which removes what was made
 /// (the cgroups, where the VMM dies, and the namespace).
 pub fn start(
-    config: &ShimConfig,
+    config: &SupervisorConfig,
     paths: &SandboxPaths,
     vm: &VmSpec,
 ) -> Result<Started, MicrovmError> {

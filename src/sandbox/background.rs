@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::manager::{Manager, HEALTH_DEADLINE};
-use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 
 impl Manager {
     /// Reads each supervisor's egress counters into the sandbox's usage
@@ -21,11 +21,11 @@ impl Manager {
             .map(|r| r.id.clone())
             .collect();
         for id in ids {
-            let health = match ShimConn::connect(&self.paths(&id).socket()).await {
-                Ok(mut conn) => conn.call(&ShimRequest::Health, HEALTH_DEADLINE).await,
+            let health = match SupervisorConn::connect(&self.paths(&id).socket()).await {
+                Ok(mut conn) => conn.call(&SupervisorRequest::Health, HEALTH_DEADLINE).await,
                 Err(e) => Err(e),
             };
-            let Ok(ShimReply::Health(health)) = health else {
+            let Ok(SupervisorReply::Health(health)) = health else {
                 continue;
             };
             let now = health.egress;

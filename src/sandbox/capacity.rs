@@ -129,7 +129,7 @@ mod tests {
             labels: Default::default(),
             env: Default::default(),
             cgroups_path: String::new(),
-            shim_pid: 0,
+            supervisor_pid: 0,
             oom_kills: 0,
             failure: None,
             pooled: false,

@@ -58,15 +58,15 @@ impl SandboxError {
     }
 }
 
-impl From<crate::shim::protocol::ClientError> for SandboxError {
-    fn from(e: crate::shim::protocol::ClientError) -> Self {
+impl From<crate::supervisor::protocol::ClientError> for SandboxError {
+    fn from(e: crate::supervisor::protocol::ClientError) -> Self {
         Self::Internal(e.to_string())
     }
 }
 
-impl From<crate::shim::protocol::ShimError> for SandboxError {
-    fn from(e: crate::shim::protocol::ShimError) -> Self {
-        use crate::shim::protocol::ShimErrorKind as K;
+impl From<crate::supervisor::protocol::SupervisorError> for SandboxError {
+    fn from(e: crate::supervisor::protocol::SupervisorError) -> Self {
+        use crate::supervisor::protocol::SupervisorErrorKind as K;
         match e.kind {
             K::UnknownProcess => Self::NotFound {
                 code: "process_not_found",

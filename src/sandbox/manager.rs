@@ -22,10 +22,10 @@ use crate::disk::DiskPool;
 use crate::gpu::{GpuRequest, GpuService};
 use crate::image::ImageCache;
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
-use crate::shim::config::{SandboxPaths, ShimConfig};
-use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
-use crate::shim::ReadyLine;
 use crate::store::Store;
+use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
+use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
+use crate::supervisor::ReadyLine;
 
 pub(super) const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -484,7 +484,7 @@ impl Manager {
                 labels,
                 env,
                 cgroups_path: format!("{}/{id}", self.config.cgroup_parent.trim_end_matches('/')),
-                shim_pid: 0,
+                supervisor_pid: 0,
                 oom_kills: 0,
                 failure: None,
                 pooled,
@@ -656,7 +656,7 @@ impl Manager {
         let mut env = default_env();
         env.extend(gpu.env);
         env.extend(record.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let shim_config = ShimConfig {
+        let supervisor_config = SupervisorConfig {
             id: record.id.clone(),
             hostname: record.id.clone(),
             image_rootfs: image.rootfs.clone(),
@@ -681,11 +681,11 @@ impl Manager {
             restore,
             vm,
         };
-        let json = serde_json::to_vec(&shim_config).map_err(SandboxError::internal)?;
+        let json = serde_json::to_vec(&supervisor_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;
 
-        let (shim_pid, ready) = self.spawn_shim(&paths).await?;
-        record.shim_pid = shim_pid;
+        let (supervisor_pid, ready) = self.spawn_supervisor(&paths).await?;
+        record.supervisor_pid = supervisor_pid;
         if !ready.ok {
             return Err(SandboxError::internal(format!(
                 "the sandbox could not be started: {}",
@@ -711,8 +711,8 @@ impl Manager {
         Ok(view)
     }
 
-    /// Starts `sandboxd shim DIR` in its own session and waits for its ready line.
-    pub(super) async fn spawn_shim(
+    /// Starts `sandboxd supervise DIR` in its own session and waits for its ready line.
+    pub(super) async fn spawn_supervisor(
         &self,
         paths: &SandboxPaths,
     ) -> Result<(i32, ReadyLine), SandboxError> {
@@ -722,7 +722,7 @@ impl Manager {
         let log = std::fs::File::create(paths.log()).map_err(SandboxError::internal)?;
         let mut command = tokio::process::Command::new(exe);
         command
-            .arg("shim")
+            .arg("supervise")
             .arg(&paths.dir)
             .env_clear()
             .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
@@ -815,8 +815,11 @@ impl Manager {
         if record.state != SandboxState::Ready {
             return Ok(record.view());
         }
-        let health = match ShimConn::connect(&self.paths(id).socket()).await {
-            Ok(mut conn) => conn.call(&ShimRequest::Health, HEALTH_DEADLINE).await.ok(),
+        let health = match SupervisorConn::connect(&self.paths(id).socket()).await {
+            Ok(mut conn) => conn
+                .call(&SupervisorRequest::Health, HEALTH_DEADLINE)
+                .await
+                .ok(),
             Err(_) => None,
         };
         let mut records = self.records();
@@ -824,7 +827,7 @@ impl Manager {
             return Err(SandboxError::sandbox_not_found(id));
         };
         match health {
-            Some(ShimReply::Health(h)) => {
+            Some(SupervisorReply::Health(h)) => {
                 current.oom_kills = h.oom_kills;
                 current.usage.egress_bytes = h.egress.bytes;
                 if let Some(reason) = h.failure {
@@ -860,7 +863,7 @@ impl Manager {
     }
 
     /// A connection to a ready sandbox's supervisor (409 when it is not ready).
-    pub async fn connect(&self, id: &str) -> Result<ShimConn, SandboxError> {
+    pub async fn connect(&self, id: &str) -> Result<SupervisorConn, SandboxError> {
         let record = self.record(id)?;
         if record.state != SandboxState::Ready {
             return Err(SandboxError::Conflict {
@@ -875,7 +878,7 @@ impl Manager {
                 ),
             });
         }
-        ShimConn::connect(&self.paths(id).socket())
+        SupervisorConn::connect(&self.paths(id).socket())
             .await
             .map_err(|e| SandboxError::Conflict {
                 code: "sandbox_not_running",

@@ -6,7 +6,7 @@ use super::manager::HEALTH_DEADLINE;
 use super::{Manager, SandboxError};
 use crate::api::types::Sandbox;
 use crate::net::policy::NetworkPolicy;
-use crate::shim::protocol::{ShimReply, ShimRequest};
+use crate::supervisor::protocol::{SupervisorReply, SupervisorRequest};
 
 impl Manager {
     /// Puts `request` in force on sandbox `id` (the daemon's default when it
@@ -20,7 +20,7 @@ impl Manager {
         let mut conn = self.connect(id).await?;
         match conn
             .call(
-                &ShimRequest::SetPolicy {
+                &SupervisorRequest::SetPolicy {
                     block_network: network.block_network,
                     allow_list: network.allow_list.clone(),
                 },
@@ -28,8 +28,8 @@ impl Manager {
             )
             .await
         {
-            Ok(ShimReply::Ok) => {}
-            Ok(ShimReply::Error(e)) => return Err(SandboxError::internal(e)),
+            Ok(SupervisorReply::Ok) => {}
+            Ok(SupervisorReply::Error(e)) => return Err(SandboxError::internal(e)),
             Ok(other) => {
                 return Err(SandboxError::internal(format!(
                     "unexpected supervisor reply {other:?}"

@@ -6,7 +6,7 @@ use super::record::expiry;
 use super::SandboxError;
 use crate::api::types::{CreateSandbox, Limits, Sandbox};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
-use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
@@ -123,14 +123,14 @@ impl Manager {
             if !req.env.is_empty() {
                 let mut env = default_env();
                 env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-                let set = match ShimConn::connect(&self.paths(&id).socket()).await {
+                let set = match SupervisorConn::connect(&self.paths(&id).socket()).await {
                     Ok(mut conn) => {
-                        conn.call(&ShimRequest::SetEnv { env }, HEALTH_DEADLINE)
+                        conn.call(&SupervisorRequest::SetEnv { env }, HEALTH_DEADLINE)
                             .await
                     }
                     Err(e) => Err(e),
                 };
-                if !matches!(set, Ok(ShimReply::Ok)) {
+                if !matches!(set, Ok(SupervisorReply::Ok)) {
                     tracing::warn!(sandbox = %id, "pooled sandbox is broken; removing it");
                     let record = self.records().get(&id).cloned();
                     if let Some(record) = record {

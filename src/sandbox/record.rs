@@ -22,7 +22,8 @@ pub struct SandboxRecord {
     pub labels: BTreeMap<String, String>,
     pub env: BTreeMap<String, String>,
     pub cgroups_path: String,
-    pub shim_pid: i32,
+    #[serde(alias = "shim_pid")]
+    pub supervisor_pid: i32,
     pub oom_kills: u64,
     pub failure: Option<String>,
     /// Made ahead of demand and not yet handed to a caller.

@@ -5,7 +5,7 @@ use super::record::SandboxRecord;
 use super::teardown::teardown;
 use super::SandboxError;
 use crate::api::types::SandboxState;
-use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 use std::sync::Arc;
 
 use super::manager::{Manager, HEALTH_DEADLINE};
@@ -25,10 +25,10 @@ impl Manager {
             .collect();
         self.kill_supervisors_except(&finished);
         for mut record in stored {
-            let alive = match ShimConn::connect(&self.paths(&record.id).socket()).await {
+            let alive = match SupervisorConn::connect(&self.paths(&record.id).socket()).await {
                 Ok(mut conn) => matches!(
-                    conn.call(&ShimRequest::Health, HEALTH_DEADLINE).await,
-                    Ok(ShimReply::Health(_))
+                    conn.call(&SupervisorRequest::Health, HEALTH_DEADLINE).await,
+                    Ok(SupervisorReply::Health(_))
                 ),
                 Err(_) => false,
             };
@@ -80,7 +80,8 @@ impl Manager {
     }
 
     /// SIGKILLs this daemon's supervisors whose sandbox is not in `keep`.
-    /// A supervisor is `sandboxd shim <run dir>/<id>`; its sandbox's
+    /// A supervisor is `sandboxd supervise <run dir>/<id>` (`shim` before
+    /// the subcommand was renamed, for supervisors of earlier builds); its sandbox's
     /// processes live in the sandbox's cgroup and go with its teardown.
     fn kill_supervisors_except(&self, keep: &std::collections::HashSet<&str>) {
         let run_dir = self.config.sandboxes_run_dir();
@@ -91,7 +92,7 @@ impl Manager {
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
             let Some(dir) = args
                 .windows(2)
-                .find(|w| w[0] == b"shim")
+                .find(|w| w[0] == b"supervise" || w[0] == b"shim")
                 .map(|w| std::path::PathBuf::from(String::from_utf8_lossy(w[1]).into_owned()))
             else {
                 continue;

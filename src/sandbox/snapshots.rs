@@ -12,10 +12,10 @@ use super::error::SandboxError;
 use super::manager::Manager;
 use crate::api::types::SandboxState;
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
-use crate::shim::protocol::{ShimReply, ShimRequest};
 use crate::snapshot::{
     integrity, new_id, MemoryImage, SnapshotKind, SnapshotMeta, SnapshotView, META_VERSION,
 };
+use crate::supervisor::protocol::{SupervisorReply, SupervisorRequest};
 
 /// Pool space a filesystem snapshot needs free: it shares the layer's
 /// extents, so only btrfs metadata is written.
@@ -273,14 +273,14 @@ impl Manager {
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
         let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
-        let request = ShimRequest::CloneDisk {
+        let request = SupervisorRequest::CloneDisk {
             to: scratch.clone(),
         };
         match self
             .snapshot_call(&record.id, &request, "snapshotting the microVM's disk")
             .await?
         {
-            ShimReply::Ok => {}
+            SupervisorReply::Ok => {}
             other => {
                 return Err(SandboxError::internal(format!(
                     "the supervisor answered a disk snapshot with {other:?}"
@@ -315,7 +315,7 @@ impl Manager {
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
         let images_dir = self.images_dir(snapshot_id)?;
-        let request = ShimRequest::Checkpoint {
+        let request = SupervisorRequest::Checkpoint {
             criu: self.config.criu_path.clone(),
             freezer: PathBuf::new(),
             images_dir: images_dir.clone(),
@@ -325,7 +325,7 @@ impl Manager {
             .snapshot_call(&record.id, &request, "snapshotting the microVM")
             .await?;
         let (next_proc, processes) = match reply {
-            ShimReply::Checkpointed {
+            SupervisorReply::Checkpointed {
                 next_proc,
                 processes,
                 ..
@@ -387,7 +387,7 @@ impl Manager {
             return Ok((layer, None));
         }
         let images_dir = self.images_dir(snapshot_id)?;
-        let request = ShimRequest::Checkpoint {
+        let request = SupervisorRequest::Checkpoint {
             criu: self.config.criu_path.clone(),
             freezer: cgroups.freezer_dir(),
             images_dir: images_dir.clone(),
@@ -397,7 +397,7 @@ impl Manager {
             .snapshot_call(&record.id, &request, "checkpointing the sandbox")
             .await?
         {
-            ShimReply::Checkpointed {
+            SupervisorReply::Checkpointed {
                 checkpoint,
                 next_proc,
                 processes,
@@ -414,18 +414,22 @@ impl Manager {
     async fn snapshot_call(
         &self,
         id: &str,
-        request: &ShimRequest,
+        request: &SupervisorRequest,
         what: &str,
-    ) -> Result<ShimReply, SandboxError> {
+    ) -> Result<SupervisorReply, SandboxError> {
         let mut conn = self.connect(id).await?;
         match conn.call(request, CHECKPOINT_DEADLINE).await? {
-            ShimReply::Error(e) if e.kind == crate::shim::protocol::ShimErrorKind::Conflict => {
+            SupervisorReply::Error(e)
+                if e.kind == crate::supervisor::protocol::SupervisorErrorKind::Conflict =>
+            {
                 Err(SandboxError::Conflict {
                     code: "sandbox_busy",
                     message: e.message,
                 })
             }
-            ShimReply::Error(e) => Err(SandboxError::internal(format!("{what}: {}", e.message))),
+            SupervisorReply::Error(e) => {
+                Err(SandboxError::internal(format!("{what}: {}", e.message)))
+            }
             reply => Ok(reply),
         }
     }

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use crate::disk::DiskPool;
 use crate::runtime::container;
-use crate::shim::config::SandboxPaths;
-use crate::shim::protocol::{ShimConn, ShimReply, ShimRequest};
+use crate::supervisor::config::SandboxPaths;
+use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
 /// How long a supervisor may take to exit once it has torn its sandbox down.
@@ -24,18 +24,21 @@ pub async fn teardown(
 ) -> Vec<String> {
     let mut problems = Vec::new();
     // The supervisor kills and removes the container itself when it is there...
-    if let Ok(mut conn) = ShimConn::connect(&paths.socket()).await {
+    if let Ok(mut conn) = SupervisorConn::connect(&paths.socket()).await {
         let supervisor = conn.peer_pid();
-        match conn.call(&ShimRequest::Shutdown, SHUTDOWN_DEADLINE).await {
+        match conn
+            .call(&SupervisorRequest::Shutdown, SHUTDOWN_DEADLINE)
+            .await
+        {
             // Gone means gone: the supervisor exits right after answering.
-            Ok(ShimReply::Ok) => {
+            Ok(SupervisorReply::Ok) => {
                 if let Some(pid) = supervisor {
                     if !exited(pid, EXIT_DEADLINE).await {
                         problems.push(format!("supervisor {pid} still runs after its teardown"));
                     }
                 }
             }
-            Ok(ShimReply::Error(e)) => problems.push(format!("supervisor teardown: {e}")),
+            Ok(SupervisorReply::Error(e)) => problems.push(format!("supervisor teardown: {e}")),
             Ok(other) => problems.push(format!("supervisor answered shutdown with {other:?}")),
             Err(e) => problems.push(e.to_string()),
         }

@@ -3,7 +3,9 @@
 
 use super::events::EventKind;
 use crate::api::types::SandboxState;
-use crate::shim::protocol::{ShimConn, ShimEvent, ShimReply, ShimRequest};
+use crate::supervisor::protocol::{
+    SupervisorConn, SupervisorEvent, SupervisorReply, SupervisorRequest,
+};
 use std::sync::Arc;
 
 use super::manager::Manager;
@@ -18,21 +20,25 @@ impl Manager {
                 Some(r) => r.supervisor_events_seen,
                 None => return,
             };
-            let Ok(mut conn) = ShimConn::connect(&this.paths(&id).socket()).await else {
+            let Ok(mut conn) = SupervisorConn::connect(&this.paths(&id).socket()).await else {
                 return;
             };
-            if conn.send(&ShimRequest::Watch { after }).await.is_err() {
+            if conn
+                .send(&SupervisorRequest::Watch { after })
+                .await
+                .is_err()
+            {
                 return;
             }
-            while let Ok(Some(ShimReply::Event { seq, event })) = conn.next().await {
+            while let Ok(Some(SupervisorReply::Event { seq, event })) = conn.next().await {
                 this.record_supervisor_event(&id, seq, event);
             }
         });
     }
 
-    pub(super) fn record_supervisor_event(&self, id: &str, seq: u64, event: ShimEvent) {
+    pub(super) fn record_supervisor_event(&self, id: &str, seq: u64, event: SupervisorEvent) {
         match event {
-            ShimEvent::ProcessExited(p) => {
+            SupervisorEvent::ProcessExited(p) => {
                 if p.oom_killed {
                     self.metrics.oom_killed();
                     self.events.emit(EventKind::Oom, id, Some(p.id), None);
@@ -50,7 +56,7 @@ impl Manager {
                 self.events
                     .emit(EventKind::ProcessExited, id, Some(p.id), Some(detail));
             }
-            ShimEvent::Failed(reason) => {
+            SupervisorEvent::Failed(reason) => {
                 let newly_failed = {
                     let mut records = self.records();
                     match records.get_mut(id) {

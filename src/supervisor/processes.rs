@@ -10,10 +10,12 @@ use std::time::{Duration, SystemTime};
 use sandbox_proto::{ErrorKind, ExitStatus, Reply, RequestBody, SpawnRequest, Stream};
 use tokio::sync::{mpsc, watch};
 
-use super::config::{SandboxPaths, ShimConfig};
+use super::config::{SandboxPaths, SupervisorConfig};
 use super::link::{AgentLink, LinkEvent};
 use super::output::{OutputItem, OutputLog};
-use super::protocol::{ShimError, ShimErrorKind, ShimEvent, ShimHealth, SpawnSpec};
+use super::protocol::{
+    SpawnSpec, SupervisorError, SupervisorErrorKind, SupervisorEvent, SupervisorHealth,
+};
 use crate::api::types::{Process, ProcessState};
 use crate::runtime::cgroups::SandboxCgroups;
 
@@ -43,7 +45,7 @@ pub struct OutputRead {
 }
 
 pub struct Supervisor {
-    pub config: ShimConfig,
+    pub config: SupervisorConfig,
     /// The environment every process starts with; replaced when a pooled
     /// sandbox is handed to a caller with its own variables.
     env: Mutex<Vec<(String, String)>>,
@@ -54,7 +56,7 @@ pub struct Supervisor {
     procs: Mutex<BTreeMap<u64, Entry>>,
     next_proc: AtomicU64,
     failure: watch::Sender<Option<String>>,
-    events: Mutex<std::collections::VecDeque<(u64, ShimEvent)>>,
+    events: Mutex<std::collections::VecDeque<(u64, SupervisorEvent)>>,
     event_seq: watch::Sender<u64>,
     /// The sandbox's egress proxy and DNS server, once started.
     pub egress: std::sync::OnceLock<Arc<crate::net::proxy::Egress>>,
@@ -64,13 +66,13 @@ fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
-fn err(kind: ShimErrorKind, message: impl Into<String>) -> ShimError {
-    ShimError::new(kind, message)
+fn err(kind: SupervisorErrorKind, message: impl Into<String>) -> SupervisorError {
+    SupervisorError::new(kind, message)
 }
 
 impl Supervisor {
     pub fn new(
-        config: ShimConfig,
+        config: SupervisorConfig,
         paths: SandboxPaths,
         init_pid: i32,
         link: Arc<AgentLink>,
@@ -122,18 +124,20 @@ impl Supervisor {
     pub fn set_policy(
         &self,
         request: &crate::net::policy::NetworkPolicy,
-    ) -> Result<super::protocol::ShimReply, ShimError> {
+    ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
         let policy = crate::net::policy::EgressPolicy::from_request(
             request,
             crate::net::policy::DefaultEgress::Block,
         )
-        .map_err(|e| err(ShimErrorKind::InvalidInput, e.to_string()))?;
-        let egress = self
-            .egress
-            .get()
-            .ok_or_else(|| err(ShimErrorKind::Internal, "the egress proxy is not running"))?;
+        .map_err(|e| err(SupervisorErrorKind::InvalidInput, e.to_string()))?;
+        let egress = self.egress.get().ok_or_else(|| {
+            err(
+                SupervisorErrorKind::Internal,
+                "the egress proxy is not running",
+            )
+        })?;
         egress.set_policy(policy);
-        Ok(super::protocol::ShimReply::Ok)
+        Ok(super::protocol::SupervisorReply::Ok)
     }
 
     fn procs(&self) -> MutexGuard<'_, BTreeMap<u64, Entry>> {
@@ -149,10 +153,10 @@ impl Supervisor {
     pub async fn clone_disk(
         &self,
         to: std::path::PathBuf,
-    ) -> Result<super::protocol::ShimReply, ShimError> {
+    ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
         if !self.config.is_vm() {
             return Err(err(
-                ShimErrorKind::InvalidInput,
+                SupervisorErrorKind::InvalidInput,
                 "only a microVM has a scratch disk",
             ));
         }
@@ -162,9 +166,9 @@ impl Supervisor {
             crate::runtime::microvm::clone_disk_paused(&paths, &layer_dir, &to)
         })
         .await
-        .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
-        .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?;
-        Ok(super::protocol::ShimReply::Ok)
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
+        Ok(super::protocol::SupervisorReply::Ok)
     }
 
     pub async fn checkpoint(
@@ -173,10 +177,10 @@ impl Supervisor {
         freezer: std::path::PathBuf,
         images_dir: std::path::PathBuf,
         work_dir: std::path::PathBuf,
-    ) -> Result<super::protocol::ShimReply, ShimError> {
+    ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
         let Some(_paused) = self.link.try_pause() else {
             return Err(err(
-                ShimErrorKind::Conflict,
+                SupervisorErrorKind::Conflict,
                 "requests to the sandbox are in flight (a file transfer or a process start); snapshot again once they finish",
             ));
         };
@@ -208,23 +212,23 @@ impl Supervisor {
             })
             .await
         }
-        .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
-        .map_err(|e| err(ShimErrorKind::Internal, e))?;
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+        .map_err(|e| err(SupervisorErrorKind::Internal, e))?;
         let processes = self
             .procs()
             .values()
             .filter(|e| e.info.state == ProcessState::Running)
             .map(|e| e.info.clone())
             .collect();
-        Ok(super::protocol::ShimReply::Checkpointed {
+        Ok(super::protocol::SupervisorReply::Checkpointed {
             checkpoint,
             next_proc: self.next_proc.load(Ordering::Relaxed),
             processes,
         })
     }
 
-    pub fn health(&self) -> ShimHealth {
-        ShimHealth {
+    pub fn health(&self) -> SupervisorHealth {
+        SupervisorHealth {
             init_pid: self.init_pid,
             oom_kills: self.cgroups.oom_kills(),
             failure: self.failure.borrow().clone(),
@@ -232,7 +236,7 @@ impl Supervisor {
         }
     }
 
-    fn publish(&self, event: ShimEvent) {
+    fn publish(&self, event: SupervisorEvent) {
         let mut events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         let seq = events.back().map(|(s, _)| s + 1).unwrap_or(1);
         events.push_back((seq, event));
@@ -244,7 +248,7 @@ impl Supervisor {
     }
 
     /// Events after `after`, and a receiver that changes when more arrive.
-    pub fn events_after(&self, after: u64) -> Vec<(u64, ShimEvent)> {
+    pub fn events_after(&self, after: u64) -> Vec<(u64, SupervisorEvent)> {
         let events = self.events.lock().unwrap_or_else(|p| p.into_inner());
         events.iter().filter(|(s, _)| *s > after).cloned().collect()
     }
@@ -264,7 +268,7 @@ impl Supervisor {
             }
         });
         if first {
-            self.publish(ShimEvent::Failed(reason));
+            self.publish(SupervisorEvent::Failed(reason));
         }
         let mut procs = self.procs();
         for entry in procs.values_mut() {
@@ -342,7 +346,7 @@ impl Supervisor {
             let ended = entry.info.clone();
             self.forget_old(&mut procs);
             drop(procs);
-            self.publish(ShimEvent::ProcessExited(ended));
+            self.publish(SupervisorEvent::ProcessExited(ended));
         }
         // Descendants the process left running keep its group busy; then the
         // group stays until the sandbox goes.
@@ -362,9 +366,9 @@ impl Supervisor {
         }
     }
 
-    pub async fn spawn(self: &Arc<Self>, spec: SpawnSpec) -> Result<Process, ShimError> {
+    pub async fn spawn(self: &Arc<Self>, spec: SpawnSpec) -> Result<Process, SupervisorError> {
         if let Some(reason) = self.failure() {
-            return Err(err(ShimErrorKind::AgentGone, reason));
+            return Err(err(SupervisorErrorKind::AgentGone, reason));
         }
         let proc = self.next_proc.fetch_add(1, Ordering::Relaxed);
         // A microVM's processes live in the guest, behind its kernel: no
@@ -375,8 +379,8 @@ impl Supervisor {
             let cgroups = self.cgroups.clone();
             tokio::task::spawn_blocking(move || cgroups.create_process_group(proc))
                 .await
-                .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
-                .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
+                .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+                .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
         };
         let base = self.env.lock().map(|e| e.clone()).unwrap_or_default();
         let mut env: HashMap<String, String> = base.into_iter().collect();
@@ -403,7 +407,7 @@ impl Supervisor {
                 .count();
             if running >= MAX_RUNNING_PROCESSES {
                 return Err(err(
-                    ShimErrorKind::Conflict,
+                    SupervisorErrorKind::Conflict,
                     format!("the sandbox already runs {running} processes; wait for some to end"),
                 ));
             }
@@ -449,29 +453,29 @@ impl Supervisor {
                 self.cgroups.remove_process_group(proc);
                 let kind = match e.kind {
                     ErrorKind::NotFound | ErrorKind::PermissionDenied | ErrorKind::InvalidInput => {
-                        ShimErrorKind::InvalidInput
+                        SupervisorErrorKind::InvalidInput
                     }
-                    _ => ShimErrorKind::Internal,
+                    _ => SupervisorErrorKind::Internal,
                 };
                 return Err(err(kind, e.message));
             }
             Ok(other) => {
                 self.procs().remove(&proc);
                 return Err(err(
-                    ShimErrorKind::Internal,
+                    SupervisorErrorKind::Internal,
                     format!("agent answered a spawn with {other:?}"),
                 ));
             }
             Err(e) => {
                 self.procs().remove(&proc);
-                return Err(err(ShimErrorKind::AgentGone, e.to_string()));
+                return Err(err(SupervisorErrorKind::AgentGone, e.to_string()));
             }
         };
         let info = {
             let mut procs = self.procs();
             let entry = procs
                 .get_mut(&proc)
-                .ok_or_else(|| err(ShimErrorKind::Internal, "process vanished"))?;
+                .ok_or_else(|| err(SupervisorErrorKind::Internal, "process vanished"))?;
             entry.info.pid = pid;
             entry.info.clone()
         };
@@ -513,7 +517,7 @@ impl Supervisor {
             .is_none_or(|e| e.info.state == ProcessState::Exited)
     }
 
-    pub fn get(&self, proc: u64) -> Result<Process, ShimError> {
+    pub fn get(&self, proc: u64) -> Result<Process, SupervisorError> {
         self.procs()
             .get(&proc)
             .map(|e| e.info.clone())
@@ -527,7 +531,7 @@ impl Supervisor {
     /// Kills the process and everything it started, through its cgroup. In
     /// a microVM the guest's agent does it (its process group); an agent
     /// that does not answer fails the sandbox, which ends the VM.
-    pub async fn kill(&self, proc: u64) -> Result<(), ShimError> {
+    pub async fn kill(&self, proc: u64) -> Result<(), SupervisorError> {
         {
             let mut procs = self.procs();
             let entry = procs.get_mut(&proc).ok_or_else(|| unknown(proc))?;
@@ -542,7 +546,7 @@ impl Supervisor {
                 Ok(Reply::Ok) => Ok(()),
                 Ok(Reply::Error(e)) if e.kind == ErrorKind::UnknownProcess => Ok(()),
                 Ok(other) => Err(err(
-                    ShimErrorKind::Internal,
+                    SupervisorErrorKind::Internal,
                     format!("the agent answered a kill with {other:?}"),
                 )),
                 Err(e) => Err(e),
@@ -551,12 +555,12 @@ impl Supervisor {
         let cgroups = self.cgroups.clone();
         tokio::task::spawn_blocking(move || cgroups.kill_process_group(proc))
             .await
-            .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))?
-            .map_err(|e| err(ShimErrorKind::Internal, e.to_string()))
+            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))
     }
 
     /// Waits until the process exits or `timeout` passes; returns its state.
-    pub async fn wait(&self, proc: u64, timeout: Duration) -> Result<Process, ShimError> {
+    pub async fn wait(&self, proc: u64, timeout: Duration) -> Result<Process, SupervisorError> {
         let mut rx = self.subscribe(proc).ok_or_else(|| unknown(proc))?;
         let _ = tokio::time::timeout(timeout, async {
             while !self.has_exited(proc) {
@@ -570,7 +574,7 @@ impl Supervisor {
     }
 
     /// Output after `offsets`, whether the process has ended, and where to resume.
-    pub fn read_output(&self, proc: u64, offsets: [u64; 2]) -> Result<OutputRead, ShimError> {
+    pub fn read_output(&self, proc: u64, offsets: [u64; 2]) -> Result<OutputRead, SupervisorError> {
         let procs = self.procs();
         let entry = procs.get(&proc).ok_or_else(|| unknown(proc))?;
         let (items, resume_at) = entry.log.read_from(offsets);
@@ -582,39 +586,39 @@ impl Supervisor {
         })
     }
 
-    pub fn output_changes(&self, proc: u64) -> Result<watch::Receiver<u64>, ShimError> {
+    pub fn output_changes(&self, proc: u64) -> Result<watch::Receiver<u64>, SupervisorError> {
         self.subscribe(proc).ok_or_else(|| unknown(proc))
     }
 
     /// Forwards a request to the agent and maps its errors.
-    pub async fn agent(&self, body: RequestBody) -> Result<Reply, ShimError> {
+    pub async fn agent(&self, body: RequestBody) -> Result<Reply, SupervisorError> {
         if let Some(reason) = self.failure() {
-            return Err(err(ShimErrorKind::AgentGone, reason));
+            return Err(err(SupervisorErrorKind::AgentGone, reason));
         }
         self.link
             .call(body, &[], AGENT_DEADLINE)
             .await
-            .map_err(|e| err(ShimErrorKind::AgentGone, e.to_string()))
+            .map_err(|e| err(SupervisorErrorKind::AgentGone, e.to_string()))
     }
 
     /// A process request to the agent that expects a plain `Ok`.
-    pub async fn process_call(&self, proc: u64, body: RequestBody) -> Result<(), ShimError> {
+    pub async fn process_call(&self, proc: u64, body: RequestBody) -> Result<(), SupervisorError> {
         let state = self.get(proc)?.state;
         if state != ProcessState::Running {
             return Err(err(
-                ShimErrorKind::Conflict,
+                SupervisorErrorKind::Conflict,
                 format!("process {proc} has already exited"),
             ));
         }
         match self.agent(body).await? {
             Reply::Ok => Ok(()),
             Reply::Error(e) if e.kind == ErrorKind::UnknownProcess => Err(err(
-                ShimErrorKind::Conflict,
+                SupervisorErrorKind::Conflict,
                 format!("process {proc} has already exited"),
             )),
-            Reply::Error(e) => Err(err(ShimErrorKind::InvalidInput, e.message)),
+            Reply::Error(e) => Err(err(SupervisorErrorKind::InvalidInput, e.message)),
             other => Err(err(
-                ShimErrorKind::Internal,
+                SupervisorErrorKind::Internal,
                 format!("unexpected agent reply {other:?}"),
             )),
         }
@@ -628,9 +632,9 @@ impl Supervisor {
     }
 }
 
-fn unknown(proc: u64) -> ShimError {
+fn unknown(proc: u64) -> SupervisorError {
     err(
-        ShimErrorKind::UnknownProcess,
+        SupervisorErrorKind::UnknownProcess,
         format!("no process {proc} in this sandbox"),
     )
 }

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 /// Written by the daemon as `shim.json` before it starts the supervisor.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ShimConfig {
+pub struct SupervisorConfig {
     pub id: String,
     pub hostname: String,
     pub image_rootfs: PathBuf,
@@ -53,7 +53,7 @@ pub struct ShimConfig {
     pub vm: Option<crate::runtime::microvm::VmSpec>,
 }
 
-impl ShimConfig {
+impl SupervisorConfig {
     pub fn is_vm(&self) -> bool {
         self.vm.is_some()
     }

@@ -16,7 +16,7 @@ use crate::api::types::Process;
 use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ShimRequest {
+pub enum SupervisorRequest {
     Health,
     Spawn(SpawnSpec),
     Get {
@@ -75,12 +75,12 @@ pub enum ShimRequest {
     /// Kill everything, remove the container, exit.
     Shutdown,
     /// A microVM only: pause the guest, clone its scratch disk to `to`,
-    /// resume it. Reply: [`ShimReply::Ok`].
+    /// resume it. Reply: [`SupervisorReply::Ok`].
     CloneDisk {
         to: std::path::PathBuf,
     },
     /// Checkpoint the sandbox's process tree (frozen by the daemon, left
-    /// running) with CRIU. Reply: [`ShimReply::Checkpointed`].
+    /// running) with CRIU. Reply: [`SupervisorReply::Checkpointed`].
     Checkpoint {
         criu: std::path::PathBuf,
         freezer: std::path::PathBuf,
@@ -104,8 +104,8 @@ pub struct SpawnSpec {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ShimReply {
-    Health(ShimHealth),
+pub enum SupervisorReply {
+    Health(SupervisorHealth),
     Ok,
     Process(Process),
     Processes(Vec<Process>),
@@ -123,9 +123,9 @@ pub enum ShimReply {
     Agent(Reply),
     Event {
         seq: u64,
-        event: ShimEvent,
+        event: SupervisorEvent,
     },
-    Error(ShimError),
+    Error(SupervisorError),
     Checkpointed {
         checkpoint: crate::runtime::criu::Checkpoint,
         next_proc: u64,
@@ -136,14 +136,14 @@ pub enum ShimReply {
 
 /// What a supervisor reports without being asked.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub enum ShimEvent {
+pub enum SupervisorEvent {
     ProcessExited(Process),
     /// The sandbox died on its own (agent gone, init exited).
     Failed(String),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ShimHealth {
+pub struct SupervisorHealth {
     pub init_pid: i32,
     pub oom_kills: u64,
     /// Set once the sandbox died on its own (agent gone).
@@ -152,7 +152,7 @@ pub struct ShimHealth {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum ShimErrorKind {
+pub enum SupervisorErrorKind {
     UnknownProcess,
     InvalidInput,
     /// The process exists but the request does not fit its state.
@@ -164,13 +164,13 @@ pub enum ShimErrorKind {
 
 #[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
-pub struct ShimError {
-    pub kind: ShimErrorKind,
+pub struct SupervisorError {
+    pub kind: SupervisorErrorKind,
     pub message: String,
 }
 
-impl ShimError {
-    pub fn new(kind: ShimErrorKind, message: impl Into<String>) -> Self {
+impl SupervisorError {
+    pub fn new(kind: SupervisorErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
             message: message.into(),
@@ -189,13 +189,13 @@ pub enum ClientError {
 }
 
 /// One connection to a supervisor.
-pub struct ShimConn {
+pub struct SupervisorConn {
     stream: UnixStream,
     decoder: FrameDecoder,
     buf: Vec<u8>,
 }
 
-impl ShimConn {
+impl SupervisorConn {
     pub async fn connect(socket: &Path) -> Result<Self, ClientError> {
         let stream = UnixStream::connect(socket)
             .await
@@ -207,7 +207,7 @@ impl ShimConn {
         })
     }
 
-    pub async fn send(&mut self, request: &ShimRequest) -> Result<(), ClientError> {
+    pub async fn send(&mut self, request: &SupervisorRequest) -> Result<(), ClientError> {
         let frame =
             sandbox_proto::encode(request).map_err(|e| ClientError::Protocol(e.to_string()))?;
         self.stream
@@ -222,7 +222,7 @@ impl ShimConn {
     }
 
     /// The next reply, or `None` when the supervisor closed the connection.
-    pub async fn next(&mut self) -> Result<Option<ShimReply>, ClientError> {
+    pub async fn next(&mut self) -> Result<Option<SupervisorReply>, ClientError> {
         loop {
             if let Some(frame) = self
                 .decoder
@@ -248,9 +248,9 @@ impl ShimConn {
     /// Sends one request and waits for its reply, bounded by `deadline`.
     pub async fn call(
         &mut self,
-        request: &ShimRequest,
+        request: &SupervisorRequest,
         deadline: Duration,
-    ) -> Result<ShimReply, ClientError> {
+    ) -> Result<SupervisorReply, ClientError> {
         let exchange = async {
             self.send(request).await?;
             self.next()

@@ -1,4 +1,4 @@
-//! The per-sandbox supervisor (`sandboxd shim DIR`), as containerd's shims:
+//! The per-sandbox supervisor (`sandboxd supervise DIR`), as containerd's shims:
 //! it creates the sandbox, holds the agent link and the processes' output,
 //! enforces process timeouts, and serves the daemon on `shim.sock`. It runs
 //! in its own session, so sandboxes and their processes outlive a daemon
@@ -7,9 +7,9 @@
 pub mod config;
 pub mod link;
 pub mod output;
+pub mod processes;
 pub mod protocol;
 pub mod server;
-pub mod supervisor;
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -23,9 +23,9 @@ use tokio::sync::{oneshot, Notify};
 
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
 use crate::runtime::container::{self, Started};
-use config::{SandboxPaths, ShimConfig};
+use config::{SandboxPaths, SupervisorConfig};
 use link::AgentLink;
-use supervisor::Supervisor;
+use processes::Supervisor;
 
 /// The one line the supervisor prints on stdout once the sandbox is ready
 /// (or could not be made); the daemon's create waits for it.
@@ -53,7 +53,7 @@ fn report(line: &ReadyLine) {
     }
 }
 
-fn fail(line: String, config: &ShimConfig, paths: &SandboxPaths) -> i32 {
+fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
     tracing::error!(sandbox = %config.id, "{line}");
     for problem in container::destroy(&config.id, &config.cgroups_path, paths) {
         tracing::warn!(sandbox = %config.id, "cleanup after a failed create: {problem}");
@@ -73,7 +73,7 @@ pub fn run(dir: &Path) -> i32 {
     let paths = SandboxPaths {
         dir: dir.to_path_buf(),
     };
-    let config: ShimConfig = match std::fs::read(paths.config())
+    let config: SupervisorConfig = match std::fs::read(paths.config())
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
     {
@@ -176,7 +176,7 @@ fn reap_children(init_pid: i32, init_tx: oneshot::Sender<String>) {
 }
 
 async fn serve(
-    config: ShimConfig,
+    config: SupervisorConfig,
     paths: SandboxPaths,
     started: Started,
     init_rx: oneshot::Receiver<String>,

@@ -10,8 +10,8 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::Notify;
 
 use super::output::OutputItem;
-use super::protocol::{ShimError, ShimErrorKind, ShimReply, ShimRequest};
-use super::supervisor::Supervisor;
+use super::processes::Supervisor;
+use super::protocol::{SupervisorError, SupervisorErrorKind, SupervisorReply, SupervisorRequest};
 
 /// Accepts connections until `shutdown` is notified.
 pub async fn serve(listener: UnixListener, supervisor: Arc<Supervisor>, shutdown: Arc<Notify>) {
@@ -28,7 +28,7 @@ pub async fn serve(listener: UnixListener, supervisor: Arc<Supervisor>, shutdown
     }
 }
 
-async fn write(stream: &mut UnixStream, reply: &ShimReply) -> std::io::Result<()> {
+async fn write(stream: &mut UnixStream, reply: &SupervisorReply) -> std::io::Result<()> {
     let frame = sandbox_proto::encode(reply)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
     stream.write_all(&frame).await
@@ -52,19 +52,22 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
                 Ok(n) => decoder.push(&buf[..n]),
             }
         };
-        let request: ShimRequest = match sandbox_proto::decode(&frame) {
+        let request: SupervisorRequest = match sandbox_proto::decode(&frame) {
             Ok(r) => r,
             Err(e) => {
                 let _ = write(
                     &mut stream,
-                    &ShimReply::Error(ShimError::new(ShimErrorKind::InvalidInput, e.to_string())),
+                    &SupervisorReply::Error(SupervisorError::new(
+                        SupervisorErrorKind::InvalidInput,
+                        e.to_string(),
+                    )),
                 )
                 .await;
                 break;
             }
         };
         let reply = match request {
-            ShimRequest::Attach {
+            SupervisorRequest::Attach {
                 proc,
                 stdout_offset,
                 stderr_offset,
@@ -78,16 +81,19 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
                 .await;
                 break;
             }
-            ShimRequest::Watch { after } => {
+            SupervisorRequest::Watch { after } => {
                 let _ = watch(&mut stream, &supervisor, after).await;
                 break;
             }
-            ShimRequest::Shutdown => {
+            SupervisorRequest::Shutdown => {
                 let problems = supervisor.teardown().await;
                 let reply = if problems.is_empty() {
-                    ShimReply::Ok
+                    SupervisorReply::Ok
                 } else {
-                    ShimReply::Error(ShimError::new(ShimErrorKind::Internal, problems.join("; ")))
+                    SupervisorReply::Error(SupervisorError::new(
+                        SupervisorErrorKind::Internal,
+                        problems.join("; "),
+                    ))
                 };
                 let _ = write(&mut stream, &reply).await;
                 shutdown.notify_one();
@@ -104,18 +110,18 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
     }
 }
 
-fn reply_of(result: Result<ShimReply, ShimError>) -> ShimReply {
-    result.unwrap_or_else(ShimReply::Error)
+fn reply_of(result: Result<SupervisorReply, SupervisorError>) -> SupervisorReply {
+    result.unwrap_or_else(SupervisorReply::Error)
 }
 
 async fn answer(
     supervisor: &Arc<Supervisor>,
-    request: ShimRequest,
+    request: SupervisorRequest,
     open_handles: &mut Vec<u64>,
-) -> ShimReply {
+) -> SupervisorReply {
     match request {
-        ShimRequest::Health => ShimReply::Health(supervisor.health()),
-        ShimRequest::Checkpoint {
+        SupervisorRequest::Health => SupervisorReply::Health(supervisor.health()),
+        SupervisorRequest::Checkpoint {
             criu,
             freezer,
             images_dir,
@@ -125,68 +131,74 @@ async fn answer(
                 .checkpoint(criu, freezer, images_dir, work_dir)
                 .await,
         ),
-        ShimRequest::CloneDisk { to } => reply_of(supervisor.clone_disk(to).await),
-        ShimRequest::EgressLog => {
-            ShimReply::EgressLog(supervisor.egress.get().map(|e| e.log()).unwrap_or_default())
+        SupervisorRequest::CloneDisk { to } => reply_of(supervisor.clone_disk(to).await),
+        SupervisorRequest::EgressLog => {
+            SupervisorReply::EgressLog(supervisor.egress.get().map(|e| e.log()).unwrap_or_default())
         }
-        ShimRequest::SetPolicy {
+        SupervisorRequest::SetPolicy {
             block_network,
             allow_list,
         } => reply_of(supervisor.set_policy(&crate::net::policy::NetworkPolicy {
             block_network,
             allow_list,
         })),
-        ShimRequest::Spawn(spec) => reply_of(supervisor.spawn(spec).await.map(ShimReply::Process)),
-        ShimRequest::Get { proc } => reply_of(supervisor.get(proc).map(ShimReply::Process)),
-        ShimRequest::List => ShimReply::Processes(supervisor.list()),
-        ShimRequest::SetEnv { env } => {
-            supervisor.set_env(env);
-            ShimReply::Ok
+        SupervisorRequest::Spawn(spec) => {
+            reply_of(supervisor.spawn(spec).await.map(SupervisorReply::Process))
         }
-        ShimRequest::WriteStdin { proc, data } => reply_of(
+        SupervisorRequest::Get { proc } => {
+            reply_of(supervisor.get(proc).map(SupervisorReply::Process))
+        }
+        SupervisorRequest::List => SupervisorReply::Processes(supervisor.list()),
+        SupervisorRequest::SetEnv { env } => {
+            supervisor.set_env(env);
+            SupervisorReply::Ok
+        }
+        SupervisorRequest::WriteStdin { proc, data } => reply_of(
             supervisor
                 .process_call(proc, RequestBody::WriteStdin { proc, data })
                 .await
-                .map(|()| ShimReply::Ok),
+                .map(|()| SupervisorReply::Ok),
         ),
-        ShimRequest::CloseStdin { proc } => reply_of(
+        SupervisorRequest::CloseStdin { proc } => reply_of(
             supervisor
                 .process_call(proc, RequestBody::CloseStdin { proc })
                 .await
-                .map(|()| ShimReply::Ok),
+                .map(|()| SupervisorReply::Ok),
         ),
-        ShimRequest::Signal { proc, signal } => reply_of(
+        SupervisorRequest::Signal { proc, signal } => reply_of(
             supervisor
                 .process_call(proc, RequestBody::Signal { proc, signal })
                 .await
-                .map(|()| ShimReply::Ok),
+                .map(|()| SupervisorReply::Ok),
         ),
-        ShimRequest::Resize { proc, size } => reply_of(
+        SupervisorRequest::Resize { proc, size } => reply_of(
             supervisor
                 .process_call(proc, RequestBody::ResizePty { proc, size })
                 .await
-                .map(|()| ShimReply::Ok),
+                .map(|()| SupervisorReply::Ok),
         ),
-        ShimRequest::Kill { proc } => reply_of(supervisor.kill(proc).await.map(|()| ShimReply::Ok)),
-        ShimRequest::Wait { proc, timeout_ms } => reply_of(
+        SupervisorRequest::Kill { proc } => {
+            reply_of(supervisor.kill(proc).await.map(|()| SupervisorReply::Ok))
+        }
+        SupervisorRequest::Wait { proc, timeout_ms } => reply_of(
             supervisor
                 .wait(proc, Duration::from_millis(timeout_ms))
                 .await
-                .map(ShimReply::Process),
+                .map(SupervisorReply::Process),
         ),
-        ShimRequest::File(body) => {
+        SupervisorRequest::File(body) => {
             let closing = match &body {
                 RequestBody::Close { handle } => Some(*handle),
                 _ => None,
             };
             if !is_file_request(&body) {
-                return ShimReply::Error(ShimError::new(
-                    ShimErrorKind::InvalidInput,
+                return SupervisorReply::Error(SupervisorError::new(
+                    SupervisorErrorKind::InvalidInput,
                     "only file requests pass through File",
                 ));
             }
-            let reply = reply_of(supervisor.agent(body).await.map(ShimReply::Agent));
-            if let ShimReply::Agent(Reply::Opened { handle, .. }) = &reply {
+            let reply = reply_of(supervisor.agent(body).await.map(SupervisorReply::Agent));
+            if let SupervisorReply::Agent(Reply::Opened { handle, .. }) = &reply {
                 open_handles.push(*handle);
             }
             if let Some(handle) = closing {
@@ -194,12 +206,12 @@ async fn answer(
             }
             reply
         }
-        ShimRequest::Attach { .. } | ShimRequest::Watch { .. } | ShimRequest::Shutdown => {
-            ShimReply::Error(ShimError::new(
-                ShimErrorKind::Internal,
-                "handled by the connection loop",
-            ))
-        }
+        SupervisorRequest::Attach { .. }
+        | SupervisorRequest::Watch { .. }
+        | SupervisorRequest::Shutdown => SupervisorReply::Error(SupervisorError::new(
+            SupervisorErrorKind::Internal,
+            "handled by the connection loop",
+        )),
     }
 }
 
@@ -229,7 +241,7 @@ async fn watch(
         changes.borrow_and_update();
         for (seq, event) in supervisor.events_after(after) {
             after = seq;
-            write(stream, &ShimReply::Event { seq, event }).await?;
+            write(stream, &SupervisorReply::Event { seq, event }).await?;
         }
         if changes.changed().await.is_err() {
             return Ok(());
@@ -247,13 +259,13 @@ async fn attach(
 ) -> std::io::Result<()> {
     let mut changes = match supervisor.output_changes(proc) {
         Ok(rx) => rx,
-        Err(e) => return write(stream, &ShimReply::Error(e)).await,
+        Err(e) => return write(stream, &SupervisorReply::Error(e)).await,
     };
     loop {
         changes.borrow_and_update();
         let read = match supervisor.read_output(proc, offsets) {
             Ok(read) => read,
-            Err(e) => return write(stream, &ShimReply::Error(e)).await,
+            Err(e) => return write(stream, &SupervisorReply::Error(e)).await,
         };
         offsets = read.resume_at;
         for item in read.items {
@@ -262,23 +274,25 @@ async fn attach(
                     stream: s,
                     offset,
                     data,
-                } => ShimReply::Output {
+                } => SupervisorReply::Output {
                     stream: s,
                     offset,
                     data,
                 },
-                OutputItem::Dropped { stream: s, bytes } => ShimReply::Dropped { stream: s, bytes },
+                OutputItem::Dropped { stream: s, bytes } => {
+                    SupervisorReply::Dropped { stream: s, bytes }
+                }
             };
             write(stream, &reply).await?;
         }
         if let Some(process) = read.ended {
-            return write(stream, &ShimReply::Exited(process)).await;
+            return write(stream, &SupervisorReply::Exited(process)).await;
         }
         if changes.changed().await.is_err() {
             // The entry was forgotten; report what is known.
             return match supervisor.get(proc) {
-                Ok(p) => write(stream, &ShimReply::Exited(p)).await,
-                Err(e) => write(stream, &ShimReply::Error(e)).await,
+                Ok(p) => write(stream, &SupervisorReply::Exited(p)).await,
+                Err(e) => write(stream, &SupervisorReply::Error(e)).await,
             };
         }
     }
