@@ -10,6 +10,7 @@ pub mod disk;
 pub mod gpu;
 pub mod image;
 pub mod metrics;
+pub mod model;
 pub mod net;
 pub mod runtime;
 pub mod sandbox;

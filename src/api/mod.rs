@@ -10,6 +10,7 @@ mod sandboxes;
 pub mod server;
 mod snapshots;
 pub mod types;
+mod views;
 
 /// The OpenAPI document of this API, kept in the repo at `api/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../api/openapi.json");

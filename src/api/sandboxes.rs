@@ -9,7 +9,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use super::error::{parse_json, ApiError, ApiResult};
-use super::types::{CreateSandbox, Health, SandboxList, SetTtl};
+use super::types::{CreateSandbox, Health, Sandbox, SandboxList, SetTtl};
 use crate::sandbox::Manager;
 
 pub async fn health(State(manager): State<Arc<Manager>>) -> Json<Health> {
@@ -30,9 +30,9 @@ pub async fn create(
     State(manager): State<Arc<Manager>>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    let request: CreateSandbox = parse_json(&body)?;
-    let sandbox = manager.create(request).await?;
-    Ok((StatusCode::CREATED, Json(sandbox)))
+    let body: CreateSandbox = parse_json(&body)?;
+    let sandbox = manager.create(body.try_into()?).await?;
+    Ok((StatusCode::CREATED, Json(Sandbox::from(&sandbox))))
 }
 
 /// `GET /v1/sandboxes?label=key=value&label=...`: every label must match.
@@ -60,6 +60,7 @@ pub async fn list(
         .list()
         .into_iter()
         .filter(|s| wanted.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
+        .map(|s| Sandbox::from(&s))
         .collect();
     Ok(Json(SandboxList { sandboxes }))
 }
@@ -84,7 +85,7 @@ pub async fn get(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(manager.get(&id).await?))
+    Ok(Json(Sandbox::from(&manager.get(&id).await?)))
 }
 
 pub async fn delete(
@@ -128,7 +129,9 @@ pub async fn set_network(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let request: crate::net::policy::NetworkPolicy = parse_json(&body)?;
-    Ok(Json(manager.set_network(&id, &request).await?))
+    Ok(Json(Sandbox::from(
+        &manager.set_network(&id, &request).await?,
+    )))
 }
 
 pub async fn set_ttl(
@@ -137,5 +140,7 @@ pub async fn set_ttl(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let request: SetTtl = parse_json(&body)?;
-    Ok(Json(manager.set_ttl(&id, request.ttl_seconds)?))
+    Ok(Json(Sandbox::from(
+        &manager.set_ttl(&id, request.ttl_seconds)?,
+    )))
 }

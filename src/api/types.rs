@@ -7,6 +7,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+/// The domain's types the API speaks as they are.
+pub use crate::model::{Limits, Process, ProcessState, RuntimeKind, SandboxState, Usage};
+
 /// `POST /v1/sandboxes`
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -14,7 +17,7 @@ pub struct CreateSandbox {
     /// Image name; defaults to the daemon's `default_image`.
     #[serde(default)]
     pub image: Option<String>,
-    /// `"container"` (default). `"vm"` arrives with the microVM runtime.
+    /// `"container"` (default) or `"vm"` (a KVM microVM).
     #[serde(default)]
     pub runtime: Option<String>,
     /// CPU cores, fractional allowed (0.5 = half a core).
@@ -65,39 +68,11 @@ pub struct CreateSandbox {
     pub from_snapshot: Option<String>,
 }
 
-impl CreateSandbox {
-    /// The network part of the request.
-    pub fn network(&self) -> crate::net::policy::NetworkPolicy {
-        crate::net::policy::NetworkPolicy {
-            block_network: self.block_network,
-            allow_list: self.allow_list.clone(),
-        }
-    }
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Limits {
-    pub cpu: f64,
-    pub memory_mib: u64,
-    pub disk_mib: u64,
-    pub pids: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SandboxState {
-    Creating,
-    Ready,
-    /// The sandbox died on its own (its agent exited or was killed).
-    Failed,
-    Deleting,
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Sandbox {
     pub id: String,
     pub state: SandboxState,
-    pub runtime: String,
+    pub runtime: RuntimeKind,
     pub image: String,
     pub image_digest: String,
     pub limits: Limits,
@@ -119,14 +94,6 @@ pub struct Sandbox {
     /// The egress policy in force.
     #[serde(default)]
     pub network: Option<crate::net::policy::PolicyView>,
-}
-
-/// Metered use of one sandbox (sampled every few seconds while it runs).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Usage {
-    pub cpu_seconds: f64,
-    pub memory_gib_seconds: f64,
-    pub egress_bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -196,33 +163,6 @@ pub struct StartProcess {
 pub struct PtySize {
     pub rows: u16,
     pub cols: u16,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProcessState {
-    Running,
-    Exited,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Process {
-    pub id: u64,
-    pub sandbox_id: String,
-    pub argv: Vec<String>,
-    pub state: ProcessState,
-    /// Process id inside the sandbox.
-    pub pid: i32,
-    pub exit_code: Option<i32>,
-    pub signal: Option<i32>,
-    /// The process tree was killed because its timeout passed.
-    pub timed_out: bool,
-    /// The kernel's OOM killer ended it.
-    pub oom_killed: bool,
-    /// Output bytes the daemon had to drop because nobody read them in time.
-    pub dropped_bytes: u64,
-    pub started_at: String,
-    pub ended_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -60,7 +60,7 @@ impl GpuRequest {
     /// `gpu_count` alone means that many GPUs of any model; `gpu` alone
     /// means one; `gpu_count: 0` without `gpu` means none.
     pub fn from_create(
-        runtime: Option<&str>,
+        runtime: Option<crate::model::RuntimeKind>,
         gpu: Option<&str>,
         gpu_count: Option<u32>,
     ) -> Result<Option<Self>, RequestError> {
@@ -69,7 +69,7 @@ impl GpuRequest {
             (_, Some(n)) => n,
             (Some(_), None) => 1,
         };
-        if runtime == Some("vm") {
+        if runtime == Some(crate::model::RuntimeKind::Vm) {
             return Err(RequestError::VmRuntime);
         }
         if count == 0 || count > MAX_GPU_COUNT {
@@ -149,11 +149,11 @@ mod tests {
             );
         }
         assert!(matches!(
-            GpuRequest::from_create(Some("vm"), Some("any"), None),
+            GpuRequest::from_create(Some(crate::model::RuntimeKind::Vm), Some("any"), None),
             Err(RequestError::VmRuntime)
         ));
         assert_eq!(
-            GpuRequest::from_create(Some("vm"), None, None).expect("ok"),
+            GpuRequest::from_create(Some(crate::model::RuntimeKind::Vm), None, None).expect("ok"),
             None
         );
     }

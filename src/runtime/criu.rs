@@ -66,7 +66,7 @@ pub struct RestoreSpec {
     /// The processes running at the checkpoint: they run on in the fork,
     /// whose supervisor lists them (with output from the restore on).
     #[serde(default)]
-    pub processes: Vec<crate::api::types::Process>,
+    pub processes: Vec<crate::model::Process>,
 }
 
 /// The key CRIU files an external mount under, from its mount point.

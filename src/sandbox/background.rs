@@ -3,7 +3,7 @@
 
 use super::events::EventKind;
 use super::record::now_ms;
-use crate::api::types::SandboxState;
+use crate::model::SandboxState;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -84,7 +84,7 @@ impl Manager {
                         .and_then(|v| v.as_str().map(String::from))
                         .unwrap_or_default()
                 };
-                (state, r.runtime.clone())
+                (state, r.runtime.to_string())
             })
             .collect();
         self.metrics.render(&states)

@@ -6,8 +6,8 @@
 use serde::{Deserialize, Serialize};
 
 use super::{SandboxError, SandboxRecord};
-use crate::api::types::{Limits, SandboxState};
 use crate::config::Config;
+use crate::model::{Limits, SandboxState};
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Amount {
@@ -114,7 +114,7 @@ mod tests {
         SandboxRecord {
             id: "sb-x".into(),
             state,
-            runtime: "container".into(),
+            runtime: crate::model::RuntimeKind::Container,
             image: "busybox".into(),
             image_digest: String::new(),
             limits: Limits {

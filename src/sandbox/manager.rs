@@ -16,11 +16,11 @@ use super::record::{expiry, SandboxRecord};
 use super::teardown::teardown;
 use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
 use super::SandboxError;
-use crate::api::types::{CreateSandbox, Limits, Sandbox, SandboxState};
 use crate::config::{Config, ID_MAP_SIZE};
 use crate::disk::DiskPool;
 use crate::gpu::{GpuRequest, GpuService};
 use crate::image::ImageCache;
+use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState};
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
 use crate::store::Store;
 use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
@@ -104,8 +104,7 @@ pub(super) struct ColdCreate {
     pub(super) network: NetworkPolicy,
     /// The memory snapshot this sandbox is a fork of.
     pub(super) from_snapshot: Option<String>,
-    /// `"container"` or `"vm"`.
-    pub(super) runtime: &'static str,
+    pub(super) runtime: RuntimeKind,
 }
 
 impl Manager {
@@ -215,7 +214,10 @@ impl Manager {
     /// own task: when the caller goes away (the client disconnected and the
     /// request future was dropped) a sandbox made anyway is removed, so an
     /// abandoned create leaves nothing behind.
-    pub async fn create(self: &Arc<Self>, req: CreateSandbox) -> Result<Sandbox, SandboxError> {
+    pub async fn create(
+        self: &Arc<Self>,
+        req: CreateRequest,
+    ) -> Result<SandboxRecord, SandboxError> {
         let abandoned = Arc::new(AtomicBool::new(false));
         let guard = AbandonOnDrop(Some(Arc::clone(&abandoned)));
         let this = Arc::clone(self);
@@ -241,8 +243,8 @@ impl Manager {
 
     pub(super) async fn create_now(
         self: &Arc<Self>,
-        req: CreateSandbox,
-    ) -> Result<Sandbox, SandboxError> {
+        req: CreateRequest,
+    ) -> Result<SandboxRecord, SandboxError> {
         if let Some(key) = &req.idempotency_key {
             if key.is_empty() || key.len() > 256 {
                 return Err(SandboxError::bad(
@@ -264,33 +266,23 @@ impl Manager {
                             earlier.id
                         ),
                     }),
-                    _ => Ok(earlier.view()),
+                    _ => Ok(earlier),
                 };
             }
         }
-        let gpu =
-            GpuRequest::from_create(req.runtime.as_deref(), req.gpu.as_deref(), req.gpu_count)?;
-        let runtime = match req.runtime.as_deref() {
-            None | Some("container") => "container",
-            Some("vm") => {
-                if let Some(why) = self.vm_unavailable() {
-                    return Err(SandboxError::bad("runtime_unavailable", why));
-                }
-                "vm"
+        let gpu = GpuRequest::from_create(req.runtime, req.gpu.as_deref(), req.gpu_count)?;
+        let runtime = req.runtime.unwrap_or_default();
+        if runtime == RuntimeKind::Vm {
+            if let Some(why) = self.vm_unavailable() {
+                return Err(SandboxError::bad("runtime_unavailable", why));
             }
-            Some(other) => {
-                return Err(SandboxError::bad(
-                    "invalid_runtime",
-                    format!("runtime must be \"container\" or \"vm\", got {other:?}"),
-                ))
-            }
-        };
+        }
         let limits = validated_limits(&req, &self.config)?;
         let ttl_seconds =
             validated_ttl(req.ttl_seconds.unwrap_or(self.config.default_ttl_seconds))?;
         validated_env(&req.env)?;
         validated_labels(&req.labels)?;
-        let network = self.resolved_network(&req.network())?;
+        let network = self.resolved_network(&req.network)?;
         if let Some(snapshot) = req.from_snapshot.clone() {
             return self
                 .create_fork(&snapshot, req, gpu, ttl_seconds, network)
@@ -304,13 +296,13 @@ impl Manager {
         // a container's is overlay layers, a microVM's a disk.
         if let Some(snapshot) = self.snapshot_image(&image_name)? {
             match (runtime, snapshot.vm_scratch.is_some()) {
-                ("vm", false) => {
+                (RuntimeKind::Vm, false) => {
                     return Err(SandboxError::bad(
                         "invalid_image",
                         format!("{image_name} is a filesystem snapshot of a container; use it with runtime \"container\""),
                     ))
                 }
-                ("container", true) => {
+                (RuntimeKind::Container, true) => {
                     return Err(SandboxError::bad(
                         "invalid_image",
                         format!("{image_name} is a filesystem snapshot of a microVM; use it with runtime \"vm\""),
@@ -320,7 +312,7 @@ impl Manager {
             }
         }
         // The warm pool holds containers.
-        if runtime == "container" {
+        if runtime == RuntimeKind::Container {
             if let Some(view) = self
                 .claim_pooled(&image_name, &limits, ttl_seconds, &req)
                 .await?
@@ -439,7 +431,7 @@ impl Manager {
     pub(super) async fn create_cold(
         self: &Arc<Self>,
         create: ColdCreate,
-    ) -> Result<Sandbox, SandboxError> {
+    ) -> Result<SandboxRecord, SandboxError> {
         let ColdCreate {
             image_name,
             limits,
@@ -465,7 +457,7 @@ impl Manager {
             };
             // The lowest uid above the containers' id range that no other
             // microVM holds.
-            let vm_uid = (runtime == "vm").then(|| {
+            let vm_uid = (runtime == RuntimeKind::Vm).then(|| {
                 let used: std::collections::HashSet<u32> =
                     records.values().filter_map(|r| r.vm_uid).collect();
                 let base = self.config.id_map_base.saturating_add(ID_MAP_SIZE);
@@ -474,7 +466,7 @@ impl Manager {
             let record = SandboxRecord {
                 id: id.clone(),
                 state: SandboxState::Creating,
-                runtime: runtime.into(),
+                runtime,
                 image: image_name.clone(),
                 image_digest: String::new(),
                 limits: limits.clone(),
@@ -529,7 +521,7 @@ impl Manager {
         &self,
         mut record: SandboxRecord,
         image_name: &str,
-    ) -> Result<Sandbox, SandboxError> {
+    ) -> Result<SandboxRecord, SandboxError> {
         let begun = std::time::Instant::now();
         let mut lap = std::time::Instant::now();
         let mut phase = |name: &str| {
@@ -629,7 +621,7 @@ impl Manager {
             },
         };
         record.image_digest = image.digest.clone();
-        let vm = if record.runtime == "vm" {
+        let vm = if record.runtime == RuntimeKind::Vm {
             let mut spec = self.vm_spec(&record, &image).await?;
             spec.restore = vm_restore;
             spec.scratch_from = vm_scratch;
@@ -706,9 +698,8 @@ impl Manager {
         tracing::debug!(sandbox = %record.id, phases_us = ?ready.phases_us, "sandbox ready");
         record.state = SandboxState::Ready;
         self.persist(&record)?;
-        let view = record.view();
-        self.records().insert(record.id.clone(), record);
-        Ok(view)
+        self.records().insert(record.id.clone(), record.clone());
+        Ok(record)
     }
 
     /// Starts `sandboxd supervise DIR` in its own session and waits for its ready line.
@@ -810,10 +801,10 @@ impl Manager {
     }
 
     /// The sandbox as it is now, with fresh OOM and failure facts from its supervisor.
-    pub async fn get(&self, id: &str) -> Result<Sandbox, SandboxError> {
+    pub async fn get(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
         let record = self.record(id)?;
         if record.state != SandboxState::Ready {
-            return Ok(record.view());
+            return Ok(record);
         }
         let health = match SupervisorConn::connect(&self.paths(id).socket()).await {
             Ok(mut conn) => conn
@@ -840,7 +831,7 @@ impl Manager {
                 current.failure = Some("the sandbox's supervisor is gone".into());
             }
         }
-        let view = current.view();
+        let view = current.clone();
         let snapshot = current.clone();
         drop(records);
         if snapshot.state == SandboxState::Failed {
@@ -851,12 +842,12 @@ impl Manager {
         Ok(view)
     }
 
-    pub fn list(&self) -> Vec<Sandbox> {
-        let mut all: Vec<Sandbox> = self
+    pub fn list(&self) -> Vec<SandboxRecord> {
+        let mut all: Vec<SandboxRecord> = self
             .records()
             .values()
             .filter(|r| !r.pooled)
-            .map(SandboxRecord::view)
+            .cloned()
             .collect();
         all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
         all
@@ -914,7 +905,7 @@ impl Manager {
         }
     }
 
-    pub fn set_ttl(&self, id: &str, ttl_seconds: i64) -> Result<Sandbox, SandboxError> {
+    pub fn set_ttl(&self, id: &str, ttl_seconds: i64) -> Result<SandboxRecord, SandboxError> {
         let ttl_seconds = validated_ttl(ttl_seconds)?;
         let record = {
             let mut records = self.records();
@@ -928,7 +919,7 @@ impl Manager {
         };
         self.persist(&record)?;
         self.ttl_changed.notify_one();
-        Ok(record.view())
+        Ok(record)
     }
 
     /// The host's GPUs and who holds them.

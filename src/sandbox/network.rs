@@ -3,8 +3,8 @@
 //! sandbox's supervisor, then persisted in its record.
 
 use super::manager::HEALTH_DEADLINE;
+use super::SandboxRecord;
 use super::{Manager, SandboxError};
-use crate::api::types::Sandbox;
 use crate::net::policy::NetworkPolicy;
 use crate::supervisor::protocol::{SupervisorReply, SupervisorRequest};
 
@@ -15,7 +15,7 @@ impl Manager {
         &self,
         id: &str,
         request: &NetworkPolicy,
-    ) -> Result<Sandbox, SandboxError> {
+    ) -> Result<SandboxRecord, SandboxError> {
         let network = self.resolved_network(request)?;
         let mut conn = self.connect(id).await?;
         match conn
@@ -46,6 +46,6 @@ impl Manager {
             record.clone()
         };
         self.persist(&record)?;
-        Ok(record.view())
+        Ok(record)
     }
 }

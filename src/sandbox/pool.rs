@@ -4,7 +4,8 @@
 use super::events::EventKind;
 use super::record::expiry;
 use super::SandboxError;
-use crate::api::types::{CreateSandbox, Limits, Sandbox};
+use super::SandboxRecord;
+use crate::model::{CreateRequest, Limits, RuntimeKind};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
 use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 use std::collections::{BTreeMap, VecDeque};
@@ -45,7 +46,7 @@ impl Manager {
                 match this
                     .create_cold(ColdCreate {
                         from_snapshot: None,
-                        runtime: "container",
+                        runtime: RuntimeKind::Container,
                         image_name: image,
                         limits,
                         ttl_seconds: -1,
@@ -103,15 +104,15 @@ impl Manager {
         image: &str,
         limits: &Limits,
         ttl_seconds: i64,
-        req: &CreateSandbox,
-    ) -> Result<Option<Sandbox>, SandboxError> {
+        req: &CreateRequest,
+    ) -> Result<Option<SandboxRecord>, SandboxError> {
         if self.config.pool_size == 0
             || image != self.config.default_image
             || *limits != self.template_limits()
             || req.gpu.is_some()
             || req.gpu_count.is_some_and(|n| n > 0)
-            || req.block_network.is_some()
-            || req.allow_list.is_some()
+            || req.network.block_network.is_some()
+            || req.network.allow_list.is_some()
         {
             return Ok(None);
         }
@@ -164,7 +165,7 @@ impl Manager {
             self.watch_supervisor(id.clone());
             self.ttl_changed.notify_one();
             self.start_refill();
-            return Ok(Some(record.view()));
+            return Ok(Some(record));
         }
     }
 }

@@ -1,17 +1,17 @@
-//! The persisted record of one sandbox and its API view.
+//! The persisted record of one sandbox.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::api::types::{Limits, Sandbox, SandboxState, Usage};
+use crate::model::{Limits, RuntimeKind, SandboxState, Usage};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxRecord {
     pub id: String,
     pub state: SandboxState,
-    pub runtime: String,
+    pub runtime: RuntimeKind,
     pub image: String,
     pub image_digest: String,
     pub limits: Limits,
@@ -66,33 +66,4 @@ pub fn now_ms() -> u64 {
 /// When a TTL given now ends; -1 means never.
 pub fn expiry(ttl_seconds: i64) -> Option<u64> {
     (ttl_seconds >= 0).then(|| now_ms().saturating_add((ttl_seconds as u64).saturating_mul(1000)))
-}
-
-impl SandboxRecord {
-    pub fn view(&self) -> Sandbox {
-        Sandbox {
-            id: self.id.clone(),
-            state: self.state,
-            runtime: self.runtime.clone(),
-            image: self.image.clone(),
-            image_digest: self.image_digest.clone(),
-            limits: self.limits.clone(),
-            ttl_seconds: self.ttl_seconds,
-            expires_at: self.expires_at_ms.map(|ms| {
-                humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
-            }),
-            created_at: self.created_at.clone(),
-            labels: self.labels.clone(),
-            oom_kills: self.oom_kills,
-            failure: self.failure.clone(),
-            usage: self.usage.clone(),
-            gpus: self.gpus.clone(),
-            network: crate::net::policy::EgressPolicy::from_request(
-                &self.network,
-                crate::net::policy::DefaultEgress::Block,
-            )
-            .ok()
-            .map(|p| p.view()),
-        }
-    }
 }

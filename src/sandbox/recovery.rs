@@ -4,7 +4,7 @@
 use super::record::SandboxRecord;
 use super::teardown::teardown;
 use super::SandboxError;
-use crate::api::types::SandboxState;
+use crate::model::SandboxState;
 use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 use std::sync::Arc;
 

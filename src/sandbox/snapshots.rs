@@ -10,7 +10,7 @@ use std::time::SystemTime;
 
 use super::error::SandboxError;
 use super::manager::Manager;
-use crate::api::types::SandboxState;
+use crate::model::{RuntimeKind, SandboxState};
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
 use crate::snapshot::{
     integrity, new_id, MemoryImage, SnapshotKind, SnapshotMeta, SnapshotView, META_VERSION,
@@ -32,7 +32,7 @@ type Checkpointed = (
     PathBuf,
     crate::runtime::criu::Checkpoint,
     u64,
-    Vec<crate::api::types::Process>,
+    Vec<crate::model::Process>,
 );
 
 /// What a capture produced, for [`Manager::record_snapshot`].
@@ -165,10 +165,10 @@ impl Manager {
         dir: &Path,
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
-        if record.runtime == "vm" && kind == SnapshotKind::Filesystem {
+        if record.runtime == RuntimeKind::Vm && kind == SnapshotKind::Filesystem {
             return self.capture_vm_disk(record, snapshot_id, dir, base).await;
         }
-        if record.runtime == "vm" {
+        if record.runtime == RuntimeKind::Vm {
             return self.capture_vm(record, snapshot_id, dir, base).await;
         }
         let freezing = cgroups.clone();
@@ -476,11 +476,11 @@ impl Manager {
     pub(super) async fn create_fork(
         self: &Arc<Self>,
         snapshot: &str,
-        req: crate::api::types::CreateSandbox,
+        req: crate::model::CreateRequest,
         gpu: Option<crate::gpu::GpuRequest>,
         ttl_seconds: i64,
         network: crate::net::policy::NetworkPolicy,
-    ) -> Result<crate::api::types::Sandbox, SandboxError> {
+    ) -> Result<crate::sandbox::SandboxRecord, SandboxError> {
         let meta = self
             .snapshots
             .get(snapshot)
@@ -518,11 +518,11 @@ impl Manager {
             return Err(conflict("limits"));
         }
         let runtime = if memory.vm.is_some() {
-            "vm"
+            RuntimeKind::Vm
         } else {
-            "container"
+            RuntimeKind::Container
         };
-        if req.runtime.as_deref().is_some_and(|r| r != runtime) {
+        if req.runtime.is_some_and(|r| r != runtime) {
             return Err(conflict("runtime"));
         }
         let mut env = memory.env.clone();

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 
 use super::SandboxError;
-use crate::api::types::{CreateSandbox, Limits};
 use crate::config::Config;
+use crate::model::{CreateRequest, Limits};
 
 const MAX_ENV: usize = 256;
 const MAX_LABELS: usize = 64;
@@ -14,7 +14,7 @@ const MAX_PATH: usize = 4096;
 const MAX_TTL_SECONDS: i64 = 10 * 365 * 24 * 3600;
 
 /// Limits of a create request with the daemon's defaults filled in.
-pub fn validated_limits(req: &CreateSandbox, config: &Config) -> Result<Limits, SandboxError> {
+pub fn validated_limits(req: &CreateRequest, config: &Config) -> Result<Limits, SandboxError> {
     let cpu = req.cpu.unwrap_or(config.default_cpu);
     if !cpu.is_finite() || cpu < 0.01 || cpu > config.max_cpu {
         return Err(SandboxError::bad(
@@ -177,13 +177,13 @@ mod tests {
     #[test]
     fn absurd_limits_name_the_field() {
         let config = crate::config::Config::load(None, Default::default()).expect("defaults");
-        let req = CreateSandbox {
+        let req = CreateRequest {
             memory_mib: Some(u64::MAX),
             ..Default::default()
         };
         let err = validated_limits(&req, &config).expect_err("absurd");
         assert!(err.to_string().contains("memory_mib"), "{err}");
-        let req = CreateSandbox {
+        let req = CreateRequest {
             cpu: Some(-1.0),
             ..Default::default()
         };

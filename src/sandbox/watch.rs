@@ -2,7 +2,7 @@
 //! sandbox dying) into the daemon's event log, resuming after a restart.
 
 use super::events::EventKind;
-use crate::api::types::SandboxState;
+use crate::model::SandboxState;
 use crate::supervisor::protocol::{
     SupervisorConn, SupervisorEvent, SupervisorReply, SupervisorRequest,
 };

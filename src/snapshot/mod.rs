@@ -77,13 +77,13 @@ pub struct MemoryImage {
     pub next_proc: u64,
     /// Forks keep the source's limits (its cgroups are restored as were)
     /// and its environment.
-    pub limits: crate::api::types::Limits,
+    pub limits: crate::model::Limits,
     pub env: BTreeMap<String, String>,
     /// SHA-256 of every image file, checked before each restore.
     pub sha256: BTreeMap<String, String>,
     /// The processes running at the checkpoint, which forks inherit.
     #[serde(default)]
-    pub processes: Vec<crate::api::types::Process>,
+    pub processes: Vec<crate::model::Process>,
     /// A microVM's snapshot: `images_dir` holds the VMM's memory and state
     /// files (checked by the VMM itself on restore, so `sha256` is empty),
     /// and the scratch disk's clone sits in the snapshot's pool directory.

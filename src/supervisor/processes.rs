@@ -16,7 +16,7 @@ use super::output::{OutputItem, OutputLog};
 use super::protocol::{
     SpawnSpec, SupervisorError, SupervisorErrorKind, SupervisorEvent, SupervisorHealth,
 };
-use crate::api::types::{Process, ProcessState};
+use crate::model::{Process, ProcessState};
 use crate::runtime::cgroups::SandboxCgroups;
 
 /// Bound on agent calls; file chunks and spawns answer in well under this.

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-use crate::api::types::Process;
+use crate::model::Process;
 use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -130,7 +130,7 @@ pub enum SupervisorReply {
         checkpoint: crate::runtime::criu::Checkpoint,
         next_proc: u64,
         /// The processes running at the checkpoint, which forks inherit.
-        processes: Vec<crate::api::types::Process>,
+        processes: Vec<crate::model::Process>,
     },
 }
 

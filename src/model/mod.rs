@@ -1,0 +1,15 @@
+//! The domain's own vocabulary: what a sandbox and a process are, their
+//! limits, states and metered use, and what a create asks for. The bottom
+//! layer: everything may import it; it imports only the egress policy's
+//! request form (`net::policy::NetworkPolicy`). The
+//! HTTP bodies (`api::types`), the supervisor protocol, sandbox records and
+//! snapshot metadata are all spelled in these types; serde derives are here
+//! because records and frames persist them.
+
+mod create;
+mod process;
+mod sandbox;
+
+pub use create::CreateRequest;
+pub use process::{Process, ProcessState};
+pub use sandbox::{Limits, RuntimeKind, SandboxState, UnknownRuntime, Usage};

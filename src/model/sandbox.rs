@@ -1,0 +1,90 @@
+//! A sandbox's limits, lifecycle state, metered use and runtime kind.
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Limits {
+    pub cpu: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    pub pids: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Creating,
+    Ready,
+    /// The sandbox died on its own (its agent exited or was killed).
+    Failed,
+    Deleting,
+}
+
+/// Metered use of one sandbox (sampled every few seconds while it runs).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    pub cpu_seconds: f64,
+    pub memory_gib_seconds: f64,
+    pub egress_bytes: u64,
+}
+
+/// What isolates a sandbox: a container on the host's kernel, or a KVM
+/// microVM with its own. Spelled `"container"` / `"vm"` in the API, in
+/// records and in snapshot metadata.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuntimeKind {
+    #[default]
+    Container,
+    Vm,
+}
+
+impl RuntimeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RuntimeKind::Container => "container",
+            RuntimeKind::Vm => "vm",
+        }
+    }
+}
+
+impl std::fmt::Display for RuntimeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A runtime name that is neither `container` nor `vm`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("runtime must be \"container\" or \"vm\", got {0:?}")]
+pub struct UnknownRuntime(pub String);
+
+impl std::str::FromStr for RuntimeKind {
+    type Err = UnknownRuntime;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "container" => Ok(RuntimeKind::Container),
+            "vm" => Ok(RuntimeKind::Vm),
+            other => Err(UnknownRuntime(other.to_string())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runtime_kind_is_spelled_as_before_everywhere() {
+        for kind in [RuntimeKind::Container, RuntimeKind::Vm] {
+            let json = serde_json::to_string(&kind).expect("serialise");
+            assert_eq!(json, format!("\"{kind}\""));
+            assert_eq!(kind.as_str().parse::<RuntimeKind>(), Ok(kind));
+        }
+        assert_eq!(
+            "VM".parse::<RuntimeKind>().unwrap_err().to_string(),
+            "runtime must be \"container\" or \"vm\", got \"VM\""
+        );
+    }
+}
