@@ -4,6 +4,7 @@
 
 mod background;
 pub mod capacity;
+mod create;
 mod error;
 pub mod events;
 mod images;

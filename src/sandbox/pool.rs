@@ -13,7 +13,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::SystemTime;
 
-use super::manager::{default_env, ColdCreate, Manager, HEALTH_DEADLINE};
+use super::create::{default_env, ColdCreate};
+use super::manager::{Manager, HEALTH_DEADLINE};
 
 impl Manager {
     pub(super) fn pool(&self) -> MutexGuard<'_, VecDeque<String>> {

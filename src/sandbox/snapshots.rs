@@ -527,7 +527,7 @@ impl Manager {
         }
         let mut env = memory.env.clone();
         env.extend(req.env);
-        self.create_cold(super::manager::ColdCreate {
+        self.create_cold(super::create::ColdCreate {
             image_name: meta.image.clone(),
             limits: memory.limits,
             ttl_seconds,

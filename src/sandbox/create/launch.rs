@@ -1,0 +1,133 @@
+//! The last step of a create: the supervisor's config (`shim.json`), the
+//! supervisor process (`sandboxd supervise DIR`, in its own session) and
+//! its ready line.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use super::super::{Manager, SandboxError, SandboxRecord};
+use super::pipeline::Grant;
+use super::root::Root;
+use crate::config::ID_MAP_SIZE;
+use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
+use crate::supervisor::ReadyLine;
+
+impl Manager {
+    /// Writes the supervisor's config, starts it, and returns its ready
+    /// line once it says the sandbox is ready (an error when it could not
+    /// make it).
+    pub(super) async fn launch(
+        &self,
+        record: &mut SandboxRecord,
+        root: Root,
+        layer_dir: PathBuf,
+        grant: Grant,
+        vm: Option<crate::runtime::microvm::VmSpec>,
+    ) -> Result<ReadyLine, SandboxError> {
+        let paths = self.paths(&record.id);
+        std::fs::create_dir_all(&paths.dir).map_err(SandboxError::internal)?;
+        let supervisor_config = SupervisorConfig {
+            id: record.id.clone(),
+            hostname: record.id.clone(),
+            image_rootfs: root.image.rootfs,
+            image_layers: root.layers,
+            layer_dir,
+            agent_path: self.config.agent_path.clone(),
+            cgroups_path: record.cgroups_path.clone(),
+            cpu: record.limits.cpu,
+            memory_bytes: record.limits.memory_mib * 1024 * 1024,
+            pids: record.limits.pids as i64,
+            id_map_base: self.config.id_map_base,
+            id_map_size: ID_MAP_SIZE,
+            shm_bytes: self.config.shm_mib * 1024 * 1024,
+            nofile: self.config.nofile,
+            env: grant.env,
+            output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
+            ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
+            devices: grant.devices,
+            network: record.network.clone(),
+            upstream: self.config.upstream.clone(),
+            egress_limits: self.config.egress_limits,
+            restore: root.restore,
+            vm,
+        };
+        let json = serde_json::to_vec(&supervisor_config).map_err(SandboxError::internal)?;
+        std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;
+
+        let (supervisor_pid, ready) = self.spawn_supervisor(&paths).await?;
+        record.supervisor_pid = supervisor_pid;
+        if !ready.ok {
+            return Err(SandboxError::internal(format!(
+                "the sandbox could not be started: {}",
+                ready
+                    .error
+                    .clone()
+                    .unwrap_or_else(|| "no reason given".into())
+            )));
+        }
+        Ok(ready)
+    }
+
+    /// Starts `sandboxd supervise DIR` in its own session and waits for its ready line.
+    pub(super) async fn spawn_supervisor(
+        &self,
+        paths: &SandboxPaths,
+    ) -> Result<(i32, ReadyLine), SandboxError> {
+        // The running binary itself, even if an upgrade replaced the file:
+        // a supervisor speaks the protocol of the daemon that started it.
+        let exe = std::path::PathBuf::from("/proc/self/exe");
+        let log = std::fs::File::create(paths.log()).map_err(SandboxError::internal)?;
+        let mut command = tokio::process::Command::new(exe);
+        command
+            .arg("supervise")
+            .arg(&paths.dir)
+            .env_clear()
+            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log);
+        // SAFETY: setsid is async-signal-safe; it detaches the supervisor from
+        // the daemon's session so it outlives the daemon.
+        unsafe {
+            command.pre_exec(|| {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                Ok(())
+            });
+        }
+        let mut child = command.spawn().map_err(SandboxError::internal)?;
+        let pid = child.id().map(|p| p as i32).unwrap_or(0);
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| SandboxError::internal("supervisor has no stdout"))?;
+        let mut line = String::new();
+        let deadline = Duration::from_secs(self.config.ready_timeout_seconds + 5);
+        let read =
+            tokio::time::timeout(deadline, BufReader::new(stdout).read_line(&mut line)).await;
+        // The supervisor lives on; tokio reaps it if it ever exits while we run.
+        drop(child);
+        match read {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(_) => {
+                return Err(SandboxError::internal(format!(
+                    "the sandbox's supervisor exited before it was ready; see {}",
+                    paths.log().display()
+                )))
+            }
+            Err(_) => {
+                return Err(SandboxError::internal(format!(
+                    "the sandbox was not ready within {deadline:?}"
+                )))
+            }
+        }
+        let ready: ReadyLine = serde_json::from_str(line.trim()).map_err(SandboxError::internal)?;
+        Ok((pid, ready))
+    }
+}

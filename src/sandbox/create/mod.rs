@@ -1,0 +1,329 @@
+//! The create path. `create` admits a request (idempotency, validation, a
+//! fork, a pooled sandbox or a cold create); `create_cold` admits it against
+//! capacity, holds its GPUs and records it; [`pipeline`] then makes it in
+//! named steps: resolve its root, make its writable layer, grant its
+//! devices, launch its supervisor. Any failure removes everything made so
+//! far.
+
+mod launch;
+mod pipeline;
+mod root;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use super::events::EventKind;
+use super::record::{expiry, SandboxRecord};
+use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
+use super::{Manager, SandboxError};
+use crate::config::ID_MAP_SIZE;
+use crate::gpu::GpuRequest;
+use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState};
+use crate::net::policy::NetworkPolicy;
+
+pub(super) fn default_env() -> Vec<(String, String)> {
+    [
+        (
+            "PATH",
+            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        ),
+        ("HOME", "/root"),
+        ("LANG", "C.UTF-8"),
+        ("TZ", "UTC"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+/// Marks a create as abandoned when the request future is dropped before
+/// the create finished.
+struct AbandonOnDrop(Option<Arc<AtomicBool>>);
+
+impl AbandonOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        if let Some(flag) = self.0.take() {
+            flag.store(true, Ordering::Release);
+        }
+    }
+}
+
+/// What a cold create is asked to make.
+pub(super) struct ColdCreate {
+    pub(super) image_name: String,
+    pub(super) limits: Limits,
+    pub(super) ttl_seconds: i64,
+    pub(super) labels: BTreeMap<String, String>,
+    pub(super) env: BTreeMap<String, String>,
+    /// Made for the warm pool, not for a caller.
+    pub(super) pooled: bool,
+    pub(super) gpu: Option<GpuRequest>,
+    pub(super) idempotency_key: Option<String>,
+    /// The egress policy, the daemon's default already applied.
+    pub(super) network: NetworkPolicy,
+    /// The memory snapshot this sandbox is a fork of.
+    pub(super) from_snapshot: Option<String>,
+    pub(super) runtime: RuntimeKind,
+}
+
+pub(super) fn new_id() -> String {
+    let bytes: [u8; 6] = rand::random();
+    format!("sb-{}", hex::encode(bytes))
+}
+
+impl Manager {
+    /// Creates a sandbox and returns once it is ready; on any failure nothing
+    /// of it is left behind. The work runs in its
+    /// own task: when the caller goes away (the client disconnected and the
+    /// request future was dropped) a sandbox made anyway is removed, so an
+    /// abandoned create leaves nothing behind.
+    pub async fn create(
+        self: &Arc<Self>,
+        req: CreateRequest,
+    ) -> Result<SandboxRecord, SandboxError> {
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let guard = AbandonOnDrop(Some(Arc::clone(&abandoned)));
+        let this = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let result = this.create_now(req).await;
+            if let Err(e) = &result {
+                this.metrics.create_failed(e.code());
+            }
+            if abandoned.load(Ordering::Acquire) {
+                if let Ok(view) = &result {
+                    tracing::info!(sandbox = %view.id, "create abandoned by its caller; removing");
+                    if let Err(e) = this.delete(&view.id).await {
+                        tracing::warn!(sandbox = %view.id, "removing an abandoned sandbox: {e}");
+                    }
+                }
+            }
+            result
+        });
+        let result = task.await.map_err(SandboxError::internal);
+        guard.disarm();
+        result?
+    }
+
+    pub(super) async fn create_now(
+        self: &Arc<Self>,
+        req: CreateRequest,
+    ) -> Result<SandboxRecord, SandboxError> {
+        if let Some(key) = &req.idempotency_key {
+            if key.is_empty() || key.len() > 256 {
+                return Err(SandboxError::bad(
+                    "invalid_idempotency_key",
+                    "idempotency_key must be 1 to 256 bytes",
+                ));
+            }
+            let earlier = self
+                .records()
+                .values()
+                .find(|r| r.idempotency_key.as_deref() == Some(key.as_str()))
+                .cloned();
+            if let Some(earlier) = earlier {
+                return match earlier.state {
+                    SandboxState::Creating => Err(SandboxError::Conflict {
+                        code: "create_in_progress",
+                        message: format!(
+                            "a create with this idempotency key is still running (sandbox {}); retry shortly",
+                            earlier.id
+                        ),
+                    }),
+                    _ => Ok(earlier),
+                };
+            }
+        }
+        let gpu = GpuRequest::from_create(req.runtime, req.gpu.as_deref(), req.gpu_count)?;
+        let runtime = req.runtime.unwrap_or_default();
+        if runtime == RuntimeKind::Vm {
+            if let Some(why) = self.vm_unavailable() {
+                return Err(SandboxError::bad("runtime_unavailable", why));
+            }
+        }
+        let limits = validated_limits(&req, &self.config)?;
+        let ttl_seconds =
+            validated_ttl(req.ttl_seconds.unwrap_or(self.config.default_ttl_seconds))?;
+        validated_env(&req.env)?;
+        validated_labels(&req.labels)?;
+        let network = self.resolved_network(&req.network)?;
+        if let Some(snapshot) = req.from_snapshot.clone() {
+            return self
+                .create_fork(&snapshot, req, gpu, ttl_seconds, network)
+                .await;
+        }
+        let image_name = req
+            .image
+            .clone()
+            .unwrap_or_else(|| self.config.default_image.clone());
+        // A filesystem snapshot is an image for sandboxes of its own kind:
+        // a container's is overlay layers, a microVM's a disk.
+        if let Some(snapshot) = self.snapshot_image(&image_name)? {
+            match (runtime, snapshot.vm_scratch.is_some()) {
+                (RuntimeKind::Vm, false) => {
+                    return Err(SandboxError::bad(
+                        "invalid_image",
+                        format!("{image_name} is a filesystem snapshot of a container; use it with runtime \"container\""),
+                    ))
+                }
+                (RuntimeKind::Container, true) => {
+                    return Err(SandboxError::bad(
+                        "invalid_image",
+                        format!("{image_name} is a filesystem snapshot of a microVM; use it with runtime \"vm\""),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        // The warm pool holds containers.
+        if runtime == RuntimeKind::Container {
+            if let Some(view) = self
+                .claim_pooled(&image_name, &limits, ttl_seconds, &req)
+                .await?
+            {
+                return Ok(view);
+            }
+        }
+        self.create_cold(ColdCreate {
+            image_name,
+            limits,
+            ttl_seconds,
+            labels: req.labels,
+            env: req.env,
+            pooled: false,
+            gpu,
+            idempotency_key: req.idempotency_key,
+            network,
+            from_snapshot: None,
+            runtime,
+        })
+        .await
+    }
+
+    /// Why a microVM cannot be made here, if it cannot.
+    fn vm_unavailable(&self) -> Option<String> {
+        use crate::runtime::virt::Virtualization;
+        if self.virtualization == Virtualization::None {
+            return Some(format!(
+                "microVMs cannot run on this host: {}; use runtime \"container\"",
+                self.virtualization.explain()
+            ));
+        }
+        let vm = &self.config.vm;
+        let Some(kernel) = &vm.kernel else {
+            return Some(format!(
+                "no guest kernel is configured: set vm_kernel in the daemon's configuration ({}); use runtime \"container\" meanwhile",
+                self.virtualization.explain()
+            ));
+        };
+        if !kernel.is_file() {
+            return Some(format!(
+                "the guest kernel {} (vm_kernel) does not exist; build it with scripts/build-guest-kernel.sh or fix vm_kernel",
+                kernel.display()
+            ));
+        }
+        if !vm.vmm_path.is_file() {
+            return Some(format!(
+                "the VMM binary {} (vmm_path) does not exist; build it with `cargo build --release -p vmm` or fix vmm_path",
+                vm.vmm_path.display()
+            ));
+        }
+        None
+    }
+
+    pub(super) async fn create_cold(
+        self: &Arc<Self>,
+        create: ColdCreate,
+    ) -> Result<SandboxRecord, SandboxError> {
+        let ColdCreate {
+            image_name,
+            limits,
+            ttl_seconds,
+            labels,
+            env,
+            pooled,
+            gpu,
+            idempotency_key,
+            network,
+            from_snapshot,
+            runtime,
+        } = create;
+        let id = new_id();
+        let record = {
+            let mut records = self.records();
+            let all: Vec<&SandboxRecord> = records.values().collect();
+            super::capacity::admit(&self.config, &all, &limits)?;
+            // Held from here; every failure after this ends in remove_everything.
+            let gpus = match &gpu {
+                Some(request) => self.gpus.allocate(&id, request)?,
+                None => Vec::new(),
+            };
+            // The lowest uid above the containers' id range that no other
+            // microVM holds.
+            let vm_uid = (runtime == RuntimeKind::Vm).then(|| {
+                let used: std::collections::HashSet<u32> =
+                    records.values().filter_map(|r| r.vm_uid).collect();
+                let base = self.config.id_map_base.saturating_add(ID_MAP_SIZE);
+                (base..u32::MAX).find(|u| !used.contains(u)).unwrap_or(base)
+            });
+            let record = SandboxRecord {
+                id: id.clone(),
+                state: SandboxState::Creating,
+                runtime,
+                image: image_name.clone(),
+                image_digest: String::new(),
+                limits: limits.clone(),
+                ttl_seconds,
+                expires_at_ms: expiry(ttl_seconds),
+                created_at: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
+                labels,
+                env,
+                cgroups_path: format!("{}/{id}", self.config.cgroup_parent.trim_end_matches('/')),
+                supervisor_pid: 0,
+                oom_kills: 0,
+                failure: None,
+                pooled,
+                supervisor_events_seen: 0,
+                gpus,
+                usage: Default::default(),
+                idempotency_key,
+                network,
+                base_snapshot: from_snapshot,
+                vm_uid,
+            };
+            records.insert(id.clone(), record.clone());
+            record
+        };
+        if !pooled {
+            self.events.emit(EventKind::Created, &id, None, None);
+        }
+        match self.start(record, &image_name).await {
+            Ok(view) => {
+                self.ttl_changed.notify_one();
+                if !pooled {
+                    self.events.emit(EventKind::Ready, &id, None, None);
+                    self.watch_supervisor(id.clone());
+                }
+                Ok(view)
+            }
+            Err(e) => {
+                if !pooled {
+                    self.events
+                        .emit(EventKind::Failed, &id, None, Some(e.to_string()));
+                }
+                let record = self.records().get(&id).cloned();
+                if let Some(record) = record {
+                    self.remove_everything(&record).await;
+                }
+                Err(e)
+            }
+        }
+    }
+}

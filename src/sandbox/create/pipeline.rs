@@ -1,0 +1,114 @@
+//! The steps that make a recorded sandbox, in order, each timed into
+//! `sandboxd_create_phase_seconds`: resolve its root, make its writable
+//! layer, grant its devices, launch its supervisor.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::super::{Manager, SandboxError, SandboxRecord};
+use crate::metrics::Metrics;
+use crate::model::{RuntimeKind, SandboxState};
+
+/// Times the steps of one create.
+pub(super) struct PhaseClock<'a> {
+    metrics: &'a Metrics,
+    begun: Instant,
+    lap: Instant,
+}
+
+impl<'a> PhaseClock<'a> {
+    fn new(metrics: &'a Metrics) -> Self {
+        let now = Instant::now();
+        Self {
+            metrics,
+            begun: now,
+            lap: now,
+        }
+    }
+
+    /// Records the time since the last lap as phase `name`.
+    pub(super) fn lap(&mut self, name: &str) {
+        self.metrics
+            .observe_phase(name, self.lap.elapsed().as_secs_f64());
+        self.lap = Instant::now();
+    }
+
+    fn total(&self) {
+        self.metrics
+            .observe_phase("total", self.begun.elapsed().as_secs_f64());
+    }
+}
+
+/// What a sandbox's processes start with and may open, beyond its root.
+pub(super) struct Grant {
+    pub(super) env: Vec<(String, String)>,
+    pub(super) devices: crate::gpu::DeviceGrant,
+}
+
+impl Manager {
+    /// Makes the sandbox `record` describes and returns it ready.
+    pub(super) async fn start(
+        &self,
+        mut record: SandboxRecord,
+        image_name: &str,
+    ) -> Result<SandboxRecord, SandboxError> {
+        let mut clock = PhaseClock::new(&self.metrics);
+        self.persist(&record)?;
+        let root = self
+            .resolve_root(&mut record, image_name, &mut clock)
+            .await?;
+        record.image_digest = root.image.digest.clone();
+        let vm = match record.runtime {
+            RuntimeKind::Vm => Some(self.vm_spec(&record, &root).await?),
+            RuntimeKind::Container => None,
+        };
+        clock.lap("image");
+        let layer_dir = self.make_layer(&record).await?;
+        clock.lap("disk");
+        let grant = self.grant_devices(&record)?;
+        let ready = self.launch(&mut record, root, layer_dir, grant, vm).await?;
+        clock.lap("supervisor");
+        for (name, us) in &ready.phases_us {
+            let name = match name.as_str() {
+                "netns" => "namespace",
+                "rootfs_and_spec" => "rootfs",
+                other => other,
+            };
+            self.metrics.observe_phase(name, *us as f64 / 1e6);
+        }
+        clock.total();
+        tracing::debug!(sandbox = %record.id, phases_us = ?ready.phases_us, "sandbox ready");
+        record.state = SandboxState::Ready;
+        self.persist(&record)?;
+        self.records().insert(record.id.clone(), record.clone());
+        Ok(record)
+    }
+
+    /// The sandbox's writable layer: a btrfs subvolume with its disk quota,
+    /// owned by the sandbox's root.
+    async fn make_layer(&self, record: &SandboxRecord) -> Result<PathBuf, SandboxError> {
+        let disk = Arc::clone(&self.disk);
+        let layer_id = record.id.clone();
+        let base = self.config.id_map_base;
+        let limit = record.limits.disk_mib * 1024 * 1024;
+        tokio::task::spawn_blocking(move || disk.create_layer(&layer_id, limit, base, base))
+            .await
+            .map_err(SandboxError::internal)?
+            .map_err(SandboxError::internal)
+    }
+
+    /// The GPUs the record holds, as device nodes and environment, and the
+    /// environment every process starts with (defaults, then the GPUs',
+    /// then the caller's).
+    fn grant_devices(&self, record: &SandboxRecord) -> Result<Grant, SandboxError> {
+        let gpu = self.gpus.grant(&record.gpus)?;
+        let mut env = super::default_env();
+        env.extend(gpu.env);
+        env.extend(record.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        Ok(Grant {
+            env,
+            devices: gpu.devices,
+        })
+    }
+}

@@ -1,0 +1,196 @@
+//! Step one of a create: the root a sandbox starts from. An image from the
+//! cache; a filesystem snapshot (the image it was taken over, plus its
+//! layers, or a microVM's disk); or a memory snapshot to fork (its image,
+//! layers and checkpoint, verified before use). For a microVM, the VM to
+//! boot from that root.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::super::{Manager, SandboxError, SandboxRecord};
+use super::pipeline::PhaseClock;
+
+/// What the sandbox's root is made of.
+pub(super) struct Root {
+    pub(super) image: crate::image::Image,
+    /// Read-only layers above the image (a snapshot's writes), top first.
+    pub(super) layers: Vec<PathBuf>,
+    /// A container fork: the CRIU checkpoint to restore.
+    pub(super) restore: Option<crate::runtime::criu::RestoreSpec>,
+    /// A microVM fork: the VMM snapshot to restore.
+    pub(super) vm_restore: Option<crate::runtime::microvm::VmRestore>,
+    /// A microVM's filesystem snapshot used as its image: its disk.
+    pub(super) vm_scratch: Option<PathBuf>,
+}
+
+impl Manager {
+    /// Resolves the root of `record`: its fork snapshot, else the image
+    /// `image_name` (a filesystem snapshot, which the record then holds, or
+    /// a cached image).
+    pub(super) async fn resolve_root(
+        &self,
+        record: &mut SandboxRecord,
+        image_name: &str,
+        clock: &mut PhaseClock<'_>,
+    ) -> Result<Root, SandboxError> {
+        let fork = record
+            .base_snapshot
+            .as_deref()
+            .and_then(|b| self.snapshots.get(b))
+            .filter(|m| m.memory.is_some());
+        let mut restore = None;
+        let mut vm_restore = None;
+        let mut vm_scratch = None;
+        let (image, layers) = match fork {
+            Some(snapshot) if snapshot.memory.as_ref().is_some_and(|m| m.vm.is_some()) => {
+                // The VMM checks its own snapshot files before it maps them.
+                if let Some(memory) = &snapshot.memory {
+                    vm_restore = memory
+                        .vm
+                        .as_ref()
+                        .map(|vm| crate::runtime::microvm::VmRestore {
+                            dir: memory.images_dir.clone(),
+                            scratch: vm.scratch.clone(),
+                            next_proc: memory.next_proc,
+                        });
+                }
+                let image = crate::image::Image {
+                    name: snapshot.image.clone(),
+                    digest: snapshot.image_digest.clone(),
+                    rootfs: snapshot.base_rootfs.clone(),
+                };
+                (image, Vec::new())
+            }
+            Some(snapshot) => {
+                let memory = snapshot.memory.clone().ok_or_else(|| {
+                    SandboxError::internal("a memory snapshot without its checkpoint")
+                })?;
+                let (dir, sums) = (memory.images_dir.clone(), memory.sha256.clone());
+                tokio::task::spawn_blocking(move || {
+                    crate::snapshot::integrity::verify(&dir, &sums)
+                })
+                .await
+                .map_err(SandboxError::internal)?
+                .map_err(|e| SandboxError::Conflict {
+                    code: "snapshot_corrupted",
+                    message: e.to_string(),
+                })?;
+                clock.lap("verify");
+                restore = Some(crate::runtime::criu::RestoreSpec {
+                    criu: self.config.criu_path.clone(),
+                    images_dir: memory.images_dir,
+                    checkpoint: memory.checkpoint,
+                    next_proc: memory.next_proc,
+                    processes: memory.processes,
+                });
+                let image = crate::image::Image {
+                    name: snapshot.image.clone(),
+                    digest: snapshot.image_digest.clone(),
+                    rootfs: snapshot.base_rootfs.clone(),
+                };
+                (image, snapshot.layers.clone())
+            }
+            None => match self.snapshot_image(image_name)? {
+                Some(snapshot) => {
+                    record.base_snapshot = Some(snapshot.id.clone());
+                    self.persist(record)?;
+                    vm_scratch = snapshot.vm_scratch.clone();
+                    let image = crate::image::Image {
+                        name: snapshot.id.clone(),
+                        digest: snapshot.image_digest.clone(),
+                        rootfs: snapshot.base_rootfs.clone(),
+                    };
+                    (image, snapshot.layers.clone())
+                }
+                None => {
+                    let images = Arc::clone(&self.images);
+                    let name = image_name.to_string();
+                    let image = tokio::task::spawn_blocking(move || images.resolve(&name))
+                        .await
+                        .map_err(SandboxError::internal)?
+                        .map_err(|e| {
+                            if e.is_client_error() {
+                                SandboxError::NotFound {
+                                    code: "image_not_found",
+                                    message: e.to_string(),
+                                }
+                            } else {
+                                SandboxError::internal(e)
+                            }
+                        })?;
+                    (image, Vec::new())
+                }
+            },
+        };
+        Ok(Root {
+            image,
+            layers,
+            restore,
+            vm_restore,
+            vm_scratch,
+        })
+    }
+
+    /// Where the agent disks of microVMs are kept, under the image cache.
+    const VM_AGENT_DISKS: &str = "vm-agent";
+
+    /// The VM a microVM sandbox boots: its image as an ext4 file (made on
+    /// first use), its size from the sandbox's limits, and for a fork or a
+    /// filesystem snapshot the VMM snapshot or disk it starts from.
+    pub(super) async fn vm_spec(
+        &self,
+        record: &SandboxRecord,
+        root: &Root,
+    ) -> Result<crate::runtime::microvm::VmSpec, SandboxError> {
+        let image = &root.image;
+        let vm = &self.config.vm;
+        let kernel = vm.kernel.clone().ok_or_else(|| {
+            SandboxError::bad(
+                "runtime_unavailable",
+                "no guest kernel is configured (vm_kernel)",
+            )
+        })?;
+        let rootfs = image.rootfs.clone();
+        let shift = self.config.id_map_base;
+        let agent = self.config.agent_path.clone();
+        let agent_dir = self.config.images_dir.join(Self::VM_AGENT_DISKS);
+        let (base_disk, agent_disk) = tokio::task::spawn_blocking(move || {
+            Ok::<_, crate::image::ext4::Ext4Error>((
+                crate::image::ext4::ensure_ext4(&rootfs, shift)?,
+                crate::image::ext4::ensure_agent_disk(&agent, &agent_dir)?,
+            ))
+        })
+        .await
+        .map_err(SandboxError::internal)?
+        .map_err(SandboxError::internal)?;
+        // The agent runs as the guest's init; the seed is mixed into the
+        // guest kernel's RNG before anything else runs.
+        let seed: [u8; 32] = rand::random();
+        let cmdline = format!(
+            "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init={} panic=-1 reboot=k \
+             {}=1 {}={} {}",
+            sandbox_proto::VM_AGENT_INIT,
+            sandbox_proto::AGENT_VM_ENV,
+            sandbox_proto::AGENT_RNG_SEED_ENV,
+            hex::encode(seed),
+            vm.cmdline
+        );
+        Ok(crate::runtime::microvm::VmSpec {
+            vmm_path: vm.vmm_path.clone(),
+            kernel,
+            cmdline: cmdline.trim_end().to_string(),
+            // Whole vCPUs; the cgroup's CPU quota holds a fractional limit.
+            vcpus: record.limits.cpu.ceil().clamp(1.0, 254.0) as u8,
+            mem_mib: record.limits.memory_mib,
+            overhead_bytes: vm.memory_overhead_mib << 20,
+            base_disk,
+            agent_disk,
+            scratch_bytes: record.limits.disk_mib << 20,
+            restore: root.vm_restore.clone(),
+            scratch_from: root.vm_scratch.clone(),
+            uid: record
+                .vm_uid
+                .ok_or_else(|| SandboxError::internal("a microVM record without its uid"))?,
+        })
+    }
+}
