@@ -91,3 +91,93 @@ async fn second_daemon_on_same_state_dir_refuses_to_start() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("another sandboxd"), "{stderr}");
 }
+
+/// A supervisor of an earlier build (the unversioned protocol) found on
+/// restart is not adopted and is sent nothing but the health check: its
+/// sandbox shows as failed, naming both versions. Faked by a socket that
+/// answers Health as a v0 supervisor did, at the path recovery looks at.
+#[tokio::test]
+async fn restart_refuses_a_supervisor_of_another_protocol_version() {
+    use std::io::{Read, Write};
+    require_host!();
+    let mut daemon = Daemon::start();
+    daemon.kill(Signal::SIGTERM);
+    let id = "sb-00000000000f";
+    {
+        let store =
+            sandboxd::store::Store::open(&daemon.state_dir().join("state.redb")).expect("store");
+        let record = json!({
+            "id": id, "state": "ready", "runtime": "container", "image": "busybox",
+            "image_digest": "", "limits": {"cpu": 1.0, "memory_mib": 256, "disk_mib": 1024, "pids": 64},
+            "ttl_seconds": -1, "expires_at_ms": null, "created_at": "2024-01-01T00:00:00.000Z",
+            "labels": {}, "env": {}, "cgroups_path": format!("{}/{id}", daemon.cgroup_parent()),
+            "supervisor_pid": 0, "oom_kills": 0, "failure": null,
+        });
+        store.put(id, &record).expect("put");
+    }
+    let dir = daemon.run_dir().join("sandboxes").join(id);
+    std::fs::create_dir_all(&dir).expect("run dir");
+    let socket = dir.join("shim.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    // Each request's tag; answers Health (tag 0) as v0 did, nothing else.
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let fake = {
+        let seen = std::sync::Arc::clone(&seen);
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let mut header = [0u8; 4];
+                while conn.read_exact(&mut header).is_ok() {
+                    let mut payload = vec![0u8; u32::from_le_bytes(header) as usize];
+                    if conn.read_exact(&mut payload).is_err() {
+                        break;
+                    }
+                    let tag = payload.first().copied().unwrap_or(255);
+                    seen.lock().expect("seen").push(tag);
+                    if tag == 0 {
+                        // Tag 0, init_pid 1234, oom_kills 2, no failure, egress zeros.
+                        let v0 = [0u8, 0xa4, 0x13, 2, 0, 0, 0, 0, 0, 0, 0, 0];
+                        let mut frame = (v0.len() as u32).to_le_bytes().to_vec();
+                        frame.extend_from_slice(&v0);
+                        let _ = conn.write_all(&frame);
+                    } else {
+                        break;
+                    }
+                }
+            }
+        })
+    };
+    daemon.restart();
+    let (status, sandbox) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{sandbox}");
+    assert_eq!(sandbox["state"], "failed", "{sandbox}");
+    let failure = sandbox["failure"].as_str().unwrap_or_default().to_string();
+    assert!(
+        failure.contains("unversioned supervisor protocol (v0), this daemon v1"),
+        "{failure}"
+    );
+    assert!(failure.contains("delete the sandbox"), "{failure}");
+    assert!(daemon.log().contains(id), "{}", daemon.log());
+    // The API refuses to pass requests on to it.
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/processes"),
+            Some(json!({"argv": ["true"]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(body.to_string().contains("v0"), "{body}");
+    assert_eq!(
+        *seen.lock().expect("seen"),
+        vec![0u8],
+        "only the health check"
+    );
+    // The fake runs in this process and a delete SIGKILLs a foreign
+    // supervisor: it becomes unreachable before the harness deletes the
+    // sandbox (its thread stays parked in accept until the test binary ends).
+    std::fs::remove_file(&socket).expect("remove the fake's socket");
+    drop(fake);
+}

@@ -39,11 +39,12 @@ pub struct Capacity {
     pub gpus: Amount,
 }
 
-/// What the sandboxes hold: failed ones were torn down and hold nothing.
+/// What the sandboxes hold: failed ones were torn down and hold nothing,
+/// except those left running under a supervisor of another build.
 fn holding<'a>(records: &[&'a SandboxRecord]) -> Vec<&'a Limits> {
     records
         .iter()
-        .filter(|r| r.state != SandboxState::Failed)
+        .filter(|r| r.state != SandboxState::Failed || r.foreign_supervisor)
         .map(|r| &r.limits)
         .collect()
 }
@@ -140,6 +141,7 @@ mod tests {
             network: Default::default(),
             base_snapshot: None,
             vm_uid: None,
+            foreign_supervisor: false,
         }
     }
 
@@ -189,5 +191,26 @@ mod tests {
         let view = capacity(&config, &[&a, &dead]);
         assert_eq!(view.cpu.used, 1.5);
         assert_eq!(view.sandboxes.used, 1.0);
+    }
+
+    #[test]
+    fn a_failed_sandbox_left_running_under_a_foreign_supervisor_still_holds() {
+        let config = config();
+        let a = record(1.5, 256, SandboxState::Ready);
+        let mut foreign = record(0.5, 256, SandboxState::Failed);
+        foreign.foreign_supervisor = true;
+        let view = capacity(&config, &[&a, &foreign]);
+        assert_eq!(view.cpu.used, 2.0);
+        assert_eq!(view.sandboxes.used, 2.0);
+        let want = Limits {
+            cpu: 0.5,
+            memory_mib: 16,
+            disk_mib: 1024,
+            pids: 64,
+        };
+        match admit(&config, &[&a, &foreign], &want) {
+            Err(SandboxError::Unavailable { resource, .. }) => assert_eq!(resource, "cpu"),
+            other => panic!("{other:?}"),
+        }
     }
 }

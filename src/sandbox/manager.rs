@@ -173,6 +173,8 @@ impl Manager {
             // Kept as failed so the operator sees it and a later delete retries.
             let mut failed = record.clone();
             failed.state = SandboxState::Failed;
+            // Its supervisor, of whichever build, was stopped by the teardown.
+            failed.foreign_supervisor = false;
             failed.failure = Some(format!("teardown incomplete: {}", problems.join("; ")));
             let _ = self.persist(&failed);
             self.records().insert(failed.id.clone(), failed);

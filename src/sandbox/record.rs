@@ -54,6 +54,11 @@ pub struct SandboxRecord {
     /// VMMs can signal or read each other.
     #[serde(default)]
     pub vm_uid: Option<u32>,
+    /// Left running under a supervisor of another protocol version (found
+    /// at recovery): failed to this daemon, yet its sandbox still holds its
+    /// resources. Not stored: each start checks the supervisor again.
+    #[serde(skip)]
+    pub foreign_supervisor: bool,
 }
 
 pub fn now_ms() -> u64 {

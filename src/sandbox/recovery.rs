@@ -5,7 +5,7 @@ use super::record::SandboxRecord;
 use super::teardown::teardown;
 use super::SandboxError;
 use crate::model::SandboxState;
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
+use crate::supervisor::protocol::{ClientError, SupervisorConn, VersionMismatch};
 use std::sync::Arc;
 
 use super::manager::{Manager, HEALTH_DEADLINE};
@@ -13,7 +13,10 @@ use super::manager::{Manager, HEALTH_DEADLINE};
 impl Manager {
     /// Loads the store after a (re)start: sandboxes whose supervisor answers
     /// are kept as they are; half-made or half-deleted ones are finished off;
-    /// ones whose supervisor is gone are torn down and kept as failed.
+    /// ones whose supervisor is gone are torn down and kept as failed; ones
+    /// whose supervisor speaks another protocol version (an earlier build's,
+    /// after an upgrade) are left running and shown as failed, see
+    /// [`Self::keep_foreign`].
     pub async fn recover(self: &Arc<Self>) -> Result<(), SandboxError> {
         let stored: Vec<SandboxRecord> = self.store.all().map_err(SandboxError::internal)?;
         // A supervisor the old daemon started but never saw ready would go
@@ -25,15 +28,22 @@ impl Manager {
             .collect();
         self.kill_supervisors_except(&finished);
         for mut record in stored {
-            let alive = match SupervisorConn::connect(&self.paths(&record.id).socket()).await {
-                Ok(mut conn) => matches!(
-                    conn.call(&SupervisorRequest::Health, HEALTH_DEADLINE).await,
-                    Ok(SupervisorReply::Health(_))
-                ),
-                Err(_) => false,
+            // The version is checked before anything else is said to it.
+            let health = match SupervisorConn::connect(&self.paths(&record.id).socket()).await {
+                Ok(mut conn) => conn.checked_health(HEALTH_DEADLINE).await,
+                Err(e) => Err(e),
             };
-            match record.state {
-                SandboxState::Ready if alive => {
+            let alive = health.is_ok();
+            match (record.state, health) {
+                (SandboxState::Ready, Err(ClientError::Version(mismatch))) => {
+                    if record.pooled {
+                        tracing::info!(sandbox = %record.id, "removing a pooled sandbox not adopted: {mismatch}");
+                        self.remove_everything(&record).await;
+                    } else {
+                        self.keep_foreign(record, mismatch);
+                    }
+                }
+                (SandboxState::Ready, _) if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");
                     let (id, pooled) = (record.id.clone(), record.pooled);
                     self.records().insert(id.clone(), record);
@@ -43,7 +53,7 @@ impl Manager {
                         self.watch_supervisor(id);
                     }
                 }
-                SandboxState::Creating | SandboxState::Deleting => {
+                (SandboxState::Creating | SandboxState::Deleting, _) => {
                     tracing::info!(sandbox = %record.id, "finishing an interrupted create/delete");
                     self.remove_everything(&record).await;
                 }
@@ -77,6 +87,22 @@ impl Manager {
             .collect();
         self.gpus.rebuild(holders);
         Ok(())
+    }
+
+    /// Keeps a sandbox whose supervisor speaks another protocol version:
+    /// failed to this daemon (the API answers 409 with the reason and
+    /// sends it nothing), but left running and still counted as holding its
+    /// resources, so that the build that matches can still adopt it. For
+    /// that the store keeps its record as that build wrote it; the failure
+    /// lives in memory and each start checks again. Deleting it kills the
+    /// supervisor instead of asking it to shut down (see `teardown`). A
+    /// pooled one has nothing to drain and is removed instead.
+    fn keep_foreign(&self, mut record: super::record::SandboxRecord, mismatch: VersionMismatch) {
+        tracing::error!(sandbox = %record.id, "not adopted after a daemon restart: {mismatch}");
+        record.state = SandboxState::Failed;
+        record.failure = Some(format!("not adopted after a daemon restart: {mismatch}"));
+        record.foreign_supervisor = true;
+        self.records().insert(record.id.clone(), record);
     }
 
     /// SIGKILLs this daemon's supervisors whose sandbox is not in `keep`.

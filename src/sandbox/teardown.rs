@@ -9,7 +9,9 @@ use std::time::Duration;
 use crate::disk::DiskPool;
 use crate::runtime::container;
 use crate::supervisor::config::SandboxPaths;
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
+use crate::supervisor::protocol::{
+    ClientError, SupervisorConn, SupervisorReply, SupervisorRequest,
+};
 
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
 /// How long a supervisor may take to exit once it has torn its sandbox down.
@@ -26,6 +28,20 @@ pub async fn teardown(
     // The supervisor kills and removes the container itself when it is there...
     if let Ok(mut conn) = SupervisorConn::connect(&paths.socket()).await {
         let supervisor = conn.peer_pid();
+        // ...if it speaks this daemon's protocol: one of another build (left
+        // running by recovery) could misread Shutdown, so it is killed, and
+        // the pass below removes its container.
+        if let Err(ClientError::Version(mismatch)) =
+            conn.checked_health(super::manager::HEALTH_DEADLINE).await
+        {
+            tracing::info!(sandbox = %id, "killing a supervisor of another build: {mismatch}");
+            if let Some(pid) = supervisor {
+                if let Err(problem) = kill(pid).await {
+                    problems.push(problem);
+                }
+            }
+            return finish(id, cgroups_path, paths, disk, problems).await;
+        }
         match conn
             .call(&SupervisorRequest::Shutdown, SHUTDOWN_DEADLINE)
             .await
@@ -43,7 +59,32 @@ pub async fn teardown(
             Err(e) => problems.push(e.to_string()),
         }
     }
-    // ...and this pass catches whatever it did not (or a supervisor that is gone).
+    finish(id, cgroups_path, paths, disk, problems).await
+}
+
+/// SIGKILLs supervisor `pid` and waits until it has exited.
+async fn kill(pid: i32) -> Result<(), String> {
+    use nix::sys::signal::{kill, Signal};
+    match kill(nix::unistd::Pid::from_raw(pid), Signal::SIGKILL) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+        Err(e) => return Err(format!("killing supervisor {pid}: {e}")),
+    }
+    if exited(pid, EXIT_DEADLINE).await {
+        Ok(())
+    } else {
+        Err(format!("supervisor {pid} still runs after SIGKILL"))
+    }
+}
+
+/// Everything after the supervisor: catches whatever it did not remove (or
+/// all of it, when it is gone or was killed).
+async fn finish(
+    id: &str,
+    cgroups_path: &str,
+    paths: &SandboxPaths,
+    disk: &DiskPool,
+    mut problems: Vec<String>,
+) -> Vec<String> {
     let (id_owned, cg, p) = (id.to_string(), cgroups_path.to_string(), paths.clone());
     match tokio::task::spawn_blocking(move || container::destroy(&id_owned, &cg, &p)).await {
         Ok(more) => problems.extend(more),

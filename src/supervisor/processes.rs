@@ -229,6 +229,7 @@ impl Supervisor {
 
     pub fn health(&self) -> SupervisorHealth {
         SupervisorHealth {
+            protocol: super::protocol::SUPERVISOR_PROTOCOL_VERSION,
             init_pid: self.init_pid,
             oom_kills: self.cgroups.oom_kills(),
             failure: self.failure.borrow().clone(),

@@ -4,6 +4,14 @@
 //! carries requests one after another; each gets one reply, except `Attach`,
 //! which streams output until the process exits and then ends the connection.
 //! Only root (the daemon) can reach the socket, so the supervisor trusts it.
+//!
+//! A supervisor outlives the daemon that started it, so after an upgrade a
+//! daemon meets supervisors of an earlier build. The frames are positional
+//! postcard with no schema, so the two must agree on every encoding:
+//! [`SUPERVISOR_PROTOCOL_VERSION`] names the encoding, the health reply
+//! carries it, and the daemon reads it (with [`check_supervisor_version`])
+//! before anything else a supervisor says. `tests/supervisor_frames.rs` pins
+//! the bytes of every frame.
 
 use std::path::Path;
 use std::time::Duration;
@@ -15,8 +23,30 @@ use tokio::net::UnixStream;
 use crate::model::Process;
 use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The encoding of every frame on this socket. Bump it with any change of
+/// what a frame may hold or how it is encoded: a variant added (even at the
+/// end: a supervisor of the previous build cannot decode a request it does
+/// not know), removed or moved; a field added, removed or reordered in a
+/// variant or in any type a frame carries (`Process`, `EgressCounters`, the
+/// agent's `RequestBody` and `Reply`...); a field's type changed. Then
+/// update the reference frames in `tests/supervisor_frames.rs`. A daemon
+/// adopts only supervisors of its own version: the others are left running,
+/// marked failed (see `Manager::recover`).
+///
+/// What never changes, so that any two builds can read each other's
+/// version: `SupervisorRequest::Health` is tag 0, the health reply is tag
+/// [`HEALTH_REPLY_TAG`] and its first field is the version.
+///
+/// 0 is the supervisors of builds before the version existed; their health
+/// reply was tag 0.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 1;
+
+/// The tag (variant index) of [`SupervisorReply::Health`].
+pub const HEALTH_REPLY_TAG: u32 = 12;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum SupervisorRequest {
+    /// Stays tag 0 in every version (see [`SUPERVISOR_PROTOCOL_VERSION`]).
     Health,
     Spawn(SpawnSpec),
     Get {
@@ -89,7 +119,7 @@ pub enum SupervisorRequest {
     },
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpawnSpec {
     pub argv: Vec<String>,
     pub code: Option<Vec<u8>>,
@@ -103,9 +133,13 @@ pub struct SpawnSpec {
     pub timeout_ms: Option<u64>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum SupervisorReply {
-    Health(SupervisorHealth),
+    /// Tag 0 was the health reply of the unversioned protocol (v0). Nothing
+    /// sends it now; it holds the tag so the tags after it stay where v0
+    /// had them, and a v0 supervisor's health reply decodes as this (postcard
+    /// leaves the rest of a frame unread) instead of failing.
+    UnversionedHealth,
     Ok,
     Process(Process),
     Processes(Vec<Process>),
@@ -132,18 +166,28 @@ pub enum SupervisorReply {
         /// The processes running at the checkpoint, which forks inherit.
         processes: Vec<crate::model::Process>,
     },
+    /// The answer to [`SupervisorRequest::Health`]. Tag [`HEALTH_REPLY_TAG`]
+    /// in every version, with the protocol version as its first field. A new
+    /// tag rather than a field added to v0's tag-0 reply: v0's first field
+    /// is the init pid, so a version in front of it could not be told from
+    /// a pid, and a version behind fields that may change could not be found
+    /// by a daemon that reads those fields differently.
+    Health(SupervisorHealth),
 }
 
 /// What a supervisor reports without being asked.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum SupervisorEvent {
     ProcessExited(Process),
     /// The sandbox died on its own (agent gone, init exited).
     Failed(String),
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SupervisorHealth {
+    /// [`SUPERVISOR_PROTOCOL_VERSION`] of the supervisor's build; first, so
+    /// it is read before any field whose encoding may differ.
+    pub protocol: u32,
     pub init_pid: i32,
     pub oom_kills: u64,
     /// Set once the sandbox died on its own (agent gone).
@@ -162,7 +206,7 @@ pub enum SupervisorErrorKind {
     Internal,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
 #[error("{message}")]
 pub struct SupervisorError {
     pub kind: SupervisorErrorKind,
@@ -186,6 +230,53 @@ pub enum ClientError {
     Timeout(Duration),
     #[error("the sandbox's supervisor broke the protocol: {0}")]
     Protocol(String),
+    #[error(transparent)]
+    Version(#[from] VersionMismatch),
+}
+
+/// A supervisor this daemon must not talk to beyond the health check: it
+/// speaks another encoding, so any other request could be misread.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VersionMismatch {
+    #[error(
+        "its supervisor is from an earlier sandboxd build that speaks the unversioned \
+         supervisor protocol (v0), this daemon v{SUPERVISOR_PROTOCOL_VERSION}: {WHAT_TO_DO}"
+    )]
+    Unversioned,
+    #[error(
+        "its supervisor speaks supervisor protocol v{0}, this daemon \
+         v{SUPERVISOR_PROTOCOL_VERSION}: {WHAT_TO_DO}"
+    )]
+    Other(u32),
+    #[error(
+        "its supervisor answered the health check with a frame this daemon (supervisor \
+         protocol v{SUPERVISOR_PROTOCOL_VERSION}) cannot read ({0}), so it is from another \
+         sandboxd build: {WHAT_TO_DO}"
+    )]
+    Unreadable(String),
+}
+
+const WHAT_TO_DO: &str = "delete the sandbox, or run the matching sandboxd build to drain it";
+
+/// Reads the protocol version from the payload of a supervisor's answer to
+/// [`SupervisorRequest::Health`] without decoding the rest, which is only
+/// safe to decode once the versions match. Relies on what every version
+/// keeps (see [`SUPERVISOR_PROTOCOL_VERSION`]): a postcard enum is its tag
+/// as a varint, then its fields in order, and the versioned health reply is
+/// tag [`HEALTH_REPLY_TAG`] with the version first.
+pub fn check_supervisor_version(payload: &[u8]) -> Result<(), VersionMismatch> {
+    let unreadable = |e: postcard::Error| VersionMismatch::Unreadable(e.to_string());
+    let (tag, rest) = postcard::take_from_bytes::<u32>(payload).map_err(unreadable)?;
+    match tag {
+        0 => Err(VersionMismatch::Unversioned),
+        HEALTH_REPLY_TAG => match postcard::take_from_bytes::<u32>(rest).map_err(unreadable)? {
+            (SUPERVISOR_PROTOCOL_VERSION, _) => Ok(()),
+            (other, _) => Err(VersionMismatch::Other(other)),
+        },
+        other => Err(VersionMismatch::Unreadable(format!(
+            "reply tag {other} where the health reply is tag {HEALTH_REPLY_TAG}"
+        ))),
+    }
 }
 
 /// One connection to a supervisor.
@@ -223,15 +314,23 @@ impl SupervisorConn {
 
     /// The next reply, or `None` when the supervisor closed the connection.
     pub async fn next(&mut self) -> Result<Option<SupervisorReply>, ClientError> {
+        match self.next_payload().await? {
+            Some(frame) => sandbox_proto::decode(&frame)
+                .map(Some)
+                .map_err(|e| ClientError::Protocol(e.to_string())),
+            None => Ok(None),
+        }
+    }
+
+    /// The next frame's payload, undecoded.
+    async fn next_payload(&mut self) -> Result<Option<Vec<u8>>, ClientError> {
         loop {
             if let Some(frame) = self
                 .decoder
                 .next_frame()
                 .map_err(|e| ClientError::Protocol(e.to_string()))?
             {
-                return sandbox_proto::decode(&frame)
-                    .map(Some)
-                    .map_err(|e| ClientError::Protocol(e.to_string()));
+                return Ok(Some(frame));
             }
             let n = self
                 .stream
@@ -260,5 +359,32 @@ impl SupervisorConn {
         tokio::time::timeout(deadline, exchange)
             .await
             .map_err(|_| ClientError::Timeout(deadline))?
+    }
+
+    /// Asks for the supervisor's health, checking its protocol version
+    /// before decoding anything else: the call to make first on a
+    /// supervisor this daemon did not start. [`ClientError::Version`] when
+    /// it speaks another version; then send it nothing more.
+    pub async fn checked_health(
+        &mut self,
+        deadline: Duration,
+    ) -> Result<SupervisorHealth, ClientError> {
+        let exchange = async {
+            self.send(&SupervisorRequest::Health).await?;
+            self.next_payload()
+                .await?
+                .ok_or_else(|| ClientError::Protocol("connection closed before the reply".into()))
+        };
+        let payload = tokio::time::timeout(deadline, exchange)
+            .await
+            .map_err(|_| ClientError::Timeout(deadline))??;
+        check_supervisor_version(&payload)?;
+        match sandbox_proto::decode(&payload) {
+            Ok(SupervisorReply::Health(health)) => Ok(health),
+            Ok(other) => Err(ClientError::Protocol(format!(
+                "answered health with {other:?}"
+            ))),
+            Err(e) => Err(ClientError::Protocol(e.to_string())),
+        }
     }
 }

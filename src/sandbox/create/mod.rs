@@ -297,6 +297,7 @@ impl Manager {
                 network,
                 base_snapshot: from_snapshot,
                 vm_uid,
+                foreign_supervisor: false,
             };
             records.insert(id.clone(), record.clone());
             record
