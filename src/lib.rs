@@ -14,6 +14,5 @@ pub mod model;
 pub mod net;
 pub mod runtime;
 pub mod sandbox;
-pub mod snapshot;
 pub mod store;
 pub mod supervisor;

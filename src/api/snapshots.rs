@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::{parse_json, ApiResult};
 use crate::sandbox::Manager;
-use crate::snapshot::{SnapshotKind, SnapshotView};
+use crate::sandbox::{SnapshotKind, SnapshotView};
 
 /// `POST /v1/sandboxes/{id}/snapshots` body; `{}` means a memory snapshot.
 #[derive(Debug, Deserialize)]

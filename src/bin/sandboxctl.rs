@@ -18,7 +18,7 @@ mod units;
 // The wire types are the daemon's own, so the two cannot drift; `crate::types`
 // names them for the modules under `sandboxctl/`.
 use sandboxd::api::types;
-use sandboxd::snapshot::SnapshotView;
+use sandboxd::sandbox::SnapshotView;
 
 use std::collections::BTreeMap;
 use std::io::Write;

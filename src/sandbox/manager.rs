@@ -49,7 +49,7 @@ pub struct Manager {
     /// Each supervisor's egress counters as last read, for metric deltas.
     pub(super) egress_seen: Mutex<HashMap<String, crate::net::proxy::EgressCounters>>,
     /// Every snapshot, with its meta.
-    pub(super) snapshots: crate::snapshot::SnapshotIndex,
+    pub(super) snapshots: super::snapshots::index::SnapshotIndex,
     /// What the host offers microVMs, found at start.
     pub virtualization: crate::runtime::virt::Virtualization,
 }
@@ -76,7 +76,7 @@ impl Manager {
 impl Manager {
     pub fn new(config: Config, store: Store, images: ImageCache, disk: DiskPool) -> Arc<Self> {
         let store = Arc::new(store);
-        let snapshots = crate::snapshot::SnapshotIndex::load(&disk);
+        let snapshots = super::snapshots::index::SnapshotIndex::load(&disk);
         super::snapshots::sweep_orphan_images(&config.state_dir, &snapshots);
         Arc::new(Self {
             events: EventLog::open(Arc::clone(&store), config.event_retention_seconds),

@@ -10,15 +10,16 @@ pub mod events;
 mod images;
 mod manager;
 mod network;
-mod pool;
 mod record;
 mod recovery;
 mod snapshots;
 mod teardown;
 mod validate;
+mod warm_pool;
 mod watch;
 
 pub use error::SandboxError;
 pub use manager::Manager;
 pub use record::SandboxRecord;
+pub use snapshots::index::{SnapshotKind, SnapshotView};
 pub use validate::{sandbox_path, validated_env, validated_limits};

@@ -67,7 +67,7 @@ impl Manager {
                 })?;
                 let (dir, sums) = (memory.images_dir.clone(), memory.sha256.clone());
                 tokio::task::spawn_blocking(move || {
-                    crate::snapshot::integrity::verify(&dir, &sums)
+                    super::super::snapshots::integrity::verify(&dir, &sums)
                 })
                 .await
                 .map_err(SandboxError::internal)?

@@ -1,7 +1,13 @@
-//! The manager's snapshot work: taking a snapshot of a running sandbox,
-//! listing and deleting snapshots, resolving a snapshot used as an image,
-//! and removing deleted snapshots once no sandbox or later snapshot stacks
-//! on them.
+//! Snapshots of sandboxes. This file is the manager's snapshot work: taking
+//! a snapshot of a running sandbox, forking one, listing and deleting
+//! snapshots, resolving a snapshot used as an image, and removing deleted
+//! snapshots once no sandbox or later snapshot stacks on them. What a
+//! snapshot is and the index of all of them is [`index`]; the SHA-256 of a
+//! memory snapshot's files is [`integrity`]. The bytes live in the disk
+//! pool (`disk/snapshot.rs`); the VMM's own snapshot format is `vmm/`.
+
+pub mod index;
+pub mod integrity;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -12,10 +18,8 @@ use super::error::SandboxError;
 use super::manager::Manager;
 use crate::model::{RuntimeKind, SandboxState};
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
-use crate::snapshot::{
-    integrity, new_id, MemoryImage, SnapshotKind, SnapshotMeta, SnapshotView, META_VERSION,
-};
 use crate::supervisor::protocol::{SupervisorReply, SupervisorRequest};
+use index::{new_id, MemoryImage, SnapshotKind, SnapshotMeta, SnapshotView, META_VERSION};
 
 /// Pool space a filesystem snapshot needs free: it shares the layer's
 /// extents, so only btrfs metadata is written.
@@ -357,7 +361,7 @@ impl Manager {
                     env: record.env.clone(),
                     sha256: Default::default(),
                     processes,
-                    vm: Some(crate::snapshot::VmImage { scratch }),
+                    vm: Some(index::VmImage { scratch }),
                 }),
                 vm_scratch: None,
             },
@@ -638,7 +642,7 @@ impl Manager {
 
 /// Removes CRIU image directories no snapshot owns (a crash between the
 /// dump and the snapshot's meta being written).
-pub(super) fn sweep_orphan_images(state_dir: &Path, index: &crate::snapshot::SnapshotIndex) {
+pub(super) fn sweep_orphan_images(state_dir: &Path, index: &index::SnapshotIndex) {
     let Ok(entries) = std::fs::read_dir(state_dir.join(SNAPSHOT_IMAGES)) else {
         return;
     };

@@ -1,5 +1,6 @@
 //! The warm pool: ready sandboxes of the default image and limits, made
-//! ahead of demand and handed to a create that asks for exactly that.
+//! ahead of demand and handed to a create that asks for exactly that. (The
+//! disk pool, `disk/pool.rs`, is the btrfs filesystem layers live on.)
 
 use super::events::EventKind;
 use super::record::expiry;

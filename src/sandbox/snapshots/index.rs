@@ -1,12 +1,11 @@
-//! Snapshots of sandboxes: what each one is (its meta, kept beside its data
-//! in the disk pool's 0700 `snapshots/` directory) and the index of all of
-//! them. A filesystem snapshot is the sandbox's writable layer frozen
+//! What each snapshot is (its meta, kept beside its data in the disk
+//! pool's 0700 `snapshots/` directory) and the index of all of them. A filesystem snapshot is the sandbox's writable layer frozen
 //! read-only; it becomes an image that later creates stack under a fresh
 //! writable layer, so a sandbox made from it copies nothing. Making,
 //! referencing and removing snapshots is the manager's job
-//! (`sandbox/snapshots.rs`); the data itself is the disk pool's. A memory
+//! (`sandbox/snapshots/mod.rs`); the data itself is the disk pool's. A memory
 //! snapshot adds a CRIU checkpoint of the sandbox's processes, with a
-//! SHA-256 of every image file ([`integrity`]).
+//! SHA-256 of every image file (`integrity.rs`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -15,8 +14,6 @@ use std::sync::{Mutex, MutexGuard};
 use serde::{Deserialize, Serialize};
 
 use crate::disk::DiskPool;
-
-pub mod integrity;
 
 /// The meta file in each snapshot's directory.
 const META: &str = "meta.json";
