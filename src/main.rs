@@ -215,7 +215,20 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             }
         }
         manager.drain_pool().await;
-        tracing::info!("sandboxd stopped; sandboxes keep running under their supervisors");
+        if !config.stop_sandboxes_on_exit {
+            tracing::info!("sandboxd stopped; sandboxes keep running under their supervisors");
+            return Ok(());
+        }
+        tracing::info!("stop_sandboxes_on_exit is set: tearing down every sandbox");
+        let left = manager.delete_all().await;
+        if !left.is_empty() {
+            bail!(
+                "stopped, but {} sandbox(es) are not fully torn down: {}; the warnings above say why; the next sandboxd retries their teardown and lists what is left, to DELETE",
+                left.len(),
+                left.join(", ")
+            );
+        }
+        tracing::info!("sandboxd stopped; every sandbox was torn down");
         Ok(())
     })
 }
