@@ -163,6 +163,8 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
     sandboxd::runtime::agent_binary::check(&config.agent_path)?;
     std::fs::create_dir_all(config.sandboxes_run_dir())
         .with_context(|| format!("creating {}", config.run_dir.display()))?;
+    // Every create would fail later with a bare "failed to prepare rootfs".
+    sandboxd::runtime::traverse::check_daemon_paths(&config)?;
     let store = Store::open(&config.store_path())?;
     let images = ImageCache::open(config.images_dir.clone(), config.image_recipe_dirs.clone())?;
     let disk = DiskPool::open(
@@ -213,7 +215,20 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             }
         }
         manager.drain_pool().await;
-        tracing::info!("sandboxd stopped; sandboxes keep running under their supervisors");
+        if !config.stop_sandboxes_on_exit {
+            tracing::info!("sandboxd stopped; sandboxes keep running under their supervisors");
+            return Ok(());
+        }
+        tracing::info!("stop_sandboxes_on_exit is set: tearing down every sandbox");
+        let left = manager.delete_all().await;
+        if !left.is_empty() {
+            bail!(
+                "stopped, but {} sandbox(es) are not fully torn down: {}; the warnings above say why; the next sandboxd retries their teardown and lists what is left, to DELETE",
+                left.len(),
+                left.join(", ")
+            );
+        }
+        tracing::info!("sandboxd stopped; every sandbox was torn down");
         Ok(())
     })
 }

@@ -1,11 +1,13 @@
 //! Operations: admission and capacity, metrics that parse and move, config
-//! errors that name the field, systemd units that verify, and a SIGKILL of
-//! the daemon in the middle of creates that loses no ready sandbox and
-//! leaves nothing half-made.
+//! errors that name the field, a run dir sandboxes cannot reach refused at
+//! start, systemd units that verify, a SIGKILL of the daemon in the middle
+//! of creates that loses no ready sandbox and leaves nothing half-made, and
+//! a SIGTERM with `stop_sandboxes_on_exit` that leaves nothing at all.
 
 mod common;
 
 use std::collections::BTreeSet;
+use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::Duration;
 
@@ -166,6 +168,30 @@ fn bad_config_values_name_the_field() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+#[test]
+fn a_run_dir_under_a_closed_folder_is_refused_at_start_with_the_fix() {
+    require_host!();
+    let outer = tempfile::Builder::new()
+        .prefix("sandboxd-closed-")
+        .tempdir_in("/var/tmp")
+        .expect("tempdir");
+    // What `mktemp -d` makes: only its owner (root) may enter.
+    let closed = outer.path().join("closed");
+    std::fs::create_dir(&closed).expect("mkdir");
+    std::fs::set_permissions(&closed, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let run = closed.join("run");
+    let run_arg = run.display().to_string();
+    let (status, output) = Daemon::refused_start(&["--run-dir", &run_arg]);
+    assert!(!status.success(), "{output}");
+    for part in [
+        format!("{} (mode 0700", closed.display()),
+        format!("chmod o+x {}", closed.display()),
+        "--run-dir".to_string(),
+    ] {
+        assert!(output.contains(&part), "no {part:?} in: {output}");
+    }
 }
 
 #[test]
@@ -372,4 +398,113 @@ async fn a_retried_create_with_the_same_idempotency_key_returns_the_same_sandbox
     daemon.delete(&first).await;
     let second = daemon.create(body).await;
     assert_ne!(second, first, "a deleted sandbox's key starts a new create");
+}
+
+/// This daemon's sandbox cgroups in every hierarchy, as `hierarchy/id`.
+fn sandbox_cgroups(daemon: &Daemon) -> BTreeSet<String> {
+    let parent = daemon.cgroup_parent();
+    let mut groups = BTreeSet::new();
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let dir = hierarchy.path().join(parent.trim_start_matches('/'));
+        for group in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = group.file_name().to_string_lossy().into_owned();
+            if name.starts_with("sb-") {
+                groups.insert(format!(
+                    "{}/{name}",
+                    hierarchy.file_name().to_string_lossy()
+                ));
+            }
+        }
+    }
+    groups
+}
+
+/// Supervisors of this daemon's sandboxes, found by their command line
+/// (`sandboxd supervise <run dir>/sandboxes/<id>`) wherever their cgroup.
+fn supervisor_processes(daemon: &Daemon) -> BTreeSet<String> {
+    let run = daemon.run_dir().display().to_string();
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter_map(|e| {
+            let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+            let cmdline = String::from_utf8_lossy(&cmdline).into_owned();
+            let args: Vec<&str> = cmdline.split('\0').collect();
+            // Not the daemon, whose flags name the run dir too.
+            let supervisor = args
+                .windows(2)
+                .any(|w| (w[0] == "supervise" || w[0] == "shim") && w[1].starts_with(&run));
+            supervisor.then(|| format!("{} {}", e.file_name().to_string_lossy(), args.join(" ")))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn sigterm_with_stop_sandboxes_on_exit_tears_every_sandbox_down() {
+    require_host!();
+    let mut daemon = Daemon::start_with(&["--stop-sandboxes-on-exit", "true"]);
+    let idle = daemon.create(json!({"image": "busybox"})).await;
+    let busy = daemon.create(json!({"image": "busybox"})).await;
+    // A process left running must not keep its sandbox alive.
+    let proc = daemon
+        .start_process(&busy, json!({"argv": ["sleep", "1000"]}))
+        .await;
+    let (_, process) = daemon
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{busy}/processes/{proc}"),
+            None,
+        )
+        .await;
+    assert_eq!(process["state"], "running", "{process}");
+    let ids = [idle.clone(), busy.clone()];
+
+    // Positive controls: before the stop, the same checks find both.
+    assert_eq!(inventory(&daemon), expected_inventory(&daemon, &ids));
+    assert_eq!(supervisor_processes(&daemon).len(), 2);
+    let cgroups = sandbox_cgroups(&daemon);
+    for id in &ids {
+        assert!(
+            cgroups.iter().any(|g| g.ends_with(&format!("/{id}"))),
+            "{id} not in {cgroups:?}"
+        );
+    }
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(2),
+        "{list}"
+    );
+
+    let status = daemon
+        .stop(nix::sys::signal::Signal::SIGTERM)
+        .expect("the daemon was running");
+    let log = daemon.log();
+    let supervisors = supervisor_processes(&daemon);
+    let cgroups = sandbox_cgroups(&daemon);
+    let leftovers = inventory(&daemon);
+    // Asserted after the restart, so that a failure still leaves a daemon
+    // through which the harness deletes what this one left.
+    daemon.restart();
+    assert!(status.success(), "{status}\n{log}");
+    assert!(log.contains("every sandbox was torn down"), "{log}");
+    assert_eq!(supervisors, BTreeSet::new());
+    assert_eq!(cgroups, BTreeSet::new());
+    // Also no run dir, layer or mount left.
+    assert_eq!(leftovers, expected_inventory(&daemon, &[]));
+
+    // Nor a record: a fresh daemon on the same state has nothing to adopt.
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(0),
+        "{list}"
+    );
+    assert_eq!(inventory(&daemon), expected_inventory(&daemon, &[]));
 }

@@ -432,7 +432,7 @@ impl Egress {
         if policy.is_block() {
             return self.refuse(&shown, port, "block_network is set");
         }
-        if self.live().len() >= self.limits.max_connections {
+        if self.open_connections() >= self.limits.max_connections {
             self.connections_limited.fetch_add(1, Ordering::Relaxed);
             return self.refuse(
                 &shown,

@@ -112,12 +112,6 @@ impl SandboxCgroups {
         Ok(files)
     }
 
-    /// Pids of every task still in the process's group.
-    pub fn process_group_pids(&self, proc: u64) -> Vec<i32> {
-        let dirs = self.process_dirs(proc);
-        dirs.first().map(|d| read_pids(d)).unwrap_or_default()
-    }
-
     /// Kills every process in the group and waits until it is empty.
     pub fn kill_process_group(&self, proc: u64) -> Result<(), CgroupError> {
         let dirs = self.process_dirs(proc);

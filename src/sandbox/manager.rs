@@ -109,14 +109,34 @@ impl Manager {
         let _ = rx.wait_for(|stopping| *stopping).await;
     }
 
-    /// Deletes every sandbox (a clean stop with `stop_sandboxes_on_exit`).
-    pub async fn delete_all(&self) {
-        let ids: Vec<String> = self.records().keys().cloned().collect();
-        for id in ids {
-            if let Err(e) = self.delete(&id).await {
-                tracing::warn!(sandbox = %id, "deleting on exit: {e}");
+    /// Tears down every sandbox, the warm pool's too, through the normal
+    /// teardown (a clean stop with `stop_sandboxes_on_exit`, once no request
+    /// is in flight). Returns the ids still there: those whose teardown was
+    /// incomplete (kept as failed, as a DELETE keeps them), and creates
+    /// still running, which are not torn down under their own feet (the
+    /// next daemon's recovery finishes them).
+    pub async fn delete_all(&self) -> Vec<String> {
+        let records: Vec<SandboxRecord> = self
+            .records()
+            .values()
+            .filter(|r| r.state != SandboxState::Creating)
+            .cloned()
+            .collect();
+        // All at once, as concurrent DELETEs would: one by one, a full host
+        // would outlast the service manager's stop timeout.
+        futures::future::join_all(records.into_iter().map(|mut record| async move {
+            self.pool().retain(|id| *id != record.id);
+            // Persisted first, as DELETE does: a daemon killed halfway
+            // finishes the teardown at its next start instead of adopting.
+            record.state = SandboxState::Deleting;
+            if let Err(e) = self.persist(&record) {
+                tracing::warn!(sandbox = %record.id, "deleting on exit: {e}");
             }
-        }
+            self.records().insert(record.id.clone(), record.clone());
+            self.remove_everything(&record).await;
+        }))
+        .await;
+        self.records().keys().cloned().collect()
     }
 
     pub(super) fn records(&self) -> MutexGuard<'_, HashMap<String, SandboxRecord>> {

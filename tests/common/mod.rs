@@ -111,9 +111,11 @@ impl Daemon {
         daemon
     }
 
+    /// The harness's flags, less those `extra` gives itself (a flag may
+    /// appear only once), then `extra`.
     fn args(&self) -> Vec<String> {
         let d = self.dir.path();
-        let mut args: Vec<String> = vec![
+        let defaults: Vec<String> = vec![
             "--state-dir".into(),
             d.join("state").display().to_string(),
             "--run-dir".into(),
@@ -129,8 +131,69 @@ impl Daemon {
             "--cgroup-parent".into(),
             self.cgroup_parent(),
         ];
+        let mut args: Vec<String> = defaults
+            .chunks(2)
+            .filter(|pair| !self.extra.contains(&pair[0]))
+            .flatten()
+            .cloned()
+            .collect();
         args.extend(self.extra.iter().cloned());
         args
+    }
+
+    /// Runs a daemon with extra flags that must refuse to start, and returns
+    /// its exit status and what it wrote. Panics if it became ready instead,
+    /// or had not exited after a minute.
+    pub fn refused_start(flags: &[&str]) -> (std::process::ExitStatus, String) {
+        let dir = tempfile::Builder::new()
+            .prefix("sandboxd-test-")
+            .tempdir_in("/var/tmp")
+            .expect("tempdir");
+        let daemon = Daemon {
+            socket: dir.path().join("api.sock"),
+            child: None,
+            extra: flags.iter().map(|s| s.to_string()).collect(),
+            dir,
+        };
+        let notify_path = daemon.dir.path().join("notify.sock");
+        let notify = UnixDatagram::bind(&notify_path).expect("notify socket");
+        let child = Command::new(DAEMON)
+            .args(daemon.args())
+            .env("NOTIFY_SOCKET", &notify_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start sandboxd");
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(child.wait_with_output());
+        });
+        // A daemon that starts says READY=1; a refused one exits.
+        notify
+            .set_nonblocking(true)
+            .expect("non-blocking notify socket");
+        let output = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(output) => output.expect("wait for sandboxd"),
+            Err(_) => {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                panic!("sandboxd had not exited a minute after its start: did it start although it should have refused?");
+            }
+        };
+        let mut buf = [0u8; 256];
+        if let Ok(n) = notify.recv(&mut buf) {
+            assert!(
+                !buf[..n].starts_with(b"READY=1"),
+                "sandboxd became ready although it should have refused to start"
+            );
+        }
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        (output.status, text)
     }
 
     fn spawn(&mut self) {
@@ -195,6 +258,14 @@ impl Daemon {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
             let _ = child.wait();
         }
+    }
+
+    /// Sends the daemon `signal` and awaits its exit; `None` when it was
+    /// not running.
+    pub fn stop(&mut self, signal: nix::sys::signal::Signal) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal);
+        Some(child.wait().expect("wait for sandboxd"))
     }
 
     /// Starts the daemon again on the same state (after [`kill`](Self::kill)).

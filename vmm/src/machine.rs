@@ -211,11 +211,6 @@ impl Machine {
         }
     }
 
-    /// The virtio-mmio devices, in boot-info order (disks, then vsock).
-    pub fn virtio_devices(&self) -> &[Arc<Mutex<MmioTransport>>] {
-        &self.virtio
-    }
-
     /// The vCPUs, before they run.
     pub fn vcpus(&self) -> &[Vcpu] {
         &self.vcpus
