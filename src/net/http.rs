@@ -6,7 +6,7 @@
 //! different host than its Host header is refused, as are the ambiguous
 //! framings that request smuggling relies on. No I/O; bounded work.
 
-use crate::net::deny::{parse_host, HostError, HostPort};
+use crate::net::host::{parse_host, HostError, HostPort};
 
 /// Largest request head (request line and headers) accepted.
 pub const MAX_HEAD_LEN: usize = 16 * 1024;
@@ -714,7 +714,7 @@ pub fn response_status(buf: &[u8]) -> Result<Option<u16>, HttpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::deny::HostSpec;
+    use crate::net::host::HostSpec;
 
     fn complete(s: &str) -> RequestHead {
         match parse_request_head(s.as_bytes()) {
