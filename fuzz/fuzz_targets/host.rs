@@ -4,8 +4,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use sandboxd::net::deny::{always_denied, parse_host, HostSpec};
-use sandboxd::net::policy::{normalize_host, parse_entry, EgressPolicy};
+use sandboxd::net::deny::always_denied;
+use sandboxd::net::host::{normalize_host, parse_host, HostSpec};
+use sandboxd::net::policy::{parse_entry, EgressPolicy};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(s) = std::str::from_utf8(data) else {

@@ -6,16 +6,15 @@
 //! ranges (192.0.2.0/24, 198.51.100.0/24, 203.0.113.0/24, 2001:db8::/32) are
 //! *not* denied: tests use them as public upstreams.
 //!
-//! Also owns [`parse_host`], which reads a host as a Host header, absolute
-//! URI or SNI may carry it (with or without port, bracketed IPv6, and the
-//! inet_aton spellings `2130706433`, `0177.0.0.1`, `0x7f.1`, `127.1`) into a
-//! [`HostSpec`], so that an address spelled oddly is still seen as an address.
+//! An address is compared in its canonical form ([`crate::net::host`], which
+//! also reads the odd spellings a client may send), so that the IPv4-mapped
+//! spelling of a host address is refused like the address itself.
 
 use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use crate::net::policy::{canonical_ip, looks_numeric, normalize_host, NameError};
+use crate::net::host::canonical_ip;
 
 /// Why an address is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -231,172 +230,10 @@ pub fn host_interface_addresses() -> io::Result<Vec<IpAddr>> {
     Ok(out)
 }
 
-/// A host as a client named it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum HostSpec {
-    /// An address (IPv4-mapped IPv6 given as IPv4).
-    Ip(IpAddr),
-    /// A normalised host name (see [`normalize_host`]).
-    Name(String),
-}
-
-/// A host with the port, if one was written.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct HostPort {
-    pub host: HostSpec,
-    pub port: Option<u16>,
-}
-
-/// Why a host string could not be read.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HostError {
-    #[error("empty host")]
-    Empty,
-    #[error("host is longer than 1024 bytes")]
-    TooLong,
-    #[error("unterminated or malformed bracketed IPv6 address")]
-    BadBracket,
-    #[error("{0:?} is not a valid IPv6 address")]
-    BadIpv6(String),
-    #[error("port {0:?} is not a number from 0 to 65535")]
-    BadPort(String),
-    #[error("{0:?} reads as a number but is not a valid IPv4 address")]
-    BadIpv4(String),
-    #[error("bad host name: {0}")]
-    BadName(#[from] NameError),
-}
-
-/// Reads a host as written in a Host header, an absolute URI's authority, or
-/// SNI: `name`, `name:port`, `a.b.c.d[:port]`, any inet_aton spelling of an
-/// IPv4 address, `[v6][:port]`, or a bare IPv6 address.
-pub fn parse_host(s: &str) -> Result<HostPort, HostError> {
-    if s.is_empty() {
-        return Err(HostError::Empty);
-    }
-    if s.len() > 1024 {
-        return Err(HostError::TooLong);
-    }
-    if let Some(rest) = s.strip_prefix('[') {
-        let (inner, after) = rest.split_once(']').ok_or(HostError::BadBracket)?;
-        let ip: Ipv6Addr = inner
-            .parse()
-            .map_err(|_| HostError::BadIpv6(inner.to_string()))?;
-        let port = match after {
-            "" => None,
-            _ => match after.strip_prefix(':') {
-                Some(p) => parse_port(p)?,
-                None => return Err(HostError::BadBracket),
-            },
-        };
-        return Ok(HostPort {
-            host: HostSpec::Ip(canonical_ip(IpAddr::V6(ip))),
-            port,
-        });
-    }
-    let colons = s.bytes().filter(|&b| b == b':').count();
-    if colons > 1 {
-        let ip: Ipv6Addr = s.parse().map_err(|_| HostError::BadIpv6(s.to_string()))?;
-        return Ok(HostPort {
-            host: HostSpec::Ip(canonical_ip(IpAddr::V6(ip))),
-            port: None,
-        });
-    }
-    let (host, port) = match s.split_once(':') {
-        Some((h, p)) => (h, parse_port(p)?),
-        None => (s, None),
-    };
-    if host.is_empty() {
-        return Err(HostError::Empty);
-    }
-    Ok(HostPort {
-        host: parse_hostname_or_ipv4(host)?,
-        port,
-    })
-}
-
-fn parse_port(p: &str) -> Result<Option<u16>, HostError> {
-    if p.is_empty() {
-        // `Host: example.com:` is allowed by RFC 3986 (port = *DIGIT).
-        return Ok(None);
-    }
-    if p.len() > 5 || !p.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(HostError::BadPort(p.to_string()));
-    }
-    p.parse::<u16>()
-        .map(Some)
-        .map_err(|_| HostError::BadPort(p.to_string()))
-}
-
-/// A host without port: an IPv4 address in any inet_aton spelling, or a
-/// host name. A string whose last label is numeric is an address or an error,
-/// never a name (the WHATWG URL rule), so `1.2.3.0x1ffffffff` cannot slip
-/// through as a "name" a resolver might read as an address.
-fn parse_hostname_or_ipv4(host: &str) -> Result<HostSpec, HostError> {
-    let body = host.strip_suffix('.').unwrap_or(host);
-    let last = body.rsplit('.').next().unwrap_or("");
-    if looks_numeric(last) || last.eq_ignore_ascii_case("0x") {
-        return parse_ipv4_loose(body)
-            .map(|v4| HostSpec::Ip(IpAddr::V4(v4)))
-            .ok_or_else(|| HostError::BadIpv4(host.to_string()));
-    }
-    Ok(HostSpec::Name(normalize_host(host)?))
-}
-
-/// inet_aton(3) / WHATWG IPv4 parsing: 1 to 4 parts, each decimal, octal
-/// (leading `0`) or hex (`0x`); the last part fills the remaining bytes.
-pub fn parse_ipv4_loose(s: &str) -> Option<Ipv4Addr> {
-    let parts: Vec<&str> = s.split('.').collect();
-    if parts.is_empty() || parts.len() > 4 {
-        return None;
-    }
-    let mut nums = [0u64; 4];
-    for (i, part) in parts.iter().enumerate() {
-        nums[i] = parse_ipv4_number(part)?;
-    }
-    let n = parts.len();
-    let (last, init) = (nums[n - 1], &nums[..n - 1]);
-    if init.iter().any(|&v| v > 255) {
-        return None;
-    }
-    // Bytes left for the last part: 4 - (n - 1).
-    let last_bits = 8 * (5 - n as u32);
-    if last >= 1u64 << last_bits {
-        return None;
-    }
-    let mut value: u64 = 0;
-    for (i, v) in init.iter().enumerate() {
-        value |= v << (24 - 8 * i as u32);
-    }
-    value |= last;
-    u32::try_from(value).ok().map(Ipv4Addr::from)
-}
-
-fn parse_ipv4_number(part: &str) -> Option<u64> {
-    if part.is_empty() {
-        return None;
-    }
-    let (digits, radix) =
-        if let Some(h) = part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
-            (h, 16)
-        } else if part.len() > 1 && part.starts_with('0') {
-            (&part[1..], 8)
-        } else {
-            (part, 10)
-        };
-    let mut value: u64 = 0;
-    for c in digits.chars() {
-        let d = u64::from(c.to_digit(radix)?);
-        value = value.checked_mul(u64::from(radix))?.checked_add(d)?;
-        if value > u64::from(u32::MAX) {
-            return None;
-        }
-    }
-    Some(value)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::host::{parse_host, HostPort, HostSpec};
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -538,99 +375,5 @@ mod tests {
         assert_eq!(host_ip("0xa9fea9fe"), ip("169.254.169.254"));
         assert_eq!(host_ip("0"), ip("0.0.0.0"));
         assert_eq!(host_ip("203.0.113.7"), ip("203.0.113.7"));
-    }
-
-    #[test]
-    fn names_and_ports() {
-        let hp = parse_host("Example.COM.:8443").unwrap();
-        assert_eq!(hp.host, HostSpec::Name("example.com".into()));
-        assert_eq!(hp.port, Some(8443));
-        let hp = parse_host("bücher.de").unwrap();
-        assert_eq!(hp.host, HostSpec::Name("xn--bcher-kva.de".into()));
-        assert_eq!(hp.port, None);
-        assert_eq!(parse_host("a.test:").unwrap().port, None);
-        let hp = parse_host("[2001:db8::1]:443").unwrap();
-        assert_eq!(hp.host, HostSpec::Ip(ip("2001:db8::1")));
-        assert_eq!(hp.port, Some(443));
-        // A name that merely starts with digits is a name.
-        assert_eq!(
-            parse_host("0x7f.example").unwrap().host,
-            HostSpec::Name("0x7f.example".into())
-        );
-        assert_eq!(
-            parse_host("123.example").unwrap().host,
-            HostSpec::Name("123.example".into())
-        );
-    }
-
-    #[test]
-    fn malformed_hosts_are_errors() {
-        for s in [
-            "",
-            ":80",
-            "a.test:99999",
-            "a.test:8a",
-            "a.test:-1",
-            "[::1",
-            "[::1]x",
-            "[::1]:",
-            "[1.2.3.4]",
-            "[fe80::1%eth0]",
-            "1:2:3",
-            "256.0.0.1",
-            "1.2.3.4.5",
-            "1.2.3.256",
-            "1.2.65536",
-            "4294967296",
-            "0x100000000",
-            "08.0.0.1",
-            "1..2",
-            "example.123",
-            "a.b.0x",
-            "a b.test",
-            "a/b",
-            "a@b.test",
-            "x..test",
-        ] {
-            // "[::1]:" has an empty port: allowed.
-            if s == "[::1]:" {
-                assert!(parse_host(s).is_ok());
-                continue;
-            }
-            assert!(
-                parse_host(s).is_err(),
-                "{s:?} parsed as {:?}",
-                parse_host(s)
-            );
-        }
-        let long = "a".repeat(2000);
-        assert_eq!(parse_host(&long), Err(HostError::TooLong));
-    }
-
-    #[test]
-    fn loose_ipv4_limits() {
-        assert_eq!(
-            parse_ipv4_loose("255.255.255.255"),
-            Some(Ipv4Addr::BROADCAST)
-        );
-        assert_eq!(
-            parse_ipv4_loose("1.16777215"),
-            Some(Ipv4Addr::new(1, 255, 255, 255))
-        );
-        assert_eq!(parse_ipv4_loose("1.16777216"), None);
-        assert_eq!(
-            parse_ipv4_loose("1.2.65535"),
-            Some(Ipv4Addr::new(1, 2, 255, 255))
-        );
-        assert_eq!(parse_ipv4_loose("4294967295"), Some(Ipv4Addr::BROADCAST));
-        assert_eq!(parse_ipv4_loose("09"), None);
-        assert_eq!(
-            parse_ipv4_loose(&"0".repeat(500)),
-            Some(Ipv4Addr::UNSPECIFIED)
-        );
-        assert_eq!(
-            parse_ipv4_loose(&format!("0x{}1", "0".repeat(500))),
-            Some(Ipv4Addr::new(0, 0, 0, 1))
-        );
     }
 }

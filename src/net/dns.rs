@@ -18,7 +18,8 @@ use hickory_proto::op::{Edns, Header, Message, MessageType, OpCode, ResponseCode
 use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
 
-use crate::net::policy::{canonical_ip, normalize_host, EgressPolicy};
+use crate::net::host::{canonical_ip, normalize_host};
+use crate::net::policy::EgressPolicy;
 
 /// How the responder hands out synthetic addresses.
 #[derive(Debug, Clone, PartialEq, Eq)]

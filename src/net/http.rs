@@ -6,7 +6,7 @@
 //! different host than its Host header is refused, as are the ambiguous
 //! framings that request smuggling relies on. No I/O; bounded work.
 
-use crate::net::deny::{parse_host, HostError, HostPort};
+use crate::net::host::{parse_host, HostError, HostPort};
 
 /// Largest request head (request line and headers) accepted.
 pub const MAX_HEAD_LEN: usize = 16 * 1024;
@@ -248,8 +248,38 @@ fn target_authority(method: &str, target: &str) -> Result<Option<TargetAuthority
     }))
 }
 
+/// Parses a complete head (`head` ends with its blank line): the line
+/// endings, the request line, the header lines, then what they mean taken
+/// together. Each step refuses with its own error, in this order, so the
+/// first problem in a head is the one reported.
 fn parse_complete_head(head: &[u8]) -> Result<RequestHead, HttpError> {
-    // Every line must end in CRLF: no bare LF, no bare CR.
+    check_line_endings(head)?;
+    let mut lines = head_lines(head);
+    let request_line = lines.next().ok_or(HttpError::BadRequestLine)?;
+    let RequestLine {
+        method,
+        target,
+        version,
+    } = parse_request_line(request_line)?;
+    let fields = parse_header_lines(lines)?;
+    let body = body_framing(&fields, version)?;
+    let authority = target_authority(method, target)?;
+    let host = destination(authority, fields.host, version)?;
+    let close = fields.conn_close || (version == Version::Http10 && !fields.conn_keep_alive);
+    Ok(RequestHead {
+        method: method.to_string(),
+        target: target.to_string(),
+        version,
+        host,
+        head_len: head.len(),
+        body,
+        upgrade: method == "CONNECT" || (fields.has_upgrade && fields.conn_upgrade),
+        close,
+    })
+}
+
+/// Every line must end in CRLF: no bare LF, no bare CR.
+fn check_line_endings(head: &[u8]) -> Result<(), HttpError> {
     for (i, &b) in head.iter().enumerate() {
         let bare_lf = b == b'\n' && (i == 0 || head[i - 1] != b'\r');
         let bare_cr = b == b'\r' && head.get(i + 1) != Some(&b'\n');
@@ -257,120 +287,184 @@ fn parse_complete_head(head: &[u8]) -> Result<RequestHead, HttpError> {
             return Err(HttpError::BareLineEnding);
         }
     }
-    // Drop the final CRLF CRLF and split lines.
-    let body = &head[..head.len() - 4];
-    let mut lines = body
-        .split(|&b| b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
-    let request_line = lines.next().ok_or(HttpError::BadRequestLine)?;
-    let RequestLine {
-        method,
-        target,
-        version,
-    } = parse_request_line(request_line)?;
+    Ok(())
+}
 
-    let mut host_header: Option<HostPort> = None;
-    let mut content_length: Option<u64> = None;
-    let mut transfer_encoding: Vec<String> = Vec::new();
-    let mut conn_close = false;
-    let mut conn_keep_alive = false;
-    let mut conn_upgrade = false;
-    let mut has_upgrade = false;
-    let mut count = 0usize;
-    for line in lines {
-        count += 1;
+/// The lines of a complete head without their CRLF: the request line first,
+/// then the header field lines; the final blank line is dropped.
+fn head_lines(head: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let body = &head[..head.len() - 4];
+    body.split(|&b| b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+}
+
+/// What the header fields say that the proxy acts on.
+#[derive(Default)]
+struct HeaderFields {
+    host: Option<HostPort>,
+    content_length: Option<u64>,
+    /// The codings, lower case, in the order they were applied.
+    transfer_encoding: Vec<String>,
+    conn_close: bool,
+    conn_keep_alive: bool,
+    conn_upgrade: bool,
+    has_upgrade: bool,
+}
+
+/// Reads the header field lines in order; the first refused line decides
+/// the error.
+fn parse_header_lines<'a>(
+    lines: impl Iterator<Item = &'a [u8]>,
+) -> Result<HeaderFields, HttpError> {
+    let mut fields = HeaderFields::default();
+    for (count, line) in (1usize..).zip(lines) {
         if count > MAX_HEADERS {
             return Err(HttpError::TooManyHeaders);
         }
-        if line.first().is_some_and(|&b| b == b' ' || b == b'\t') {
-            return Err(HttpError::ObsFold);
-        }
-        let colon = line
-            .iter()
-            .position(|&b| b == b':')
-            .ok_or(HttpError::BadHeader)?;
-        let name = &line[..colon];
-        if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
-            return Err(HttpError::BadHeader);
-        }
-        let value = &line[colon + 1..];
-        if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
-            return Err(HttpError::BadHeader);
-        }
-        let value = trim_ows(value);
-        // Names are ASCII tokens, so this cannot fail.
-        let name = std::str::from_utf8(name).map_err(|_| HttpError::BadHeader)?;
+        let (name, value) = split_field_line(line)?;
+        fields.add(name, value)?;
+    }
+    Ok(fields)
+}
+
+/// Splits one field line into its name and its value (surrounding
+/// whitespace trimmed), refusing obsolete line folding, a missing colon, a
+/// name that is not a token, and control characters in the value.
+fn split_field_line(line: &[u8]) -> Result<(&str, &[u8]), HttpError> {
+    if line.first().is_some_and(|&b| b == b' ' || b == b'\t') {
+        return Err(HttpError::ObsFold);
+    }
+    let colon = line
+        .iter()
+        .position(|&b| b == b':')
+        .ok_or(HttpError::BadHeader)?;
+    let name = &line[..colon];
+    if name.is_empty() || !name.iter().all(|&b| is_tchar(b)) {
+        return Err(HttpError::BadHeader);
+    }
+    let value = &line[colon + 1..];
+    if value.iter().any(|&b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(HttpError::BadHeader);
+    }
+    let value = trim_ows(value);
+    // Names are ASCII tokens, so this cannot fail.
+    let name = std::str::from_utf8(name).map_err(|_| HttpError::BadHeader)?;
+    Ok((name, value))
+}
+
+impl HeaderFields {
+    /// Takes in one field; fields the proxy does not act on are ignored.
+    fn add(&mut self, name: &str, value: &[u8]) -> Result<(), HttpError> {
         if name.eq_ignore_ascii_case("host") {
-            if host_header.is_some() {
-                return Err(HttpError::DuplicateHost);
-            }
-            let v = std::str::from_utf8(value).map_err(|_| HttpError::BadHost(HostError::Empty))?;
-            host_header = Some(parse_host(v)?);
+            self.add_host(value)?;
         } else if name.eq_ignore_ascii_case("content-length") {
-            for item in value.split(|&b| b == b',') {
-                let item = trim_ows(item);
-                if item.is_empty() || item.len() > 19 || !item.iter().all(u8::is_ascii_digit) {
-                    return Err(HttpError::BadContentLength);
-                }
-                let n: u64 = std::str::from_utf8(item)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .ok_or(HttpError::BadContentLength)?;
-                if content_length.is_some_and(|prev| prev != n) {
-                    return Err(HttpError::BadContentLength);
-                }
-                content_length = Some(n);
-            }
+            self.add_content_length(value)?;
         } else if name.eq_ignore_ascii_case("transfer-encoding") {
-            for item in value.split(|&b| b == b',') {
-                let item = trim_ows(item);
-                if item.is_empty() {
-                    continue;
-                }
-                let s = std::str::from_utf8(item).map_err(|_| HttpError::BadTransferEncoding)?;
-                transfer_encoding.push(s.to_ascii_lowercase());
-            }
-            if transfer_encoding.is_empty() {
-                return Err(HttpError::BadTransferEncoding);
-            }
+            self.add_transfer_encoding(value)?;
         } else if name.eq_ignore_ascii_case("connection") {
-            for item in value.split(|&b| b == b',') {
-                let item = trim_ows(item);
-                if item.eq_ignore_ascii_case(b"close") {
-                    conn_close = true;
-                } else if item.eq_ignore_ascii_case(b"keep-alive") {
-                    conn_keep_alive = true;
-                } else if item.eq_ignore_ascii_case(b"upgrade") {
-                    conn_upgrade = true;
-                }
-            }
+            self.add_connection(value);
         } else if name.eq_ignore_ascii_case("upgrade") {
-            has_upgrade = true;
+            self.has_upgrade = true;
         }
+        Ok(())
     }
 
-    let body = if transfer_encoding.is_empty() {
-        match content_length {
-            None | Some(0) => Body::None,
-            Some(n) => Body::Length(n),
+    /// One Host header at most, and it must read as a host.
+    fn add_host(&mut self, value: &[u8]) -> Result<(), HttpError> {
+        if self.host.is_some() {
+            return Err(HttpError::DuplicateHost);
         }
-    } else {
-        let chunked_last = transfer_encoding.last().is_some_and(|t| t == "chunked");
-        let chunked_earlier = transfer_encoding[..transfer_encoding.len() - 1]
-            .iter()
-            .any(|t| t == "chunked");
-        if content_length.is_some()
-            || version == Version::Http10
-            || !chunked_last
-            || chunked_earlier
-        {
+        let v = std::str::from_utf8(value).map_err(|_| HttpError::BadHost(HostError::Empty))?;
+        self.host = Some(parse_host(v)?);
+        Ok(())
+    }
+
+    /// A list of decimal lengths; repeats (in one field or several) must
+    /// all agree.
+    fn add_content_length(&mut self, value: &[u8]) -> Result<(), HttpError> {
+        for item in value.split(|&b| b == b',') {
+            let item = trim_ows(item);
+            if item.is_empty() || item.len() > 19 || !item.iter().all(u8::is_ascii_digit) {
+                return Err(HttpError::BadContentLength);
+            }
+            let n: u64 = std::str::from_utf8(item)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .ok_or(HttpError::BadContentLength)?;
+            if self.content_length.is_some_and(|prev| prev != n) {
+                return Err(HttpError::BadContentLength);
+            }
+            self.content_length = Some(n);
+        }
+        Ok(())
+    }
+
+    /// Appends the field's codings; whether they frame the body is
+    /// [`body_framing`]'s to say.
+    fn add_transfer_encoding(&mut self, value: &[u8]) -> Result<(), HttpError> {
+        for item in value.split(|&b| b == b',') {
+            let item = trim_ows(item);
+            if item.is_empty() {
+                continue;
+            }
+            let s = std::str::from_utf8(item).map_err(|_| HttpError::BadTransferEncoding)?;
+            self.transfer_encoding.push(s.to_ascii_lowercase());
+        }
+        if self.transfer_encoding.is_empty() {
             return Err(HttpError::BadTransferEncoding);
         }
-        Body::Chunked
-    };
+        Ok(())
+    }
 
-    let authority = target_authority(method, target)?;
-    let host = match (authority, host_header) {
+    /// Notes the Connection options the proxy acts on; others are ignored.
+    fn add_connection(&mut self, value: &[u8]) {
+        for item in value.split(|&b| b == b',') {
+            let item = trim_ows(item);
+            if item.eq_ignore_ascii_case(b"close") {
+                self.conn_close = true;
+            } else if item.eq_ignore_ascii_case(b"keep-alive") {
+                self.conn_keep_alive = true;
+            } else if item.eq_ignore_ascii_case(b"upgrade") {
+                self.conn_upgrade = true;
+            }
+        }
+    }
+}
+
+/// How the body is framed. Transfer-Encoding must end in a single
+/// `chunked`, and may not come with Content-Length or in HTTP/1.0: those are
+/// the ambiguous framings that request smuggling relies on.
+fn body_framing(fields: &HeaderFields, version: Version) -> Result<Body, HttpError> {
+    let transfer_encoding = &fields.transfer_encoding;
+    if transfer_encoding.is_empty() {
+        return Ok(match fields.content_length {
+            None | Some(0) => Body::None,
+            Some(n) => Body::Length(n),
+        });
+    }
+    let chunked_last = transfer_encoding.last().is_some_and(|t| t == "chunked");
+    let chunked_earlier = transfer_encoding[..transfer_encoding.len() - 1]
+        .iter()
+        .any(|t| t == "chunked");
+    if fields.content_length.is_some()
+        || version == Version::Http10
+        || !chunked_last
+        || chunked_earlier
+    {
+        return Err(HttpError::BadTransferEncoding);
+    }
+    Ok(Body::Chunked)
+}
+
+/// Where the request goes: the target's authority, which must agree with
+/// the Host header when both are given, or else the Host header. HTTP/1.1
+/// requires a Host header whatever the target says.
+fn destination(
+    authority: Option<TargetAuthority>,
+    host_header: Option<HostPort>,
+    version: Version,
+) -> Result<Option<HostPort>, HttpError> {
+    match (authority, host_header) {
         (Some(a), Some(h)) => {
             let def = a.default_port;
             let same_port = match def {
@@ -381,34 +475,22 @@ fn parse_complete_head(head: &[u8]) -> Result<RequestHead, HttpError> {
             if a.host.host != h.host || !same_port {
                 return Err(HttpError::HostMismatch);
             }
-            Some(a.host)
+            Ok(Some(a.host))
         }
         (Some(a), None) => {
             if version == Version::Http11 {
                 return Err(HttpError::MissingHost);
             }
-            Some(a.host)
+            Ok(Some(a.host))
         }
-        (None, Some(h)) => Some(h),
+        (None, Some(h)) => Ok(Some(h)),
         (None, None) => {
             if version == Version::Http11 {
                 return Err(HttpError::MissingHost);
             }
-            None
+            Ok(None)
         }
-    };
-
-    let close = conn_close || (version == Version::Http10 && !conn_keep_alive);
-    Ok(RequestHead {
-        method: method.to_string(),
-        target: target.to_string(),
-        version,
-        host,
-        head_len: head.len(),
-        body,
-        upgrade: method == "CONNECT" || (has_upgrade && conn_upgrade),
-        close,
-    })
+    }
 }
 
 fn trim_ows(mut v: &[u8]) -> &[u8] {
@@ -714,7 +796,7 @@ pub fn response_status(buf: &[u8]) -> Result<Option<u16>, HttpError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::deny::HostSpec;
+    use crate::net::host::HostSpec;
 
     fn complete(s: &str) -> RequestHead {
         match parse_request_head(s.as_bytes()) {

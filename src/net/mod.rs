@@ -2,7 +2,8 @@
 //! ([`netns`]) with a veth pair inside it ([`plumbing`]) and nftables rules
 //! ([`rules`]) that send every TCP connection to the daemon's egress proxy
 //! and every DNS query to its DNS responder ([`dns`]). The egress policy
-//! ([`policy`]), the fixed deny list and host-spelling parser ([`deny`]),
+//! ([`policy`]), the fixed deny list ([`deny`]), the spelling of hosts and
+//! addresses that both read ([`host`]),
 //! and what the proxy uses to learn where a connection goes ([`origdst`],
 //! [`sni`], [`http`]) live here too, and so does the per-sandbox proxy and
 //! DNS server that serve them ([`proxy`]), with its caps ([`limits`]), its
@@ -11,6 +12,7 @@
 
 pub mod deny;
 pub mod dns;
+pub mod host;
 pub mod http;
 pub mod limits;
 pub mod netns;

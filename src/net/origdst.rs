@@ -108,7 +108,7 @@ fn local_addr(fd: libc::c_int) -> io::Result<IpAddr> {
 /// original destination differs from where it landed. A client that connects
 /// straight to the proxy's address and port was not redirected.
 pub fn was_redirected(local: SocketAddr, original: SocketAddr) -> bool {
-    let canon = |a: SocketAddr| (crate::net::policy::canonical_ip(a.ip()), a.port());
+    let canon = |a: SocketAddr| (crate::net::host::canonical_ip(a.ip()), a.port());
     canon(local) != canon(original)
 }
 

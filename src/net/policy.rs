@@ -1,31 +1,27 @@
 //! The egress policy of a sandbox: the API shape (`block_network` /
-//! `allow_list`), its validation, host-name normalisation, and the compiled
+//! `allow_list`), its validation, and the compiled
 //! [`EgressPolicy`] that the proxy and the DNS responder ask
 //! [`EgressPolicy::allows_host`] and [`EgressPolicy::allows_ip`].
 //!
 //! Whatever a policy says, the addresses in [`crate::net::deny`] stay
 //! refused: [`EgressPolicy::allows_ip`] consults the fixed deny list itself,
 //! and the proxy also checks the host's own interface addresses with a
-//! [`crate::net::deny::DenyList`].
+//! [`crate::net::deny::DenyList`]. How a host or address in an entry is
+//! spelled and read is [`crate::net::host`]'s.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::net::IpAddr;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
 use crate::net::deny;
+use crate::net::host::{
+    looks_numeric, normalize_host, IpNet, NameError, MAX_NAME_LEN, MAX_RAW_LEN,
+};
 
 /// Most entries an allow list may hold.
 pub const MAX_ALLOW_ENTRIES: usize = 64;
-
-/// Longest host name after normalisation (RFC 1035, without the root dot).
-pub const MAX_NAME_LEN: usize = 253;
-
-/// Longest raw entry or name we look at; anything longer is refused before
-/// any IDNA work is done on it.
-const MAX_RAW_LEN: usize = 1024;
 
 /// Why a policy request was refused; every message names what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,27 +32,6 @@ pub enum PolicyError {
     TooMany { count: usize, max: usize },
     #[error("allow_list entry {entry:?}: {reason}")]
     Entry { entry: String, reason: String },
-}
-
-/// Why a host name is not a valid name.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum NameError {
-    #[error("empty host name")]
-    Empty,
-    #[error("host name is longer than {MAX_NAME_LEN} characters")]
-    TooLong,
-    #[error("host name has an empty label (two dots in a row, or a leading dot)")]
-    EmptyLabel,
-    #[error("label {0:?} is longer than 63 characters")]
-    LabelTooLong(String),
-    #[error(
-        "label {0:?} may hold only letters, digits, '-' and '_', and may not start or end with '-'"
-    )]
-    BadLabel(String),
-    #[error("the last label {0:?} is numeric; write an IP address as an address, not a name")]
-    NumericTld(String),
-    #[error("not a valid internationalised domain name")]
-    Idna,
 }
 
 /// The network part of a create request, and the body of
@@ -127,229 +102,6 @@ impl fmt::Display for AllowEntry {
             AllowEntry::Wildcard(s) => write!(f, "*.{s}"),
             AllowEntry::Net(n) => write!(f, "{n}"),
         }
-    }
-}
-
-/// An IP network (an address is a /32 or /128). IPv4-mapped IPv6 forms are
-/// stored as IPv4.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct IpNet {
-    addr: IpAddr,
-    prefix: u8,
-}
-
-impl IpNet {
-    /// A network from an address and prefix length; host bits must be zero.
-    pub fn new(addr: IpAddr, prefix: u8) -> Result<Self, String> {
-        let (addr, prefix) = match addr {
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                // ::ffff:a.b.c.d/n is the IPv4 network a.b.c.d/(n-96).
-                Some(v4) if prefix >= 96 => (IpAddr::V4(v4), prefix - 96),
-                _ => (addr, prefix),
-            },
-            IpAddr::V4(_) => (addr, prefix),
-        };
-        let max = max_prefix(addr);
-        if prefix > max {
-            return Err(format!("prefix length /{prefix} is longer than /{max}"));
-        }
-        let net = IpNet { addr, prefix };
-        let masked = net.network();
-        if masked != addr {
-            return Err(format!(
-                "host bits are set; the network is {masked}/{prefix}"
-            ));
-        }
-        Ok(net)
-    }
-
-    pub fn addr(&self) -> IpAddr {
-        self.addr
-    }
-
-    pub fn prefix(&self) -> u8 {
-        self.prefix
-    }
-
-    fn network(&self) -> IpAddr {
-        match self.addr {
-            IpAddr::V4(a) => {
-                let bits = u32::from(a) & mask32(self.prefix);
-                IpAddr::V4(bits.into())
-            }
-            IpAddr::V6(a) => {
-                let bits = u128::from(a) & mask128(self.prefix);
-                IpAddr::V6(bits.into())
-            }
-        }
-    }
-
-    /// Whether `ip` lies in this network. IPv4-mapped IPv6 addresses are
-    /// compared as IPv4.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        match (self.addr, canonical_ip(ip)) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                let m = mask32(self.prefix);
-                u32::from(net) & m == u32::from(ip) & m
-            }
-            (IpAddr::V6(net), IpAddr::V6(ip)) => {
-                let m = mask128(self.prefix);
-                u128::from(net) & m == u128::from(ip) & m
-            }
-            _ => false,
-        }
-    }
-}
-
-impl fmt::Display for IpNet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.prefix == max_prefix(self.addr) {
-            write!(f, "{}", self.addr)
-        } else {
-            write!(f, "{}/{}", self.addr, self.prefix)
-        }
-    }
-}
-
-impl FromStr for IpNet {
-    type Err = String;
-
-    /// `a.b.c.d`, `a.b.c.d/n`, an IPv6 address, or `v6addr/n`. Only the
-    /// canonical dotted-quad spelling of IPv4 is accepted here (no octal,
-    /// hex or short forms: an allow list should say what it means).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (s, None),
-        };
-        let addr: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("{addr:?} is not an IPv4 or IPv6 address"))?;
-        let prefix = match prefix {
-            None => max_prefix(addr),
-            Some(p) => {
-                if p.is_empty() || p.len() > 3 || !p.bytes().all(|b| b.is_ascii_digit()) {
-                    return Err(format!("prefix length {p:?} is not a number"));
-                }
-                p.parse::<u8>()
-                    .map_err(|_| format!("prefix length {p:?} is too large"))?
-            }
-        };
-        IpNet::new(addr, prefix)
-    }
-}
-
-fn max_prefix(addr: IpAddr) -> u8 {
-    match addr {
-        IpAddr::V4(_) => 32,
-        IpAddr::V6(_) => 128,
-    }
-}
-
-fn mask32(prefix: u8) -> u32 {
-    if prefix == 0 {
-        0
-    } else {
-        u32::MAX << (32 - u32::from(prefix.min(32)))
-    }
-}
-
-fn mask128(prefix: u8) -> u128 {
-    if prefix == 0 {
-        0
-    } else {
-        u128::MAX << (128 - u32::from(prefix.min(128)))
-    }
-}
-
-/// IPv4-mapped IPv6 (`::ffff:a.b.c.d`) as IPv4; everything else unchanged.
-pub fn canonical_ip(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => IpAddr::V4(v4),
-            None => ip,
-        },
-        IpAddr::V4(_) => ip,
-    }
-}
-
-/// Normalises a host name: trims one trailing dot, maps it through UTS #46
-/// (IDNA: lower case, compatibility mapping, Punycode A-labels), and checks
-/// that the result is a DNS host name (labels of letters, digits, `-`, `_`;
-/// at most 63 per label and 253 in all; the last label not numeric, so an
-/// IPv4 address in any spelling is never taken for a name).
-pub fn normalize_host(name: &str) -> Result<String, NameError> {
-    if name.len() > MAX_RAW_LEN {
-        return Err(NameError::TooLong);
-    }
-    let trimmed = name.strip_suffix('.').unwrap_or(name);
-    if trimmed.is_empty() {
-        return Err(NameError::Empty);
-    }
-    let ascii = if trimmed.is_ascii() {
-        // Fast path; also keeps IDNA from silently accepting things like
-        // empty labels that it treats as fine.
-        trimmed.to_ascii_lowercase()
-    } else {
-        idna::domain_to_ascii_cow(trimmed.as_bytes(), idna::AsciiDenyList::URL)
-            .map_err(|_| NameError::Idna)?
-            .into_owned()
-    };
-    // The ASCII path still goes through IDNA when it holds A-labels, so that
-    // invalid Punycode (`xn--zz`) is refused.
-    let ascii = if ascii.split('.').any(|l| l.starts_with("xn--")) {
-        idna::domain_to_ascii_cow(ascii.as_bytes(), idna::AsciiDenyList::URL)
-            .map_err(|_| NameError::Idna)?
-            .into_owned()
-    } else {
-        ascii
-    };
-    check_ascii_name(&ascii)?;
-    Ok(ascii)
-}
-
-fn check_ascii_name(name: &str) -> Result<(), NameError> {
-    if name.is_empty() {
-        return Err(NameError::Empty);
-    }
-    if name.len() > MAX_NAME_LEN {
-        return Err(NameError::TooLong);
-    }
-    let mut last = "";
-    for label in name.split('.') {
-        if label.is_empty() {
-            return Err(NameError::EmptyLabel);
-        }
-        if label.len() > 63 {
-            return Err(NameError::LabelTooLong(label.to_string()));
-        }
-        let ok_chars = label
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
-        if !ok_chars || label.starts_with('-') || label.ends_with('-') {
-            return Err(NameError::BadLabel(label.to_string()));
-        }
-        last = label;
-    }
-    if looks_numeric(last) {
-        return Err(NameError::NumericTld(last.to_string()));
-    }
-    Ok(())
-}
-
-/// Whether a label reads as a number in the inet_aton sense (decimal, or
-/// `0x` hex): such a last label makes the whole string an IPv4 spelling.
-pub(crate) fn looks_numeric(label: &str) -> bool {
-    if label.is_empty() {
-        return false;
-    }
-    if label.bytes().all(|b| b.is_ascii_digit()) {
-        return true;
-    }
-    let lower = label.to_ascii_lowercase();
-    match lower.strip_prefix("0x") {
-        Some(hex) => hex.bytes().all(|b| b.is_ascii_hexdigit()),
-        None => false,
     }
 }
 
@@ -523,7 +275,7 @@ impl EgressPolicy {
     /// Whether a connection to host name `name` (as it came in SNI, Host or a
     /// DNS question, not yet normalised) is allowed. A name that does not
     /// normalise is refused; IP literals are not names (see
-    /// [`crate::net::deny::parse_host`] and [`Self::allows_ip`]).
+    /// [`crate::net::host::parse_host`] and [`Self::allows_ip`]).
     pub fn allows_host(&self, name: &str) -> bool {
         match self.mode {
             EgressMode::Block => false,
@@ -735,30 +487,6 @@ mod tests {
     }
 
     #[test]
-    fn normalisation() {
-        assert_eq!(normalize_host("Example.COM.").unwrap(), "example.com");
-        assert_eq!(normalize_host("bücher.de").unwrap(), "xn--bcher-kva.de");
-        assert_eq!(normalize_host("BÜCHER.de").unwrap(), "xn--bcher-kva.de");
-        // Fullwidth letters and the ideographic full stop map to ASCII.
-        assert_eq!(
-            normalize_host("ｅｘａｍｐｌｅ。ｃｏｍ").unwrap(),
-            "example.com"
-        );
-        assert_eq!(normalize_host("_acme.x.test").unwrap(), "_acme.x.test");
-        assert!(normalize_host("a..b").is_err());
-        assert!(normalize_host(".").is_err());
-        assert!(normalize_host("").is_err());
-        assert!(normalize_host("a.b..").is_err());
-        assert!(normalize_host("127.0.0.1").is_err());
-        assert!(normalize_host("a.0x7f").is_err());
-        assert!(normalize_host("x.123").is_err());
-        assert!(normalize_host(&"a".repeat(64)).is_err());
-        assert!(normalize_host(&format!("{}.com", ["a"; 130].join("."))).is_err());
-        assert!(normalize_host("a/b.com").is_err());
-        assert!(normalize_host("a%2eb.com").is_err());
-    }
-
-    #[test]
     fn exact_and_wildcard_hosts() {
         let p = allow(&["api.example.test", "*.wild.test", "bücher.de"]);
         assert!(p.allows_host("api.example.test"));
@@ -854,18 +582,5 @@ mod tests {
     fn duplicates_collapse() {
         let p = allow(&["a.test", "A.test.", "192.0.2.1", "192.0.2.1/32"]);
         assert_eq!(p.entries().len(), 2);
-    }
-
-    #[test]
-    fn ipnet_contains_edges() {
-        let all4: IpNet = "0.0.0.0/0".parse().unwrap();
-        assert!(all4.contains("203.0.113.1".parse().unwrap()));
-        assert!(!all4.contains("2001:db8::1".parse().unwrap()));
-        let all6: IpNet = "::/0".parse().unwrap();
-        assert!(all6.contains("2001:db8::1".parse().unwrap()));
-        let one: IpNet = "2001:db8::1".parse().unwrap();
-        assert_eq!(one.prefix(), 128);
-        assert!(one.contains("2001:db8::1".parse().unwrap()));
-        assert!(!one.contains("2001:db8::2".parse().unwrap()));
     }
 }

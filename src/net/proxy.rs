@@ -23,13 +23,14 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::Notify;
 
-use crate::net::deny::{DenyList, HostPort, HostSpec};
+use crate::net::deny::DenyList;
 use crate::net::dns::{DnsConfig, DnsConfigError, DnsResponder};
+use crate::net::host::{canonical_ip, normalize_host, HostPort, HostSpec};
 use crate::net::http::{parse_request_head, HeadStatus, RequestFramer, Step, MAX_HEAD_LEN};
 use crate::net::limits::{Bandwidth, EgressLimits, TokenBucket};
 use crate::net::origdst::{original_destination, was_redirected};
 use crate::net::plumbing::{self, PlumbingError};
-use crate::net::policy::{canonical_ip, normalize_host, EgressPolicy};
+use crate::net::policy::EgressPolicy;
 use crate::net::rules::{self, RulesError};
 use crate::net::sni::{parse_client_hello, ClientHello, MAX_HELLO_LEN};
 use crate::net::splice;

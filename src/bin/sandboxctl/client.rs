@@ -20,7 +20,7 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::net::UnixStream;
 
-use crate::types::ErrorBody;
+use sandboxd::api::types::ErrorBody;
 
 /// A request body: empty, a buffer, or a stream read from a file or stdin.
 /// Unsync because a stream's reader need not be `Sync`, and hyper does not ask it.
@@ -108,6 +108,11 @@ pub fn enc_query(s: &str) -> String {
 /// Percent-encodes one path segment (a `/` inside it would change the route).
 pub fn enc_seg(s: &str) -> String {
     encode(s, false)
+}
+
+/// The route of one sandbox, its id percent-encoded.
+pub fn sandbox_uri(id: &str) -> String {
+    format!("/v1/sandboxes/{}", enc_seg(id))
 }
 
 fn encode(s: &str, keep_slash: bool) -> String {

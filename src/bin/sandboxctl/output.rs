@@ -1,13 +1,15 @@
 //! What the CLI shows: the NDJSON output stream of a process turned into writes
 //! to our stdout/stderr (split into lines, decoded, de-duplicated across
 //! reconnects), the exit code a finished process maps to, and the tables and
-//! human forms (sizes, TTL left) of list commands. Pure functions, so they test
-//! without a daemon.
+//! human forms (sizes, TTL left) of list commands; and the few writers that put
+//! what is shown on our stdout/stderr. All but those writers are pure functions,
+//! so they test without a daemon.
+
+use std::io::Write;
 
 use anyhow::{bail, Context, Result};
 use base64::Engine;
-
-use crate::types::{OutputEvent, Process};
+use sandboxd::api::types::{FileInfo, OutputEvent, Process};
 
 /// Longest NDJSON line accepted. The daemon's chunks are far smaller; the bound
 /// only stops a broken stream from growing the buffer without end.
@@ -318,7 +320,7 @@ pub fn fmt_mode(kind: &str, mode: u32) -> String {
 
 /// One row of a file listing: MODE SIZE MODIFIED NAME (dirs end in `/`,
 /// symlinks show their target).
-pub fn file_row(f: &crate::types::FileInfo) -> Vec<String> {
+pub fn file_row(f: &FileInfo) -> Vec<String> {
     let mut name = f.name.clone();
     if f.kind == "dir" && !name.ends_with('/') {
         name.push('/');
@@ -367,10 +369,46 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     out
 }
 
+/// Writes the daemon's JSON answer as it came, newline-terminated.
+pub fn print_raw(raw: &[u8]) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(raw)?;
+    if raw.last() != Some(&b'\n') {
+        out.write_all(b"\n")?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+pub fn print_out(s: &str) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(s.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Writes and flushes at once, so stdout and stderr interleave as the process
+/// wrote them.
+pub fn write_stream(stream: Stream, bytes: &[u8]) -> Result<()> {
+    match stream {
+        Stream::Stdout => {
+            let mut out = std::io::stdout().lock();
+            out.write_all(bytes)?;
+            out.flush()?;
+        }
+        Stream::Stderr => {
+            let mut err = std::io::stderr().lock();
+            err.write_all(bytes)?;
+            err.flush()?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::ProcessState;
+    use sandboxd::api::types::ProcessState;
 
     fn written(a: Action) -> Option<(Stream, Vec<u8>)> {
         match a {
