@@ -22,8 +22,10 @@ use crate::gpu::{GpuRequest, GpuService};
 use crate::image::ImageCache;
 use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState};
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
+use crate::runtime::paths::SandboxPaths;
+use crate::runtime::sandbox::{RuntimeSpec, SandboxSpec};
 use crate::store::Store;
-use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
+use crate::supervisor::config::SupervisorConfig;
 use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 use crate::supervisor::ReadyLine;
 
@@ -376,7 +378,7 @@ impl Manager {
         &self,
         record: &SandboxRecord,
         image: &crate::image::Image,
-    ) -> Result<crate::runtime::microvm::VmSpec, SandboxError> {
+    ) -> Result<crate::runtime::sandbox::VmSpec, SandboxError> {
         let vm = &self.config.vm;
         let kernel = vm.kernel.clone().ok_or_else(|| {
             SandboxError::bad(
@@ -409,7 +411,7 @@ impl Manager {
             hex::encode(seed),
             vm.cmdline
         );
-        Ok(crate::runtime::microvm::VmSpec {
+        Ok(crate::runtime::sandbox::VmSpec {
             vmm_path: vm.vmm_path.clone(),
             kernel,
             cmdline: cmdline.trim_end().to_string(),
@@ -546,7 +548,7 @@ impl Manager {
                     vm_restore = memory
                         .vm
                         .as_ref()
-                        .map(|vm| crate::runtime::microvm::VmRestore {
+                        .map(|vm| crate::runtime::sandbox::VmRestore {
                             dir: memory.images_dir.clone(),
                             scratch: vm.scratch.clone(),
                             next_proc: memory.next_proc,
@@ -574,7 +576,7 @@ impl Manager {
                     message: e.to_string(),
                 })?;
                 phase("verify");
-                restore = Some(crate::runtime::criu::RestoreSpec {
+                restore = Some(crate::runtime::sandbox::RestoreSpec {
                     criu: self.config.criu_path.clone(),
                     images_dir: memory.images_dir,
                     checkpoint: memory.checkpoint,
@@ -649,29 +651,35 @@ impl Manager {
         env.extend(gpu.env);
         env.extend(record.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         let supervisor_config = SupervisorConfig {
-            id: record.id.clone(),
-            hostname: record.id.clone(),
-            image_rootfs: image.rootfs.clone(),
-            image_layers,
-            layer_dir,
-            agent_path: self.config.agent_path.clone(),
-            cgroups_path: record.cgroups_path.clone(),
-            cpu: record.limits.cpu,
-            memory_bytes: record.limits.memory_mib * 1024 * 1024,
-            pids: record.limits.pids as i64,
-            id_map_base: self.config.id_map_base,
-            id_map_size: ID_MAP_SIZE,
-            shm_bytes: self.config.shm_mib * 1024 * 1024,
-            nofile: self.config.nofile,
-            env,
+            spec: SandboxSpec {
+                id: record.id.clone(),
+                hostname: record.id.clone(),
+                image_rootfs: image.rootfs.clone(),
+                image_layers,
+                layer_dir,
+                agent_path: self.config.agent_path.clone(),
+                cgroups_path: record.cgroups_path.clone(),
+                cpu: record.limits.cpu,
+                memory_bytes: record.limits.memory_mib * 1024 * 1024,
+                pids: record.limits.pids as i64,
+                id_map_base: self.config.id_map_base,
+                id_map_size: ID_MAP_SIZE,
+                shm_bytes: self.config.shm_mib * 1024 * 1024,
+                nofile: self.config.nofile,
+                env,
+                ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
+                devices: gpu.devices,
+                // A microVM wins over a checkpoint, as the supervisor chose before.
+                kind: match (restore, vm) {
+                    (_, Some(vm)) => RuntimeSpec::Vm(vm),
+                    (Some(restore), None) => RuntimeSpec::ContainerRestore(restore),
+                    (None, None) => RuntimeSpec::Container,
+                },
+            },
             output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
-            ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
-            devices: gpu.devices,
             network: record.network.clone(),
             upstream: self.config.upstream.clone(),
             egress_limits: self.config.egress_limits,
-            restore,
-            vm,
         };
         let json = serde_json::to_vec(&supervisor_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;
