@@ -669,7 +669,8 @@ impl Manager {
                 env,
                 ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
                 devices: gpu.devices,
-                // A microVM wins over a checkpoint, as the supervisor chose before.
+                // A fork takes its snapshot's runtime, so at most one is set;
+                // were both, the microVM would win, as the supervisor chose before.
                 kind: match (restore, vm) {
                     (_, Some(vm)) => RuntimeSpec::Vm(vm),
                     (Some(restore), None) => RuntimeSpec::ContainerRestore(restore),
