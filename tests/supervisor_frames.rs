@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use sandbox_proto::{AgentError, ErrorKind, PtySize, Reply, RequestBody, Stream};
 use sandboxd::model::{Process, ProcessState};
 use sandboxd::net::proxy::{EgressCounters, EgressLogEntry};
-use sandboxd::runtime::criu::Checkpoint;
+use sandboxd::runtime::sandbox::Checkpoint;
 use sandboxd::supervisor::protocol::{
     check_supervisor_version, SpawnSpec, SupervisorError, SupervisorErrorKind, SupervisorEvent,
     SupervisorHealth, SupervisorReply, SupervisorRequest, VersionMismatch, HEALTH_REPLY_TAG,

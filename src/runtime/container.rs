@@ -2,8 +2,9 @@
 //! host-side files, the network namespace, and the container whose PID 1 is
 //! the agent with its link on fd 3. Runs in the sandbox's supervisor process
 //! (libcontainer clones from the calling thread, marks the caller
-//! non-dumpable, and leaves init as the caller's child to reap), and
-//! [`destroy`] undoes every step whoever calls it, idempotently.
+//! non-dumpable, and leaves init as the caller's child to reap); the
+//! runtime entry's `destroy_sandbox` undoes every step whoever calls it,
+//! idempotently.
 
 use std::fs::{self, File};
 use std::io;
@@ -15,13 +16,14 @@ use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
 use libcontainer::workload::default::DefaultExecutor;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{mount, MsFlags};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
 use super::cgroups::{Layout, SandboxCgroups};
+use super::paths::SandboxPaths;
+use super::sandbox::{SandboxSpec, Started};
 use super::spec::{build_spec, enter_netns, ContainerSpecInput};
 use crate::net::netns;
-use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
 use sandbox_proto::AGENT_LINK_FD;
 
 #[derive(Debug, thiserror::Error)]
@@ -47,20 +49,9 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
     move |source| ContainerError::Prepare { what, source }
 }
 
-/// A started container: its init (the agent), the host end of its link, and
-/// how long each phase of the start took (for the create-latency breakdown).
-pub struct Started {
-    pub init_pid: i32,
-    pub link: OwnedFd,
-    /// The egress proxy's and DNS server's sockets, inside the sandbox's
-    /// namespace, for the supervisor to serve.
-    pub egress: crate::net::proxy::Sockets,
-    pub phases: Vec<(&'static str, std::time::Duration)>,
-}
-
 /// Makes and starts the container of `config`. On error the caller runs
-/// [`destroy`], which removes whatever was made.
-pub fn start(config: &SupervisorConfig, paths: &SandboxPaths) -> Result<Started, ContainerError> {
+/// the runtime entry's `destroy_sandbox`, which removes whatever was made.
+pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, ContainerError> {
     let mut clock = std::time::Instant::now();
     let mut phases = Vec::new();
     let mut lap = |name: &'static str, phases: &mut Vec<_>| {
@@ -126,7 +117,7 @@ pub fn start(config: &SupervisorConfig, paths: &SandboxPaths) -> Result<Started,
 /// directories, the network namespace with its egress sockets, the overlay
 /// root and the host-side /etc files. Returns the egress sockets.
 pub(crate) fn prepare_root(
-    config: &SupervisorConfig,
+    config: &SandboxSpec,
     paths: &SandboxPaths,
 ) -> Result<crate::net::proxy::Sockets, ContainerError> {
     for dir in [
@@ -160,10 +151,7 @@ pub(crate) fn agent_link_pair(netns: &Path) -> Result<(OwnedFd, OwnedFd), Contai
     .map_err(|e| prepare("agent link")(e.into()))
 }
 
-fn create_and_start(
-    config: &SupervisorConfig,
-    paths: &SandboxPaths,
-) -> Result<i32, ContainerError> {
+fn create_and_start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<i32, ContainerError> {
     let null = || File::open("/dev/null").map(OwnedFd::from);
     let runtime_err = |step| {
         move |e: libcontainer::error::LibcontainerError| ContainerError::Runtime {
@@ -238,7 +226,7 @@ fn place_at_link_fd(child: OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-fn mount_root(config: &SupervisorConfig, target: &Path) -> Result<(), ContainerError> {
+fn mount_root(config: &SandboxSpec, target: &Path) -> Result<(), ContainerError> {
     let upper = config.layer_dir.join("upper");
     let work = config.layer_dir.join("work");
     let lower: Vec<String> = config
@@ -263,7 +251,7 @@ fn mount_root(config: &SupervisorConfig, target: &Path) -> Result<(), ContainerE
     .map_err(ContainerError::Mount)
 }
 
-fn write_etc(config: &SupervisorConfig, dir: &Path) -> Result<(), ContainerError> {
+fn write_etc(config: &SandboxSpec, dir: &Path) -> Result<(), ContainerError> {
     let hosts = format!(
         "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{}\n",
         config.hostname
@@ -280,22 +268,16 @@ fn write_etc(config: &SupervisorConfig, dir: &Path) -> Result<(), ContainerError
     .map_err(prepare("/etc/resolv.conf"))
 }
 
-/// Removes everything [`start`] made, whatever state it was left in: kills
-/// every process through the cgroups, deletes the container, unmounts the
-/// root and the namespace. Errors are collected, not fatal, so one stuck
-/// step does not leave the rest behind.
-pub fn destroy(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Vec<String> {
+/// Deletes the container's libcontainer state, if there is any (a microVM
+/// has none); part of the runtime entry's `destroy_sandbox`, which has killed
+/// every process first. Returns what went wrong.
+pub(crate) fn remove_state(id: &str, paths: &SandboxPaths) -> Vec<String> {
     let mut problems = Vec::new();
-    let cgroups = SandboxCgroups::new(Layout::detect(), cgroups_path);
-    if let Err(e) = cgroups.kill_all() {
-        problems.push(e.to_string());
-    }
-    cgroups.remove_process_groups();
     let state = paths.container_root().join(id);
     if state.exists() {
         // load() fails when init was already reaped (its /proc entry is
         // gone); then there is nothing left for libcontainer to stop, and
-        // the cgroup sweep below removes its groups.
+        // the cgroup sweep after this removes its groups.
         match Container::load(state.clone()) {
             Ok(mut container) => {
                 if let Err(e) = container.delete(true) {
@@ -311,18 +293,6 @@ pub fn destroy(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Vec<String
                 problems.push(format!("removing container state: {e}"));
             }
         }
-    }
-    // What libcontainer does not know of (the v1 freezer group) or could not
-    // remove goes here; it costs nothing when all is gone.
-    if let Err(e) = cgroups.destroy() {
-        problems.push(e.to_string());
-    }
-    match umount2(&paths.rootfs(), MntFlags::MNT_DETACH) {
-        Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
-        Err(e) => problems.push(format!("unmounting root: {e}")),
-    }
-    if let Err(e) = netns::remove(&paths.netns()) {
-        problems.push(e.to_string());
     }
     problems
 }

@@ -16,11 +16,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
-use serde::{Deserialize, Serialize};
 
-use super::container::{agent_link_pair, ContainerError, Started};
+use super::container::{agent_link_pair, ContainerError};
+use super::paths::SandboxPaths;
+use super::sandbox::{Checkpoint, RestoreSpec, SandboxSpec, Started};
 use super::spec::AGENT_PATH_IN_SANDBOX;
-use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CriuError {
@@ -42,31 +42,6 @@ pub enum CriuError {
 
 fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> CriuError {
     move |source| CriuError::Io { what, source }
-}
-
-/// What a checkpoint records for its restores (empty for a microVM's).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// Inode of the agent's end of the link, as CRIU names the external
-    /// socket (`socket:[inode]`).
-    pub link_inode: u64,
-    /// Mount points of the file bind mounts marked external.
-    pub external_mounts: Vec<String>,
-}
-
-/// What a fork's supervisor needs to restore a checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RestoreSpec {
-    pub criu: PathBuf,
-    pub images_dir: PathBuf,
-    pub checkpoint: Checkpoint,
-    /// The source supervisor's next process id: the fork continues above
-    /// it, since the agent still knows the source's processes by theirs.
-    pub next_proc: u64,
-    /// The processes running at the checkpoint: they run on in the fork,
-    /// whose supervisor lists them (with output from the restore on).
-    #[serde(default)]
-    pub processes: Vec<crate::model::Process>,
 }
 
 /// The key CRIU files an external mount under, from its mount point.
@@ -101,7 +76,7 @@ fn file_bind_mounts(init_pid: i32) -> Result<Vec<String>, CriuError> {
 }
 
 /// Where a fork's external mount comes from on the host.
-fn external_source(point: &str, config: &SupervisorConfig, paths: &SandboxPaths) -> PathBuf {
+fn external_source(point: &str, config: &SandboxSpec, paths: &SandboxPaths) -> PathBuf {
     match point {
         "/etc/hosts" | "/etc/resolv.conf" | "/etc/hostname" => {
             paths.etc().join(point.trim_start_matches("/etc/"))
@@ -263,9 +238,9 @@ pub fn dump(
 /// (with its egress sockets), its root over the snapshot's layers and a
 /// fresh writable layer, a new agent link, then the restored tree in new
 /// cgroups at `config.cgroups_path`, thawed. On error the caller runs
-/// `container::destroy`.
+/// the entry's `destroy_sandbox`.
 pub fn restore(
-    config: &SupervisorConfig,
+    config: &SandboxSpec,
     paths: &SandboxPaths,
     spec: &RestoreSpec,
 ) -> Result<Started, ContainerError> {
@@ -385,11 +360,11 @@ mod tests {
 
     #[test]
     fn external_sources_are_the_forks_own_files() {
-        let config: SupervisorConfig = serde_json::from_value(serde_json::json!({
+        let config: SandboxSpec = serde_json::from_value(serde_json::json!({
             "id": "sb-1", "hostname": "sb-1", "image_rootfs": "/img", "layer_dir": "/l",
             "agent_path": "/usr/lib/sandboxd/sandbox-agent", "cgroups_path": "/sandboxd/sb-1",
             "cpu": 1.0, "memory_bytes": 1, "pids": 8, "id_map_base": 100000, "id_map_size": 65536,
-            "shm_bytes": 1, "nofile": 1024, "env": [], "output_buffer_bytes": 1, "ready_timeout_ms": 1
+            "shm_bytes": 1, "nofile": 1024, "env": [], "ready_timeout_ms": 1, "kind": "container"
         }))
         .unwrap();
         let paths = SandboxPaths {

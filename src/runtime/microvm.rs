@@ -18,13 +18,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use serde::{Deserialize, Serialize};
 
 use super::cgroups::{CgroupError, Layout};
-use super::container::Started;
+use super::paths::SandboxPaths;
+use super::sandbox::{SandboxSpec, Started, VmSpec};
 use super::vm_cgroups::{self, VmLimits};
 use crate::net::netns;
-use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
 
 /// The guest's vsock context ID; every VM has its own vsock device, so the
 /// same number in all of them is no clash.
@@ -46,48 +45,6 @@ const SNAPSHOT_MOUNT: &str = "snapshot";
 const CONSOLE_CAP_BYTES: u64 = 1 << 20;
 /// How much of the VMM's own log an error quotes.
 const LOG_TAIL_BYTES: usize = 2048;
-
-/// What the daemon decided about a microVM (written into `shim.json`).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct VmSpec {
-    pub vmm_path: PathBuf,
-    pub kernel: PathBuf,
-    pub cmdline: String,
-    pub vcpus: u8,
-    pub mem_mib: u64,
-    /// Memory the cgroup allows beyond guest RAM, for the VMM itself.
-    pub overhead_bytes: u64,
-    /// The image as a read-only ext4 file, shared by every VM of the image
-    /// (`/dev/vda`).
-    pub base_disk: PathBuf,
-    /// The read-only disk holding the agent, the guest kernel's root
-    /// (`/dev/vdc`; the scratch disk is `/dev/vdb`).
-    pub agent_disk: PathBuf,
-    /// Size of the sandbox's writable scratch disk.
-    pub scratch_bytes: u64,
-    /// Set for a fork: restore this memory snapshot instead of booting.
-    #[serde(default)]
-    pub restore: Option<VmRestore>,
-    /// Start from a clone of this disk (a filesystem snapshot's) instead of
-    /// an empty scratch disk.
-    #[serde(default)]
-    pub scratch_from: Option<PathBuf>,
-    /// The uid and gid the VMM drops to once the VM is built, chrooted in
-    /// the VM's run directory.
-    pub uid: u32,
-}
-
-/// A microVM memory snapshot a fork starts from.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct VmRestore {
-    /// The VMM's snapshot directory (`memory`, `state`).
-    pub dir: PathBuf,
-    /// The scratch disk as it was at the snapshot (the fork gets a
-    /// copy-on-write clone of it).
-    pub scratch: PathBuf,
-    /// The source supervisor's next process id.
-    pub next_proc: u64,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum MicrovmError {
@@ -180,7 +137,7 @@ impl VmPaths {
 
 /// The cgroup limits of a VM: the sandbox's CPU, and guest RAM plus the
 /// VMM's overhead, so a guest that touches all its RAM is not OOM-killed.
-pub fn limits(config: &SupervisorConfig, vm: &VmSpec) -> Result<VmLimits, MicrovmError> {
+pub fn limits(config: &SandboxSpec, vm: &VmSpec) -> Result<VmLimits, MicrovmError> {
     let quota = super::spec::cpu_quota_us(config.cpu)
         .map_err(|e| prepare("CPU limit")(io::Error::other(e.to_string())))?;
     Ok(VmLimits {
@@ -246,10 +203,10 @@ fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
 }
 
 /// Makes the microVM of `config` and waits for its agent to connect. On
-/// error the caller runs `container::destroy`, which removes what was made
+/// error the caller runs the entry's `destroy_sandbox`, which removes what was made
 /// (the cgroups, where the VMM dies, and the namespace).
 pub fn start(
-    config: &SupervisorConfig,
+    config: &SandboxSpec,
     paths: &SandboxPaths,
     vm: &VmSpec,
 ) -> Result<Started, MicrovmError> {

@@ -2,18 +2,25 @@
 //! youki's libcontainer ([`container`]), with the OCI spec built in [`spec`];
 //! checkpoints and forks of them through CRIU ([`criu`]). [`virt`] says
 //! what virtualisation the host offers microVMs; [`microvm`] starts a
-//! microVM sandbox's VMM, in the groups [`vm_cgroups`] makes. [`traverse`]
-//! checks at start that sandboxes' shifted ids can reach their run directory
-//! and agent.
+//! microVM sandbox's VMM, in the groups [`vm_cgroups`] makes. What a runtime
+//! is asked to make is a [`sandbox::SandboxSpec`], under the run dir's
+//! [`paths::SandboxPaths`]; [`launch`] is the one entry that starts,
+//! checkpoints and destroys a sandbox of any kind. [`traverse`] checks at
+//! start that sandboxes' shifted ids can reach their run directory and agent.
 
 pub mod agent_binary;
 pub mod cgroups;
 pub mod container;
 pub mod criu;
+pub mod launch;
 pub mod microvm;
+pub mod paths;
 pub mod reaped;
+pub mod sandbox;
 pub mod seccomp;
 pub mod spec;
 pub mod traverse;
 pub mod virt;
 pub mod vm_cgroups;
+
+pub use launch::{checkpoint, clone_disk, destroy_sandbox, start, CheckpointTarget, RuntimeError};

@@ -21,8 +21,8 @@ use crate::gpu::GpuService;
 use crate::image::ImageCache;
 use crate::model::SandboxState;
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
+use crate::runtime::paths::SandboxPaths;
 use crate::store::Store;
-use crate::supervisor::config::SandboxPaths;
 use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 
 pub(super) const HEALTH_DEADLINE: Duration = Duration::from_secs(5);

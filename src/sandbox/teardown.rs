@@ -7,8 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::disk::DiskPool;
-use crate::runtime::container;
-use crate::supervisor::config::SandboxPaths;
+use crate::runtime::paths::SandboxPaths;
 use crate::supervisor::protocol::{
     ClientError, SupervisorConn, SupervisorReply, SupervisorRequest,
 };
@@ -25,7 +24,7 @@ pub async fn teardown(
     disk: &DiskPool,
 ) -> Vec<String> {
     let mut problems = Vec::new();
-    // The supervisor kills and removes the container itself when it is there...
+    // The supervisor kills and removes the sandbox itself when it is there...
     if let Ok(mut conn) = SupervisorConn::connect(&paths.socket()).await {
         let supervisor = conn.peer_pid();
         // ...if it speaks this daemon's protocol: one of another build (left
@@ -86,7 +85,9 @@ async fn finish(
     mut problems: Vec<String>,
 ) -> Vec<String> {
     let (id_owned, cg, p) = (id.to_string(), cgroups_path.to_string(), paths.clone());
-    match tokio::task::spawn_blocking(move || container::destroy(&id_owned, &cg, &p)).await {
+    match tokio::task::spawn_blocking(move || crate::runtime::destroy_sandbox(&id_owned, &cg, &p))
+        .await
+    {
         Ok(more) => problems.extend(more),
         Err(e) => problems.push(format!("teardown task: {e}")),
     }

@@ -22,8 +22,9 @@ use tokio::net::UnixListener;
 use tokio::sync::{oneshot, Notify};
 
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
-use crate::runtime::container::{self, Started};
-use config::{SandboxPaths, SupervisorConfig};
+use crate::runtime::paths::SandboxPaths;
+use crate::runtime::sandbox::{AgentStart, Started};
+use config::SupervisorConfig;
 use link::AgentLink;
 use processes::Supervisor;
 
@@ -54,9 +55,10 @@ fn report(line: &ReadyLine) {
 }
 
 fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
-    tracing::error!(sandbox = %config.id, "{line}");
-    for problem in container::destroy(&config.id, &config.cgroups_path, paths) {
-        tracing::warn!(sandbox = %config.id, "cleanup after a failed create: {problem}");
+    let spec = &config.spec;
+    tracing::error!(sandbox = %spec.id, "{line}");
+    for problem in crate::runtime::destroy_sandbox(&spec.id, &spec.cgroups_path, paths) {
+        tracing::warn!(sandbox = %spec.id, "cleanup after a failed create: {problem}");
     }
     report(&ReadyLine {
         ok: false,
@@ -90,29 +92,20 @@ pub fn run(dir: &Path) -> i32 {
     };
     // The sandbox's group is `<cgroup_parent>/<id>`; supervisors live
     // beside the sandboxes, in `<cgroup_parent>/supervisors`.
-    let parent = std::path::Path::new(&config.cgroups_path)
+    let parent = std::path::Path::new(&config.spec.cgroups_path)
         .parent()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "/sandboxd".into());
     if let Err(e) = crate::runtime::cgroups::join_supervisors_group(&parent) {
-        tracing::warn!(sandbox = %config.id, "leaving the daemon's cgroup: {e}");
+        tracing::warn!(sandbox = %config.spec.id, "leaving the daemon's cgroup: {e}");
     }
     // Orphans of the runtime's helper processes come to us, not to PID 1.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
-    let started = match (&config.restore, &config.vm) {
-        (_, Some(vm)) => {
-            crate::runtime::microvm::start(&config, &paths, vm).map_err(|e| e.to_string())
-        }
-        (Some(spec), None) => {
-            crate::runtime::criu::restore(&config, &paths, spec).map_err(|e| e.to_string())
-        }
-        (None, None) => container::start(&config, &paths).map_err(|e| e.to_string()),
-    };
-    let started = match started {
+    let started = match crate::runtime::start(&config.spec, &paths) {
         Ok(s) => s,
-        Err(e) => return fail(e, &config, &paths),
+        Err(e) => return fail(e.to_string(), &config, &paths),
     };
     let (init_tx, init_rx) = oneshot::channel();
     let init_pid = started.init_pid;
@@ -121,12 +114,12 @@ pub fn run(dir: &Path) -> i32 {
     // upstream namespace, so every upstream socket is made there. The
     // addresses of both namespaces are the supervisor's own, refused like
     // loopback.
-    let mut own_addrs = own_addresses(&config.id);
+    let mut own_addrs = own_addresses(&config.spec.id);
     if let Err(e) = config.upstream.enter() {
         return fail(e.to_string(), &config, &paths);
     }
     if config.upstream.netns.is_some() {
-        own_addrs.extend(own_addresses(&config.id));
+        own_addrs.extend(own_addresses(&config.spec.id));
     }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -190,11 +183,11 @@ async fn serve(
         Err(e) => return fail(format!("the egress policy: {e}"), &config, &paths),
     };
     let resolver = config.upstream.resolver().map_err(|e| {
-        tracing::warn!(sandbox = %config.id, "no upstream resolver, allowed names will not resolve: {e}");
+        tracing::warn!(sandbox = %config.spec.id, "no upstream resolver, allowed names will not resolve: {e}");
         e.to_string()
     });
     let egress = match crate::net::proxy::Egress::new(
-        &config.id,
+        &config.spec.id,
         policy,
         config.egress_limits,
         resolver,
@@ -206,14 +199,15 @@ async fn serve(
     if let Err(e) = egress.spawn(started.egress) {
         return fail(format!("serving egress: {e}"), &config, &paths);
     }
-    let deadline = Duration::from_millis(config.ready_timeout_ms);
+    let deadline = Duration::from_millis(config.spec.ready_timeout_ms);
     let hello_wait = std::time::Instant::now();
-    let hello = config.restore.is_none().then_some(deadline);
+    let agent_start = config.spec.kind.agent_start();
+    let hello = (agent_start != AgentStart::Restored).then_some(deadline);
     let (link, events) = match AgentLink::establish(started.link, hello).await {
         Ok(l) => l,
         Err(e) => return fail(e.to_string(), &config, &paths),
     };
-    if config.vm.as_ref().is_some_and(|vm| vm.restore.is_some()) {
+    if agent_start == AgentStart::RestoredVm {
         // A microVM fork's guest left the snapshot with the source's RNG
         // state and wall time: it is ready only once its agent has taken
         // fresh ones.
@@ -243,7 +237,7 @@ async fn serve(
             }
         }
     }
-    if config.restore.is_some() {
+    if agent_start == AgentStart::Restored {
         // A restored agent sends no Hello: it must answer instead.
         let asked = link
             .call(sandbox_proto::RequestBody::Health, &[], deadline)
@@ -268,7 +262,7 @@ async fn serve(
         }
     };
     let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
-    let cgroups = SandboxCgroups::new(Layout::detect(), &config.cgroups_path);
+    let cgroups = SandboxCgroups::new(Layout::detect(), &config.spec.cgroups_path);
     let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
     let _ = supervisor.egress.set(egress);
     tokio::spawn(Arc::clone(&supervisor).consume_events(events));

@@ -1,6 +1,8 @@
 //! The supervisor's model of one sandbox: its processes, their output logs,
-//! timeouts and exits. Kills act through the per-process cgroup, never by
-//! asking the agent, so a hostile or wedged agent cannot keep a process alive.
+//! timeouts and exits. In a container, kills act through the per-process
+//! cgroup, never by asking the agent, so a hostile or wedged agent cannot
+//! keep a process alive; in a microVM the guest's agent kills them (the
+//! runtime's [`ProcessControl`] says which).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,7 +12,7 @@ use std::time::{Duration, SystemTime};
 use sandbox_proto::{ErrorKind, ExitStatus, Reply, RequestBody, SpawnRequest, Stream};
 use tokio::sync::{mpsc, watch};
 
-use super::config::{SandboxPaths, SupervisorConfig};
+use super::config::SupervisorConfig;
 use super::link::{AgentLink, LinkEvent};
 use super::output::{OutputItem, OutputLog};
 use super::protocol::{
@@ -18,6 +20,8 @@ use super::protocol::{
 };
 use crate::model::{Process, ProcessState};
 use crate::runtime::cgroups::SandboxCgroups;
+use crate::runtime::paths::SandboxPaths;
+use crate::runtime::sandbox::ProcessControl;
 
 /// Bound on agent calls; file chunks and spawns answer in well under this.
 pub const AGENT_DEADLINE: Duration = Duration::from_secs(30);
@@ -79,21 +83,17 @@ impl Supervisor {
         cgroups: SandboxCgroups,
     ) -> Arc<Self> {
         let (failure, _) = watch::channel(None);
-        let first_proc = config
-            .restore
-            .as_ref()
-            .map(|r| r.next_proc)
-            .or_else(|| config.vm.as_ref()?.restore.as_ref().map(|r| r.next_proc))
-            .unwrap_or(1);
+        let first_proc = config.spec.kind.next_proc().unwrap_or(1);
         let oom_now = cgroups.oom_kills();
         // A fork's inherited processes: running on, output from here.
         let inherited: BTreeMap<u64, Entry> = config
-            .restore
+            .spec
+            .kind
+            .inherited_processes()
             .iter()
-            .flat_map(|r| r.processes.iter())
             .map(|p| {
                 let mut info = p.clone();
-                info.sandbox_id = config.id.clone();
+                info.sandbox_id = config.spec.id.clone();
                 let entry = Entry {
                     info,
                     log: OutputLog::new(config.output_buffer_bytes),
@@ -105,7 +105,7 @@ impl Supervisor {
             })
             .collect();
         Arc::new(Self {
-            env: Mutex::new(config.env.clone()),
+            env: Mutex::new(config.spec.env.clone()),
             config,
             paths,
             init_pid,
@@ -140,6 +140,12 @@ impl Supervisor {
         Ok(super::protocol::SupervisorReply::Ok)
     }
 
+    /// Whether the host's cgroups or the guest's agent hold and kill the
+    /// sandbox's processes.
+    fn process_control(&self) -> ProcessControl {
+        self.config.spec.kind.process_control()
+    }
+
     fn procs(&self) -> MutexGuard<'_, BTreeMap<u64, Entry>> {
         // A panic while holding the lock cannot leave the map inconsistent
         // in a way that matters more than losing the supervisor, so recover.
@@ -154,20 +160,17 @@ impl Supervisor {
         &self,
         to: std::path::PathBuf,
     ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
-        if !self.config.is_vm() {
-            return Err(err(
-                SupervisorErrorKind::InvalidInput,
-                "only a microVM has a scratch disk",
-            ));
-        }
         let paths = self.paths.clone();
-        let layer_dir = self.config.layer_dir.clone();
-        tokio::task::spawn_blocking(move || {
-            crate::runtime::microvm::clone_disk_paused(&paths, &layer_dir, &to)
-        })
-        .await
-        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
-        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
+        let spec = self.config.spec.clone();
+        tokio::task::spawn_blocking(move || crate::runtime::clone_disk(&spec, &paths, &to))
+            .await
+            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+            .map_err(|e| match e {
+                crate::runtime::RuntimeError::Unsupported(_) => {
+                    err(SupervisorErrorKind::InvalidInput, e.to_string())
+                }
+                e => err(SupervisorErrorKind::Internal, e.to_string()),
+            })?;
         Ok(super::protocol::SupervisorReply::Ok)
     }
 
@@ -186,34 +189,19 @@ impl Supervisor {
         };
         let init_pid = self.init_pid;
         let paths = self.paths.clone();
-        let checkpoint = if self.config.is_vm() {
-            // The VMM pauses the guest itself (the cgroup is not frozen),
-            // and the scratch disk is cloned beside the snapshot's meta.
-            let layer_dir = self.config.layer_dir.clone();
-            let uid = self.config.vm.as_ref().map(|vm| vm.uid).unwrap_or_default();
-            let disk_copy = work_dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
-            tokio::task::spawn_blocking(move || {
-                crate::runtime::microvm::snapshot(&paths, uid, &layer_dir, &images_dir, &disk_copy)
-                    .map(|()| crate::runtime::criu::Checkpoint::default())
-                    .map_err(|e| e.to_string())
-            })
-            .await
-        } else {
-            tokio::task::spawn_blocking(move || {
-                crate::runtime::criu::dump(
-                    &criu,
-                    init_pid,
-                    &paths,
-                    &freezer,
-                    &images_dir,
-                    &work_dir,
-                )
-                .map_err(|e| e.to_string())
-            })
-            .await
-        }
+        let spec = self.config.spec.clone();
+        let target = crate::runtime::CheckpointTarget {
+            criu,
+            freezer,
+            images_dir,
+            work_dir,
+        };
+        let checkpoint = tokio::task::spawn_blocking(move || {
+            crate::runtime::checkpoint(&spec, &paths, init_pid, &target)
+        })
+        .await
         .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
-        .map_err(|e| err(SupervisorErrorKind::Internal, e))?;
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
         let processes = self
             .procs()
             .values()
@@ -291,11 +279,11 @@ impl Supervisor {
     /// Kills everything and removes the container; returns what went wrong.
     pub async fn teardown(&self) -> Vec<String> {
         self.fail("the sandbox is being deleted".into());
-        let id = self.config.id.clone();
-        let cgroups_path = self.config.cgroups_path.clone();
+        let id = self.config.spec.id.clone();
+        let cgroups_path = self.config.spec.cgroups_path.clone();
         let paths = self.paths.clone();
         tokio::task::spawn_blocking(move || {
-            crate::runtime::container::destroy(&id, &cgroups_path, &paths)
+            crate::runtime::destroy_sandbox(&id, &cgroups_path, &paths)
         })
         .await
         .unwrap_or_else(|e| vec![format!("teardown panicked: {e}")])
@@ -372,16 +360,15 @@ impl Supervisor {
             return Err(err(SupervisorErrorKind::AgentGone, reason));
         }
         let proc = self.next_proc.fetch_add(1, Ordering::Relaxed);
-        // A microVM's processes live in the guest, behind its kernel: no
-        // host cgroup can hold them, and the guest's agent kills them.
-        let cgroup_files = if self.config.is_vm() {
-            Vec::new()
-        } else {
-            let cgroups = self.cgroups.clone();
-            tokio::task::spawn_blocking(move || cgroups.create_process_group(proc))
-                .await
-                .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
-                .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+        let cgroup_files = match self.process_control() {
+            ProcessControl::GuestAgent => Vec::new(),
+            ProcessControl::HostCgroups => {
+                let cgroups = self.cgroups.clone();
+                tokio::task::spawn_blocking(move || cgroups.create_process_group(proc))
+                    .await
+                    .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+                    .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+            }
         };
         let base = self.env.lock().map(|e| e.clone()).unwrap_or_default();
         let mut env: HashMap<String, String> = base.into_iter().collect();
@@ -419,7 +406,7 @@ impl Supervisor {
                 Entry {
                     info: Process {
                         id: proc,
-                        sandbox_id: self.config.id.clone(),
+                        sandbox_id: self.config.spec.id.clone(),
                         argv: spec.argv,
                         state: ProcessState::Running,
                         pid: 0,
@@ -538,7 +525,7 @@ impl Supervisor {
             let entry = procs.get_mut(&proc).ok_or_else(|| unknown(proc))?;
             entry.killed_by_supervisor = true;
         }
-        if self.config.is_vm() {
+        if self.process_control() == ProcessControl::GuestAgent {
             let signal = RequestBody::Signal {
                 proc,
                 signal: libc::SIGKILL,

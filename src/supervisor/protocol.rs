@@ -161,7 +161,7 @@ pub enum SupervisorReply {
     },
     Error(SupervisorError),
     Checkpointed {
-        checkpoint: crate::runtime::criu::Checkpoint,
+        checkpoint: crate::runtime::sandbox::Checkpoint,
         next_proc: u64,
         /// The processes running at the checkpoint, which forks inherit.
         processes: Vec<crate::model::Process>,

@@ -12,7 +12,9 @@ use super::super::{Manager, SandboxError, SandboxRecord};
 use super::pipeline::Grant;
 use super::root::Root;
 use crate::config::ID_MAP_SIZE;
-use crate::supervisor::config::{SandboxPaths, SupervisorConfig};
+use crate::runtime::paths::SandboxPaths;
+use crate::runtime::sandbox::{RuntimeSpec, SandboxSpec};
+use crate::supervisor::config::SupervisorConfig;
 use crate::supervisor::ReadyLine;
 
 impl Manager {
@@ -25,34 +27,41 @@ impl Manager {
         root: Root,
         layer_dir: PathBuf,
         grant: Grant,
-        vm: Option<crate::runtime::microvm::VmSpec>,
+        vm: Option<crate::runtime::sandbox::VmSpec>,
     ) -> Result<ReadyLine, SandboxError> {
         let paths = self.paths(&record.id);
         std::fs::create_dir_all(&paths.dir).map_err(SandboxError::internal)?;
         let supervisor_config = SupervisorConfig {
-            id: record.id.clone(),
-            hostname: record.id.clone(),
-            image_rootfs: root.image.rootfs,
-            image_layers: root.layers,
-            layer_dir,
-            agent_path: self.config.agent_path.clone(),
-            cgroups_path: record.cgroups_path.clone(),
-            cpu: record.limits.cpu,
-            memory_bytes: record.limits.memory_mib * 1024 * 1024,
-            pids: record.limits.pids as i64,
-            id_map_base: self.config.id_map_base,
-            id_map_size: ID_MAP_SIZE,
-            shm_bytes: self.config.shm_mib * 1024 * 1024,
-            nofile: self.config.nofile,
-            env: grant.env,
+            spec: SandboxSpec {
+                id: record.id.clone(),
+                hostname: record.id.clone(),
+                image_rootfs: root.image.rootfs,
+                image_layers: root.layers,
+                layer_dir,
+                agent_path: self.config.agent_path.clone(),
+                cgroups_path: record.cgroups_path.clone(),
+                cpu: record.limits.cpu,
+                memory_bytes: record.limits.memory_mib * 1024 * 1024,
+                pids: record.limits.pids as i64,
+                id_map_base: self.config.id_map_base,
+                id_map_size: ID_MAP_SIZE,
+                shm_bytes: self.config.shm_mib * 1024 * 1024,
+                nofile: self.config.nofile,
+                env: grant.env,
+                ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
+                devices: grant.devices,
+                // A fork takes its snapshot's runtime, so at most one is set;
+                // were both, the microVM would win, as the supervisor chose before.
+                kind: match (root.restore, vm) {
+                    (_, Some(vm)) => RuntimeSpec::Vm(vm),
+                    (Some(restore), None) => RuntimeSpec::ContainerRestore(restore),
+                    (None, None) => RuntimeSpec::Container,
+                },
+            },
             output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
-            ready_timeout_ms: self.config.ready_timeout_seconds * 1000,
-            devices: grant.devices,
             network: record.network.clone(),
             upstream: self.config.upstream.clone(),
             egress_limits: self.config.egress_limits,
-            restore: root.restore,
-            vm,
         };
         let json = serde_json::to_vec(&supervisor_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;

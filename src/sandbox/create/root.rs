@@ -16,9 +16,9 @@ pub(super) struct Root {
     /// Read-only layers above the image (a snapshot's writes), top first.
     pub(super) layers: Vec<PathBuf>,
     /// A container fork: the CRIU checkpoint to restore.
-    pub(super) restore: Option<crate::runtime::criu::RestoreSpec>,
+    pub(super) restore: Option<crate::runtime::sandbox::RestoreSpec>,
     /// A microVM fork: the VMM snapshot to restore.
-    pub(super) vm_restore: Option<crate::runtime::microvm::VmRestore>,
+    pub(super) vm_restore: Option<crate::runtime::sandbox::VmRestore>,
     /// A microVM's filesystem snapshot used as its image: its disk.
     pub(super) vm_scratch: Option<PathBuf>,
 }
@@ -48,7 +48,7 @@ impl Manager {
                     vm_restore = memory
                         .vm
                         .as_ref()
-                        .map(|vm| crate::runtime::microvm::VmRestore {
+                        .map(|vm| crate::runtime::sandbox::VmRestore {
                             dir: memory.images_dir.clone(),
                             scratch: vm.scratch.clone(),
                             next_proc: memory.next_proc,
@@ -76,7 +76,7 @@ impl Manager {
                     message: e.to_string(),
                 })?;
                 clock.lap("verify");
-                restore = Some(crate::runtime::criu::RestoreSpec {
+                restore = Some(crate::runtime::sandbox::RestoreSpec {
                     criu: self.config.criu_path.clone(),
                     images_dir: memory.images_dir,
                     checkpoint: memory.checkpoint,
@@ -141,7 +141,7 @@ impl Manager {
         &self,
         record: &SandboxRecord,
         root: &Root,
-    ) -> Result<crate::runtime::microvm::VmSpec, SandboxError> {
+    ) -> Result<crate::runtime::sandbox::VmSpec, SandboxError> {
         let image = &root.image;
         let vm = &self.config.vm;
         let kernel = vm.kernel.clone().ok_or_else(|| {
@@ -175,7 +175,7 @@ impl Manager {
             hex::encode(seed),
             vm.cmdline
         );
-        Ok(crate::runtime::microvm::VmSpec {
+        Ok(crate::runtime::sandbox::VmSpec {
             vmm_path: vm.vmm_path.clone(),
             kernel,
             cmdline: cmdline.trim_end().to_string(),

@@ -69,7 +69,7 @@ pub struct SnapshotMeta {
 pub struct MemoryImage {
     /// CRIU's image files (`<snapshot dir>/images`).
     pub images_dir: PathBuf,
-    pub checkpoint: crate::runtime::criu::Checkpoint,
+    pub checkpoint: crate::runtime::sandbox::Checkpoint,
     /// The source supervisor's next process id.
     pub next_proc: u64,
     /// Forks keep the source's limits (its cgroups are restored as were)

@@ -34,7 +34,7 @@ const SNAPSHOT_IMAGES: &str = "snapshot-images";
 /// next process id and its running processes.
 type Checkpointed = (
     PathBuf,
-    crate::runtime::criu::Checkpoint,
+    crate::runtime::sandbox::Checkpoint,
     u64,
     Vec<crate::model::Process>,
 );
