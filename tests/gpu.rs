@@ -35,7 +35,10 @@ impl FakeGpus {
         let devices = std::fs::read_to_string("/proc/devices").expect("/proc/devices");
         let taken = char_majors(&devices);
         if taken.contains(&NVIDIA_MAJOR) {
-            eprintln!("SKIPPED: an NVIDIA driver is loaded; run tests/gpu/check.sh instead");
+            common::note_skip!(
+                common::Reason::GpuDriverPresent,
+                "an NVIDIA driver is loaded; run tests/gpu/check.sh instead"
+            );
             return None;
         }
         // The real uvm major when the module is loaded, else one from the
@@ -501,8 +504,10 @@ async fn impossible_gpu_requests_are_400_with_a_reason() {
 async fn a_host_without_the_driver_has_no_gpus() {
     require_host!();
     if Path::new("/proc/driver/nvidia").exists() {
-        eprintln!("SKIPPED: this host has the NVIDIA driver");
-        return;
+        common::skip!(
+            common::Reason::GpuDriverPresent,
+            "this host has the NVIDIA driver"
+        );
     }
     // Real NVML discovery: libnvidia-ml cannot load here, which is no error.
     let d = Daemon::start();

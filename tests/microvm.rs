@@ -51,15 +51,15 @@ fn test_guest(dir: &Path) -> Result<PathBuf, String> {
 /// A daemon that boots the test guest for `runtime: "vm"`, or `None` (with
 /// the reason printed) where microVMs cannot run.
 fn vm_daemon() -> Option<(Daemon, tempfile::TempDir)> {
-    if let Some(reason) = common::skip_reason() {
-        eprintln!("SKIPPED: {reason}");
+    if let Some((reason, why)) = common::skip_reason() {
+        common::note_skip!(reason, "{why}");
         return None;
     }
     let guest_dir = tempfile::tempdir().expect("tempdir");
     let guest = match test_guest(guest_dir.path()) {
         Ok(g) => g,
-        Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+        Err(why) => {
+            common::note_skip!(common::Reason::MissingBuild, "{why}");
             return None;
         }
     };
@@ -262,10 +262,7 @@ async fn ten_vms_at_once() {
 
 #[tokio::test]
 async fn vm_requests_that_cannot_work_say_why() {
-    if let Some(reason) = common::skip_reason() {
-        eprintln!("SKIPPED: {reason}");
-        return;
-    }
+    require_host!();
     // No guest kernel configured.
     let daemon = Daemon::start();
     let (status, body) = daemon

@@ -171,8 +171,10 @@ fn bad_config_values_name_the_field() {
 #[test]
 fn systemd_units_verify() {
     let Ok(analyze) = which("systemd-analyze") else {
-        eprintln!("SKIPPED: systemd-analyze is not installed");
-        return;
+        common::skip!(
+            common::Reason::MissingTool,
+            "systemd-analyze is not installed"
+        );
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd");

@@ -293,8 +293,7 @@ async fn ask(daemon: &Daemon, id: &str) -> Answer {
 async fn a_memory_snapshot_forks_running_processes() {
     require_host!();
     if let Some(why) = criu_missing() {
-        eprintln!("skipping: {why}");
-        return;
+        common::skip!(common::Reason::OldCriu, "{why}");
     }
     let daemon = Daemon::start();
     let source = daemon.create(json!({"image": "python"})).await;

@@ -47,8 +47,8 @@ pub enum Reason {
     NoNft,
     /// CRIU is older than memory snapshots need.
     OldCriu,
-    /// A host tool the test drives is not installed (mkfs.ext4, btrfs-progs,
-    /// qemu, gcc, systemd-nspawn, ...).
+    /// A host tool or package the test uses is not installed (mkfs.ext4,
+    /// btrfs-progs, qemu, gcc, systemd-nspawn, a distribution kernel, ...).
     MissingTool,
     /// The running kernel lacks a feature the test needs (btrfs, tun).
     NoKernelSupport,

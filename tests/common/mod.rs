@@ -39,27 +39,37 @@ pub fn agent_path() -> PathBuf {
     target.join("x86_64-unknown-linux-gnu/release/sandbox-agent")
 }
 
+// Not every test crate that includes this module skips.
+#[allow(unused_imports)]
+pub use sandboxd_test_support::{note_skip, skip, Reason};
+
 /// Why these tests cannot run here, if they cannot.
-pub fn skip_reason() -> Option<String> {
+pub fn skip_reason() -> Option<(Reason, String)> {
     if !nix::unistd::Uid::effective().is_root() {
-        return Some("integration tests need root (namespaces, cgroups, mounts)".into());
+        return Some((
+            Reason::NotRoot,
+            "integration tests need root (namespaces, cgroups, mounts)".into(),
+        ));
     }
     if !agent_path().exists() {
-        return Some(format!(
-            "static agent missing at {}; run scripts/build-agent.sh",
-            agent_path().display()
+        return Some((
+            Reason::NoAgent,
+            format!(
+                "static agent missing at {}; run scripts/build-agent.sh",
+                agent_path().display()
+            ),
         ));
     }
     None
 }
 
-/// Skips the calling test (prints why) when the host cannot run it.
+/// Skips the calling test (see sandboxd_test_support::skip!) when the host
+/// cannot run it.
 #[macro_export]
 macro_rules! require_host {
     () => {
-        if let Some(reason) = common::skip_reason() {
-            eprintln!("SKIPPED: {reason}");
-            return;
+        if let Some((reason, why)) = common::skip_reason() {
+            common::skip!(reason, "{why}");
         }
     };
 }

@@ -88,8 +88,10 @@ fn memory_above_the_mmio_gap_is_split_around_it() {
     match host_ram_mib() {
         Ok(host) if host >= mem_mib => {}
         other => {
-            eprintln!("skipping: host RAM {other:?} MiB is below {mem_mib} MiB");
-            return;
+            common::skip!(
+                common::Reason::LowMemory,
+                "host RAM {other:?} MiB is below {mem_mib} MiB"
+            );
         }
     }
     // Guest RAM is mapped MAP_NORESERVE and the guest touches one page, so
