@@ -184,13 +184,9 @@ async fn create_raw(d: &Daemon, body: Value) -> (StatusCode, Value) {
 
 /// A host process inside sandbox `id` (its agent), from the sandbox's cgroup.
 fn sandbox_pid(id: &str) -> i32 {
-    let v1 = common::sandbox_cgroup("pids", id).join("cgroup.procs");
-    let v2 = Path::new("/sys/fs/cgroup/sandboxd")
-        .join(id)
-        .join("cgroup.procs");
-    let text = std::fs::read_to_string(&v1)
-        .or_else(|_| std::fs::read_to_string(&v2))
-        .expect("sandbox cgroup.procs");
+    let procs = common::cgroup::sandbox_dir("pids", id).join("cgroup.procs");
+    let text =
+        std::fs::read_to_string(&procs).unwrap_or_else(|e| panic!("{}: {e}", procs.display()));
     text.lines()
         .find_map(|l| l.trim().parse().ok())
         .expect("a process in the sandbox")

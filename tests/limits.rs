@@ -7,20 +7,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{cgroup, Daemon};
 use hyper::{Method, StatusCode};
 use serde_json::json;
-
-fn read_cgroup(controller: &str, id: &str, file: &str) -> String {
-    let path = common::sandbox_cgroup(controller, id).join(file);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn stat_field(text: &str, key: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {text}"))
-}
 
 /// Polls `GET /v1/sandboxes/{id}` until it is a 404 or `deadline` passes.
 /// The reaper publishes no event a client could await, so a TTL expiry can
@@ -48,10 +37,7 @@ async fn memory_limit_reports_an_oom_kill() {
     let id = daemon
         .create(json!({"image": "python", "memory_mib": 64}))
         .await;
-    assert_eq!(
-        read_cgroup("memory", &id, "memory.limit_in_bytes").trim(),
-        (64u64 << 20).to_string()
-    );
+    assert_eq!(cgroup::memory_limit(&id), Some(64u64 << 20));
     // bytes * n writes every page, so the memory is really used.
     let proc = daemon
         .start_process(
@@ -110,7 +96,7 @@ async fn pids_limit_stops_a_fork_loop() {
     require_host!();
     let daemon = Daemon::start();
     let id = daemon.create(json!({"image": "busybox", "pids": 16})).await;
-    assert_eq!(read_cgroup("pids", &id, "pids.max").trim(), "16");
+    assert_eq!(cgroup::pids_max(&id), "16");
     let proc = daemon
         .start_process(
             &id,
@@ -127,10 +113,7 @@ async fn pids_limit_stops_a_fork_loop() {
     assert!(!run.out().contains("forked-all"));
     assert_ne!(run.exit_code(), Some(0), "{}", run.process);
     // The sleeps that did start are still there, and the counter is capped.
-    let current: u64 = read_cgroup("pids", &id, "pids.current")
-        .trim()
-        .parse()
-        .expect("pids.current");
+    let current = cgroup::pids_current(&id);
     assert!(current <= 16, "pids.current {current} > 16");
     // (Counted from the host: inside, the full pids limit leaves no room to
     // start a counting process.)
@@ -234,11 +217,9 @@ async fn cpu_limit_throttles() {
     require_host!();
     let daemon = Daemon::start();
     let id = daemon.create(json!({"image": "busybox", "cpu": 0.2})).await;
-    assert_eq!(read_cgroup("cpu", &id, "cpu.cfs_quota_us").trim(), "20000");
-    assert_eq!(
-        read_cgroup("cpu", &id, "cpu.cfs_period_us").trim(),
-        "100000"
-    );
+    let (quota, period) = cgroup::cpu_max(&id);
+    assert_eq!(quota, Some(20000));
+    assert_eq!(period, 100000);
     let run = daemon
         .exec(&id, &["timeout", "1", "sh", "-c", "while :; do :; done"])
         .await;
@@ -248,9 +229,9 @@ async fn cpu_limit_throttles() {
         "the busy loop should be ended by timeout: {}",
         run.process
     );
-    let stat = read_cgroup("cpu", &id, "cpu.stat");
-    assert!(stat_field(&stat, "nr_throttled") > 0, "cpu.stat: {stat}");
-    assert!(stat_field(&stat, "throttled_time") > 0, "cpu.stat: {stat}");
+    let (periods, nanos) = cgroup::cpu_throttling(&id);
+    assert!(periods > 0, "nr_throttled {periods}");
+    assert!(nanos > 0, "throttled for {nanos} ns");
 }
 
 #[tokio::test]
@@ -269,7 +250,7 @@ async fn ttl_expiry_removes_the_sandbox() {
         "run dir left behind"
     );
     assert!(
-        !common::sandbox_cgroup("pids", &id).exists(),
+        !cgroup::sandbox_dir("pids", &id).exists(),
         "cgroup left behind"
     );
     let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;

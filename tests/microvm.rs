@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{sandbox_cgroup, Daemon};
+use common::{cgroup, Daemon};
 use hyper::{Method, StatusCode};
 use serde_json::json;
 
@@ -84,11 +84,10 @@ fn cgroup_pids(id: &str) -> Vec<i32> {
     controller_pids("memory", id)
 }
 
-/// The host pids in a sandbox's group of a v1 `controller`.
+/// The host pids in a sandbox's group of `controller` (on v2 every
+/// controller names the one unified group).
 fn controller_pids(controller: &str, id: &str) -> Vec<i32> {
-    std::fs::read_to_string(sandbox_cgroup(controller, id).join("cgroup.procs"))
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
+    cgroup::procs(controller, id)
 }
 
 fn process_name(pid: i32) -> String {
@@ -165,12 +164,7 @@ async fn a_vm_sandbox_runs_processes_and_disk_io_through_its_agent() {
     for controller in ["cpuacct", "pids", "freezer"] {
         assert_eq!(controller_pids(controller, &id), vec![vmm], "{controller}");
     }
-    let limit: u64 =
-        std::fs::read_to_string(sandbox_cgroup("memory", &id).join("memory.limit_in_bytes"))
-            .expect("memory limit")
-            .trim()
-            .parse()
-            .expect("number");
+    let limit = cgroup::memory_limit(&id).expect("a memory limit");
     assert_eq!(limit, (64 + 32) << 20);
     let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("netns");
     assert_ne!(ns(&vmm.to_string()), ns("self"));
@@ -190,8 +184,8 @@ async fn a_vm_sandbox_runs_processes_and_disk_io_through_its_agent() {
         !Path::new(&format!("/proc/{vmm}")).exists(),
         "the vmm outlived its sandbox"
     );
-    assert!(!sandbox_cgroup("memory", &id).exists());
-    assert!(!sandbox_cgroup("pids", &id).exists());
+    assert!(!cgroup::sandbox_dir("memory", &id).exists());
+    assert!(!cgroup::sandbox_dir("pids", &id).exists());
 }
 
 #[tokio::test]
@@ -231,7 +225,7 @@ async fn killing_a_vmm_fails_only_its_sandbox() {
         "still here\n"
     );
     daemon.delete(&victim).await;
-    assert!(!sandbox_cgroup("memory", &victim).exists());
+    assert!(!cgroup::sandbox_dir("memory", &victim).exists());
     assert!(!daemon.run_dir().join("sandboxes").join(&victim).exists());
     daemon.delete(&bystander).await;
 }

@@ -97,7 +97,7 @@ async fn root_inside_is_an_unprivileged_uid_outside() {
     }
     // The agent (PID 1 inside) too.
     let init: Vec<i32> =
-        std::fs::read_to_string(common::sandbox_cgroup("pids", &id).join("cgroup.procs"))
+        std::fs::read_to_string(common::cgroup::sandbox_dir("pids", &id).join("cgroup.procs"))
             .expect("sandbox cgroup.procs")
             .lines()
             .filter_map(|l| l.parse().ok())

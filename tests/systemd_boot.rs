@@ -143,12 +143,8 @@ fn runs_under_systemd_with_socket_activation_and_notify() {
         .expect("systemd-nspawn");
     let log = read(&out, "selftest.log");
     let _ = pool.unmount();
-    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let group = hierarchy.path().join(parent.trim_start_matches('/'));
+    for hierarchy in common::cgroup::hierarchies() {
+        let group = common::cgroup::daemon_group(&hierarchy, &parent);
         let _ = std::fs::remove_dir(group.join("supervisors"));
         let _ = std::fs::remove_dir(group);
     }
