@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Daemon;
 use hyper::{Method, StatusCode};
@@ -425,12 +425,25 @@ async fn gpus_are_released_on_failed_create_ttl_expiry_and_kept_across_a_restart
         .create(json!({"image": "busybox", "gpu": "any", "ttl_seconds": 1}))
         .await;
     assert_eq!(holders(&d).await, vec![Some(short.clone()), None]);
-    // The reaper has no event to wait on from here; poll with a deadline.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while holders(&d).await != vec![None, None] {
-        assert!(Instant::now() < deadline, "GPU not released after the TTL");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The reaper says `expired`, then `deleted` once the teardown (which
+    // releases the GPU first) is done.
+    let mut events = d.follow_events(0).await;
+    let seen = events
+        .until(Duration::from_secs(30), |e| {
+            e["kind"] == "deleted" && e["sandbox_id"] == short.as_str()
+        })
+        .await;
+    let kinds: Vec<&str> = seen
+        .iter()
+        .filter(|e| e["sandbox_id"] == short.as_str())
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(kinds.ends_with(&["expired", "deleted"]), "{kinds:?}");
+    assert_eq!(
+        holders(&d).await,
+        vec![None, None],
+        "GPU not released after the TTL"
+    );
     let (status, _) = d
         .call(Method::GET, &format!("/v1/sandboxes/{short}"), None)
         .await;

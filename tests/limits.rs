@@ -5,29 +5,35 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{cgroup, Daemon};
 use hyper::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
-/// Polls `GET /v1/sandboxes/{id}` until it is a 404 or `deadline` passes.
-/// The reaper publishes no event a client could await, so a TTL expiry can
-/// only be observed this way; the poll interval is short and bounded.
+/// Awaits, on `/v1/events` (replayed from cursor 0, so nothing emitted
+/// before the call is missed), the reaper's `expired` and then `deleted`
+/// event for `id`; true when both came within `deadline` and the sandbox
+/// is then a 404.
 async fn gone_within(daemon: &Daemon, id: &str, deadline: Duration) -> bool {
-    let start = Instant::now();
-    loop {
-        let (status, _) = daemon
-            .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
-            .await;
-        if status == StatusCode::NOT_FOUND {
-            return true;
-        }
-        if start.elapsed() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut events = daemon.follow_events(0).await;
+    let ended = |e: &Value| e["kind"] == "deleted" && e["sandbox_id"] == id;
+    let Ok(seen) = tokio::time::timeout(deadline, events.until(deadline, ended)).await else {
+        return false;
+    };
+    let kinds: Vec<&str> = seen
+        .iter()
+        .filter(|e| e["sandbox_id"] == id)
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.ends_with(&["expired", "deleted"]),
+        "a TTL end is `expired` then `deleted`: {kinds:?}"
+    );
+    let (status, _) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    status == StatusCode::NOT_FOUND
 }
 
 #[tokio::test]
@@ -58,6 +64,16 @@ async fn memory_limit_reports_an_oom_kill() {
         run.err()
     );
     assert_eq!(run.process["signal"], 9, "{}", run.process);
+    // A scheduler learns of it from the event log: an `oom` event naming
+    // the process.
+    let mut events = daemon.follow_events(0).await;
+    let seen = events
+        .until(Duration::from_secs(30), |e| {
+            e["kind"] == "oom" && e["sandbox_id"] == id.as_str()
+        })
+        .await;
+    let oom = seen.last().expect("the oom event");
+    assert_eq!(oom["process_id"], proc, "{oom}");
     let (status, sandbox) = daemon
         .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .await;
@@ -298,9 +314,16 @@ async fn ttl_can_be_shortened_and_extended() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["ttl_seconds"], 600);
-    // Nothing happens when a TTL does *not* expire, so there is no event to
-    // await: wait past the original expiry (2 s + 1 s margin) and look.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Nothing happens when a TTL does *not* expire, so await a witness
+    // instead: a 2 s sandbox made after `long`, whose expiry the reaper
+    // reports only once `long`'s original 2 s are over too.
+    let witness = daemon
+        .create(json!({"image": "busybox", "ttl_seconds": 2}))
+        .await;
+    assert!(
+        gone_within(&daemon, &witness, Duration::from_secs(15)).await,
+        "the witness did not expire"
+    );
     let (status, body) = daemon
         .call(Method::GET, &format!("/v1/sandboxes/{long}"), None)
         .await;

@@ -176,7 +176,7 @@ async fn kernel_interfaces_are_closed() {
 }
 
 #[tokio::test]
-async fn network_has_only_loopback() {
+async fn network_is_lo_and_an_inner_veth_pair_and_blocks_egress_by_default() {
     require_host!();
     let daemon = Daemon::start();
     let id = daemon.create(json!({"image": "busybox"})).await;
