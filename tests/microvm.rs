@@ -529,4 +529,37 @@ async fn a_vm_reaches_the_egress_proxy_through_its_tap() {
     let run = daemon.exec(&id, &["net-syn", "203.0.113.7", "443"]).await;
     assert_eq!(run.out(), "synack from 203.0.113.7:443\n", "{}", run.err());
     daemon.delete(&id).await;
+
+    // A refused destination. With open egress the deny list still holds:
+    // the cloud metadata address gets its handshake (the namespace answers
+    // every SYN) and the proxy, once it has the connection and its original
+    // destination, closes it before a byte goes either way, and logs why.
+    let open = daemon
+        .create(json!({
+            "runtime": "vm", "image": "busybox", "memory_mib": 32, "block_network": false
+        }))
+        .await;
+    let run = daemon
+        .exec(&open, &["net-connect", "169.254.169.254", "80"])
+        .await;
+    assert_eq!(run.out(), "closed by 169.254.169.254:80\n", "{}", run.err());
+    let (status, log) = daemon
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{open}/network/log"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{log}");
+    let entries = log["entries"].as_array().expect("entries");
+    assert!(
+        entries.iter().any(|e| e["verdict"] == "refused"
+            && e["host"] == "169.254.169.254"
+            && e["port"] == 80
+            && e["bytes"] == 0
+            && e["reason"].as_str().is_some_and(|r| r.contains("Metadata"))),
+        "no refusal of 169.254.169.254:80 in {log}"
+    );
+    assert!(entries.iter().all(|e| e["verdict"] != "allowed"), "{log}");
+    daemon.delete(&open).await;
 }
