@@ -211,7 +211,9 @@ pub fn marker_line(test: &str, reason: Reason, message: &str) -> String {
 
 /// Records that the calling test skips: prints the marker, appends it to the
 /// skip log, and panics when `SANDBOXD_TEST_REQUIRE=all` does not allow this
-/// skip. The caller returns right after (see [`skip!`] and [`note_skip!`]).
+/// skip (reported at the caller). The caller returns right after (see
+/// [`skip!`] and [`note_skip!`]).
+#[track_caller]
 pub fn record(module_path: &str, reason: Reason, message: &str) {
     let test = test_name(module_path);
     let line = marker_line(&test, reason, message);
