@@ -6,8 +6,8 @@
 # libtest counts a test that returned early as passed; the skip log (one
 # `SANDBOXD-SKIP <test> <reason>: <message>` line per skipped test, written
 # by sandboxd_test_support) says which did, so passed = libtest's passed
-# minus the skips. Exits 1 when any test failed or a test binary did not
-# report (a crash, a build error), else 0.
+# minus the skips. Exits 1 when any test failed or cargo reported an error
+# (a test binary that crashed, a build error), else 0.
 set -euo pipefail
 log=${1:?usage: test-summary.sh CARGO-TEST-LOG SKIP-LOG}
 skips=${2:?usage: test-summary.sh CARGO-TEST-LOG SKIP-LOG}
@@ -26,9 +26,9 @@ read -r passed failed ignored results < <(awk '
 	}
 	END { printf "%d %d %d %d\n", p, f, g, n }' "$log")
 skipped=$(grep -c '^SANDBOXD-SKIP ' "$skips" || true)
-# A binary that died before its summary line (or `error: N targets failed`)
-# leaves no `test result:` of its own, so count cargo's own verdict too.
-crashed=$(grep -cE '^error: (test failed|[0-9]+ targets? failed)' "$log" || true)
+# A binary that died before its summary line, or a build error, leaves no
+# `test result:` of its own: cargo's own `error:` lines say so.
+cargo_errors=$(grep -cE '^error(\[E[0-9]+\])?: ' "$log" || true)
 
 line="$((passed - skipped)) passed, $failed failed, $skipped skipped"
 if ((ignored > 0)); then
@@ -49,7 +49,7 @@ if ((results == 0)); then
 	echo "test-summary: no \`test result:\` line in $log" >&2
 	exit 1
 fi
-if ((crashed > 0)); then
-	echo "test-summary: cargo reports $crashed failed target(s) in $log" >&2
+if ((cargo_errors > 0)); then
+	echo "test-summary: cargo reported errors (failed or crashed test binaries, or a build error); see $log" >&2
 fi
-((failed == 0 && crashed == 0))
+((failed == 0 && cargo_errors == 0))

@@ -211,8 +211,10 @@ fn bad_input_is_refused_before_any_vm_exists() {
     );
     let guest = env!("VMM_TEST_GUEST");
     if guest.is_empty() {
-        eprintln!("skipping the rest: the test guest was not built");
-        return;
+        common::skip!(
+            common::Reason::MissingBuild,
+            "the rest: the test guest was not built"
+        );
     }
     // The test guest takes no initramfs; a missing initramfs is named.
     let err = build(VmConfig {
