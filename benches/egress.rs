@@ -144,7 +144,7 @@ fn direct(upstream: &Upstream, conns: usize) -> (Vec<f64>, Vec<f64>) {
 }
 
 fn main() {
-    if let Some(why) = common::skip_reason() {
+    if let Some((_, why)) = common::skip_reason() {
         println!("egress benchmark skipped: {why}");
         return;
     }

@@ -117,7 +117,7 @@ async fn measure(daemon: &Daemon, runs: usize) -> Samples {
 }
 
 fn main() {
-    if let Some(why) = common::skip_reason() {
+    if let Some((_, why)) = common::skip_reason() {
         println!("microvm benchmark skipped: {why}");
         return;
     }

@@ -194,7 +194,7 @@ fn runc_peer(runs: usize, rootfs: &Path) -> (Vec<f64>, Vec<f64>) {
 }
 
 fn main() {
-    if let Some(why) = common::skip_reason() {
+    if let Some((_, why)) = common::skip_reason() {
         println!("snapshot benchmark skipped: {why}");
         return;
     }

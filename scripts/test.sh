@@ -16,4 +16,18 @@ scripts/nspawn-rootfs.sh
 cargo build --quiet --bins
 target=${CARGO_TARGET_DIR:-target}
 "$target/debug/sandboxd" --state-dir /var/lib/sandboxd image build busybox python >/dev/null
-cargo test --workspace --no-fail-fast -- --test-threads=2
+# libtest reports a test that returned early as ok: every skip also lands
+# in a fresh skip log (sandboxd_test_support), and the summary below counts
+# it as skipped, not passed. The log of the run is kept beside it.
+logs=$(mktemp -d /var/tmp/sandboxd-test.XXXXXX)
+export SANDBOXD_TEST_SKIP_LOG=$logs/skips
+: >"$SANDBOXD_TEST_SKIP_LOG"
+cargo_status=0
+cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$logs/cargo-test.log" ||
+	cargo_status=$?
+echo "test logs: $logs"
+scripts/test-summary.sh "$logs/cargo-test.log" "$SANDBOXD_TEST_SKIP_LOG"
+if ((cargo_status != 0)); then
+	echo "test.sh: cargo test exited $cargo_status; its messages are above" >&2
+	exit "$cargo_status"
+fi

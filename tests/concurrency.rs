@@ -92,7 +92,7 @@ async fn twenty_concurrent_sandboxes() {
     assert!(left.is_empty(), "run dir still holds {left:?}");
     for id in &ids {
         for hierarchy in HIERARCHIES {
-            let dir = common::sandbox_cgroup(hierarchy, id);
+            let dir = common::cgroup::sandbox_dir(hierarchy, id);
             assert!(!dir.exists(), "{} left behind", dir.display());
         }
     }

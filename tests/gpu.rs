@@ -12,7 +12,7 @@ use std::ffi::CString;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Daemon;
 use hyper::{Method, StatusCode};
@@ -35,7 +35,10 @@ impl FakeGpus {
         let devices = std::fs::read_to_string("/proc/devices").expect("/proc/devices");
         let taken = char_majors(&devices);
         if taken.contains(&NVIDIA_MAJOR) {
-            eprintln!("SKIPPED: an NVIDIA driver is loaded; run tests/gpu/check.sh instead");
+            common::note_skip!(
+                common::Reason::GpuDriverPresent,
+                "an NVIDIA driver is loaded; run tests/gpu/check.sh instead"
+            );
             return None;
         }
         // The real uvm major when the module is loaded, else one from the
@@ -181,13 +184,9 @@ async fn create_raw(d: &Daemon, body: Value) -> (StatusCode, Value) {
 
 /// A host process inside sandbox `id` (its agent), from the sandbox's cgroup.
 fn sandbox_pid(id: &str) -> i32 {
-    let v1 = common::sandbox_cgroup("pids", id).join("cgroup.procs");
-    let v2 = Path::new("/sys/fs/cgroup/sandboxd")
-        .join(id)
-        .join("cgroup.procs");
-    let text = std::fs::read_to_string(&v1)
-        .or_else(|_| std::fs::read_to_string(&v2))
-        .expect("sandbox cgroup.procs");
+    let procs = common::cgroup::sandbox_dir("pids", id).join("cgroup.procs");
+    let text =
+        std::fs::read_to_string(&procs).unwrap_or_else(|e| panic!("{}: {e}", procs.display()));
     text.lines()
         .find_map(|l| l.trim().parse().ok())
         .expect("a process in the sandbox")
@@ -426,12 +425,25 @@ async fn gpus_are_released_on_failed_create_ttl_expiry_and_kept_across_a_restart
         .create(json!({"image": "busybox", "gpu": "any", "ttl_seconds": 1}))
         .await;
     assert_eq!(holders(&d).await, vec![Some(short.clone()), None]);
-    // The reaper has no event to wait on from here; poll with a deadline.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while holders(&d).await != vec![None, None] {
-        assert!(Instant::now() < deadline, "GPU not released after the TTL");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The reaper says `expired`, then `deleted` once the teardown (which
+    // releases the GPU first) is done.
+    let mut events = d.follow_events(0).await;
+    let seen = events
+        .until(Duration::from_secs(30), |e| {
+            e["kind"] == "deleted" && e["sandbox_id"] == short.as_str()
+        })
+        .await;
+    let kinds: Vec<&str> = seen
+        .iter()
+        .filter(|e| e["sandbox_id"] == short.as_str())
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(kinds.ends_with(&["expired", "deleted"]), "{kinds:?}");
+    assert_eq!(
+        holders(&d).await,
+        vec![None, None],
+        "GPU not released after the TTL"
+    );
     let (status, _) = d
         .call(Method::GET, &format!("/v1/sandboxes/{short}"), None)
         .await;
@@ -501,8 +513,10 @@ async fn impossible_gpu_requests_are_400_with_a_reason() {
 async fn a_host_without_the_driver_has_no_gpus() {
     require_host!();
     if Path::new("/proc/driver/nvidia").exists() {
-        eprintln!("SKIPPED: this host has the NVIDIA driver");
-        return;
+        common::skip!(
+            common::Reason::GpuDriverPresent,
+            "this host has the NVIDIA driver"
+        );
     }
     // Real NVML discovery: libnvidia-ml cannot load here, which is no error.
     let d = Daemon::start();

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use sandboxd_test_support::{skip, Reason};
+
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -33,25 +35,36 @@ fn guest_kernel_boots_to_the_agent_under_tcg() {
         .and_then(Path::parent)
         .map(|t| t.join("x86_64-unknown-linux-gnu/release/sandbox-agent"))
         .unwrap_or_else(|| repo().join("target/x86_64-unknown-linux-gnu/release/sandbox-agent"));
-    let missing: Vec<String> = [
-        (kernel.as_path(), "run scripts/build-guest-kernel.sh"),
-        (agent.as_path(), "run scripts/build-agent.sh"),
+    let missing: Vec<(Reason, String)> = [
+        (
+            kernel.as_path(),
+            Reason::MissingBuild,
+            "run scripts/build-guest-kernel.sh",
+        ),
+        (
+            agent.as_path(),
+            Reason::NoAgent,
+            "run scripts/build-agent.sh",
+        ),
     ]
     .iter()
-    .filter(|(path, _)| !Path::new(path).is_file())
-    .map(|(path, fix)| format!("{} is missing ({fix})", path.display()))
+    .filter(|(path, _, _)| !Path::new(path).is_file())
+    .map(|(path, reason, fix)| (*reason, format!("{} is missing ({fix})", path.display())))
     .chain(
         ["qemu-system-x86_64", "mkfs.ext4", "busybox"]
             .iter()
             .filter(|tool| !on_path(tool))
             .map(|tool| {
-                format!("{tool} is not on PATH (scripts/install-deps.sh, qemu-system-x86)")
+                (
+                    Reason::MissingTool,
+                    format!("{tool} is not on PATH (scripts/install-deps.sh, qemu-system-x86)"),
+                )
             }),
     )
     .collect();
-    if !missing.is_empty() {
-        eprintln!("skipped: {}", missing.join("; "));
-        return;
+    if let Some((reason, _)) = missing.first() {
+        let all: Vec<&str> = missing.iter().map(|(_, why)| why.as_str()).collect();
+        skip!(*reason, "{}", all.join("; "));
     }
     let started = Instant::now();
     let out = Command::new("bash")

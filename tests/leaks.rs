@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use common::Daemon;
+use common::{cgroup, Daemon};
 use hyper::Method;
 use serde_json::json;
 
@@ -60,17 +60,31 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
     let parent = daemon.cgroup_parent();
     let mut cgroups = BTreeSet::new();
     let mut pids = BTreeSet::new();
-    for hierarchy in dir_names(Path::new("/sys/fs/cgroup")) {
-        let dir = Path::new("/sys/fs/cgroup")
-            .join(&hierarchy)
-            .join(parent.trim_start_matches('/'));
+    // With no cgroup root (or none holding this daemon's group, which its
+    // supervisors group makes on the first create) both snapshots would be
+    // empty and equal: that is a failure, not a pass.
+    let mut found = Vec::new();
+    for hierarchy in cgroup::hierarchies_or_fail() {
+        let dir = cgroup::daemon_group(&hierarchy, &parent);
+        if dir.is_dir() {
+            found.push(dir.display().to_string());
+        }
+        let name = hierarchy
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         for group in dir_names(&dir) {
             if group.starts_with("sb-") {
-                cgroups.insert(format!("{hierarchy}/{group}"));
+                cgroups.insert(format!("{name}/{group}"));
             }
         }
         pids_below(&dir, &mut pids);
     }
+    assert!(
+        !found.is_empty(),
+        "no cgroup group {parent} in any hierarchy of {:?}: the leak check would compare nothing",
+        cgroup::hierarchies()
+    );
     let run = daemon.run_dir().display().to_string();
     let mut netns = BTreeSet::new();
     let mut processes = BTreeSet::new();

@@ -5,40 +5,35 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::Daemon;
+use common::{cgroup, Daemon};
 use hyper::{Method, StatusCode};
-use serde_json::json;
+use serde_json::{json, Value};
 
-fn read_cgroup(controller: &str, id: &str, file: &str) -> String {
-    let path = common::sandbox_cgroup(controller, id).join(file);
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn stat_field(text: &str, key: &str) -> u64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {key} in {text}"))
-}
-
-/// Polls `GET /v1/sandboxes/{id}` until it is a 404 or `deadline` passes.
-/// The reaper publishes no event a client could await, so a TTL expiry can
-/// only be observed this way; the poll interval is short and bounded.
+/// Awaits, on `/v1/events` (replayed from cursor 0, so nothing emitted
+/// before the call is missed), the reaper's `expired` and then `deleted`
+/// event for `id`; true when both came within `deadline` and the sandbox
+/// is then a 404.
 async fn gone_within(daemon: &Daemon, id: &str, deadline: Duration) -> bool {
-    let start = Instant::now();
-    loop {
-        let (status, _) = daemon
-            .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
-            .await;
-        if status == StatusCode::NOT_FOUND {
-            return true;
-        }
-        if start.elapsed() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let mut events = daemon.follow_events(0).await;
+    let ended = |e: &Value| e["kind"] == "deleted" && e["sandbox_id"] == id;
+    let Ok(seen) = tokio::time::timeout(deadline, events.until(deadline, ended)).await else {
+        return false;
+    };
+    let kinds: Vec<&str> = seen
+        .iter()
+        .filter(|e| e["sandbox_id"] == id)
+        .filter_map(|e| e["kind"].as_str())
+        .collect();
+    assert!(
+        kinds.ends_with(&["expired", "deleted"]),
+        "a TTL end is `expired` then `deleted`: {kinds:?}"
+    );
+    let (status, _) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    status == StatusCode::NOT_FOUND
 }
 
 #[tokio::test]
@@ -48,10 +43,7 @@ async fn memory_limit_reports_an_oom_kill() {
     let id = daemon
         .create(json!({"image": "python", "memory_mib": 64}))
         .await;
-    assert_eq!(
-        read_cgroup("memory", &id, "memory.limit_in_bytes").trim(),
-        (64u64 << 20).to_string()
-    );
+    assert_eq!(cgroup::memory_limit(&id), Some(64u64 << 20));
     // bytes * n writes every page, so the memory is really used.
     let proc = daemon
         .start_process(
@@ -72,6 +64,16 @@ async fn memory_limit_reports_an_oom_kill() {
         run.err()
     );
     assert_eq!(run.process["signal"], 9, "{}", run.process);
+    // A scheduler learns of it from the event log: an `oom` event naming
+    // the process.
+    let mut events = daemon.follow_events(0).await;
+    let seen = events
+        .until(Duration::from_secs(30), |e| {
+            e["kind"] == "oom" && e["sandbox_id"] == id.as_str()
+        })
+        .await;
+    let oom = seen.last().expect("the oom event");
+    assert_eq!(oom["process_id"], proc, "{oom}");
     let (status, sandbox) = daemon
         .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .await;
@@ -110,7 +112,7 @@ async fn pids_limit_stops_a_fork_loop() {
     require_host!();
     let daemon = Daemon::start();
     let id = daemon.create(json!({"image": "busybox", "pids": 16})).await;
-    assert_eq!(read_cgroup("pids", &id, "pids.max").trim(), "16");
+    assert_eq!(cgroup::pids_max(&id), "16");
     let proc = daemon
         .start_process(
             &id,
@@ -127,10 +129,7 @@ async fn pids_limit_stops_a_fork_loop() {
     assert!(!run.out().contains("forked-all"));
     assert_ne!(run.exit_code(), Some(0), "{}", run.process);
     // The sleeps that did start are still there, and the counter is capped.
-    let current: u64 = read_cgroup("pids", &id, "pids.current")
-        .trim()
-        .parse()
-        .expect("pids.current");
+    let current = cgroup::pids_current(&id);
     assert!(current <= 16, "pids.current {current} > 16");
     // (Counted from the host: inside, the full pids limit leaves no room to
     // start a counting process.)
@@ -234,11 +233,9 @@ async fn cpu_limit_throttles() {
     require_host!();
     let daemon = Daemon::start();
     let id = daemon.create(json!({"image": "busybox", "cpu": 0.2})).await;
-    assert_eq!(read_cgroup("cpu", &id, "cpu.cfs_quota_us").trim(), "20000");
-    assert_eq!(
-        read_cgroup("cpu", &id, "cpu.cfs_period_us").trim(),
-        "100000"
-    );
+    let (quota, period) = cgroup::cpu_max(&id);
+    assert_eq!(quota, Some(20000));
+    assert_eq!(period, 100000);
     let run = daemon
         .exec(&id, &["timeout", "1", "sh", "-c", "while :; do :; done"])
         .await;
@@ -248,9 +245,9 @@ async fn cpu_limit_throttles() {
         "the busy loop should be ended by timeout: {}",
         run.process
     );
-    let stat = read_cgroup("cpu", &id, "cpu.stat");
-    assert!(stat_field(&stat, "nr_throttled") > 0, "cpu.stat: {stat}");
-    assert!(stat_field(&stat, "throttled_time") > 0, "cpu.stat: {stat}");
+    let (periods, nanos) = cgroup::cpu_throttling(&id);
+    assert!(periods > 0, "nr_throttled {periods}");
+    assert!(nanos > 0, "throttled for {nanos} ns");
 }
 
 #[tokio::test]
@@ -269,7 +266,7 @@ async fn ttl_expiry_removes_the_sandbox() {
         "run dir left behind"
     );
     assert!(
-        !common::sandbox_cgroup("pids", &id).exists(),
+        !cgroup::sandbox_dir("pids", &id).exists(),
         "cgroup left behind"
     );
     let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
@@ -317,9 +314,16 @@ async fn ttl_can_be_shortened_and_extended() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["ttl_seconds"], 600);
-    // Nothing happens when a TTL does *not* expire, so there is no event to
-    // await: wait past the original expiry (2 s + 1 s margin) and look.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Nothing happens when a TTL does *not* expire, so await a witness
+    // instead: a 2 s sandbox made after `long`, whose expiry the reaper
+    // reports only once `long`'s original 2 s are over too.
+    let witness = daemon
+        .create(json!({"image": "busybox", "ttl_seconds": 2}))
+        .await;
+    assert!(
+        gone_within(&daemon, &witness, Duration::from_secs(15)).await,
+        "the witness did not expire"
+    );
     let (status, body) = daemon
         .call(Method::GET, &format!("/v1/sandboxes/{long}"), None)
         .await;

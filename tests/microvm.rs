@@ -8,7 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{sandbox_cgroup, Daemon};
+use common::{cgroup, Daemon, Reason};
 use hyper::{Method, StatusCode};
 use serde_json::json;
 
@@ -23,14 +23,14 @@ fn vmm_path() -> PathBuf {
 }
 
 /// Builds the test guest into `dir`, or says why microVM tests cannot run.
-fn test_guest(dir: &Path) -> Result<PathBuf, String> {
+fn test_guest(dir: &Path) -> Result<PathBuf, (Reason, String)> {
     if !Path::new("/dev/kvm").exists() {
-        return Err("no /dev/kvm on this host".into());
+        return Err((Reason::NoKvm, "no /dev/kvm on this host".into()));
     }
     if !vmm_path().is_file() {
-        return Err(format!(
-            "{} missing; run cargo build --bins",
-            vmm_path().display()
+        return Err((
+            Reason::MissingBuild,
+            format!("{} missing; run cargo build --bins", vmm_path().display()),
         ));
     }
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("vmm/guest/build.sh");
@@ -38,11 +38,19 @@ fn test_guest(dir: &Path) -> Result<PathBuf, String> {
         .arg(script)
         .arg(dir)
         .output()
-        .map_err(|e| format!("cannot run the guest build: {e}"))?;
+        .map_err(|e| {
+            (
+                Reason::MissingTool,
+                format!("cannot run the guest build: {e}"),
+            )
+        })?;
     if !out.status.success() {
-        return Err(format!(
-            "the test guest did not build (is gcc installed?): {}",
-            String::from_utf8_lossy(&out.stderr)
+        return Err((
+            Reason::MissingTool,
+            format!(
+                "the test guest did not build (is gcc installed?): {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
         ));
     }
     Ok(dir.join("test-guest.elf"))
@@ -51,15 +59,15 @@ fn test_guest(dir: &Path) -> Result<PathBuf, String> {
 /// A daemon that boots the test guest for `runtime: "vm"`, or `None` (with
 /// the reason printed) where microVMs cannot run.
 fn vm_daemon() -> Option<(Daemon, tempfile::TempDir)> {
-    if let Some(reason) = common::skip_reason() {
-        eprintln!("SKIPPED: {reason}");
+    if let Some((reason, why)) = common::skip_reason() {
+        common::note_skip!(reason, "{why}");
         return None;
     }
     let guest_dir = tempfile::tempdir().expect("tempdir");
     let guest = match test_guest(guest_dir.path()) {
         Ok(g) => g,
-        Err(reason) => {
-            eprintln!("SKIPPED: {reason}");
+        Err((reason, why)) => {
+            common::note_skip!(reason, "{why}");
             return None;
         }
     };
@@ -84,11 +92,10 @@ fn cgroup_pids(id: &str) -> Vec<i32> {
     controller_pids("memory", id)
 }
 
-/// The host pids in a sandbox's group of a v1 `controller`.
+/// The host pids in a sandbox's group of `controller` (on v2 every
+/// controller names the one unified group).
 fn controller_pids(controller: &str, id: &str) -> Vec<i32> {
-    std::fs::read_to_string(sandbox_cgroup(controller, id).join("cgroup.procs"))
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
+    cgroup::procs(controller, id)
 }
 
 fn process_name(pid: i32) -> String {
@@ -165,12 +172,7 @@ async fn a_vm_sandbox_runs_processes_and_disk_io_through_its_agent() {
     for controller in ["cpuacct", "pids", "freezer"] {
         assert_eq!(controller_pids(controller, &id), vec![vmm], "{controller}");
     }
-    let limit: u64 =
-        std::fs::read_to_string(sandbox_cgroup("memory", &id).join("memory.limit_in_bytes"))
-            .expect("memory limit")
-            .trim()
-            .parse()
-            .expect("number");
+    let limit = cgroup::memory_limit(&id).expect("a memory limit");
     assert_eq!(limit, (64 + 32) << 20);
     let ns = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/net")).expect("netns");
     assert_ne!(ns(&vmm.to_string()), ns("self"));
@@ -190,8 +192,8 @@ async fn a_vm_sandbox_runs_processes_and_disk_io_through_its_agent() {
         !Path::new(&format!("/proc/{vmm}")).exists(),
         "the vmm outlived its sandbox"
     );
-    assert!(!sandbox_cgroup("memory", &id).exists());
-    assert!(!sandbox_cgroup("pids", &id).exists());
+    assert!(!cgroup::sandbox_dir("memory", &id).exists());
+    assert!(!cgroup::sandbox_dir("pids", &id).exists());
 }
 
 #[tokio::test]
@@ -231,7 +233,7 @@ async fn killing_a_vmm_fails_only_its_sandbox() {
         "still here\n"
     );
     daemon.delete(&victim).await;
-    assert!(!sandbox_cgroup("memory", &victim).exists());
+    assert!(!cgroup::sandbox_dir("memory", &victim).exists());
     assert!(!daemon.run_dir().join("sandboxes").join(&victim).exists());
     daemon.delete(&bystander).await;
 }
@@ -262,10 +264,7 @@ async fn ten_vms_at_once() {
 
 #[tokio::test]
 async fn vm_requests_that_cannot_work_say_why() {
-    if let Some(reason) = common::skip_reason() {
-        eprintln!("SKIPPED: {reason}");
-        return;
-    }
+    require_host!();
     // No guest kernel configured.
     let daemon = Daemon::start();
     let (status, body) = daemon
@@ -537,5 +536,32 @@ async fn a_vm_reaches_the_egress_proxy_through_its_tap() {
     // host, and the guest cannot tell.
     let run = daemon.exec(&id, &["net-syn", "203.0.113.7", "443"]).await;
     assert_eq!(run.out(), "synack from 203.0.113.7:443\n", "{}", run.err());
+
+    // That SYN-ACK is no way out: the destination is refused. Once the
+    // handshake completes the proxy has the connection and its original
+    // destination, and under the default policy (block) it closes it
+    // before a byte goes either way, and logs the refusal.
+    let run = daemon
+        .exec(&id, &["net-connect", "203.0.113.7", "443"])
+        .await;
+    assert_eq!(run.out(), "closed by 203.0.113.7:443\n", "{}", run.err());
+    let (status, log) = daemon
+        .call(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/network/log"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{log}");
+    let entries = log["entries"].as_array().expect("entries");
+    assert!(
+        entries.iter().any(|e| e["verdict"] == "refused"
+            && e["host"] == "203.0.113.7"
+            && e["port"] == 443
+            && e["bytes"] == 0
+            && e["reason"] == "block_network is set"),
+        "no refusal of 203.0.113.7:443 in {log}"
+    );
+    assert!(entries.iter().all(|e| e["verdict"] != "allowed"), "{log}");
     daemon.delete(&id).await;
 }

@@ -1,8 +1,9 @@
 //! Root-only: the sandbox namespace plumbing and nftables rules, checked by
 //! listing them and by watching real connections get redirected. Every
 //! packet stays inside network namespaces these tests create; nothing
-//! leaves the machine. Without root (or without nft) each test prints why
-//! it skipped and passes.
+//! leaves the machine. Without root (or without nft) each test records why
+//! it skipped (sandboxd_test_support::skip!), which fails it under
+//! SANDBOXD_TEST_REQUIRE=all.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
@@ -13,30 +14,33 @@ use std::time::Duration;
 use sandboxd::net::origdst::{original_destination, was_redirected};
 use sandboxd::net::plumbing::{self, in_netns};
 use sandboxd::net::{netns, rules};
+use sandboxd_test_support::{skip, Reason};
 use serde_json::{json, Value};
 
 const PROXY_PORT: u16 = 15001;
 const DNS_PORT: u16 = 15353;
 
-fn skip_reason() -> Option<String> {
+fn skip_reason() -> Option<(Reason, String)> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        return Some("needs root (network namespaces, nftables)".into());
+        return Some((
+            Reason::NotRoot,
+            "needs root (network namespaces, nftables)".into(),
+        ));
     }
     let nft_found = ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft"]
         .iter()
         .any(|p| Path::new(p).exists());
     if !nft_found {
-        return Some("nft is not installed".into());
+        return Some((Reason::NoNft, "nft is not installed".into()));
     }
     None
 }
 
 macro_rules! root_only {
     () => {
-        if let Some(reason) = skip_reason() {
-            eprintln!("skipping: {reason}");
-            return;
+        if let Some((reason, why)) = skip_reason() {
+            skip!(reason, "{why}");
         }
     };
 }

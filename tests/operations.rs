@@ -197,8 +197,10 @@ fn a_run_dir_under_a_closed_folder_is_refused_at_start_with_the_fix() {
 #[test]
 fn systemd_units_verify() {
     let Ok(analyze) = which("systemd-analyze") else {
-        eprintln!("SKIPPED: systemd-analyze is not installed");
-        return;
+        common::skip!(
+            common::Reason::MissingTool,
+            "systemd-analyze is not installed"
+        );
     };
     let dir = tempfile::tempdir().expect("tempdir");
     let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("systemd");
@@ -230,12 +232,10 @@ fn which(name: &str) -> Result<String, ()> {
 /// What the host holds for sandboxes: cgroups, supervisors, run dirs, layers.
 fn inventory(daemon: &Daemon) -> BTreeSet<String> {
     let mut items = BTreeSet::new();
-    let parent = format!("/sys/fs/cgroup/pids{}", daemon.cgroup_parent());
+    let parent =
+        common::cgroup::daemon_group(&common::cgroup::hierarchy("pids"), &daemon.cgroup_parent());
     // Supervisors sit in this daemon's own `<cgroup_parent>/supervisors`.
-    let supervisors = std::fs::read_to_string(format!("{parent}/supervisors/cgroup.procs"))
-        .unwrap_or_default()
-        .lines()
-        .count();
+    let supervisors = common::cgroup::procs_in(&parent.join("supervisors")).len();
     items.insert(format!("supervisors {supervisors}"));
     for group in std::fs::read_dir(parent).into_iter().flatten().flatten() {
         let name = group.file_name().to_string_lossy().into_owned();

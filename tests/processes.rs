@@ -525,5 +525,5 @@ async fn exec_in_a_deleted_sandbox_is_404() {
     assert_eq!(body["error"]["code"], "sandbox_not_found");
     // Nothing of it is left on the host.
     assert!(!daemon.run_dir().join("sandboxes").join(&id).exists());
-    assert!(!common::sandbox_cgroup("pids", &id).exists());
+    assert!(!common::cgroup::sandbox_dir("pids", &id).exists());
 }

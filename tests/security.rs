@@ -97,7 +97,7 @@ async fn root_inside_is_an_unprivileged_uid_outside() {
     }
     // The agent (PID 1 inside) too.
     let init: Vec<i32> =
-        std::fs::read_to_string(common::sandbox_cgroup("pids", &id).join("cgroup.procs"))
+        std::fs::read_to_string(common::cgroup::sandbox_dir("pids", &id).join("cgroup.procs"))
             .expect("sandbox cgroup.procs")
             .lines()
             .filter_map(|l| l.parse().ok())
@@ -176,7 +176,7 @@ async fn kernel_interfaces_are_closed() {
 }
 
 #[tokio::test]
-async fn network_has_only_loopback() {
+async fn network_is_lo_and_an_inner_veth_pair_and_blocks_egress_by_default() {
     require_host!();
     let daemon = Daemon::start();
     let id = daemon.create(json!({"image": "busybox"})).await;

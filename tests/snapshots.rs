@@ -293,8 +293,7 @@ async fn ask(daemon: &Daemon, id: &str) -> Answer {
 async fn a_memory_snapshot_forks_running_processes() {
     require_host!();
     if let Some(why) = criu_missing() {
-        eprintln!("skipping: {why}");
-        return;
+        common::skip!(common::Reason::OldCriu, "{why}");
     }
     let daemon = Daemon::start();
     let source = daemon.create(json!({"image": "python"})).await;
@@ -354,13 +353,8 @@ async fn a_memory_snapshot_forks_running_processes() {
     assert_eq!(randoms.len(), 10, "forks read the same kernel randomness");
     // Each fork has its own groups and nothing more: a restore must not
     // copy other groups of a hierarchy under the fork's.
-    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
-        .expect("cgroupfs")
-        .flatten()
-    {
-        let parent = hierarchy
-            .path()
-            .join(daemon.cgroup_parent().trim_start_matches('/'));
+    for hierarchy in common::cgroup::hierarchies_or_fail() {
+        let parent = common::cgroup::daemon_group(&hierarchy, &daemon.cgroup_parent());
         let groups = walkdir_count(&parent);
         assert!(
             groups < 200,
@@ -429,13 +423,10 @@ async fn a_memory_snapshot_forks_running_processes() {
     }
     // Nothing of the forks is left in any cgroup hierarchy, the ones CRIU
     // recreated included.
-    let hierarchies = std::fs::read_dir("/sys/fs/cgroup").expect("cgroupfs");
-    for hierarchy in hierarchies.flatten() {
+    for hierarchy in common::cgroup::hierarchies_or_fail() {
         for fork in &forks {
-            let group = hierarchy
-                .path()
-                .join(daemon.cgroup_parent().trim_start_matches('/'))
-                .join(fork);
+            let group =
+                common::cgroup::daemon_group(&hierarchy, &daemon.cgroup_parent()).join(fork);
             assert!(!group.exists(), "{} is left", group.display());
         }
     }

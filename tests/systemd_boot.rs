@@ -52,12 +52,16 @@ fn read(dir: &Path, name: &str) -> String {
 fn runs_under_systemd_with_socket_activation_and_notify() {
     require_host!();
     let Some(nspawn) = which("systemd-nspawn") else {
-        eprintln!("SKIPPED: systemd-nspawn is not installed (package systemd-container)");
-        return;
+        common::skip!(
+            common::Reason::MissingTool,
+            "systemd-nspawn is not installed (package systemd-container)"
+        );
     };
     if !Path::new(ROOTFS).join("lib/systemd/systemd").exists() {
-        eprintln!("SKIPPED: no systemd rootfs at {ROOTFS}; scripts/test.sh builds it");
-        return;
+        common::skip!(
+            common::Reason::MissingBuild,
+            "no systemd rootfs at {ROOTFS}; scripts/test.sh builds it"
+        );
     }
     let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
     let out = dir.path().join("out");
@@ -139,12 +143,8 @@ fn runs_under_systemd_with_socket_activation_and_notify() {
         .expect("systemd-nspawn");
     let log = read(&out, "selftest.log");
     let _ = pool.unmount();
-    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
-        .into_iter()
-        .flatten()
-        .flatten()
-    {
-        let group = hierarchy.path().join(parent.trim_start_matches('/'));
+    for hierarchy in common::cgroup::hierarchies() {
+        let group = common::cgroup::daemon_group(&hierarchy, &parent);
         let _ = std::fs::remove_dir(group.join("supervisors"));
         let _ = std::fs::remove_dir(group);
     }

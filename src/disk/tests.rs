@@ -6,13 +6,18 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use sandboxd_test_support::{note_skip, Reason};
+
 use super::*;
 
 const MIB: u64 = 1 << 20;
 
 fn can_run() -> bool {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root to mount a btrfs pool (run the tests as root)");
+        note_skip!(
+            Reason::NotRoot,
+            "needs root to mount a btrfs pool (run the tests as root)"
+        );
         return false;
     }
     let have = |bin: &str| {
@@ -22,12 +27,15 @@ fn can_run() -> bool {
             .is_ok_and(|o| o.status.success())
     };
     if !have("mkfs.btrfs") || !have("btrfs") {
-        eprintln!("skipped: btrfs-progs not installed (apt-get install btrfs-progs)");
+        note_skip!(
+            Reason::MissingTool,
+            "btrfs-progs not installed (apt-get install btrfs-progs)"
+        );
         return false;
     }
     let fs = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
     if !fs.lines().any(|l| l.trim_end().ends_with("btrfs")) {
-        eprintln!("skipped: this kernel has no btrfs");
+        note_skip!(Reason::NoKernelSupport, "this kernel has no btrfs");
         return false;
     }
     true

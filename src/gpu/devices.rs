@@ -291,8 +291,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tmp");
         let d = dir.path();
         if !mknod(d, "nvidia0", 195, 0) {
-            eprintln!("SKIPPED: mknod needs root");
-            return;
+            sandboxd_test_support::skip!(
+                sandboxd_test_support::Reason::NotRoot,
+                "mknod needs root"
+            );
         }
         assert!(mknod(d, "nvidia1", 195, 1));
         assert!(mknod(d, "nvidiactl", 195, 255));

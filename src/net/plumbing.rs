@@ -396,8 +396,10 @@ mod tests {
         // Our own namespace is always joinable by root; others skip.
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipping: needs root to setns");
-            return;
+            sandboxd_test_support::skip!(
+                sandboxd_test_support::Reason::NotRoot,
+                "needs root to setns"
+            );
         }
         let borrowed = String::from("kept");
         let v = in_netns(Path::new("/proc/self/ns/net"), || borrowed.len()).unwrap();

@@ -6,6 +6,8 @@
 
 #![allow(dead_code)]
 
+pub mod cgroup;
+
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -39,27 +41,37 @@ pub fn agent_path() -> PathBuf {
     target.join("x86_64-unknown-linux-gnu/release/sandbox-agent")
 }
 
+// Not every test crate that includes this module skips.
+#[allow(unused_imports)]
+pub use sandboxd_test_support::{note_skip, skip, Reason};
+
 /// Why these tests cannot run here, if they cannot.
-pub fn skip_reason() -> Option<String> {
+pub fn skip_reason() -> Option<(Reason, String)> {
     if !nix::unistd::Uid::effective().is_root() {
-        return Some("integration tests need root (namespaces, cgroups, mounts)".into());
+        return Some((
+            Reason::NotRoot,
+            "integration tests need root (namespaces, cgroups, mounts)".into(),
+        ));
     }
     if !agent_path().exists() {
-        return Some(format!(
-            "static agent missing at {}; run scripts/build-agent.sh",
-            agent_path().display()
+        return Some((
+            Reason::NoAgent,
+            format!(
+                "static agent missing at {}; run scripts/build-agent.sh",
+                agent_path().display()
+            ),
         ));
     }
     None
 }
 
-/// Skips the calling test (prints why) when the host cannot run it.
+/// Skips the calling test (see sandboxd_test_support::skip!) when the host
+/// cannot run it.
 #[macro_export]
 macro_rules! require_host {
     () => {
-        if let Some(reason) = common::skip_reason() {
-            eprintln!("SKIPPED: {reason}");
-            return;
+        if let Some((reason, why)) = common::skip_reason() {
+            common::skip!(reason, "{why}");
         }
     };
 }
@@ -403,12 +415,8 @@ impl Drop for Daemon {
         // This daemon's cgroup parent (and its supervisors group) go too;
         // rmdir only removes empty groups, so anything leaked stays visible.
         let parent = self.cgroup_parent();
-        for hierarchy in std::fs::read_dir("/sys/fs/cgroup")
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
-            let dir = hierarchy.path().join(parent.trim_start_matches('/'));
+        for hierarchy in cgroup::hierarchies() {
+            let dir = cgroup::daemon_group(&hierarchy, &parent);
             let _ = std::fs::remove_dir(dir.join("supervisors"));
             let _ = std::fs::remove_dir(&dir);
         }
@@ -470,32 +478,14 @@ impl Daemon {
 
 // ---------------------------------------------------------------------------
 // Helpers shared by the themed integration tests (processes, limits, files,
-// security, concurrency): host-side cgroup views and streaming file transfers.
+// security, concurrency): host-side process views (cgroups themselves are
+// read through `cgroup`) and streaming file transfers.
 // ---------------------------------------------------------------------------
-
-/// Host directory of a sandbox's cgroup in the v1 hierarchy `controller`.
-/// The sandbox's cgroup in `controller` (each test daemon has its own
-/// cgroup parent, so this looks under every top-level group).
-pub fn sandbox_cgroup(controller: &str, id: &str) -> PathBuf {
-    let root = Path::new("/sys/fs/cgroup").join(controller);
-    std::fs::read_dir(&root)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join(id))
-        .find(|p| p.exists())
-        .unwrap_or_else(|| root.join("sandboxd").join(id))
-}
 
 /// Host pids in the per-process cgroup of sandbox process `proc` (empty when
 /// the group is gone).
 pub fn process_host_pids(id: &str, proc: u64) -> Vec<i32> {
-    let procs = sandbox_cgroup("pids", id)
-        .join(format!("p{proc}"))
-        .join("cgroup.procs");
-    std::fs::read_to_string(procs)
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
+    cgroup::procs_in(&cgroup::sandbox_dir("pids", id).join(format!("p{proc}")))
 }
 
 /// Percent-encodes a value for a query string.

@@ -26,6 +26,10 @@
  *   net-syn A.B.C.D PORT         a TCP SYN through the net device (net.c):
  *                                `synack from A.B.C.D:PORT` (exit 0), `rst from
  *                                A.B.C.D:PORT` or `no answer` (exit 1)
+ *   net-connect A.B.C.D PORT     a whole TCP handshake, then how the peer goes
+ *                                on: `closed by A.B.C.D:PORT` (a FIN before any
+ *                                byte), `data from ...`, `open to ...` (exit
+ *                                0); `rst from ...` or `no answer` (exit 1)
  *
  * The codec is postcard as serde derives it for the Rust types: unsigned
  * integers as LEB128 varints, signed ones zigzag-encoded first, enums as a
@@ -324,6 +328,30 @@ static int parse_ip(struct str s, unsigned int *ip)
 	return parts == 4 ? 0 : -1;
 }
 
+/* `WHAT A.B.C.D:PORT` and a newline. */
+static void text_peer(const char *what, unsigned int ip, unsigned long port)
+{
+	text_str(what);
+	text_dec(ip >> 24);
+	text_char('.');
+	text_dec((ip >> 16) & 0xff);
+	text_char('.');
+	text_dec((ip >> 8) & 0xff);
+	text_char('.');
+	text_dec(ip & 0xff);
+	text_char(':');
+	text_dec(port);
+	text_char('\n');
+}
+
+/* The answers net-syn and net-connect share: no device, no ARP, none. */
+static int text_no_answer(int r)
+{
+	text_str(r == NET_NO_DEVICE ? "no net device\n" :
+		 r == NET_NO_ARP ? "no answer from the gateway (ARP)\n" : "no answer\n");
+	return 1;
+}
+
 static int run_net_syn(struct str *argv, int argc)
 {
 	unsigned long port;
@@ -335,22 +363,38 @@ static int run_net_syn(struct str *argv, int argc)
 		return usage("usage: net-syn A.B.C.D PORT\n");
 	r = net_syn(ip, (unsigned int)port);
 	if (r == NET_SYNACK || r == NET_RST) {
-		text_str(r == NET_SYNACK ? "synack from " : "rst from ");
-		text_dec(ip >> 24);
-		text_char('.');
-		text_dec((ip >> 16) & 0xff);
-		text_char('.');
-		text_dec((ip >> 8) & 0xff);
-		text_char('.');
-		text_dec(ip & 0xff);
-		text_char(':');
-		text_dec(port);
-		text_char('\n');
+		text_peer(r == NET_SYNACK ? "synack from " : "rst from ", ip, port);
 		return r == NET_SYNACK ? 0 : 1;
 	}
-	text_str(r == NET_NO_DEVICE ? "no net device\n" :
-		 r == NET_NO_ARP ? "no answer from the gateway (ARP)\n" : "no answer\n");
-	return 1;
+	return text_no_answer(r);
+}
+
+static int run_net_connect(struct str *argv, int argc)
+{
+	unsigned long port;
+	unsigned int ip;
+	int r;
+
+	if (argc != 3 || parse_ip(argv[1], &ip) || parse_dec(argv[2], &port) || !port ||
+	    port > 65535)
+		return usage("usage: net-connect A.B.C.D PORT\n");
+	r = net_connect(ip, (unsigned int)port);
+	switch (r) {
+	case NET_FIN:
+		text_peer("closed by ", ip, port);
+		return 0;
+	case NET_DATA:
+		text_peer("data from ", ip, port);
+		return 0;
+	case NET_SYNACK:
+		text_peer("open to ", ip, port);
+		return 0;
+	case NET_RST:
+		text_peer("rst from ", ip, port);
+		return 1;
+	default:
+		return text_no_answer(r);
+	}
 }
 
 /* Runs a built-in; returns its exit code, or -1 if there is no such program. */
@@ -407,6 +451,11 @@ static int run_builtin(struct str *argv, int argc, int *to_stderr)
 	}
 	if (str_is(argv[0], "net-syn")) {
 		code = run_net_syn(argv, argc);
+		*to_stderr = code == 2;
+		return code;
+	}
+	if (str_is(argv[0], "net-connect")) {
+		code = run_net_connect(argv, argc);
 		*to_stderr = code == 2;
 		return code;
 	}

@@ -47,7 +47,14 @@ void net_init(const struct boot_info *bi);
  * for the answer. Returns NET_SYNACK (an RST was sent back), NET_RST (the
  * peer refused), NET_NO_ANSWER, NET_NO_ARP (the gateway did not answer
  * ARP) or NET_NO_DEVICE. */
-enum { NET_SYNACK = 0, NET_RST = 1, NET_NO_ANSWER = 2, NET_NO_ARP = 3, NET_NO_DEVICE = 4 };
+enum { NET_SYNACK = 0, NET_RST = 1, NET_NO_ANSWER = 2, NET_NO_ARP = 3, NET_NO_DEVICE = 4,
+       NET_FIN = 5, NET_DATA = 6 };
 int net_syn(unsigned int ip, unsigned int port);
+/* Completes a TCP handshake with ip:port and waits (bounded) for how the
+ * peer goes on: NET_FIN (it closed before sending anything: a proxy that
+ * refused the connection), NET_DATA (it sent bytes), NET_RST, NET_SYNACK
+ * (connected and still open when the wait ended), or the net_syn
+ * failures. The connection is reset before returning. */
+int net_connect(unsigned int ip, unsigned int port);
 
 #endif

@@ -1,7 +1,8 @@
 /*
- * The test guest's virtio-net driver and the one thing it does with it:
+ * The test guest's virtio-net driver and the two things it does with it:
  * `net-syn` (agent.c), a TCP SYN to an address through the gateway and a
- * bounded wait for the answer. Addresses are the sandbox's fixed ones: the
+ * bounded wait for the answer, and `net-connect`, a whole handshake and a
+ * bounded wait for how the peer goes on (closes, sends, resets). Addresses are the sandbox's fixed ones: the
  * guest is 10.201.0.2 with the device's MAC (06:00:0a:c9:00:02 by default),
  * the gateway 10.201.0.1 (the host's tap), its MAC learnt with one ARP
  * request and cached.
@@ -292,6 +293,71 @@ int net_syn(unsigned int ip, unsigned int port)
 		if (head < NRX)
 			post_rx((unsigned short)head);
 	}
+	irq_timer_stop();
+	return result;
+}
+
+int net_connect(unsigned int ip, unsigned int port)
+{
+	unsigned int sport, isn, n, len, flags, peer, hdr, ip_len, data;
+	unsigned char *r;
+	int head, done, open = 0, result = NET_NO_ANSWER;
+
+	if (!net_up)
+		return NET_NO_DEVICE;
+	syn_count++;
+	sport = 49152 + (syn_count & 0x3fff);
+	isn = 0x5a000000u + syn_count * 0x10000u;
+	irq_timer_start(WAIT_CYCLES);
+	if (!gw_known) {
+		if (learn_gateway()) {
+			irq_timer_stop();
+			return NET_NO_ARP;
+		}
+		gw_known = 1;
+	}
+	send_tcp(ip, sport, port, isn, 0, 0x02);
+	for (n = 0; n < MAX_FRAMES; n++) {
+		if (net_recv(&r, &len, &head))
+			break;
+		done = 0;
+		if (r && len >= 54 && rd16(r + 12) == 0x0800 && (r[14] >> 4) == 4 &&
+		    r[23] == 6 && rd32(r + 26) == ip) {
+			unsigned char *tcp = r + 14 + 4 * (r[14] & 0xf);
+
+			if (tcp + 20 <= r + len && rd16(tcp) == port && rd16(tcp + 2) == sport) {
+				flags = tcp[13];
+				ip_len = rd16(r + 16);
+				hdr = 4 * (r[14] & 0xf) + 4 * (tcp[12] >> 4);
+				data = ip_len > hdr ? ip_len - hdr : 0;
+				if (flags & 0x04) {
+					result = NET_RST;
+					open = 0;
+					done = 1;
+				} else if (!open && (flags & 0x12) == 0x12 &&
+					   rd32(tcp + 8) == isn + 1) {
+					/* ACK the SYN-ACK: the peer's accept() returns. */
+					peer = rd32(tcp + 4) + 1;
+					send_tcp(ip, sport, port, isn + 1, peer, 0x10);
+					open = 1;
+					result = NET_SYNACK;
+				} else if (open && data) {
+					result = NET_DATA;
+					done = 1;
+				} else if (open && (flags & 0x01)) {
+					result = NET_FIN;
+					done = 1;
+				}
+			}
+		}
+		if (head < NRX)
+			post_rx((unsigned short)head);
+		if (done)
+			break;
+	}
+	/* Leave nothing half-open on either side. */
+	if (open || result == NET_FIN || result == NET_DATA)
+		send_tcp(ip, sport, port, isn + 1, 0, 0x04);
 	irq_timer_stop();
 	return result;
 }

@@ -88,8 +88,10 @@ fn memory_above_the_mmio_gap_is_split_around_it() {
     match host_ram_mib() {
         Ok(host) if host >= mem_mib => {}
         other => {
-            eprintln!("skipping: host RAM {other:?} MiB is below {mem_mib} MiB");
-            return;
+            common::skip!(
+                common::Reason::LowMemory,
+                "host RAM {other:?} MiB is below {mem_mib} MiB"
+            );
         }
     }
     // Guest RAM is mapped MAP_NORESERVE and the guest touches one page, so
@@ -209,8 +211,10 @@ fn bad_input_is_refused_before_any_vm_exists() {
     );
     let guest = env!("VMM_TEST_GUEST");
     if guest.is_empty() {
-        eprintln!("skipping the rest: the test guest was not built");
-        return;
+        common::skip!(
+            common::Reason::MissingBuild,
+            "the rest: the test guest was not built"
+        );
     }
     // The test guest takes no initramfs; a missing initramfs is named.
     let err = build(VmConfig {

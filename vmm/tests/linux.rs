@@ -17,6 +17,8 @@
 
 mod common;
 
+use common::{note_skip, skip, Reason};
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -40,19 +42,20 @@ fn timeout() -> Duration {
 /// `VMM_TEST_LINUX_FORCE=1` runs the tests anyway: on a kvm_pvm host a
 /// kernel does boot, every instruction emulated, in minutes rather than a
 /// second (raise `VMM_TEST_LINUX_TIMEOUT_S` to match).
-fn no_hardware_virtualisation() -> Option<String> {
+fn no_hardware_virtualisation() -> Option<(Reason, String)> {
     if let Err(e) = vmm::vstate::kvm::KvmContext::open(Path::new("/dev/kvm")) {
-        return Some(format!("no usable KVM: {e}"));
+        return Some((Reason::NoKvm, format!("no usable KVM: {e}")));
     }
     if std::env::var_os("VMM_TEST_LINUX_FORCE").is_some_and(|v| v == "1") {
         return None;
     }
     if Path::new("/sys/module/kvm_pvm").exists() {
-        return Some(
+        return Some((
+            Reason::NoHardwareVirt,
             "KVM here is kvm_pvm (no VMX/SVM): a stock Linux kernel runs only through KVM's \
              instruction emulator, minutes per boot (VMM_TEST_LINUX_FORCE=1 runs it anyway)"
                 .into(),
-        );
+        ));
     }
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let has = |flag: &str| {
@@ -62,15 +65,18 @@ fn no_hardware_virtualisation() -> Option<String> {
             .any(|l| l.split_whitespace().any(|w| w == flag))
     };
     if !has("vmx") && !has("svm") {
-        return Some("the CPU shows neither vmx nor svm in /proc/cpuinfo".into());
+        return Some((
+            Reason::NoHardwareVirt,
+            "the CPU shows neither vmx nor svm in /proc/cpuinfo".into(),
+        ));
     }
     None
 }
 
-/// The kernel to boot, or `None` after printing why the test skips.
+/// The kernel to boot, or `None` after recording why the test skips.
 fn linux_kernel(var: &str, default: Option<&str>) -> Option<PathBuf> {
-    if let Some(why) = no_hardware_virtualisation() {
-        eprintln!("skipping: {why}");
+    if let Some((reason, why)) = no_hardware_virtualisation() {
+        note_skip!(reason, "{why}");
         return None;
     }
     let path = std::env::var_os(var)
@@ -79,11 +85,15 @@ fn linux_kernel(var: &str, default: Option<&str>) -> Option<PathBuf> {
     match path {
         Some(p) if p.is_file() => Some(p),
         Some(p) => {
-            eprintln!("skipping: no kernel at {} (set {var})", p.display());
+            note_skip!(
+                Reason::MissingBuild,
+                "no kernel at {} (set {var})",
+                p.display()
+            );
             None
         }
         None => {
-            eprintln!("skipping: {var} is not set");
+            note_skip!(Reason::NotConfigured, "{var} is not set");
             None
         }
     }
@@ -202,8 +212,11 @@ fn vmlinux_boots_through_pvh_and_through_the_zero_page() {
     };
     let image = std::fs::read(&kernel).expect("read kernel");
     if image.get(..4) != Some(b"\x7fELF".as_slice()) {
-        eprintln!("skipping: {} is not an ELF vmlinux", kernel.display());
-        return;
+        skip!(
+            Reason::MissingBuild,
+            "{} is not an ELF vmlinux",
+            kernel.display()
+        );
     }
     let Some(at) = pvh_note_type_offset(&image) else {
         eprintln!(
@@ -327,7 +340,10 @@ fn init_binary(dir: &Path) -> Option<Vec<u8>> {
     {
         Ok(s) if s.success() => std::fs::read(&bin).ok(),
         other => {
-            eprintln!("skipping: cannot build a static /init with gcc ({other:?}); set VMM_TEST_LINUX_INIT");
+            note_skip!(
+                Reason::MissingTool,
+                "cannot build a static /init with gcc ({other:?}); set VMM_TEST_LINUX_INIT"
+            );
             None
         }
     }
@@ -386,7 +402,7 @@ fn initramfs_init_runs_as_pid_1_and_its_reboot_ends_the_vm() {
 fn skip_reasons_are_printed() {
     // Always runs: says what the Linux tests will do on this host.
     match no_hardware_virtualisation() {
-        Some(why) => eprintln!("info: Linux boot tests skip here: {why}"),
+        Some((reason, why)) => eprintln!("info: Linux boot tests skip here ({reason}): {why}"),
         None => eprintln!("info: hardware virtualisation present; Linux boot tests run"),
     }
 }

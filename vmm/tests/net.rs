@@ -38,7 +38,10 @@ impl Netns {
         );
         let status = Command::new("ip").args(["netns", "add", &name]).status();
         if !matches!(status, Ok(s) if s.success()) {
-            eprintln!("skipping: cannot create a network namespace (root and iproute2 needed)");
+            common::note_skip!(
+                common::Reason::NoNetns,
+                "cannot create a network namespace (root and iproute2 needed)"
+            );
             return None;
         }
         let ns = Netns(name);
@@ -56,7 +59,11 @@ impl Netns {
                 .status()
                 .is_ok_and(|s| s.success());
             if !ok {
-                eprintln!("skipping: `ip -n {} {args}` failed (no tun driver?)", ns.0);
+                common::note_skip!(
+                    common::Reason::NoKernelSupport,
+                    "`ip -n {} {args}` failed (no tun driver?)",
+                    ns.0
+                );
                 return None;
             }
         }

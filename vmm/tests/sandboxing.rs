@@ -363,8 +363,10 @@ fn is_root() -> bool {
 fn unprivileged_vmm_in_an_empty_chroot_boots_from_descriptors() {
     let Some(kernel) = guest() else { return };
     if !is_root() {
-        eprintln!("skipping: changing to uid {NOBODY} needs root");
-        return;
+        common::skip!(
+            common::Reason::NotRoot,
+            "changing to uid {NOBODY} needs root"
+        );
     }
     let root = TempPath::new("root");
     let vmm_in_root = populate_chroot(&root.0);

@@ -470,7 +470,10 @@ mod tests {
         match KvmContext::open(Path::new("/dev/kvm")) {
             Ok(kvm) => Some(kvm),
             Err(e) => {
-                eprintln!("skipping: no usable KVM: {e}");
+                sandboxd_test_support::note_skip!(
+                    sandboxd_test_support::Reason::NoKvm,
+                    "no usable KVM: {e}"
+                );
                 None
             }
         }

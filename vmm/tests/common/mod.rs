@@ -7,15 +7,23 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-/// The test guest, if it was built and KVM is usable; otherwise prints why not.
+// Not every test crate that includes this module skips.
+#[allow(unused_imports)]
+pub use sandboxd_test_support::{note_skip, skip, Reason};
+
+/// The test guest, if it was built and KVM is usable; otherwise records the
+/// skip (sandboxd_test_support) and the caller returns.
 pub fn guest() -> Option<PathBuf> {
     let path = env!("VMM_TEST_GUEST");
     if path.is_empty() {
-        eprintln!("skipping: the test guest was not built (see the build warning)");
+        note_skip!(
+            Reason::MissingBuild,
+            "the test guest was not built (see the build warning)"
+        );
         return None;
     }
     if let Err(e) = vmm::vstate::kvm::KvmContext::open(Path::new("/dev/kvm")) {
-        eprintln!("skipping: no usable KVM: {e}");
+        note_skip!(Reason::NoKvm, "no usable KVM: {e}");
         return None;
     }
     Some(PathBuf::from(path))

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Sums a `cargo test` log into one plain line, `N passed, N failed, N skipped`
+# (plus `N ignored` when libtest ignored any), then lists the skips grouped
+# by reason. Usage: scripts/test-summary.sh CARGO-TEST-LOG SKIP-LOG
+#
+# libtest counts a test that returned early as passed; the skip log (one
+# `SANDBOXD-SKIP <test> <reason>: <message>` line per skipped test, written
+# by sandboxd_test_support) says which did, so passed = libtest's passed
+# minus the skips. Exits 1 when any test failed or cargo reported an error
+# (a test binary that crashed, a build error), else 0.
+set -euo pipefail
+log=${1:?usage: test-summary.sh CARGO-TEST-LOG SKIP-LOG}
+skips=${2:?usage: test-summary.sh CARGO-TEST-LOG SKIP-LOG}
+[[ -f $skips ]] || : >"$skips"
+
+# `test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; ...`
+read -r passed failed ignored results < <(awk '
+	/^test result: / {
+		n++
+		for (i = 1; i <= NF; i++) {
+			w = $(i + 1); sub(/[;,]$/, "", w)
+			if (w == "passed") p += $i
+			if (w == "failed") f += $i
+			if (w == "ignored") g += $i
+		}
+	}
+	END { printf "%d %d %d %d\n", p, f, g, n }' "$log")
+skipped=$(grep -c '^SANDBOXD-SKIP ' "$skips" || true)
+# A binary that died before its summary line, or a build error, leaves no
+# `test result:` of its own: cargo's own `error:` lines say so.
+cargo_errors=$(grep -cE '^error(\[E[0-9]+\])?: ' "$log" || true)
+
+line="$((passed - skipped)) passed, $failed failed, $skipped skipped"
+if ((ignored > 0)); then
+	line+=", $ignored ignored"
+fi
+echo "$line"
+if ((skipped > 0)); then
+	echo "skipped, by reason:"
+	# `SANDBOXD-SKIP test reason: message` -> `reason<TAB>test<TAB>message`
+	grouped=$(sed -E 's/^SANDBOXD-SKIP ([^ ]+) ([^:]+): (.*)$/\2\t\1\t\3/' "$skips" | sort)
+	while read -r reason; do
+		rows=$(awk -F'\t' -v r="$reason" '$1 == r' <<<"$grouped")
+		echo "  $reason ($(wc -l <<<"$rows"))"
+		awk -F'\t' '{ printf "    %s: %s\n", $2, $3 }' <<<"$rows"
+	done < <(cut -f1 <<<"$grouped" | uniq)
+fi
+if ((results == 0)); then
+	echo "test-summary: no \`test result:\` line in $log" >&2
+	exit 1
+fi
+if ((cargo_errors > 0)); then
+	echo "test-summary: cargo reported errors (failed or crashed test binaries, or a build error); see $log" >&2
+fi
+((failed == 0 && cargo_errors == 0))
