@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
@@ -17,9 +16,7 @@ use sandbox_proto::{FileKind, FileStat, Reply, RequestBody, MAX_CHUNK};
 use super::error::{ApiError, ApiResult};
 use super::types::{FileInfo, FileList};
 use crate::sandbox::{sandbox_path, Manager, SandboxError};
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
-
-const FILE_DEADLINE: Duration = Duration::from_secs(35);
+use crate::supervisor::client::SupervisorClient;
 
 type Params = Query<BTreeMap<String, String>>;
 
@@ -77,18 +74,8 @@ fn info(stat: FileStat) -> FileInfo {
 }
 
 /// One file request to the agent through the supervisor.
-async fn agent(conn: &mut SupervisorConn, body: RequestBody) -> ApiResult<Reply> {
-    match conn
-        .call(&SupervisorRequest::File(body), FILE_DEADLINE)
-        .await?
-    {
-        SupervisorReply::Agent(Reply::Error(e)) => Err(ApiError(e.into())),
-        SupervisorReply::Agent(reply) => Ok(reply),
-        SupervisorReply::Error(e) => Err(ApiError(e.into())),
-        other => Err(ApiError(SandboxError::internal(format!(
-            "unexpected reply {other:?}"
-        )))),
-    }
+async fn agent(client: &mut SupervisorClient, body: RequestBody) -> ApiResult<Reply> {
+    Ok(client.file(body).await?)
 }
 
 fn unexpected(reply: Reply) -> ApiError {
@@ -97,7 +84,7 @@ fn unexpected(reply: Reply) -> ApiError {
     )))
 }
 
-async fn stat_of(conn: &mut SupervisorConn, path: &str) -> ApiResult<FileInfo> {
+async fn stat_of(conn: &mut SupervisorClient, path: &str) -> ApiResult<FileInfo> {
     match agent(
         conn,
         RequestBody::Stat {

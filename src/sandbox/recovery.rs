@@ -5,10 +5,9 @@ use super::record::SandboxRecord;
 use super::teardown::teardown;
 use super::SandboxError;
 use crate::model::SandboxState;
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 use std::sync::Arc;
 
-use super::manager::{Manager, HEALTH_DEADLINE};
+use super::manager::Manager;
 
 impl Manager {
     /// Loads the store after a (re)start: sandboxes whose supervisor answers
@@ -25,13 +24,7 @@ impl Manager {
             .collect();
         self.kill_supervisors_except(&finished);
         for mut record in stored {
-            let alive = match SupervisorConn::connect(&self.paths(&record.id).socket()).await {
-                Ok(mut conn) => matches!(
-                    conn.call(&SupervisorRequest::Health, HEALTH_DEADLINE).await,
-                    Ok(SupervisorReply::Health(_))
-                ),
-                Err(_) => false,
-            };
+            let alive = self.supervisors.health(&record.id).await.is_ok();
             match record.state {
                 SandboxState::Ready if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");

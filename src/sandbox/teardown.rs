@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use crate::disk::DiskPool;
 use crate::runtime::container;
+use crate::supervisor::client::{CallError, SupervisorClient};
 use crate::supervisor::config::SandboxPaths;
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 
-const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
 /// How long a supervisor may take to exit once it has torn its sandbox down.
 const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -24,22 +23,18 @@ pub async fn teardown(
 ) -> Vec<String> {
     let mut problems = Vec::new();
     // The supervisor kills and removes the container itself when it is there...
-    if let Ok(mut conn) = SupervisorConn::connect(&paths.socket()).await {
-        let supervisor = conn.peer_pid();
-        match conn
-            .call(&SupervisorRequest::Shutdown, SHUTDOWN_DEADLINE)
-            .await
-        {
+    if let Ok(mut client) = SupervisorClient::connect(&paths.socket()).await {
+        let supervisor = client.peer_pid();
+        match client.shutdown().await {
             // Gone means gone: the supervisor exits right after answering.
-            Ok(SupervisorReply::Ok) => {
+            Ok(()) => {
                 if let Some(pid) = supervisor {
                     if !exited(pid, EXIT_DEADLINE).await {
                         problems.push(format!("supervisor {pid} still runs after its teardown"));
                     }
                 }
             }
-            Ok(SupervisorReply::Error(e)) => problems.push(format!("supervisor teardown: {e}")),
-            Ok(other) => problems.push(format!("supervisor answered shutdown with {other:?}")),
+            Err(CallError::Refused(e)) => problems.push(format!("supervisor teardown: {e}")),
             Err(e) => problems.push(e.to_string()),
         }
     }
