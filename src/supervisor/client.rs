@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use sandbox_proto::{AgentError, PtySize, Reply, RequestBody, Stream};
+use sandbox_proto::{AgentError, FileStat, PtySize, Reply, RequestBody, Stream};
 
 use super::config::SandboxPaths;
 use super::protocol::{
@@ -162,12 +162,21 @@ mod expect {
         }
     }
 
-    pub(super) fn agent(reply: SupervisorReply) -> Result<Reply, CallError> {
+    fn agent(reply: SupervisorReply) -> Result<Reply, CallError> {
         match answered(reply)? {
             SupervisorReply::Agent(Reply::Error(e)) => Err(CallError::Agent(e)),
             SupervisorReply::Agent(reply) => Ok(reply),
             other => Err(unexpected("File", other)),
         }
+    }
+
+    /// An agent's answer to a file request, as `pick` takes it apart.
+    pub(super) fn file<T>(
+        request: &'static str,
+        reply: SupervisorReply,
+        pick: impl FnOnce(Reply) -> Result<T, Reply>,
+    ) -> Result<T, CallError> {
+        pick(agent(reply)?).map_err(|other| unexpected(request, SupervisorReply::Agent(other)))
     }
 
     pub(super) fn checkpointed(reply: SupervisorReply) -> Result<Checkpointed, CallError> {
@@ -365,11 +374,94 @@ impl SupervisorClient {
     }
 
     /// One file request to the agent; its refusal is [`CallError::Agent`].
-    pub async fn file(&mut self, body: RequestBody) -> Result<Reply, CallError> {
-        expect::agent(
-            self.call(&SupervisorRequest::File(body), FILE_DEADLINE)
-                .await?,
+    async fn file<T>(
+        &mut self,
+        request: &'static str,
+        body: RequestBody,
+        pick: impl FnOnce(Reply) -> Result<T, Reply>,
+    ) -> Result<T, CallError> {
+        let reply = self
+            .call(&SupervisorRequest::File(body), FILE_DEADLINE)
+            .await?;
+        expect::file(request, reply, pick)
+    }
+
+    async fn file_ok(&mut self, request: &'static str, body: RequestBody) -> Result<(), CallError> {
+        self.file(request, body, |reply| match reply {
+            Reply::Ok => Ok(()),
+            other => Err(other),
+        })
+        .await
+    }
+
+    /// Opens (creating or truncating) a file for writing; its handle.
+    pub async fn open_write(&mut self, path: String, mode: u32) -> Result<u64, CallError> {
+        self.file(
+            "OpenWrite",
+            RequestBody::OpenWrite { path, mode },
+            |r| match r {
+                Reply::Opened { handle, .. } => Ok(handle),
+                other => Err(other),
+            },
         )
+        .await
+    }
+
+    /// Opens a file for reading; its handle and size.
+    pub async fn open_read(&mut self, path: String) -> Result<(u64, u64), CallError> {
+        self.file("OpenRead", RequestBody::OpenRead { path }, |r| match r {
+            Reply::Opened { handle, size } => Ok((handle, size)),
+            other => Err(other),
+        })
+        .await
+    }
+
+    pub async fn write(&mut self, handle: u64, data: Vec<u8>) -> Result<(), CallError> {
+        self.file_ok("Write", RequestBody::Write { handle, data })
+            .await
+    }
+
+    /// Up to `max` bytes; empty at the end of the file.
+    pub async fn read(&mut self, handle: u64, max: u32) -> Result<Vec<u8>, CallError> {
+        self.file("Read", RequestBody::Read { handle, max }, |r| match r {
+            Reply::Data(data) => Ok(data),
+            other => Err(other),
+        })
+        .await
+    }
+
+    pub async fn close(&mut self, handle: u64) -> Result<(), CallError> {
+        self.file_ok("Close", RequestBody::Close { handle }).await
+    }
+
+    pub async fn stat(&mut self, path: String) -> Result<FileStat, CallError> {
+        self.file("Stat", RequestBody::Stat { path }, |r| match r {
+            Reply::Stat(stat) => Ok(stat),
+            other => Err(other),
+        })
+        .await
+    }
+
+    pub async fn list_dir(&mut self, path: String) -> Result<Vec<FileStat>, CallError> {
+        self.file("ListDir", RequestBody::ListDir { path }, |r| match r {
+            Reply::Entries(entries) => Ok(entries),
+            other => Err(other),
+        })
+        .await
+    }
+
+    pub async fn mkdir(&mut self, path: String, parents: bool, mode: u32) -> Result<(), CallError> {
+        let body = RequestBody::Mkdir {
+            path,
+            parents,
+            mode,
+        };
+        self.file_ok("Mkdir", body).await
+    }
+
+    pub async fn remove(&mut self, path: String, recursive: bool) -> Result<(), CallError> {
+        self.file_ok("Remove", RequestBody::Remove { path, recursive })
+            .await
     }
 
     /// Kill everything, remove the container; the supervisor exits after.
@@ -575,7 +667,22 @@ mod tests {
             kind: sandbox_proto::ErrorKind::NotFound,
             message: "no /x".into(),
         }));
-        let err = crate::sandbox::SandboxError::from(expect::agent(reply).expect_err("an error"));
-        assert_eq!(err.code(), "file_not_found");
+        let err = expect::file("Stat", reply, |r| match r {
+            Reply::Stat(s) => Ok(s),
+            other => Err(other),
+        })
+        .expect_err("an error");
+        assert_eq!(
+            crate::sandbox::SandboxError::from(err).code(),
+            "file_not_found"
+        );
+        let misfit = expect::file("Stat", SupervisorReply::Agent(Reply::Ok), |r| match r {
+            Reply::Stat(s) => Ok(s),
+            other => Err(other),
+        });
+        assert_eq!(
+            misfit.map_err(|e| e.to_string()).err().as_deref(),
+            Some("unexpected supervisor reply to Stat: Agent(Ok)")
+        );
     }
 }
