@@ -37,7 +37,7 @@ type Taken = (
 /// A snapshot request's failure. The supervisor's refusals: with calls to
 /// the agent in flight, a 409 `sandbox_busy`; any other, an internal error
 /// saying `what` failed.
-fn refused(what: &str, e: CallError) -> SandboxError {
+pub(super) fn refused(what: &str, e: CallError) -> SandboxError {
     match e {
         CallError::Refused(e) if e.kind == SupervisorErrorKind::Conflict => {
             SandboxError::Conflict {

@@ -336,3 +336,27 @@ async fn egress_sampling_reads_ready_sandboxes_only() {
     assert_eq!(h.manager.records()["sb-r"].usage.egress_bytes, 777);
     assert_eq!(h.fake.calls(), vec![Call::Health("sb-r".into())]);
 }
+
+#[test]
+fn a_busy_supervisor_refuses_a_snapshot_with_a_409_and_other_refusals_say_what_failed() {
+    use crate::supervisor::client::CallError;
+    let busy = super::snapshots::refused(
+        "checkpointing the sandbox",
+        CallError::Refused(SupervisorError::new(
+            SupervisorErrorKind::Conflict,
+            "calls to the agent are in flight",
+        )),
+    );
+    assert!(matches!(busy, SandboxError::Conflict { code, .. } if code == "sandbox_busy"));
+    let failed = super::snapshots::refused(
+        "checkpointing the sandbox",
+        CallError::Refused(SupervisorError::new(
+            SupervisorErrorKind::Internal,
+            "criu dump failed",
+        )),
+    );
+    assert!(
+        matches!(&failed, SandboxError::Internal(m) if m == "checkpointing the sandbox: criu dump failed"),
+        "{failed:?}"
+    );
+}
