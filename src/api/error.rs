@@ -16,8 +16,8 @@ impl From<SandboxError> for ApiError {
     }
 }
 
-impl From<crate::supervisor::protocol::ClientError> for ApiError {
-    fn from(e: crate::supervisor::protocol::ClientError) -> Self {
+impl From<crate::supervisor::client::CallError> for ApiError {
+    fn from(e: crate::supervisor::client::CallError) -> Self {
         Self(e.into())
     }
 }

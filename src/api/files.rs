@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
@@ -12,14 +11,12 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures::StreamExt;
-use sandbox_proto::{FileKind, FileStat, Reply, RequestBody, MAX_CHUNK};
+use sandbox_proto::{FileKind, FileStat, MAX_CHUNK};
 
 use super::error::{ApiError, ApiResult};
 use super::types::{FileInfo, FileList};
 use crate::sandbox::{sandbox_path, Manager, SandboxError};
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
-
-const FILE_DEADLINE: Duration = Duration::from_secs(35);
+use crate::supervisor::client::SupervisorClient;
 
 type Params = Query<BTreeMap<String, String>>;
 
@@ -76,39 +73,8 @@ fn info(stat: FileStat) -> FileInfo {
     }
 }
 
-/// One file request to the agent through the supervisor.
-async fn agent(conn: &mut SupervisorConn, body: RequestBody) -> ApiResult<Reply> {
-    match conn
-        .call(&SupervisorRequest::File(body), FILE_DEADLINE)
-        .await?
-    {
-        SupervisorReply::Agent(Reply::Error(e)) => Err(ApiError(e.into())),
-        SupervisorReply::Agent(reply) => Ok(reply),
-        SupervisorReply::Error(e) => Err(ApiError(e.into())),
-        other => Err(ApiError(SandboxError::internal(format!(
-            "unexpected reply {other:?}"
-        )))),
-    }
-}
-
-fn unexpected(reply: Reply) -> ApiError {
-    ApiError(SandboxError::internal(format!(
-        "unexpected agent reply {reply:?}"
-    )))
-}
-
-async fn stat_of(conn: &mut SupervisorConn, path: &str) -> ApiResult<FileInfo> {
-    match agent(
-        conn,
-        RequestBody::Stat {
-            path: path.to_string(),
-        },
-    )
-    .await?
-    {
-        Reply::Stat(s) => Ok(info(s)),
-        other => Err(unexpected(other)),
-    }
+async fn stat_of(client: &mut SupervisorClient, path: &str) -> ApiResult<FileInfo> {
+    Ok(info(client.stat(path.to_string()).await?))
 }
 
 pub async fn upload(
@@ -120,19 +86,8 @@ pub async fn upload(
     let path = path_param(&query)?;
     let mode = mode(&query, 0o644)?;
     let limit = manager.config.max_upload_mib * 1024 * 1024;
-    let mut conn = manager.connect(&id).await?;
-    let handle = match agent(
-        &mut conn,
-        RequestBody::OpenWrite {
-            path: path.clone(),
-            mode,
-        },
-    )
-    .await?
-    {
-        Reply::Opened { handle, .. } => handle,
-        other => return Err(unexpected(other)),
-    };
+    let mut client = manager.connect(&id).await?;
+    let handle = client.open_write(path.clone(), mode).await?;
     let result = async {
         let mut stream = body.into_data_stream();
         let mut pending: Vec<u8> = Vec::with_capacity(MAX_CHUNK);
@@ -157,38 +112,27 @@ pub async fn upload(
                 rest = &rest[take..];
                 if pending.len() == MAX_CHUNK {
                     let data = std::mem::replace(&mut pending, Vec::with_capacity(MAX_CHUNK));
-                    agent(&mut conn, RequestBody::Write { handle, data }).await?;
+                    client.write(handle, data).await?;
                 }
             }
         }
         if !pending.is_empty() {
-            agent(
-                &mut conn,
-                RequestBody::Write {
-                    handle,
-                    data: pending,
-                },
-            )
-            .await?;
+            client.write(handle, pending).await?;
         }
         Ok(())
     }
     .await;
-    let closed = agent(&mut conn, RequestBody::Close { handle }).await;
+    let closed = client.close(handle).await;
     if let Err(e) = result {
         // A partial file is worse than none.
-        let _ = agent(
-            &mut conn,
-            RequestBody::Remove {
-                path,
-                recursive: false,
-            },
-        )
-        .await;
+        let _ = client.remove(path, false).await;
         return Err(e);
     }
     closed?;
-    Ok((StatusCode::CREATED, Json(stat_of(&mut conn, &path).await?)))
+    Ok((
+        StatusCode::CREATED,
+        Json(stat_of(&mut client, &path).await?),
+    ))
 }
 
 pub async fn download(
@@ -197,27 +141,16 @@ pub async fn download(
     Query(query): Params,
 ) -> ApiResult<Response> {
     let path = path_param(&query)?;
-    let mut conn = manager.connect(&id).await?;
-    let (handle, size) = match agent(&mut conn, RequestBody::OpenRead { path }).await? {
-        Reply::Opened { handle, size } => (handle, size),
-        other => return Err(unexpected(other)),
-    };
-    let stream = futures::stream::unfold(Some(conn), move |conn| async move {
-        let mut conn = conn?;
-        let read = agent(
-            &mut conn,
-            RequestBody::Read {
-                handle,
-                max: MAX_CHUNK as u32,
-            },
-        )
-        .await;
-        match read {
-            Ok(Reply::Data(data)) if !data.is_empty() => {
-                Some((Ok::<Bytes, std::io::Error>(Bytes::from(data)), Some(conn)))
+    let mut client = manager.connect(&id).await?;
+    let (handle, size) = client.open_read(path).await?;
+    let stream = futures::stream::unfold(Some(client), move |client| async move {
+        let mut client = client?;
+        match client.read(handle, MAX_CHUNK as u32).await {
+            Ok(data) if !data.is_empty() => {
+                Some((Ok::<Bytes, std::io::Error>(Bytes::from(data)), Some(client)))
             }
-            Ok(Reply::Data(_)) => {
-                let _ = agent(&mut conn, RequestBody::Close { handle }).await;
+            Ok(_) => {
+                let _ = client.close(handle).await;
                 None
             }
             _ => Some((
@@ -244,14 +177,12 @@ pub async fn list(
     Query(query): Params,
 ) -> ApiResult<impl IntoResponse> {
     let path = path_param(&query)?;
-    let mut conn = manager.connect(&id).await?;
-    match agent(&mut conn, RequestBody::ListDir { path: path.clone() }).await? {
-        Reply::Entries(entries) => Ok(Json(FileList {
-            path,
-            entries: entries.into_iter().map(info).collect(),
-        })),
-        other => Err(unexpected(other)),
-    }
+    let mut client = manager.connect(&id).await?;
+    let entries = client.list_dir(path.clone()).await?;
+    Ok(Json(FileList {
+        path,
+        entries: entries.into_iter().map(info).collect(),
+    }))
 }
 
 pub async fn stat(
@@ -260,8 +191,8 @@ pub async fn stat(
     Query(query): Params,
 ) -> ApiResult<impl IntoResponse> {
     let path = path_param(&query)?;
-    let mut conn = manager.connect(&id).await?;
-    Ok(Json(stat_of(&mut conn, &path).await?))
+    let mut client = manager.connect(&id).await?;
+    Ok(Json(stat_of(&mut client, &path).await?))
 }
 
 pub async fn mkdir(
@@ -272,17 +203,12 @@ pub async fn mkdir(
     let path = path_param(&query)?;
     let parents = flag(&query, "parents")?;
     let mode = mode(&query, 0o755)?;
-    let mut conn = manager.connect(&id).await?;
-    agent(
-        &mut conn,
-        RequestBody::Mkdir {
-            path: path.clone(),
-            parents,
-            mode,
-        },
-    )
-    .await?;
-    Ok((StatusCode::CREATED, Json(stat_of(&mut conn, &path).await?)))
+    let mut client = manager.connect(&id).await?;
+    client.mkdir(path.clone(), parents, mode).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(stat_of(&mut client, &path).await?),
+    ))
 }
 
 pub async fn remove(
@@ -298,7 +224,7 @@ pub async fn remove(
         ));
     }
     let recursive = flag(&query, "recursive")?;
-    let mut conn = manager.connect(&id).await?;
-    agent(&mut conn, RequestBody::Remove { path, recursive }).await?;
+    let mut client = manager.connect(&id).await?;
+    client.remove(path, recursive).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -16,34 +16,13 @@ use serde::Deserialize;
 
 use super::error::{parse_json, ApiError, ApiResult};
 use super::types::{OutputEvent, ProcessList, SendSignal, StartProcess};
-use crate::sandbox::{sandbox_path, Manager, SandboxError};
+use crate::sandbox::{sandbox_path, Manager};
+use crate::supervisor::client::OutputItem;
 use crate::supervisor::processes::Supervisor;
-use crate::supervisor::protocol::{SpawnSpec, SupervisorReply, SupervisorRequest};
+use crate::supervisor::protocol::SpawnSpec;
 
-/// Deadline of a plain request to a supervisor.
-const CALL_DEADLINE: Duration = Duration::from_secs(35);
 const MAX_ARGV_BYTES: usize = 1 << 20;
 const MAX_TIMEOUT_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
-
-/// One request to the sandbox's supervisor, its error turned into an API error.
-pub async fn call(
-    manager: &Manager,
-    id: &str,
-    request: SupervisorRequest,
-    deadline: Duration,
-) -> ApiResult<SupervisorReply> {
-    let mut conn = manager.connect(id).await?;
-    match conn.call(&request, deadline).await? {
-        SupervisorReply::Error(e) => Err(ApiError(e.into())),
-        reply => Ok(reply),
-    }
-}
-
-fn unexpected(reply: SupervisorReply) -> ApiError {
-    ApiError(SandboxError::internal(format!(
-        "unexpected supervisor reply {reply:?}"
-    )))
-}
 
 fn interpreter(language: &str) -> ApiResult<Vec<String>> {
     let argv: &[&str] = match language {
@@ -145,40 +124,24 @@ pub async fn start(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let spec = spawn_spec(parse_json::<StartProcess>(&body)?)?;
-    match call(&manager, &id, SupervisorRequest::Spawn(spec), CALL_DEADLINE).await? {
-        SupervisorReply::Process(p) => {
-            manager.metrics.process_started();
-            Ok((StatusCode::CREATED, Json(p)))
-        }
-        other => Err(unexpected(other)),
-    }
+    let process = manager.connect(&id).await?.spawn(spec).await?;
+    manager.metrics.process_started();
+    Ok((StatusCode::CREATED, Json(process)))
 }
 
 pub async fn list(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    match call(&manager, &id, SupervisorRequest::List, CALL_DEADLINE).await? {
-        SupervisorReply::Processes(processes) => Ok(Json(ProcessList { processes })),
-        other => Err(unexpected(other)),
-    }
+    let processes = manager.connect(&id).await?.list().await?;
+    Ok(Json(ProcessList { processes }))
 }
 
 pub async fn get(
     State(manager): State<Arc<Manager>>,
     Path((id, proc)): Path<(String, u64)>,
 ) -> ApiResult<impl IntoResponse> {
-    match call(
-        &manager,
-        &id,
-        SupervisorRequest::Get { proc },
-        CALL_DEADLINE,
-    )
-    .await?
-    {
-        SupervisorReply::Process(p) => Ok(Json(p)),
-        other => Err(unexpected(other)),
-    }
+    Ok(Json(manager.connect(&id).await?.get(proc).await?))
 }
 
 #[derive(Deserialize)]
@@ -205,32 +168,24 @@ pub async fn output(
     // An unknown process is a 404 at once. The stream itself starts without
     // waiting for the first output: a client that attaches before it writes
     // the stdin that makes the output would otherwise never get the headers.
-    call(
-        &manager,
-        &id,
-        SupervisorRequest::Get { proc },
-        CALL_DEADLINE,
-    )
-    .await?;
-    let mut conn = manager.connect(&id).await?;
-    conn.send(&SupervisorRequest::Attach {
-        proc,
-        stdout_offset: query.stdout_offset,
-        stderr_offset: query.stderr_offset,
-    })
-    .await?;
-    let stream = futures::stream::unfold(Some(conn), move |conn| {
+    manager.connect(&id).await?.get(proc).await?;
+    let output = manager
+        .connect(&id)
+        .await?
+        .attach(proc, query.stdout_offset, query.stderr_offset)
+        .await?;
+    let stream = futures::stream::unfold(Some(output), move |output| {
         let manager = Arc::clone(&manager);
         async move {
-            let mut conn = conn?;
+            let mut output = output?;
             // A stopping daemon ends the stream; the client resumes from its offsets.
-            let reply = tokio::select! {
-                reply = conn.next() => reply.ok().flatten()?,
+            let item = tokio::select! {
+                item = output.next() => item.ok().flatten()?,
                 _ = manager.stopped() => return None,
             };
             let b64 = base64::engine::general_purpose::STANDARD;
-            let (event, done) = match reply {
-                SupervisorReply::Output {
+            let (event, done) = match item {
+                OutputItem::Data {
                     stream,
                     offset,
                     data,
@@ -242,18 +197,17 @@ pub async fn output(
                     };
                     (event, false)
                 }
-                SupervisorReply::Dropped { stream, bytes } => (
+                OutputItem::Dropped { stream, bytes } => (
                     OutputEvent::Dropped {
                         stream: Supervisor::stream_name(stream).into(),
                         bytes,
                     },
                     false,
                 ),
-                SupervisorReply::Exited(process) => (OutputEvent::Exit { process }, true),
-                _ => return None,
+                OutputItem::Exited(process) => (OutputEvent::Exit { process }, true),
             };
-            let next_conn = if done { None } else { Some(conn) };
-            Some((Ok::<Bytes, std::io::Error>(ndjson(&event)), next_conn))
+            let next = if done { None } else { Some(output) };
+            Some((Ok::<Bytes, std::io::Error>(ndjson(&event)), next))
         }
     });
     Ok((
@@ -269,11 +223,11 @@ pub async fn write_stdin(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     for chunk in body.chunks(sandbox_proto::MAX_CHUNK) {
-        let request = SupervisorRequest::WriteStdin {
-            proc,
-            data: chunk.to_vec(),
-        };
-        call(&manager, &id, request, CALL_DEADLINE).await?;
+        manager
+            .connect(&id)
+            .await?
+            .write_stdin(proc, chunk.to_vec())
+            .await?;
     }
     Ok(StatusCode::NO_CONTENT)
 }
@@ -282,13 +236,7 @@ pub async fn close_stdin(
     State(manager): State<Arc<Manager>>,
     Path((id, proc)): Path<(String, u64)>,
 ) -> ApiResult<StatusCode> {
-    call(
-        &manager,
-        &id,
-        SupervisorRequest::CloseStdin { proc },
-        CALL_DEADLINE,
-    )
-    .await?;
+    manager.connect(&id).await?.close_stdin(proc).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -326,13 +274,7 @@ pub async fn signal(
 ) -> ApiResult<StatusCode> {
     let request: SendSignal = parse_json(&body)?;
     let signal = parse_signal(&request.signal)?;
-    call(
-        &manager,
-        &id,
-        SupervisorRequest::Signal { proc, signal },
-        CALL_DEADLINE,
-    )
-    .await?;
+    manager.connect(&id).await?.signal(proc, signal).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -340,13 +282,7 @@ pub async fn kill(
     State(manager): State<Arc<Manager>>,
     Path((id, proc)): Path<(String, u64)>,
 ) -> ApiResult<StatusCode> {
-    call(
-        &manager,
-        &id,
-        SupervisorRequest::Kill { proc },
-        CALL_DEADLINE,
-    )
-    .await?;
+    manager.connect(&id).await?.kill(proc).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -369,14 +305,7 @@ pub async fn wait(
         None => 30.0,
     };
     let timeout = Duration::from_secs_f64(seconds);
-    let request = SupervisorRequest::Wait {
-        proc,
-        timeout_ms: timeout.as_millis() as u64,
-    };
-    match call(&manager, &id, request, timeout + CALL_DEADLINE).await? {
-        SupervisorReply::Process(p) => Ok(Json(p)),
-        other => Err(unexpected(other)),
-    }
+    Ok(Json(manager.connect(&id).await?.wait(proc, timeout).await?))
 }
 
 #[cfg(test)]

@@ -105,22 +105,8 @@ pub async fn network_log(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    let mut conn = manager.connect(&id).await?;
-    let reply = conn
-        .call(
-            &crate::supervisor::protocol::SupervisorRequest::EgressLog,
-            std::time::Duration::from_secs(10),
-        )
-        .await?;
-    match reply {
-        crate::supervisor::protocol::SupervisorReply::EgressLog(entries) => {
-            Ok(Json(serde_json::json!({ "entries": entries })))
-        }
-        crate::supervisor::protocol::SupervisorReply::Error(e) => Err(ApiError(e.into())),
-        other => Err(ApiError(crate::sandbox::SandboxError::internal(format!(
-            "unexpected supervisor reply {other:?}"
-        )))),
-    }
+    let entries = manager.connect(&id).await?.egress_log().await?;
+    Ok(Json(serde_json::json!({ "entries": entries })))
 }
 
 pub async fn set_network(

@@ -72,6 +72,23 @@ impl DiskPool {
         })
     }
 
+    /// A pool on a plain directory, for unit tests of code that only
+    /// carries a pool around: no btrfs, no mount, no root. Layer ioctls on
+    /// it fail.
+    #[cfg(test)]
+    pub(crate) fn unmounted(dir: &Path) -> Result<Self, DiskError> {
+        fs::create_dir_all(dir).map_err(|e| DiskError::io("create", dir, e))?;
+        let dir_fd = OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_DIRECTORY)
+            .open(dir)
+            .map_err(|e| DiskError::io("open", dir, e))?;
+        Ok(DiskPool {
+            dir: dir.to_path_buf(),
+            dir_fd,
+        })
+    }
+
     /// The pool's mount point.
     pub fn dir(&self) -> &Path {
         &self.dir

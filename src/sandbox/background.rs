@@ -7,8 +7,7 @@ use crate::model::SandboxState;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::manager::{Manager, HEALTH_DEADLINE};
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
+use super::manager::Manager;
 
 impl Manager {
     /// Reads each supervisor's egress counters into the sandbox's usage
@@ -21,11 +20,7 @@ impl Manager {
             .map(|r| r.id.clone())
             .collect();
         for id in ids {
-            let health = match SupervisorConn::connect(&self.paths(&id).socket()).await {
-                Ok(mut conn) => conn.call(&SupervisorRequest::Health, HEALTH_DEADLINE).await,
-                Err(e) => Err(e),
-            };
-            let Ok(SupervisorReply::Health(health)) = health else {
+            let Ok(health) = self.supervisors.health(&id).await else {
                 continue;
             };
             let now = health.egress;

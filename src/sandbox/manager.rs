@@ -6,7 +6,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use tokio::sync::Notify;
 
@@ -23,13 +22,13 @@ use crate::model::SandboxState;
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
 use crate::runtime::paths::SandboxPaths;
 use crate::store::Store;
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
-
-pub(super) const HEALTH_DEADLINE: Duration = Duration::from_secs(5);
+use crate::supervisor::client::{SocketSupervisors, SupervisorClient, Supervisors};
 
 pub struct Manager {
     pub config: Config,
     pub(super) store: Arc<Store>,
+    /// The sandboxes' supervisors, as the orchestration speaks to them.
+    pub(super) supervisors: Arc<dyn Supervisors>,
     pub events: EventLog,
     pub metrics: crate::metrics::Metrics,
     pub(super) images: Arc<ImageCache>,
@@ -73,6 +72,14 @@ impl Manager {
     }
 }
 
+/// A ready sandbox whose supervisor cannot be reached: 409.
+pub(super) fn not_running(id: &str, e: impl std::fmt::Display) -> SandboxError {
+    SandboxError::Conflict {
+        code: "sandbox_not_running",
+        message: format!("sandbox {id} is not running: {e}"),
+    }
+}
+
 impl Manager {
     pub fn new(config: Config, store: Store, images: ImageCache, disk: DiskPool) -> Arc<Self> {
         let store = Arc::new(store);
@@ -82,6 +89,7 @@ impl Manager {
             events: EventLog::open(Arc::clone(&store), config.event_retention_seconds),
             metrics: crate::metrics::Metrics::new(),
             gpus: GpuService::new(config.gpu.clone()),
+            supervisors: Arc::new(SocketSupervisors::new(config.sandboxes_run_dir())),
             config,
             store,
             images: Arc::new(images),
@@ -216,19 +224,13 @@ impl Manager {
         if record.state != SandboxState::Ready {
             return Ok(record);
         }
-        let health = match SupervisorConn::connect(&self.paths(id).socket()).await {
-            Ok(mut conn) => conn
-                .call(&SupervisorRequest::Health, HEALTH_DEADLINE)
-                .await
-                .ok(),
-            Err(_) => None,
-        };
+        let health = self.supervisors.health(id).await.ok();
         let mut records = self.records();
         let Some(current) = records.get_mut(id) else {
             return Err(SandboxError::sandbox_not_found(id));
         };
         match health {
-            Some(SupervisorReply::Health(h)) => {
+            Some(h) => {
                 current.oom_kills = h.oom_kills;
                 current.usage.egress_bytes = h.egress.bytes;
                 if let Some(reason) = h.failure {
@@ -236,7 +238,7 @@ impl Manager {
                     current.failure = Some(reason);
                 }
             }
-            _ => {
+            None => {
                 current.state = SandboxState::Failed;
                 current.failure = Some("the sandbox's supervisor is gone".into());
             }
@@ -264,7 +266,15 @@ impl Manager {
     }
 
     /// A connection to a ready sandbox's supervisor (409 when it is not ready).
-    pub async fn connect(&self, id: &str) -> Result<SupervisorConn, SandboxError> {
+    pub async fn connect(&self, id: &str) -> Result<SupervisorClient, SandboxError> {
+        self.ready(id)?;
+        SupervisorClient::connect(&self.paths(id).socket())
+            .await
+            .map_err(|e| not_running(id, e))
+    }
+
+    /// A caller's sandbox that is ready (409 when it is not).
+    pub(super) fn ready(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
         let record = self.record(id)?;
         if record.state != SandboxState::Ready {
             return Err(SandboxError::Conflict {
@@ -279,12 +289,7 @@ impl Manager {
                 ),
             });
         }
-        SupervisorConn::connect(&self.paths(id).socket())
-            .await
-            .map_err(|e| SandboxError::Conflict {
-                code: "sandbox_not_running",
-                message: format!("sandbox {id} is not running: {e}"),
-            })
+        Ok(record)
     }
 
     pub async fn delete(&self, id: &str) -> Result<(), SandboxError> {

@@ -14,6 +14,8 @@ mod record;
 mod recovery;
 mod snapshots;
 mod teardown;
+#[cfg(test)]
+mod tests;
 mod validate;
 mod warm_pool;
 mod watch;

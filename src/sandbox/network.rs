@@ -2,11 +2,11 @@
 //! /v1/sandboxes/{id}/network`): validated here, put in force by the
 //! sandbox's supervisor, then persisted in its record.
 
-use super::manager::HEALTH_DEADLINE;
+use super::manager::not_running;
 use super::SandboxRecord;
 use super::{Manager, SandboxError};
 use crate::net::policy::NetworkPolicy;
-use crate::supervisor::protocol::{SupervisorReply, SupervisorRequest};
+use crate::supervisor::client::CallError;
 
 impl Manager {
     /// Puts `request` in force on sandbox `id` (the daemon's default when it
@@ -17,24 +17,12 @@ impl Manager {
         request: &NetworkPolicy,
     ) -> Result<SandboxRecord, SandboxError> {
         let network = self.resolved_network(request)?;
-        let mut conn = self.connect(id).await?;
-        match conn
-            .call(
-                &SupervisorRequest::SetPolicy {
-                    block_network: network.block_network,
-                    allow_list: network.allow_list.clone(),
-                },
-                HEALTH_DEADLINE,
-            )
-            .await
-        {
-            Ok(SupervisorReply::Ok) => {}
-            Ok(SupervisorReply::Error(e)) => return Err(SandboxError::internal(e)),
-            Ok(other) => {
-                return Err(SandboxError::internal(format!(
-                    "unexpected supervisor reply {other:?}"
-                )))
-            }
+        self.ready(id)?;
+        // Persisted only once the supervisor has it in force: a record that
+        // names a policy the sandbox does not enforce would lie.
+        match self.supervisors.set_policy(id, &network).await {
+            Ok(()) => {}
+            Err(CallError::Connect(e)) => return Err(not_running(id, e)),
             Err(e) => return Err(SandboxError::internal(e)),
         }
         let record = {

@@ -5,10 +5,11 @@ use super::record::SandboxRecord;
 use super::teardown::teardown;
 use super::SandboxError;
 use crate::model::SandboxState;
-use crate::supervisor::protocol::{ClientError, SupervisorConn, VersionMismatch};
+use crate::supervisor::client::CallError;
+use crate::supervisor::protocol::{ClientError, VersionMismatch};
 use std::sync::Arc;
 
-use super::manager::{Manager, HEALTH_DEADLINE};
+use super::manager::Manager;
 
 impl Manager {
     /// Loads the store after a (re)start: sandboxes whose supervisor answers
@@ -29,13 +30,10 @@ impl Manager {
         self.kill_supervisors_except(&finished);
         for mut record in stored {
             // The version is checked before anything else is said to it.
-            let health = match SupervisorConn::connect(&self.paths(&record.id).socket()).await {
-                Ok(mut conn) => conn.checked_health(HEALTH_DEADLINE).await,
-                Err(e) => Err(e),
-            };
+            let health = self.supervisors.health(&record.id).await;
             let alive = health.is_ok();
             match (record.state, health) {
-                (SandboxState::Ready, Err(ClientError::Version(mismatch))) => {
+                (SandboxState::Ready, Err(CallError::Client(ClientError::Version(mismatch)))) => {
                     if record.pooled {
                         tracing::info!(sandbox = %record.id, "removing a pooled sandbox not adopted: {mismatch}");
                         self.remove_everything(&record).await;

@@ -8,11 +8,9 @@ use std::time::Duration;
 
 use crate::disk::DiskPool;
 use crate::runtime::paths::SandboxPaths;
-use crate::supervisor::protocol::{
-    ClientError, SupervisorConn, SupervisorReply, SupervisorRequest,
-};
+use crate::supervisor::client::{CallError, SupervisorClient};
+use crate::supervisor::protocol::ClientError;
 
-const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
 /// How long a supervisor may take to exit once it has torn its sandbox down.
 const EXIT_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -25,14 +23,12 @@ pub async fn teardown(
 ) -> Vec<String> {
     let mut problems = Vec::new();
     // The supervisor kills and removes the sandbox itself when it is there...
-    if let Ok(mut conn) = SupervisorConn::connect(&paths.socket()).await {
-        let supervisor = conn.peer_pid();
+    if let Ok(mut client) = SupervisorClient::connect(&paths.socket()).await {
+        let supervisor = client.peer_pid();
         // ...if it speaks this daemon's protocol: one of another build (left
         // running by recovery) could misread Shutdown, so it is killed, and
         // the pass below removes its container.
-        if let Err(ClientError::Version(mismatch)) =
-            conn.checked_health(super::manager::HEALTH_DEADLINE).await
-        {
+        if let Err(CallError::Client(ClientError::Version(mismatch))) = client.health().await {
             tracing::info!(sandbox = %id, "killing a supervisor of another build: {mismatch}");
             if let Some(pid) = supervisor {
                 if let Err(problem) = kill(pid).await {
@@ -41,20 +37,16 @@ pub async fn teardown(
             }
             return finish(id, cgroups_path, paths, disk, problems).await;
         }
-        match conn
-            .call(&SupervisorRequest::Shutdown, SHUTDOWN_DEADLINE)
-            .await
-        {
+        match client.shutdown().await {
             // Gone means gone: the supervisor exits right after answering.
-            Ok(SupervisorReply::Ok) => {
+            Ok(()) => {
                 if let Some(pid) = supervisor {
                     if !exited(pid, EXIT_DEADLINE).await {
                         problems.push(format!("supervisor {pid} still runs after its teardown"));
                     }
                 }
             }
-            Ok(SupervisorReply::Error(e)) => problems.push(format!("supervisor teardown: {e}")),
-            Ok(other) => problems.push(format!("supervisor answered shutdown with {other:?}")),
+            Err(CallError::Refused(e)) => problems.push(format!("supervisor teardown: {e}")),
             Err(e) => problems.push(e.to_string()),
         }
     }

@@ -8,14 +8,13 @@ use super::SandboxError;
 use super::SandboxRecord;
 use crate::model::{CreateRequest, Limits, RuntimeKind};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
-use crate::supervisor::protocol::{SupervisorConn, SupervisorReply, SupervisorRequest};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::SystemTime;
 
 use super::create::{default_env, ColdCreate};
-use super::manager::{Manager, HEALTH_DEADLINE};
+use super::manager::Manager;
 
 impl Manager {
     pub(super) fn pool(&self) -> MutexGuard<'_, VecDeque<String>> {
@@ -126,14 +125,8 @@ impl Manager {
             if !req.env.is_empty() {
                 let mut env = default_env();
                 env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-                let set = match SupervisorConn::connect(&self.paths(&id).socket()).await {
-                    Ok(mut conn) => {
-                        conn.call(&SupervisorRequest::SetEnv { env }, HEALTH_DEADLINE)
-                            .await
-                    }
-                    Err(e) => Err(e),
-                };
-                if !matches!(set, Ok(SupervisorReply::Ok)) {
+                let set = self.supervisors.set_env(&id, env).await;
+                if set.is_err() {
                     tracing::warn!(sandbox = %id, "pooled sandbox is broken; removing it");
                     let record = self.records().get(&id).cloned();
                     if let Some(record) = record {

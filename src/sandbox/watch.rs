@@ -3,9 +3,8 @@
 
 use super::events::EventKind;
 use crate::model::SandboxState;
-use crate::supervisor::protocol::{
-    SupervisorConn, SupervisorEvent, SupervisorReply, SupervisorRequest,
-};
+use crate::supervisor::client::SupervisorClient;
+use crate::supervisor::protocol::SupervisorEvent;
 use std::sync::Arc;
 
 use super::manager::Manager;
@@ -20,17 +19,13 @@ impl Manager {
                 Some(r) => r.supervisor_events_seen,
                 None => return,
             };
-            let Ok(mut conn) = SupervisorConn::connect(&this.paths(&id).socket()).await else {
+            let Ok(client) = SupervisorClient::connect(&this.paths(&id).socket()).await else {
                 return;
             };
-            if conn
-                .send(&SupervisorRequest::Watch { after })
-                .await
-                .is_err()
-            {
+            let Ok(mut events) = client.watch(after).await else {
                 return;
-            }
-            while let Ok(Some(SupervisorReply::Event { seq, event })) = conn.next().await {
+            };
+            while let Ok(Some((seq, event))) = events.next().await {
                 this.record_supervisor_event(&id, seq, event);
             }
         });

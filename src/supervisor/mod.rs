@@ -4,6 +4,7 @@
 //! in its own session, so sandboxes and their processes outlive a daemon
 //! restart; the daemon finds it again through the socket.
 
+pub mod client;
 pub mod config;
 pub mod link;
 pub mod output;

@@ -18,26 +18,41 @@ use super::error::SandboxError;
 use super::manager::Manager;
 use crate::model::{RuntimeKind, SandboxState};
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
-use crate::supervisor::protocol::{SupervisorReply, SupervisorRequest};
+use crate::supervisor::client::{CallError, CheckpointSpec, Checkpointed};
+use crate::supervisor::protocol::SupervisorErrorKind;
 use index::{new_id, MemoryImage, SnapshotKind, SnapshotMeta, SnapshotView, META_VERSION};
 
 /// Pool space a filesystem snapshot needs free: it shares the layer's
 /// extents, so only btrfs metadata is written.
 const FILESYSTEM_SNAPSHOT_RESERVE: u64 = 64 << 20;
-/// How long CRIU may take to checkpoint a sandbox.
-const CHECKPOINT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// Where memory snapshots' CRIU images live, under the state directory.
 const SNAPSHOT_IMAGES: &str = "snapshot-images";
 
 /// A checkpoint just taken: its images, what restores need, the source's
 /// next process id and its running processes.
-type Checkpointed = (
+type Taken = (
     PathBuf,
     crate::runtime::sandbox::Checkpoint,
     u64,
     Vec<crate::model::Process>,
 );
+
+/// A snapshot request's failure. The supervisor's refusals: with calls to
+/// the agent in flight, a 409 `sandbox_busy`; any other, an internal error
+/// saying `what` failed.
+pub(super) fn refused(what: &str, e: CallError) -> SandboxError {
+    match e {
+        CallError::Refused(e) if e.kind == SupervisorErrorKind::Conflict => {
+            SandboxError::Conflict {
+                code: "sandbox_busy",
+                message: e.message,
+            }
+        }
+        CallError::Refused(e) => SandboxError::internal(format!("{what}: {}", e.message)),
+        other => other.into(),
+    }
+}
 
 /// What a capture produced, for [`Manager::record_snapshot`].
 struct Captured {
@@ -277,20 +292,11 @@ impl Manager {
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
         let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
-        let request = SupervisorRequest::CloneDisk {
-            to: scratch.clone(),
-        };
-        match self
-            .snapshot_call(&record.id, &request, "snapshotting the microVM's disk")
+        self.connect(&record.id)
             .await?
-        {
-            SupervisorReply::Ok => {}
-            other => {
-                return Err(SandboxError::internal(format!(
-                    "the supervisor answered a disk snapshot with {other:?}"
-                )))
-            }
-        }
+            .clone_disk(scratch.clone())
+            .await
+            .map_err(|e| refused("snapshotting the microVM's disk", e))?;
         let size_bytes = std::fs::metadata(&scratch)
             .map(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512)
             .unwrap_or(0);
@@ -319,27 +325,22 @@ impl Manager {
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
         let images_dir = self.images_dir(snapshot_id)?;
-        let request = SupervisorRequest::Checkpoint {
+        let spec = CheckpointSpec {
             criu: self.config.criu_path.clone(),
             freezer: PathBuf::new(),
             images_dir: images_dir.clone(),
             work_dir: dir.to_path_buf(),
         };
-        let reply = self
-            .snapshot_call(&record.id, &request, "snapshotting the microVM")
-            .await?;
-        let (next_proc, processes) = match reply {
-            SupervisorReply::Checkpointed {
-                next_proc,
-                processes,
-                ..
-            } => (next_proc, processes),
-            other => {
-                return Err(SandboxError::internal(format!(
-                    "the supervisor answered a snapshot with {other:?}"
-                )))
-            }
-        };
+        let Checkpointed {
+            next_proc,
+            processes,
+            ..
+        } = self
+            .connect(&record.id)
+            .await?
+            .checkpoint(spec)
+            .await
+            .map_err(|e| refused("snapshotting the microVM", e))?;
         let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
         let measured = images_dir.clone();
         let size_bytes = tokio::task::spawn_blocking(move || tree_bytes(&measured))
@@ -380,7 +381,7 @@ impl Manager {
         kind: SnapshotKind,
         snapshot_id: &str,
         dir: &Path,
-    ) -> Result<(PathBuf, Option<Checkpointed>), SandboxError> {
+    ) -> Result<(PathBuf, Option<Taken>), SandboxError> {
         let disk = Arc::clone(&self.disk);
         let (layer_id, sid) = (record.id.clone(), snapshot_id.to_string());
         let layer = tokio::task::spawn_blocking(move || disk.snapshot_layer(&layer_id, &sid))
@@ -391,51 +392,23 @@ impl Manager {
             return Ok((layer, None));
         }
         let images_dir = self.images_dir(snapshot_id)?;
-        let request = SupervisorRequest::Checkpoint {
+        let spec = CheckpointSpec {
             criu: self.config.criu_path.clone(),
             freezer: cgroups.freezer_dir(),
             images_dir: images_dir.clone(),
             work_dir: dir.to_path_buf(),
         };
-        match self
-            .snapshot_call(&record.id, &request, "checkpointing the sandbox")
+        let Checkpointed {
+            checkpoint,
+            next_proc,
+            processes,
+        } = self
+            .connect(&record.id)
             .await?
-        {
-            SupervisorReply::Checkpointed {
-                checkpoint,
-                next_proc,
-                processes,
-            } => Ok((layer, Some((images_dir, checkpoint, next_proc, processes)))),
-            other => Err(SandboxError::internal(format!(
-                "the supervisor answered a checkpoint with {other:?}"
-            ))),
-        }
-    }
-
-    /// Sends a snapshot request to the sandbox's supervisor. Its refusals
-    /// become errors: with calls to the agent in flight, a 409
-    /// `sandbox_busy`; any other, an internal error saying `what` failed.
-    async fn snapshot_call(
-        &self,
-        id: &str,
-        request: &SupervisorRequest,
-        what: &str,
-    ) -> Result<SupervisorReply, SandboxError> {
-        let mut conn = self.connect(id).await?;
-        match conn.call(request, CHECKPOINT_DEADLINE).await? {
-            SupervisorReply::Error(e)
-                if e.kind == crate::supervisor::protocol::SupervisorErrorKind::Conflict =>
-            {
-                Err(SandboxError::Conflict {
-                    code: "sandbox_busy",
-                    message: e.message,
-                })
-            }
-            SupervisorReply::Error(e) => {
-                Err(SandboxError::internal(format!("{what}: {}", e.message)))
-            }
-            reply => Ok(reply),
-        }
+            .checkpoint(spec)
+            .await
+            .map_err(|e| refused("checkpointing the sandbox", e))?;
+        Ok((layer, Some((images_dir, checkpoint, next_proc, processes))))
     }
 
     /// Makes the directory of snapshot `id`'s CRIU images, under a 0700

@@ -1,0 +1,364 @@
+//! Unit tests of the manager's orchestration against a recording fake of
+//! the supervisors: what a health reply, a refusal or a gone supervisor
+//! does to the records, the store and the event log. No root, no sandbox:
+//! the manager runs on a temp dir with a pool that is a plain directory.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::events::EventKind;
+use super::{Manager, SandboxError, SandboxRecord};
+use crate::config::{Config, ConfigOverrides};
+use crate::model::{CreateRequest, RuntimeKind, SandboxState, Usage};
+use crate::net::policy::NetworkPolicy;
+use crate::net::proxy::EgressCounters;
+use crate::supervisor::client::fake::{Call, FakeSupervisors};
+use crate::supervisor::protocol::{
+    SupervisorError, SupervisorErrorKind, SupervisorHealth, SupervisorReply,
+};
+
+struct Harness {
+    manager: Arc<Manager>,
+    fake: Arc<FakeSupervisors>,
+    _dir: tempfile::TempDir,
+}
+
+fn harness(pool_size: usize) -> Harness {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = Config::load(
+        None,
+        ConfigOverrides {
+            state_dir: Some(dir.path().join("state")),
+            run_dir: Some(dir.path().join("run")),
+            pool_size: Some(pool_size),
+            ..Default::default()
+        },
+    )
+    .expect("config");
+    std::fs::create_dir_all(&config.state_dir).expect("state dir");
+    let store = crate::store::Store::open(&dir.path().join("store.redb")).expect("store");
+    let images =
+        crate::image::ImageCache::open(dir.path().join("images"), Vec::new()).expect("images");
+    let disk = crate::disk::DiskPool::unmounted(&dir.path().join("disk")).expect("disk");
+    let mut manager = Manager::new(config, store, images, disk);
+    let fake = Arc::new(FakeSupervisors::default());
+    Arc::get_mut(&mut manager)
+        .expect("nobody else holds the manager yet")
+        .supervisors = Arc::clone(&fake) as _;
+    Harness {
+        manager,
+        fake,
+        _dir: dir,
+    }
+}
+
+impl Harness {
+    /// Puts a ready sandbox `id` in the records and the store.
+    fn ready(&self, id: &str, pooled: bool) -> SandboxRecord {
+        let record = SandboxRecord {
+            id: id.into(),
+            state: SandboxState::Ready,
+            runtime: RuntimeKind::Container,
+            image: self.manager.config.default_image.clone(),
+            image_digest: "sha256-test".into(),
+            limits: self.manager.template_limits(),
+            ttl_seconds: -1,
+            expires_at_ms: None,
+            created_at: "2026-01-01T00:00:00.000Z".into(),
+            labels: BTreeMap::new(),
+            env: BTreeMap::new(),
+            cgroups_path: format!("sandboxd-unit-test/{id}"),
+            supervisor_pid: 0,
+            oom_kills: 0,
+            failure: None,
+            pooled,
+            supervisor_events_seen: 0,
+            gpus: Vec::new(),
+            usage: Usage::default(),
+            idempotency_key: None,
+            network: NetworkPolicy {
+                block_network: Some(false),
+                allow_list: None,
+            },
+            base_snapshot: None,
+            vm_uid: None,
+            foreign_supervisor: false,
+        };
+        self.manager.persist(&record).expect("persist");
+        self.manager.records().insert(id.into(), record.clone());
+        record
+    }
+
+    fn stored(&self, id: &str) -> Option<SandboxRecord> {
+        self.manager
+            .store
+            .all::<SandboxRecord>()
+            .expect("store")
+            .into_iter()
+            .find(|r| r.id == id)
+    }
+
+    fn events(&self, id: &str) -> Vec<(EventKind, Option<String>)> {
+        self.manager
+            .events
+            .after(0)
+            .0
+            .into_iter()
+            .filter(|e| e.sandbox_id == id)
+            .map(|e| (e.kind, e.detail))
+            .collect()
+    }
+}
+
+fn health(oom_kills: u64, egress_bytes: u64, failure: Option<&str>) -> SupervisorReply {
+    SupervisorReply::Health(SupervisorHealth {
+        protocol: crate::supervisor::protocol::SUPERVISOR_PROTOCOL_VERSION,
+        init_pid: 1,
+        oom_kills,
+        failure: failure.map(String::from),
+        egress: EgressCounters {
+            bytes: egress_bytes,
+            ..Default::default()
+        },
+    })
+}
+
+#[tokio::test]
+async fn get_takes_oom_kills_and_egress_bytes_from_the_health_reply() {
+    let h = harness(0);
+    h.ready("sb-a", false);
+    h.fake.script("sb-a", health(2, 4096, None));
+    let got = h.manager.get("sb-a").await.expect("get");
+    assert_eq!(got.state, SandboxState::Ready);
+    assert_eq!(got.oom_kills, 2);
+    assert_eq!(got.usage.egress_bytes, 4096);
+    assert_eq!(h.fake.calls(), vec![Call::Health("sb-a".into())]);
+    assert!(
+        h.events("sb-a").is_empty(),
+        "a healthy sandbox makes no event"
+    );
+}
+
+#[tokio::test]
+async fn get_marks_a_sandbox_the_supervisor_reports_dead_failed() {
+    let h = harness(0);
+    h.ready("sb-b", false);
+    h.fake
+        .script("sb-b", health(0, 0, Some("the agent exited")));
+    let got = h.manager.get("sb-b").await.expect("get");
+    assert_eq!(got.state, SandboxState::Failed);
+    assert_eq!(got.failure.as_deref(), Some("the agent exited"));
+    let stored = h.stored("sb-b").expect("still stored");
+    assert_eq!(stored.state, SandboxState::Failed);
+    assert_eq!(
+        h.events("sb-b"),
+        vec![(EventKind::Failed, Some("the agent exited".into()))]
+    );
+}
+
+#[tokio::test]
+async fn get_marks_a_sandbox_whose_supervisor_is_gone_failed() {
+    let h = harness(0);
+    h.ready("sb-c", false);
+    // Nothing scripted: the fake answers as an unreachable socket.
+    let got = h.manager.get("sb-c").await.expect("get");
+    assert_eq!(got.state, SandboxState::Failed);
+    assert_eq!(
+        got.failure.as_deref(),
+        Some("the sandbox's supervisor is gone")
+    );
+    assert_eq!(
+        h.stored("sb-c").map(|r| r.state),
+        Some(SandboxState::Failed)
+    );
+    assert_eq!(h.events("sb-c").len(), 1);
+    // A failed sandbox is not asked again.
+    let again = h.manager.get("sb-c").await.expect("get");
+    assert_eq!(again.state, SandboxState::Failed);
+    assert_eq!(h.fake.calls().len(), 1);
+}
+
+#[tokio::test]
+async fn set_network_persists_only_what_the_supervisor_accepted() {
+    let h = harness(0);
+    h.ready("sb-d", false);
+    let wanted = NetworkPolicy {
+        block_network: None,
+        allow_list: Some(vec!["example.com".into()]),
+    };
+    h.fake.script(
+        "sb-d",
+        SupervisorReply::Error(SupervisorError::new(
+            SupervisorErrorKind::Internal,
+            "the proxy is gone",
+        )),
+    );
+    let refused = h.manager.set_network("sb-d", &wanted).await;
+    assert!(matches!(refused, Err(SandboxError::Internal(m)) if m == "the proxy is gone"));
+    let before = Some(false);
+    assert_eq!(h.manager.records()["sb-d"].network.block_network, before);
+    assert_eq!(
+        h.stored("sb-d").and_then(|r| r.network.allow_list),
+        None,
+        "a refused policy is not persisted"
+    );
+
+    h.fake.script("sb-d", SupervisorReply::Ok);
+    let set = h.manager.set_network("sb-d", &wanted).await.expect("set");
+    assert_eq!(set.network, wanted);
+    assert_eq!(h.stored("sb-d").map(|r| r.network), Some(wanted.clone()));
+    assert_eq!(
+        h.fake.calls(),
+        vec![
+            Call::SetPolicy("sb-d".into(), wanted.clone()),
+            Call::SetPolicy("sb-d".into(), wanted),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn set_network_sends_the_default_and_a_gone_supervisor_is_a_409() {
+    let h = harness(0);
+    h.ready("sb-e", false);
+    let result = h
+        .manager
+        .set_network("sb-e", &NetworkPolicy::default())
+        .await;
+    assert!(
+        matches!(&result, Err(SandboxError::Conflict { code, .. }) if *code == "sandbox_not_running"),
+        "{result:?}"
+    );
+    // The empty request was resolved to the daemon's default before it was sent.
+    let default_block = h.manager.config.default_egress == crate::net::policy::DefaultEgress::Block;
+    assert_eq!(
+        h.fake.calls(),
+        vec![Call::SetPolicy(
+            "sb-e".into(),
+            NetworkPolicy {
+                block_network: Some(default_block),
+                allow_list: None,
+            }
+        )]
+    );
+}
+
+#[tokio::test]
+async fn a_sandbox_that_is_not_ready_is_not_asked() {
+    let h = harness(0);
+    let mut record = h.ready("sb-f", false);
+    record.state = SandboxState::Failed;
+    h.manager.records().insert("sb-f".into(), record);
+    assert_eq!(
+        h.manager.get("sb-f").await.expect("get").state,
+        SandboxState::Failed
+    );
+    let set = h
+        .manager
+        .set_network("sb-f", &NetworkPolicy::default())
+        .await;
+    assert!(matches!(set, Err(SandboxError::Conflict { code, .. }) if code == "sandbox_not_ready"));
+    assert!(h.fake.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
+    let h = harness(1);
+    // A refill would make real sandboxes: mark one as already running.
+    h.manager.refilling.store(true, Ordering::Release);
+    h.ready("sb-p", true);
+    h.manager.pool().push_back("sb-p".into());
+    h.fake.script("sb-p", SupervisorReply::Ok);
+    let req = CreateRequest {
+        env: BTreeMap::from([("GREETING".to_string(), "hi".to_string())]),
+        labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
+        ..Default::default()
+    };
+    let image = h.manager.config.default_image.clone();
+    let limits = h.manager.template_limits();
+    let claimed = h
+        .manager
+        .claim_pooled(&image, &limits, 60, &req)
+        .await
+        .expect("claim")
+        .expect("a pooled sandbox");
+    assert_eq!(claimed.id, "sb-p");
+    assert!(!claimed.pooled);
+    assert_eq!(claimed.labels, req.labels);
+    assert_eq!(claimed.ttl_seconds, 60);
+    assert!(claimed.expires_at_ms.is_some());
+    assert_eq!(h.stored("sb-p").map(|r| r.pooled), Some(false));
+    assert_eq!(h.manager.pooled(), 0);
+    // The supervisor got the default environment with the caller's on top.
+    let calls = h.fake.calls();
+    let [Call::SetEnv(id, env)] = calls.as_slice() else {
+        panic!("one SetEnv expected, got {calls:?}");
+    };
+    assert_eq!(id, "sb-p");
+    assert_eq!(
+        env.last(),
+        Some(&("GREETING".to_string(), "hi".to_string()))
+    );
+    assert!(env.iter().any(|(k, _)| k == "PATH"));
+    let kinds: Vec<EventKind> = h.events("sb-p").into_iter().map(|e| e.0).collect();
+    assert_eq!(kinds, vec![EventKind::Created, EventKind::Ready]);
+}
+
+#[tokio::test]
+async fn a_request_the_pool_does_not_hold_or_needs_no_env_asks_no_supervisor() {
+    let h = harness(1);
+    h.manager.refilling.store(true, Ordering::Release);
+    h.ready("sb-q", true);
+    h.manager.pool().push_back("sb-q".into());
+    let limits = h.manager.template_limits();
+    let other = h
+        .manager
+        .claim_pooled("not-the-default", &limits, 60, &CreateRequest::default())
+        .await
+        .expect("claim");
+    assert!(other.is_none());
+    assert_eq!(h.manager.pooled(), 1);
+    let image = h.manager.config.default_image.clone();
+    let plain = h
+        .manager
+        .claim_pooled(&image, &limits, -1, &CreateRequest::default())
+        .await
+        .expect("claim");
+    assert_eq!(plain.map(|r| r.id).as_deref(), Some("sb-q"));
+    assert!(h.fake.calls().is_empty());
+}
+
+#[tokio::test]
+async fn egress_sampling_reads_ready_sandboxes_only() {
+    let h = harness(0);
+    h.ready("sb-r", false);
+    h.ready("sb-s", true);
+    h.fake.script("sb-r", health(0, 777, None));
+    h.manager.sample_egress().await;
+    assert_eq!(h.manager.records()["sb-r"].usage.egress_bytes, 777);
+    assert_eq!(h.fake.calls(), vec![Call::Health("sb-r".into())]);
+}
+
+#[test]
+fn a_busy_supervisor_refuses_a_snapshot_with_a_409_and_other_refusals_say_what_failed() {
+    use crate::supervisor::client::CallError;
+    let busy = super::snapshots::refused(
+        "checkpointing the sandbox",
+        CallError::Refused(SupervisorError::new(
+            SupervisorErrorKind::Conflict,
+            "calls to the agent are in flight",
+        )),
+    );
+    assert!(matches!(busy, SandboxError::Conflict { code, .. } if code == "sandbox_busy"));
+    let failed = super::snapshots::refused(
+        "checkpointing the sandbox",
+        CallError::Refused(SupervisorError::new(
+            SupervisorErrorKind::Internal,
+            "criu dump failed",
+        )),
+    );
+    assert!(
+        matches!(&failed, SandboxError::Internal(m) if m == "checkpointing the sandbox: criu dump failed"),
+        "{failed:?}"
+    );
+}
