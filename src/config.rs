@@ -21,6 +21,15 @@ pub enum ConfigError {
     },
 }
 
+impl From<crate::gpu::InvalidGpuConfig> for ConfigError {
+    fn from(e: crate::gpu::InvalidGpuConfig) -> Self {
+        ConfigError::Invalid {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
 /// Every field is optional so the same struct serves as the TOML file and as
 /// the flags that override it (`--socket`, `--state-dir`, ...).
 #[derive(Debug, Clone, Default, Deserialize, clap::Args)]
@@ -270,8 +279,7 @@ pub enum LogFormat {
     Json,
 }
 
-/// Size of the id range every sandbox's user namespace maps.
-pub const ID_MAP_SIZE: u32 = 65536;
+pub use crate::model::ID_MAP_SIZE;
 
 impl Config {
     /// Reads `file` (when given) and applies `flags` over it.

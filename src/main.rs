@@ -164,7 +164,11 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
     std::fs::create_dir_all(config.sandboxes_run_dir())
         .with_context(|| format!("creating {}", config.run_dir.display()))?;
     // Every create would fail later with a bare "failed to prepare rootfs".
-    sandboxd::runtime::traverse::check_daemon_paths(&config)?;
+    sandboxd::runtime::traverse::check_daemon_paths(
+        &config.sandboxes_run_dir(),
+        &config.agent_path,
+        config.id_map_base,
+    )?;
     let store = Store::open(&config.store_path())?;
     let images = ImageCache::open(config.images_dir.clone(), config.image_recipe_dirs.clone())?;
     let disk = DiskPool::open(

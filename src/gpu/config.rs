@@ -6,7 +6,14 @@ use std::path::PathBuf;
 use serde::Deserialize;
 
 use super::discovery::{parse_fake, GpuInfo};
-use crate::config::ConfigError;
+
+/// A `[gpu]` field that cannot be used; the daemon's configuration reports it.
+#[derive(Debug, thiserror::Error)]
+#[error("config field `{field}` is invalid: {message}")]
+pub struct InvalidGpuConfig {
+    pub field: &'static str,
+    pub message: String,
+}
 
 /// NVML as the driver installs it (the unversioned name is only in the
 /// development package).
@@ -69,10 +76,10 @@ impl GpuConfig {
     pub fn merge(
         flags: &GpuConfigOverrides,
         file: &GpuConfigOverrides,
-    ) -> Result<Self, ConfigError> {
+    ) -> Result<Self, InvalidGpuConfig> {
         let defaults = Self::default();
         let fake = match flags.fake.as_ref().or(file.fake.as_ref()) {
-            Some(text) => Some(parse_fake(text).map_err(|message| ConfigError::Invalid {
+            Some(text) => Some(parse_fake(text).map_err(|message| InvalidGpuConfig {
                 field: "gpu.fake",
                 message,
             })?),
@@ -106,20 +113,20 @@ impl GpuConfig {
             ("gpu.proc_devices", &config.proc_devices),
         ] {
             if !path.is_absolute() {
-                return Err(ConfigError::Invalid {
+                return Err(InvalidGpuConfig {
                     field,
                     message: format!("must be an absolute path, got {}", path.display()),
                 });
             }
         }
         if let Some(dir) = config.driver_dirs.iter().find(|d| !d.is_absolute()) {
-            return Err(ConfigError::Invalid {
+            return Err(InvalidGpuConfig {
                 field: "gpu.driver_dirs",
                 message: format!("must be absolute paths, got {}", dir.display()),
             });
         }
         if config.nvml_library.as_os_str().is_empty() {
-            return Err(ConfigError::Invalid {
+            return Err(InvalidGpuConfig {
                 field: "gpu.nvml_library",
                 message: "must name a library, e.g. libnvidia-ml.so.1".into(),
             });

@@ -4,8 +4,6 @@
 
 use std::path::PathBuf;
 
-use crate::sandbox::SandboxError;
-
 /// Discovery failed for a reason other than "no driver here".
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoveryError {
@@ -71,80 +69,4 @@ pub enum GrantError {
         expected: String,
         found: String,
     },
-}
-
-impl From<RequestError> for SandboxError {
-    fn from(e: RequestError) -> Self {
-        let code = match e {
-            RequestError::VmRuntime => "gpu_unsupported_runtime",
-            _ => "invalid_gpu",
-        };
-        SandboxError::bad(code, e.to_string())
-    }
-}
-
-impl From<AllocError> for SandboxError {
-    fn from(e: AllocError) -> Self {
-        match e {
-            AllocError::NoSuchModel { .. } => SandboxError::bad("gpu_not_found", e.to_string()),
-            AllocError::TooMany { .. } => SandboxError::bad("gpu_count_too_large", e.to_string()),
-            AllocError::Busy { .. } => SandboxError::Unavailable {
-                resource: "gpu",
-                message: e.to_string(),
-            },
-            AllocError::AlreadyHolds(_) => SandboxError::internal(e),
-        }
-    }
-}
-
-impl From<GrantError> for SandboxError {
-    fn from(e: GrantError) -> Self {
-        SandboxError::internal(format!("wiring the sandbox's GPUs: {e}"))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn busy_is_a_503_for_gpu_and_absent_is_a_400() {
-        let busy: SandboxError = AllocError::Busy {
-            model: "H200".into(),
-            requested: 1,
-            free: 0,
-            present: 2,
-        }
-        .into();
-        assert!(matches!(
-            busy,
-            SandboxError::Unavailable {
-                resource: "gpu",
-                ..
-            }
-        ));
-        let absent: SandboxError = AllocError::NoSuchModel {
-            model: "A100".into(),
-            available: "2 × NVIDIA H200".into(),
-        }
-        .into();
-        match absent {
-            SandboxError::BadRequest { code, message } => {
-                assert_eq!(code, "gpu_not_found");
-                assert!(
-                    message.contains("A100") && message.contains("H200"),
-                    "{message}"
-                );
-            }
-            other => panic!("not a 400: {other:?}"),
-        }
-        let vm: SandboxError = RequestError::VmRuntime.into();
-        assert!(matches!(
-            vm,
-            SandboxError::BadRequest {
-                code: "gpu_unsupported_runtime",
-                ..
-            }
-        ));
-    }
 }

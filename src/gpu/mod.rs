@@ -22,7 +22,7 @@ pub mod request;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 pub use alloc::{GpuAllocator, Holding};
-pub use config::{GpuConfig, GpuConfigOverrides};
+pub use config::{GpuConfig, GpuConfigOverrides, InvalidGpuConfig};
 pub use discovery::{FakeDiscovery, GpuDiscovery, GpuInfo, NvmlDiscovery};
 pub use driver::DriverFiles;
 pub use error::{AllocError, DiscoveryError, GrantError, RequestError};

@@ -12,4 +12,4 @@ mod sandbox;
 
 pub use create::CreateRequest;
 pub use process::{Process, ProcessState};
-pub use sandbox::{Limits, RuntimeKind, SandboxState, UnknownRuntime, Usage};
+pub use sandbox::{Limits, RuntimeKind, SandboxState, UnknownRuntime, Usage, ID_MAP_SIZE};

@@ -2,6 +2,10 @@
 
 use serde::{Deserialize, Serialize};
 
+/// How many ids a sandbox's user namespace maps (0..65535 inside onto
+/// `id_map_base..` on the host).
+pub const ID_MAP_SIZE: u32 = 65536;
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub cpu: f64,

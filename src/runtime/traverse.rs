@@ -16,7 +16,7 @@ use std::fs::Metadata;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use crate::config::{Config, ID_MAP_SIZE};
+use crate::model::ID_MAP_SIZE;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TraverseError {
@@ -69,10 +69,11 @@ pub struct SandboxIds {
 }
 
 impl SandboxIds {
-    pub fn of(config: &Config) -> Self {
+    /// A sandbox's ids when its namespace maps from `id_map_base`.
+    pub fn from_base(id_map_base: u32) -> Self {
         SandboxIds {
-            uid: config.id_map_base,
-            gid: config.id_map_base,
+            uid: id_map_base,
+            gid: id_map_base,
             range: ID_MAP_SIZE,
         }
     }
@@ -113,17 +114,21 @@ pub fn may(mode: u32, owner: u32, group: u32, ids: SandboxIds, access: Access) -
 
 /// The daemon's start-up check: the sandboxes' run directory and the agent
 /// binary, with the settings that change them.
-pub fn check_daemon_paths(config: &Config) -> Result<(), TraverseError> {
-    let ids = SandboxIds::of(config);
+pub fn check_daemon_paths(
+    sandboxes_run_dir: &Path,
+    agent_path: &Path,
+    id_map_base: u32,
+) -> Result<(), TraverseError> {
+    let ids = SandboxIds::from_base(id_map_base);
     check_dir(
         "run directory",
-        &config.sandboxes_run_dir(),
+        sandboxes_run_dir,
         "another --run-dir (`run_dir`) whose every parent folder others may search",
         ids,
     )?;
     check_file(
         "agent",
-        &config.agent_path,
+        agent_path,
         "another --agent-path (`agent_path`) whose every parent folder others may search",
         ids,
     )

@@ -1,6 +1,9 @@
 //! The sandbox manager's errors, each already in the terms of the API's
 //! error table (400 / 404 / 409 / 503 / 500).
 
+use crate::gpu::{AllocError, GrantError, RequestError};
+use crate::supervisor::client::CallError;
+
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
     /// 400: the request cannot be done as asked; the message says what to fix.
@@ -118,5 +121,93 @@ impl From<sandbox_proto::AgentError> for SandboxError {
             },
             K::UnknownHandle | K::Other => Self::Internal(message),
         }
+    }
+}
+
+impl From<CallError> for SandboxError {
+    fn from(e: CallError) -> Self {
+        match e {
+            CallError::Connect(e) | CallError::Client(e) => e.into(),
+            CallError::Refused(e) => e.into(),
+            CallError::Agent(e) => e.into(),
+            unexpected @ CallError::Unexpected { .. } => Self::internal(unexpected),
+        }
+    }
+}
+
+// The GPU service's refusals, as the API reports them.
+impl From<RequestError> for SandboxError {
+    fn from(e: RequestError) -> Self {
+        let code = match e {
+            RequestError::VmRuntime => "gpu_unsupported_runtime",
+            _ => "invalid_gpu",
+        };
+        SandboxError::bad(code, e.to_string())
+    }
+}
+
+impl From<AllocError> for SandboxError {
+    fn from(e: AllocError) -> Self {
+        match e {
+            AllocError::NoSuchModel { .. } => SandboxError::bad("gpu_not_found", e.to_string()),
+            AllocError::TooMany { .. } => SandboxError::bad("gpu_count_too_large", e.to_string()),
+            AllocError::Busy { .. } => SandboxError::Unavailable {
+                resource: "gpu",
+                message: e.to_string(),
+            },
+            AllocError::AlreadyHolds(_) => SandboxError::internal(e),
+        }
+    }
+}
+
+impl From<GrantError> for SandboxError {
+    fn from(e: GrantError) -> Self {
+        SandboxError::internal(format!("wiring the sandbox's GPUs: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod gpu_tests {
+    use super::*;
+
+    #[test]
+    fn busy_is_a_503_for_gpu_and_absent_is_a_400() {
+        let busy: SandboxError = AllocError::Busy {
+            model: "H200".into(),
+            requested: 1,
+            free: 0,
+            present: 2,
+        }
+        .into();
+        assert!(matches!(
+            busy,
+            SandboxError::Unavailable {
+                resource: "gpu",
+                ..
+            }
+        ));
+        let absent: SandboxError = AllocError::NoSuchModel {
+            model: "A100".into(),
+            available: "2 × NVIDIA H200".into(),
+        }
+        .into();
+        match absent {
+            SandboxError::BadRequest { code, message } => {
+                assert_eq!(code, "gpu_not_found");
+                assert!(
+                    message.contains("A100") && message.contains("H200"),
+                    "{message}"
+                );
+            }
+            other => panic!("not a 400: {other:?}"),
+        }
+        let vm: SandboxError = RequestError::VmRuntime.into();
+        assert!(matches!(
+            vm,
+            SandboxError::BadRequest {
+                code: "gpu_unsupported_runtime",
+                ..
+            }
+        ));
     }
 }

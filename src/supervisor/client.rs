@@ -59,17 +59,6 @@ pub enum CallError {
     },
 }
 
-impl From<CallError> for crate::sandbox::SandboxError {
-    fn from(e: CallError) -> Self {
-        match e {
-            CallError::Connect(e) | CallError::Client(e) => e.into(),
-            CallError::Refused(e) => e.into(),
-            CallError::Agent(e) => e.into(),
-            unexpected @ CallError::Unexpected { .. } => Self::internal(unexpected),
-        }
-    }
-}
-
 /// The checkpoint a supervisor took.
 #[derive(Debug)]
 pub struct Checkpointed {
@@ -674,9 +663,9 @@ mod tests {
             other => Err(other),
         })
         .expect_err("an error");
-        assert_eq!(
-            crate::sandbox::SandboxError::from(err).code(),
-            "file_not_found"
+        assert!(
+            matches!(&err, CallError::Agent(e) if e.kind == sandbox_proto::ErrorKind::NotFound),
+            "{err:?}"
         );
         let misfit = expect::file("Stat", SupervisorReply::Agent(Reply::Ok), |r| match r {
             Reply::Stat(s) => Ok(s),

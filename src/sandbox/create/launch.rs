@@ -11,7 +11,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use super::super::{Manager, SandboxError, SandboxRecord};
 use super::pipeline::Grant;
 use super::root::Root;
-use crate::config::ID_MAP_SIZE;
+use crate::model::ID_MAP_SIZE;
 use crate::runtime::paths::SandboxPaths;
 use crate::runtime::sandbox::{RuntimeSpec, SandboxSpec};
 use crate::supervisor::config::SupervisorConfig;

@@ -18,8 +18,8 @@ use super::events::EventKind;
 use super::record::{expiry, SandboxRecord};
 use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
 use super::{Manager, SandboxError};
-use crate::config::ID_MAP_SIZE;
 use crate::gpu::GpuRequest;
+use crate::model::ID_MAP_SIZE;
 use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState};
 use crate::net::policy::NetworkPolicy;
 
