@@ -248,17 +248,17 @@ static void send_tcp(unsigned int ip, unsigned int sport, unsigned int dport,
 	net_send(54);
 }
 
-int net_syn(unsigned int ip, unsigned int port)
+/* Starts a connection: a fresh source port and ISN, the gateway's MAC
+ * learned once, the SYN sent, and the wait timer running. Returns -1 once
+ * the SYN is out, or the NET_ result that ends the attempt (the timer is
+ * stopped then). */
+static int send_syn(unsigned int ip, unsigned int port, unsigned int *sport, unsigned int *isn)
 {
-	unsigned int sport, isn, n, len, flags;
-	unsigned char *r;
-	int head, result = NET_NO_ANSWER;
-
 	if (!net_up)
 		return NET_NO_DEVICE;
 	syn_count++;
-	sport = 49152 + (syn_count & 0x3fff);
-	isn = 0x5a000000u + syn_count * 0x10000u;
+	*sport = 49152 + (syn_count & 0x3fff);
+	*isn = 0x5a000000u + syn_count * 0x10000u;
 	irq_timer_start(WAIT_CYCLES);
 	if (!gw_known) {
 		if (learn_gateway()) {
@@ -267,7 +267,19 @@ int net_syn(unsigned int ip, unsigned int port)
 		}
 		gw_known = 1;
 	}
-	send_tcp(ip, sport, port, isn, 0, 0x02);
+	send_tcp(ip, *sport, port, *isn, 0, 0x02);
+	return -1;
+}
+
+int net_syn(unsigned int ip, unsigned int port)
+{
+	unsigned int sport, isn, n, len, flags;
+	unsigned char *r;
+	int head, started, result = NET_NO_ANSWER;
+
+	started = send_syn(ip, port, &sport, &isn);
+	if (started >= 0)
+		return started;
 	for (n = 0; n < MAX_FRAMES; n++) {
 		if (net_recv(&r, &len, &head))
 			break;
@@ -301,22 +313,11 @@ int net_connect(unsigned int ip, unsigned int port)
 {
 	unsigned int sport, isn, n, len, flags, peer, hdr, ip_len, data;
 	unsigned char *r;
-	int head, done, open = 0, result = NET_NO_ANSWER;
+	int head, started, done, open = 0, result = NET_NO_ANSWER;
 
-	if (!net_up)
-		return NET_NO_DEVICE;
-	syn_count++;
-	sport = 49152 + (syn_count & 0x3fff);
-	isn = 0x5a000000u + syn_count * 0x10000u;
-	irq_timer_start(WAIT_CYCLES);
-	if (!gw_known) {
-		if (learn_gateway()) {
-			irq_timer_stop();
-			return NET_NO_ARP;
-		}
-		gw_known = 1;
-	}
-	send_tcp(ip, sport, port, isn, 0, 0x02);
+	started = send_syn(ip, port, &sport, &isn);
+	if (started >= 0)
+		return started;
 	for (n = 0; n < MAX_FRAMES; n++) {
 		if (net_recv(&r, &len, &head))
 			break;
