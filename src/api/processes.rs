@@ -17,7 +17,8 @@ use serde::Deserialize;
 use super::error::{parse_json, ApiError, ApiResult};
 use super::types::{OutputEvent, ProcessList, SendSignal, StartProcess};
 use crate::sandbox::{sandbox_path, Manager};
-use crate::supervisor::client::OutputItem;
+use crate::supervisor::client::Attached;
+use crate::supervisor::output::OutputItem;
 use crate::supervisor::processes::Supervisor;
 use crate::supervisor::protocol::SpawnSpec;
 
@@ -185,11 +186,11 @@ pub async fn output(
             };
             let b64 = base64::engine::general_purpose::STANDARD;
             let (event, done) = match item {
-                OutputItem::Data {
+                Attached::Output(OutputItem::Data {
                     stream,
                     offset,
                     data,
-                } => {
+                }) => {
                     let data = b64.encode(data);
                     let event = match stream {
                         sandbox_proto::Stream::Stdout => OutputEvent::Stdout { offset, data },
@@ -197,14 +198,14 @@ pub async fn output(
                     };
                     (event, false)
                 }
-                OutputItem::Dropped { stream, bytes } => (
+                Attached::Output(OutputItem::Dropped { stream, bytes }) => (
                     OutputEvent::Dropped {
                         stream: Supervisor::stream_name(stream).into(),
                         bytes,
                     },
                     false,
                 ),
-                OutputItem::Exited(process) => (OutputEvent::Exit { process }, true),
+                Attached::Exited(process) => (OutputEvent::Exit { process }, true),
             };
             let next = if done { None } else { Some(output) };
             Some((Ok::<Bytes, std::io::Error>(ndjson(&event)), next))

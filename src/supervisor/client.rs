@@ -12,8 +12,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use sandbox_proto::{AgentError, FileStat, PtySize, Reply, RequestBody, Stream};
+use sandbox_proto::{AgentError, FileStat, PtySize, Reply, RequestBody};
 
+use super::output::OutputItem;
 use super::protocol::{
     ClientError, SpawnSpec, SupervisorConn, SupervisorError, SupervisorEvent, SupervisorHealth,
     SupervisorReply, SupervisorRequest,
@@ -78,16 +79,11 @@ pub struct CheckpointSpec {
     pub work_dir: PathBuf,
 }
 
-/// One item of a process's output stream.
+/// One item of an attached process's stream: output as the supervisor's
+/// log holds it, then the process's end.
 #[derive(Debug)]
-pub enum OutputItem {
-    Data {
-        stream: Stream,
-        offset: u64,
-        data: Vec<u8>,
-    },
-    /// Output the supervisor's buffer no longer held.
-    Dropped { stream: Stream, bytes: u64 },
+pub enum Attached {
+    Output(OutputItem),
     /// The last item: the process ended.
     Exited(Process),
 }
@@ -186,19 +182,21 @@ mod expect {
         }
     }
 
-    pub(super) fn output(reply: SupervisorReply) -> Result<OutputItem, CallError> {
+    pub(super) fn output(reply: SupervisorReply) -> Result<Attached, CallError> {
         match answered(reply)? {
             SupervisorReply::Output {
                 stream,
                 offset,
                 data,
-            } => Ok(OutputItem::Data {
+            } => Ok(Attached::Output(OutputItem::Data {
                 stream,
                 offset,
                 data,
-            }),
-            SupervisorReply::Dropped { stream, bytes } => Ok(OutputItem::Dropped { stream, bytes }),
-            SupervisorReply::Exited(p) => Ok(OutputItem::Exited(p)),
+            })),
+            SupervisorReply::Dropped { stream, bytes } => {
+                Ok(Attached::Output(OutputItem::Dropped { stream, bytes }))
+            }
+            SupervisorReply::Exited(p) => Ok(Attached::Exited(p)),
             other => Err(unexpected("Attach", other)),
         }
     }
@@ -489,7 +487,7 @@ pub struct OutputStream {
 
 impl OutputStream {
     /// The next item; `None` once the supervisor closed the stream.
-    pub async fn next(&mut self) -> Result<Option<OutputItem>, CallError> {
+    pub async fn next(&mut self) -> Result<Option<Attached>, CallError> {
         match self.conn.next().await? {
             Some(reply) => expect::output(reply).map(Some),
             None => Ok(None),
