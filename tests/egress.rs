@@ -75,18 +75,6 @@ async fn network_view(daemon: &Daemon, id: &str) -> Value {
     v["network"].clone()
 }
 
-async fn egress_log(daemon: &Daemon, id: &str) -> Vec<Value> {
-    let (status, log) = daemon
-        .call(
-            Method::GET,
-            &format!("/v1/sandboxes/{id}/network/log"),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{log}");
-    log["entries"].as_array().expect("entries").clone()
-}
-
 async fn set_policy(daemon: &Daemon, id: &str, body: Value) -> Value {
     let (status, v) = daemon
         .call(
@@ -195,7 +183,7 @@ async fn egress_follows_the_policy() {
         accepted[before].local.to_string(),
         format!("{}:80", SERVER_IPS[1])
     );
-    let log = egress_log(&daemon, &id).await;
+    let log = daemon.egress_log(&id).await;
     assert!(
         log.iter().any(|e| e["host"] == "mixed.example.test"
             && e["verdict"] == "allowed"
@@ -250,7 +238,7 @@ async fn egress_follows_the_policy() {
     assert_fetch_ok(&daemon, &id, &format!("http://{}/", SERVER_IPS[0])).await;
 
     // Every connection is in the sandbox's egress log, with its verdict.
-    let log = egress_log(&daemon, &id).await;
+    let log = daemon.egress_log(&id).await;
     assert!(
         log.iter().any(|e| e["verdict"] == "allowed"
             && e["host"] == SERVER_IPS[0]
@@ -360,7 +348,7 @@ async fn https_is_matched_on_sni_with_curl_and_python() {
         run.err()
     );
 
-    let log = egress_log(&daemon, &id).await;
+    let log = daemon.egress_log(&id).await;
     assert!(
         log.iter().any(|e| e["host"] == "denied.example.test"
             && e["port"] == 443
@@ -441,7 +429,7 @@ async fn a_policy_change_closes_a_forbidden_open_connection() {
         end.starts_with("eof 0") || end.starts_with("error"),
         "the connection was not closed: {end}"
     );
-    let log = egress_log(&daemon, &id).await;
+    let log = daemon.egress_log(&id).await;
     assert!(
         log.iter()
             .any(|e| e["host"] == "allowed.example.test" && e["reason"] == "the policy changed"),

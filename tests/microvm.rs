@@ -545,23 +545,18 @@ async fn a_vm_reaches_the_egress_proxy_through_its_tap() {
         .exec(&id, &["net-connect", "203.0.113.7", "443"])
         .await;
     assert_eq!(run.out(), "closed by 203.0.113.7:443\n", "{}", run.err());
-    let (status, log) = daemon
-        .call(
-            Method::GET,
-            &format!("/v1/sandboxes/{id}/network/log"),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{log}");
-    let entries = log["entries"].as_array().expect("entries");
+    let entries = daemon.egress_log(&id).await;
     assert!(
         entries.iter().any(|e| e["verdict"] == "refused"
             && e["host"] == "203.0.113.7"
             && e["port"] == 443
             && e["bytes"] == 0
             && e["reason"] == "block_network is set"),
-        "no refusal of 203.0.113.7:443 in {log}"
+        "no refusal of 203.0.113.7:443 in {entries:?}"
     );
-    assert!(entries.iter().all(|e| e["verdict"] != "allowed"), "{log}");
+    assert!(
+        entries.iter().all(|e| e["verdict"] != "allowed"),
+        "{entries:?}"
+    );
     daemon.delete(&id).await;
 }

@@ -292,6 +292,19 @@ impl Daemon {
             .unwrap_or_else(|| panic!("request {path} to sandboxd failed\n{}", self.log()))
     }
 
+    /// The sandbox's egress log (`GET .../network/log`), oldest first.
+    pub async fn egress_log(&self, id: &str) -> Vec<Value> {
+        let (status, log) = self
+            .call(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}/network/log"),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{log}");
+        log["entries"].as_array().expect("entries").clone()
+    }
+
     pub async fn call(
         &self,
         method: Method,

@@ -324,23 +324,20 @@ impl Manager {
         dir: &Path,
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
-        let images_dir = self.images_dir(snapshot_id)?;
-        let spec = CheckpointSpec {
-            criu: self.config.criu_path.clone(),
-            freezer: PathBuf::new(),
-            images_dir: images_dir.clone(),
-            work_dir: dir.to_path_buf(),
-        };
+        let (images_dir, checkpointed) = self
+            .checkpoint(
+                record,
+                snapshot_id,
+                dir,
+                PathBuf::new(),
+                "snapshotting the microVM",
+            )
+            .await?;
         let Checkpointed {
             next_proc,
             processes,
             ..
-        } = self
-            .connect(&record.id)
-            .await?
-            .checkpoint(spec)
-            .await
-            .map_err(|e| refused("snapshotting the microVM", e))?;
+        } = checkpointed;
         let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
         let measured = images_dir.clone();
         let size_bytes = tokio::task::spawn_blocking(move || tree_bytes(&measured))
@@ -391,24 +388,48 @@ impl Manager {
         if kind == SnapshotKind::Filesystem {
             return Ok((layer, None));
         }
-        let images_dir = self.images_dir(snapshot_id)?;
-        let spec = CheckpointSpec {
-            criu: self.config.criu_path.clone(),
-            freezer: cgroups.freezer_dir(),
-            images_dir: images_dir.clone(),
-            work_dir: dir.to_path_buf(),
-        };
+        let (images_dir, checkpointed) = self
+            .checkpoint(
+                record,
+                snapshot_id,
+                dir,
+                cgroups.freezer_dir(),
+                "checkpointing the sandbox",
+            )
+            .await?;
         let Checkpointed {
             checkpoint,
             next_proc,
             processes,
-        } = self
+        } = checkpointed;
+        Ok((layer, Some((images_dir, checkpoint, next_proc, processes))))
+    }
+
+    /// Asks the sandbox's supervisor to checkpoint it (CRIU for a container,
+    /// the VMM for a microVM) into snapshot `snapshot_id`'s images
+    /// directory, which it returns with what the supervisor took.
+    async fn checkpoint(
+        &self,
+        record: &super::record::SandboxRecord,
+        snapshot_id: &str,
+        dir: &Path,
+        freezer: PathBuf,
+        what: &str,
+    ) -> Result<(PathBuf, Checkpointed), SandboxError> {
+        let images_dir = self.images_dir(snapshot_id)?;
+        let spec = CheckpointSpec {
+            criu: self.config.criu_path.clone(),
+            freezer,
+            images_dir: images_dir.clone(),
+            work_dir: dir.to_path_buf(),
+        };
+        let checkpointed = self
             .connect(&record.id)
             .await?
             .checkpoint(spec)
             .await
-            .map_err(|e| refused("checkpointing the sandbox", e))?;
-        Ok((layer, Some((images_dir, checkpoint, next_proc, processes))))
+            .map_err(|e| refused(what, e))?;
+        Ok((images_dir, checkpointed))
     }
 
     /// Makes the directory of snapshot `id`'s CRIU images, under a 0700
