@@ -55,6 +55,9 @@ impl Layout {
 pub struct SandboxCgroups {
     layout: Layout,
     path: String,
+    /// Where the hierarchies are mounted: [`CGROUP_ROOT`], except in unit
+    /// tests, which stand a plain directory in for cgroupfs.
+    root: PathBuf,
 }
 
 /// v1 hierarchies that hold per-process groups: `pids` lists and counts the
@@ -70,16 +73,25 @@ const V1_NAMED_HIERARCHIES: [&str; 2] = ["systemd", "unified"];
 
 impl SandboxCgroups {
     pub fn new(layout: Layout, path: &str) -> Self {
+        Self::under(Path::new(CGROUP_ROOT), layout, path)
+    }
+
+    /// The same handle over hierarchies mounted at `root`: the supervisor's
+    /// unit tests use a temp directory, so they never touch the host's
+    /// cgroups. A plain directory has none of the kernel's files; the test
+    /// creates those it needs (`cgroup.procs`, `memory.events`).
+    pub(crate) fn under(root: &Path, layout: Layout, path: &str) -> Self {
         Self {
             layout,
             path: path.trim_start_matches('/').to_string(),
+            root: root.to_path_buf(),
         }
     }
 
     fn dir(&self, hierarchy: &str) -> PathBuf {
         match self.layout {
-            Layout::V1 => Path::new(CGROUP_ROOT).join(hierarchy).join(&self.path),
-            Layout::V2 => Path::new(CGROUP_ROOT).join(&self.path),
+            Layout::V1 => self.root.join(hierarchy).join(&self.path),
+            Layout::V2 => self.root.join(&self.path),
         }
     }
 
