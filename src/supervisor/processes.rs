@@ -626,3 +626,616 @@ fn unknown(proc: u64) -> SupervisorError {
         format!("no process {proc} in this sandbox"),
     )
 }
+
+/// The process model against a fake agent that speaks the real protocol on
+/// a socketpair (the same codec and link as a sandbox's), with the
+/// sandbox's cgroups in a temp directory standing in for cgroupfs. No root,
+/// no sandbox, no host cgroup touched.
+#[cfg(test)]
+mod tests {
+    use std::os::fd::OwnedFd;
+    use std::path::PathBuf;
+
+    use sandbox_proto::{AgentError, AgentMessage, FrameDecoder, Request, PROTOCOL_VERSION};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+
+    use super::*;
+    use crate::runtime::cgroups::Layout;
+    use crate::runtime::sandbox::{
+        AgentStart, Checkpoint, RestoreSpec, RuntimeSpec, SandboxSpec, VmSpec,
+    };
+
+    const ID: &str = "sb-test";
+    /// Bound on every wait below, so a regression fails instead of hanging.
+    const BOUND: Duration = Duration::from_secs(10);
+
+    /// The agent's end of the link: reads requests, sends what a real agent
+    /// would send (see agent/), when the test says so.
+    struct FakeAgent {
+        stream: UnixStream,
+        decoder: FrameDecoder,
+    }
+
+    impl FakeAgent {
+        async fn send(&mut self, message: AgentMessage) {
+            let frame = sandbox_proto::encode(&message).expect("encode");
+            self.stream.write_all(&frame).await.expect("agent write");
+        }
+
+        /// The next request the supervisor sent. Descriptors passed with a
+        /// spawn are discarded by the plain read (the kernel closes them).
+        async fn request(&mut self) -> Request {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                if let Some(frame) = self.decoder.next_frame().expect("frame") {
+                    return sandbox_proto::decode(&frame).expect("request");
+                }
+                let n = tokio::time::timeout(BOUND, self.stream.read(&mut buf))
+                    .await
+                    .expect("a request within the bound")
+                    .expect("agent read");
+                assert_ne!(n, 0, "the supervisor closed the link");
+                self.decoder.push(&buf[..n]);
+            }
+        }
+
+        async fn reply(&mut self, id: u64, reply: Reply) {
+            self.send(AgentMessage::Reply { id, reply }).await;
+        }
+
+        async fn output(&mut self, proc: u64, stream: Stream, data: &[u8]) {
+            let data = data.to_vec();
+            self.send(AgentMessage::Output { proc, stream, data }).await;
+        }
+
+        async fn exit(&mut self, proc: u64, code: Option<i32>, signal: Option<i32>) {
+            let status = ExitStatus { code, signal };
+            self.send(AgentMessage::Exit { proc, status }).await;
+        }
+    }
+
+    fn config(kind: RuntimeSpec) -> SupervisorConfig {
+        SupervisorConfig {
+            spec: SandboxSpec {
+                id: ID.into(),
+                hostname: "sandbox".into(),
+                image_rootfs: PathBuf::from("/nonexistent/rootfs"),
+                image_layers: Vec::new(),
+                layer_dir: PathBuf::from("/nonexistent/layer"),
+                agent_path: PathBuf::from("/nonexistent/agent"),
+                cgroups_path: format!("/sandboxd/{ID}"),
+                cpu: 1.0,
+                memory_bytes: 256 << 20,
+                pids: 256,
+                id_map_base: 100_000,
+                id_map_size: 65_536,
+                shm_bytes: 64 << 20,
+                nofile: 1024,
+                env: vec![
+                    ("PATH".into(), "/usr/bin:/bin".into()),
+                    ("LANG".into(), "C".into()),
+                ],
+                ready_timeout_ms: 5_000,
+                devices: Default::default(),
+                kind,
+            },
+            output_buffer_bytes: 1 << 20,
+            network: Default::default(),
+            upstream: Default::default(),
+            egress_limits: Default::default(),
+        }
+    }
+
+    fn vm() -> RuntimeSpec {
+        RuntimeSpec::Vm(VmSpec {
+            vmm_path: PathBuf::from("/nonexistent/vmm"),
+            kernel: PathBuf::from("/nonexistent/vmlinux"),
+            cmdline: String::new(),
+            vcpus: 1,
+            mem_mib: 256,
+            overhead_bytes: 0,
+            base_disk: PathBuf::from("/nonexistent/base.ext4"),
+            agent_disk: PathBuf::from("/nonexistent/agent.ext4"),
+            scratch_bytes: 0,
+            restore: None,
+            scratch_from: None,
+            uid: 0,
+        })
+    }
+
+    fn process(id: u64, sandbox_id: &str, pid: i32) -> Process {
+        Process {
+            id,
+            sandbox_id: sandbox_id.into(),
+            argv: vec!["sleep".into(), "1000".into()],
+            state: ProcessState::Running,
+            pid,
+            exit_code: None,
+            signal: None,
+            timed_out: false,
+            oom_killed: false,
+            dropped_bytes: 0,
+            started_at: "2026-01-01T00:00:00.000Z".into(),
+            ended_at: None,
+        }
+    }
+
+    fn spawn_spec(argv: &[&str]) -> SpawnSpec {
+        SpawnSpec {
+            argv: argv.iter().map(|a| a.to_string()).collect(),
+            code: None,
+            env: Vec::new(),
+            cwd: None,
+            uid: 0,
+            gid: 0,
+            stdin: false,
+            pty: None,
+            timeout_ms: None,
+        }
+    }
+
+    struct Harness {
+        sup: Arc<Supervisor>,
+        agent: FakeAgent,
+        /// The sandbox's (v2) cgroup, a plain directory.
+        group: PathBuf,
+        _dir: tempfile::TempDir,
+    }
+
+    async fn harness(kind: RuntimeSpec) -> Harness {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = config(kind);
+        let (host, agent_end) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        agent_end.set_nonblocking(true).expect("nonblocking");
+        let mut agent = FakeAgent {
+            stream: UnixStream::from_std(agent_end).expect("agent stream"),
+            decoder: FrameDecoder::new(),
+        };
+        // As the supervisor's start does: a restored agent said hello to
+        // the source's supervisor long ago.
+        let hello = match config.spec.kind.agent_start() {
+            AgentStart::Restored => None,
+            AgentStart::Fresh | AgentStart::RestoredVm => {
+                let version = PROTOCOL_VERSION;
+                agent.send(AgentMessage::Hello { version }).await;
+                Some(BOUND)
+            }
+        };
+        let (link, events) = AgentLink::establish(OwnedFd::from(host), hello)
+            .await
+            .expect("link");
+        let cgroups = SandboxCgroups::under(dir.path(), Layout::V2, &config.spec.cgroups_path);
+        let group = dir.path().join("sandboxd").join(ID);
+        std::fs::create_dir_all(&group).expect("sandbox group");
+        let paths = SandboxPaths::new(&dir.path().join("run"), ID);
+        let sup = Supervisor::new(config, paths, 4242, link, cgroups);
+        tokio::spawn(Arc::clone(&sup).consume_events(events));
+        Harness {
+            sup,
+            agent,
+            group,
+            _dir: dir,
+        }
+    }
+
+    impl Harness {
+        /// Sets the OOM kills the sandbox's memory controller reports.
+        fn set_oom_kills(&self, n: u64) {
+            let events = format!("low 0\nhigh 0\nmax 0\noom {n}\noom_kill {n}\n");
+            std::fs::write(self.group.join("memory.events"), events).expect("memory.events");
+        }
+
+        /// Starts a process, the agent answering its spawn with `reply`;
+        /// returns the supervisor's answer and the request the agent got.
+        async fn spawn_answered(
+            &mut self,
+            spec: SpawnSpec,
+            reply: Reply,
+        ) -> (Result<Process, SupervisorError>, SpawnRequest) {
+            // What the kernel does on mkdir in cgroupfs: the next process's
+            // group comes with its `cgroup.procs`.
+            let next = self.sup.next_proc.load(Ordering::Relaxed);
+            let proc_group = self.group.join(format!("p{next}"));
+            std::fs::create_dir_all(&proc_group).expect("process group");
+            std::fs::write(proc_group.join("cgroup.procs"), "").expect("cgroup.procs");
+            let Harness { sup, agent, .. } = self;
+            let answer = async {
+                let request = agent.request().await;
+                let RequestBody::Spawn(spawn) = request.body else {
+                    panic!("expected a spawn, got {:?}", request.body);
+                };
+                agent.reply(request.id, reply).await;
+                spawn
+            };
+            tokio::join!(sup.spawn(spec), answer)
+        }
+
+        async fn spawn(&mut self, spec: SpawnSpec, pid: i32) -> (Process, SpawnRequest) {
+            let (result, request) = self.spawn_answered(spec, Reply::Spawned { pid }).await;
+            (result.expect("spawn"), request)
+        }
+
+        /// Waits for the process to end (the agent's exit has been applied).
+        async fn ended(&self, proc: u64) -> Process {
+            let p = self.sup.wait(proc, BOUND).await.expect("wait");
+            assert_eq!(
+                p.state,
+                ProcessState::Exited,
+                "process {proc} ended in time"
+            );
+            p
+        }
+    }
+
+    /// Every event once `n` have been published.
+    async fn events(sup: &Supervisor, n: u64) -> Vec<(u64, SupervisorEvent)> {
+        let mut changes = sup.event_changes();
+        tokio::time::timeout(BOUND, async {
+            while *changes.borrow_and_update() < n {
+                changes.changed().await.expect("event sender lives");
+            }
+        })
+        .await
+        .expect("events within the bound");
+        sup.events_after(0)
+    }
+
+    fn kind_of<T>(r: Result<T, SupervisorError>) -> SupervisorErrorKind {
+        match r {
+            Ok(_) => panic!("expected an error"),
+            Err(e) => e.kind,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_spawn_records_a_running_process_with_the_next_id() {
+        let mut h = harness(RuntimeSpec::Container).await;
+        let mut spec = spawn_spec(&["python3", "-c", "pass"]);
+        spec.env = vec![("LANG".into(), "C.UTF-8".into()), ("A".into(), "1".into())];
+        let (first, request) = h.spawn(spec, 100).await;
+        assert_eq!(first.id, 1);
+        assert_eq!(first.sandbox_id, ID);
+        assert_eq!(first.argv, ["python3", "-c", "pass"]);
+        assert_eq!(first.state, ProcessState::Running);
+        assert_eq!(first.pid, 100);
+        assert_eq!(
+            (first.exit_code, first.signal, &first.ended_at),
+            (None, None, &None)
+        );
+        // The agent is told the id, the sandbox's environment overridden by
+        // the spawn's (sorted), the default cwd, and one cgroup.procs
+        // descriptor per hierarchy (one on v2).
+        assert_eq!(request.proc, 1);
+        assert_eq!(
+            request.env,
+            [
+                ("A".to_string(), "1".to_string()),
+                ("LANG".to_string(), "C.UTF-8".to_string()),
+                ("PATH".to_string(), "/usr/bin:/bin".to_string()),
+            ]
+        );
+        assert_eq!(request.cwd, "/root");
+        assert_eq!(request.cgroup_fds, 1);
+
+        // A pooled sandbox handed over with its own variables.
+        h.sup.set_env(vec![("X".into(), "y".into())]);
+        let (second, request) = h.spawn(spawn_spec(&["true"]), 101).await;
+        assert_eq!(second.id, 2);
+        assert_eq!(request.env, [("X".to_string(), "y".to_string())]);
+
+        // A refused spawn leaves no process behind; its id is not reused.
+        let refusal = Reply::Error(AgentError::new(ErrorKind::NotFound, "no such program"));
+        let (refused, request) = h.spawn_answered(spawn_spec(&["nope"]), refusal).await;
+        assert_eq!(request.proc, 3);
+        assert_eq!(kind_of(refused), SupervisorErrorKind::InvalidInput);
+        assert_eq!(kind_of(h.sup.get(3)), SupervisorErrorKind::UnknownProcess);
+        let (fourth, _) = h.spawn(spawn_spec(&["true"]), 102).await;
+        assert_eq!(fourth.id, 4);
+
+        let listed: Vec<(u64, i32)> = h.sup.list().iter().map(|p| (p.id, p.pid)).collect();
+        assert_eq!(listed, [(1, 100), (2, 101), (4, 102)]);
+        assert!(h.sup.events_after(0).is_empty());
+    }
+
+    #[tokio::test]
+    async fn output_lands_in_arrival_order_and_an_exit_ends_the_process_once() {
+        let mut h = harness(RuntimeSpec::Container).await;
+        let (p, _) = h.spawn(spawn_spec(&["sh", "-c", "..."]), 7).await;
+        let (other, _) = h.spawn(spawn_spec(&["true"]), 8).await;
+        h.agent.output(p.id, Stream::Stdout, b"ab").await;
+        h.agent.output(p.id, Stream::Stderr, b"E").await;
+        h.agent.output(other.id, Stream::Stdout, b"not mine").await;
+        h.agent.output(p.id, Stream::Stdout, b"cd").await;
+        h.agent.exit(p.id, Some(3), None).await;
+
+        let ended = h.ended(p.id).await;
+        assert_eq!((ended.exit_code, ended.signal), (Some(3), None));
+        assert!(ended.ended_at.is_some());
+        assert!(!ended.oom_killed && !ended.timed_out);
+        assert_eq!(ended.dropped_bytes, 0);
+
+        let read = h.sup.read_output(p.id, [0, 0]).expect("read");
+        let data = |stream, offset, d: &[u8]| OutputItem::Data {
+            stream,
+            offset,
+            data: d.to_vec(),
+        };
+        assert_eq!(
+            read.items,
+            [
+                data(Stream::Stdout, 0, b"ab"),
+                data(Stream::Stderr, 0, b"E"),
+                data(Stream::Stdout, 2, b"cd"),
+            ]
+        );
+        assert_eq!(read.resume_at, [4, 1]);
+        assert_eq!(read.ended.as_ref(), Some(&ended));
+        // A reader resuming where it left off gets only what is new.
+        let resumed = h.sup.read_output(p.id, [2, 1]).expect("read");
+        assert_eq!(resumed.items, [data(Stream::Stdout, 2, b"cd")]);
+
+        // A second exit for the same process changes nothing and publishes
+        // nothing: the next event is the other process's.
+        h.agent.exit(p.id, None, Some(libc::SIGKILL)).await;
+        h.agent.exit(other.id, Some(0), None).await;
+        let events = events(&h.sup, 2).await;
+        let other_ended = h.ended(other.id).await;
+        assert_eq!(
+            events,
+            [
+                (1, SupervisorEvent::ProcessExited(ended.clone())),
+                (2, SupervisorEvent::ProcessExited(other_ended)),
+            ]
+        );
+        assert_eq!(h.sup.get(p.id).expect("get"), ended);
+    }
+
+    #[tokio::test]
+    async fn a_sigkill_is_an_oom_kill_only_when_the_counter_rose_and_the_supervisor_did_not_kill() {
+        let mut h = harness(RuntimeSpec::Container).await;
+        h.set_oom_kills(0);
+        let (by_oom, _) = h.spawn(spawn_spec(&["hog"]), 10).await;
+        let (by_kill, _) = h.spawn(spawn_spec(&["sleep", "9"]), 11).await;
+        h.set_oom_kills(1);
+        let (after_oom, _) = h.spawn(spawn_spec(&["sleep", "9"]), 12).await;
+        assert_eq!(h.sup.health().oom_kills, 1);
+
+        // A container's kill goes through the process's cgroup, not the
+        // agent: the next request the agent sees is the spawn below.
+        h.sup.kill(by_kill.id).await.expect("kill");
+        let kill_file = h.group.join(format!("p{}", by_kill.id)).join("cgroup.kill");
+        assert_eq!(
+            std::fs::read_to_string(kill_file).expect("cgroup.kill"),
+            "1"
+        );
+        let (last, _) = h.spawn(spawn_spec(&["true"]), 13).await;
+
+        for p in [&by_oom, &by_kill, &after_oom] {
+            h.agent.exit(p.id, None, Some(libc::SIGKILL)).await;
+        }
+        h.agent.exit(last.id, Some(137), None).await;
+        let mut oom = Vec::new();
+        for p in [&by_oom, &by_kill, &after_oom, &last] {
+            oom.push(h.ended(p.id).await.oom_killed);
+        }
+        assert_eq!(oom, [true, false, false, false]);
+    }
+
+    #[tokio::test]
+    async fn a_microvm_timeout_kills_through_the_agent_and_marks_the_process() {
+        let mut h = harness(vm()).await;
+        h.set_oom_kills(0);
+        let mut spec = spawn_spec(&["sleep", "1000"]);
+        spec.timeout_ms = Some(20);
+        let (p, request) = h.spawn(spec, 55).await;
+        // No host cgroup holds a guest's process.
+        assert_eq!(request.cgroup_fds, 0);
+        h.set_oom_kills(1);
+
+        // The timeout's kill: a SIGKILL asked of the guest's agent.
+        let kill = h.agent.request().await;
+        assert_eq!(
+            kill.body,
+            RequestBody::Signal {
+                proc: p.id,
+                signal: libc::SIGKILL
+            }
+        );
+        h.agent.reply(kill.id, Reply::Ok).await;
+        h.agent.exit(p.id, None, Some(libc::SIGKILL)).await;
+        let ended = h.ended(p.id).await;
+        assert!(ended.timed_out);
+        assert_eq!((ended.exit_code, ended.signal), (None, Some(libc::SIGKILL)));
+        // The supervisor killed it, so the risen counter is not its doing.
+        assert!(!ended.oom_killed);
+
+        // A process the guest already reaped is killed all the same.
+        let (q, _) = h.spawn(spawn_spec(&["true"]), 56).await;
+        let Harness { sup, agent, .. } = &mut h;
+        let answer = async {
+            let request = agent.request().await;
+            let gone = AgentError::new(ErrorKind::UnknownProcess, "no such process");
+            agent.reply(request.id, Reply::Error(gone)).await;
+        };
+        let (killed, ()) = tokio::join!(sup.kill(q.id), answer);
+        killed.expect("a kill of a process the agent no longer knows");
+    }
+
+    #[tokio::test]
+    async fn unknown_process_ids_are_refused_and_ignored() {
+        let mut h = harness(RuntimeSpec::Container).await;
+        let sup = &h.sup;
+        assert_eq!(kind_of(sup.get(99)), SupervisorErrorKind::UnknownProcess);
+        assert_eq!(
+            kind_of(sup.kill(99).await),
+            SupervisorErrorKind::UnknownProcess
+        );
+        assert_eq!(
+            kind_of(sup.wait(99, BOUND).await),
+            SupervisorErrorKind::UnknownProcess
+        );
+        let read = sup.read_output(99, [0, 0]).map(|_| ());
+        assert_eq!(kind_of(read), SupervisorErrorKind::UnknownProcess);
+        assert_eq!(
+            kind_of(sup.output_changes(99)),
+            SupervisorErrorKind::UnknownProcess
+        );
+        let close = RequestBody::CloseStdin { proc: 99 };
+        assert_eq!(
+            kind_of(sup.process_call(99, close).await),
+            SupervisorErrorKind::UnknownProcess
+        );
+
+        // The agent's messages about processes the supervisor does not know
+        // are dropped: neither a process nor an event comes of them.
+        h.agent.output(99, Stream::Stdout, b"who?").await;
+        h.agent.exit(99, Some(0), None).await;
+        let (p, _) = h.spawn(spawn_spec(&["true"]), 20).await;
+        h.agent.exit(p.id, Some(0), None).await;
+        let events = events(&h.sup, 1).await;
+        assert_eq!(events.len(), 1);
+        assert!(matches!(&events[0].1, SupervisorEvent::ProcessExited(e) if e.id == p.id));
+        assert_eq!(kind_of(h.sup.get(99)), SupervisorErrorKind::UnknownProcess);
+        assert_eq!(h.sup.list().len(), 1);
+
+        // An ended process takes no more requests.
+        let close = RequestBody::CloseStdin { proc: p.id };
+        assert_eq!(
+            kind_of(h.sup.process_call(p.id, close).await),
+            SupervisorErrorKind::Conflict
+        );
+    }
+
+    #[tokio::test]
+    async fn a_closed_link_fails_the_sandbox_and_ends_its_processes() {
+        let mut h = harness(RuntimeSpec::Container).await;
+        let (p, _) = h.spawn(spawn_spec(&["sleep", "1000"]), 30).await;
+        assert_eq!(h.sup.health().failure, None);
+        let Harness { sup, agent, .. } = h;
+        drop(agent);
+
+        let ended = sup.wait(p.id, BOUND).await.expect("wait");
+        assert_eq!(ended.state, ProcessState::Exited);
+        assert_eq!(ended.signal, Some(libc::SIGKILL));
+        assert!(ended.ended_at.is_some());
+        let reason = sup.health().failure.expect("the health shows the failure");
+        assert!(reason.starts_with("sandbox agent ended"), "{reason}");
+        assert_eq!(sup.failure().as_ref(), Some(&reason));
+
+        // Only the first failure is kept and published.
+        sup.fail("a second reason".into());
+        assert_eq!(sup.failure().as_ref(), Some(&reason));
+        assert_eq!(
+            events(&sup, 1).await,
+            [(1, SupervisorEvent::Failed(reason.clone()))]
+        );
+
+        let refused = sup.spawn(spawn_spec(&["true"])).await;
+        assert_eq!(kind_of(refused), SupervisorErrorKind::AgentGone);
+        assert_eq!(
+            kind_of(sup.agent(RequestBody::Health).await),
+            SupervisorErrorKind::AgentGone
+        );
+        assert_eq!(sup.list(), [ended]);
+    }
+
+    #[tokio::test]
+    async fn a_fork_inherits_the_checkpoints_processes_and_continues_its_ids() {
+        let inherited = process(5, "sb-source", 42);
+        let restore = RestoreSpec {
+            criu: PathBuf::from("/nonexistent/criu"),
+            images_dir: PathBuf::from("/nonexistent/images"),
+            checkpoint: Checkpoint::default(),
+            next_proc: 7,
+            processes: vec![inherited.clone()],
+        };
+        let mut h = harness(RuntimeSpec::ContainerRestore(restore)).await;
+
+        // Listed as the fork's own, running on.
+        let expected = Process {
+            sandbox_id: ID.into(),
+            ..inherited
+        };
+        assert_eq!(h.sup.list(), [expected]);
+
+        // Its output from the restore on, from offset 0; its exit as any.
+        h.agent.output(5, Stream::Stdout, b"after restore").await;
+        h.agent.exit(5, Some(0), None).await;
+        let ended = h.ended(5).await;
+        assert_eq!(ended.exit_code, Some(0));
+        assert_eq!(ended.pid, 42);
+        let read = h.sup.read_output(5, [0, 0]).expect("read");
+        assert_eq!(
+            read.items,
+            [OutputItem::Data {
+                stream: Stream::Stdout,
+                offset: 0,
+                data: b"after restore".to_vec()
+            }]
+        );
+        assert_eq!(
+            events(&h.sup, 1).await,
+            [(1, SupervisorEvent::ProcessExited(ended))]
+        );
+
+        // New processes continue above the source's ids, which the agent
+        // still knows its processes by.
+        let (p, request) = h.spawn(spawn_spec(&["true"]), 43).await;
+        assert_eq!((p.id, request.proc), (7, 7));
+    }
+
+    #[tokio::test]
+    async fn running_and_ended_processes_are_bounded() {
+        // A microVM's, so no process needs a cgroup.
+        let mut h = harness(vm()).await;
+        for i in 1..=MAX_RUNNING_PROCESSES as u64 {
+            let (p, _) = h.spawn(spawn_spec(&["sleep", "1000"]), i as i32).await;
+            assert_eq!(p.id, i);
+        }
+        let over = h.sup.spawn(spawn_spec(&["one", "too", "many"])).await;
+        assert_eq!(kind_of(over), SupervisorErrorKind::Conflict);
+        assert_eq!(h.sup.list().len(), MAX_RUNNING_PROCESSES);
+
+        for p in h.sup.list() {
+            h.agent.exit(p.id, Some(0), None).await;
+        }
+        let (last, _) = h.spawn(spawn_spec(&["true"]), 0).await;
+        h.agent.exit(last.id, Some(0), None).await;
+        let events = events(&h.sup, MAX_RUNNING_PROCESSES as u64 + 1).await;
+        assert_eq!(events.len(), MAX_RUNNING_PROCESSES + 1);
+
+        // One ended process more than the bound: the oldest is forgotten.
+        assert_eq!(MAX_ENDED_PROCESSES, MAX_RUNNING_PROCESSES);
+        let kept = h.sup.list();
+        assert_eq!(kept.len(), MAX_ENDED_PROCESSES);
+        assert!(kept.iter().all(|p| p.state == ProcessState::Exited));
+        assert_eq!(kind_of(h.sup.get(1)), SupervisorErrorKind::UnknownProcess);
+        assert_eq!(h.sup.get(2).expect("the second oldest stays").id, 2);
+        assert_eq!(h.sup.get(last.id).expect("the newest stays").id, last.id);
+    }
+
+    #[tokio::test]
+    async fn the_event_ring_keeps_the_newest_and_numbers_on() {
+        let h = harness(RuntimeSpec::Container).await;
+        let published = MAX_EVENTS as u64 + 10;
+        for i in 1..=published {
+            h.sup.publish(SupervisorEvent::Failed(format!("event {i}")));
+        }
+        assert_eq!(*h.sup.event_changes().borrow(), published);
+        let kept = h.sup.events_after(0);
+        assert_eq!(kept.len(), MAX_EVENTS);
+        assert_eq!(kept[0], (11, SupervisorEvent::Failed("event 11".into())));
+        assert_eq!(kept.last().map(|(seq, _)| *seq), Some(published));
+        // A reader that fell behind the ring resumes at its oldest event;
+        // one that kept up gets only what is new.
+        assert_eq!(h.sup.events_after(5).len(), MAX_EVENTS);
+        let recent: Vec<u64> = h
+            .sup
+            .events_after(published - 2)
+            .iter()
+            .map(|(seq, _)| *seq)
+            .collect();
+        assert_eq!(recent, [published - 1, published]);
+    }
+}
