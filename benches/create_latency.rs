@@ -85,7 +85,7 @@ impl Daemon {
             .arg(agent())
             .args(["--disk-pool-gib", "16", "--max-sandboxes", "1024"])
             .arg("--cgroup-parent")
-            .arg(format!("/sandboxd-bench-{}", std::process::id()))
+            .arg(cgroup_parent())
             .args(extra)
             .env("NOTIFY_SOCKET", &notify_path)
             .env("RUST_LOG", "warn")
@@ -109,6 +109,11 @@ impl Daemon {
     }
 }
 
+/// This run's own cgroup parent, removed when its daemon stops.
+fn cgroup_parent() -> String {
+    format!("/sandboxd-bench-{}", std::process::id())
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         // SIGTERM, not SIGKILL: a clean stop tears the warm pool down.
@@ -121,6 +126,7 @@ impl Drop for Daemon {
             &self.dir.path().join("state/disk"),
             nix::mount::MntFlags::MNT_DETACH,
         );
+        peers::remove_cgroup_parent(&cgroup_parent());
     }
 }
 

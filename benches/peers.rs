@@ -89,3 +89,23 @@ pub fn write_results(name: &str, raw: &Value) -> std::path::PathBuf {
         .expect("write results");
     file
 }
+
+/// Removes cgroup `parent` (e.g. `/sandboxd-bench-123`) and the groups left
+/// in it (its daemon's `supervisors`) from every hierarchy: v1 controllers
+/// and v2's unified tree alike. A stopped daemon leaves them empty.
+pub fn remove_cgroup_parent(parent: &str) {
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
+        return;
+    };
+    let mut roots: Vec<PathBuf> = hierarchies.flatten().map(|e| e.path()).collect();
+    roots.push(PathBuf::from("/sys/fs/cgroup"));
+    for root in roots {
+        let group = root.join(parent.trim_start_matches('/'));
+        if let Ok(children) = std::fs::read_dir(&group) {
+            for child in children.flatten().filter(|c| c.path().is_dir()) {
+                let _ = std::fs::remove_dir(child.path());
+            }
+            let _ = std::fs::remove_dir(&group);
+        }
+    }
+}
