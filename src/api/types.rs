@@ -44,8 +44,12 @@ pub struct CreateSandbox {
     /// attempt made instead of making another.
     #[serde(default)]
     pub idempotency_key: Option<String>,
-    /// GPU model the sandbox needs, e.g. `"H200"` or `"A100 80GB"` (words of
-    /// the product name, in order), or `"any"`. Containers only.
+    /// GPU model the sandbox needs as users write it, e.g. `"H200"`,
+    /// `"RTX4090"` or `"A100-80GB"`, or `"any"`. Case-insensitive; letters
+    /// and digits are cut apart on both sides, and the request must be, in
+    /// order, whole words of the NVML product name (`"RTX4090"` matches
+    /// "NVIDIA GeForce RTX 4090"; `"A10"` matches neither an A100 nor an
+    /// A10G). Containers only.
     #[serde(default)]
     pub gpu: Option<String>,
     /// Whole GPUs, held exclusively until the sandbox ends; default 1 when

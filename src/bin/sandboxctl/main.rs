@@ -221,7 +221,7 @@ struct CreateArgs {
     /// A label, KEY=VALUE (repeatable).
     #[arg(long = "label", short = 'l', value_parser = units::parse_kv)]
     labels: Vec<(String, String)>,
-    /// GPU model (H200, "A100 80GB", ...) or `any`; containers only.
+    /// GPU model (H200, RTX4090, A100-80GB, ...) or `any`; containers only.
     #[arg(long)]
     gpu: Option<String>,
     /// Whole GPUs to hold (default 1 with --gpu).
