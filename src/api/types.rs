@@ -40,8 +40,9 @@ pub struct CreateSandbox {
     /// Caller labels, returned as given.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// Retrying a create with the same key returns the sandbox the first
-    /// attempt made instead of making another.
+    /// Retrying a create with the same key and body returns what the first
+    /// attempt did (its sandbox, or its error) instead of making another;
+    /// the key with another body is a 409 `idempotency_key_reused`.
     #[serde(default)]
     pub idempotency_key: Option<String>,
     /// GPU model the sandbox needs, e.g. `"H200"` or `"A100 80GB"` (words of
