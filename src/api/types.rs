@@ -41,7 +41,8 @@ pub struct CreateSandbox {
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
     /// Retrying a create with the same key and body returns what the first
-    /// attempt did (its sandbox, or its error) instead of making another;
+    /// attempt did (its sandbox, or its error; after a 503, a new attempt)
+    /// instead of making another;
     /// the key with another body is a 409 `idempotency_key_reused`.
     #[serde(default)]
     pub idempotency_key: Option<String>,

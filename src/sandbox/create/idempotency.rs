@@ -169,20 +169,25 @@ impl Idempotency {
 
 impl Claim<'_> {
     /// Releases the key once the create is done. A success is the record's
-    /// from now on (it carries the key); a failure is remembered so that
-    /// retries get the same error. One lock for both, so a retry sees the
+    /// from now on (it carries the key); a failure other than a 503 is
+    /// remembered so that retries get the same error. One lock for both, so a retry sees the
     /// key running or failed, never neither.
     pub(super) fn finish(mut self, result: &Result<SandboxRecord, SandboxError>, now: Instant) {
         let mut inner = self.table.lock();
         inner.running.remove(&self.key);
-        if let Err(error) = result {
-            let failed = Failed {
-                key: self.key.clone(),
-                digest: self.digest.clone(),
-                error: error.clone(),
-                at: now,
-            };
-            self.table.remember_failed(&mut inner, failed);
+        match result {
+            // A 503 made nothing and says "not now": the caller's retry with
+            // the same key is a new attempt, not a replay of the refusal.
+            Ok(_) | Err(SandboxError::Unavailable { .. }) => {}
+            Err(error) => {
+                let failed = Failed {
+                    key: self.key.clone(),
+                    digest: self.digest.clone(),
+                    error: error.clone(),
+                    at: now,
+                };
+                self.table.remember_failed(&mut inner, failed);
+            }
         }
         self.finished = true;
     }
