@@ -196,6 +196,31 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
 }
 
 #[tokio::test]
+async fn a_create_body_that_is_not_an_object_is_refused_and_makes_nothing() {
+    require_host!();
+    let daemon = Daemon::start();
+    for raw in [&b"[null, null]"[..], b"\"x\"", b"42"] {
+        let (status, body) = create_fails(&daemon, raw.to_vec()).await;
+        let raw = String::from_utf8_lossy(raw);
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{raw}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_json", "{raw}: {body}");
+        assert!(
+            message(&body).contains("must be a JSON object"),
+            "{raw}: {body}"
+        );
+    }
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(0),
+        "{list}"
+    );
+    // The daemon still creates from an object.
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    daemon.delete(&id).await;
+}
+
+#[tokio::test]
 async fn negative_unsigned_limits_name_the_field() {
     require_host!();
     let daemon = Daemon::start();

@@ -400,6 +400,82 @@ async fn a_retried_create_with_the_same_idempotency_key_returns_the_same_sandbox
     assert_ne!(second, first, "a deleted sandbox's key starts a new create");
 }
 
+#[tokio::test]
+async fn a_retried_create_whose_first_attempt_failed_gets_the_same_error() {
+    require_host!();
+    let daemon = Daemon::start_with(&["--max-sandboxes", "1"]);
+    let body = json!({"image": "no-such-image-idem", "idempotency_key": "job-failed"});
+    let (status, first) = daemon
+        .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{first}");
+    assert_eq!(first["error"]["code"], "image_not_found", "{first}");
+    let (again_status, again) = daemon
+        .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
+        .await;
+    assert_eq!(again_status, status, "not a sandbox: {again}");
+    assert_eq!(again, first, "the same code and message");
+    // A full host's 503 made nothing and means "not now": once room is
+    // made, a retry with the same key is a new attempt, and it succeeds.
+    let filler = daemon.create(json!({"image": "busybox"})).await;
+    let full = json!({"image": "busybox", "idempotency_key": "job-full"});
+    let (status, first) = daemon
+        .call(Method::POST, "/v1/sandboxes", Some(full.clone()))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{first}");
+    daemon.delete(&filler).await;
+    let (again_status, again) = daemon.call(Method::POST, "/v1/sandboxes", Some(full)).await;
+    assert_eq!(again_status, StatusCode::CREATED, "{again}");
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(1),
+        "only the retried create's sandbox: {list}"
+    );
+    daemon.delete(again["id"].as_str().expect("id")).await;
+    // The failed key with another body is a reuse, not a retry.
+    let (status, other) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "busybox", "idempotency_key": "job-failed"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{other}");
+    assert_eq!(other["error"]["code"], "idempotency_key_reused", "{other}");
+}
+
+#[tokio::test]
+async fn the_same_idempotency_key_with_another_body_is_a_conflict() {
+    require_host!();
+    let daemon = Daemon::start();
+    let first = daemon
+        .create(json!({"image": "busybox", "idempotency_key": "job-7", "labels": {"a": "1"}}))
+        .await;
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "busybox", "idempotency_key": "job-7", "labels": {"a": "2"}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "idempotency_key_reused", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or("");
+    assert!(
+        message.contains(&first),
+        "names the key's sandbox: {message}"
+    );
+    assert!(message.contains("another request body"), "{message}");
+    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(
+        list["sandboxes"].as_array().map(Vec::len),
+        Some(1),
+        "{list}"
+    );
+    daemon.delete(&first).await;
+}
+
 /// This daemon's sandbox cgroups in every hierarchy, as `hierarchy/id`.
 fn sandbox_cgroups(daemon: &Daemon) -> BTreeSet<String> {
     let parent = daemon.cgroup_parent();

@@ -59,7 +59,21 @@ pub type ApiResult<T> = Result<T, ApiError>;
 
 /// Parses a JSON body; the message names the field that was wrong (serde
 /// alone would say "expected u64" for `"memory_mib": -5` without the field).
+/// Every body is an object: serde's derived structs also take an array of
+/// their fields in order (`[null, null]` would be a create with defaults),
+/// so anything else is refused before serde sees it. An empty body goes to
+/// serde as before, so each route keeps its own answer to it.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
+    // JSON's whitespace, RFC 8259 section 2.
+    let first = body
+        .iter()
+        .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+    if first.is_some_and(|b| *b != b'{') {
+        return Err(ApiError::bad(
+            "invalid_json",
+            "the request body must be a JSON object",
+        ));
+    }
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
         let path = e.path().to_string();
@@ -83,5 +97,21 @@ mod tests {
             panic!("a negative memory_mib was accepted");
         };
         assert!(err.0.to_string().contains("memory_mib"), "{}", err.0);
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_is_refused() {
+        for body in [&b"[null, null]"[..], b"\"x\"", b"42", b" \n\t[]", b"null"] {
+            let Err(err) = parse_json::<CreateSandbox>(body) else {
+                panic!("{} was accepted", String::from_utf8_lossy(body));
+            };
+            assert_eq!(err.0.code(), "invalid_json");
+            assert!(
+                err.0.to_string().contains("must be a JSON object"),
+                "{}",
+                err.0
+            );
+        }
+        assert!(parse_json::<CreateSandbox>(b" \r\n{}").is_ok());
     }
 }

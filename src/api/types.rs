@@ -40,8 +40,10 @@ pub struct CreateSandbox {
     /// Caller labels, returned as given.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
-    /// Retrying a create with the same key returns the sandbox the first
-    /// attempt made instead of making another.
+    /// Retrying a create with the same key and body returns what the first
+    /// attempt did (its sandbox, or its error; after a 503, a new attempt)
+    /// instead of making another;
+    /// the key with another body is a 409 `idempotency_key_reused`.
     #[serde(default)]
     pub idempotency_key: Option<String>,
     /// GPU model the sandbox needs as users write it, e.g. `"H200"`,

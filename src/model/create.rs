@@ -2,12 +2,16 @@
 
 use std::collections::BTreeMap;
 
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
 use super::RuntimeKind;
 use crate::net::policy::NetworkPolicy;
 
 /// A sandbox to make. `None` fields take the daemon's defaults; the
-/// manager validates every value before anything is made.
-#[derive(Debug, Clone, Default)]
+/// manager validates every value before anything is made. Serialize is for
+/// [`CreateRequest::digest`] only: it is no wire format.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct CreateRequest {
     pub image: Option<String>,
     /// `None`: a container, or for a fork the snapshot's own kind.
@@ -27,4 +31,98 @@ pub struct CreateRequest {
     pub network: NetworkPolicy,
     /// A memory snapshot to fork.
     pub from_snapshot: Option<String>,
+}
+
+impl CreateRequest {
+    /// What an idempotency key is bound to: the sha256 (hex) of the request
+    /// as asked, the key itself left out, so a retry can be told from a
+    /// different request reusing the key. The serialisation is canonical:
+    /// fields in declaration order and the maps are BTreeMaps, so the order
+    /// a body lists `env` or `labels` in does not matter. Defaults are not
+    /// applied first: `{}` and `{"image": <the default>}` are different
+    /// requests.
+    pub fn digest(&self) -> String {
+        let unkeyed = CreateRequest {
+            idempotency_key: None,
+            ..self.clone()
+        };
+        // Plain data (strings, numbers, BTreeMaps): serialising cannot fail.
+        let canonical = serde_json::to_vec(&unkeyed).unwrap_or_default();
+        hex::encode(Sha256::digest(&canonical))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request() -> CreateRequest {
+        CreateRequest {
+            image: Some("python".into()),
+            memory_mib: Some(256),
+            env: [("A", "1"), ("B", "2")]
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            idempotency_key: Some("job-1".into()),
+            ..CreateRequest::default()
+        }
+    }
+
+    #[test]
+    fn the_same_request_has_the_same_digest_whatever_its_key() {
+        let first = request();
+        assert_eq!(first.digest(), request().digest());
+        let rekeyed = CreateRequest {
+            idempotency_key: Some("job-2".into()),
+            ..request()
+        };
+        assert_eq!(
+            first.digest(),
+            rekeyed.digest(),
+            "the key is not part of it"
+        );
+    }
+
+    #[test]
+    fn env_order_does_not_change_the_digest() {
+        let mut reversed = request();
+        reversed.env = [("B", "2"), ("A", "1")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(request().digest(), reversed.digest());
+    }
+
+    #[test]
+    fn a_changed_field_changes_the_digest() {
+        let base = request().digest();
+        let changed = [
+            CreateRequest {
+                memory_mib: Some(512),
+                ..request()
+            },
+            CreateRequest {
+                image: Some("busybox".into()),
+                ..request()
+            },
+            CreateRequest {
+                runtime: Some(RuntimeKind::Vm),
+                ..request()
+            },
+            CreateRequest {
+                network: NetworkPolicy {
+                    block_network: Some(true),
+                    allow_list: None,
+                },
+                ..request()
+            },
+        ];
+        for other in changed {
+            assert_ne!(base, other.digest(), "{other:?}");
+        }
+        let mut more_env = request();
+        more_env.env.insert("C".into(), "3".into());
+        assert_ne!(base, more_env.digest());
+    }
 }

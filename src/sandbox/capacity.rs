@@ -138,6 +138,7 @@ mod tests {
             gpus: Vec::new(),
             usage: Default::default(),
             idempotency_key: None,
+            request_digest: None,
             network: Default::default(),
             base_snapshot: None,
             vm_uid: None,

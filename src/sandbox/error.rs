@@ -4,7 +4,9 @@
 use crate::gpu::{AllocError, GrantError, RequestError};
 use crate::supervisor::client::CallError;
 
-#[derive(Debug, thiserror::Error)]
+/// Clone: a failed keyed create's error is kept and returned again to its
+/// retries.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum SandboxError {
     /// 400: the request cannot be done as asked; the message says what to fix.
     #[error("{message}")]

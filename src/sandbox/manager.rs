@@ -49,6 +49,9 @@ pub struct Manager {
     pub(super) egress_seen: Mutex<HashMap<String, crate::net::proxy::EgressCounters>>,
     /// Every snapshot, with its meta.
     pub(super) snapshots: super::snapshots::index::SnapshotIndex,
+    /// Idempotency keys held by running creates, and failed keyed creates'
+    /// errors (in memory only: a restart forgets them).
+    pub(super) idempotency: super::create::idempotency::Idempotency,
     /// What the host offers microVMs, found at start.
     pub virtualization: crate::runtime::virt::Virtualization,
 }
@@ -102,6 +105,7 @@ impl Manager {
             stopping: tokio::sync::watch::channel(false).0,
             egress_seen: Mutex::new(HashMap::new()),
             snapshots,
+            idempotency: Default::default(),
             virtualization: crate::runtime::virt::Virtualization::detect(),
         })
     }

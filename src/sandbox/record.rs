@@ -38,9 +38,17 @@ pub struct SandboxRecord {
     pub gpus: Vec<String>,
     #[serde(default)]
     pub usage: Usage,
-    /// The caller's key for retrying this create safely.
+    /// The caller's key for retrying this create safely. Deleting the
+    /// sandbox frees the key: the record is gone, so a later create with it
+    /// makes a new sandbox.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// [`CreateRequest::digest`](crate::model::CreateRequest::digest) of the
+    /// keyed request that made it, so the key used with another body is a
+    /// 409. `None` without a key, and in records written before it was kept
+    /// (any body then counts as a retry, as it did).
+    #[serde(default)]
+    pub request_digest: Option<String>,
     /// The egress policy in force, as requested with the daemon's default
     /// already applied (so a record never depends on a later default).
     #[serde(default)]

@@ -77,6 +77,7 @@ impl Harness {
             gpus: Vec::new(),
             usage: Usage::default(),
             idempotency_key: None,
+            request_digest: None,
             network: NetworkPolicy {
                 block_network: Some(false),
                 allow_list: None,

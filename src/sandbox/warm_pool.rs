@@ -56,6 +56,7 @@ impl Manager {
                         pooled: true,
                         gpu: None,
                         idempotency_key: None,
+                        request_digest: None,
                         network: NetworkPolicy {
                             block_network: Some(this.config.default_egress == DefaultEgress::Block),
                             allow_list: None,
@@ -142,6 +143,7 @@ impl Manager {
                 };
                 record.pooled = false;
                 record.idempotency_key = req.idempotency_key.clone();
+                record.request_digest = req.idempotency_key.as_ref().map(|_| req.digest());
                 record.ttl_seconds = ttl_seconds;
                 record.expires_at_ms = expiry(ttl_seconds);
                 record.labels = req.labels.clone();

@@ -5,6 +5,7 @@
 //! devices, launch its supervisor. Any failure removes everything made so
 //! far.
 
+pub(super) mod idempotency;
 mod launch;
 mod pipeline;
 mod root;
@@ -12,7 +13,9 @@ mod root;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Instant, SystemTime};
+
+use idempotency::Admission;
 
 use super::events::EventKind;
 use super::record::{expiry, SandboxRecord};
@@ -67,6 +70,8 @@ pub(super) struct ColdCreate {
     pub(super) pooled: bool,
     pub(super) gpu: Option<GpuRequest>,
     pub(super) idempotency_key: Option<String>,
+    /// The digest of the keyed request, kept with the key in the record.
+    pub(super) request_digest: Option<String>,
     /// The egress policy, the daemon's default already applied.
     pub(super) network: NetworkPolicy,
     /// The memory snapshot this sandbox is a fork of.
@@ -112,6 +117,11 @@ impl Manager {
         result?
     }
 
+    /// A create with an idempotency key is decided by [`idempotency`] first:
+    /// the key's live sandbox (made by the same body), its failed create's
+    /// error again, or a 409 (`create_in_progress` while it runs,
+    /// `idempotency_key_reused` for another body). Otherwise it creates,
+    /// holding the key until done.
     pub(super) async fn create_now(
         self: &Arc<Self>,
         req: CreateRequest,
@@ -123,24 +133,34 @@ impl Manager {
                     "idempotency_key must be 1 to 256 bytes",
                 ));
             }
-            let earlier = self
-                .records()
-                .values()
-                .find(|r| r.idempotency_key.as_deref() == Some(key.as_str()))
-                .cloned();
-            if let Some(earlier) = earlier {
-                return match earlier.state {
-                    SandboxState::Creating => Err(SandboxError::Conflict {
-                        code: "create_in_progress",
-                        message: format!(
-                            "a create with this idempotency key is still running (sandbox {}); retry shortly",
-                            earlier.id
-                        ),
-                    }),
-                    _ => Ok(earlier),
-                };
-            }
+            let digest = req.digest();
+            let admission = self.idempotency.admit(
+                key,
+                &digest,
+                || {
+                    self.records()
+                        .values()
+                        .find(|r| r.idempotency_key.as_deref() == Some(key.as_str()))
+                        .cloned()
+                },
+                Instant::now(),
+            );
+            let claim = match admission {
+                Admission::Answer(answer) => return *answer,
+                Admission::Create(claim) => claim,
+            };
+            let result = self.create_admitted(req).await;
+            claim.finish(&result, Instant::now());
+            return result;
         }
+        self.create_admitted(req).await
+    }
+
+    /// A create whose idempotency key, if any, is held for it.
+    async fn create_admitted(
+        self: &Arc<Self>,
+        req: CreateRequest,
+    ) -> Result<SandboxRecord, SandboxError> {
         let gpu = GpuRequest::from_create(req.runtime, req.gpu.as_deref(), req.gpu_count)?;
         let runtime = req.runtime.unwrap_or_default();
         if runtime == RuntimeKind::Vm {
@@ -191,6 +211,7 @@ impl Manager {
                 return Ok(view);
             }
         }
+        let request_digest = req.idempotency_key.as_ref().map(|_| req.digest());
         self.create_cold(ColdCreate {
             image_name,
             limits,
@@ -199,6 +220,7 @@ impl Manager {
             env: req.env,
             pooled: false,
             gpu,
+            request_digest,
             idempotency_key: req.idempotency_key,
             network,
             from_snapshot: None,
@@ -251,6 +273,7 @@ impl Manager {
             pooled,
             gpu,
             idempotency_key,
+            request_digest,
             network,
             from_snapshot,
             runtime,
@@ -294,6 +317,7 @@ impl Manager {
                 gpus,
                 usage: Default::default(),
                 idempotency_key,
+                request_digest,
                 network,
                 base_snapshot: from_snapshot,
                 vm_uid,

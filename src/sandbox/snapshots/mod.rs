@@ -523,6 +523,8 @@ impl Manager {
         if req.runtime.is_some_and(|r| r != runtime) {
             return Err(conflict("runtime"));
         }
+        // Of the request as asked, before the snapshot's env joins it.
+        let request_digest = req.idempotency_key.as_ref().map(|_| req.digest());
         let mut env = memory.env.clone();
         env.extend(req.env);
         self.create_cold(super::create::ColdCreate {
@@ -534,6 +536,7 @@ impl Manager {
             pooled: false,
             gpu: None,
             idempotency_key: req.idempotency_key,
+            request_digest,
             network,
             from_snapshot: Some(snapshot.to_string()),
             runtime,
