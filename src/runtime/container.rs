@@ -281,7 +281,19 @@ pub(crate) fn remove_state(id: &str, paths: &SandboxPaths) -> Vec<String> {
         match Container::load(state.clone()) {
             Ok(mut container) => {
                 if let Err(e) = container.delete(true) {
-                    problems.push(format!("deleting container: {e}"));
+                    // Init can be reaped between load() and delete() (the
+                    // supervisor reaps its children), and libcontainer then
+                    // fails reading its /proc entry: with init gone there is
+                    // nothing left for it to stop, and the sweep removes the
+                    // groups.
+                    let init_gone = container
+                        .pid()
+                        .is_none_or(|pid| !Path::new(&format!("/proc/{pid}")).exists());
+                    if init_gone {
+                        tracing::debug!(sandbox = %id, "init exited during delete ({e}); sweeping instead");
+                    } else {
+                        problems.push(format!("deleting container: {e}"));
+                    }
                 }
             }
             Err(e) => {
