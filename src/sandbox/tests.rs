@@ -279,7 +279,7 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     let limits = h.manager.template_limits();
     let claimed = h
         .manager
-        .claim_pooled(&image, &limits, 60, &req)
+        .claim_pooled(&image, &limits, 60, &req, None)
         .await
         .expect("claim")
         .expect("a pooled sandbox");
@@ -314,7 +314,13 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_env_asks_no_supervisor() {
     let limits = h.manager.template_limits();
     let other = h
         .manager
-        .claim_pooled("not-the-default", &limits, 60, &CreateRequest::default())
+        .claim_pooled(
+            "not-the-default",
+            &limits,
+            60,
+            &CreateRequest::default(),
+            None,
+        )
         .await
         .expect("claim");
     assert!(other.is_none());
@@ -322,7 +328,7 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_env_asks_no_supervisor() {
     let image = h.manager.config.default_image.clone();
     let plain = h
         .manager
-        .claim_pooled(&image, &limits, -1, &CreateRequest::default())
+        .claim_pooled(&image, &limits, -1, &CreateRequest::default(), None)
         .await
         .expect("claim");
     assert_eq!(plain.map(|r| r.id).as_deref(), Some("sb-q"));

@@ -107,6 +107,7 @@ impl Manager {
         limits: &Limits,
         ttl_seconds: i64,
         req: &CreateRequest,
+        request_digest: Option<&str>,
     ) -> Result<Option<SandboxRecord>, SandboxError> {
         if self.config.pool_size == 0
             || image != self.config.default_image
@@ -143,7 +144,7 @@ impl Manager {
                 };
                 record.pooled = false;
                 record.idempotency_key = req.idempotency_key.clone();
-                record.request_digest = req.idempotency_key.as_ref().map(|_| req.digest());
+                record.request_digest = request_digest.map(String::from);
                 record.ttl_seconds = ttl_seconds;
                 record.expires_at_ms = expiry(ttl_seconds);
                 record.labels = req.labels.clone();

@@ -22,8 +22,7 @@ use super::record::{expiry, SandboxRecord};
 use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
 use super::{Manager, SandboxError};
 use crate::gpu::GpuRequest;
-use crate::model::ID_MAP_SIZE;
-use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState};
+use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState, ID_MAP_SIZE};
 use crate::net::policy::NetworkPolicy;
 
 pub(super) fn default_env() -> Vec<(String, String)> {
@@ -86,8 +85,8 @@ pub(super) fn new_id() -> String {
 
 impl Manager {
     /// Creates a sandbox and returns once it is ready; on any failure nothing
-    /// of it is left behind. The work runs in its
-    /// own task: when the caller goes away (the client disconnected and the
+    /// of it is left behind. The work runs in its own task: when the caller
+    /// goes away (the client disconnected and the
     /// request future was dropped) a sandbox made anyway is removed, so an
     /// abandoned create leaves nothing behind.
     pub async fn create(
@@ -149,17 +148,19 @@ impl Manager {
                 Admission::Answer(answer) => return *answer,
                 Admission::Create(claim) => claim,
             };
-            let result = self.create_admitted(req).await;
+            let result = self.create_admitted(req, Some(digest)).await;
             claim.finish(&result, Instant::now());
             return result;
         }
-        self.create_admitted(req).await
+        self.create_admitted(req, None).await
     }
 
-    /// A create whose idempotency key, if any, is held for it.
+    /// A create whose idempotency key, if any, is held for it;
+    /// `request_digest` is the keyed request's, kept with the key.
     async fn create_admitted(
         self: &Arc<Self>,
         req: CreateRequest,
+        request_digest: Option<String>,
     ) -> Result<SandboxRecord, SandboxError> {
         let gpu = GpuRequest::from_create(req.runtime, req.gpu.as_deref(), req.gpu_count)?;
         let runtime = req.runtime.unwrap_or_default();
@@ -176,7 +177,7 @@ impl Manager {
         let network = self.resolved_network(&req.network)?;
         if let Some(snapshot) = req.from_snapshot.clone() {
             return self
-                .create_fork(&snapshot, req, gpu, ttl_seconds, network)
+                .create_fork(&snapshot, req, request_digest, gpu, ttl_seconds, network)
                 .await;
         }
         let image_name = req
@@ -205,13 +206,18 @@ impl Manager {
         // The warm pool holds containers.
         if runtime == RuntimeKind::Container {
             if let Some(view) = self
-                .claim_pooled(&image_name, &limits, ttl_seconds, &req)
+                .claim_pooled(
+                    &image_name,
+                    &limits,
+                    ttl_seconds,
+                    &req,
+                    request_digest.as_deref(),
+                )
                 .await?
             {
                 return Ok(view);
             }
         }
-        let request_digest = req.idempotency_key.as_ref().map(|_| req.digest());
         self.create_cold(ColdCreate {
             image_name,
             limits,

@@ -475,6 +475,7 @@ impl Manager {
         self: &Arc<Self>,
         snapshot: &str,
         req: crate::model::CreateRequest,
+        request_digest: Option<String>,
         gpu: Option<crate::gpu::GpuRequest>,
         ttl_seconds: i64,
         network: crate::net::policy::NetworkPolicy,
@@ -523,8 +524,6 @@ impl Manager {
         if req.runtime.is_some_and(|r| r != runtime) {
             return Err(conflict("runtime"));
         }
-        // Of the request as asked, before the snapshot's env joins it.
-        let request_digest = req.idempotency_key.as_ref().map(|_| req.digest());
         let mut env = memory.env.clone();
         env.extend(req.env);
         self.create_cold(super::create::ColdCreate {
