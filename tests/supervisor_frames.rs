@@ -13,6 +13,7 @@ use sandbox_proto::{AgentError, ErrorKind, PtySize, Reply, RequestBody, Stream};
 use sandboxd::model::{Process, ProcessState};
 use sandboxd::net::proxy::{EgressCounters, EgressLogEntry};
 use sandboxd::runtime::sandbox::Checkpoint;
+use sandboxd::runtime::CheckpointTarget;
 use sandboxd::supervisor::protocol::{
     check_supervisor_version, SpawnSpec, SupervisorError, SupervisorErrorKind, SupervisorEvent,
     SupervisorHealth, SupervisorReply, SupervisorRequest, VersionMismatch, HEALTH_REPLY_TAG,
@@ -95,7 +96,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::File(_) => 15,
         SupervisorRequest::Shutdown => 16,
         SupervisorRequest::CloneDisk { .. } => 17,
-        SupervisorRequest::Checkpoint { .. } => 18,
+        SupervisorRequest::Checkpoint(_) => 18,
     }
 }
 
@@ -293,12 +294,12 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             "11 02 2f 64".into(),
         ),
         (
-            SupervisorRequest::Checkpoint {
+            SupervisorRequest::Checkpoint(CheckpointTarget {
                 criu: "/c".into(),
                 freezer: "/f".into(),
                 images_dir: "/i".into(),
                 work_dir: "/w".into(),
-            },
+            }),
             "12 02 2f 63 02 2f 66 02 2f 69 02 2f 77".into(),
         ),
     ]

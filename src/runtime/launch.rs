@@ -39,11 +39,13 @@ pub fn start(spec: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, Runtim
     })
 }
 
-/// Where a checkpoint goes, and what CRIU needs for a container's.
+/// Where a checkpoint goes, and what CRIU needs for a container's. The
+/// daemon sends it as it is in `SupervisorRequest::Checkpoint`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointTarget {
     /// The `criu` binary (unused for a microVM).
     pub criu: PathBuf,
-    /// The sandbox's freezer group, frozen by the daemon (unused for a
+    /// The sandbox's freezer group, frozen by the daemon (empty for a
     /// microVM, whose VMM pauses the guest itself).
     pub freezer: PathBuf,
     /// Where the checkpoint's images go.

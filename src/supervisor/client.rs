@@ -24,6 +24,7 @@ use crate::net::policy::NetworkPolicy;
 use crate::net::proxy::EgressLogEntry;
 use crate::runtime::paths::SandboxPaths;
 use crate::runtime::sandbox::Checkpoint;
+use crate::runtime::CheckpointTarget;
 
 /// Control requests (health, environment, policy): the supervisor answers
 /// these itself, so a slow answer means it is stuck.
@@ -67,16 +68,6 @@ pub struct Checkpointed {
     pub next_proc: u64,
     /// The processes running at the checkpoint, which forks inherit.
     pub processes: Vec<Process>,
-}
-
-/// What `Checkpoint` asks of the supervisor.
-#[derive(Debug, Clone)]
-pub struct CheckpointSpec {
-    pub criu: PathBuf,
-    /// Empty for a microVM (its VMM pauses the guest itself).
-    pub freezer: PathBuf,
-    pub images_dir: PathBuf,
-    pub work_dir: PathBuf,
 }
 
 /// One item of an attached process's stream: output as the supervisor's
@@ -469,13 +460,11 @@ impl SupervisorClient {
         expect::ok("CloneDisk", reply)
     }
 
-    pub async fn checkpoint(&mut self, spec: CheckpointSpec) -> Result<Checkpointed, CallError> {
-        let request = SupervisorRequest::Checkpoint {
-            criu: spec.criu,
-            freezer: spec.freezer,
-            images_dir: spec.images_dir,
-            work_dir: spec.work_dir,
-        };
+    pub async fn checkpoint(
+        &mut self,
+        target: CheckpointTarget,
+    ) -> Result<Checkpointed, CallError> {
+        let request = SupervisorRequest::Checkpoint(target);
         expect::checkpointed(self.call(&request, CHECKPOINT_DEADLINE).await?)
     }
 }

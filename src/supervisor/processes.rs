@@ -176,10 +176,7 @@ impl Supervisor {
 
     pub async fn checkpoint(
         &self,
-        criu: std::path::PathBuf,
-        freezer: std::path::PathBuf,
-        images_dir: std::path::PathBuf,
-        work_dir: std::path::PathBuf,
+        target: crate::runtime::CheckpointTarget,
     ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
         let Some(_paused) = self.link.try_pause() else {
             return Err(err(
@@ -190,12 +187,6 @@ impl Supervisor {
         let init_pid = self.init_pid;
         let paths = self.paths.clone();
         let spec = self.config.spec.clone();
-        let target = crate::runtime::CheckpointTarget {
-            criu,
-            freezer,
-            images_dir,
-            work_dir,
-        };
         let checkpoint = tokio::task::spawn_blocking(move || {
             crate::runtime::checkpoint(&spec, &paths, init_pid, &target)
         })

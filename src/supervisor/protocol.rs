@@ -111,12 +111,9 @@ pub enum SupervisorRequest {
     },
     /// Checkpoint the sandbox's process tree (frozen by the daemon, left
     /// running) with CRIU. Reply: [`SupervisorReply::Checkpointed`].
-    Checkpoint {
-        criu: std::path::PathBuf,
-        freezer: std::path::PathBuf,
-        images_dir: std::path::PathBuf,
-        work_dir: std::path::PathBuf,
-    },
+    /// A newtype over the runtime's own struct: its fields in order, the
+    /// same bytes the struct variant of earlier builds had.
+    Checkpoint(crate::runtime::CheckpointTarget),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

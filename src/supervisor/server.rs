@@ -121,16 +121,7 @@ async fn answer(
 ) -> SupervisorReply {
     match request {
         SupervisorRequest::Health => SupervisorReply::Health(supervisor.health()),
-        SupervisorRequest::Checkpoint {
-            criu,
-            freezer,
-            images_dir,
-            work_dir,
-        } => reply_of(
-            supervisor
-                .checkpoint(criu, freezer, images_dir, work_dir)
-                .await,
-        ),
+        SupervisorRequest::Checkpoint(target) => reply_of(supervisor.checkpoint(target).await),
         SupervisorRequest::CloneDisk { to } => reply_of(supervisor.clone_disk(to).await),
         SupervisorRequest::EgressLog => {
             SupervisorReply::EgressLog(supervisor.egress.get().map(|e| e.log()).unwrap_or_default())

@@ -18,7 +18,8 @@ use super::error::SandboxError;
 use super::manager::Manager;
 use crate::model::{RuntimeKind, SandboxState};
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
-use crate::supervisor::client::{CallError, CheckpointSpec, Checkpointed};
+use crate::runtime::CheckpointTarget;
+use crate::supervisor::client::{CallError, Checkpointed};
 use crate::supervisor::protocol::SupervisorErrorKind;
 use index::{new_id, MemoryImage, SnapshotKind, SnapshotMeta, SnapshotView, META_VERSION};
 
@@ -417,7 +418,7 @@ impl Manager {
         what: &str,
     ) -> Result<(PathBuf, Checkpointed), SandboxError> {
         let images_dir = self.images_dir(snapshot_id)?;
-        let spec = CheckpointSpec {
+        let target = CheckpointTarget {
             criu: self.config.criu_path.clone(),
             freezer,
             images_dir: images_dir.clone(),
@@ -426,7 +427,7 @@ impl Manager {
         let checkpointed = self
             .connect(&record.id)
             .await?
-            .checkpoint(spec)
+            .checkpoint(target)
             .await
             .map_err(|e| refused(what, e))?;
         Ok((images_dir, checkpointed))
