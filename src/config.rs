@@ -170,6 +170,11 @@ pub struct ConfigOverrides {
     /// resolv.conf).
     #[arg(long, value_delimiter = ',')]
     pub upstream_dns: Option<Vec<std::net::SocketAddr>>,
+    /// PEM files of CAs the egress proxies also trust when they verify an
+    /// intercepted host's certificate (brokered secrets), beside the
+    /// system's roots (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub egress_extra_ca: Option<Vec<PathBuf>>,
     /// Connections one sandbox may hold open through its proxy.
     #[arg(long)]
     pub egress_max_connections: Option<usize>,
@@ -347,6 +352,10 @@ impl Config {
                     .filter(|n| !n.is_empty())
                     .map(|n| crate::net::upstream::netns_path(&n)),
                 dns: pick!(upstream_dns, Vec::new()),
+                extra_ca: pick!(egress_extra_ca, Vec::new())
+                    .into_iter()
+                    .map(|p| std::path::absolute(&p).unwrap_or(p))
+                    .collect(),
             },
             criu_path: pick!(criu_path, default_criu_path()),
             vm: VmSettings {

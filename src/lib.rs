@@ -14,5 +14,6 @@ pub mod model;
 pub mod net;
 pub mod runtime;
 pub mod sandbox;
+pub mod secrets;
 pub mod store;
 pub mod supervisor;

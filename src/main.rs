@@ -160,6 +160,9 @@ fn lock_state_dir(config: &Config) -> anyhow::Result<Flock<std::fs::File>> {
 
 fn run_daemon(config: Config) -> anyhow::Result<()> {
     let _lock = lock_state_dir(&config)?;
+    // The daemon holds brokered secrets' values: no core dump, and no
+    // ptrace but by a process with CAP_SYS_PTRACE.
+    sandboxd::secrets::make_undumpable()?;
     sandboxd::runtime::agent_binary::check(&config.agent_path)?;
     std::fs::create_dir_all(config.sandboxes_run_dir())
         .with_context(|| format!("creating {}", config.run_dir.display()))?;

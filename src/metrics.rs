@@ -41,6 +41,11 @@ struct LimitLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SecretLabels {
+    secret: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SandboxLabels {
     sandbox: String,
 }
@@ -63,6 +68,7 @@ pub struct Metrics {
     egress_connections: Family<VerdictLabels, Counter>,
     egress_limited: Family<LimitLabels, Counter>,
     egress_throttled_seconds: Counter<f64, AtomicU64>,
+    secret_substitutions: Family<SecretLabels, Counter>,
     sandbox_cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>>,
     sandbox_memory_bytes: Family<SandboxLabels, Gauge>,
     /// Serialises scrapes: the state gauges are rebuilt on each one.
@@ -120,6 +126,12 @@ impl Metrics {
             "Outbound connections by verdict (allowed, refused)",
             egress_connections.clone(),
         );
+        let secret_substitutions = Family::<SecretLabels, Counter>::default();
+        registry.register(
+            "secret_substitutions",
+            "Intercepted requests a brokered secret's value was put into, by secret name",
+            secret_substitutions.clone(),
+        );
         let egress_limited = Family::<LimitLabels, Counter>::default();
         registry.register(
             "egress_limited",
@@ -155,6 +167,7 @@ impl Metrics {
             egress_connections,
             egress_limited,
             egress_throttled_seconds,
+            secret_substitutions,
             sandbox_cpu_seconds,
             sandbox_memory_bytes,
             scrape: Mutex::new(()),
@@ -219,6 +232,15 @@ impl Metrics {
         }
         self.egress_throttled_seconds
             .inc_by(delta(|c| c.throttled_us) as f64 / 1e6);
+    }
+
+    /// Adds `n` requests that carried secret `secret`'s value.
+    pub fn secret_substituted(&self, secret: &str, n: u64) {
+        self.secret_substitutions
+            .get_or_create(&SecretLabels {
+                secret: secret.to_string(),
+            })
+            .inc_by(n);
     }
 
     pub fn sandbox_usage(&self, sandbox: &str, cpu_seconds: f64, memory_bytes: u64) {

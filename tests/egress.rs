@@ -87,28 +87,11 @@ async fn set_policy(daemon: &Daemon, id: &str, body: Value) -> Value {
     v
 }
 
-/// Reads `/metrics` until the `sandboxd_<name>` sample with `labels` is
-/// above zero (the daemon samples its proxies every few seconds).
+/// `sandboxd_<name><labels>`, once above zero.
 async fn await_metric(daemon: &Daemon, name: &str, labels: &str) -> f64 {
-    let line_start = format!("sandboxd_{name}{labels} ");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, metrics) = daemon.raw(Method::GET, "/metrics", Vec::new()).await;
-        let metrics = String::from_utf8_lossy(&metrics).into_owned();
-        let value = metrics
-            .lines()
-            .find_map(|l| l.strip_prefix(&line_start))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-            .unwrap_or(0.0);
-        if value > 0.0 {
-            return value;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {line_start} above zero in\n{metrics}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    daemon
+        .await_metric(&format!("sandboxd_{name}{labels} "))
+        .await
 }
 
 #[tokio::test]

@@ -155,7 +155,7 @@ async fn restart_refuses_a_supervisor_of_another_protocol_version() {
     assert_eq!(sandbox["state"], "failed", "{sandbox}");
     let failure = sandbox["failure"].as_str().unwrap_or_default().to_string();
     assert!(
-        failure.contains("unversioned supervisor protocol (v0), this daemon v1"),
+        failure.contains("unversioned supervisor protocol (v0), this daemon v2"),
         "{failure}"
     );
     assert!(failure.contains("delete the sandbox"), "{failure}");

@@ -11,7 +11,8 @@ use std::collections::BTreeSet;
 
 use sandbox_proto::{AgentError, ErrorKind, PtySize, Reply, RequestBody, Stream};
 use sandboxd::model::{Process, ProcessState};
-use sandboxd::net::proxy::{EgressCounters, EgressLogEntry};
+use sandboxd::net::intercept::{Brokered, BrokeredSecret, LeafCert};
+use sandboxd::net::proxy::{EgressCounters, EgressLogEntry, LoggedRequest};
 use sandboxd::runtime::sandbox::Checkpoint;
 use sandboxd::runtime::CheckpointTarget;
 use sandboxd::supervisor::protocol::{
@@ -97,6 +98,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::Shutdown => 16,
         SupervisorRequest::CloneDisk { .. } => 17,
         SupervisorRequest::Checkpoint(_) => 18,
+        SupervisorRequest::SetSecrets(_) => 19,
     }
 }
 
@@ -302,6 +304,24 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             }),
             "12 02 2f 63 02 2f 66 02 2f 69 02 2f 77".into(),
         ),
+        (
+            SupervisorRequest::SetSecrets(Brokered {
+                secrets: vec![BrokeredSecret {
+                    name: "A".into(),
+                    placeholder: "p".into(),
+                    value: "v".into(),
+                    hosts: vec!["h".into()],
+                }],
+                leaves: vec![LeafCert {
+                    host: "h".into(),
+                    chain: vec![vec![1]],
+                    key_der: vec![2],
+                }],
+            }),
+            // secrets (name, placeholder, value, hosts), leaves (host,
+            // chain, key_der).
+            "13 01 01 41 01 70 01 76 01 01 68 01 01 68 01 01 01 01 02".into(),
+        ),
     ]
 }
 
@@ -339,9 +359,29 @@ fn replies() -> Vec<(SupervisorReply, String)> {
                 address: Some("a".into()),
                 bytes: 2,
                 reason: None,
+                request: None,
             }]),
-            // time, verdict, host, port, address, bytes, reason.
-            "07 01 01 74 07 61 6c 6c 6f 77 65 64 01 68 bb 03 01 01 61 02 00".into(),
+            // time, verdict, host, port, address, bytes, reason, request.
+            "07 01 01 74 07 61 6c 6c 6f 77 65 64 01 68 bb 03 01 01 61 02 00 00".into(),
+        ),
+        (
+            SupervisorReply::EgressLog(vec![EgressLogEntry {
+                time: "t".into(),
+                verdict: "x".into(),
+                host: "h".into(),
+                port: 443,
+                address: None,
+                bytes: 0,
+                reason: None,
+                request: Some(LoggedRequest {
+                    method: "GET".into(),
+                    path: "/".into(),
+                    status: 200,
+                    secrets: vec!["A".into()],
+                }),
+            }]),
+            // ..., request (method, path, status, secrets).
+            "07 01 01 74 01 78 01 68 bb 03 00 00 00 01 03 47 45 54 01 2f c8 01 01 01 41".into(),
         ),
         (
             SupervisorReply::Agent(Reply::Opened { handle: 1, size: 2 }),
@@ -391,9 +431,11 @@ fn replies() -> Vec<(SupervisorReply, String)> {
                     connections_limited: 5,
                     throttled_us: 6,
                 },
+                substitutions: vec![("A".into(), 3)],
             }),
-            // protocol, init_pid (zigzag), oom_kills, failure, egress counters.
-            "0c 01 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06".into(),
+            // protocol, init_pid (zigzag), oom_kills, failure, egress
+            // counters, substitutions.
+            "0c 02 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
     ];
     for (kind, tag) in [
@@ -413,7 +455,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 1, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 2, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -525,13 +567,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 2 with a rest this build cannot decode.
-    let v2 = bytes("0c 02 ff ff ff");
-    let mismatch = check_supervisor_version(&v2).expect_err("v2 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(2));
+    // Version 3 with a rest this build cannot decode.
+    let v3 = bytes("0c 03 ff ff ff");
+    let mismatch = check_supervisor_version(&v3).expect_err("v3 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(3));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v2, this daemon v1"),
+        text.contains("supervisor protocol v3, this daemon v2"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

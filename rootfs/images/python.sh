@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Image "python": Debian bookworm (minbase) with python3 and curl.
+# Image "python": Debian bookworm (minbase) with python3, curl and the CA roots.
 #
 # Usage: python.sh DEST_DIR   (DEST_DIR must be empty; run as root, with network)
 # sandboxd runs this once per recipe digest; sandboxes themselves never have network.
@@ -12,7 +12,7 @@ suite=bookworm
 # (e.g. data.sh) and extend these lists; any change to the text gives a new digest.
 #   debs="python3,python3-pip,python3-venv,ca-certificates,git"
 #   pips="numpy pandas"            # needs python3-pip in debs
-debs="python3,curl"
+debs="python3,curl,ca-certificates"
 pips=""
 
 # The Debian mirror finder shared with the install scripts: sandboxd writes it

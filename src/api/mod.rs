@@ -7,6 +7,7 @@ mod gpus;
 mod images;
 mod processes;
 mod sandboxes;
+mod secrets;
 pub mod server;
 mod snapshots;
 pub mod types;

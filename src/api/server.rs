@@ -9,7 +9,7 @@ use axum::routing::{get, patch, post, put};
 use axum::Router;
 use tokio::net::UnixListener;
 
-use super::{events, files, gpus, images, processes, sandboxes, snapshots};
+use super::{events, files, gpus, images, processes, sandboxes, secrets, snapshots};
 use crate::sandbox::Manager;
 
 pub fn router(manager: Arc<Manager>) -> Router {
@@ -21,6 +21,13 @@ pub fn router(manager: Arc<Manager>) -> Router {
         .route("/gpus", get(gpus::list))
         .route("/images", get(images::list))
         .route("/images/prune", post(images::prune))
+        .route("/secrets", post(secrets::create).get(secrets::list))
+        .route(
+            "/secrets/{name}",
+            get(secrets::get)
+                .put(secrets::rotate)
+                .delete(secrets::delete),
+        )
         .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route(
             "/sandboxes/{id}",

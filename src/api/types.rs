@@ -72,6 +72,49 @@ pub struct CreateSandbox {
     /// environment.
     #[serde(default)]
     pub from_snapshot: Option<String>,
+    /// Brokered secrets to bind (`POST /v1/secrets` made them): `$NAME`
+    /// holds a placeholder, and HTTPS requests to the secret's hosts carry
+    /// the value in its place. The hosts are reachable whatever the
+    /// egress policy says.
+    #[serde(default)]
+    pub secrets: Vec<String>,
+}
+
+/// `POST /v1/secrets`. The value is never returned, logged or shown.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSecret {
+    /// An environment variable name (`OPENAI_API_KEY`).
+    pub name: String,
+    /// Printable ASCII, at most 16 KiB.
+    pub value: String,
+    /// Host names the value may be sent to (no addresses).
+    pub hosts: Vec<String>,
+    /// Allow `*.example.com` hosts: the value then goes to any name one
+    /// label below, including ones someone else may register.
+    #[serde(default)]
+    pub allow_wildcards: bool,
+}
+
+/// `PUT /v1/secrets/{name}`: a new value and/or hosts, in force for the
+/// next request of every bound sandbox.
+#[derive(Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RotateSecret {
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub hosts: Option<Vec<String>>,
+    #[serde(default)]
+    pub allow_wildcards: bool,
+}
+
+/// One secret as the API shows it (`GET /v1/secrets/{name}`).
+pub use crate::secrets::SecretInfo as Secret;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SecretList {
+    pub secrets: Vec<Secret>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -100,6 +143,9 @@ pub struct Sandbox {
     /// The egress policy in force.
     #[serde(default)]
     pub network: Option<crate::net::policy::PolicyView>,
+    /// Names of the brokered secrets it binds.
+    #[serde(default)]
+    pub secrets: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

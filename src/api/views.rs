@@ -38,6 +38,7 @@ impl TryFrom<CreateSandbox> for CreateRequest {
                 allow_list: body.allow_list,
             },
             from_snapshot: body.from_snapshot,
+            secrets: body.secrets,
         })
     }
 }
@@ -64,6 +65,7 @@ impl From<&SandboxRecord> for Sandbox {
             network: EgressPolicy::from_request(&record.network, DefaultEgress::Block)
                 .ok()
                 .map(|p| p.view()),
+            secrets: record.secrets.iter().map(|b| b.name.clone()).collect(),
         }
     }
 }

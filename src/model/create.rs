@@ -31,6 +31,8 @@ pub struct CreateRequest {
     pub network: NetworkPolicy,
     /// A memory snapshot to fork.
     pub from_snapshot: Option<String>,
+    /// Brokered secrets to bind, by name.
+    pub secrets: Vec<String>,
 }
 
 impl CreateRequest {

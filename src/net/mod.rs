@@ -8,12 +8,14 @@
 //! [`sni`], [`http`]) live here too, and so does the per-sandbox proxy and
 //! DNS server that serve them ([`proxy`]), with its caps ([`limits`]), its
 //! zero-copy forwarding ([`splice`]) and its way out ([`upstream`]:
-//! namespace and resolver).
+//! namespace and resolver), and the interception of bound hosts' TLS for
+//! brokered secrets ([`intercept`]).
 
 pub mod deny;
 pub mod dns;
 pub mod host;
 pub mod http;
+pub mod intercept;
 pub mod limits;
 pub mod netns;
 pub mod origdst;

@@ -224,20 +224,46 @@ impl EgressPolicy {
         }
         let mut policy = Self::from_mode(EgressMode::AllowList);
         for raw in entries {
-            let entry = parse_entry(raw.as_ref())?;
-            if policy.entries.contains(&entry) {
-                continue;
-            }
-            match &entry {
-                AllowEntry::Host(h) => {
-                    policy.hosts.insert(h.clone());
-                }
-                AllowEntry::Wildcard(s) => policy.wildcards.push(format!(".{s}")),
-                AllowEntry::Net(n) => policy.nets.push(*n),
-            }
-            policy.entries.push(entry);
+            policy.add(parse_entry(raw.as_ref())?);
         }
         Ok(policy)
+    }
+
+    /// Adds one entry to a list (once).
+    fn add(&mut self, entry: AllowEntry) {
+        if self.entries.contains(&entry) {
+            return;
+        }
+        match &entry {
+            AllowEntry::Host(h) => {
+                self.hosts.insert(h.clone());
+            }
+            AllowEntry::Wildcard(s) => self.wildcards.push(format!(".{s}")),
+            AllowEntry::Net(n) => self.nets.push(*n),
+        }
+        self.entries.push(entry);
+    }
+
+    /// This policy with `entries` (validated allow-list entries: a brokered
+    /// secret's hosts) reachable too. An open policy stays open, a block
+    /// becomes a list of just these, a list gains them (past the cap: they
+    /// are the daemon's, not the caller's).
+    pub fn widened<S: AsRef<str>>(&self, entries: &[S]) -> EgressPolicy {
+        if entries.is_empty() || self.mode == EgressMode::Open {
+            return self.clone();
+        }
+        let mut policy = match self.mode {
+            EgressMode::Block => Self::from_mode(EgressMode::AllowList),
+            _ => self.clone(),
+        };
+        // The entries were validated when the secret was stored.
+        for entry in entries
+            .iter()
+            .filter_map(|raw| parse_entry(raw.as_ref()).ok())
+        {
+            policy.add(entry);
+        }
+        policy
     }
 
     /// Validates a request body and compiles it; `default` decides when the
@@ -335,6 +361,23 @@ impl EgressPolicy {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn widening_adds_hosts_and_never_narrows() {
+        let open = EgressPolicy::open().widened(&["api.example.com"]);
+        assert_eq!(open.mode(), EgressMode::Open);
+        let blocked = EgressPolicy::block().widened(&["api.example.com"]);
+        assert_eq!(blocked.mode(), EgressMode::AllowList);
+        assert!(blocked.allows_normalized("api.example.com"));
+        assert!(!blocked.allows_normalized("other.example.com"));
+        assert!(EgressPolicy::block().widened::<&str>(&[]).is_block());
+        let list = EgressPolicy::allow_list(&["a.example.com"])
+            .unwrap()
+            .widened(&["b.example.com", "a.example.com"]);
+        assert!(list.allows_normalized("a.example.com"));
+        assert!(list.allows_normalized("b.example.com"));
+        assert_eq!(list.entries().len(), 2);
+    }
+
     use super::*;
 
     fn allow(list: &[&str]) -> EgressPolicy {

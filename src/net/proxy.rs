@@ -6,7 +6,10 @@
 //! entry, TLS SNI or HTTP Host), and is spliced to exactly one upstream
 //! address that passed the deny list, dialled from the supervisor's own
 //! (the host's) namespace. A policy change applies to the next connection
-//! and closes open ones the new policy forbids.
+//! and closes open ones the new policy forbids. A TLS connection to a host
+//! a brokered secret is bound to is handed to [`crate::net::intercept`]
+//! instead of spliced; those hosts are reachable whatever the requested
+//! policy says.
 
 use std::collections::HashMap;
 use std::io;
@@ -27,6 +30,8 @@ use crate::net::deny::DenyList;
 use crate::net::dns::{DnsConfig, DnsConfigError, DnsResponder};
 use crate::net::host::{canonical_ip, normalize_host, HostPort, HostSpec};
 use crate::net::http::{parse_request_head, HeadStatus, RequestFramer, Step, MAX_HEAD_LEN};
+use crate::net::intercept::forward::{self, RequestRecord};
+use crate::net::intercept::{Brokered, InterceptError, Interceptor};
 use crate::net::limits::{Bandwidth, EgressLimits, TokenBucket};
 use crate::net::origdst::{original_destination, was_redirected};
 use crate::net::plumbing::{self, PlumbingError};
@@ -144,7 +149,11 @@ struct Live {
 /// connections.
 pub struct Egress {
     sandbox: String,
+    /// The policy the daemon set; [`Self::policy`] is it widened by the
+    /// hosts of the bound secrets.
+    requested: RwLock<Arc<EgressPolicy>>,
     policy: RwLock<Arc<EgressPolicy>>,
+    interceptor: Arc<Interceptor>,
     dns: DnsResponder,
     deny: DenyList,
     /// Why there is none, when the upstream's name servers are unknown:
@@ -183,6 +192,25 @@ pub struct EgressLogEntry {
     pub bytes: u64,
     /// Why it was refused.
     pub reason: Option<String>,
+    /// An intercepted request (verdict `intercepted`, or `refused` with
+    /// the reason): never a header value.
+    #[serde(default)]
+    pub request: Option<LoggedRequest>,
+}
+
+/// One HTTP request on an intercepted connection.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LoggedRequest {
+    pub method: String,
+    /// Without the query string.
+    pub path: String,
+    pub status: u16,
+    /// The secrets whose values were put into its headers.
+    pub secrets: Vec<String>,
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
 }
 
 /// Lines of egress log each sandbox keeps; older ones go first.
@@ -225,11 +253,15 @@ impl Egress {
         limits: EgressLimits,
         resolver: Result<TokioResolver, String>,
         own_addrs: Vec<IpAddr>,
+        interceptor: Interceptor,
     ) -> Result<Arc<Self>, EgressError> {
         let qps = f64::from(limits.dns_qps);
+        let policy = Arc::new(policy);
         Ok(Arc::new(Egress {
             sandbox: sandbox.to_string(),
-            policy: RwLock::new(Arc::new(policy)),
+            requested: RwLock::new(Arc::clone(&policy)),
+            policy: RwLock::new(policy),
+            interceptor: Arc::new(interceptor),
             dns: DnsResponder::new(DnsConfig::default())?,
             deny: DenyList::new(own_addrs),
             resolver,
@@ -260,10 +292,33 @@ impl Egress {
         Arc::clone(&self.policy.read().unwrap_or_else(|e| e.into_inner()))
     }
 
-    /// Puts `policy` in force for new connections and DNS queries, and
-    /// closes open connections it forbids. Returns how many were closed.
+    /// Puts `policy` (widened by the bound secrets' hosts) in force for new
+    /// connections and DNS queries, and closes open connections it forbids.
+    /// Returns how many were closed.
     pub fn set_policy(&self, policy: EgressPolicy) -> usize {
-        let policy = Arc::new(policy);
+        *self.requested.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(policy);
+        self.enforce()
+    }
+
+    /// Puts `brokered` in force: its hosts reachable and intercepted, its
+    /// values in the next request of every connection. Connections to
+    /// hosts no longer reachable are closed.
+    pub fn set_secrets(&self, brokered: &Brokered) -> Result<usize, InterceptError> {
+        self.interceptor.set(brokered)?;
+        tracing::info!(sandbox = %self.sandbox, "brokered secrets now {brokered:?}");
+        Ok(self.enforce())
+    }
+
+    /// Requests each secret was put into.
+    pub fn substitution_counts(&self) -> Vec<(String, u64)> {
+        self.interceptor.substitution_counts()
+    }
+
+    /// Recomputes the policy in force from the requested one and the bound
+    /// secrets' hosts; closes open connections it forbids.
+    fn enforce(&self) -> usize {
+        let requested = Arc::clone(&self.requested.read().unwrap_or_else(|e| e.into_inner()));
+        let policy = Arc::new(requested.widened(&self.interceptor.allow_entries()));
         *self.policy.write().unwrap_or_else(|e| e.into_inner()) = Arc::clone(&policy);
         let mut closed = 0;
         for live in self.live().values() {
@@ -376,19 +431,57 @@ impl Egress {
         bytes: u64,
         reason: Option<&str>,
     ) {
-        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-        log.push_back(EgressLogEntry {
-            time: humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string(),
+        self.push_log(EgressLogEntry {
+            time: now_rfc3339(),
             verdict: verdict.to_string(),
             host: host.to_string(),
             port,
             address: address.map(|a| a.to_string()),
             bytes,
             reason: reason.map(String::from),
+            request: None,
         });
+    }
+
+    fn push_log(&self, entry: EgressLogEntry) {
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        log.push_back(entry);
         while log.len() > EGRESS_LOG_LINES {
             log.pop_front();
         }
+    }
+
+    /// Logs one request of an intercepted connection to `host`.
+    fn note_request(&self, host: &str, port: u16, record: RequestRecord) {
+        let verdict = if record.refused.is_some() {
+            "refused"
+        } else {
+            "intercepted"
+        };
+        tracing::info!(
+            sandbox = %self.sandbox,
+            host,
+            method = %record.method,
+            path = %record.path,
+            status = record.status,
+            secrets = ?record.secrets,
+            "egress request {verdict}"
+        );
+        self.push_log(EgressLogEntry {
+            time: now_rfc3339(),
+            verdict: verdict.to_string(),
+            host: host.to_string(),
+            port,
+            address: None,
+            bytes: 0,
+            reason: record.refused,
+            request: Some(LoggedRequest {
+                method: record.method,
+                path: record.path,
+                status: record.status,
+                secrets: record.secrets,
+            }),
+        });
     }
 
     /// The most recent egress log lines, oldest first.
@@ -445,6 +538,24 @@ impl Egress {
         let mut http = false;
         let target = if self.dns.in_pool(ip) {
             match self.dns.lookup_synthetic(ip) {
+                // A bound host's connection is read first: TLS is
+                // intercepted, cleartext HTTP goes out as sent.
+                Some(name) if self.interceptor.intercepts(&name) => {
+                    match sniff(&mut client, &mut peeked).await {
+                        Ok((sent, is_http)) if is_http || sent == name => {
+                            http = is_http;
+                            Target::Name(name)
+                        }
+                        Ok((sent, _)) => {
+                            return self.refuse(
+                                &name,
+                                port,
+                                &format!("the TLS SNI names {sent}, not the host it dialled"),
+                            )
+                        }
+                        Err(reason) => return self.refuse(&name, port, &reason),
+                    }
+                }
                 Some(name) => Target::Name(name),
                 None => return self.refuse(&shown, port, "unknown synthetic address"),
             }
@@ -508,12 +619,30 @@ impl Egress {
         self.allowed.fetch_add(1, Ordering::Relaxed);
         tracing::info!(sandbox = %self.sandbox, host, port, %dialled, "egress allowed");
         let _ = upstream.set_nodelay(true);
+        let intercepted = match &target {
+            Target::Name(n) if !http && self.interceptor.intercepts(n) => Some(n.clone()),
+            _ => None,
+        };
         let name = match &target {
             Target::Name(n) if http => Some(n.clone()),
             _ => None,
         };
         let result = tokio::select! {
-            r = self.splice(client, upstream, peeked, name) => r,
+            r = async {
+                match intercepted {
+                    Some(name) => {
+                        let this = Arc::clone(&self);
+                        let logged_host = name.clone();
+                        let log: forward::RequestLog =
+                            Arc::new(move |r| this.note_request(&logged_host, port, r));
+                        let interceptor = Arc::clone(&self.interceptor);
+                        forward::serve(interceptor, name, client, peeked, upstream, log)
+                            .await
+                            .map(|bytes| (bytes, 0))
+                    }
+                    None => self.splice(client, upstream, peeked, name).await,
+                }
+            } => r,
             _ = cancel.notified() => Err("the policy changed".to_string()),
         };
         match result {

@@ -31,6 +31,10 @@ pub struct UpstreamConfig {
     /// resolv.conf (`/etc/netns/<name>/resolv.conf` for a named namespace,
     /// as `ip netns exec` uses, else `/etc/resolv.conf`).
     pub dns: Vec<SocketAddr>,
+    /// PEM files of extra CAs that intercepted hosts' certificates may
+    /// chain to (`egress_extra_ca`), beside the system's roots.
+    #[serde(default)]
+    pub extra_ca: Vec<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,6 +166,7 @@ mod tests {
         let config = UpstreamConfig {
             netns: None,
             dns: vec!["198.51.100.53:5353".parse().unwrap()],
+            extra_ca: Vec::new(),
         };
         assert_eq!(config.name_servers().unwrap(), config.dns);
     }

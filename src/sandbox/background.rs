@@ -31,6 +31,17 @@ impl Manager {
                 .insert(id.clone(), now)
                 .unwrap_or_default();
             self.metrics.egress(&before, &now);
+            let mut seen = self
+                .substitutions_seen
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let counted = seen.entry(id.clone()).or_default();
+            for (secret, total) in health.substitutions {
+                let before = counted.insert(secret.clone(), total).unwrap_or(0);
+                self.metrics
+                    .secret_substituted(&secret, total.saturating_sub(before));
+            }
+            drop(seen);
             let mut records = self.records();
             if let Some(record) = records.get_mut(&id) {
                 if record.usage.egress_bytes != now.bytes {

@@ -142,6 +142,7 @@ mod tests {
             network: Default::default(),
             base_snapshot: None,
             vm_uid: None,
+            secrets: Vec::new(),
             foreign_supervisor: false,
         }
     }

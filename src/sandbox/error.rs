@@ -63,6 +63,26 @@ impl SandboxError {
     }
 }
 
+impl From<crate::secrets::SecretError> for SandboxError {
+    fn from(e: crate::secrets::SecretError) -> Self {
+        use crate::secrets::SecretError as E;
+        let message = e.to_string();
+        match e {
+            E::Invalid(_) => Self::bad("invalid_secret", message),
+            E::UnknownBinding(_) | E::TooManyBound { .. } => Self::bad("invalid_secrets", message),
+            E::NotFound(_) => Self::NotFound {
+                code: "secret_not_found",
+                message,
+            },
+            E::Exists(_) => Self::Conflict {
+                code: "secret_exists",
+                message,
+            },
+            E::Store(_) | E::Seal(_) | E::Authority(_) => Self::Internal(message),
+        }
+    }
+}
+
 impl From<crate::supervisor::protocol::ClientError> for SandboxError {
     fn from(e: crate::supervisor::protocol::ClientError) -> Self {
         Self::Internal(e.to_string())

@@ -47,6 +47,8 @@ pub struct Manager {
     pub(super) stopping: tokio::sync::watch::Sender<bool>,
     /// Each supervisor's egress counters as last read, for metric deltas.
     pub(super) egress_seen: Mutex<HashMap<String, crate::net::proxy::EgressCounters>>,
+    /// Each supervisor's per-secret substitution counts as last read.
+    pub(super) substitutions_seen: Mutex<HashMap<String, HashMap<String, u64>>>,
     /// Every snapshot, with its meta.
     pub(super) snapshots: super::snapshots::index::SnapshotIndex,
     /// Idempotency keys held by running creates, and failed keyed creates'
@@ -54,6 +56,8 @@ pub struct Manager {
     pub(super) idempotency: super::create::idempotency::Idempotency,
     /// What the host offers microVMs, found at start.
     pub virtualization: crate::runtime::virt::Virtualization,
+    /// The brokered secrets and the CA of their intercepted hosts.
+    pub(super) secrets: Arc<crate::secrets::SecretBroker>,
 }
 
 impl Manager {
@@ -89,6 +93,10 @@ impl Manager {
         let snapshots = super::snapshots::index::SnapshotIndex::load(&disk);
         super::snapshots::sweep_orphan_images(&config.state_dir, &snapshots);
         Arc::new(Self {
+            secrets: Arc::new(crate::secrets::SecretBroker::new(
+                Arc::clone(&store),
+                config.state_dir.clone(),
+            )),
             events: EventLog::open(Arc::clone(&store), config.event_retention_seconds),
             metrics: crate::metrics::Metrics::new(),
             gpus: GpuService::new(config.gpu.clone()),
@@ -104,6 +112,7 @@ impl Manager {
             refill_done: Notify::new(),
             stopping: tokio::sync::watch::channel(false).0,
             egress_seen: Mutex::new(HashMap::new()),
+            substitutions_seen: Mutex::new(HashMap::new()),
             snapshots,
             idempotency: Default::default(),
             virtualization: crate::runtime::virt::Virtualization::detect(),

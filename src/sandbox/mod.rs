@@ -12,6 +12,7 @@ mod manager;
 mod network;
 mod record;
 mod recovery;
+mod secrets;
 mod snapshots;
 mod teardown;
 #[cfg(test)]

@@ -62,6 +62,9 @@ pub struct SandboxRecord {
     /// VMMs can signal or read each other.
     #[serde(default)]
     pub vm_uid: Option<u32>,
+    /// The brokered secrets it binds, with its placeholders (never a value).
+    #[serde(default)]
+    pub secrets: Vec<crate::secrets::SecretBinding>,
     /// Left running under a supervisor of another protocol version (found
     /// at recovery): failed to this daemon, yet its sandbox still holds its
     /// resources. Not stored: each start checks the supervisor again.

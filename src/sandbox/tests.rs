@@ -84,6 +84,7 @@ impl Harness {
             },
             base_snapshot: None,
             vm_uid: None,
+            secrets: Vec::new(),
             foreign_supervisor: false,
         };
         self.manager.persist(&record).expect("persist");
@@ -122,6 +123,7 @@ fn health(oom_kills: u64, egress_bytes: u64, failure: Option<&str>) -> Superviso
             bytes: egress_bytes,
             ..Default::default()
         },
+        substitutions: Vec::new(),
     })
 }
 

@@ -1,6 +1,7 @@
 //! The daemon's crash-safe state: one redb database under the state dir that
 //! records every sandbox the daemon owns, so a restart (even after SIGKILL)
-//! finds each one again and nothing is leaked.
+//! finds each one again and nothing is leaked; the event log; and the
+//! brokered secrets, whose values come here already sealed.
 
 use std::path::Path;
 
@@ -10,6 +11,8 @@ use serde::{de::DeserializeOwned, Serialize};
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
 /// The event log, keyed by cursor.
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
+/// Brokered secrets keyed by name (their values sealed by `secrets::seal`).
+const SECRETS: TableDefinition<&str, &[u8]> = TableDefinition::new("secrets");
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -40,6 +43,7 @@ impl Store {
         let txn = db.begin_write().map_err(io)?;
         txn.open_table(SANDBOXES).map_err(io)?;
         txn.open_table(EVENTS).map_err(io)?;
+        txn.open_table(SECRETS).map_err(io)?;
         txn.commit().map_err(io)?;
         Ok(Self { db })
     }
@@ -61,28 +65,62 @@ impl Store {
         record: &T,
         durability: redb::Durability,
     ) -> Result<(), StoreError> {
+        self.put_in(SANDBOXES, id, record, durability)
+    }
+
+    fn put_in<T: Serialize>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+        key: &str,
+        record: &T,
+        durability: redb::Durability,
+    ) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(record).map_err(io)?;
         let mut txn = self.db.begin_write().map_err(io)?;
         txn.set_durability(durability);
         {
-            let mut table = txn.open_table(SANDBOXES).map_err(io)?;
-            table.insert(id, bytes.as_slice()).map_err(io)?;
+            let mut table = txn.open_table(table).map_err(io)?;
+            table.insert(key, bytes.as_slice()).map_err(io)?;
         }
         txn.commit().map_err(io)
     }
 
     pub fn remove(&self, id: &str) -> Result<(), StoreError> {
+        self.remove_in(SANDBOXES, id)
+    }
+
+    fn remove_in(&self, table: TableDefinition<&str, &[u8]>, key: &str) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(io)?;
         {
-            let mut table = txn.open_table(SANDBOXES).map_err(io)?;
-            table.remove(id).map_err(io)?;
+            let mut table = txn.open_table(table).map_err(io)?;
+            table.remove(key).map_err(io)?;
         }
         txn.commit().map_err(io)
     }
 
     pub fn all<T: DeserializeOwned>(&self) -> Result<Vec<T>, StoreError> {
+        self.all_in(SANDBOXES)
+    }
+
+    /// Inserts or replaces a brokered secret, durably.
+    pub fn put_secret<T: Serialize>(&self, name: &str, record: &T) -> Result<(), StoreError> {
+        self.put_in(SECRETS, name, record, redb::Durability::Immediate)
+    }
+
+    pub fn remove_secret(&self, name: &str) -> Result<(), StoreError> {
+        self.remove_in(SECRETS, name)
+    }
+
+    pub fn all_secrets<T: DeserializeOwned>(&self) -> Result<Vec<T>, StoreError> {
+        self.all_in(SECRETS)
+    }
+
+    fn all_in<T: DeserializeOwned>(
+        &self,
+        table: TableDefinition<&str, &[u8]>,
+    ) -> Result<Vec<T>, StoreError> {
         let txn = self.db.begin_read().map_err(io)?;
-        let table = txn.open_table(SANDBOXES).map_err(io)?;
+        let table = txn.open_table(table).map_err(io)?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(io)? {
             let (key, value) = entry.map_err(io)?;

@@ -346,6 +346,15 @@ impl SupervisorClient {
         expect::ok("SetPolicy", self.call(&request, CONTROL_DEADLINE).await?)
     }
 
+    /// Puts the sandbox's brokered secrets in force.
+    pub async fn set_secrets(
+        &mut self,
+        brokered: crate::net::intercept::Brokered,
+    ) -> Result<(), CallError> {
+        let request = SupervisorRequest::SetSecrets(brokered);
+        expect::ok("SetSecrets", self.call(&request, CONTROL_DEADLINE).await?)
+    }
+
     pub async fn egress_log(&mut self) -> Result<Vec<EgressLogEntry>, CallError> {
         let reply = self
             .call(&SupervisorRequest::EgressLog, EGRESS_LOG_DEADLINE)
@@ -509,6 +518,11 @@ pub trait Supervisors: Send + Sync {
     fn health<'a>(&'a self, id: &'a str) -> CallFuture<'a, SupervisorHealth>;
     fn set_env<'a>(&'a self, id: &'a str, env: Vec<(String, String)>) -> CallFuture<'a, ()>;
     fn set_policy<'a>(&'a self, id: &'a str, policy: &'a NetworkPolicy) -> CallFuture<'a, ()>;
+    fn set_secrets<'a>(
+        &'a self,
+        id: &'a str,
+        brokered: crate::net::intercept::Brokered,
+    ) -> CallFuture<'a, ()>;
 }
 
 /// The real supervisors, at `<run dir>/<id>/shim.sock`.
@@ -539,6 +553,14 @@ impl Supervisors for SocketSupervisors {
     fn set_policy<'a>(&'a self, id: &'a str, policy: &'a NetworkPolicy) -> CallFuture<'a, ()> {
         Box::pin(async move { self.client(id).await?.set_policy(policy).await })
     }
+
+    fn set_secrets<'a>(
+        &'a self,
+        id: &'a str,
+        brokered: crate::net::intercept::Brokered,
+    ) -> CallFuture<'a, ()> {
+        Box::pin(async move { self.client(id).await?.set_secrets(brokered).await })
+    }
 }
 
 /// A recording fake of [`Supervisors`] for unit tests of the orchestration:
@@ -557,6 +579,8 @@ pub mod fake {
         Health(String),
         SetEnv(String, Vec<(String, String)>),
         SetPolicy(String, NetworkPolicy),
+        /// The names of the secrets (never their values).
+        SetSecrets(String, Vec<String>),
     }
 
     #[derive(Default)]
@@ -613,6 +637,16 @@ pub mod fake {
         fn set_policy<'a>(&'a self, id: &'a str, policy: &'a NetworkPolicy) -> CallFuture<'a, ()> {
             let reply = self.answer(id, Call::SetPolicy(id.into(), policy.clone()));
             Box::pin(async move { expect::ok("SetPolicy", reply?) })
+        }
+
+        fn set_secrets<'a>(
+            &'a self,
+            id: &'a str,
+            brokered: crate::net::intercept::Brokered,
+        ) -> CallFuture<'a, ()> {
+            let names = brokered.secrets.iter().map(|s| s.name.clone()).collect();
+            let reply = self.answer(id, Call::SetSecrets(id.into(), names));
+            Box::pin(async move { expect::ok("SetSecrets", reply?) })
         }
     }
 }

@@ -108,6 +108,12 @@ pub fn run(dir: &Path) -> i32 {
         Ok(s) => s,
         Err(e) => return fail(e.to_string(), &config, &paths),
     };
+    // From here the supervisor may hold brokered secrets' values. Not
+    // before: a container's init, forked from here, must still own its
+    // /proc files inside its user namespace while the runtime sets it up.
+    if let Err(e) = crate::secrets::make_undumpable() {
+        return fail(e.to_string(), &config, &paths);
+    }
     let (init_tx, init_rx) = oneshot::channel();
     let init_pid = started.init_pid;
     std::thread::spawn(move || reap_children(init_pid, init_tx));
@@ -193,6 +199,7 @@ async fn serve(
         config.egress_limits,
         resolver,
         own_addrs,
+        crate::net::intercept::Interceptor::new(&config.upstream.extra_ca),
     ) {
         Ok(e) => e,
         Err(e) => return fail(e.to_string(), &config, &paths),

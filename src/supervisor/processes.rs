@@ -140,6 +140,23 @@ impl Supervisor {
         Ok(super::protocol::SupervisorReply::Ok)
     }
 
+    /// Puts the sandbox's brokered secrets in force (replacing what it had).
+    pub fn set_secrets(
+        &self,
+        brokered: &crate::net::intercept::Brokered,
+    ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
+        let egress = self.egress.get().ok_or_else(|| {
+            err(
+                SupervisorErrorKind::Internal,
+                "the egress proxy is not running",
+            )
+        })?;
+        egress
+            .set_secrets(brokered)
+            .map_err(|e| err(SupervisorErrorKind::InvalidInput, e.to_string()))?;
+        Ok(super::protocol::SupervisorReply::Ok)
+    }
+
     /// Whether the host's cgroups or the guest's agent hold and kill the
     /// sandbox's processes.
     fn process_control(&self) -> ProcessControl {
@@ -213,6 +230,11 @@ impl Supervisor {
             oom_kills: self.cgroups.oom_kills(),
             failure: self.failure.borrow().clone(),
             egress: self.egress.get().map(|e| e.counters()).unwrap_or_default(),
+            substitutions: self
+                .egress
+                .get()
+                .map(|e| e.substitution_counts())
+                .unwrap_or_default(),
         }
     }
 

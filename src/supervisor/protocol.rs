@@ -39,7 +39,10 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 0 is the supervisors of builds before the version existed; their health
 /// reply was tag 0.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 1;
+///
+/// 2 added `SetSecrets`, the health reply's `substitutions` and the egress
+/// log's `request`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 2;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -114,6 +117,9 @@ pub enum SupervisorRequest {
     /// A newtype over the runtime's own struct: its fields in order, the
     /// same bytes the struct variant of earlier builds had.
     Checkpoint(crate::runtime::CheckpointTarget),
+    /// The sandbox's brokered secrets, values and leaves included
+    /// (replacing what it had). Only ever sent over this socket.
+    SetSecrets(crate::net::intercept::Brokered),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -190,6 +196,8 @@ pub struct SupervisorHealth {
     /// Set once the sandbox died on its own (agent gone).
     pub failure: Option<String>,
     pub egress: crate::net::proxy::EgressCounters,
+    /// Requests each brokered secret was put into, by name.
+    pub substitutions: Vec<(String, u64)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -133,6 +133,7 @@ async fn answer(
             block_network,
             allow_list,
         })),
+        SupervisorRequest::SetSecrets(brokered) => reply_of(supervisor.set_secrets(&brokered)),
         SupervisorRequest::Spawn(spec) => {
             reply_of(supervisor.spawn(spec).await.map(SupervisorReply::Process))
         }

@@ -292,6 +292,30 @@ impl Daemon {
             .unwrap_or_else(|| panic!("request {path} to sandboxd failed\n{}", self.log()))
     }
 
+    /// Reads `/metrics` until the sample whose line starts with
+    /// `line_start` (name, labels, space) is above zero: the daemon samples
+    /// its proxies every few seconds (and on each scrape).
+    pub async fn await_metric(&self, line_start: &str) -> f64 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let (_, metrics) = self.raw(Method::GET, "/metrics", Vec::new()).await;
+            let metrics = String::from_utf8_lossy(&metrics).into_owned();
+            let value = metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(line_start))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+                .unwrap_or(0.0);
+            if value > 0.0 {
+                return value;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no {line_start} above zero in\n{metrics}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
     /// The sandbox's egress log (`GET .../network/log`), oldest first.
     pub async fn egress_log(&self, id: &str) -> Vec<Value> {
         let (status, log) = self

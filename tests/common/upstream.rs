@@ -26,6 +26,8 @@ pub const UPSTREAM_IP: &str = "203.0.113.1";
 /// The servers' addresses; names resolve to the first unless said.
 pub const SERVER_IPS: [&str; 2] = ["203.0.113.10", "203.0.113.11"];
 pub const DNS_IP: &str = "203.0.113.53";
+/// Where `common/echo.rs` serves (names below resolve here).
+pub const ECHO_IP: &str = "203.0.113.20";
 /// What every plain request gets back.
 pub const BODY: &str = "hello from upstream";
 /// `GET /big` returns this many bytes.
@@ -36,6 +38,7 @@ pub const BIG_LEN: usize = 3_000_000;
 fn zone() -> HashMap<&'static str, Vec<Ipv4Addr>> {
     let server: Ipv4Addr = SERVER_IPS[0].parse().expect("ip");
     let second: Ipv4Addr = SERVER_IPS[1].parse().expect("ip");
+    let echo: Ipv4Addr = ECHO_IP.parse().expect("ip");
     HashMap::from([
         ("allowed.example.test", vec![server]),
         ("other.example.test", vec![server]),
@@ -55,6 +58,8 @@ fn zone() -> HashMap<&'static str, Vec<Ipv4Addr>> {
             ],
         ),
         ("private.example.test", vec![Ipv4Addr::new(10, 1, 2, 3)]),
+        ("api.example.test", vec![echo]),
+        ("second.example.test", vec![echo]),
     ])
 }
 
@@ -132,7 +137,7 @@ impl Upstream {
             "dev",
             &up_if,
         ]);
-        for addr in SERVER_IPS.iter().chain([&DNS_IP]) {
+        for addr in SERVER_IPS.iter().chain([&DNS_IP, &ECHO_IP]) {
             ip(&[
                 "-n",
                 &up.server_ns,
@@ -147,25 +152,26 @@ impl Upstream {
             ip(&["-n", ns, "link", "set", dev, "up"]);
             ip(&["-n", ns, "link", "set", "lo", "up"]);
         }
-        let (tls, ca_pem) = tls_config();
+        let (tls, ca_pem) = test_tls("sandboxd egress test CA", &TLS_NAMES, &[]);
         let server_ns = PathBuf::from(format!("/run/netns/{}", up.server_ns));
-        let (http, https, dns) = in_netns(&server_ns, || {
-            (
-                TcpListener::bind(("0.0.0.0", 80)),
-                TcpListener::bind(("0.0.0.0", 443)),
-                UdpSocket::bind((DNS_IP, 53)),
-            )
+        // Each server address on its own (not 0.0.0.0), so a test can add
+        // servers of its own on the other addresses.
+        let (listeners, dns) = in_netns(&server_ns, || {
+            let listeners: Vec<_> = SERVER_IPS
+                .iter()
+                .flat_map(|ip| [(*ip, 80), (*ip, 443)])
+                .map(|(ip, port)| (port, TcpListener::bind((ip, port))))
+                .collect();
+            (listeners, UdpSocket::bind((DNS_IP, 53)))
         })
         .expect("enter the server namespace");
-        let (http, https, dns) = (
-            http.expect("bind :80"),
-            https.expect("bind :443"),
-            dns.expect("bind :53"),
-        );
-        let accepted = Arc::clone(&up.accepted);
-        std::thread::spawn(move || accept_loop(http, accepted, None));
-        let accepted = Arc::clone(&up.accepted);
-        std::thread::spawn(move || accept_loop(https, accepted, Some(tls)));
+        for (port, listener) in listeners {
+            let listener = listener.unwrap_or_else(|e| panic!("bind :{port}: {e}"));
+            let accepted = Arc::clone(&up.accepted);
+            let tls = (port == 443).then(|| Arc::clone(&tls));
+            std::thread::spawn(move || accept_loop(listener, accepted, tls));
+        }
+        let dns = dns.expect("bind :53");
         std::thread::spawn(move || serve_dns(dns));
         up.ca_pem = ca_pem;
         up
@@ -179,6 +185,11 @@ impl Upstream {
             "--upstream-dns".into(),
             format!("{DNS_IP}:53"),
         ]
+    }
+
+    /// The servers' namespace, for servers a test adds there.
+    pub fn server_netns(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.server_ns))
     }
 
     /// Connections accepted so far, oldest first.
@@ -196,30 +207,36 @@ impl Drop for Upstream {
     }
 }
 
-/// A test CA and a server configuration with a certificate it signed.
-fn tls_config() -> (Arc<rustls::ServerConfig>, String) {
+/// A test CA named `ca_name` (PEM, returned) and a server configuration
+/// with a certificate it signed for `names`, offering `alpn`.
+pub fn test_tls(
+    ca_name: &str,
+    names: &[&str],
+    alpn: &[&[u8]],
+) -> (Arc<rustls::ServerConfig>, String) {
     use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
     let ca_key = KeyPair::generate().expect("CA key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca_params
         .distinguished_name
-        .push(DnType::CommonName, "sandboxd egress test CA");
+        .push(DnType::CommonName, ca_name);
     let ca = ca_params.self_signed(&ca_key).expect("CA cert");
     let leaf_key = KeyPair::generate().expect("leaf key");
-    let names: Vec<String> = TLS_NAMES.iter().map(|n| n.to_string()).collect();
+    let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
     let leaf = CertificateParams::new(names)
         .expect("leaf params")
         .signed_by(&leaf_key, &ca, &ca_key)
         .expect("leaf cert");
     let key = rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ServerConfig::builder_with_provider(provider)
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .expect("protocol versions")
         .with_no_client_auth()
         .with_single_cert(vec![leaf.der().clone()], key)
         .expect("server config");
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     (Arc::new(config), ca.pem())
 }
 

@@ -2,7 +2,7 @@
 //! `/v1` HTTP+JSON API over its Unix socket. This file owns the command-line shape
 //! (flags into request bodies) and hands each command to the module that carries
 //! it out, one per kind of thing the API serves: sandboxes.rs, processes.rs,
-//! files.rs, snapshots.rs, images.rs and daemon.rs (health, GPUs). Beside them
+//! files.rs, snapshots.rs, images.rs, secrets.rs and daemon.rs (health, GPUs). Beside them
 //! are the HTTP client (client.rs), the parsers of human units (units.rs) and
 //! what the CLI shows (output.rs).
 //!
@@ -17,6 +17,7 @@ mod images;
 mod output;
 mod processes;
 mod sandboxes;
+mod secrets;
 mod snapshots;
 mod units;
 
@@ -64,6 +65,10 @@ enum Cmd {
     RunCode(RunCodeArgs),
     /// List sandboxes.
     Ls,
+    /// Brokered secrets: the sandbox sees a placeholder, HTTPS requests to
+    /// the secret's hosts carry the value.
+    #[command(subcommand)]
+    Secret(SecretCmd),
     /// List the host's GPUs and the sandbox holding each.
     Gpus,
     /// Show one sandbox as JSON.
@@ -191,6 +196,9 @@ struct CreateArgs {
     /// Fork a memory snapshot: start with its processes where they stood.
     #[arg(long, value_parser = units::parse_id)]
     from_snapshot: Option<String>,
+    /// Bind a brokered secret by name (repeat for more).
+    #[arg(long = "secret")]
+    secrets: Vec<String>,
     /// Image name (default: the daemon's default image).
     #[arg(long)]
     image: Option<String>,
@@ -243,6 +251,46 @@ struct ProcessOpts {
     /// Numeric UID[:GID] to run as (default 0).
     #[arg(long, short = 'u', value_parser = units::parse_user)]
     user: Option<(u32, Option<u32>)>,
+}
+
+#[derive(Subcommand)]
+enum SecretCmd {
+    /// Create a secret; its value is read from stdin, or --from-env VAR.
+    Create {
+        name: String,
+        /// A host the value may be sent to (repeat for more).
+        #[arg(long = "host", required = true)]
+        hosts: Vec<String>,
+        /// Allow *.example.com hosts.
+        #[arg(long)]
+        allow_wildcards: bool,
+        /// Read the value from this environment variable instead of stdin.
+        #[arg(long)]
+        from_env: Option<String>,
+    },
+    /// List secrets (never their values).
+    Ls,
+    /// Give a secret a new value (stdin, or --from-env) and/or new hosts;
+    /// bound sandboxes use it from their next request.
+    Rotate {
+        name: String,
+        /// Replace the hosts with these (repeat); without a value source
+        /// given, only the hosts change.
+        #[arg(long = "host")]
+        hosts: Vec<String>,
+        #[arg(long)]
+        allow_wildcards: bool,
+        #[arg(long, conflicts_with = "stdin")]
+        from_env: Option<String>,
+        /// Also read a new value from stdin when --host is given.
+        #[arg(long)]
+        stdin: bool,
+    },
+    /// Delete secrets; bound sandboxes send the placeholder from then on.
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
 }
 
 #[derive(Args)]
@@ -300,6 +348,7 @@ impl CreateArgs {
             block_network: None,
             allow_list: None,
             from_snapshot: self.from_snapshot,
+            secrets: self.secrets,
         }
     }
 }
@@ -415,6 +464,44 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Snapshot { id, filesystem } => snapshots::take(&c, json, &id, filesystem).await,
         Cmd::Snapshots => snapshots::list(&c, json).await,
         Cmd::Images => images::list(&c, json).await,
+        Cmd::Secret(cmd) => match cmd {
+            SecretCmd::Create {
+                name,
+                hosts,
+                allow_wildcards,
+                from_env,
+            } => {
+                secrets::create(
+                    &c,
+                    json,
+                    &name,
+                    &hosts,
+                    allow_wildcards,
+                    from_env.as_deref(),
+                )
+                .await
+            }
+            SecretCmd::Ls => secrets::list(&c, json).await,
+            SecretCmd::Rotate {
+                name,
+                hosts,
+                allow_wildcards,
+                from_env,
+                stdin,
+            } => {
+                secrets::rotate(
+                    &c,
+                    json,
+                    &name,
+                    &hosts,
+                    allow_wildcards,
+                    from_env.as_deref(),
+                    stdin,
+                )
+                .await
+            }
+            SecretCmd::Rm { names } => secrets::rm(&c, &names).await,
+        },
         Cmd::ImagePrune => images::prune(&c, json).await,
         Cmd::RmSnapshot { ids } => snapshots::rm(&c, &ids).await,
         Cmd::Health => daemon::health(&c, json).await,

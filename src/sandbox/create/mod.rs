@@ -76,6 +76,20 @@ pub(super) struct ColdCreate {
     /// The memory snapshot this sandbox is a fork of.
     pub(super) from_snapshot: Option<String>,
     pub(super) runtime: RuntimeKind,
+    /// The brokered secrets it binds.
+    pub(super) secrets: Vec<crate::secrets::SecretBinding>,
+}
+
+/// What the admission of a create decided, beyond the request itself.
+pub(super) struct Admitted {
+    /// The digest of the keyed request, kept with the key in the record.
+    pub(super) request_digest: Option<String>,
+    pub(super) gpu: Option<GpuRequest>,
+    pub(super) ttl_seconds: i64,
+    /// The egress policy, the daemon's default already applied.
+    pub(super) network: NetworkPolicy,
+    /// The brokered secrets asked for, with fresh placeholders.
+    pub(super) secrets: Vec<crate::secrets::SecretBinding>,
 }
 
 pub(super) fn new_id() -> String {
@@ -175,9 +189,29 @@ impl Manager {
         validated_env(&req.env)?;
         validated_labels(&req.labels)?;
         let network = self.resolved_network(&req.network)?;
+        let secrets = self.secrets.bind(&req.secrets)?;
+        if let Some(clash) = secrets.iter().find(|b| req.env.contains_key(&b.name)) {
+            return Err(SandboxError::bad(
+                "invalid_env",
+                format!(
+                    "env: {} is also a bound secret (its placeholder goes there); drop it from env or from secrets",
+                    clash.name
+                ),
+            ));
+        }
         if let Some(snapshot) = req.from_snapshot.clone() {
             return self
-                .create_fork(&snapshot, req, request_digest, gpu, ttl_seconds, network)
+                .create_fork(
+                    &snapshot,
+                    req,
+                    Admitted {
+                        request_digest,
+                        gpu,
+                        ttl_seconds,
+                        network,
+                        secrets,
+                    },
+                )
                 .await;
         }
         let image_name = req
@@ -203,8 +237,8 @@ impl Manager {
                 _ => {}
             }
         }
-        // The warm pool holds containers.
-        if runtime == RuntimeKind::Container {
+        // The warm pool holds containers without secrets.
+        if runtime == RuntimeKind::Container && secrets.is_empty() {
             if let Some(view) = self
                 .claim_pooled(
                     &image_name,
@@ -231,6 +265,7 @@ impl Manager {
             network,
             from_snapshot: None,
             runtime,
+            secrets,
         })
         .await
     }
@@ -283,6 +318,7 @@ impl Manager {
             network,
             from_snapshot,
             runtime,
+            secrets,
         } = create;
         let id = new_id();
         let record = {
@@ -327,6 +363,7 @@ impl Manager {
                 network,
                 base_snapshot: from_snapshot,
                 vm_uid,
+                secrets,
                 foreign_supervisor: false,
             };
             records.insert(id.clone(), record.clone());

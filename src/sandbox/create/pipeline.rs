@@ -69,6 +69,10 @@ impl Manager {
         let grant = self.grant_devices(&record)?;
         let ready = self.launch(&mut record, root, layer_dir, grant, vm).await?;
         clock.lap("supervisor");
+        if !record.secrets.is_empty() {
+            self.install_secrets(&record).await?;
+            clock.lap("secrets");
+        }
         for (name, us) in &ready.phases_us {
             let name = match name.as_str() {
                 "netns" => "namespace",
@@ -100,11 +104,13 @@ impl Manager {
 
     /// The GPUs the record holds, as device nodes and environment, and the
     /// environment every process starts with (defaults, then the GPUs',
-    /// then the caller's).
+    /// then the bound secrets' placeholders and trust bundle, then the
+    /// caller's).
     fn grant_devices(&self, record: &SandboxRecord) -> Result<Grant, SandboxError> {
         let gpu = self.gpus.grant(&record.gpus)?;
         let mut env = super::default_env();
         env.extend(gpu.env);
+        env.extend(crate::secrets::binding_env(&record.secrets));
         env.extend(record.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         Ok(Grant {
             env,

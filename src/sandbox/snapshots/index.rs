@@ -76,6 +76,11 @@ pub struct MemoryImage {
     /// and its environment.
     pub limits: crate::model::Limits,
     pub env: BTreeMap<String, String>,
+    /// The source's secret bindings (names and placeholders, never a
+    /// value): its processes hold the placeholders, so its forks bind the
+    /// same ones.
+    #[serde(default)]
+    pub secrets: Vec<crate::secrets::SecretBinding>,
     /// SHA-256 of every image file, checked before each restore.
     pub sha256: BTreeMap<String, String>,
     /// The processes running at the checkpoint, which forks inherit.

@@ -219,6 +219,7 @@ impl Manager {
                     next_proc,
                     limits: record.limits.clone(),
                     env: record.env.clone(),
+                    secrets: record.secrets.clone(),
                     sha256,
                     processes,
                     vm: None,
@@ -358,6 +359,7 @@ impl Manager {
                     next_proc,
                     limits: record.limits.clone(),
                     env: record.env.clone(),
+                    secrets: record.secrets.clone(),
                     sha256: Default::default(),
                     processes,
                     vm: Some(index::VmImage { scratch }),
@@ -476,11 +478,15 @@ impl Manager {
         self: &Arc<Self>,
         snapshot: &str,
         req: crate::model::CreateRequest,
-        request_digest: Option<String>,
-        gpu: Option<crate::gpu::GpuRequest>,
-        ttl_seconds: i64,
-        network: crate::net::policy::NetworkPolicy,
+        admitted: super::create::Admitted,
     ) -> Result<crate::sandbox::SandboxRecord, SandboxError> {
+        let super::create::Admitted {
+            request_digest,
+            gpu,
+            ttl_seconds,
+            network,
+            secrets: asked_secrets,
+        } = admitted;
         let meta = self
             .snapshots
             .get(snapshot)
@@ -527,6 +533,15 @@ impl Manager {
         }
         let mut env = memory.env.clone();
         env.extend(req.env);
+        // The source's placeholders are in the restored processes' memory:
+        // the fork keeps them and their bindings; secrets it asks for
+        // besides get placeholders of their own.
+        let mut secrets = memory.secrets.clone();
+        for binding in asked_secrets {
+            if !secrets.iter().any(|b| b.name == binding.name) {
+                secrets.push(binding);
+            }
+        }
         self.create_cold(super::create::ColdCreate {
             image_name: meta.image.clone(),
             limits: memory.limits,
@@ -540,6 +555,7 @@ impl Manager {
             network,
             from_snapshot: Some(snapshot.to_string()),
             runtime,
+            secrets,
         })
         .await
     }

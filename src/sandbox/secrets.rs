@@ -1,0 +1,160 @@
+//! Brokered secrets as the manager applies them: the store's changes fanned
+//! out to every sandbox bound to the secret (rotation takes effect on its
+//! next request, deletion stops substitution), and a new sandbox's
+//! bindings put in force before it is ready: its supervisor gets the values
+//! and leaves over its socket, and the sandbox gets the trust bundle.
+
+use super::manager::not_running;
+use super::{Manager, SandboxError, SandboxRecord};
+use crate::model::SandboxState;
+use crate::secrets::{NewSecret, SecretChange, SecretInfo, TRUST_BUNDLE_PATH};
+use crate::supervisor::client::{CallError, SupervisorClient};
+
+impl Manager {
+    pub fn create_secret(&self, new: NewSecret) -> Result<SecretInfo, SandboxError> {
+        Ok(self.secrets.create(new)?)
+    }
+
+    pub fn list_secrets(&self) -> Result<Vec<SecretInfo>, SandboxError> {
+        Ok(self.secrets.list()?)
+    }
+
+    pub fn get_secret(&self, name: &str) -> Result<SecretInfo, SandboxError> {
+        Ok(self.secrets.get(name)?)
+    }
+
+    /// Changes a secret's value and/or hosts, then tells every running
+    /// sandbox bound to it.
+    pub async fn rotate_secret(
+        &self,
+        name: &str,
+        change: SecretChange,
+    ) -> Result<SecretInfo, SandboxError> {
+        let info = self.secrets.rotate(name, change)?;
+        self.refresh_bound(name).await;
+        Ok(info)
+    }
+
+    /// Deletes a secret and unbinds it from every sandbox: their next
+    /// requests carry the placeholder as is.
+    pub async fn delete_secret(&self, name: &str) -> Result<(), SandboxError> {
+        self.secrets.delete(name)?;
+        let unbound: Vec<SandboxRecord> = {
+            let mut records = self.records();
+            records
+                .values_mut()
+                .filter(|r| r.secrets.iter().any(|b| b.name == name))
+                .map(|r| {
+                    r.secrets.retain(|b| b.name != name);
+                    r.clone()
+                })
+                .collect()
+        };
+        for record in &unbound {
+            if let Err(e) = self.persist(record) {
+                tracing::warn!(sandbox = %record.id, "recording that secret {name} is unbound: {e}");
+            }
+            self.push_secrets(record).await;
+        }
+        Ok(())
+    }
+
+    /// Sends the current secrets to each ready sandbox bound to `name`.
+    async fn refresh_bound(&self, name: &str) {
+        let bound: Vec<SandboxRecord> = self
+            .records()
+            .values()
+            .filter(|r| r.secrets.iter().any(|b| b.name == name))
+            .cloned()
+            .collect();
+        for record in &bound {
+            self.push_secrets(record).await;
+        }
+    }
+
+    /// Best effort for a running sandbox: one that cannot be told is left
+    /// as it was, and says so in the log.
+    async fn push_secrets(&self, record: &SandboxRecord) {
+        if record.state != SandboxState::Ready {
+            return;
+        }
+        let pushed = match self.secrets.brokered(&record.secrets) {
+            Ok(brokered) => self
+                .supervisors
+                .set_secrets(&record.id, brokered)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        };
+        if let Err(e) = pushed {
+            tracing::error!(sandbox = %record.id, "the sandbox's brokered secrets could not be updated: {e}");
+        }
+    }
+
+    /// Before a sandbox with bindings is ready: its supervisor gets the
+    /// values and leaves, and its trust bundle gets the daemon's CA.
+    pub(super) async fn install_secrets(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
+        if record.secrets.is_empty() {
+            return Ok(());
+        }
+        let brokered = self.secrets.brokered(&record.secrets)?;
+        match self.supervisors.set_secrets(&record.id, brokered).await {
+            Ok(()) => {}
+            Err(CallError::Connect(e)) => return Err(not_running(&record.id, e)),
+            Err(e) => return Err(SandboxError::internal(e)),
+        }
+        let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
+            .await
+            .map_err(|e| not_running(&record.id, e))?;
+        let image_roots = read_file(&mut client, TRUST_BUNDLE_PATH).await;
+        let ca = self.secrets.authority()?;
+        if image_roots
+            .as_deref()
+            .is_some_and(|r| String::from_utf8_lossy(r).contains(ca.cert_pem().trim()))
+        {
+            // A fork, or an image made from a sandbox that had secrets.
+            return Ok(());
+        }
+        let bundle = self.secrets.trust_bundle(image_roots)?;
+        write_file(&mut client, TRUST_BUNDLE_PATH, bundle)
+            .await
+            .map_err(|e| {
+                SandboxError::internal(format!(
+                    "writing the trust bundle {TRUST_BUNDLE_PATH} into the sandbox: {e}"
+                ))
+            })
+    }
+}
+
+/// A file in the sandbox, through its agent; `None` when it cannot be read.
+async fn read_file(client: &mut SupervisorClient, path: &str) -> Option<Vec<u8>> {
+    let (handle, _) = client.open_read(path.to_string()).await.ok()?;
+    let mut out = Vec::new();
+    loop {
+        match client.read(handle, sandbox_proto::MAX_CHUNK as u32).await {
+            Ok(chunk) if chunk.is_empty() => break,
+            Ok(chunk) => out.extend_from_slice(&chunk),
+            Err(_) => {
+                let _ = client.close(handle).await;
+                return None;
+            }
+        }
+    }
+    let _ = client.close(handle).await;
+    Some(out)
+}
+
+async fn write_file(
+    client: &mut SupervisorClient,
+    path: &str,
+    bytes: Vec<u8>,
+) -> Result<(), CallError> {
+    if let Some(dir) = std::path::Path::new(path).parent() {
+        client.mkdir(dir.display().to_string(), true, 0o755).await?;
+    }
+    let handle = client.open_write(path.to_string(), 0o644).await?;
+    for chunk in bytes.chunks(sandbox_proto::MAX_CHUNK) {
+        client.write(handle, chunk.to_vec()).await?;
+    }
+    client.close(handle).await
+}

@@ -1,0 +1,408 @@
+//! The secret store and the bindings of secrets to sandboxes. Records live
+//! in the daemon's store (the value sealed); the key and the CA are made
+//! on first use. A value leaves this module only opened into a
+//! [`Brokered`] for a supervisor's socket.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use zeroize::Zeroizing;
+
+use super::authority::{Authority, AuthorityError};
+use super::seal::{SealError, Sealer};
+use super::spec::{self, SpecError, MAX_BOUND};
+use crate::net::intercept::{Brokered, BrokeredSecret, LeafCert};
+use crate::store::{Store, StoreError};
+
+/// Every placeholder starts with this, so one is recognisable in a log or a
+/// request (and a scanner can tell it is not a real key).
+pub const PLACEHOLDER_PREFIX: &str = "sandboxd-placeholder-";
+
+/// Where a sandbox with bound secrets finds its trust bundle, and the
+/// variables that name it for Python, curl, Node, pip and git.
+pub const TRUST_BUNDLE_PATH: &str = "/etc/ssl/certs/ca-certificates.crt";
+pub const TRUST_ENV: &[&str] = &[
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+];
+
+const KEY_FILE: &str = "secrets.key";
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("{0}")]
+    Invalid(#[from] SpecError),
+    #[error("no secret named {0:?}; create it first (sandboxctl secret create {0} --host HOST)")]
+    NotFound(String),
+    #[error("secrets: no secret named {0:?}; create it first (sandboxctl secret create {0} --host HOST)")]
+    UnknownBinding(String),
+    #[error("secrets: {count} named; a sandbox may bind at most {MAX_BOUND}")]
+    TooManyBound { count: usize },
+    #[error("a secret named {0:?} exists; rotate it (PUT /v1/secrets/{0}) or delete it first")]
+    Exists(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Seal(#[from] SealError),
+    #[error(transparent)]
+    Authority(#[from] AuthorityError),
+}
+
+/// A secret as stored: its value sealed (hex).
+#[derive(Clone, Serialize, Deserialize)]
+struct StoredSecret {
+    name: String,
+    /// Validated entries: `api.example.com` or `*.example.com`.
+    hosts: Vec<String>,
+    created_at: String,
+    rotated_at: Option<String>,
+    sealed: String,
+}
+
+/// What the API shows of a secret: never its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub created_at: String,
+    /// When its value or hosts last changed; absent until then.
+    pub rotated_at: Option<String>,
+}
+
+impl StoredSecret {
+    fn info(&self) -> SecretInfo {
+        SecretInfo {
+            name: self.name.clone(),
+            hosts: self.hosts.clone(),
+            created_at: self.created_at.clone(),
+            rotated_at: self.rotated_at.clone(),
+        }
+    }
+}
+
+pub struct NewSecret {
+    pub name: String,
+    pub value: Zeroizing<Vec<u8>>,
+    pub hosts: Vec<String>,
+    /// `*.wildcard` hosts are refused unless this is set.
+    pub allow_wildcards: bool,
+}
+
+#[derive(Default)]
+pub struct SecretChange {
+    pub value: Option<Zeroizing<Vec<u8>>>,
+    pub hosts: Option<Vec<String>>,
+    pub allow_wildcards: bool,
+}
+
+/// A secret bound to one sandbox: `$name` there holds `placeholder`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretBinding {
+    pub name: String,
+    pub placeholder: String,
+}
+
+pub struct SecretBroker {
+    store: Arc<Store>,
+    state_dir: PathBuf,
+    /// Serialises changes, so a name is checked and written as one step.
+    writing: Mutex<()>,
+    sealer: Mutex<Option<Arc<Sealer>>>,
+    authority: Mutex<Option<Arc<Authority>>>,
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
+}
+
+impl SecretBroker {
+    pub fn new(store: Arc<Store>, state_dir: PathBuf) -> SecretBroker {
+        SecretBroker {
+            store,
+            state_dir,
+            writing: Mutex::new(()),
+            sealer: Mutex::new(None),
+            authority: Mutex::new(None),
+        }
+    }
+
+    fn sealer(&self) -> Result<Arc<Sealer>, SecretError> {
+        let mut slot = self.sealer.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(sealer) = &*slot {
+            return Ok(Arc::clone(sealer));
+        }
+        let sealer = Arc::new(Sealer::load_or_create(&self.state_dir.join(KEY_FILE))?);
+        *slot = Some(Arc::clone(&sealer));
+        Ok(sealer)
+    }
+
+    /// The CA, made on first use.
+    pub fn authority(&self) -> Result<Arc<Authority>, SecretError> {
+        let mut slot = self.authority.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(authority) = &*slot {
+            return Ok(Arc::clone(authority));
+        }
+        let authority = Arc::new(Authority::load_or_create(&self.state_dir)?);
+        *slot = Some(Arc::clone(&authority));
+        Ok(authority)
+    }
+
+    fn stored(&self, name: &str) -> Result<Option<StoredSecret>, SecretError> {
+        Ok(self
+            .store
+            .all_secrets::<StoredSecret>()?
+            .into_iter()
+            .find(|s| s.name == name))
+    }
+
+    pub fn list(&self) -> Result<Vec<SecretInfo>, SecretError> {
+        let mut all: Vec<SecretInfo> = self
+            .store
+            .all_secrets::<StoredSecret>()?
+            .iter()
+            .map(StoredSecret::info)
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(all)
+    }
+
+    pub fn get(&self, name: &str) -> Result<SecretInfo, SecretError> {
+        self.stored(name)?
+            .map(|s| s.info())
+            .ok_or_else(|| SecretError::NotFound(name.to_string()))
+    }
+
+    pub fn create(&self, new: NewSecret) -> Result<SecretInfo, SecretError> {
+        spec::validate_name(&new.name)?;
+        let hosts = spec::validate_hosts(&new.hosts, new.allow_wildcards)?;
+        spec::validate_value(&new.value)?;
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stored(&new.name)?.is_some() {
+            return Err(SecretError::Exists(new.name));
+        }
+        let sealed = self.sealer()?.seal(&new.name, &new.value);
+        let record = StoredSecret {
+            name: new.name.clone(),
+            hosts: hosts.iter().map(|h| h.entry()).collect(),
+            created_at: now(),
+            rotated_at: None,
+            sealed: hex::encode(sealed),
+        };
+        self.store.put_secret(&record.name, &record)?;
+        tracing::info!(secret = %record.name, hosts = ?record.hosts, "secret created");
+        Ok(record.info())
+    }
+
+    /// Replaces the value and/or the hosts; bound sandboxes are told by
+    /// the caller.
+    pub fn rotate(&self, name: &str, change: SecretChange) -> Result<SecretInfo, SecretError> {
+        let hosts = change
+            .hosts
+            .as_ref()
+            .map(|h| spec::validate_hosts(h, change.allow_wildcards))
+            .transpose()?;
+        if let Some(value) = &change.value {
+            spec::validate_value(value)?;
+        }
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        let mut record = self
+            .stored(name)?
+            .ok_or_else(|| SecretError::NotFound(name.to_string()))?;
+        if let Some(hosts) = hosts {
+            record.hosts = hosts.iter().map(|h| h.entry()).collect();
+        }
+        if let Some(value) = &change.value {
+            record.sealed = hex::encode(self.sealer()?.seal(name, value));
+        }
+        record.rotated_at = Some(now());
+        self.store.put_secret(name, &record)?;
+        tracing::info!(secret = %name, hosts = ?record.hosts, value_changed = change.value.is_some(), "secret rotated");
+        Ok(record.info())
+    }
+
+    pub fn delete(&self, name: &str) -> Result<(), SecretError> {
+        let _writing = self.writing.lock().unwrap_or_else(|e| e.into_inner());
+        if self.stored(name)?.is_none() {
+            return Err(SecretError::NotFound(name.to_string()));
+        }
+        self.store.remove_secret(name)?;
+        tracing::info!(secret = %name, "secret deleted");
+        Ok(())
+    }
+
+    /// New bindings for a create's `secrets`: each name must exist; each
+    /// gets a fresh random placeholder. Duplicates are bound once.
+    pub fn bind(&self, names: &[String]) -> Result<Vec<SecretBinding>, SecretError> {
+        if names.len() > MAX_BOUND {
+            return Err(SecretError::TooManyBound { count: names.len() });
+        }
+        let stored = self.store.all_secrets::<StoredSecret>()?;
+        let mut bindings: Vec<SecretBinding> = Vec::new();
+        for name in names {
+            if !stored.iter().any(|s| &s.name == name) {
+                return Err(SecretError::UnknownBinding(name.clone()));
+            }
+            if bindings.iter().any(|b| &b.name == name) {
+                continue;
+            }
+            bindings.push(SecretBinding {
+                name: name.clone(),
+                placeholder: format!(
+                    "{PLACEHOLDER_PREFIX}{}",
+                    hex::encode(rand::random::<[u8; 20]>())
+                ),
+            });
+        }
+        Ok(bindings)
+    }
+
+    /// What the supervisor of a sandbox with `bindings` is told: each
+    /// binding whose secret still exists, with its value opened, and a leaf
+    /// for every host.
+    pub fn brokered(&self, bindings: &[SecretBinding]) -> Result<Brokered, SecretError> {
+        let mut out = Brokered::default();
+        if bindings.is_empty() {
+            return Ok(out);
+        }
+        let stored = self.store.all_secrets::<StoredSecret>()?;
+        let authority = self.authority()?;
+        let sealer = self.sealer()?;
+        let mut hosts: Vec<String> = Vec::new();
+        for binding in bindings {
+            let Some(secret) = stored.iter().find(|s| s.name == binding.name) else {
+                continue;
+            };
+            let sealed =
+                hex::decode(&secret.sealed).map_err(|_| SealError::Open(secret.name.clone()))?;
+            let value = sealer.open(&secret.name, &sealed)?;
+            // Validated printable ASCII when stored.
+            let value = String::from_utf8_lossy(&value).into_owned();
+            out.secrets.push(BrokeredSecret {
+                name: secret.name.clone(),
+                placeholder: binding.placeholder.clone(),
+                value,
+                hosts: secret.hosts.clone(),
+            });
+            hosts.extend(secret.hosts.iter().cloned());
+        }
+        hosts.sort();
+        hosts.dedup();
+        for host in hosts {
+            let leaf = authority.leaf(&host)?;
+            out.leaves.push(LeafCert {
+                host,
+                chain: vec![leaf.cert_der.clone(), authority.cert_der().to_vec()],
+                key_der: leaf.key_der.to_vec(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The trust bundle a sandbox with bound secrets gets: its image's own
+    /// roots (the host's when it has none), then the daemon's CA.
+    pub fn trust_bundle(&self, image_roots: Option<Vec<u8>>) -> Result<Vec<u8>, SecretError> {
+        let mut bundle = image_roots
+            .filter(|r| !r.is_empty())
+            .or_else(|| {
+                crate::net::intercept::tls::SYSTEM_BUNDLES
+                    .iter()
+                    .find_map(|p| std::fs::read(p).ok())
+            })
+            .unwrap_or_default();
+        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+            bundle.push(b'\n');
+        }
+        bundle.extend_from_slice(b"# sandboxd secrets broker CA\n");
+        bundle.extend_from_slice(self.authority()?.cert_pem().as_bytes());
+        Ok(bundle)
+    }
+}
+
+/// The environment a sandbox with `bindings` adds: each secret's
+/// placeholder, and the trust bundle's variables.
+pub fn binding_env(bindings: &[SecretBinding]) -> Vec<(String, String)> {
+    if bindings.is_empty() {
+        return Vec::new();
+    }
+    let mut env: Vec<(String, String)> = bindings
+        .iter()
+        .map(|b| (b.name.clone(), b.placeholder.clone()))
+        .collect();
+    env.extend(
+        TRUST_ENV
+            .iter()
+            .map(|k| (k.to_string(), TRUST_BUNDLE_PATH.to_string())),
+    );
+    env
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn broker() -> (tempfile::TempDir, SecretBroker) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open(&dir.path().join("s.redb")).unwrap());
+        let broker = SecretBroker::new(store, dir.path().to_path_buf());
+        (dir, broker)
+    }
+
+    fn new(name: &str, value: &str) -> NewSecret {
+        NewSecret {
+            name: name.into(),
+            value: Zeroizing::new(value.as_bytes().to_vec()),
+            hosts: vec!["api.example.test".into()],
+            allow_wildcards: false,
+        }
+    }
+
+    #[test]
+    fn values_are_sealed_in_the_store_and_never_listed() {
+        let (dir, broker) = broker();
+        let info = broker.create(new("OPENAI_API_KEY", "sk-real-1")).unwrap();
+        assert_eq!(info.hosts, vec!["api.example.test"]);
+        assert!(matches!(
+            broker.create(new("OPENAI_API_KEY", "x")),
+            Err(SecretError::Exists(_))
+        ));
+        let listed = format!("{:?}", broker.list().unwrap());
+        assert!(!listed.contains("sk-real-1"), "{listed}");
+        drop(broker);
+        let raw = std::fs::read(dir.path().join("s.redb")).unwrap();
+        assert!(!raw.windows(9).any(|w| w == b"sk-real-1"));
+    }
+
+    #[test]
+    fn bindings_get_fresh_placeholders_and_the_current_value() {
+        let (_dir, broker) = broker();
+        broker.create(new("A", "value-1")).unwrap();
+        let err = broker.bind(&["B".into()]).unwrap_err().to_string();
+        assert!(err.contains("secrets:") && err.contains("\"B\""), "{err}");
+        let first = broker.bind(&["A".into(), "A".into()]).unwrap();
+        let second = broker.bind(&["A".into()]).unwrap();
+        assert_eq!(first.len(), 1);
+        assert!(first[0].placeholder.starts_with(PLACEHOLDER_PREFIX));
+        assert_ne!(first[0].placeholder, second[0].placeholder);
+        let brokered = broker.brokered(&first).unwrap();
+        assert_eq!(brokered.secrets[0].value, "value-1");
+        assert_eq!(brokered.leaves.len(), 1);
+        broker
+            .rotate(
+                "A",
+                SecretChange {
+                    value: Some(Zeroizing::new(b"value-2".to_vec())),
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+        assert_eq!(broker.brokered(&first).unwrap().secrets[0].value, "value-2");
+        broker.delete("A").unwrap();
+        assert!(broker.brokered(&first).unwrap().secrets.is_empty());
+    }
+}
