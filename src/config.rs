@@ -465,6 +465,14 @@ impl Config {
                 ));
             }
         }
+        for ca in &self.upstream.extra_ca {
+            crate::net::intercept::tls::upstream_roots(std::slice::from_ref(ca)).map_err(|e| {
+                invalid(
+                    "egress_extra_ca",
+                    &format!("{e}; name PEM files of CA certificates"),
+                )
+            })?;
+        }
         if self.id_map_base == 0 || self.id_map_base.checked_add(ID_MAP_SIZE).is_none() {
             return Err(invalid(
                 "id_map_base",

@@ -62,7 +62,14 @@ pub fn upstream_roots(extra: &[PathBuf]) -> Result<rustls::RootCertStore, TlsSet
         roots.add_parsable_certificates(read_pem_certs(bundle)?);
     }
     for path in extra {
-        for cert in read_pem_certs(path)? {
+        let certs = read_pem_certs(path)?;
+        if certs.is_empty() {
+            return Err(TlsSetupError::Roots {
+                path: path.display().to_string(),
+                message: "holds no PEM certificate".into(),
+            });
+        }
+        for cert in certs {
             roots.add(cert).map_err(|e| TlsSetupError::Roots {
                 path: path.display().to_string(),
                 message: e.to_string(),
