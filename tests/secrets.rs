@@ -428,6 +428,17 @@ async fn a_bound_secret_goes_only_into_https_headers_to_its_host() {
     );
     let bundle = sh_ok(&daemon, &id, "cat $SSL_CERT_FILE").await;
     assert!(bundle.contains("BEGIN CERTIFICATE"), "{bundle}");
+    // ...nor in the supervisor's files (its config holds the environment,
+    // so the placeholder: the positive control)...
+    let run_dir = daemon.run_dir();
+    assert!(
+        files_holding(&run_dir, VALUE.as_bytes()).is_empty(),
+        "{run_dir:?}"
+    );
+    assert!(
+        !files_holding(&run_dir, placeholder.as_bytes()).is_empty(),
+        "positive control: the supervisor's config in {run_dir:?} names the placeholder"
+    );
     // ...nor in the API, the events, the metrics or the daemon's log.
     for path in [
         format!("/v1/sandboxes/{id}"),
@@ -595,6 +606,16 @@ async fn rotation_deletion_forks_and_policy_changes_follow_the_secret() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{snap}");
     let snap = snap["id"].as_str().expect("snapshot id").to_string();
+    // The snapshot holds the processes' memory: the placeholder, never a value.
+    let snap_dir = daemon.state_dir().join("disk/snapshots").join(&snap);
+    assert!(
+        files_holding(&snap_dir, b"value-two").is_empty(),
+        "{snap_dir:?}"
+    );
+    assert!(
+        !files_holding(&snap_dir, placeholder.as_bytes()).is_empty(),
+        "positive control: {snap_dir:?} holds the processes' environment"
+    );
     let fork = daemon.create(json!({"from_snapshot": snap})).await;
     assert_eq!(env_of(&daemon, &fork, "ROTATED").await, placeholder);
     sh_ok(&daemon, &fork, &request("/fork")).await;

@@ -68,7 +68,7 @@ impl From<crate::secrets::SecretError> for SandboxError {
         use crate::secrets::SecretError as E;
         let message = e.to_string();
         match e {
-            E::Invalid(_) => Self::bad("invalid_secret", message),
+            E::Invalid(_) | E::NothingToChange => Self::bad("invalid_secret", message),
             E::UnknownBinding(_) | E::TooManyBound { .. } => Self::bad("invalid_secrets", message),
             E::NotFound(_) => Self::NotFound {
                 code: "secret_not_found",

@@ -97,11 +97,21 @@ impl Manager {
         if record.secrets.is_empty() {
             return Ok(());
         }
-        let brokered = self.secrets.brokered(&record.secrets)?;
-        match self.supervisors.set_secrets(&record.id, brokered).await {
-            Ok(()) => {}
-            Err(CallError::Connect(e)) => return Err(not_running(&record.id, e)),
-            Err(e) => return Err(SandboxError::internal(e)),
+        // A rotation or deletion while this runs pushes only to ready
+        // sandboxes: tell this one again until none came in between (a
+        // few times at most: a storm of rotations still leaves it with a
+        // value from during its create).
+        for _ in 0..8 {
+            let generation = self.secrets.generation();
+            let brokered = self.secrets.brokered(&record.secrets)?;
+            match self.supervisors.set_secrets(&record.id, brokered).await {
+                Ok(()) => {}
+                Err(CallError::Connect(e)) => return Err(not_running(&record.id, e)),
+                Err(e) => return Err(SandboxError::internal(e)),
+            }
+            if self.secrets.generation() == generation {
+                break;
+            }
         }
         let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
             .await

@@ -46,6 +46,8 @@ pub enum SecretError {
     TooManyBound { count: usize },
     #[error("a secret named {0:?} exists; rotate it (PUT /v1/secrets/{0}) or delete it first")]
     Exists(String),
+    #[error("value, hosts: a rotation names a new value, new hosts, or both")]
+    NothingToChange,
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -113,6 +115,9 @@ pub struct SecretBroker {
     state_dir: PathBuf,
     /// Serialises changes, so a name is checked and written as one step.
     writing: Mutex<()>,
+    /// Bumped by every rotation and deletion, so a sandbox being set up
+    /// while one happens can tell it was told too early.
+    generation: std::sync::atomic::AtomicU64,
     sealer: Mutex<Option<Arc<Sealer>>>,
     authority: Mutex<Option<Arc<Authority>>>,
 }
@@ -127,6 +132,7 @@ impl SecretBroker {
             store,
             state_dir,
             writing: Mutex::new(()),
+            generation: Default::default(),
             sealer: Mutex::new(None),
             authority: Mutex::new(None),
         }
@@ -202,6 +208,9 @@ impl SecretBroker {
     /// Replaces the value and/or the hosts; bound sandboxes are told by
     /// the caller.
     pub fn rotate(&self, name: &str, change: SecretChange) -> Result<SecretInfo, SecretError> {
+        if change.value.is_none() && change.hosts.is_none() {
+            return Err(SecretError::NothingToChange);
+        }
         let hosts = change
             .hosts
             .as_ref()
@@ -222,6 +231,7 @@ impl SecretBroker {
         }
         record.rotated_at = Some(now());
         self.store.put_secret(name, &record)?;
+        self.bump();
         tracing::info!(secret = %name, hosts = ?record.hosts, value_changed = change.value.is_some(), "secret rotated");
         Ok(record.info())
     }
@@ -232,8 +242,24 @@ impl SecretBroker {
             return Err(SecretError::NotFound(name.to_string()));
         }
         self.store.remove_secret(name)?;
+        self.bump();
         tracing::info!(secret = %name, "secret deleted");
         Ok(())
+    }
+
+    fn bump(&self) {
+        self.generation
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Changes so far (rotations and deletions).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether a secret named `name` exists.
+    pub fn exists(&self, name: &str) -> Result<bool, SecretError> {
+        Ok(self.stored(name)?.is_some())
     }
 
     /// New bindings for a create's `secrets`: each name must exist; each

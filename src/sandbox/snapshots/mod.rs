@@ -536,7 +536,13 @@ impl Manager {
         // The source's placeholders are in the restored processes' memory:
         // the fork keeps them and their bindings; secrets it asks for
         // besides get placeholders of their own.
-        let mut secrets = memory.secrets.clone();
+        // Bindings of secrets deleted since are dropped.
+        let mut secrets = Vec::new();
+        for binding in &memory.secrets {
+            if self.secrets.exists(&binding.name)? {
+                secrets.push(binding.clone());
+            }
+        }
         for binding in asked_secrets {
             if !secrets.iter().any(|b| b.name == binding.name) {
                 secrets.push(binding);
