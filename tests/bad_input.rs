@@ -67,6 +67,9 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
             message(&body).contains(field),
             "{request}: message does not name {field}: {body}"
         );
+        // The field at fault is also said apart, for SDKs to expose.
+        let named = if field == "A=B" { "env" } else { field };
+        assert_eq!(body["error"]["field"], named, "{request}: {body}");
     }
 
     // Malformed JSON and unknown fields.
@@ -232,5 +235,6 @@ async fn negative_unsigned_limits_name_the_field() {
             message(&body).contains(field),
             "{request}: message does not name {field}: {body}"
         );
+        assert_eq!(body["error"]["field"], field, "{request}: {body}");
     }
 }

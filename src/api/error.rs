@@ -49,6 +49,7 @@ impl IntoResponse for ApiError {
                 code: code.to_string(),
                 message: self.0.to_string(),
                 resource,
+                field: self.0.field().map(str::to_string),
             },
         };
         (status, Json(body)).into_response()
@@ -77,12 +78,15 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
     let mut deserializer = serde_json::Deserializer::from_slice(body);
     serde_path_to_error::deserialize(&mut deserializer).map_err(|e| {
         let path = e.path().to_string();
-        let message = if path.is_empty() || path == "." {
-            format!("request body is not valid: {}", e.inner())
+        if path.is_empty() || path == "." {
+            ApiError::bad(
+                "invalid_json",
+                format!("request body is not valid: {}", e.inner()),
+            )
         } else {
-            format!("request body is not valid: field `{path}`: {}", e.inner())
-        };
-        ApiError::bad("invalid_json", message)
+            let message = format!("request body is not valid: field `{path}`: {}", e.inner());
+            ApiError(SandboxError::bad_field("invalid_json", path, message))
+        }
     })
 }
 
@@ -97,6 +101,7 @@ mod tests {
             panic!("a negative memory_mib was accepted");
         };
         assert!(err.0.to_string().contains("memory_mib"), "{}", err.0);
+        assert_eq!(err.0.field(), Some("memory_mib"));
     }
 
     #[test]

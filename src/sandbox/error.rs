@@ -9,8 +9,13 @@ use crate::supervisor::client::CallError;
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SandboxError {
     /// 400: the request cannot be done as asked; the message says what to fix.
+    /// `field`: the request field at fault, when one is.
     #[error("{message}")]
-    BadRequest { code: &'static str, message: String },
+    BadRequest {
+        code: &'static str,
+        message: String,
+        field: Option<String>,
+    },
     /// 404
     #[error("{message}")]
     NotFound { code: &'static str, message: String },
@@ -31,11 +36,63 @@ pub enum SandboxError {
     Internal(String),
 }
 
+/// The request field each single-field 400 code is about, for the error
+/// body's `field`.
+fn field_of(code: &str) -> Option<&'static str> {
+    Some(match code {
+        "invalid_cpu" => "cpu",
+        "invalid_memory" => "memory_mib",
+        "invalid_disk" => "disk_mib",
+        "invalid_pids" => "pids",
+        "invalid_ttl" => "ttl_seconds",
+        "invalid_env" => "env",
+        "invalid_labels" => "labels",
+        "invalid_path" | "path_escape" => "path",
+        "invalid_idempotency_key" => "idempotency_key",
+        "invalid_image" => "image",
+        "gpu_not_found" => "gpu",
+        "gpu_count_too_large" => "gpu_count",
+        "invalid_secrets" => "secrets",
+        "invalid_network_policy" => "allow_list",
+        "invalid_language" => "language",
+        "invalid_argv" => "argv",
+        "invalid_timeout" => "timeout_seconds",
+        "invalid_signal" => "signal",
+        "invalid_cursor" => "cursor",
+        "invalid_mode" => "mode",
+        "invalid_pty" => "pty",
+        _ => return None,
+    })
+}
+
 impl SandboxError {
+    /// A 400 whose field, if its code belongs to one, is that field.
     pub fn bad(code: &'static str, message: impl Into<String>) -> Self {
         Self::BadRequest {
             code,
             message: message.into(),
+            field: field_of(code).map(str::to_string),
+        }
+    }
+
+    /// A 400 naming the request field at fault.
+    pub fn bad_field(
+        code: &'static str,
+        field: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Self::BadRequest {
+            code,
+            message: message.into(),
+            field: Some(field.into()),
+        }
+    }
+
+    /// The request field a 400 is about, when one is.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            Self::BadRequest { field, .. } => field.as_deref(),
+            _ => None,
         }
     }
 
@@ -100,6 +157,7 @@ impl From<crate::supervisor::protocol::SupervisorError> for SandboxError {
             K::InvalidInput => Self::BadRequest {
                 code: "invalid_request",
                 message: e.message,
+                field: None,
             },
             K::Conflict => Self::Conflict {
                 code: "process_state",
@@ -136,6 +194,7 @@ impl From<sandbox_proto::AgentError> for SandboxError {
             | K::PermissionDenied => Self::BadRequest {
                 code: "file_error",
                 message,
+                field: None,
             },
             K::UnknownProcess => Self::NotFound {
                 code: "process_not_found",
@@ -214,7 +273,7 @@ mod gpu_tests {
         }
         .into();
         match absent {
-            SandboxError::BadRequest { code, message } => {
+            SandboxError::BadRequest { code, message, .. } => {
                 assert_eq!(code, "gpu_not_found");
                 assert!(
                     message.contains("A100") && message.contains("H200"),
