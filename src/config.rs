@@ -42,7 +42,7 @@ pub struct ConfigOverrides {
     #[arg(long)]
     pub socket_group: Option<String>,
     /// Persistent state: the store, the image cache, the disk pool.
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub state_dir: Option<PathBuf>,
     /// Runtime state: per-sandbox mounts, namespaces and supervisor sockets.
     #[arg(long)]
@@ -144,6 +144,23 @@ pub struct ConfigOverrides {
     /// Also serve `/metrics` over TCP on this address (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_address: Option<std::net::SocketAddr>,
+    /// Also serve the API over TLS on this TCP address (e.g. 0.0.0.0:8443),
+    /// to holders of a token in `api_tokens_file`. Off by default.
+    #[arg(long)]
+    pub api_listen: Option<std::net::SocketAddr>,
+    /// PEM certificate (chain) of the remote API. Default: a self-signed
+    /// one made on first start in the state dir, whose fingerprint
+    /// `sandboxd --print-fingerprint` prints.
+    #[arg(long)]
+    pub api_tls_cert: Option<PathBuf>,
+    /// PEM private key of `api_tls_cert` (mode 0600).
+    #[arg(long)]
+    pub api_tls_key: Option<PathBuf>,
+    /// The remote API's bearer tokens: `NAME sha256:HEX` lines, mode 0600,
+    /// made by `sandboxd token create NAME`, re-read on SIGHUP. Default:
+    /// `<state_dir>/api-tokens`.
+    #[arg(long, global = true)]
+    pub api_tokens_file: Option<PathBuf>,
     /// `text` (journald-friendly, no colours off a terminal) or `json`.
     #[arg(long)]
     pub log_format: Option<String>,
@@ -259,6 +276,7 @@ pub struct Config {
     pub capacity_memory_mib: u64,
     pub capacity_disk_mib: u64,
     pub metrics_address: Option<std::net::SocketAddr>,
+    pub remote_api: RemoteApiSettings,
     pub cgroup_parent: String,
     pub log_format: LogFormat,
     pub stop_sandboxes_on_exit: bool,
@@ -276,6 +294,16 @@ pub struct VmSettings {
     pub vmm_path: PathBuf,
     pub cmdline: String,
     pub memory_overhead_mib: u64,
+}
+
+/// The optional TCP + TLS listener of the API and its tokens.
+#[derive(Debug, Clone)]
+pub struct RemoteApiSettings {
+    pub listen: Option<std::net::SocketAddr>,
+    /// Certificate and key files; `None`: the self-signed pair in the
+    /// state dir.
+    pub tls_files: Option<(PathBuf, PathBuf)>,
+    pub tokens_file: PathBuf,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -310,6 +338,7 @@ impl Config {
             .map(|n| n.get() as f64)
             .unwrap_or(1.0);
         let state_dir = pick!(state_dir, PathBuf::from("/var/lib/sandboxd"));
+        let api_tokens_file = pick!(api_tokens_file, state_dir.join("api-tokens"));
         let config = Config {
             socket: pick!(socket, PathBuf::from("/run/sandboxd/sandboxd.sock")),
             socket_group: flags
@@ -386,6 +415,23 @@ impl Config {
             },
             event_retention_seconds: pick!(event_retention_seconds, 24 * 3600),
             metrics_address: flags.metrics_address.or(file.metrics_address),
+            remote_api: RemoteApiSettings {
+                listen: flags.api_listen.or(file.api_listen),
+                tls_files: match (
+                    flags.api_tls_cert.clone().or(file.api_tls_cert.clone()),
+                    flags.api_tls_key.clone().or(file.api_tls_key.clone()),
+                ) {
+                    (Some(cert), Some(key)) => Some((cert, key)),
+                    (None, None) => None,
+                    _ => {
+                        return Err(ConfigError::Invalid {
+                            field: "api_tls_cert",
+                            message: "api_tls_cert and api_tls_key go together: name both, or neither for a self-signed certificate".into(),
+                        })
+                    }
+                },
+                tokens_file: api_tokens_file,
+            },
             cgroup_parent: pick!(cgroup_parent, "/sandboxd".to_string()),
             log_format: match pick!(log_format, "text".to_string()).as_str() {
                 "text" => LogFormat::Text,

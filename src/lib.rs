@@ -12,6 +12,7 @@ pub mod image;
 pub mod metrics;
 pub mod model;
 pub mod net;
+pub mod private_file;
 pub mod runtime;
 pub mod sandbox;
 pub mod secrets;

@@ -27,6 +27,11 @@ struct Cli {
     /// Validate the configuration, print what is wrong, and exit.
     #[arg(long)]
     check_config: bool,
+    /// Print the SHA-256 fingerprint of the remote API's TLS certificate
+    /// (making the self-signed one if there is none yet), for clients to
+    /// pin, and exit.
+    #[arg(long)]
+    print_fingerprint: bool,
     #[command(flatten)]
     overrides: ConfigOverrides,
     #[command(subcommand)]
@@ -46,6 +51,11 @@ enum Command {
         #[command(subcommand)]
         command: ImageCommand,
     },
+    /// Manage the remote API's bearer tokens (`api_tokens_file`).
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
 }
 
 #[derive(Subcommand)]
@@ -58,6 +68,18 @@ enum ImageCommand {
     },
     /// List known images and whether they are built.
     List,
+}
+
+#[derive(Subcommand)]
+enum TokenCommand {
+    /// Add a token for the remote API and print it (the one time it is
+    /// shown; the file keeps its hash). SIGHUP makes a running daemon
+    /// accept it.
+    Create { name: String },
+    /// List the names of the tokens.
+    Ls,
+    /// Revoke a token (SIGHUP makes a running daemon refuse it).
+    Rm { name: String },
 }
 
 fn main() {
@@ -99,8 +121,15 @@ fn real_main(cli: Cli) -> anyhow::Result<()> {
         println!("configuration is valid");
         return Ok(());
     }
+    if cli.print_fingerprint {
+        let identity =
+            sandboxd::api::remote::Identity::load_or_make(&config.remote_api, &config.state_dir)?;
+        println!("{}", identity.fingerprint());
+        return Ok(());
+    }
     match cli.command {
         Some(Command::Image { command }) => image_command(&config, command),
+        Some(Command::Token { command }) => token_command(&config, command),
         Some(Command::Supervise { .. }) => unreachable_supervise(),
         Some(Command::Run) | None => run_daemon(config),
     }
@@ -126,6 +155,34 @@ fn image_command(config: &Config, command: ImageCommand) -> anyhow::Result<()> {
             for info in images.list() {
                 println!("{info:?}");
             }
+        }
+    }
+    Ok(())
+}
+
+fn token_command(config: &Config, command: TokenCommand) -> anyhow::Result<()> {
+    use sandboxd::api::remote::tokens;
+    let path = &config.remote_api.tokens_file;
+    match command {
+        TokenCommand::Create { name } => {
+            let token = tokens::create(path, &name)?;
+            println!("{token}");
+            eprintln!(
+                "token {name:?} added to {}; send SIGHUP to a running sandboxd (systemctl reload sandboxd) to accept it",
+                path.display()
+            );
+        }
+        TokenCommand::Ls => {
+            for name in tokens::TokenSet::load(path)?.names() {
+                println!("{name}");
+            }
+        }
+        TokenCommand::Rm { name } => {
+            tokens::remove(path, &name)?;
+            eprintln!(
+                "token {name:?} removed from {}; send SIGHUP to a running sandboxd (systemctl reload sandboxd) to refuse it",
+                path.display()
+            );
         }
     }
     Ok(())
@@ -164,6 +221,15 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
     // ptrace but by a process with CAP_SYS_PTRACE.
     sandboxd::secrets::make_undumpable()?;
     sandboxd::runtime::agent_binary::check(&config.agent_path)?;
+    // Checked before anything is opened, so a refusal leaves nothing behind.
+    let remote = match config.remote_api.listen {
+        Some(listen) => Some(sandboxd::api::remote::PreparedRemoteApi::prepare(
+            &config.remote_api,
+            listen,
+            &config.state_dir,
+        )?),
+        None => None,
+    };
     std::fs::create_dir_all(config.sandboxes_run_dir())
         .with_context(|| format!("creating {}", config.run_dir.display()))?;
     // Every create would fail later with a bare "failed to prepare rootfs".
@@ -194,6 +260,21 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             }
             None => sandboxd::api::server::listen(&config.socket, config.socket_group.as_deref())?,
         };
+        let app = sandboxd::api::server::router(std::sync::Arc::clone(&manager));
+        match remote {
+            Some(remote) => {
+                let stopping = std::sync::Arc::clone(&manager);
+                let remote = remote.serve(app.clone(), async move { stopping.stopped().await })?;
+                tracing::info!(
+                    address = %remote.address,
+                    fingerprint = %remote.fingerprint,
+                    tokens = %remote.tokens.path().display(),
+                    "serving the API over TLS to token holders"
+                );
+            }
+            // SIGHUP's default would end the daemon; it only reloads.
+            None => ignore_hangups(),
+        }
         spawn_watchdog();
         tracing::info!(socket = %config.socket.display(), "sandboxd ready");
         notify_systemd("READY=1");
@@ -205,7 +286,6 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             tokio::spawn(async move { axum::serve(tcp, metrics).await });
             tracing::info!(%address, "serving /metrics over TCP");
         }
-        let app = sandboxd::api::server::router(std::sync::Arc::clone(&manager));
         let stopping = std::sync::Arc::clone(&manager);
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown_signal().await;
@@ -252,6 +332,18 @@ async fn shutdown_signal() {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+fn ignore_hangups() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        return;
+    };
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP: nothing to reload (api_listen is not set)");
+        }
+    });
 }
 
 /// The listening socket systemd passed (socket activation), if it passed one

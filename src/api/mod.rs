@@ -1,4 +1,5 @@
-//! The HTTP/1.1 + JSON API under `/v1`, served on the daemon's Unix socket.
+//! The HTTP/1.1 + JSON API under `/v1`, served on the daemon's Unix socket
+//! and, with `api_listen`, over TCP + TLS to token holders ([`remote`]).
 
 pub mod error;
 mod events;
@@ -6,6 +7,7 @@ mod files;
 mod gpus;
 mod images;
 mod processes;
+pub mod remote;
 mod sandboxes;
 mod secrets;
 pub mod server;

@@ -15,7 +15,7 @@ use rcgen::{
 };
 use zeroize::Zeroizing;
 
-use super::seal::write_private;
+use crate::private_file::write as write_private;
 
 const CA_KEY_FILE: &str = "secrets-ca.key";
 const CA_CERT_FILE: &str = "secrets-ca.crt";

@@ -3,9 +3,7 @@
 //! associated data, so a sealed value copied under another name does not
 //! open. The random 24-byte nonce is stored in front of the ciphertext.
 
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
@@ -78,58 +76,25 @@ fn read_or_create_key(path: &Path) -> Result<Zeroizing<Vec<u8>>, SealError> {
         path: path.display().to_string(),
         message,
     };
-    match std::fs::read(path) {
-        Ok(bytes) => {
-            let bytes = Zeroizing::new(bytes);
-            if bytes.len() != KEY_LEN {
-                return Err(fail(format!(
-                    "holds {} bytes, not {KEY_LEN}; restore the original key file",
-                    bytes.len()
-                )));
-            }
-            let mode = std::fs::metadata(path)
-                .map_err(|e| fail(e.to_string()))?
-                .permissions()
-                .mode();
-            if mode & 0o077 != 0 {
-                return Err(fail(format!(
-                    "is readable by others (mode {:o}); chmod 600 it",
-                    mode & 0o777
-                )));
-            }
-            Ok(bytes)
-        }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+    match crate::private_file::read(path) {
+        Ok(bytes) if bytes.len() == KEY_LEN => Ok(bytes),
+        Ok(bytes) => Err(fail(format!(
+            "holds {} bytes, not {KEY_LEN}; restore the original key file",
+            bytes.len()
+        ))),
+        Err(e) if e.is_not_found() => {
             let key = Zeroizing::new(rand::random::<[u8; KEY_LEN]>().to_vec());
-            write_private(path, &key).map_err(|e| fail(e.to_string()))?;
+            crate::private_file::write(path, &key).map_err(|e| fail(e.to_string()))?;
             Ok(key)
         }
         Err(e) => Err(fail(e.to_string())),
     }
 }
 
-/// Writes `bytes` to a new 0600 file at `path` (through a temporary and a
-/// rename, so a crash leaves the old file or the whole new one).
-pub fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = PathBuf::from(format!("{}.tmp", path.display()));
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn a_value_opens_under_its_name_only() {

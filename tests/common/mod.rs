@@ -272,6 +272,30 @@ impl Daemon {
         }
     }
 
+    /// Sends the running daemon `signal` without waiting for anything.
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        let child = self.child.as_ref().expect("the daemon is running");
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal)
+            .expect("signal sandboxd");
+    }
+
+    /// Polls the daemon's log until a line holds `needle` (a log line is
+    /// the only sign some changes give); returns that line.
+    pub async fn await_log(&self, needle: &str) -> String {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(line) = self.log().lines().find(|l| l.contains(needle)) {
+                return line.to_string();
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the daemon's log never said {needle:?}:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Sends the daemon `signal` and awaits its exit; `None` when it was
     /// not running.
     pub fn stop(&mut self, signal: nix::sys::signal::Signal) -> Option<std::process::ExitStatus> {

@@ -1,4 +1,5 @@
-//! The HTTP/1.1 client of sandboxd's `/v1` API over its Unix socket: one
+//! The HTTP/1.1 client of sandboxd's `/v1` API over its Unix socket, or
+//! over TCP + TLS with a bearer token ([`crate::remote`]): one
 //! connection per request (the CLI makes few, and it keeps the client free of pool
 //! state), JSON in and out, streamed bodies for file transfers and process
 //! output, and the daemon's one error shape turned into an [`ApiError`].
@@ -6,21 +7,24 @@
 use std::fmt;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use bytes::{Bytes, BytesMut};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tokio::io::{AsyncRead, AsyncReadExt};
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+use tokio::net::{TcpStream, UnixStream};
 
 use sandboxd::api::types::ErrorBody;
+
+use crate::remote::Remote;
 
 /// A request body: empty, a buffer, or a stream read from a file or stdin.
 /// Unsync because a stream's reader need not be `Sync`, and hyper does not ask it.
@@ -132,13 +136,58 @@ fn encode(s: &str, keep_slash: bool) -> String {
 
 #[derive(Clone)]
 pub struct Client {
-    socket: PathBuf,
+    endpoint: Endpoint,
 }
+
+#[derive(Clone)]
+enum Endpoint {
+    Socket(PathBuf),
+    Remote(Arc<Remote>),
+}
+
+/// A connection of either endpoint.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
 
 impl Client {
     pub fn new(socket: &Path) -> Self {
         Client {
-            socket: socket.to_path_buf(),
+            endpoint: Endpoint::Socket(socket.to_path_buf()),
+        }
+    }
+
+    pub fn remote(remote: Remote) -> Self {
+        Client {
+            endpoint: Endpoint::Remote(Arc::new(remote)),
+        }
+    }
+
+    async fn connect(&self) -> Result<Box<dyn Io>> {
+        match &self.endpoint {
+            Endpoint::Socket(socket) => {
+                let stream = UnixStream::connect(socket).await.with_context(|| {
+                    format!(
+                        "cannot connect to sandboxd at {} (set --socket or SANDBOXD_SOCKET)",
+                        socket.display()
+                    )
+                })?;
+                Ok(Box::new(stream))
+            }
+            Endpoint::Remote(remote) => {
+                let tcp = TcpStream::connect((remote.host.as_str(), remote.port))
+                    .await
+                    .with_context(|| {
+                        format!("cannot connect to sandboxd at https://{}", remote.authority)
+                    })?;
+                let _ = tcp.set_nodelay(true);
+                let tls = tokio_rustls::TlsConnector::from(Arc::clone(&remote.tls))
+                    .connect(remote.server_name.clone(), tcp)
+                    .await
+                    .with_context(|| {
+                        format!("TLS with sandboxd at https://{} failed", remote.authority)
+                    })?;
+                Ok(Box::new(tls))
+            }
         }
     }
 
@@ -152,12 +201,7 @@ impl Client {
         content_type: Option<&str>,
         content_length: Option<u64>,
     ) -> Result<Response<Incoming>> {
-        let stream = UnixStream::connect(&self.socket).await.with_context(|| {
-            format!(
-                "cannot connect to sandboxd at {} (set --socket or SANDBOXD_SOCKET)",
-                self.socket.display()
-            )
-        })?;
+        let stream = self.connect().await?;
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .context("HTTP handshake with sandboxd failed")?;
@@ -166,10 +210,19 @@ impl Client {
         tokio::spawn(async move {
             let _ = conn.await;
         });
-        let mut req = Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(HOST, "sandboxd");
+        let mut req = Request::builder().method(method).uri(uri);
+        match &self.endpoint {
+            Endpoint::Socket(_) => req = req.header(HOST, "sandboxd"),
+            Endpoint::Remote(remote) => {
+                req = req.header(HOST, remote.authority.as_str());
+                if let Some(token) = &remote.token {
+                    let mut value = HeaderValue::try_from(format!("Bearer {}", token.as_str()))
+                        .context("the token holds characters a header cannot carry")?;
+                    value.set_sensitive(true);
+                    req = req.header(AUTHORIZATION, value);
+                }
+            }
+        }
         if let Some(ct) = content_type {
             req = req.header(CONTENT_TYPE, ct);
         }

@@ -16,6 +16,7 @@ mod files;
 mod images;
 mod output;
 mod processes;
+mod remote;
 mod sandboxes;
 mod secrets;
 mod snapshots;
@@ -37,7 +38,7 @@ use client::Client;
 #[command(
     name = "sandboxctl",
     version,
-    about = "Control sandboxd, the sandbox daemon, over its Unix socket"
+    about = "Control sandboxd, the sandbox daemon, over its Unix socket or its remote API"
 )]
 struct Cli {
     /// The daemon's API socket.
@@ -48,6 +49,23 @@ struct Cli {
         global = true
     )]
     socket: PathBuf,
+    /// A remote daemon's API (`https://HOST:PORT`, its `api_listen`)
+    /// instead of the socket.
+    #[arg(long, env = "SANDBOXD_URL", global = true)]
+    url: Option<String>,
+    /// File holding the remote API's bearer token (`sandboxd token create`);
+    /// the token may also come in SANDBOXD_TOKEN, never in argv.
+    #[arg(long, env = "SANDBOXD_TOKEN_FILE", global = true)]
+    token_file: Option<PathBuf>,
+    /// Accept exactly the daemon's certificate with this SHA-256 (a
+    /// self-signed one: `sandboxd --print-fingerprint`) instead of checking
+    /// it against CAs.
+    #[arg(long, env = "SANDBOXD_TLS_FINGERPRINT", global = true)]
+    tls_fingerprint: Option<String>,
+    /// A CA to check the remote daemon's certificate with, beside the
+    /// system's.
+    #[arg(long, env = "SANDBOXD_CA_FILE", global = true)]
+    ca_file: Option<PathBuf>,
     /// Print the daemon's raw JSON answers (NDJSON events for exec/run-code).
     #[arg(long, global = true)]
     json: bool,
@@ -409,7 +427,18 @@ fn report(e: &anyhow::Error) -> i32 {
 }
 
 async fn run(cli: Cli) -> Result<i32> {
-    let c = Client::new(&cli.socket);
+    let c = match &cli.url {
+        Some(url) => Client::remote(remote::Remote::new(remote::RemoteOptions {
+            url,
+            token_file: cli.token_file.as_deref(),
+            token: std::env::var("SANDBOXD_TOKEN")
+                .ok()
+                .filter(|t| !t.is_empty()),
+            fingerprint: cli.tls_fingerprint.as_deref(),
+            ca_file: cli.ca_file.as_deref(),
+        })?),
+        None => Client::new(&cli.socket),
+    };
     let json = cli.json;
     match cli.cmd {
         Cmd::Create(a) => sandboxes::create(&c, json, a.request()).await,
