@@ -1,6 +1,8 @@
 //! The HTTP/1.1 + JSON API under `/v1`, served on the daemon's Unix socket
 //! and, with `api_listen`, over TCP + TLS to token holders ([`remote`]).
 
+#[cfg(test)]
+mod contract_tests;
 pub mod error;
 mod events;
 mod files;

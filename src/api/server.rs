@@ -5,80 +5,61 @@ use std::path::Path;
 use std::sync::Arc;
 
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, patch, post, put};
+use axum::routing::get;
 use axum::Router;
 use tokio::net::UnixListener;
 
 use super::{events, files, gpus, images, processes, sandboxes, secrets, snapshots};
 use crate::sandbox::Manager;
 
+/// Declares every route once: the router is built from this list, and
+/// [`ROUTES`] (what the OpenAPI document is checked against) is the same
+/// list, so a route cannot be served without being checked for a document.
+macro_rules! api_routes {
+    ($($path:literal => $($method:ident $handler:path),+;)+) => {
+        /// Every `(method, path)` the API serves, paths as axum writes them.
+        pub const ROUTES: &[(&str, &str)] = &[$($((stringify!($method), $path)),+),+];
+
+        fn routes(router: Router<Arc<Manager>>) -> Router<Arc<Manager>> {
+            router$(.route($path, axum::routing::MethodRouter::new()$(.$method($handler))+))+
+        }
+    };
+}
+
+api_routes! {
+    "/v1/health" => get sandboxes::health;
+    "/v1/openapi.json" => get sandboxes::openapi;
+    "/v1/events" => get events::events;
+    "/v1/capacity" => get sandboxes::capacity;
+    "/v1/gpus" => get gpus::list;
+    "/v1/images" => get images::list;
+    "/v1/images/prune" => post images::prune;
+    "/v1/secrets" => post secrets::create, get secrets::list;
+    "/v1/secrets/{name}" => get secrets::get, put secrets::rotate, delete secrets::delete;
+    "/v1/sandboxes" => post sandboxes::create, get sandboxes::list;
+    "/v1/sandboxes/{id}" => get sandboxes::get, delete sandboxes::delete;
+    "/v1/sandboxes/{id}/ttl" => put sandboxes::set_ttl;
+    "/v1/sandboxes/{id}/snapshots" => post snapshots::take;
+    "/v1/snapshots" => get snapshots::list;
+    "/v1/snapshots/{id}" => get snapshots::get, delete snapshots::delete;
+    "/v1/sandboxes/{id}/network" => patch sandboxes::set_network;
+    "/v1/sandboxes/{id}/network/log" => get sandboxes::network_log;
+    "/v1/sandboxes/{id}/processes" => post processes::start, get processes::list;
+    "/v1/sandboxes/{id}/processes/{proc}" => get processes::get;
+    "/v1/sandboxes/{id}/processes/{proc}/output" => get processes::output;
+    "/v1/sandboxes/{id}/processes/{proc}/stdin" => post processes::write_stdin, delete processes::close_stdin;
+    "/v1/sandboxes/{id}/processes/{proc}/signal" => post processes::signal;
+    "/v1/sandboxes/{id}/processes/{proc}/kill" => post processes::kill;
+    "/v1/sandboxes/{id}/processes/{proc}/wait" => get processes::wait;
+    "/v1/sandboxes/{id}/files" => put files::upload, get files::download, delete files::remove;
+    "/v1/sandboxes/{id}/files/list" => get files::list;
+    "/v1/sandboxes/{id}/files/stat" => get files::stat;
+    "/v1/sandboxes/{id}/files/mkdir" => post files::mkdir;
+    "/metrics" => get sandboxes::metrics;
+}
+
 pub fn router(manager: Arc<Manager>) -> Router {
-    let v1 = Router::new()
-        .route("/health", get(sandboxes::health))
-        .route("/openapi.json", get(sandboxes::openapi))
-        .route("/events", get(events::events))
-        .route("/capacity", get(sandboxes::capacity))
-        .route("/gpus", get(gpus::list))
-        .route("/images", get(images::list))
-        .route("/images/prune", post(images::prune))
-        .route("/secrets", post(secrets::create).get(secrets::list))
-        .route(
-            "/secrets/{name}",
-            get(secrets::get)
-                .put(secrets::rotate)
-                .delete(secrets::delete),
-        )
-        .route("/sandboxes", post(sandboxes::create).get(sandboxes::list))
-        .route(
-            "/sandboxes/{id}",
-            get(sandboxes::get).delete(sandboxes::delete),
-        )
-        .route("/sandboxes/{id}/ttl", put(sandboxes::set_ttl))
-        .route("/sandboxes/{id}/snapshots", post(snapshots::take))
-        .route("/snapshots", get(snapshots::list))
-        .route(
-            "/snapshots/{id}",
-            get(snapshots::get).delete(snapshots::delete),
-        )
-        .route("/sandboxes/{id}/network", patch(sandboxes::set_network))
-        .route("/sandboxes/{id}/network/log", get(sandboxes::network_log))
-        .route(
-            "/sandboxes/{id}/processes",
-            post(processes::start).get(processes::list),
-        )
-        .route("/sandboxes/{id}/processes/{proc}", get(processes::get))
-        .route(
-            "/sandboxes/{id}/processes/{proc}/output",
-            get(processes::output),
-        )
-        .route(
-            "/sandboxes/{id}/processes/{proc}/stdin",
-            post(processes::write_stdin).delete(processes::close_stdin),
-        )
-        .route(
-            "/sandboxes/{id}/processes/{proc}/signal",
-            post(processes::signal),
-        )
-        .route(
-            "/sandboxes/{id}/processes/{proc}/kill",
-            post(processes::kill),
-        )
-        .route(
-            "/sandboxes/{id}/processes/{proc}/wait",
-            get(processes::wait),
-        )
-        .route(
-            "/sandboxes/{id}/files",
-            put(files::upload)
-                .get(files::download)
-                .delete(files::remove),
-        )
-        .route("/sandboxes/{id}/files/list", get(files::list))
-        .route("/sandboxes/{id}/files/stat", get(files::stat))
-        .route("/sandboxes/{id}/files/mkdir", post(files::mkdir));
-    Router::new()
-        .nest("/v1", v1)
-        .route("/metrics", get(sandboxes::metrics))
+    routes(Router::new())
         // JSON bodies are small; uploads stream and enforce their own limit.
         .layer(DefaultBodyLimit::max(4 << 20))
         .with_state(manager)

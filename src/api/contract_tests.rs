@@ -1,0 +1,201 @@
+//! The OpenAPI document against what the code serves: every route in
+//! [`ROUTES`](super::server::ROUTES) is documented with its method and
+//! nothing else is, and every documented object schema names exactly the
+//! fields its Rust type reads or writes. A route or field added without
+//! its documentation fails here.
+
+use std::collections::BTreeSet;
+
+use serde::de::{self, DeserializeOwned, Visitor};
+use serde_json::Value;
+
+use super::server::ROUTES;
+use super::types::*;
+
+fn document() -> Value {
+    serde_json::from_str(super::OPENAPI).expect("api/openapi.json is JSON")
+}
+
+/// `/v1/sandboxes/{id}/processes/{proc}` and `{pid}` are the same route.
+fn normalise(path: &str) -> String {
+    let mut out = String::new();
+    let mut in_param = false;
+    for c in path.chars() {
+        match c {
+            '{' => {
+                in_param = true;
+                out.push_str("{}");
+            }
+            '}' => in_param = false,
+            _ if in_param => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+#[test]
+fn every_route_is_documented_and_every_documented_route_is_served() {
+    let served: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|(method, path)| (method.to_string(), normalise(path)))
+        .collect();
+    let doc = document();
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().expect("paths") {
+        for method in item.as_object().expect("path item").keys() {
+            if matches!(
+                method.as_str(),
+                "get" | "put" | "post" | "delete" | "patch" | "head" | "options"
+            ) {
+                documented.insert((method.clone(), normalise(path)));
+            }
+        }
+    }
+    let undocumented: Vec<_> = served.difference(&documented).collect();
+    let unserved: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        undocumented.is_empty() && unserved.is_empty(),
+        "served but not in api/openapi.json: {undocumented:?}\nin api/openapi.json but not served: {unserved:?}"
+    );
+}
+
+/// The field names serde's derive gives a struct: it passes them to
+/// `deserialize_struct`, where this deserializer keeps them and stops.
+struct FieldCollector<'a>(&'a mut Vec<&'static str>);
+
+impl<'de> de::Deserializer<'de> for FieldCollector<'_> {
+    type Error = de::value::Error;
+
+    fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+        Err(de::Error::custom("not a struct with named fields"))
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        fields: &'static [&'static str],
+        _visitor: V,
+    ) -> Result<V::Value, Self::Error> {
+        self.0.extend_from_slice(fields);
+        Err(de::Error::custom("fields collected"))
+    }
+
+    serde::forward_to_deserialize_any! {
+        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes
+        byte_buf option unit unit_struct newtype_struct seq tuple tuple_struct map
+        enum identifier ignored_any
+    }
+}
+
+fn fields_of<T: DeserializeOwned>() -> BTreeSet<String> {
+    let mut fields = Vec::new();
+    let _ = T::deserialize(FieldCollector(&mut fields));
+    fields.into_iter().map(str::to_string).collect()
+}
+
+/// The keys of a serialised sample (for types that are only written).
+fn keys_of(sample: impl serde::Serialize) -> BTreeSet<String> {
+    match serde_json::to_value(sample).expect("serialise") {
+        Value::Object(map) => map.keys().cloned().collect(),
+        other => panic!("not an object: {other}"),
+    }
+}
+
+fn documented_fields(doc: &Value, schema: &str) -> BTreeSet<String> {
+    doc["components"]["schemas"][schema]["properties"]
+        .as_object()
+        .unwrap_or_else(|| panic!("schema {schema} has no properties in api/openapi.json"))
+        .keys()
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn every_schema_names_exactly_its_types_fields() {
+    let doc = document();
+    let sample_image = crate::image::ImageInfo {
+        name: String::new(),
+        digest: String::new(),
+        built: true,
+        size_bytes: Some(0),
+        source: String::new(),
+    };
+    let checks: Vec<(&str, BTreeSet<String>)> = vec![
+        ("CreateSandbox", fields_of::<CreateSandbox>()),
+        ("Sandbox", fields_of::<Sandbox>()),
+        ("SandboxList", fields_of::<SandboxList>()),
+        ("Limits", fields_of::<Limits>()),
+        ("Usage", fields_of::<Usage>()),
+        ("Gpu", fields_of::<Gpu>()),
+        ("GpuList", fields_of::<GpuList>()),
+        ("SetTtl", fields_of::<SetTtl>()),
+        ("StartProcess", fields_of::<StartProcess>()),
+        ("PtySize", fields_of::<PtySize>()),
+        ("Process", fields_of::<Process>()),
+        ("ProcessList", fields_of::<ProcessList>()),
+        ("SendSignal", fields_of::<SendSignal>()),
+        ("FileInfo", fields_of::<FileInfo>()),
+        ("FileList", fields_of::<FileList>()),
+        ("Health", fields_of::<Health>()),
+        ("ErrorBody", fields_of::<ErrorBody>()),
+        ("ErrorDetail", fields_of::<ErrorDetail>()),
+        ("Amount", fields_of::<crate::sandbox::capacity::Amount>()),
+        (
+            "Capacity",
+            fields_of::<crate::sandbox::capacity::Capacity>(),
+        ),
+        ("Event", fields_of::<crate::sandbox::events::Event>()),
+        (
+            "NetworkPolicy",
+            fields_of::<crate::net::policy::NetworkPolicy>(),
+        ),
+        ("PolicyView", fields_of::<crate::net::policy::PolicyView>()),
+        (
+            "EgressLogEntry",
+            fields_of::<crate::net::proxy::EgressLogEntry>(),
+        ),
+        (
+            "InterceptedRequest",
+            fields_of::<crate::net::proxy::LoggedRequest>(),
+        ),
+        ("Snapshot", fields_of::<crate::sandbox::SnapshotView>()),
+        (
+            "TakeSnapshot",
+            fields_of::<super::snapshots::TakeSnapshot>(),
+        ),
+        ("Image", keys_of(sample_image)),
+        ("CreateSecret", fields_of::<CreateSecret>()),
+        ("RotateSecret", fields_of::<RotateSecret>()),
+        ("Secret", fields_of::<Secret>()),
+        ("SecretList", fields_of::<SecretList>()),
+    ];
+    let mut wrong = Vec::new();
+    for (schema, fields) in &checks {
+        assert!(!fields.is_empty(), "no fields collected for {schema}");
+        let documented = documented_fields(&doc, schema);
+        let missing: Vec<_> = fields.difference(&documented).collect();
+        let extra: Vec<_> = documented.difference(fields).collect();
+        if !missing.is_empty() || !extra.is_empty() {
+            wrong.push(format!(
+                "{schema}: undocumented {missing:?}, documented but absent {extra:?}"
+            ));
+        }
+    }
+    // Every object schema with properties is checked here, so a new one
+    // cannot slip by.
+    let checked: BTreeSet<&str> = checks.iter().map(|(s, _)| *s).collect();
+    for (name, schema) in doc["components"]["schemas"].as_object().expect("schemas") {
+        if schema.get("properties").is_some()
+            && !checked.contains(name.as_str())
+            && !name.starts_with("OutputEvent")
+        {
+            wrong.push(format!("{name}: no Rust type is checked against it"));
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "api/openapi.json drifted:\n{}",
+        wrong.join("\n")
+    );
+}
