@@ -337,20 +337,23 @@ impl Config {
         let host_cpus = std::thread::available_parallelism()
             .map(|n| n.get() as f64)
             .unwrap_or(1.0);
-        let state_dir = pick!(state_dir, PathBuf::from("/var/lib/sandboxd"));
-        let api_tokens_file = pick!(api_tokens_file, state_dir.join("api-tokens"));
+        // Sandboxes' specs, supervisors and mounts need absolute paths: a
+        // relative flag is taken from the daemon's working directory.
+        let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+        let state_dir = absolute(pick!(state_dir, PathBuf::from("/var/lib/sandboxd")));
+        let api_tokens_file = absolute(pick!(api_tokens_file, state_dir.join("api-tokens")));
         let config = Config {
-            socket: pick!(socket, PathBuf::from("/run/sandboxd/sandboxd.sock")),
+            socket: absolute(pick!(socket, PathBuf::from("/run/sandboxd/sandboxd.sock"))),
             socket_group: flags
                 .socket_group
                 .clone()
                 .or(file.socket_group.clone())
                 .filter(|g| !g.is_empty()),
-            run_dir: pick!(run_dir, PathBuf::from("/run/sandboxd")),
-            images_dir: pick!(images_dir, state_dir.join("images")),
-            disk_pool_dir: pick!(disk_pool_dir, state_dir.join("disk")),
+            run_dir: absolute(pick!(run_dir, PathBuf::from("/run/sandboxd"))),
+            images_dir: absolute(pick!(images_dir, state_dir.join("images"))),
+            disk_pool_dir: absolute(pick!(disk_pool_dir, state_dir.join("disk"))),
             state_dir,
-            agent_path: pick!(agent_path, default_agent_path()),
+            agent_path: absolute(pick!(agent_path, default_agent_path())),
             image_recipe_dirs: pick!(image_recipe_dirs, Vec::new()),
             default_image: pick!(default_image, "python".to_string()),
             default_ttl_seconds: pick!(default_ttl_seconds, 600),
@@ -421,7 +424,7 @@ impl Config {
                     flags.api_tls_cert.clone().or(file.api_tls_cert.clone()),
                     flags.api_tls_key.clone().or(file.api_tls_key.clone()),
                 ) {
-                    (Some(cert), Some(key)) => Some((cert, key)),
+                    (Some(cert), Some(key)) => Some((absolute(cert), absolute(key))),
                     (None, None) => None,
                     _ => {
                         return Err(ConfigError::Invalid {
@@ -652,6 +655,24 @@ mod tests {
         assert_eq!(config.socket, PathBuf::from("/tmp/flag.sock"));
         assert_eq!(config.default_ttl_seconds, 60);
         assert_eq!(config.state_dir, PathBuf::from("/var/lib/sandboxd"));
+    }
+
+    #[test]
+    fn relative_paths_are_taken_from_the_working_directory() {
+        let flags = ConfigOverrides {
+            state_dir: Some("d/state".into()),
+            run_dir: Some("d/run".into()),
+            ..Default::default()
+        };
+        let config = Config::merge(flags, ConfigOverrides::default()).expect("valid");
+        let cwd = std::env::current_dir().expect("cwd");
+        assert_eq!(config.state_dir, cwd.join("d/state"));
+        assert_eq!(config.run_dir, cwd.join("d/run"));
+        assert_eq!(config.images_dir, cwd.join("d/state/images"));
+        assert_eq!(
+            config.remote_api.tokens_file,
+            cwd.join("d/state/api-tokens")
+        );
     }
 
     #[test]

@@ -238,3 +238,35 @@ async fn negative_unsigned_limits_name_the_field() {
         assert_eq!(body["error"]["field"], field, "{request}: {body}");
     }
 }
+
+#[tokio::test]
+async fn malformed_paths_and_queries_get_the_api_error_shape() {
+    require_host!();
+    let daemon = Daemon::start();
+    for (path, code) in [
+        ("/v1/sandboxes/sb-x/processes/-1", "invalid_path_parameter"),
+        (
+            "/v1/sandboxes/sb-x/processes/1/output?stdout_offset=x",
+            "invalid_query",
+        ),
+        (
+            "/v1/sandboxes/sb-x/processes/1/output?nonsense=1",
+            "invalid_query",
+        ),
+        (
+            "/v1/sandboxes/sb-x/files/mkdir?path=/a&parents=1",
+            "invalid_query",
+        ),
+    ] {
+        let method = if path.contains("mkdir") {
+            Method::POST
+        } else {
+            Method::GET
+        };
+        let (status, body) = daemon.raw(method, path, Vec::new()).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}");
+        let body: Value = serde_json::from_slice(&body)
+            .unwrap_or_else(|_| panic!("{path}: not JSON: {}", String::from_utf8_lossy(&body)));
+        assert_eq!(body["error"]["code"], code, "{path}: {body}");
+    }
+}

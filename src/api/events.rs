@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
+use axum::extract::State;
+
+use super::extract::Query;
 use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use tokio::sync::mpsc;

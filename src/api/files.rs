@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Query, State};
+use axum::extract::State;
+
+use super::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -29,8 +31,8 @@ fn path_param(query: &BTreeMap<String, String>) -> ApiResult<String> {
 
 fn flag(query: &BTreeMap<String, String>, name: &str) -> ApiResult<bool> {
     match query.get(name).map(String::as_str) {
-        None | Some("false") | Some("0") => Ok(false),
-        Some("true") | Some("1") | Some("") => Ok(true),
+        None | Some("false") => Ok(false),
+        Some("true") => Ok(true),
         Some(other) => Err(ApiError::bad(
             "invalid_query",
             format!("{name} must be true or false, got {other:?}"),

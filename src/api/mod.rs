@@ -5,6 +5,7 @@
 mod contract_tests;
 pub mod error;
 mod events;
+mod extract;
 mod files;
 mod gpus;
 mod images;
