@@ -16,7 +16,14 @@ packages=(
   # its microvm machine, and tests/guest_kernel.rs boots the guest kernel
   # under its TCG (this host's kvm_pvm cannot run a stock kernel)
   qemu-system-x86
+  # the SDKs' tests: a venv for the Python SDK (and schemathesis, the API
+  # contract check), openssl for their TLS fixtures, curl for raw answers
+  python3-venv openssl curl
 )
+# The TypeScript SDK needs Node >= 18 with npm; Debian 12's nodejs is 18.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as root: installs what is needed, builds the static
 # agent and the images, then runs every unit and integration test (real
-# daemon, real sandboxes).
+# daemon, real sandboxes), the Python and TypeScript SDKs' tests and the
+# OpenAPI contract check against a live daemon.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # No step fails silently: say which one, so its own messages above make sense.
@@ -25,9 +26,34 @@ export SANDBOXD_TEST_SKIP_LOG=$logs/skips
 cargo_status=0
 cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$logs/cargo-test.log" ||
 	cargo_status=$?
+# The SDKs against this build's daemon, then the OpenAPI contract against
+# a live one (scripts/contract-test.sh).
+export SANDBOXD_BIN=$(realpath "$target")/debug/sandboxd
+export SANDBOXD_AGENT=$(realpath "$target")/x86_64-unknown-linux-gnu/release/sandbox-agent
+declare -A extra_status
+for suite in python typescript contract; do
+	case $suite in
+	python) run=(sdk/python/run-tests.sh) ;;
+	typescript) run=(sdk/typescript/run-tests.sh) ;;
+	contract) run=(scripts/contract-test.sh) ;;
+	esac
+	extra_status[$suite]=0
+	"${run[@]}" >"$logs/$suite.log" 2>&1 || extra_status[$suite]=$?
+	tail -n 25 "$logs/$suite.log"
+done
 echo "test logs: $logs"
 scripts/test-summary.sh "$logs/cargo-test.log" "$SANDBOXD_TEST_SKIP_LOG"
+failed=0
+for suite in python typescript contract; do
+	if ((extra_status[$suite] != 0)); then
+		echo "test.sh: the $suite suite failed (exit ${extra_status[$suite]}); $logs/$suite.log has its output" >&2
+		failed=1
+	else
+		echo "$suite suite: passed"
+	fi
+done
 if ((cargo_status != 0)); then
 	echo "test.sh: cargo test exited $cargo_status; its messages are above" >&2
 	exit "$cargo_status"
 fi
+exit "$failed"
