@@ -97,6 +97,20 @@ async fn list_stat_mkdir_remove() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     assert_eq!(body["kind"], "dir");
+    // A well-formed request the files' state refuses is a conflict.
+    let (again, refusal) = daemon
+        .call(
+            Method::POST,
+            &format!("{files}/mkdir?path=/tmp/a/b/c"),
+            None,
+        )
+        .await;
+    assert_eq!(
+        again,
+        StatusCode::CONFLICT,
+        "mkdir of an existing folder: {refusal}"
+    );
+    assert_eq!(refusal["error"]["code"], "file_error", "{refusal}");
     assert!(
         body["name"].as_str().is_some_and(|n| n.ends_with('c')),
         "{body}"

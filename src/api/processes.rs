@@ -252,7 +252,11 @@ fn parse_signal(value: &serde_json::Value) -> ApiResult<i32> {
     };
     let signal = match value {
         serde_json::Value::Number(n) => {
-            let n = n.as_i64().ok_or_else(bad)?;
+            // JSON has one number type: 15.0 is the integer 15.
+            let n = n
+                .as_i64()
+                .or_else(|| n.as_f64().filter(|f| f.fract() == 0.0).map(|f| f as i64))
+                .ok_or_else(bad)?;
             nix::sys::signal::Signal::try_from(i32::try_from(n).map_err(|_| bad())?)
                 .map_err(|_| bad())?
         }

@@ -186,12 +186,15 @@ impl From<sandbox_proto::AgentError> for SandboxError {
                 code: "disk_limit_reached",
                 message: format!("the sandbox's disk limit is reached: {message}"),
             },
-            K::AlreadyExists
-            | K::NotADirectory
-            | K::IsADirectory
-            | K::DirectoryNotEmpty
-            | K::InvalidInput
-            | K::PermissionDenied => Self::BadRequest {
+            // The request is well formed; the sandbox's files are not in
+            // the state it needs (a folder where a file is asked for...).
+            K::AlreadyExists | K::NotADirectory | K::IsADirectory | K::DirectoryNotEmpty => {
+                Self::Conflict {
+                    code: "file_error",
+                    message,
+                }
+            }
+            K::InvalidInput | K::PermissionDenied => Self::BadRequest {
                 code: "file_error",
                 message,
                 field: None,

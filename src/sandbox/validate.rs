@@ -9,7 +9,8 @@ use crate::model::{CreateRequest, Limits};
 
 const MAX_ENV: usize = 256;
 const MAX_LABELS: usize = 64;
-const MAX_PATH: usize = 4096;
+// PATH_MAX counts the terminating NUL.
+const MAX_PATH: usize = 4095;
 /// Ten years: anything longer is a mistake, and -1 says "forever" explicitly.
 const MAX_TTL_SECONDS: i64 = 10 * 365 * 24 * 3600;
 
