@@ -33,6 +33,17 @@ cleanup() {
 		wait "$pid" 2>/dev/null || true
 	fi
 	ip netns del "$netns" 2>/dev/null || true
+	# The daemon leaves its disk pool mounted (a next one adopts it); its
+	# read-only snapshots would stop rm.
+	if mountpoint -q "$dir/state/disk"; then
+		umount -l "$dir/state/disk"
+	fi
+	local group
+	for group in /sys/fs/cgroup/*/"$(basename "$dir")" /sys/fs/cgroup/"$(basename "$dir")"; do
+		[[ -d $group ]] || continue
+		rmdir "$group/supervisors" 2>/dev/null || true
+		rmdir "$group" || echo "contract-test.sh: $group is not empty: something leaked" >&2
+	done
 	rm -rf "$dir"
 }
 trap cleanup EXIT

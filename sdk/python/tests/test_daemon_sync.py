@@ -230,8 +230,9 @@ def test_files(daemon, tmp_path):
         with pytest.raises(SandboxFileSystemError):
             fs.download_file("/nope", str(tmp_path / "nope"))
         assert not (tmp_path / "nope").exists()
-        with pytest.raises(BadRequestError):
-            fs.delete_file("/work")  # not empty
+        with pytest.raises(ConflictError) as conflict:
+            fs.delete_file("/work")  # not empty: the files' state, a 409
+        assert isinstance(conflict.value, SandboxFileSystemError) and conflict.value.code == "file_error"
         fs.delete_directory("/work")
         assert not fs.exists("/work")
         with pytest.raises(BadRequestError):
