@@ -246,10 +246,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let runs: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
+    let runs = peers::bench_runs(50);
     private_mount_namespace();
     let rootfs = python_rootfs(DAEMON);
 

@@ -148,10 +148,7 @@ fn main() {
         println!("egress benchmark skipped: {why}");
         return;
     }
-    let conns: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(200);
+    let conns = peers::bench_runs(200);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let upstream = Upstream::start();
     let (direct_setup, direct_rate) = direct(&upstream, conns);

@@ -142,10 +142,7 @@ fn main() {
         println!("microvm benchmark skipped: no vmm binary or test guest (gcc) here");
         return;
     };
-    let runs: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(30);
+    let runs = peers::bench_runs(30);
     let daemon = Daemon::start_with(&[
         "--vm-kernel",
         &guest.display().to_string(),

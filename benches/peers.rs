@@ -1,6 +1,6 @@
 //! What the benchmarks share to run the same work under runc/crun: a mount
 //! namespace where those runtimes accept this hybrid cgroup host, an OCI
-//! bundle over the cached python image, and medians. Each benchmark uses
+//! bundle over the cached python image, run counts and medians. Each benchmark uses
 //! part of it.
 
 #![allow(dead_code)]
@@ -66,6 +66,14 @@ pub fn oci_bundle(dir: &Path, rootfs: &Path, args: &[&str]) -> PathBuf {
     spec["process"]["args"] = json!(args);
     std::fs::write(&path, spec.to_string()).expect("write spec");
     bundle
+}
+
+/// How many runs a benchmark makes: `BENCH_RUNS`, else its `default`.
+pub fn bench_runs(default: usize) -> usize {
+    std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 pub fn median(samples: &[f64]) -> f64 {

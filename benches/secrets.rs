@@ -185,10 +185,7 @@ fn main() {
         println!("secrets benchmark skipped: {why}");
         return;
     }
-    let n: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
+    let n = peers::bench_runs(300);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let upstream = Upstream::start();
     let echo = echo::Echo::start(&upstream);

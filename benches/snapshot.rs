@@ -201,10 +201,7 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let runs: usize = std::env::var("BENCH_RUNS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10);
+    let runs = peers::bench_runs(10);
     private_mount_namespace();
     let rootfs = python_rootfs(common::DAEMON);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
