@@ -40,7 +40,9 @@ pub enum RemoteApiError {
 /// else; [`serve`](Self::serve) starts it.
 pub struct PreparedRemoteApi {
     tcp: std::net::TcpListener,
-    identity: Identity,
+    address: SocketAddr,
+    tls: Arc<rustls::ServerConfig>,
+    fingerprint: String,
     tokens: Arc<TokenStore>,
 }
 
@@ -68,11 +70,17 @@ impl PreparedRemoteApi {
             address: listen,
             source,
         };
+        // A certificate that does not match its key fails here, not
+        // after the store is open.
+        let tls = identity.server_config()?;
         let tcp = std::net::TcpListener::bind(listen).map_err(bind_err)?;
         tcp.set_nonblocking(true).map_err(bind_err)?;
+        let address = tcp.local_addr().map_err(bind_err)?;
         Ok(PreparedRemoteApi {
             tcp,
-            identity,
+            address,
+            tls,
+            fingerprint: identity.fingerprint(),
             tokens,
         })
     }
@@ -83,20 +91,12 @@ impl PreparedRemoteApi {
         router: Router,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<RemoteApi, RemoteApiError> {
-        let listen = self
-            .tcp
-            .local_addr()
-            .map_err(|source| RemoteApiError::Bind {
-                address: SocketAddr::from(([0, 0, 0, 0], 0)),
-                source,
-            })?;
         let bind_err = |source| RemoteApiError::Bind {
-            address: listen,
+            address: self.address,
             source,
         };
         let tcp = tokio::net::TcpListener::from_std(self.tcp).map_err(bind_err)?;
-        let listener =
-            listener::TlsListener::spawn(tcp, self.identity.server_config()?).map_err(bind_err)?;
+        let listener = listener::TlsListener::spawn(tcp, self.tls).map_err(bind_err)?;
         let app = router.layer(axum::middleware::from_fn_with_state(
             Arc::clone(&self.tokens),
             auth::require_token,
@@ -114,8 +114,8 @@ impl PreparedRemoteApi {
         });
         spawn_reload_on_hangup(Arc::clone(&self.tokens));
         Ok(RemoteApi {
-            address: listen,
-            fingerprint: self.identity.fingerprint(),
+            address: self.address,
+            fingerprint: self.fingerprint,
             tokens: self.tokens,
         })
     }
