@@ -386,7 +386,7 @@ impl Config {
                 dns: pick!(upstream_dns, Vec::new()),
                 extra_ca: pick!(egress_extra_ca, Vec::new())
                     .into_iter()
-                    .map(|p| std::path::absolute(&p).unwrap_or(p))
+                    .map(absolute)
                     .collect(),
             },
             criu_path: pick!(criu_path, default_criu_path()),
@@ -396,7 +396,7 @@ impl Config {
                     .clone()
                     .or(file.vm_kernel.clone())
                     .filter(|p| !p.as_os_str().is_empty())
-                    .map(|p| std::path::absolute(&p).unwrap_or(p)),
+                    .map(absolute),
                 // The VMM starts in the VM's run directory: a relative
                 // path would be resolved there.
                 vmm_path: std::path::absolute(pick!(vmm_path, default_vmm_path()))

@@ -52,6 +52,19 @@ async fn rotate(daemon: &Daemon, name: &str, body: Value) {
     assert_eq!(status, StatusCode::OK, "{v}");
 }
 
+/// Puts the echo servers' CA at /tmp/echo-ca.pem in `id`, for clients
+/// that reach them without the secrets CA.
+async fn put_echo_ca(daemon: &Daemon, echo: &Echo, id: &str) {
+    let (status, v) = daemon
+        .raw(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/files?path=/tmp/echo-ca.pem"),
+            echo.ca_pem.clone().into_bytes(),
+        )
+        .await;
+    assert!(status.is_success(), "{}", String::from_utf8_lossy(&v));
+}
+
 /// Runs `script` with sh in `id`, asserting it exits 0; its stdout.
 async fn sh_ok(daemon: &Daemon, id: &str, script: &str) -> String {
     let run = daemon.sh(id, script).await;
@@ -284,14 +297,7 @@ async fn a_bound_secret_goes_only_into_https_headers_to_its_host() {
 
     // Another allowed host gets the placeholder; so does a body, and
     // cleartext HTTP to the bound host.
-    let (status, v) = daemon
-        .raw(
-            Method::PUT,
-            &format!("/v1/sandboxes/{id}/files?path=/tmp/echo-ca.pem"),
-            echo.ca_pem.clone().into_bytes(),
-        )
-        .await;
-    assert!(status.is_success(), "{}", String::from_utf8_lossy(&v));
+    put_echo_ca(&daemon, &echo, &id).await;
     sh_ok(&daemon, &id, r#"curl -sS --max-time 10 --cacert /tmp/echo-ca.pem -H "x-api-key: $API_KEY" https://second.example.test/second"#).await;
     assert_eq!(
         one_at(&echo, "/second").api_key.as_deref(),
@@ -350,14 +356,7 @@ async fn a_bound_secret_goes_only_into_https_headers_to_its_host() {
     let plain_id = daemon
         .create(json!({"image": "python", "allow_list": ["api.example.test"]}))
         .await;
-    let (status, v) = daemon
-        .raw(
-            Method::PUT,
-            &format!("/v1/sandboxes/{plain_id}/files?path=/tmp/echo-ca.pem"),
-            echo.ca_pem.clone().into_bytes(),
-        )
-        .await;
-    assert!(status.is_success(), "{}", String::from_utf8_lossy(&v));
+    put_echo_ca(&daemon, &echo, &plain_id).await;
     let run = daemon
         .sh(&plain_id, "curl -sS -v --max-time 10 --cacert /tmp/echo-ca.pem -H 'x-api-key: mine' https://api.example.test/unbound 2>&1")
         .await;
@@ -643,14 +642,7 @@ async fn rotation_deletion_forks_and_policy_changes_follow_the_secret() {
         )
     };
     for (sandbox, path) in [(&id, "/deleted"), (&fork, "/deleted-fork")] {
-        let (status, v) = daemon
-            .raw(
-                Method::PUT,
-                &format!("/v1/sandboxes/{sandbox}/files?path=/tmp/echo-ca.pem"),
-                echo.ca_pem.clone().into_bytes(),
-            )
-            .await;
-        assert!(status.is_success(), "{}", String::from_utf8_lossy(&v));
+        put_echo_ca(&daemon, &echo, sandbox).await;
         // Its host is no longer the secret's: under block_network it is
         // not reachable at all, and the placeholder never went out.
         let run = daemon.sh(sandbox, &deleted(path)).await;
