@@ -161,6 +161,32 @@ pub struct ConfigOverrides {
     /// `<state_dir>/api-tokens`.
     #[arg(long, global = true)]
     pub api_tokens_file: Option<PathBuf>,
+    /// Serve preview URLs (exposed sandbox ports) on these addresses
+    /// (`ip:port`, comma-separated). Off by default.
+    #[arg(long, value_delimiter = ',')]
+    pub ingress_listen: Option<Vec<std::net::SocketAddr>>,
+    /// The wildcard domain of host-name routing: `<id>-<port>.<domain>`.
+    /// Without it only the path form `/<id>/<port>/` routes.
+    #[arg(long)]
+    pub ingress_domain: Option<String>,
+    /// PEM certificate (chain) the ingress serves TLS with (ALPN h2 and
+    /// http/1.1); without it the ingress is cleartext (HTTP/1.1 and h2c).
+    #[arg(long)]
+    pub ingress_tls_cert: Option<PathBuf>,
+    /// PEM private key of `ingress_tls_cert`.
+    #[arg(long)]
+    pub ingress_tls_key: Option<PathBuf>,
+    /// Connections one sandbox may have open through the ingress at once.
+    #[arg(long)]
+    pub ingress_max_connections: Option<usize>,
+    /// Host ports given to raw TCP exposures: `FIRST-LAST`, opened on the
+    /// IP addresses of `ingress_listen`. Off by default.
+    #[arg(long)]
+    pub ingress_tcp_ports: Option<String>,
+    /// The `Host` an app behind the ingress sees: `original` (default) or
+    /// `localhost` (`localhost:<port>`).
+    #[arg(long)]
+    pub ingress_host_header: Option<String>,
     /// `text` (journald-friendly, no colours off a terminal) or `json`.
     #[arg(long)]
     pub log_format: Option<String>,
@@ -277,6 +303,7 @@ pub struct Config {
     pub capacity_disk_mib: u64,
     pub metrics_address: Option<std::net::SocketAddr>,
     pub remote_api: RemoteApiSettings,
+    pub ingress: IngressSettings,
     pub cgroup_parent: String,
     pub log_format: LogFormat,
     pub stop_sandboxes_on_exit: bool,
@@ -304,6 +331,34 @@ pub struct RemoteApiSettings {
     /// state dir.
     pub tls_files: Option<(PathBuf, PathBuf)>,
     pub tokens_file: PathBuf,
+}
+
+/// The preview-URL listener (`ingress_*`); off while `listen` is empty.
+#[derive(Debug, Clone)]
+pub struct IngressSettings {
+    pub listen: Vec<std::net::SocketAddr>,
+    /// Lower-cased, without a leading or trailing dot.
+    pub domain: Option<String>,
+    pub tls_files: Option<(PathBuf, PathBuf)>,
+    pub max_connections: usize,
+    /// Host ports for raw TCP exposures, both ends included.
+    pub tcp_ports: Option<(u16, u16)>,
+    pub host_header: IngressHostHeader,
+}
+
+impl IngressSettings {
+    pub fn enabled(&self) -> bool {
+        !self.listen.is_empty()
+    }
+}
+
+/// The `Host` header an app behind the ingress sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IngressHostHeader {
+    /// What the client sent.
+    Original,
+    /// `localhost:<port>`, for development servers that check it.
+    Localhost,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -435,6 +490,51 @@ impl Config {
                 },
                 tokens_file: api_tokens_file,
             },
+            ingress: IngressSettings {
+                listen: pick!(ingress_listen, Vec::new()),
+                domain: flags
+                    .ingress_domain
+                    .clone()
+                    .or(file.ingress_domain.clone())
+                    .map(|d| d.trim_matches('.').to_ascii_lowercase())
+                    .filter(|d| !d.is_empty()),
+                tls_files: match (
+                    flags.ingress_tls_cert.clone().or(file.ingress_tls_cert.clone()),
+                    flags.ingress_tls_key.clone().or(file.ingress_tls_key.clone()),
+                ) {
+                    (Some(cert), Some(key)) => Some((absolute(cert), absolute(key))),
+                    (None, None) => None,
+                    _ => {
+                        return Err(ConfigError::Invalid {
+                            field: "ingress_tls_cert",
+                            message: "ingress_tls_cert and ingress_tls_key go together: name both, or neither for cleartext".into(),
+                        })
+                    }
+                },
+                max_connections: pick!(ingress_max_connections, 256),
+                tcp_ports: match flags.ingress_tcp_ports.clone().or(file.ingress_tcp_ports.clone()) {
+                    None => None,
+                    Some(range) if range.is_empty() => None,
+                    Some(range) => Some(parse_port_range(&range).ok_or_else(|| {
+                        ConfigError::Invalid {
+                            field: "ingress_tcp_ports",
+                            message: format!(
+                                "{range:?} is not a range FIRST-LAST of ports 1..65535 with FIRST <= LAST"
+                            ),
+                        }
+                    })?),
+                },
+                host_header: match pick!(ingress_host_header, "original".to_string()).as_str() {
+                    "original" => IngressHostHeader::Original,
+                    "localhost" => IngressHostHeader::Localhost,
+                    other => {
+                        return Err(ConfigError::Invalid {
+                            field: "ingress_host_header",
+                            message: format!("must be \"original\" or \"localhost\", got {other:?}"),
+                        })
+                    }
+                },
+            },
             cgroup_parent: pick!(cgroup_parent, "/sandboxd".to_string()),
             log_format: match pick!(log_format, "text".to_string()).as_str() {
                 "text" => LogFormat::Text,
@@ -559,6 +659,34 @@ impl Config {
         if self.max_sandboxes == 0 {
             return Err(invalid("max_sandboxes", "must be at least 1"));
         }
+        if self.ingress.max_connections == 0 {
+            return Err(invalid("ingress_max_connections", "must be at least 1"));
+        }
+        if let Some(domain) = &self.ingress.domain {
+            let is_name = matches!(
+                crate::net::host::parse_host(domain),
+                Ok(crate::net::host::HostPort {
+                    host: crate::net::host::HostSpec::Name(_),
+                    port: None,
+                })
+            );
+            if !is_name {
+                return Err(invalid(
+                    "ingress_domain",
+                    "must be a DNS name like sandboxes.example.com (no scheme, port or IP)",
+                ));
+            }
+        }
+        if !self.ingress.enabled()
+            && (self.ingress.domain.is_some()
+                || self.ingress.tls_files.is_some()
+                || self.ingress.tcp_ports.is_some())
+        {
+            return Err(invalid(
+                "ingress_listen",
+                "the other ingress_* keys need ingress_listen: name the addresses the ingress listens on",
+            ));
+        }
         Ok(())
     }
 
@@ -577,6 +705,14 @@ impl Config {
     pub fn sandboxes_run_dir(&self) -> PathBuf {
         self.run_dir.join("sandboxes")
     }
+}
+
+/// `FIRST-LAST`, both in 1..=65535, FIRST <= LAST.
+fn parse_port_range(range: &str) -> Option<(u16, u16)> {
+    let (first, last) = range.split_once('-')?;
+    let first: u16 = first.trim().parse().ok()?;
+    let last: u16 = last.trim().parse().ok()?;
+    (first >= 1 && first <= last).then_some((first, last))
 }
 
 fn parse_file(path: &Path) -> Result<ConfigOverrides, ConfigError> {

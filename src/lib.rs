@@ -9,6 +9,7 @@ pub mod config;
 pub mod disk;
 pub mod gpu;
 pub mod image;
+pub mod ingress;
 pub mod metrics;
 pub mod model;
 pub mod net;

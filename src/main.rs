@@ -230,6 +230,7 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
         )?),
         None => None,
     };
+    let ingress = sandboxd::ingress::PreparedIngress::prepare(&config.ingress)?;
     std::fs::create_dir_all(config.sandboxes_run_dir())
         .with_context(|| format!("creating {}", config.run_dir.display()))?;
     // Every create would fail later with a bare "failed to prepare rootfs".
@@ -274,6 +275,11 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             }
             // SIGHUP's default would end the daemon; it only reloads.
             None => ignore_hangups(),
+        }
+        if let Some(ingress) = ingress {
+            for address in ingress.serve(std::sync::Arc::clone(&manager))? {
+                tracing::info!(%address, domain = ?config.ingress.domain, "serving preview URLs");
+            }
         }
         spawn_watchdog();
         tracing::info!(socket = %config.socket.display(), "sandboxd ready");

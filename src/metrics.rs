@@ -50,6 +50,16 @@ struct SandboxLabels {
     sandbox: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusLabels {
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DirectionLabels {
+    direction: String,
+}
+
 type PhaseHistograms = Family<PhaseLabels, Histogram, fn() -> Histogram>;
 
 fn phase_histogram() -> Histogram {
@@ -71,6 +81,8 @@ pub struct Metrics {
     secret_substitutions: Family<SecretLabels, Counter>,
     sandbox_cpu_seconds: Family<SandboxLabels, Gauge<f64, AtomicU64>>,
     sandbox_memory_bytes: Family<SandboxLabels, Gauge>,
+    ingress_requests: Family<StatusLabels, Counter>,
+    ingress_bytes: Family<DirectionLabels, Counter>,
     /// Serialises scrapes: the state gauges are rebuilt on each one.
     scrape: Mutex<()>,
 }
@@ -156,9 +168,23 @@ impl Metrics {
             "Memory charged to each sandbox now",
             sandbox_memory_bytes.clone(),
         );
+        let ingress_requests = Family::<StatusLabels, Counter>::default();
+        registry.register(
+            "ingress_requests",
+            "Requests and raw TCP connections through the ingress (preview URLs), by answer",
+            ingress_requests.clone(),
+        );
+        let ingress_bytes = Family::<DirectionLabels, Counter>::default();
+        registry.register(
+            "ingress_bytes",
+            "Bytes carried through the ingress: in (to sandboxes) and out (to clients)",
+            ingress_bytes.clone(),
+        );
         Self {
             registry,
             sandboxes,
+            ingress_requests,
+            ingress_bytes,
             create_phase_seconds,
             create_failures,
             oom_kills,
@@ -188,6 +214,26 @@ impl Metrics {
                 reason: reason.to_string(),
             })
             .inc();
+    }
+
+    /// One request (or raw TCP connection) through the ingress, by its
+    /// status code, or `tcp`.
+    pub fn ingress_request(&self, status: &str) {
+        self.ingress_requests
+            .get_or_create(&StatusLabels {
+                status: status.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn ingress_bytes(&self, bytes_in: u64, bytes_out: u64) {
+        for (direction, n) in [("in", bytes_in), ("out", bytes_out)] {
+            self.ingress_bytes
+                .get_or_create(&DirectionLabels {
+                    direction: direction.to_string(),
+                })
+                .inc_by(n);
+        }
     }
 
     pub fn oom_killed(&self) {

@@ -99,6 +99,8 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::CloneDisk { .. } => 17,
         SupervisorRequest::Checkpoint(_) => 18,
         SupervisorRequest::SetSecrets(_) => 19,
+        SupervisorRequest::Dial { .. } => 20,
+        SupervisorRequest::ListeningPorts => 21,
     }
 }
 
@@ -118,6 +120,7 @@ fn reply_tag(reply: &SupervisorReply) -> u8 {
         SupervisorReply::Error(_) => 10,
         SupervisorReply::Checkpointed { .. } => 11,
         SupervisorReply::Health(_) => 12,
+        SupervisorReply::Dialed => 13,
     }
 }
 
@@ -137,6 +140,7 @@ fn error_kind_tag(kind: SupervisorErrorKind) -> u8 {
         SupervisorErrorKind::Conflict => 2,
         SupervisorErrorKind::AgentGone => 3,
         SupervisorErrorKind::Internal => 4,
+        SupervisorErrorKind::Refused => 5,
     }
 }
 
@@ -322,6 +326,9 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             // chain, key_der).
             "13 01 01 41 01 70 01 76 01 01 68 01 01 68 01 01 01 01 02".into(),
         ),
+        // port (varint).
+        (SupervisorRequest::Dial { port: 3000 }, "14 b8 17".into()),
+        (SupervisorRequest::ListeningPorts, "15".into()),
     ]
 }
 
@@ -435,7 +442,16 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 02 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 03 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+        ),
+        (SupervisorReply::Dialed, "0d".into()),
+        (
+            SupervisorReply::Agent(Reply::Listening(vec![sandbox_proto::ListeningSocket {
+                port: 8000,
+                address: "::".into(),
+            }])),
+            // Reply::Listening, one socket (port, address).
+            "08 08 01 c0 3e 02 3a 3a".into(),
         ),
     ];
     for (kind, tag) in [
@@ -444,6 +460,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
         (SupervisorErrorKind::Conflict, "02"),
         (SupervisorErrorKind::AgentGone, "03"),
         (SupervisorErrorKind::Internal, "04"),
+        (SupervisorErrorKind::Refused, "05"),
     ] {
         cases.push((
             SupervisorReply::Error(SupervisorError::new(kind, "m")),
@@ -455,7 +472,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 2, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 3, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -567,13 +584,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 3 with a rest this build cannot decode.
-    let v3 = bytes("0c 03 ff ff ff");
-    let mismatch = check_supervisor_version(&v3).expect_err("v3 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(3));
+    // Version 4 with a rest this build cannot decode.
+    let v4 = bytes("0c 04 ff ff ff");
+    let mismatch = check_supervisor_version(&v4).expect_err("v4 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(4));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v3, this daemon v2"),
+        text.contains("supervisor protocol v4, this daemon v3"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

@@ -148,6 +148,9 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         RequestBody::Remove { path, recursive } => blocking(agent, id, permit, move || {
             files::remove(&path, recursive).map(|()| Reply::Ok)
         }),
+        RequestBody::ListeningPorts => blocking(agent, id, permit, move || {
+            crate::listening::sockets().map(Reply::Listening)
+        }),
     }
 }
 

@@ -26,6 +26,7 @@ mod files;
 mod handles;
 mod launch;
 mod link;
+mod listening;
 mod output;
 mod process;
 mod pty;

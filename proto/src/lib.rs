@@ -130,6 +130,18 @@ pub enum RequestBody {
     /// agent refuses it (the host kernel's RNG and clock are already shared).
     /// Reply: [`Reply::Ok`].
     Reseed { seed: Vec<u8>, unix_time_ns: u64 },
+    /// The TCP sockets listening in the sandbox's network namespace (the
+    /// kernel's `/proc/net/tcp` and `tcp6` as the agent sees them).
+    /// Reply: [`Reply::Listening`], sorted by port, then address.
+    ListeningPorts,
+}
+
+/// A TCP socket in the LISTEN state.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ListeningSocket {
+    pub port: u16,
+    /// The address it is bound to, as text (`0.0.0.0`, `::`, `127.0.0.1`).
+    pub address: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -180,6 +192,7 @@ pub enum Reply {
     Stat(FileStat),
     Entries(Vec<FileStat>),
     Error(AgentError),
+    Listening(Vec<ListeningSocket>),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -169,6 +169,10 @@ fn every_schema_names_exactly_its_types_fields() {
         ("RotateSecret", fields_of::<RotateSecret>()),
         ("Secret", fields_of::<Secret>()),
         ("SecretList", fields_of::<SecretList>()),
+        ("ExposePort", fields_of::<super::types::ExposePort>()),
+        ("PortUrl", fields_of::<super::types::PortUrl>()),
+        ("PortList", fields_of::<super::types::PortList>()),
+        ("ListeningPort", fields_of::<super::types::ListeningPort>()),
     ];
     let mut wrong = Vec::new();
     for (schema, fields) in &checks {

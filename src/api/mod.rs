@@ -9,6 +9,7 @@ mod extract;
 mod files;
 mod gpus;
 mod images;
+mod ports;
 mod processes;
 pub mod remote;
 mod sandboxes;
@@ -16,7 +17,7 @@ mod secrets;
 pub mod server;
 mod snapshots;
 pub mod types;
-mod views;
+pub mod views;
 
 /// The OpenAPI document of this API, kept in the repo at `api/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../api/openapi.json");

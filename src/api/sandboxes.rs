@@ -11,7 +11,8 @@ use axum::response::IntoResponse;
 use axum::Json;
 
 use super::error::{parse_json, ApiError, ApiResult};
-use super::types::{CreateSandbox, Health, Sandbox, SandboxList, SetTtl};
+use super::types::{CreateSandbox, Health, SandboxList, SetTtl};
+use super::views::sandbox_view;
 use crate::sandbox::Manager;
 
 pub async fn health(State(manager): State<Arc<Manager>>) -> Json<Health> {
@@ -33,8 +34,11 @@ pub async fn create(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: CreateSandbox = parse_json(&body)?;
-    let sandbox = manager.create(body.try_into()?).await?;
-    Ok((StatusCode::CREATED, Json(Sandbox::from(&sandbox))))
+    let (sandbox, grants) = manager.create_exposed(body.try_into()?).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(sandbox_view(&manager.config.ingress, &sandbox, &grants)),
+    ))
 }
 
 /// `GET /v1/sandboxes?label=key=value&label=...`: every label must match.
@@ -62,7 +66,7 @@ pub async fn list(
         .list()
         .into_iter()
         .filter(|s| wanted.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
-        .map(|s| Sandbox::from(&s))
+        .map(|s| sandbox_view(&manager.config.ingress, &s, &[]))
         .collect();
     Ok(Json(SandboxList { sandboxes }))
 }
@@ -87,7 +91,11 @@ pub async fn get(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,
 ) -> ApiResult<impl IntoResponse> {
-    Ok(Json(Sandbox::from(&manager.get(&id).await?)))
+    Ok(Json(sandbox_view(
+        &manager.config.ingress,
+        &manager.get(&id).await?,
+        &[],
+    )))
 }
 
 pub async fn delete(
@@ -117,8 +125,10 @@ pub async fn set_network(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let request: crate::net::policy::NetworkPolicy = parse_json(&body)?;
-    Ok(Json(Sandbox::from(
+    Ok(Json(sandbox_view(
+        &manager.config.ingress,
         &manager.set_network(&id, &request).await?,
+        &[],
     )))
 }
 
@@ -128,7 +138,9 @@ pub async fn set_ttl(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let request: SetTtl = parse_json(&body)?;
-    Ok(Json(Sandbox::from(
+    Ok(Json(sandbox_view(
+        &manager.config.ingress,
         &manager.set_ttl(&id, request.ttl_seconds)?,
+        &[],
     )))
 }

@@ -9,7 +9,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::net::UnixListener;
 
-use super::{events, files, gpus, images, processes, sandboxes, secrets, snapshots};
+use super::{events, files, gpus, images, ports, processes, sandboxes, secrets, snapshots};
 use crate::sandbox::Manager;
 
 /// Declares every route once: the router is built from this list, and
@@ -44,6 +44,9 @@ api_routes! {
     "/v1/snapshots/{id}" => get snapshots::get, delete snapshots::delete;
     "/v1/sandboxes/{id}/network" => patch sandboxes::set_network;
     "/v1/sandboxes/{id}/network/log" => get sandboxes::network_log;
+    "/v1/sandboxes/{id}/ports" => post ports::expose, get ports::list;
+    "/v1/sandboxes/{id}/ports/{port}" => delete ports::unexpose;
+    "/v1/sandboxes/{id}/ports/{port}/token" => post ports::rotate_token;
     "/v1/sandboxes/{id}/processes" => post processes::start, get processes::list;
     "/v1/sandboxes/{id}/processes/{proc}" => get processes::get;
     "/v1/sandboxes/{id}/processes/{proc}/output" => get processes::output;

@@ -8,7 +8,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 /// The domain's types the API speaks as they are.
-pub use crate::model::{Limits, Process, ProcessState, RuntimeKind, SandboxState, Usage};
+pub use crate::model::{
+    Limits, PortAuth, PortProtocol, Process, ProcessState, RuntimeKind, SandboxState, Usage,
+};
 
 /// `POST /v1/sandboxes`
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -78,6 +80,62 @@ pub struct CreateSandbox {
     /// egress policy says.
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// Ports to expose through the ingress once it is ready (HTTP, token
+    /// auth); the create's answer lists them with their tokens.
+    #[serde(default)]
+    pub ports: Vec<u32>,
+}
+
+/// `POST /v1/sandboxes/{id}/ports`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExposePort {
+    pub port: u32,
+    /// `"token"` (default) or `"none"` (a public URL).
+    #[serde(default)]
+    pub auth: Option<PortAuth>,
+    /// `"http"` (default) or `"tcp"` (a host port of its own).
+    #[serde(default)]
+    pub protocol: Option<PortProtocol>,
+}
+
+/// An exposed port and where it is reached.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortUrl {
+    pub port: u16,
+    pub protocol: PortProtocol,
+    pub auth: PortAuth,
+    /// Host-name routing (`<id>-<port>.<ingress_domain>`); absent without
+    /// `ingress_domain` and for raw TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+    /// Path routing (`/<id>/<port>/`); absent for raw TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path_url: Option<String>,
+    /// A raw TCP port's `host:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// Only in the answer that made it (expose, rotate, create).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// A TCP socket listening in the sandbox.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ListeningPort {
+    pub port: u16,
+    pub address: String,
+    /// Whether the port is exposed through the ingress.
+    pub exposed: bool,
+}
+
+/// `GET /v1/sandboxes/{id}/ports`
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PortList {
+    pub ports: Vec<PortUrl>,
+    /// With `?listening=true`: what listens in the sandbox, exposed or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listening: Option<Vec<ListeningPort>>,
 }
 
 /// `POST /v1/secrets`. The value is never returned, logged or shown.
@@ -146,6 +204,9 @@ pub struct Sandbox {
     /// Names of the brokered secrets it binds.
     #[serde(default)]
     pub secrets: Vec<String>,
+    /// Its exposed ports (preview URLs); tokens only in a create's answer.
+    #[serde(default)]
+    pub ports: Vec<PortUrl>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -5,9 +5,11 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::error::ApiError;
-use super::types::{CreateSandbox, Sandbox};
-use crate::model::{CreateRequest, RuntimeKind};
+use super::types::{CreateSandbox, PortUrl, Sandbox};
+use crate::config::IngressSettings;
+use crate::model::{CreateRequest, ExposedPort, PortProtocol, PortRequest, RuntimeKind};
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
+use crate::sandbox::PortGrant;
 use crate::sandbox::SandboxRecord;
 
 impl TryFrom<CreateSandbox> for CreateRequest {
@@ -39,6 +41,7 @@ impl TryFrom<CreateSandbox> for CreateRequest {
             },
             from_snapshot: body.from_snapshot,
             secrets: body.secrets,
+            ports: body.ports.into_iter().map(PortRequest::http).collect(),
         })
     }
 }
@@ -66,6 +69,89 @@ impl From<&SandboxRecord> for Sandbox {
                 .ok()
                 .map(|p| p.view()),
             secrets: record.secrets.iter().map(|b| b.name.clone()).collect(),
+            ports: Vec::new(),
         }
+    }
+}
+
+/// The sandbox as a caller sees it, its ports' URLs included; `grants`
+/// carry the tokens just made (a create's answer).
+pub fn sandbox_view(
+    ingress: &IngressSettings,
+    record: &SandboxRecord,
+    grants: &[PortGrant],
+) -> Sandbox {
+    let mut view = Sandbox::from(record);
+    view.ports = record
+        .ports
+        .iter()
+        .map(|exposed| {
+            let token = grants
+                .iter()
+                .find(|g| g.exposed.port == exposed.port)
+                .and_then(|g| g.token.clone());
+            port_url(ingress, &record.id, exposed, token)
+        })
+        .collect();
+    view
+}
+
+/// Where an exposed port is reached: `<id>-<port>.<domain>` and
+/// `/<id>/<port>/` on the first ingress listener, or a raw TCP port's
+/// address.
+pub fn port_url(
+    ingress: &IngressSettings,
+    sandbox: &str,
+    exposed: &ExposedPort,
+    token: Option<String>,
+) -> PortUrl {
+    let tls = ingress.tls_files.is_some();
+    let scheme = if tls { "https" } else { "http" };
+    let listen = ingress.listen.first().copied();
+    let listen_ip = listen
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_unspecified())
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+    let ip_text = match listen_ip {
+        std::net::IpAddr::V6(v6) => format!("[{v6}]"),
+        v4 => v4.to_string(),
+    };
+    let port_suffix = match listen.map(|a| a.port()) {
+        Some(443) if tls => String::new(),
+        Some(80) if !tls => String::new(),
+        Some(p) => format!(":{p}"),
+        None => String::new(),
+    };
+    let (url, path_url, address) = match (exposed.protocol, exposed.host_port) {
+        (PortProtocol::Tcp, Some(host_port)) => {
+            // Raw TCP listens on the first listener's IP: name it, unless
+            // that is every address and the domain is the better name.
+            let named_ip = listen.is_some_and(|a| !a.ip().is_unspecified());
+            let host = match (&ingress.domain, named_ip) {
+                (Some(domain), false) => domain.clone(),
+                _ => ip_text,
+            };
+            (None, None, Some(format!("{host}:{host_port}")))
+        }
+        _ => {
+            let url = ingress.domain.as_ref().map(|domain| {
+                format!(
+                    "{scheme}://{sandbox}-{}.{domain}{port_suffix}/",
+                    exposed.port
+                )
+            });
+            let host = ingress.domain.clone().unwrap_or(ip_text);
+            let path_url = format!("{scheme}://{host}{port_suffix}/{sandbox}/{}/", exposed.port);
+            (url, Some(path_url), None)
+        }
+    };
+    PortUrl {
+        port: exposed.port,
+        protocol: exposed.protocol,
+        auth: exposed.auth,
+        url,
+        path_url,
+        address,
+        token,
     }
 }

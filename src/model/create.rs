@@ -33,6 +33,8 @@ pub struct CreateRequest {
     pub from_snapshot: Option<String>,
     /// Brokered secrets to bind, by name.
     pub secrets: Vec<String>,
+    /// Ports to expose through the ingress once it is ready.
+    pub ports: Vec<super::PortRequest>,
 }
 
 impl CreateRequest {

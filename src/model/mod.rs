@@ -7,9 +7,11 @@
 //! because records and frames persist them.
 
 mod create;
+mod ports;
 mod process;
 mod sandbox;
 
 pub use create::CreateRequest;
+pub use ports::{ExposedPort, PortAuth, PortProtocol, PortRequest};
 pub use process::{Process, ProcessState};
 pub use sandbox::{Limits, RuntimeKind, SandboxState, UnknownRuntime, Usage, ID_MAP_SIZE};

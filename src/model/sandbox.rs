@@ -30,6 +30,9 @@ pub struct Usage {
     pub cpu_seconds: f64,
     pub memory_gib_seconds: f64,
     pub egress_bytes: u64,
+    /// Bytes carried both ways through the ingress (preview URLs).
+    #[serde(default)]
+    pub ingress_bytes: u64,
 }
 
 /// What isolates a sandbox: a container on the host's kernel, or a KVM

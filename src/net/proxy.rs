@@ -44,6 +44,12 @@ use crate::net::splice;
 pub const PROXY_PORT: u16 = 15001;
 /// The DNS server's port (UDP and TCP) inside every sandbox namespace.
 pub const DNS_PORT: u16 = 15053;
+/// Whether `port` in a sandbox's namespace is one of sandboxd's own
+/// sockets (not an app's, never exposed).
+pub fn is_sandboxd_port(port: u16) -> bool {
+    port == PROXY_PORT || port == DNS_PORT
+}
+
 /// How long the proxy waits for a ClientHello or a request head.
 const SNIFF_DEADLINE: Duration = Duration::from_secs(5);
 /// How long resolving a name upstream may take.

@@ -44,8 +44,10 @@ impl Manager {
             drop(seen);
             let mut records = self.records();
             if let Some(record) = records.get_mut(&id) {
-                if record.usage.egress_bytes != now.bytes {
+                let ingress = self.links.bytes(&id).max(record.usage.ingress_bytes);
+                if record.usage.egress_bytes != now.bytes || record.usage.ingress_bytes != ingress {
                     record.usage.egress_bytes = now.bytes;
+                    record.usage.ingress_bytes = ingress;
                     if let Err(e) = self.store.put_eventual(&id, record) {
                         tracing::warn!(sandbox = %id, "recording egress usage: {e}");
                     }

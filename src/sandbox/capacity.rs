@@ -143,6 +143,7 @@ mod tests {
             base_snapshot: None,
             vm_uid: None,
             secrets: Vec::new(),
+            ports: Vec::new(),
             foreign_supervisor: false,
         }
     }

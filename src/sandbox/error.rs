@@ -61,6 +61,7 @@ fn field_of(code: &str) -> Option<&'static str> {
         "invalid_cursor" => "cursor",
         "invalid_mode" => "mode",
         "invalid_pty" => "pty",
+        "invalid_port" => "port",
         _ => return None,
     })
 }
@@ -161,6 +162,10 @@ impl From<crate::supervisor::protocol::SupervisorError> for SandboxError {
             },
             K::Conflict => Self::Conflict {
                 code: "process_state",
+                message: e.message,
+            },
+            K::Refused => Self::Unavailable {
+                resource: "sandbox_port",
                 message: e.message,
             },
             K::AgentGone => Self::Conflict {

@@ -58,6 +58,8 @@ pub struct Manager {
     pub virtualization: crate::runtime::virt::Virtualization,
     /// The brokered secrets and the CA of their intercepted hosts.
     pub(super) secrets: Arc<crate::secrets::SecretBroker>,
+    /// What is open through the ingress, per sandbox and exposed port.
+    pub links: Arc<super::port_links::PortLinks>,
 }
 
 impl Manager {
@@ -115,6 +117,7 @@ impl Manager {
             substitutions_seen: Mutex::new(HashMap::new()),
             snapshots,
             idempotency: Default::default(),
+            links: Default::default(),
             virtualization: crate::runtime::virt::Virtualization::detect(),
         })
     }
@@ -193,6 +196,8 @@ impl Manager {
 
     pub(super) async fn remove_everything(&self, record: &SandboxRecord) {
         let paths = self.paths(&record.id);
+        // Its URLs stop answering before anything of it goes.
+        let ingress_bytes = self.links.close_sandbox(&record.id);
         let problems = teardown(&record.id, &record.cgroups_path, &paths, &self.disk).await;
         if problems.is_empty() {
             self.records().remove(&record.id);
@@ -203,7 +208,9 @@ impl Manager {
                 self.collect_snapshots();
             }
             if !record.pooled && record.state != SandboxState::Creating {
-                let usage = serde_json::to_string(&record.usage).ok();
+                let mut usage = record.usage.clone();
+                usage.ingress_bytes = usage.ingress_bytes.max(ingress_bytes);
+                let usage = serde_json::to_string(&usage).ok();
                 self.events
                     .emit(EventKind::Deleted, &record.id, None, usage);
             }
@@ -246,6 +253,7 @@ impl Manager {
             Some(h) => {
                 current.oom_kills = h.oom_kills;
                 current.usage.egress_bytes = h.egress.bytes;
+                current.usage.ingress_bytes = current.usage.ingress_bytes.max(self.links.bytes(id));
                 if let Some(reason) = h.failure {
                     current.state = SandboxState::Failed;
                     current.failure = Some(reason);

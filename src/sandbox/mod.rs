@@ -10,6 +10,8 @@ pub mod events;
 mod images;
 mod manager;
 mod network;
+pub mod port_links;
+mod ports;
 mod record;
 mod recovery;
 mod secrets;
@@ -23,6 +25,7 @@ mod watch;
 
 pub use error::SandboxError;
 pub use manager::Manager;
+pub use ports::{token_matches, DialError, IngressRouteError, PortGrant};
 pub use record::SandboxRecord;
 pub use snapshots::index::{SnapshotKind, SnapshotView};
 pub use validate::{sandbox_path, validated_env, validated_limits};

@@ -65,6 +65,9 @@ pub struct SandboxRecord {
     /// The brokered secrets it binds, with its placeholders (never a value).
     #[serde(default)]
     pub secrets: Vec<crate::secrets::SecretBinding>,
+    /// Ports exposed through the ingress (preview URLs).
+    #[serde(default)]
+    pub ports: Vec<crate::model::ExposedPort>,
     /// Left running under a supervisor of another protocol version (found
     /// at recovery): failed to this daemon, yet its sandbox still holds its
     /// resources. Not stored: each start checks the supervisor again.

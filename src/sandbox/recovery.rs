@@ -44,6 +44,13 @@ impl Manager {
                 (SandboxState::Ready, _) if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");
                     let (id, pooled) = (record.id.clone(), record.pooled);
+                    self.links.seed_bytes(&id, record.usage.ingress_bytes);
+                    // Raw TCP exposures listen again on their host ports.
+                    for exposed in &record.ports {
+                        if let Some(host_port) = exposed.host_port {
+                            self.rebind_tcp(&id, exposed.port, host_port);
+                        }
+                    }
                     self.records().insert(id.clone(), record);
                     if pooled {
                         self.pool().push_back(id);

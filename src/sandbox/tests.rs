@@ -85,6 +85,7 @@ impl Harness {
             base_snapshot: None,
             vm_uid: None,
             secrets: Vec::new(),
+            ports: Vec::new(),
             foreign_supervisor: false,
         };
         self.manager.persist(&record).expect("persist");

@@ -36,6 +36,8 @@ pub const FILE_DEADLINE: Duration = Duration::from_secs(35);
 const EGRESS_LOG_DEADLINE: Duration = Duration::from_secs(10);
 /// The supervisor kills and removes the container before it answers.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
+/// A dial inside the sandbox's namespace: a connect on its loopback.
+const DIAL_DEADLINE: Duration = Duration::from_secs(5);
 /// A checkpoint writes the sandbox's memory out.
 const CHECKPOINT_DEADLINE: Duration = Duration::from_secs(120);
 
@@ -360,6 +362,37 @@ impl SupervisorClient {
             .call(&SupervisorRequest::EgressLog, EGRESS_LOG_DEADLINE)
             .await?;
         expect::egress_log(reply)
+    }
+
+    /// A connection to `port` of the sandbox's app, made inside its
+    /// network namespace. Nothing listening is a refusal of kind
+    /// `Refused`. Uses up the connection (the descriptor must come with
+    /// the first bytes read).
+    pub async fn dial(mut self, port: u16) -> Result<std::net::TcpStream, CallError> {
+        let (reply, fd) = self
+            .conn
+            .call_for_fd(&SupervisorRequest::Dial { port }, DIAL_DEADLINE)
+            .await?;
+        match (expect::answered(reply)?, fd) {
+            (SupervisorReply::Dialed, Some(fd)) => Ok(std::net::TcpStream::from(fd)),
+            (other, _) => Err(CallError::Unexpected {
+                request: "Dial",
+                reply: format!("{other:?} (a socket must come with Dialed)"),
+            }),
+        }
+    }
+
+    /// The TCP sockets listening in the sandbox.
+    pub async fn listening_ports(
+        &mut self,
+    ) -> Result<Vec<sandbox_proto::ListeningSocket>, CallError> {
+        let reply = self
+            .call(&SupervisorRequest::ListeningPorts, FILE_DEADLINE)
+            .await?;
+        expect::file("ListeningPorts", reply, |r| match r {
+            Reply::Listening(sockets) => Ok(sockets),
+            other => Err(other),
+        })
     }
 
     /// One file request to the agent; its refusal is [`CallError::Agent`].

@@ -6,6 +6,7 @@
 
 pub mod client;
 pub mod config;
+pub mod dial;
 pub mod link;
 pub mod output;
 pub mod processes;
@@ -271,8 +272,22 @@ async fn serve(
     };
     let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
     let cgroups = SandboxCgroups::new(Layout::detect(), &config.spec.cgroups_path);
+    let netns = paths.netns();
     let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
     let _ = supervisor.egress.set(egress);
+    if !matches!(
+        supervisor.config.spec.kind,
+        crate::runtime::sandbox::RuntimeSpec::Vm(_)
+    ) {
+        match dial::Dialer::start(&netns) {
+            Ok(dialer) => {
+                let _ = supervisor.dialer.set(dialer);
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %supervisor.config.spec.id, "no ingress into the sandbox: {e}")
+            }
+        }
+    }
     tokio::spawn(Arc::clone(&supervisor).consume_events(events));
     let watcher = Arc::clone(&supervisor);
     tokio::spawn(async move {

@@ -64,6 +64,9 @@ pub struct Supervisor {
     event_seq: watch::Sender<u64>,
     /// The sandbox's egress proxy and DNS server, once started.
     pub egress: std::sync::OnceLock<Arc<crate::net::proxy::Egress>>,
+    /// Makes the ingress's connections inside the sandbox's namespace
+    /// (containers; a microVM's guest is not reached yet).
+    pub dialer: std::sync::OnceLock<super::dial::Dialer>,
 }
 
 fn now_rfc3339() -> String {
@@ -117,6 +120,7 @@ impl Supervisor {
             events: Mutex::new(std::collections::VecDeque::new()),
             event_seq: watch::channel(0).0,
             egress: std::sync::OnceLock::new(),
+            dialer: std::sync::OnceLock::new(),
         })
     }
 

@@ -42,7 +42,10 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 2 added `SetSecrets`, the health reply's `substitutions` and the egress
 /// log's `request`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 2;
+///
+/// 3 added `Dial` (with `Dialed`, whose frame carries a descriptor),
+/// `ListeningPorts` and the error kind `Refused`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 3;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -120,6 +123,16 @@ pub enum SupervisorRequest {
     /// The sandbox's brokered secrets, values and leaves included
     /// (replacing what it had). Only ever sent over this socket.
     SetSecrets(crate::net::intercept::Brokered),
+    /// Connect to `port` of the sandbox's app from inside its network
+    /// namespace (the ingress). Reply: [`SupervisorReply::Dialed`], whose
+    /// frame carries the connected socket (SCM_RIGHTS); nothing listening
+    /// is an error of kind [`SupervisorErrorKind::Refused`].
+    Dial {
+        port: u16,
+    },
+    /// The TCP ports something in the sandbox listens on (the agent reads
+    /// them). Reply: [`SupervisorReply::Agent`] with `Reply::Listening`.
+    ListeningPorts,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -176,6 +189,8 @@ pub enum SupervisorReply {
     /// a pid, and a version behind fields that may change could not be found
     /// by a daemon that reads those fields differently.
     Health(SupervisorHealth),
+    /// A connected socket to the port asked for travels with this frame.
+    Dialed,
 }
 
 /// What a supervisor reports without being asked.
@@ -209,6 +224,8 @@ pub enum SupervisorErrorKind {
     /// The agent is gone or did not answer in time.
     AgentGone,
     Internal,
+    /// Nothing accepted the connection (the app does not listen yet).
+    Refused,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
@@ -364,6 +381,80 @@ impl SupervisorConn {
         tokio::time::timeout(deadline, exchange)
             .await
             .map_err(|_| ClientError::Timeout(deadline))?
+    }
+
+    /// Sends one request and waits for its reply and the descriptor that
+    /// came with it (SCM_RIGHTS), if any: the exchange of `Dial`. Run on
+    /// a fresh connection: bytes already buffered would carry no
+    /// descriptor.
+    pub async fn call_for_fd(
+        &mut self,
+        request: &SupervisorRequest,
+        deadline: Duration,
+    ) -> Result<(SupervisorReply, Option<std::os::fd::OwnedFd>), ClientError> {
+        let exchange = async {
+            self.send(request).await?;
+            let mut passed = None;
+            loop {
+                if let Some(frame) = self
+                    .decoder
+                    .next_frame()
+                    .map_err(|e| ClientError::Protocol(e.to_string()))?
+                {
+                    let reply = sandbox_proto::decode(&frame)
+                        .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                    return Ok((reply, passed));
+                }
+                let (n, fd) = self.receive_with_fd().await?;
+                if n == 0 {
+                    return Err(ClientError::Protocol(
+                        "connection closed before the reply".into(),
+                    ));
+                }
+                if let Some(fd) = fd {
+                    passed = Some(fd);
+                }
+            }
+        };
+        tokio::time::timeout(deadline, exchange)
+            .await
+            .map_err(|_| ClientError::Timeout(deadline))?
+    }
+
+    /// One recvmsg into the decoder; the descriptor it carried, if any.
+    async fn receive_with_fd(
+        &mut self,
+    ) -> Result<(usize, Option<std::os::fd::OwnedFd>), ClientError> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+        use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+        let raw = self.stream.as_raw_fd();
+        let buf = &mut self.buf;
+        let (n, fds) = self
+            .stream
+            .async_io(tokio::io::Interest::READABLE, || {
+                let mut iov = [std::io::IoSliceMut::new(buf)];
+                let mut space = nix::cmsg_space!([std::os::fd::RawFd; 1]);
+                let msg =
+                    recvmsg::<()>(raw, &mut iov, Some(&mut space), MsgFlags::MSG_CMSG_CLOEXEC)
+                        .map_err(std::io::Error::from)?;
+                let mut fds = Vec::new();
+                for cmsg in msg.cmsgs().map_err(std::io::Error::from)? {
+                    if let ControlMessageOwned::ScmRights(received) = cmsg {
+                        fds.extend(received);
+                    }
+                }
+                Ok((msg.bytes, fds))
+            })
+            .await
+            .map_err(ClientError::Unreachable)?;
+        // SAFETY: each descriptor was just received with this message and
+        // is owned by nobody else; OwnedFd closes every one not kept.
+        let mut owned: Vec<OwnedFd> = fds
+            .into_iter()
+            .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) })
+            .collect();
+        self.decoder.push(&self.buf[..n]);
+        Ok((n, owned.pop()))
     }
 
     /// Asks for the supervisor's health, checking its protocol version

@@ -85,6 +85,10 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
                 let _ = watch(&mut stream, &supervisor, after).await;
                 break;
             }
+            SupervisorRequest::Dial { port } => {
+                let _ = dial(&mut stream, &supervisor, port).await;
+                break;
+            }
             SupervisorRequest::Shutdown => {
                 let problems = supervisor.teardown().await;
                 let reply = if problems.is_empty() {
@@ -198,8 +202,23 @@ async fn answer(
             }
             reply
         }
+        SupervisorRequest::ListeningPorts => reply_of(
+            supervisor
+                .agent(RequestBody::ListeningPorts)
+                .await
+                .map(|reply| match reply {
+                    // The egress proxy's and DNS server's sockets are the
+                    // supervisor's own, not the app's.
+                    Reply::Listening(mut sockets) => {
+                        sockets.retain(|s| !crate::net::proxy::is_sandboxd_port(s.port));
+                        SupervisorReply::Agent(Reply::Listening(sockets))
+                    }
+                    other => SupervisorReply::Agent(other),
+                }),
+        ),
         SupervisorRequest::Attach { .. }
         | SupervisorRequest::Watch { .. }
+        | SupervisorRequest::Dial { .. }
         | SupervisorRequest::Shutdown => SupervisorReply::Error(SupervisorError::new(
             SupervisorErrorKind::Internal,
             "handled by the connection loop",
@@ -220,6 +239,53 @@ fn is_file_request(body: &RequestBody) -> bool {
             | RequestBody::Mkdir { .. }
             | RequestBody::Remove { .. }
     )
+}
+
+/// Connects to the app's `port` inside the sandbox and sends the socket
+/// with the `Dialed` frame (SCM_RIGHTS); the daemon's ingress then owns it.
+async fn dial(
+    stream: &mut UnixStream,
+    supervisor: &Arc<Supervisor>,
+    port: u16,
+) -> std::io::Result<()> {
+    let Some(dialer) = supervisor.dialer.get() else {
+        let refusal = SupervisorError::new(
+            SupervisorErrorKind::InvalidInput,
+            "this sandbox cannot be reached through the ingress (a microVM's guest is not reachable yet)",
+        );
+        return write(stream, &SupervisorReply::Error(refusal)).await;
+    };
+    let app = match dialer.connect_loopback(port).await {
+        Ok(app) => app.into_std()?,
+        Err(e) => return write(stream, &SupervisorReply::Error(e)).await,
+    };
+    let frame = sandbox_proto::encode(&SupervisorReply::Dialed)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
+    let raw = std::os::fd::AsRawFd::as_raw_fd(&*stream);
+    let fds = [std::os::fd::AsRawFd::as_raw_fd(&app)];
+    let mut sent = 0;
+    while sent < frame.len() {
+        let rest = &frame[sent..];
+        // The descriptor goes with the first byte only.
+        let with_fd = sent == 0;
+        sent += stream
+            .async_io(tokio::io::Interest::WRITABLE, || {
+                let iov = [std::io::IoSlice::new(rest)];
+                let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+                let cmsgs: &[nix::sys::socket::ControlMessage] = if with_fd { &cmsg } else { &[] };
+                nix::sys::socket::sendmsg::<()>(
+                    raw,
+                    &iov,
+                    cmsgs,
+                    nix::sys::socket::MsgFlags::MSG_NOSIGNAL,
+                    None,
+                )
+                .map_err(std::io::Error::from)
+            })
+            .await?;
+    }
+    // The daemon holds its own copy now; this one closes on drop.
+    Ok(())
 }
 
 /// Streams the supervisor's events after `after` until the daemon hangs up.

@@ -53,7 +53,7 @@ impl Identity {
         Self::load(&cert, &key)
     }
 
-    fn load(cert: &Path, key: &Path) -> Result<Identity, IdentityError> {
+    pub fn load(cert: &Path, key: &Path) -> Result<Identity, IdentityError> {
         let fail = |what, path: &Path, message: String| IdentityError::File {
             what,
             path: path.display().to_string(),
@@ -87,6 +87,14 @@ impl Identity {
 
     /// The listener's rustls configuration (HTTP/1.1 only, as the API is).
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>, IdentityError> {
+        self.server_config_offering(&[b"http/1.1"])
+    }
+
+    /// A rustls configuration that offers `alpn`, in order of preference.
+    pub fn server_config_offering(
+        &self,
+        alpn: &[&[u8]],
+    ) -> Result<Arc<rustls::ServerConfig>, IdentityError> {
         let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -95,7 +103,7 @@ impl Identity {
         .with_no_client_auth()
         .with_single_cert(self.chain.clone(), self.key.clone_key())
         .map_err(|e| IdentityError::Config(format!("certificate and key do not match: {e}")))?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
         Ok(Arc::new(config))
     }
 }

@@ -15,6 +15,7 @@ mod daemon;
 mod files;
 mod images;
 mod output;
+mod ports;
 mod processes;
 mod remote;
 mod sandboxes;
@@ -112,6 +113,38 @@ enum Cmd {
         open: bool,
         #[arg(long, num_args = 1.., required_unless_present_any = ["block", "open"])]
         allow: Vec<String>,
+    },
+    /// Expose a port of a sandbox through the ingress (a preview URL);
+    /// prints its URLs and token.
+    Expose {
+        #[arg(value_parser = units::parse_id)]
+        id: String,
+        port: u32,
+        /// No token: anyone who reaches the ingress can use the URL.
+        #[arg(long)]
+        public: bool,
+        /// A raw TCP port (a host port of its own) instead of HTTP.
+        #[arg(long)]
+        tcp: bool,
+    },
+    /// List a sandbox's exposed ports; --listening adds what listens in it.
+    Ports {
+        #[arg(value_parser = units::parse_id)]
+        id: String,
+        #[arg(long)]
+        listening: bool,
+    },
+    /// Stop exposing a port; open connections through it end.
+    Unexpose {
+        #[arg(value_parser = units::parse_id)]
+        id: String,
+        port: u32,
+    },
+    /// Give an exposed port a new token (printed); the old one stops working.
+    PortToken {
+        #[arg(value_parser = units::parse_id)]
+        id: String,
+        port: u32,
     },
     /// Remove sandboxes (everything in them goes).
     Rm {
@@ -217,6 +250,10 @@ struct CreateArgs {
     /// Bind a brokered secret by name (repeat for more).
     #[arg(long = "secret")]
     secrets: Vec<String>,
+    /// Expose a port through the ingress once it is ready (repeat for
+    /// more); `inspect --json` of the create's answer has the tokens.
+    #[arg(long = "port")]
+    ports: Vec<u32>,
     /// Image name (default: the daemon's default image).
     #[arg(long)]
     image: Option<String>,
@@ -367,6 +404,7 @@ impl CreateArgs {
             allow_list: None,
             from_snapshot: self.from_snapshot,
             secrets: self.secrets,
+            ports: self.ports,
         }
     }
 }
@@ -455,6 +493,15 @@ async fn run(cli: Cli) -> Result<i32> {
         Cmd::Ls => sandboxes::ls(&c, json).await,
         Cmd::Gpus => daemon::gpus(&c, json).await,
         Cmd::Inspect { id } => sandboxes::inspect(&c, json, &id).await,
+        Cmd::Expose {
+            id,
+            port,
+            public,
+            tcp,
+        } => ports::expose(&c, json, &id, port, public, tcp).await,
+        Cmd::Ports { id, listening } => ports::list(&c, json, &id, listening).await,
+        Cmd::Unexpose { id, port } => ports::unexpose(&c, &id, port).await,
+        Cmd::PortToken { id, port } => ports::rotate_token(&c, json, &id, port).await,
         Cmd::Network {
             id,
             block,

@@ -130,6 +130,39 @@ impl Manager {
         result?
     }
 
+    /// [`Manager::create`], then the ports it asks for (and a fork's
+    /// source exposed) exposed, with their fresh tokens. A retried keyed
+    /// create exposes nothing again: its tokens were in the first answer.
+    pub async fn create_exposed(
+        self: &Arc<Self>,
+        req: CreateRequest,
+    ) -> Result<(SandboxRecord, Vec<super::PortGrant>), SandboxError> {
+        let mut wanted = req.ports.clone();
+        if let Some(meta) = req
+            .from_snapshot
+            .as_deref()
+            .and_then(|s| self.snapshots.get(s))
+        {
+            for exposed in meta.memory.iter().flat_map(|m| &m.ports) {
+                if !wanted.iter().any(|w| w.port == u32::from(exposed.port)) {
+                    wanted.push(crate::model::PortRequest {
+                        port: u32::from(exposed.port),
+                        auth: exposed.auth,
+                        protocol: exposed.protocol,
+                    });
+                }
+            }
+        }
+        let record = self.create(req).await?;
+        wanted.retain(|w| !record.ports.iter().any(|p| u32::from(p.port) == w.port));
+        if wanted.is_empty() {
+            return Ok((record, Vec::new()));
+        }
+        let grants = self.expose_on_create(&record, &wanted).await;
+        let record = self.record(&record.id).unwrap_or(record);
+        Ok((record, grants))
+    }
+
     /// A create with an idempotency key is decided by [`idempotency`] first:
     /// the key's live sandbox (made by the same body), its failed create's
     /// error again, or a 409 (`create_in_progress` while it runs,
@@ -189,6 +222,17 @@ impl Manager {
         validated_env(&req.env)?;
         validated_labels(&req.labels)?;
         let network = self.resolved_network(&req.network)?;
+        let mut ports_seen = Vec::new();
+        for port in &req.ports {
+            let checked = self.check_port_request(runtime, port)?;
+            if ports_seen.contains(&checked) {
+                return Err(SandboxError::bad(
+                    "invalid_port",
+                    format!("ports lists {checked} twice"),
+                ));
+            }
+            ports_seen.push(checked);
+        }
         let secrets = self.secrets.bind(&req.secrets)?;
         if let Some(clash) = secrets.iter().find(|b| req.env.contains_key(&b.name)) {
             return Err(SandboxError::bad(
@@ -364,6 +408,7 @@ impl Manager {
                 base_snapshot: from_snapshot,
                 vm_uid,
                 secrets,
+                ports: Vec::new(),
                 foreign_supervisor: false,
             };
             records.insert(id.clone(), record.clone());

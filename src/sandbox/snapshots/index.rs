@@ -81,6 +81,10 @@ pub struct MemoryImage {
     /// same ones.
     #[serde(default)]
     pub secrets: Vec<crate::secrets::SecretBinding>,
+    /// The source's exposed ports: its servers run on in the forks, which
+    /// expose the same ports under URLs (and tokens) of their own.
+    #[serde(default)]
+    pub ports: Vec<crate::model::ExposedPort>,
     /// SHA-256 of every image file, checked before each restore.
     pub sha256: BTreeMap<String, String>,
     /// The processes running at the checkpoint, which forks inherit.

@@ -1,0 +1,137 @@
+//! Raw TCP exposures: each has a host port of its own (from
+//! `ingress_tcp_ports`) whose connections are carried as they are into the
+//! sandbox's port. A token port wants `TOKEN\n` as the first bytes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::model::PortAuth;
+use crate::sandbox::port_links::TcpExposure;
+use crate::sandbox::{token_matches, Manager};
+
+/// How long a client has to send its token line.
+const TOKEN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest token line read (a token is 43 bytes).
+const MAX_TOKEN_LINE: usize = 256;
+
+/// Serves every raw TCP exposure the manager binds, for the daemon's life.
+pub async fn serve_exposures(manager: Arc<Manager>) {
+    loop {
+        for exposure in manager.links.next_tcp().await {
+            let manager = Arc::clone(&manager);
+            tokio::spawn(serve_one(manager, exposure));
+        }
+    }
+}
+
+async fn serve_one(manager: Arc<Manager>, exposure: TcpExposure) {
+    let TcpExposure {
+        sandbox,
+        port,
+        listener,
+        mut closed,
+    } = exposure;
+    let listener = match TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(%sandbox, port, "raw TCP exposure not served: {e}");
+            return;
+        }
+    };
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = closed.cancelled() => {
+                // A rotated token closes the port's connections, not its
+                // listener: carry on while the port is still exposed here.
+                let host_port = listener.local_addr().ok().map(|a| a.port());
+                match manager.ingress_route(&sandbox, port) {
+                    Ok(exposed) if exposed.host_port.is_some() && exposed.host_port == host_port => {
+                        closed = manager.links.port_closed(&sandbox, port);
+                        continue;
+                    }
+                    _ => return,
+                }
+            }
+        };
+        let (client, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(%sandbox, port, "raw TCP accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let manager = Arc::clone(&manager);
+        let sandbox = sandbox.clone();
+        tokio::spawn(async move {
+            if let Err(why) = carry(&manager, &sandbox, port, client).await {
+                tracing::info!(%sandbox, port, %peer, "raw TCP connection refused: {why}");
+                manager.metrics.ingress_request("tcp_refused");
+            }
+        });
+    }
+}
+
+/// Reads the token line byte by byte, so nothing after it is consumed.
+async fn token_line(client: &mut TcpStream) -> Result<String, String> {
+    let mut line = Vec::new();
+    let read = async {
+        loop {
+            let byte = client
+                .read_u8()
+                .await
+                .map_err(|e| format!("reading the token line: {e}"))?;
+            if byte == b'\n' {
+                return Ok(());
+            }
+            if line.len() >= MAX_TOKEN_LINE {
+                return Err("the first line is not a token".to_string());
+            }
+            line.push(byte);
+        }
+    };
+    tokio::time::timeout(TOKEN_TIMEOUT, read)
+        .await
+        .map_err(|_| format!("no token line within {TOKEN_TIMEOUT:?}"))??;
+    let text = String::from_utf8(line).map_err(|_| "the token line is not text".to_string())?;
+    Ok(text.trim_end_matches('\r').to_string())
+}
+
+async fn carry(
+    manager: &Arc<Manager>,
+    sandbox: &str,
+    port: u16,
+    mut client: TcpStream,
+) -> Result<(), String> {
+    let _ = client.set_nodelay(true);
+    let exposed = manager
+        .ingress_route(sandbox, port)
+        .map_err(|e| e.to_string())?;
+    if exposed.auth == PortAuth::Token {
+        let token = token_line(&mut client).await?;
+        if !token_matches(exposed.token_sha256.as_deref().unwrap_or(""), &token) {
+            return Err("wrong token".into());
+        }
+    }
+    let link = manager
+        .links
+        .open(sandbox, port, manager.config.ingress.max_connections)
+        .map_err(|_| "the sandbox's ingress connections are all in use".to_string())?;
+    let app = manager
+        .dial_port(sandbox, port)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut app = TcpStream::from_std(app).map_err(|e| e.to_string())?;
+    manager.metrics.ingress_request("tcp");
+    let moved = tokio::select! {
+        moved = tokio::io::copy_bidirectional(&mut client, &mut app) => moved.unwrap_or((0, 0)),
+        _ = link.closed.cancelled() => (0, 0),
+    };
+    link.count_bytes(moved.0 + moved.1);
+    manager.metrics.ingress_bytes(moved.0, moved.1);
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! The ingress's way into a sandbox: connections to the app's ports made
+//! from inside the sandbox's network namespace, so an app bound to
+//! `127.0.0.1` is reached as well as one on `0.0.0.0`, and nothing in the
+//! host's namespace changes. The supervisor's runtime thread lives in the
+//! upstream namespace (egress dials from there), so one thread of its own
+//! stays in the sandbox's namespace and only makes sockets: a socket
+//! belongs to the namespace it was made in, whichever thread connects it.
+
+use std::io;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
+use tokio::net::{TcpSocket, TcpStream};
+use tokio::sync::oneshot;
+
+use super::protocol::{SupervisorError, SupervisorErrorKind};
+
+/// A connect on the sandbox's loopback answers at once; this bounds an
+/// app whose accept queue is full.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+type SocketRequest = (AddressFamily, oneshot::Sender<io::Result<OwnedFd>>);
+
+/// Makes TCP sockets in one network namespace.
+pub struct Dialer {
+    requests: mpsc::Sender<SocketRequest>,
+}
+
+impl Dialer {
+    /// Starts the socket-making thread inside the namespace pinned at `netns`.
+    pub fn start(netns: &Path) -> io::Result<Dialer> {
+        let ns = std::fs::File::open(netns)?;
+        let (requests, incoming) = mpsc::channel::<SocketRequest>();
+        let (entered_tx, entered) = mpsc::channel();
+        std::thread::Builder::new()
+            .name("ingress-dialer".into())
+            .spawn(move || {
+                let joined = nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET);
+                let _ = entered_tx.send(joined.map_err(io::Error::from));
+                if joined.is_err() {
+                    return;
+                }
+                drop(ns);
+                // Ends when the supervisor drops its Dialer.
+                for (family, reply) in incoming {
+                    let made = socket(
+                        family,
+                        SockType::Stream,
+                        SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+                        None,
+                    )
+                    .map_err(io::Error::from);
+                    let _ = reply.send(made);
+                }
+            })?;
+        entered.recv().map_err(|_| {
+            io::Error::other("the dialer thread ended before joining the namespace")
+        })??;
+        Ok(Dialer { requests })
+    }
+
+    async fn socket(&self, family: AddressFamily) -> io::Result<OwnedFd> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send((family, tx))
+            .map_err(|_| io::Error::other("the dialer thread is gone"))?;
+        rx.await
+            .map_err(|_| io::Error::other("the dialer thread is gone"))?
+    }
+
+    /// Connects to `port` on the sandbox's loopback: 127.0.0.1, then ::1
+    /// (a server that asked for `localhost` may have bound only that).
+    pub async fn connect_loopback(&self, port: u16) -> Result<TcpStream, SupervisorError> {
+        let targets = [
+            (
+                AddressFamily::Inet,
+                SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            ),
+            (
+                AddressFamily::Inet6,
+                SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
+            ),
+        ];
+        let mut refused = None;
+        for (family, target) in targets {
+            let fd = self.socket(family).await.map_err(|e| {
+                SupervisorError::new(
+                    SupervisorErrorKind::Internal,
+                    format!("making a socket in the sandbox's namespace: {e}"),
+                )
+            })?;
+            let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
+            match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target)).await {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Ok(stream);
+                }
+                Ok(Err(e)) => refused = Some(format!("{target}: {e}")),
+                Err(_) => refused = Some(format!(
+                    "{target}: no answer within {CONNECT_TIMEOUT:?} (its accept queue may be full)"
+                )),
+            }
+        }
+        Err(SupervisorError::new(
+            SupervisorErrorKind::Refused,
+            format!(
+                "nothing accepts connections on port {port} in the sandbox ({})",
+                refused.unwrap_or_default()
+            ),
+        ))
+    }
+}
