@@ -187,7 +187,7 @@ async fn snapshot_errors_are_clear() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{v}");
     assert_eq!(v["error"]["code"], "invalid_snapshot", "{v}");
-    if criu_missing().is_none() {
+    if common::criu_missing().is_none() {
         let (status, mem_snap) = snapshot(&daemon, &id, "memory").await;
         assert_eq!(status, StatusCode::CREATED, "{mem_snap}");
         let (status, v) = daemon
@@ -292,7 +292,7 @@ async fn ask(daemon: &Daemon, id: &str) -> Answer {
 #[tokio::test]
 async fn a_memory_snapshot_forks_running_processes() {
     require_host!();
-    if let Some(why) = criu_missing() {
+    if let Some(why) = common::criu_missing() {
         common::skip!(common::Reason::OldCriu, "{why}");
     }
     let daemon = Daemon::start();
@@ -481,22 +481,4 @@ fn walkdir_count(dir: &std::path::Path) -> usize {
         .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
         .map(|e| walkdir_count(&e.path()))
         .sum::<usize>()
-}
-
-/// Why memory snapshots cannot be tested here, if they cannot.
-fn criu_missing() -> Option<String> {
-    let criu = ["/usr/local/sbin/criu", "/usr/sbin/criu"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())?;
-    let out = std::process::Command::new(criu)
-        .arg("--version")
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let version = text.split_whitespace().nth(1).unwrap_or("0");
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    ((major, minor) < (4, 2)).then(|| {
-        format!("{criu} is {version}; memory snapshots need CRIU 4.2+ (scripts/install-criu.sh)")
-    })
 }

@@ -714,3 +714,21 @@ impl Daemon {
         }
     }
 }
+
+/// Why memory snapshots cannot be tested here, if they cannot.
+pub fn criu_missing() -> Option<String> {
+    let criu = ["/usr/local/sbin/criu", "/usr/sbin/criu"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())?;
+    let out = std::process::Command::new(criu)
+        .arg("--version")
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let version = text.split_whitespace().nth(1).unwrap_or("0");
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    ((major, minor) < (4, 2)).then(|| {
+        format!("{criu} is {version}; memory snapshots need CRIU 4.2+ (scripts/install-criu.sh)")
+    })
+}
