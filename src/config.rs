@@ -829,4 +829,66 @@ mod tests {
         let err = Config::merge(flags, ConfigOverrides::default()).expect_err("ttl 0");
         assert!(err.to_string().contains("default_ttl_seconds"));
     }
+
+    #[test]
+    fn the_ingress_reads_its_keys_and_refuses_what_cannot_work() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.toml");
+        std::fs::write(
+            &path,
+            "ingress_listen = [\"127.0.0.1:8080\", \"[::1]:8080\"]\n\
+             ingress_domain = \"Sandboxes.Example.COM.\"\n\
+             ingress_tcp_ports = \"31000-31099\"\n\
+             ingress_host_header = \"localhost\"\n",
+        )
+        .expect("write");
+        let config = Config::load(Some(&path), ConfigOverrides::default()).expect("valid");
+        assert_eq!(config.ingress.listen.len(), 2);
+        assert_eq!(
+            config.ingress.domain.as_deref(),
+            Some("sandboxes.example.com")
+        );
+        assert_eq!(config.ingress.tcp_ports, Some((31000, 31099)));
+        assert_eq!(config.ingress.host_header, IngressHostHeader::Localhost);
+        assert_eq!(config.ingress.max_connections, 256);
+        let off =
+            Config::merge(ConfigOverrides::default(), ConfigOverrides::default()).expect("valid");
+        assert!(!off.ingress.enabled(), "off unless ingress_listen is set");
+        for (flags, field) in [
+            (
+                ConfigOverrides {
+                    ingress_domain: Some("x.test".into()),
+                    ..Default::default()
+                },
+                "ingress_listen",
+            ),
+            (
+                ConfigOverrides {
+                    ingress_listen: Some(vec!["127.0.0.1:1".parse().expect("addr")]),
+                    ingress_tcp_ports: Some("9-3".into()),
+                    ..Default::default()
+                },
+                "ingress_tcp_ports",
+            ),
+            (
+                ConfigOverrides {
+                    ingress_listen: Some(vec!["127.0.0.1:1".parse().expect("addr")]),
+                    ingress_domain: Some("10.0.0.1".into()),
+                    ..Default::default()
+                },
+                "ingress_domain",
+            ),
+            (
+                ConfigOverrides {
+                    ingress_listen: Some(vec!["127.0.0.1:1".parse().expect("addr")]),
+                    ingress_tls_cert: Some("/c.pem".into()),
+                    ..Default::default()
+                },
+                "ingress_tls_cert",
+            ),
+        ] {
+            let err = Config::merge(flags, ConfigOverrides::default()).expect_err(field);
+            assert!(err.to_string().contains(field), "{field}: {err}");
+        }
+    }
 }

@@ -115,6 +115,15 @@ impl PortLinks {
         }
     }
 
+    /// Ends every connection into `sandbox` (it failed), keeping its count.
+    pub fn close_sandbox_links(&self, sandbox: &str) {
+        if let Some(links) = self.lock().get_mut(sandbox) {
+            for (_, token) in links.ports.drain() {
+                token.cancel();
+            }
+        }
+    }
+
     /// Ends every connection into `sandbox` and forgets it; returns the
     /// bytes it carried.
     pub fn close_sandbox(&self, sandbox: &str) -> u64 {

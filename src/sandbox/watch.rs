@@ -64,6 +64,8 @@ impl Manager {
                     }
                 };
                 if newly_failed {
+                    // Its URLs answer 502 from now; what was open through them ends.
+                    self.links.close_sandbox_links(id);
                     self.events.emit(EventKind::Failed, id, None, Some(reason));
                 }
             }

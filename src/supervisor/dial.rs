@@ -100,9 +100,11 @@ impl Dialer {
                     return Ok(stream);
                 }
                 Ok(Err(e)) => refused = Some(format!("{target}: {e}")),
-                Err(_) => refused = Some(format!(
+                Err(_) => {
+                    refused = Some(format!(
                     "{target}: no answer within {CONNECT_TIMEOUT:?} (its accept queue may be full)"
-                )),
+                ))
+                }
             }
         }
         Err(SupervisorError::new(
