@@ -6,7 +6,9 @@
 //!
 //! * kept-alive: one small request after another on one connection;
 //! * new connection: TCP connect + one small request, each time;
-//! * throughput: one 1 GB download, three times.
+//! * throughput: one 1 GB download, three times; also through a raw TCP
+//!   exposure of a second instance of the server (a byte relay with no
+//!   HTTP in it: the best a proxy hop does on this host).
 //!
 //!     sudo cargo bench --bench ingress      # BENCH_RUNS=300 requests by default
 //!
@@ -27,6 +29,9 @@ import http.server, socketserver
 CHUNK = b'x' * (1 << 20)
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = 'HTTP/1.1'
+    # Headers and body are two writes: without TCP_NODELAY the second
+    # waits for the client's delayed ACK (40 ms).
+    disable_nagle_algorithm = True
     def log_message(self, *a): pass
     def do_GET(self):
         if self.path.startswith('/bytes/'):
@@ -46,12 +51,14 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
-S(('127.0.0.1', 8000), H).serve_forever()
+import sys
+S(('127.0.0.1', int(sys.argv[1])), H).serve_forever()
 "#;
 
 const CLIENT: &str = r#"
 import http.client, json, socket, sys, time
 port, prefix, token, n, size, reps = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
+prefix = '' if prefix == '-' else prefix
 headers = {'X-Sandbox-Token': token} if token != '-' else {}
 class Connection(http.client.HTTPConnection):
     def connect(self):
@@ -171,10 +178,17 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-async fn run(n: usize) -> (Samples, Samples) {
+async fn run(n: usize) -> (Samples, Samples, Samples) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
-    let daemon = Daemon::start_with(&["--ingress-listen", &listen]);
+    let tcp_port = free_port();
+    let tcp_range = format!("{tcp_port}-{tcp_port}");
+    let daemon = Daemon::start_with(&[
+        "--ingress-listen",
+        &listen,
+        "--ingress-tcp-ports",
+        &tcp_range,
+    ]);
     let created = daemon
         .call(
             hyper::Method::POST,
@@ -196,9 +210,23 @@ async fn run(n: usize) -> (Samples, Samples) {
         )
         .await;
     assert!(status.is_success(), "upload: {status}");
-    daemon
-        .start_process(&id, json!({"argv": ["python3", "/tmp/server.py"]}))
+    for app_port in ["8000", "8001"] {
+        daemon
+            .start_process(
+                &id,
+                json!({"argv": ["python3", "/tmp/server.py", app_port]}),
+            )
+            .await;
+    }
+    let (status, relay) = daemon
+        .call(
+            hyper::Method::POST,
+            &format!("/v1/sandboxes/{id}/ports"),
+            Some(json!({"port": 8001, "protocol": "tcp", "auth": "none"})),
+        )
         .await;
+    assert_eq!(status.as_u16(), 201, "{relay}");
+    assert_eq!(relay["address"], format!("127.0.0.1:{tcp_port}"), "{relay}");
     // Ready once the ingress gets an answer from the app (502 before).
     let prefix = format!("/{id}/8000");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -220,10 +248,11 @@ async fn run(n: usize) -> (Samples, Samples) {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     let netns = daemon.run_dir().join("sandboxes").join(&id).join("netns");
-    let direct = client(Some(&netns), 8000, "", "-", n);
+    let direct = client(Some(&netns), 8000, "-", "-", n);
     let through = client(None, port, &prefix, &token, n);
+    let relayed = client(None, tcp_port, "-", "-", n);
     daemon.delete(&id).await;
-    (direct, through)
+    (direct, through, relayed)
 }
 
 fn main() {
@@ -233,10 +262,11 @@ fn main() {
     }
     let n = peers::bench_runs(300);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let (direct, through) = runtime.block_on(run(n));
+    let (direct, through, relayed) = runtime.block_on(run(n));
     let (dk, ik) = (median(&direct.kept_ms), median(&through.kept_ms));
     let (dn, inew) = (median(&direct.new_ms), median(&through.new_ms));
     let (dr, ir) = (median(&direct.mb_per_s), median(&through.mb_per_s));
+    let tr = median(&relayed.mb_per_s);
     println!(
         "HTTP through the ingress vs directly in the sandbox's namespace ({n} requests, {REPS} x {} MB)",
         SIZE / 1_000_000
@@ -253,6 +283,10 @@ fn main() {
         "  throughput           direct {dr:.0} MB/s   ingress {ir:.0} MB/s   ratio {:.2}",
         ir / dr
     );
+    println!(
+        "  raw TCP exposure     relay {tr:.0} MB/s   ratio {:.2} (a byte relay, no HTTP: the ceiling of one proxy hop here)",
+        tr / dr
+    );
     let samples =
         |s: &Samples| json!({"kept_ms": s.kept_ms, "new_ms": s.new_ms, "mb_per_s": s.mb_per_s});
     let raw = json!({
@@ -260,10 +294,12 @@ fn main() {
         "bytes_per_transfer": SIZE,
         "direct": samples(&direct),
         "ingress": samples(&through),
+        "raw_tcp_relay": samples(&relayed),
         "medians": {
             "direct_kept_ms": dk, "ingress_kept_ms": ik, "added_kept_ms": ik - dk,
             "direct_new_ms": dn, "ingress_new_ms": inew, "added_new_ms": inew - dn,
             "direct_mb_per_s": dr, "ingress_mb_per_s": ir, "throughput_ratio": ir / dr,
+            "raw_tcp_relay_mb_per_s": tr, "raw_tcp_relay_ratio": tr / dr,
         },
     });
     peers::write_results("ingress", &raw);

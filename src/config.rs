@@ -187,6 +187,12 @@ pub struct ConfigOverrides {
     /// `localhost` (`localhost:<port>`).
     #[arg(long)]
     pub ingress_host_header: Option<String>,
+    /// The URL clients reach the ingress at (`https://preview.example.com`,
+    /// or with a port), when it is not the first listener: a proxy or load
+    /// balancer in front. Path URLs use its host; every URL its scheme and
+    /// port.
+    #[arg(long)]
+    pub ingress_public_url: Option<String>,
     /// `text` (journald-friendly, no colours off a terminal) or `json`.
     #[arg(long)]
     pub log_format: Option<String>,
@@ -344,6 +350,34 @@ pub struct IngressSettings {
     /// Host ports for raw TCP exposures, both ends included.
     pub tcp_ports: Option<(u16, u16)>,
     pub host_header: IngressHostHeader,
+    /// Where clients reach the ingress, when set (`ingress_public_url`).
+    pub public_url: Option<PublicUrl>,
+}
+
+/// The scheme, host and port clients reach the ingress at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublicUrl {
+    pub https: bool,
+    pub host: String,
+    pub port: Option<u16>,
+}
+
+impl PublicUrl {
+    fn parse(text: &str) -> Option<PublicUrl> {
+        let uri: hyper::Uri = text.parse().ok()?;
+        let https = match uri.scheme_str()? {
+            "https" => true,
+            "http" => false,
+            _ => return None,
+        };
+        let authority = uri.authority()?;
+        let path_is_root = matches!(uri.path(), "" | "/") && uri.query().is_none();
+        (path_is_root && !authority.as_str().contains('@')).then(|| PublicUrl {
+            https,
+            host: authority.host().to_ascii_lowercase(),
+            port: authority.port_u16(),
+        })
+    }
 }
 
 impl IngressSettings {
@@ -524,6 +558,20 @@ impl Config {
                         }
                     })?),
                 },
+                public_url: match flags
+                    .ingress_public_url
+                    .clone()
+                    .or(file.ingress_public_url.clone())
+                    .filter(|u| !u.is_empty())
+                {
+                    None => None,
+                    Some(url) => Some(PublicUrl::parse(&url).ok_or_else(|| ConfigError::Invalid {
+                        field: "ingress_public_url",
+                        message: format!(
+                            "{url:?} is not an http:// or https:// URL with a host and no path (e.g. https://preview.example.com)"
+                        ),
+                    })?),
+                },
                 host_header: match pick!(ingress_host_header, "original".to_string()).as_str() {
                     "original" => IngressHostHeader::Original,
                     "localhost" => IngressHostHeader::Localhost,
@@ -680,7 +728,8 @@ impl Config {
         if !self.ingress.enabled()
             && (self.ingress.domain.is_some()
                 || self.ingress.tls_files.is_some()
-                || self.ingress.tcp_ports.is_some())
+                || self.ingress.tcp_ports.is_some()
+                || self.ingress.public_url.is_some())
         {
             return Err(invalid(
                 "ingress_listen",
@@ -851,6 +900,22 @@ mod tests {
         assert_eq!(config.ingress.tcp_ports, Some((31000, 31099)));
         assert_eq!(config.ingress.host_header, IngressHostHeader::Localhost);
         assert_eq!(config.ingress.max_connections, 256);
+        assert_eq!(
+            PublicUrl::parse("https://Preview.Example.com:8443"),
+            Some(PublicUrl {
+                https: true,
+                host: "preview.example.com".into(),
+                port: Some(8443)
+            })
+        );
+        for bad in [
+            "preview.example.com",
+            "ftp://x",
+            "https://x/path",
+            "https://u@x",
+        ] {
+            assert_eq!(PublicUrl::parse(bad), None, "{bad}");
+        }
         let off =
             Config::merge(ConfigOverrides::default(), ConfigOverrides::default()).expect("valid");
         assert!(!off.ingress.enabled(), "off unless ingress_listen is set");

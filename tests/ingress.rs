@@ -2327,3 +2327,36 @@ async fn without_ingress_listen_exposing_is_refused() {
     );
     daemon.delete(&id).await;
 }
+
+/// A keyed create retried after its answer was lost finds its ports
+/// exposed: the retry's answer carries a working token, the lost one's is
+/// void. (Authentication comes before the dial, so nothing need listen: a
+/// good token gets the 502 of an idle port, a void one the 401.)
+#[tokio::test]
+async fn a_retried_create_answers_with_a_working_token() {
+    require_host!();
+    let ingress = Ingress::start(&[]);
+    let body = json!({"image": "busybox", "ports": [8000], "idempotency_key": "retry-1"});
+    let first = ingress.create_full(body.clone()).await;
+    let retried = ingress.create_full(body).await;
+    assert_eq!(first["id"], retried["id"], "the same sandbox: {retried}");
+    let id = first["id"].as_str().expect("id").to_string();
+    let token = |v: &Value| v["ports"][0]["token"].as_str().map(str::to_string);
+    let (lost, kept) = (
+        token(&first).expect("the first answer's token"),
+        token(&retried).expect("the retry's answer carries a token too"),
+    );
+    assert_ne!(lost, kept);
+    let reply = ingress
+        .get(&host(&id, 8000), "/", &[("x-sandbox-token", kept.as_str())])
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::BAD_GATEWAY,
+        "past the token check: {reply}"
+    );
+    let reply = ingress
+        .get(&host(&id, 8000), "/", &[("x-sandbox-token", lost.as_str())])
+        .await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply}");
+}

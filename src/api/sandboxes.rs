@@ -22,6 +22,7 @@ pub async fn health(State(manager): State<Arc<Manager>>) -> Json<Health> {
         sandboxes: manager.count(),
         pooled: manager.pooled(),
         virtualization: manager.virtualization,
+        ingress: manager.config.ingress.enabled(),
     })
 }
 

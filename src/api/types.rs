@@ -346,6 +346,9 @@ pub struct Health {
     /// (kvm_pvm: PVM guest kernels only) or `none`.
     #[serde(default = "no_virtualization")]
     pub virtualization: crate::runtime::virt::Virtualization,
+    /// Whether this daemon serves preview URLs (`ingress_listen` is set).
+    #[serde(default)]
+    pub ingress: bool,
 }
 
 fn no_virtualization() -> crate::runtime::virt::Virtualization {

@@ -105,8 +105,6 @@ pub fn port_url(
     exposed: &ExposedPort,
     token: Option<String>,
 ) -> PortUrl {
-    let tls = ingress.tls_files.is_some();
-    let scheme = if tls { "https" } else { "http" };
     let listen = ingress.listen.first().copied();
     let listen_ip = listen
         .map(|a| a.ip())
@@ -116,9 +114,20 @@ pub fn port_url(
         std::net::IpAddr::V6(v6) => format!("[{v6}]"),
         v4 => v4.to_string(),
     };
-    let port_suffix = match listen.map(|a| a.port()) {
-        Some(443) if tls => String::new(),
-        Some(80) if !tls => String::new(),
+    // Where clients reach the ingress: the configured public URL, else
+    // the first listener (named by the domain when there is one).
+    let (https, port, path_host) = match &ingress.public_url {
+        Some(public) => (public.https, public.port, public.host.clone()),
+        None => (
+            ingress.tls_files.is_some(),
+            listen.map(|a| a.port()),
+            ingress.domain.clone().unwrap_or_else(|| ip_text.clone()),
+        ),
+    };
+    let scheme = if https { "https" } else { "http" };
+    let port_suffix = match port {
+        Some(443) if https => String::new(),
+        Some(80) if !https => String::new(),
         Some(p) => format!(":{p}"),
         None => String::new(),
     };
@@ -140,8 +149,10 @@ pub fn port_url(
                     exposed.port
                 )
             });
-            let host = ingress.domain.clone().unwrap_or(ip_text);
-            let path_url = format!("{scheme}://{host}{port_suffix}/{sandbox}/{}/", exposed.port);
+            let path_url = format!(
+                "{scheme}://{path_host}{port_suffix}/{sandbox}/{}/",
+                exposed.port
+            );
             (url, Some(path_url), None)
         }
     };
@@ -153,5 +164,80 @@ pub fn port_url(
         path_url,
         address,
         token,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{IngressHostHeader, PublicUrl};
+    use crate::model::PortAuth;
+
+    fn settings(listen: &str, domain: Option<&str>, public: Option<PublicUrl>) -> IngressSettings {
+        IngressSettings {
+            listen: vec![listen.parse().expect("address")],
+            domain: domain.map(str::to_string),
+            tls_files: None,
+            max_connections: 8,
+            tcp_ports: Some((31000, 31009)),
+            host_header: IngressHostHeader::Original,
+            public_url: public,
+        }
+    }
+
+    fn exposed(protocol: PortProtocol, host_port: Option<u16>) -> ExposedPort {
+        ExposedPort {
+            port: 3000,
+            protocol,
+            auth: PortAuth::Token,
+            token_sha256: None,
+            host_port,
+        }
+    }
+
+    #[test]
+    fn urls_name_the_listener_the_domain_or_the_public_url() {
+        let http = exposed(PortProtocol::Http, None);
+        let plain = port_url(&settings("127.0.0.1:8080", None, None), "sb-1", &http, None);
+        assert_eq!(plain.url, None, "no host-name URL without a domain");
+        assert_eq!(
+            plain.path_url.as_deref(),
+            Some("http://127.0.0.1:8080/sb-1/3000/")
+        );
+        let named = port_url(
+            &settings("0.0.0.0:80", Some("sbx.test"), None),
+            "sb-1",
+            &http,
+            None,
+        );
+        assert_eq!(named.url.as_deref(), Some("http://sb-1-3000.sbx.test/"));
+        let public = PublicUrl {
+            https: true,
+            host: "preview.example.com".into(),
+            port: None,
+        };
+        let fronted = port_url(
+            &settings("0.0.0.0:8080", Some("sbx.example.com"), Some(public)),
+            "sb-1",
+            &http,
+            Some("t".into()),
+        );
+        assert_eq!(
+            fronted.url.as_deref(),
+            Some("https://sb-1-3000.sbx.example.com/")
+        );
+        assert_eq!(
+            fronted.path_url.as_deref(),
+            Some("https://preview.example.com/sb-1/3000/")
+        );
+        assert_eq!(fronted.token.as_deref(), Some("t"));
+        let tcp = port_url(
+            &settings("127.0.0.1:8080", Some("sbx.test"), None),
+            "sb-1",
+            &exposed(PortProtocol::Tcp, Some(31002)),
+            None,
+        );
+        assert_eq!(tcp.address.as_deref(), Some("127.0.0.1:31002"));
+        assert_eq!((tcp.url, tcp.path_url), (None, None));
     }
 }

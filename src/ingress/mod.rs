@@ -16,13 +16,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::IngressSettings;
 use crate::sandbox::Manager;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a request head may take to arrive.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngressError {
@@ -134,7 +136,14 @@ where
         let http = Arc::clone(&http);
         async move { Ok::<_, std::convert::Infallible>(http.handle(req, peer).await) }
     });
-    let served = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    // A client that opens a connection and sends no request head does not
+    // hold it for ever.
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let served = builder
         .serve_connection_with_upgrades(TokioIo::new(io), service)
         .await;
     if let Err(e) = served {

@@ -89,6 +89,18 @@ impl SandboxError {
         }
     }
 
+    /// The same error, about request field `name` when it is a 400.
+    pub fn of_field(self, name: &str) -> Self {
+        match self {
+            Self::BadRequest { code, message, .. } => Self::BadRequest {
+                code,
+                message,
+                field: Some(name.to_string()),
+            },
+            other => other,
+        }
+    }
+
     /// The request field a 400 is about, when one is.
     pub fn field(&self) -> Option<&str> {
         match self {

@@ -325,24 +325,30 @@ impl Manager {
         })
     }
 
-    /// Exposes the ports a create asked for (and a fork's source had) on a
-    /// sandbox just made. A failure is logged and the rest still exposed:
-    /// the create itself succeeded.
+    /// Exposes the ports a create asked for (and a fork's source had) on
+    /// a sandbox just made; a port exposed already (a retried keyed
+    /// create) gets a fresh token instead.
     pub(super) async fn expose_on_create(
         &self,
         record: &SandboxRecord,
         wanted: &[PortRequest],
-    ) -> Vec<PortGrant> {
+    ) -> Result<Vec<PortGrant>, SandboxError> {
         let mut grants = Vec::new();
         for req in wanted {
-            match self.expose_port(&record.id, *req).await {
-                Ok(grant) => grants.push(grant),
-                Err(e) => {
-                    tracing::warn!(sandbox = %record.id, port = req.port, "exposing on create: {e}")
+            let exposed = record.ports.iter().find(|p| u32::from(p.port) == req.port);
+            let grant = match exposed {
+                Some(e) if e.auth == PortAuth::Token => {
+                    self.rotate_port_token(&record.id, req.port)?
                 }
-            }
+                Some(e) => PortGrant {
+                    exposed: e.clone(),
+                    token: None,
+                },
+                None => self.expose_port(&record.id, *req).await?,
+            };
+            grants.push(grant);
         }
-        grants
+        Ok(grants)
     }
 }
 

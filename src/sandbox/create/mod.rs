@@ -131,8 +131,11 @@ impl Manager {
     }
 
     /// [`Manager::create`], then the ports it asks for (and a fork's
-    /// source exposed) exposed, with their fresh tokens. A retried keyed
-    /// create exposes nothing again: its tokens were in the first answer.
+    /// source exposed) exposed, with their fresh tokens. A port that
+    /// cannot be exposed fails the create, and the sandbox is removed. A
+    /// retried keyed create finds its ports exposed already: their tokens
+    /// are rotated, so the answer that reaches the caller carries working
+    /// ones (a token only the lost first answer held stops working).
     pub async fn create_exposed(
         self: &Arc<Self>,
         req: CreateRequest,
@@ -154,13 +157,22 @@ impl Manager {
             }
         }
         let record = self.create(req).await?;
-        wanted.retain(|w| !record.ports.iter().any(|p| u32::from(p.port) == w.port));
         if wanted.is_empty() {
             return Ok((record, Vec::new()));
         }
-        let grants = self.expose_on_create(&record, &wanted).await;
-        let record = self.record(&record.id).unwrap_or(record);
-        Ok((record, grants))
+        match self.expose_on_create(&record, &wanted).await {
+            Ok(grants) => {
+                let record = self.record(&record.id).unwrap_or(record);
+                Ok((record, grants))
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %record.id, "removing a sandbox whose ports could not be exposed: {e}");
+                if let Err(left) = self.delete(&record.id).await {
+                    tracing::warn!(sandbox = %record.id, "removing it: {left}");
+                }
+                Err(e)
+            }
+        }
     }
 
     /// A create with an idempotency key is decided by [`idempotency`] first:
@@ -224,10 +236,13 @@ impl Manager {
         let network = self.resolved_network(&req.network)?;
         let mut ports_seen = Vec::new();
         for port in &req.ports {
-            let checked = self.check_port_request(runtime, port)?;
+            let checked = self
+                .check_port_request(runtime, port)
+                .map_err(|e| e.of_field("ports"))?;
             if ports_seen.contains(&checked) {
-                return Err(SandboxError::bad(
+                return Err(SandboxError::bad_field(
                     "invalid_port",
+                    "ports",
                     format!("ports lists {checked} twice"),
                 ));
             }
