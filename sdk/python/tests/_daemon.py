@@ -65,6 +65,48 @@ def raw_call(
         conn.close()
 
 
+def free_port() -> int:
+    """A TCP port free right now on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def free_port_range(count: int) -> Tuple[int, int]:
+    """`count` consecutive TCP ports free right now on 127.0.0.1."""
+    for _ in range(200):
+        first = free_port()
+        if first + count > 65535:
+            continue
+        held = []
+        try:
+            for port in range(first, first + count):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", port))
+            return first, first + count - 1
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {count} consecutive free ports on 127.0.0.1")
+
+
+INGRESS_DOMAIN = "sbx.test"
+
+
+def ingress_flags(tcp_ports: int = 4) -> List[str]:
+    """An ingress on a free port of 127.0.0.1 with host-name URLs under
+    `sbx.test` (no DNS: clients connect to the listener and send the Host)
+    and `tcp_ports` host ports for raw TCP exposures."""
+    flags = ["--ingress-listen", f"127.0.0.1:{free_port()}", "--ingress-domain", INGRESS_DOMAIN]
+    if tcp_ports:
+        first, last = free_port_range(tcp_ports)
+        flags += ["--ingress-tcp-ports", f"{first}-{last}"]
+    return flags
+
+
 class Daemon:
     """One test daemon. `extra` flags replace the defaults of the same name."""
 
@@ -79,6 +121,13 @@ class Daemon:
     @property
     def name(self) -> str:
         return self.dir.name
+
+    @property
+    def ingress(self) -> Optional[str]:
+        """`host:port` of its ingress listener, when it has one."""
+        if "--ingress-listen" not in self.extra:
+            return None
+        return self.extra[self.extra.index("--ingress-listen") + 1].split(",")[0]
 
     @property
     def state_dir(self) -> Path:

@@ -1,6 +1,7 @@
-"""Fixtures: a real daemon for the session (started on first use, stopped
-at the end with nothing left behind), a leak check around each test that
-uses it, and the asyncio backend for the async tests (anyio's plugin)."""
+"""Fixtures: a real daemon for the session (with an ingress for preview URLs;
+started on first use, stopped at the end with nothing left behind), a leak
+check around each test that uses it, and the asyncio backend for the async
+tests (anyio's plugin)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-from _daemon import Daemon  # noqa: E402
+from _daemon import Daemon, ingress_flags  # noqa: E402
 
 # The developer's own remote settings must not steer the tests.
 for _name in ("SANDBOXD_URL", "SANDBOXD_TOKEN", "SANDBOXD_TLS_FINGERPRINT", "SANDBOXD_CA_FILE"):
@@ -21,7 +22,8 @@ for _name in ("SANDBOXD_URL", "SANDBOXD_TOKEN", "SANDBOXD_TLS_FINGERPRINT", "SAN
 
 @pytest.fixture(scope="session")
 def session_daemon() -> Iterator[Daemon]:
-    d = Daemon().start()
+    # With an ingress, for the preview-URL tests (`daemon.ingress`).
+    d = Daemon(ingress_flags()).start()
     old = os.environ.get("SANDBOXD_SOCKET")
     os.environ["SANDBOXD_SOCKET"] = d.socket
     try:

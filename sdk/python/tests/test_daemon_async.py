@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from _ingress import afetch, await_listening, server_code
 from sandboxd import aio
 from sandboxd.aio import (
     BadRequestError,
@@ -155,3 +156,45 @@ async def test_lifecycle_async(daemon):
         again = await aio.Sandbox.connect(sb.sandbox_id())
         assert (await again.inspect())["id"] == sb.sandbox_id()
         await again.aclose()
+
+
+async def test_preview_urls_async(daemon):
+    async with await Sandbox(image="python", ports=[8000]).create() as sb:
+        created = await sb.preview_url(8000)
+        assert created.token and created.path_url
+        await sb.process.run_code(server_code(8000, 9000), blocking=False)
+        await await_listening(sb, 8000, 9000)
+        r = await afetch(daemon, created.path_url, "a", token=created.token)
+        assert r.status_code == 200 and r.json()["path"] == "/a"
+        url = await sb.expose_port(9000)
+        assert url.token and url != created
+        urls = await sb.list_urls()
+        assert urls == {8000: created, 9000: url}
+        assert (urls[8000].token, urls[9000].token) == (created.token, url.token)
+        rotated = await sb.rotate_port_token(9000)
+        assert (await afetch(daemon, url, token=url.token)).status_code == 401
+        assert (await afetch(daemon, url, token=rotated.token)).status_code == 200
+        assert [(p.port, p.exposed) for p in await sb.listening_ports() if p.port in (8000, 9000)] == [
+            (8000, True), (9000, True)]
+
+        # A fork of a memory snapshot: its own URLs for the same ports, with
+        # fresh tokens in its create answer, its servers already running.
+        snap = await sb.snapshot_memory()
+        fork = await Sandbox().create_from_memory_snapshot(snap)
+        async with fork:
+            forked = await fork.list_urls()
+            assert sorted(forked) == [8000, 9000]
+            assert all(u.token for u in forked.values())
+            assert forked[9000].token not in (url.token, rotated.token)
+            await await_listening(fork, 9000)
+            r = await afetch(daemon, forked[9000].path_url, "fork", token=forked[9000].token)
+            assert r.status_code == 200 and r.json()["path"] == "/fork"
+            assert (await afetch(daemon, forked[9000].path_url, token=rotated.token)).status_code == 401
+        assert daemon.call("DELETE", f"/v1/snapshots/{snap}")[0] == 204
+
+        assert await sb.unexpose_port(9000) is True
+        assert (await afetch(daemon, url.path_url, token=rotated.token)).status_code == 404
+        assert list(await sb.list_urls()) == [8000]
+        assert await sb.unexpose_port(9000) is False
+        with pytest.raises(NotFoundError):
+            await sb.preview_url(9000)

@@ -11,14 +11,15 @@ import httpx
 import pytest
 
 from _daemon import Daemon
+from _ingress import fetch, request_for, server_code, tcp_exchange, wait_listening
 from sandboxd import (
     APIError,
     BadRequestError,
     Client,
     ConflictError,
-    FeatureUnavailableError,
     Image,
     NotFoundError,
+    PreviewUrl,
     Sandbox,
     SandboxConnectionError,
     SandboxFileSystemError,
@@ -447,24 +448,167 @@ def test_a_create_waits_out_a_daemon_that_is_starting():
         d.stop()
 
 
-def test_preview_urls_need_issue_14(daemon):
+def test_preview_urls_reach_a_server_in_the_sandbox(daemon):
+    assert daemon.ingress, "the session daemon has an ingress"
     with Sandbox(image="python").create() as sb:
-        try:
-            url = sb.expose_port(8000)
-        except FeatureUnavailableError as e:
-            assert "issue 14" in str(e)
-        else:
-            assert url.startswith("http") and sb.list_urls()[8000]
-        try:
-            urls = sb.list_urls()
-        except FeatureUnavailableError as e:
-            assert "issue 14" in str(e)
-        else:
-            assert isinstance(urls, dict)
-    try:
-        Sandbox(image="python", ports=[3000]).create().terminate()
-    except FeatureUnavailableError as e:
-        assert e.field == "ports" and "issue 14" in str(e)
+        sb.process.run_code(server_code(8000), blocking=False)
+        wait_listening(sb, 8000)
+        assert [(p.port, p.exposed) for p in sb.listening_ports() if p.port == 8000] == [(8000, False)]
+        assert sb.list_urls() == {}
+
+        url = sb.expose_port(8000)
+        assert isinstance(url, PreviewUrl) and isinstance(url, str)
+        assert (url.port, url.protocol, url.auth, url.address) == (8000, "http", "token", None)
+        sid = sb.sandbox_id()
+        host = daemon.ingress.rsplit(":", 1)[1]
+        assert url == url.url == f"http://{sid}-8000.sbx.test:{host}/"
+        assert url.path_url == f"http://sbx.test:{host}/{sid}/8000/"
+        assert url.token and url.token not in repr(url)
+        assert url.headers == {"X-Sandbox-Token": url.token}
+
+        # The path form, the token in X-Sandbox-Token: the app sees the rest
+        # of the path, the prefix in X-Forwarded-Prefix, and no token.
+        r = fetch(daemon, url.path_url, "hello?x=1", token=url.token)
+        assert r.status_code == 200, r.text
+        seen = r.json()
+        assert seen["path"] == "/hello?x=1" and seen["port"] == 8000
+        assert seen["headers"]["x-forwarded-prefix"] == f"/{sid}/8000"
+        assert "x-sandbox-token" not in seen["headers"]
+        # The host form, the token as a bearer: the request as it came.
+        r = fetch(daemon, url, "hello", bearer=url.token)
+        assert r.status_code == 200 and r.json()["path"] == "/hello"
+        assert "authorization" not in r.json()["headers"]
+        # No token, a wrong one: 401.
+        assert fetch(daemon, url.path_url).status_code == 401
+        assert fetch(daemon, url, token="not-the-token").status_code == 401
+        # ?sandbox_token= (what with_token() gives a browser): a redirect that sets the cookie.
+        assert url.with_token() == f"{url}?sandbox_token={url.token}"
+        target, headers = request_for(daemon, url.with_token())
+        r = httpx.get(target, headers=headers)
+        assert r.status_code in (302, 303, 307) and "sandboxd_token" in r.headers.get("set-cookie", "")
+
+        # The listings hand out the token this instance holds.
+        urls = sb.list_urls()
+        assert urls == {8000: url} and urls[8000].token == url.token
+        assert [(p.port, p.token) for p in sb.ports()] == [(8000, url.token)]
+        assert sb.preview_url(8000).token == url.token
+        assert [(p.port, p.exposed) for p in sb.listening_ports() if p.port == 8000] == [(8000, True)]
+        assert sb.inspect()["ports"][0]["port"] == 8000
+        # Another instance of the sandbox has the URL, not the token.
+        other = Sandbox.connect(sid)
+        assert other.list_urls() == {8000: url} and other.list_urls()[8000].token is None
+
+        with pytest.raises(ConflictError) as conflict:
+            sb.expose_port(8000)
+        assert conflict.value.code == "port_already_exposed"
+
+        # A new token: the old one is refused at once, the new one works.
+        rotated = sb.rotate_port_token(8000)
+        assert rotated == url and rotated.token and rotated.token != url.token
+        assert fetch(daemon, url.path_url, token=url.token).status_code == 401
+        assert fetch(daemon, url.path_url, token=rotated.token).status_code == 200
+        assert sb.preview_url(8000).token == rotated.token
+
+        # Unexposed: the URL is gone (404), and so is the port from the lists.
+        assert sb.unexpose_port(8000) is True
+        assert fetch(daemon, url.path_url, token=rotated.token).status_code == 404
+        assert sb.list_urls() == {} and sb.ports() == []
+        assert sb.unexpose_port(8000) is False
+        with pytest.raises(NotFoundError) as gone:
+            sb.preview_url(8000)
+        assert gone.value.code == "port_not_exposed"
+        with pytest.raises(NotFoundError) as gone:
+            sb.rotate_port_token(8000)
+        assert gone.value.code == "port_not_exposed"
+        # Exposed again: a fresh token.
+        again = sb.expose_port(8000)
+        assert again.token not in (url.token, rotated.token)
+        assert fetch(daemon, again.path_url, token=again.token).status_code == 200
+        assert sb.inspect()["usage"]["ingress_bytes"] > 0
+
+
+def test_public_and_raw_tcp_ports(daemon):
+    with Sandbox(image="python").create() as sb:
+        sb.process.run_code(server_code(9000, 9001), blocking=False)
+        wait_listening(sb, 9000, 9001)
+        public = sb.expose_port(9000, auth="none")
+        assert (public.auth, public.token, public.headers) == ("none", None, {})
+        assert public.with_token() == str(public)
+        r = fetch(daemon, public)
+        assert r.status_code == 200 and r.json()["port"] == 9000
+        with pytest.raises(ConflictError) as public_port:
+            sb.rotate_port_token(9000)
+        assert public_port.value.code == "port_public"
+
+        tcp = sb.expose_port(9001, protocol="tcp")
+        assert (tcp.protocol, tcp.url, tcp.path_url) == ("tcp", None, None)
+        assert tcp == tcp.address and tcp.address.startswith("127.0.0.1:") and tcp.token
+        assert tcp.with_token() == str(tcp)
+        reply = tcp_exchange(tcp.address, tcp.token.encode() + b"\nGET /raw HTTP/1.0\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.") and b" 200 " in reply.split(b"\r\n")[0] and b'"/raw"' in reply
+        assert sb.list_urls() == {9000: public, 9001: tcp}
+        assert sb.unexpose_port(9001) and sb.unexpose_port(9000)
+
+
+def test_ports_at_create_come_with_their_tokens(daemon):
+    with Sandbox(image="python", ports=[8000]).create() as sb:
+        url = sb.preview_url(8000)
+        assert url.token and url.path_url and sb.list_urls() == {8000: url}
+        sb.process.run_code(server_code(8000), blocking=False)
+        wait_listening(sb, 8000)
+        r = fetch(daemon, url.path_url, "created", token=url.token)
+        assert r.status_code == 200 and r.json()["path"] == "/created"
+        assert sb.list_urls()[8000].token == url.token
+
+
+class _LosingTransport(httpx.HTTPTransport):
+    """Loses the answer of the first create: the daemon made the sandbox,
+    the client sees a broken connection (and retries with the same key)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lost = None
+
+    def handle_request(self, request):
+        response = super().handle_request(request)
+        if self.lost is None and request.method == "POST" and request.url.path == "/v1/sandboxes":
+            response.read()
+            response.close()
+            self.lost = response.json()
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return response
+
+
+def test_a_create_retried_after_a_lost_answer_still_hands_out_tokens(daemon):
+    # The daemon answers a create again for its idempotency key with the
+    # same sandbox and new tokens for its ports (the lost answer's no longer
+    # work), so the instance can hand them out.
+    transport = _LosingTransport(uds=daemon.socket)
+    with Client(socket=daemon.socket, transport=transport) as client:
+        with Sandbox(image="python", ports=[8000], client=client).create() as sb:
+            lost_token = transport.lost["ports"][0]["token"]
+            assert transport.lost["id"] == sb.sandbox_id()
+            url = sb.preview_url(8000)
+            assert url.token and url.token != lost_token
+            sb.process.run_code(server_code(8000), blocking=False)
+            wait_listening(sb, 8000)
+            assert fetch(daemon, url.path_url, token=url.token).status_code == 200
+            assert fetch(daemon, url.path_url, token=lost_token).status_code == 401
+
+
+def test_preview_url_arguments_are_checked(daemon):
+    with Sandbox(image="python").create() as sb:
+        for bad in (dict(port=0), dict(port=70000), dict(port=8000, auth="public"), dict(port=8000, protocol="udp")):
+            with pytest.raises(ValueError):
+                sb.expose_port(**bad)
+        with pytest.raises(BadRequestError) as own:
+            sb.expose_port(15001)
+        assert own.value.code == "invalid_port" and own.value.field == "port"
+        with pytest.raises(ValueError):
+            Sandbox(image="python", ports=[0])
+    with pytest.raises(NotFoundError) as missing:
+        sb.expose_port(8000)
+    assert missing.value.code == "sandbox_not_found"
 
 
 def test_the_default_socket_setting_reaches_the_daemon(daemon):

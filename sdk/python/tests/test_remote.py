@@ -13,7 +13,14 @@ import subprocess
 import pytest
 
 from _daemon import DAEMON_BIN, Daemon
-from sandboxd import AuthenticationError, Client, Sandbox, TLSFingerprintError
+from sandboxd import (
+    AuthenticationError,
+    BadRequestError,
+    Client,
+    FeatureUnavailableError,
+    Sandbox,
+    TLSFingerprintError,
+)
 from sandboxd import aio
 
 pytestmark = [pytest.mark.daemon, pytest.mark.remote]
@@ -105,3 +112,20 @@ def test_no_or_wrong_token_is_refused(remote):
 def test_the_unix_socket_still_works_without_a_token(remote):
     with Client(socket=remote["daemon"].socket) as client:
         assert client.request_json("GET", "/v1/health")["status"] == "ok"
+
+
+def test_preview_urls_on_a_daemon_without_an_ingress(remote):
+    # This daemon has no ingress_listen: expose and create with ports= raise
+    # FeatureUnavailableError, which is also the daemon's 400 ingress_disabled.
+    conn = dict(url=remote["url"], token=remote["token"], tls_fingerprint=remote["fingerprint"])
+    with Sandbox(image="python", **conn).create() as sb:
+        with pytest.raises(FeatureUnavailableError) as info:
+            sb.expose_port(8000)
+        assert isinstance(info.value, BadRequestError)
+        assert (info.value.status, info.value.code) == (400, "ingress_disabled")
+        assert "ingress_listen" in str(info.value)
+        assert sb.list_urls() == {}
+    with pytest.raises(FeatureUnavailableError) as info:
+        Sandbox(image="python", ports=[8000], **conn).create()
+    assert (info.value.code, info.value.field) == ("ingress_disabled", "ports")
+    assert remote["daemon"].sandbox_ids() == []

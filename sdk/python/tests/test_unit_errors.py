@@ -157,13 +157,118 @@ def test_missing_preview_routes_say_so():
     from sandboxd._spec import SandboxOptions
     from sandboxd.errors import create_error, preview_route_error
 
+    # A daemon older than preview URLs: no such route (404 or 405 without
+    # the daemon's error body, or a router's generic one).
     for status, raw in ((404, b""), (405, b""), (404, body(code="not_found", message="no route"))):
         err = preview_route_error(error_from_response(status, raw, "POST", "/v1/sandboxes/sb-1/ports"))
-        assert isinstance(err, FeatureUnavailableError) and "issue 14" in str(err)
-    gone = error_from_response(404, body(code="sandbox_not_found", message="no sandbox"))
-    assert preview_route_error(gone) is gone
+        assert isinstance(err, FeatureUnavailableError) and err.status == status
+        assert "no such route" in str(err) and "issue 14" not in str(err)
+        assert err.path == "/v1/sandboxes/sb-1/ports"
+    # The daemon's own 404s name what is missing: left as they are.
+    for code in ("sandbox_not_found", "port_not_exposed"):
+        gone = error_from_response(404, body(code=code, message="no such thing"))
+        assert preview_route_error(gone) is gone and not isinstance(gone, FeatureUnavailableError)
+    # A daemon with its ingress off: FeatureUnavailableError, and still the
+    # BadRequestError it was, with the daemon's code and words.
+    off = error_from_response(400, body(code="ingress_disabled", message="this daemon serves no preview URLs: set ingress_listen"))
+    err = preview_route_error(off)
+    assert isinstance(err, FeatureUnavailableError) and isinstance(err, BadRequestError)
+    assert (err.status, err.code, err.message) == (400, "ingress_disabled", off.message)
+    other = error_from_response(400, body(code="invalid_port", message="port 0", field="port"))
+    assert preview_route_error(other) is other
+
+    # Creates with ports=: the field refused (no preview URLs), or the ingress off.
     refused = error_from_response(
         400, body(code="invalid_json", message="request body is not valid: field `ports`: unknown field `ports`, expected one of ...")
     )
-    assert isinstance(create_error(refused, SandboxOptions(ports=[3000])), FeatureUnavailableError)
+    err = create_error(refused, SandboxOptions(ports=[3000]))
+    assert isinstance(err, FeatureUnavailableError) and err.field == "ports"
     assert create_error(refused, SandboxOptions()) is refused
+    err = create_error(off, SandboxOptions(ports=[3000]))
+    assert isinstance(err, FeatureUnavailableError) and isinstance(err, BadRequestError)
+    assert (err.code, err.field) == ("ingress_disabled", "ports")
+    assert off.field is None, "the original error is left as it was"
+    assert create_error(off, SandboxOptions()) is off
+
+
+def test_preview_url_values():
+    import copy
+    import pickle
+
+    from sandboxd import PreviewUrl
+
+    raw = {"port": 3000, "protocol": "http", "auth": "token", "url": "https://sb-1-3000.example.com/",
+           "path_url": "https://example.com/sb-1/3000/", "token": "s3cr3t+/"}
+    url = PreviewUrl(raw)
+    assert url == "https://sb-1-3000.example.com/" and isinstance(url, str)
+    assert (url.port, url.protocol, url.auth, url.path_url, url.address, url.token) == (
+        3000, "http", "token", "https://example.com/sb-1/3000/", None, "s3cr3t+/")
+    assert "s3cr3t" not in repr(url) and "s3cr3t" not in str(url)
+    assert url.headers == {"X-Sandbox-Token": "s3cr3t+/"}
+    assert url.with_token() == "https://sb-1-3000.example.com/?sandbox_token=s3cr3t%2B%2F"
+    assert url.as_dict() == raw
+    for again in (pickle.loads(pickle.dumps(url)), copy.deepcopy(url)):
+        assert type(again) is PreviewUrl and again == url and again.token == url.token and again.port == 3000
+    # Without ingress_domain: the path form; raw TCP: the address.
+    path_only = PreviewUrl({"port": 80, "protocol": "http", "auth": "none", "path_url": "http://10.0.0.1:8080/sb-1/80/"})
+    assert path_only == path_only.path_url and path_only.url is None and path_only.token is None
+    assert path_only.headers == {} and path_only.with_token() == path_only
+    tcp = PreviewUrl({"port": 5432, "protocol": "tcp", "auth": "token", "address": "10.0.0.1:20000"}, token="t")
+    assert tcp == "10.0.0.1:20000" and tcp.token == "t" and tcp.with_token() == tcp
+
+
+def test_tokens_are_kept_from_the_answers_that_carry_them():
+    from sandboxd._ports import PortTokens
+
+    tokens = PortTokens()
+    created = tokens.listed([{"port": 1, "auth": "token", "path_url": "p1", "token": "a"},
+                             {"port": 2, "auth": "none", "path_url": "p2"}])
+    assert [u.token for u in created] == ["a", None]
+    assert tokens.granted({"port": 3, "auth": "token", "path_url": "p3", "token": "c"}).token == "c"
+    listed = tokens.listed([{"port": 1, "auth": "token", "path_url": "p1"}, {"port": 3, "auth": "token", "path_url": "p3"}])
+    assert [u.token for u in listed] == ["a", "c"]
+    assert tokens.granted({"port": 1, "auth": "token", "path_url": "p1", "token": "b"}).token == "b"
+    # A port missing from a listing was unexposed: its token is dropped.
+    assert [u.token for u in tokens.listed([{"port": 1, "auth": "token", "path_url": "p1"}])] == ["b"]
+    assert tokens.listed([{"port": 3, "auth": "token", "path_url": "p3"}])[0].token is None
+    tokens.forget(1)
+    assert tokens.granted({"port": 1, "auth": "token", "path_url": "p1"}).token is None
+
+
+def _old_daemon(request):
+    """A sandboxd older than preview URLs: no /ports routes."""
+    import httpx
+
+    if request.url.path.endswith("/ports") and request.method == "POST":
+        return httpx.Response(404)
+    if "/ports" in request.url.path:
+        return httpx.Response(405 if request.method == "DELETE" else 404)
+    return httpx.Response(200, json={"id": "sb-0123456789ab", "state": "ready"})
+
+
+def test_a_daemon_without_preview_urls_says_so():
+    import httpx
+
+    from sandboxd import FeatureUnavailableError
+
+    client = sandboxd.Client(socket="/nonexistent.sock", transport=httpx.MockTransport(_old_daemon))
+    sb = sandboxd.Sandbox.connect("sb-0123456789ab", client=client)
+    for call in (lambda: sb.expose_port(8000), sb.list_urls, sb.ports, sb.listening_ports,
+                 lambda: sb.preview_url(8000), lambda: sb.unexpose_port(8000), lambda: sb.rotate_port_token(8000)):
+        with pytest.raises(FeatureUnavailableError) as info:
+            call()
+        assert "no such route" in str(info.value)
+
+
+@pytest.mark.anyio
+async def test_a_daemon_without_preview_urls_says_so_async():
+    import httpx
+
+    from sandboxd import FeatureUnavailableError, aio
+
+    client = aio.Client(socket="/nonexistent.sock", transport=httpx.MockTransport(_old_daemon))
+    sb = await aio.Sandbox.connect("sb-0123456789ab", client=client)
+    for call in (lambda: sb.expose_port(8000), sb.list_urls, lambda: sb.unexpose_port(8000),
+                 lambda: sb.rotate_port_token(8000)):
+        with pytest.raises(FeatureUnavailableError):
+            await call()

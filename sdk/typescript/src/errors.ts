@@ -74,7 +74,13 @@ export class CapacityError extends APIError {}
 /** Any other error status (a 500 is a bug in the daemon). */
 export class ServerError extends APIError {}
 
-/** The daemon has no route for this yet (preview URLs before issue 14). */
+/**
+ * This daemon cannot do it: it has no route for it (a sandboxd older than
+ * the feature; `code` `feature_unavailable`), or the feature is off in its
+ * configuration (preview URLs without `ingress_listen`, raw TCP ports
+ * without `ingress_tcp_ports`: `status` 400, `code` `ingress_disabled`, the
+ * daemon's message).
+ */
 export class FeatureUnavailableError extends APIError {}
 
 /** The daemon could not be reached, or the connection broke. */
@@ -167,10 +173,14 @@ export function errorFromResponse(status: number, text: string, method: string, 
   }
 }
 
-/** True for a 404/405 that no daemon handler wrote: the route does not exist. */
+/**
+ * True for a 404/405 that no daemon handler wrote (no error body, or a
+ * router's generic `not_found`): the route does not exist. The daemon's own
+ * 404s name what is missing (`sandbox_not_found`, `port_not_exposed`).
+ */
 export function isMissingRoute(error: unknown): error is APIError {
   return (
     error instanceof APIError &&
-    (error.code === "http_404" || error.code === "http_405" || error.status === 405)
+    (error.status === 405 || (error.status === 404 && (error.code === "http_404" || error.code === "not_found")))
   );
 }

@@ -19,7 +19,9 @@
  * ```
  */
 
-export { Sandbox, SandboxInstance, PreviewUrl } from "./sandbox.js";
+export { Sandbox, SandboxInstance } from "./sandbox.js";
+export { PreviewUrl } from "./ports.js";
+export type { ListeningPort, PortInfo, PortAuth, PortProtocol } from "./ports.js";
 export type { SandboxOptions, NetworkPermissions, ExposePortOptions } from "./sandbox.js";
 export { SandboxProcess, SandboxProcessManager, ProcessStdin } from "./process.js";
 export type { ProcessOptions, RunCodeOptions, ProcessResult } from "./process.js";

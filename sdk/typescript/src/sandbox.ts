@@ -5,9 +5,23 @@
 
 import type { ConnectionOptions } from "./config.js";
 import { createSandbox, type RetryPolicy } from "./create.js";
-import { BadRequestError, ConfigurationError, FeatureUnavailableError, NotFoundError, isMissingRoute, type APIError } from "./errors.js";
+import { ConfigurationError, NotFoundError } from "./errors.js";
 import { SandboxFileSystem } from "./fs.js";
 import { imageField, type Image } from "./image.js";
+import {
+  PortTokens,
+  PreviewUrl,
+  checkedPort,
+  createPortsError,
+  exposeBody,
+  notExposed,
+  portsError,
+  type ListeningPort,
+  type PortAuth,
+  type PortProtocol,
+  type WirePort,
+  type WirePortList,
+} from "./ports.js";
 import { SandboxProcessManager } from "./process.js";
 import { transportFor, type Transport } from "./transport.js";
 import { sandboxInfo, snapshotInfo, type SandboxInfo, type SnapshotInfo, type WireSandbox, type WireSnapshot } from "./types.js";
@@ -35,7 +49,10 @@ export interface SandboxOptions extends ConnectionOptions {
   secrets?: string[];
   /** Environment of every process. */
   env?: Record<string, string>;
-  /** Ports to expose as preview URLs (needs a daemon with issue 14). */
+  /**
+   * Ports to expose as preview URLs (HTTP, token auth) once it is ready;
+   * the instance holds their tokens (`previewUrl(port)`, `ports()`).
+   */
   ports?: number[];
   /** Lifetime in seconds from now (the daemon's TTL); -1 = none. */
   keepWarmSeconds?: number;
@@ -52,46 +69,10 @@ export interface NetworkPermissions {
 }
 
 export interface ExposePortOptions {
-  /** `token` (the daemon's default: the URL needs the token) or `none` (public). */
-  auth?: "token" | "none";
-}
-
-/** A preview URL (`String(url)` is the URL), with its port, path form and token. */
-export class PreviewUrl {
-  constructor(
-    readonly port: number,
-    readonly url: string,
-    readonly pathUrl: string | undefined,
-    readonly token: string | undefined,
-  ) {}
-
-  toString(): string {
-    return this.url;
-  }
-}
-
-const PORTS_NEED_ISSUE_14 =
-  "preview URLs (exposePort / listUrls / ports) need a sandboxd with preview URL support (issue 14); this daemon has no /v1/sandboxes/{id}/ports route";
-
-function portsUnavailable(cause: APIError): FeatureUnavailableError {
-  return new FeatureUnavailableError(PORTS_NEED_ISSUE_14, {
-    status: cause.status,
-    code: "feature_unavailable",
-    method: cause.method,
-    path: cause.path,
-    cause,
-  });
-}
-
-interface WirePort {
-  port: number;
-  url: string;
-  path_url?: string;
-  token?: string;
-}
-
-function previewUrl(w: WirePort): PreviewUrl {
-  return new PreviewUrl(w.port, w.url || w.path_url || "", w.path_url, w.token);
+  /** `token` (default: the URL needs its token) or `none` (public: anyone who can reach the ingress). */
+  auth?: PortAuth;
+  /** `http` (default) or `tcp` (a raw TCP port of the host: `address`). */
+  protocol?: PortProtocol;
 }
 
 /** What to create. `await new Sandbox({...}).create()` makes it. */
@@ -139,14 +120,13 @@ export class Sandbox {
 
   private async make(body: Record<string, unknown>): Promise<SandboxInstance> {
     const transport = this.transport();
+    let wire: WireSandbox;
     try {
-      return new SandboxInstance(transport, await createSandbox(transport, body, this.options.retry));
+      wire = await createSandbox(transport, body, this.options.retry);
     } catch (error) {
-      if (body.ports !== undefined && error instanceof BadRequestError && /`ports`/.test(error.message)) {
-        throw portsUnavailable(error);
-      }
-      throw error;
+      throw body.ports !== undefined ? createPortsError(error) : error;
     }
+    return new SandboxInstance(transport, wire);
   }
 
   /** Creates the sandbox; resolves when it is ready. */
@@ -193,12 +173,15 @@ export class SandboxInstance {
   info: SandboxInfo;
   private readonly transport: Transport;
   private readonly base: string;
+  /** Tokens of its ports: a create's answer carries them, nothing else will. */
+  private readonly portTokens = new PortTokens();
 
   /** @internal */
   constructor(transport: Transport, wire: WireSandbox) {
     this.transport = transport;
     this.id = wire.id;
     this.info = sandboxInfo(wire);
+    this.portTokens.listed(wire.ports);
     this.base = `/v1/sandboxes/${encodeURIComponent(wire.id)}`;
     this.process = new SandboxProcessManager(transport, wire.id);
     this.fs = new SandboxFileSystem(transport, wire.id);
@@ -215,7 +198,9 @@ export class SandboxInstance {
 
   /** Fetches the sandbox's state. */
   async refresh(): Promise<SandboxInfo> {
-    this.info = sandboxInfo(await this.transport.json<WireSandbox>("GET", this.base));
+    const wire = await this.transport.json<WireSandbox>("GET", this.base);
+    this.info = sandboxInfo(wire);
+    this.portTokens.listed(wire.ports);
     return this.info;
   }
 
@@ -246,32 +231,91 @@ export class SandboxInstance {
     return this.info;
   }
 
-  /** Exposes `port` as a preview URL (issue 14). */
-  async exposePort(port: number, options: ExposePortOptions = {}): Promise<PreviewUrl> {
+  // Preview URLs (docs/preview-urls.md).
+
+  private async portCall<T>(method: string, path: string, options: Parameters<Transport["json"]>[2] = {}): Promise<T> {
     try {
-      const wire = await this.transport.json<WirePort>("POST", `${this.base}/ports`, {
-        json: { port, ...(options.auth !== undefined ? { auth: options.auth } : {}) },
-      });
-      return previewUrl(wire);
+      return await this.transport.json<T>(method, path, options);
     } catch (error) {
-      if (isMissingRoute(error)) throw portsUnavailable(error);
-      throw error;
+      throw portsError(error);
     }
   }
 
-  /** The preview URLs of this sandbox, by port (Beam's `list_urls`). */
+  private portPath(port: number): string {
+    return `${this.base}/ports/${checkedPort(port)}`;
+  }
+
+  /**
+   * Exposes `port` of the sandbox through the daemon's ingress; resolves
+   * with its URL (Beam's `expose_port`; `String(url)` is the URL). `auth:
+   * "token"` (default): the URL needs `url.token` (as `X-Sandbox-Token` or
+   * `Authorization: Bearer`); `"none"`: public. `protocol: "tcp"`: a raw TCP
+   * port of the host (`address`). The app may listen on 127.0.0.1 or
+   * 0.0.0.0, before or after (until it does the URL answers 502). Exposed
+   * already: ConflictError `port_already_exposed`; a daemon without preview
+   * URLs or with its ingress off: FeatureUnavailableError.
+   */
+  async exposePort(port: number, options: ExposePortOptions = {}): Promise<PreviewUrl> {
+    const json = exposeBody(port, options.auth ?? "token", options.protocol ?? "http");
+    return this.portTokens.granted(await this.portCall<WirePort>("POST", `${this.base}/ports`, { json }));
+  }
+
+  /** The exposed ports, each with the token this instance holds for it. */
+  async ports(): Promise<PreviewUrl[]> {
+    const list = await this.portCall<WirePortList>("GET", `${this.base}/ports`);
+    return this.portTokens.listed(list?.ports);
+  }
+
+  /** `{port: url}` of the exposed ports (Beam's `list_urls`); `ports()` has their tokens. */
   async listUrls(): Promise<Record<number, string>> {
-    let wire: WirePort[] | { ports?: WirePort[] };
-    try {
-      wire = await this.transport.json<WirePort[] | { ports?: WirePort[] }>("GET", `${this.base}/ports`);
-    } catch (error) {
-      if (isMissingRoute(error)) throw portsUnavailable(error);
-      throw error;
-    }
-    const ports = Array.isArray(wire) ? wire : wire?.ports ?? [];
     const urls: Record<number, string> = {};
-    for (const p of ports) urls[p.port] = p.url || p.path_url || "";
+    for (const p of await this.ports()) urls[p.port] = p.href;
     return urls;
+  }
+
+  /**
+   * The URL of an exposed port with the token this instance holds (from the
+   * create, `exposePort` or `rotatePortToken`); NotFoundError
+   * `port_not_exposed` when it is not exposed.
+   */
+  async previewUrl(port: number): Promise<PreviewUrl> {
+    checkedPort(port);
+    const found = (await this.ports()).find((p) => p.port === port);
+    if (found === undefined) throw notExposed(this.id, port, `${this.base}/ports`);
+    return found;
+  }
+
+  /** The TCP ports something in the sandbox listens on now, exposed or not. */
+  async listeningPorts(): Promise<ListeningPort[]> {
+    const list = await this.portCall<WirePortList>("GET", `${this.base}/ports`, { query: { listening: "true" } });
+    this.portTokens.listed(list?.ports);
+    return (list?.listening ?? []).map((l) => ({ port: l.port, address: l.address, exposed: l.exposed }));
+  }
+
+  /**
+   * Stops exposing `port`: its URLs answer 404 and connections through them
+   * end at once. True when it was unexposed now, false when it was not exposed.
+   */
+  async unexposePort(port: number): Promise<boolean> {
+    const path = this.portPath(port);
+    try {
+      await this.portCall<void>("DELETE", path);
+      return true;
+    } catch (error) {
+      if (error instanceof NotFoundError && error.code === "port_not_exposed") return false;
+      throw error;
+    } finally {
+      this.portTokens.forget(port);
+    }
+  }
+
+  /**
+   * A new token for an exposed port; the old one stops working at once.
+   * Resolves with the URL and its new `token`. A public port: ConflictError
+   * `port_public`.
+   */
+  async rotatePortToken(port: number): Promise<PreviewUrl> {
+    return this.portTokens.granted(await this.portCall<WirePort>("POST", `${this.portPath(port)}/token`));
   }
 
   private async snapshot(kind: "memory" | "filesystem"): Promise<SnapshotInfo> {

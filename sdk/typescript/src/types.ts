@@ -3,6 +3,8 @@
  * camelCase views this SDK hands out.
  */
 
+import { portInfo, type PortInfo, type WirePort } from "./ports.js";
+
 // ---- wire types --------------------------------------------------------
 
 export interface WireLimits {
@@ -31,10 +33,12 @@ export interface WireSandbox {
   labels: Record<string, string>;
   oom_kills: number;
   failure: string | null;
-  usage?: { cpu_seconds?: number; memory_gib_seconds?: number; egress_bytes?: number };
+  usage?: { cpu_seconds?: number; memory_gib_seconds?: number; egress_bytes?: number; ingress_bytes?: number };
   gpus?: string[];
   network?: WireNetwork | null;
   secrets?: string[];
+  /** Exposed ports; tokens only in a create's answer. */
+  ports?: WirePort[];
 }
 
 export interface WireProcess {
@@ -95,10 +99,13 @@ export interface SandboxInfo {
   labels: Record<string, string>;
   oomKills: number;
   failure: string | null;
-  usage: { cpuSeconds: number; memoryGibSeconds: number; egressBytes: number };
+  /** `ingressBytes`: carried both ways through preview URLs. */
+  usage: { cpuSeconds: number; memoryGibSeconds: number; egressBytes: number; ingressBytes: number };
   gpus: string[];
   network: { mode: string | undefined; blockNetwork: boolean | undefined; allowList: string[] } | null;
   secrets: string[];
+  /** Exposed ports (preview URLs), without tokens: `SandboxInstance.ports()` has those it holds. */
+  ports: PortInfo[];
 }
 
 export interface ProcessInfo {
@@ -166,12 +173,14 @@ export function sandboxInfo(w: WireSandbox): SandboxInfo {
       cpuSeconds: w.usage?.cpu_seconds ?? 0,
       memoryGibSeconds: w.usage?.memory_gib_seconds ?? 0,
       egressBytes: w.usage?.egress_bytes ?? 0,
+      ingressBytes: w.usage?.ingress_bytes ?? 0,
     },
     gpus: [...(w.gpus ?? [])],
     network: w.network
       ? { mode: w.network.mode, blockNetwork: w.network.block_network, allowList: [...(w.network.allow_list ?? [])] }
       : null,
     secrets: [...(w.secrets ?? [])],
+    ports: (w.ports ?? []).map(portInfo),
   };
 }
 

@@ -1,6 +1,6 @@
 // The daemon's errors as typed errors, from a real daemon that holds one
 // sandbox at most and takes uploads up to 1 MiB: 404, 400 with its field,
-// 409, 413, 503 with its resource, preview URLs before issue 14, and an
+// 409, 413, 503 with its resource, preview URLs without an ingress, and an
 // unreachable daemon.
 
 import assert from "node:assert/strict";
@@ -113,34 +113,29 @@ describe("errors", T, () => {
     }
   });
 
-  it("preview URLs say they need issue 14 (or work, once it is there)", async () => {
+  it("preview URLs on a daemon without an ingress are a FeatureUnavailableError", async () => {
+    // This daemon has no ingress_listen: the daemon's 400 ingress_disabled.
     const sb = await new Sandbox({ image: "python" }).create();
     try {
-      let exposed;
-      try {
-        exposed = await sb.exposePort(8000);
-      } catch (e) {
-        assert.ok(e instanceof FeatureUnavailableError, String(e));
-        assert.match(e.message, /issue 14/);
-      }
-      if (exposed !== undefined) assert.match(String(exposed), /^https?:\/\//);
-      try {
-        const urls = await sb.listUrls();
-        assert.equal(typeof urls, "object");
-      } catch (e) {
-        assert.ok(e instanceof FeatureUnavailableError, String(e));
-      }
+      await assert.rejects(
+        sb.exposePort(8000),
+        expectError(FeatureUnavailableError, (e) => {
+          assert.equal(e.status, 400);
+          assert.equal(e.code, "ingress_disabled");
+          assert.match(e.message, /ingress_listen/);
+        }),
+      );
+      assert.deepEqual(await sb.listUrls(), {});
     } finally {
       await sb.terminate();
     }
-    let withPorts;
-    try {
-      withPorts = await new Sandbox({ image: "python", ports: [3000] }).create();
-    } catch (e) {
-      assert.ok(e instanceof FeatureUnavailableError, String(e));
-    } finally {
-      await withPorts?.terminate();
-    }
+    await assert.rejects(
+      new Sandbox({ image: "python", ports: [3000] }).create(),
+      expectError(FeatureUnavailableError, (e) => {
+        assert.equal(e.code, "ingress_disabled");
+        assert.equal(e.field, "ports");
+      }),
+    );
   });
 
   it("an unreachable daemon is a SandboxConnectionError", async () => {

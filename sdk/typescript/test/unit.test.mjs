@@ -20,6 +20,8 @@ import {
   CapacityError,
   ConfigurationError,
   ConflictError,
+  FeatureUnavailableError,
+  PreviewUrl,
   SandboxConnectionError,
   Image,
   NotFoundError,
@@ -34,7 +36,8 @@ import {
   parseMemory,
   resolveConnection,
 } from "../dist/index.js";
-import { errorFromResponse } from "../dist/errors.js";
+import { errorFromResponse, isMissingRoute } from "../dist/errors.js";
+import { inspect } from "node:util";
 import { SandboxProcess } from "../dist/process.js";
 
 describe("Image", () => {
@@ -334,6 +337,97 @@ describe("idempotent create", () => {
       (e) => e instanceof SandboxConnectionError && /is sandboxd running/.test(e.message),
     );
     assert.ok(Date.now() - started >= 300);
+  });
+});
+
+describe("preview URLs", () => {
+  const body = (error) => JSON.stringify({ error });
+
+  it("are their URL as a string, with the daemon's fields beside it", () => {
+    const wire = {
+      port: 3000,
+      protocol: "http",
+      auth: "token",
+      url: "https://sb-1-3000.example.com/",
+      path_url: "https://example.com/sb-1/3000/",
+      token: "s3cr3t+/",
+    };
+    const url = new PreviewUrl(wire);
+    assert.equal(String(url), "https://sb-1-3000.example.com/");
+    assert.equal(`${url}`, url.href);
+    assert.deepEqual([url.port, url.protocol, url.auth, url.url, url.pathUrl, url.address, url.token], [
+      3000, "http", "token", wire.url, wire.path_url, undefined, "s3cr3t+/",
+    ]);
+    assert.deepEqual(url.headers, { "X-Sandbox-Token": "s3cr3t+/" });
+    assert.equal(url.withToken(), "https://sb-1-3000.example.com/?sandbox_token=s3cr3t%2B%2F");
+    assert.deepEqual(url.toWire(), wire);
+    assert.ok(!inspect(url).includes("s3cr3t"));
+    // Without ingress_domain: the path form; raw TCP: the address.
+    const pathOnly = new PreviewUrl({ port: 80, protocol: "http", auth: "none", path_url: "http://10.0.0.1:8080/sb-1/80/" });
+    assert.deepEqual([String(pathOnly), pathOnly.url, pathOnly.token, pathOnly.withToken()], [
+      "http://10.0.0.1:8080/sb-1/80/", undefined, undefined, "http://10.0.0.1:8080/sb-1/80/",
+    ]);
+    const tcp = new PreviewUrl({ port: 5432, protocol: "tcp", auth: "token", address: "10.0.0.1:20000" }, "t");
+    assert.deepEqual([String(tcp), tcp.token, tcp.withToken()], ["10.0.0.1:20000", "t", "10.0.0.1:20000"]);
+  });
+
+  it("map a daemon without the routes, or without an ingress, to FeatureUnavailableError", async () => {
+    let ingressOff = false;
+    const fake = await fakeDaemon((req, res) => {
+      if (!req.url.includes("/ports")) {
+        res.writeHead(req.method === "POST" ? 201 : 200, { "content-type": "application/json" });
+        res.end(JSON.stringify(SANDBOX));
+      } else if (ingressOff) {
+        res.writeHead(400, { "content-type": "application/json" });
+        res.end(JSON.stringify({ error: { code: "ingress_disabled", message: "this daemon serves no preview URLs: set ingress_listen" } }));
+      } else {
+        res.writeHead(req.method === "DELETE" ? 405 : 404);
+        res.end();
+      }
+    });
+    try {
+      const sb = await Sandbox.connect("sb-1", { socket: fake.socket });
+      assert.deepEqual(sb.info.ports, []);
+      const calls = [
+        () => sb.exposePort(8000),
+        () => sb.listUrls(),
+        () => sb.ports(),
+        () => sb.listeningPorts(),
+        () => sb.previewUrl(8000),
+        () => sb.unexposePort(8000),
+        () => sb.rotatePortToken(8000),
+      ];
+      for (const call of calls) {
+        await assert.rejects(call(), (e) => e instanceof FeatureUnavailableError && e.code === "feature_unavailable" && /no such route/.test(e.message));
+      }
+      ingressOff = true;
+      await assert.rejects(sb.exposePort(8000), (e) => e instanceof FeatureUnavailableError && e.status === 400 && e.code === "ingress_disabled" && /ingress_listen/.test(e.message));
+      fake.transport.close();
+    } finally {
+      await fake.close();
+    }
+  });
+
+  it("on create: the field refused or the ingress off", async () => {
+    let answer;
+    const fake = await fakeDaemon((req, res) => {
+      res.writeHead(400, { "content-type": "application/json" });
+      res.end(JSON.stringify({ error: answer }));
+    });
+    try {
+      answer = { code: "invalid_json", message: "request body is not valid: field `ports`: unknown field `ports`, expected one of ..." };
+      await assert.rejects(new Sandbox({ socket: fake.socket, ports: [8000] }).create(), (e) => e instanceof FeatureUnavailableError && e.field === "ports" && /no such route/.test(e.message));
+      answer = { code: "ingress_disabled", message: "this daemon serves no preview URLs" };
+      await assert.rejects(new Sandbox({ socket: fake.socket, ports: [8000] }).create(), (e) => e instanceof FeatureUnavailableError && e.field === "ports" && e.code === "ingress_disabled");
+      // Without ports the daemon's error stays as it is.
+      answer = { code: "invalid_cpu", message: "cpu must be above 0", field: "cpu" };
+      await assert.rejects(new Sandbox({ socket: fake.socket }).create(), (e) => e instanceof BadRequestError && e.code === "invalid_cpu");
+      assert.equal(isMissingRoute(errorFromResponse(404, body({ code: "port_not_exposed", message: "m" }), "DELETE", "/x")), false);
+      assert.equal(isMissingRoute(errorFromResponse(404, body({ code: "not_found", message: "no route" }), "GET", "/x")), true);
+      assert.equal(isMissingRoute(errorFromResponse(404, "", "GET", "/x")), true);
+    } finally {
+      await fake.close();
+    }
   });
 });
 

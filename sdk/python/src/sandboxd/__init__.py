@@ -10,7 +10,7 @@ The asyncio twin, with the same names, is :mod:`sandboxd.aio`.
 
 __version__ = "0.1.0"
 
-from ._models import CompletedStream, PreviewUrl, SandboxFileInfo
+from ._models import CompletedStream, ListeningPort, PreviewUrl, SandboxFileInfo
 from ._spec import parse_cpu, parse_memory
 from ._tls import normalize_fingerprint
 from .client import Client
@@ -60,6 +60,7 @@ __all__ = [
     "SandboxFileInfo",
     "CompletedStream",
     "PreviewUrl",
+    "ListeningPort",
     "SandboxdError",
     "SandboxConnectionError",
     "SandboxTimeoutError",

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
+from urllib.parse import quote
 
-__all__ = ["SandboxFileInfo", "CompletedStream", "PreviewUrl", "file_info", "argv_of", "ProcessSpec"]
+__all__ = [
+    "SandboxFileInfo", "CompletedStream", "PreviewUrl", "ListeningPort", "file_info", "argv_of", "ProcessSpec",
+]
 
 # Upload and download in pieces of this size: a 50 MiB file never sits in memory whole.
 CHUNK = 1 << 20
@@ -89,20 +92,97 @@ class CompletedStream:
 
 
 class PreviewUrl(str):
-    """A preview URL (``expose_port``): the URL as a string, with ``port``,
-    ``path_url`` and ``token`` (for ``auth: "token"`` URLs) beside it."""
+    """An exposed port of a sandbox (``expose_port``, ``list_urls``,
+    ``ports``...). As a string it is the URL to hand out, as Beam's
+    ``expose_port`` returns it: ``url`` (host-name routing,
+    ``<id>-<port>.<ingress_domain>``) when the daemon has an
+    ``ingress_domain``, else ``path_url`` (``/<id>/<port>/`` on the ingress),
+    else ``address`` (a raw TCP port's ``host:port``).
+
+    Beside it: ``port``, ``protocol`` (``"http"`` or ``"tcp"``), ``auth``
+    (``"token"`` or ``"none"``), ``url``, ``path_url``, ``address`` (each
+    None when the daemon gave none) and ``token``: the secret a token URL
+    needs, known only to the instance that exposed the port, created the
+    sandbox with it, or rotated its token (the daemon keeps only a hash of
+    it; None otherwise and for public ports). Send it as
+    :attr:`headers`, or hand out :meth:`with_token` to a browser. ``repr``
+    does not show it."""
 
     port: int
+    protocol: str
+    auth: str
+    url: Optional[str]
     path_url: Optional[str]
+    address: Optional[str]
     token: Optional[str]
 
-    def __new__(cls, raw: Dict[str, Any]) -> "PreviewUrl":
-        url = raw.get("url") or raw.get("path_url") or ""
-        obj = super().__new__(cls, str(url))
+    def __new__(cls, raw: Dict[str, Any], token: Optional[str] = None) -> "PreviewUrl":
+        def text(key: str) -> Optional[str]:
+            value = raw.get(key)
+            return str(value) if value else None
+
+        url, path_url, address = text("url"), text("path_url"), text("address")
+        obj = super().__new__(cls, url or path_url or address or "")
         obj.port = int(raw.get("port", 0))
-        obj.path_url = raw.get("path_url")
-        obj.token = raw.get("token")
+        obj.protocol = str(raw.get("protocol") or "http")
+        obj.auth = str(raw.get("auth") or "token")
+        obj.url = url
+        obj.path_url = path_url
+        obj.address = address
+        obj.token = text("token") or token
         return obj
+
+    def as_dict(self) -> Dict[str, Any]:
+        """The daemon's ``PortUrl`` object again (with the token when known)."""
+        out: Dict[str, Any] = {"port": self.port, "protocol": self.protocol, "auth": self.auth}
+        for key in ("url", "path_url", "address", "token"):
+            value = getattr(self, key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    def __getnewargs__(self) -> Tuple[Dict[str, Any]]:  # type: ignore[override]
+        # pickle and copy rebuild it from its fields, not from the bare string.
+        return (self.as_dict(),)
+
+    @property
+    def headers(self) -> Dict[str, str]:
+        """The header that carries the token (``{"X-Sandbox-Token": token}``),
+        or ``{}`` when there is none to send."""
+        return {"X-Sandbox-Token": self.token} if self.token else {}
+
+    def with_token(self) -> str:
+        """The URL with ``?sandbox_token=TOKEN``: for a browser, which the
+        ingress answers with a redirect to the plain URL and a cookie
+        holding the token. The URL itself when there is no token. Whoever
+        has this string can use the URL: hand it out as you would the token."""
+        if not self.token or self.protocol != "http":
+            return str(self)
+        sep = "&" if "?" in self else "?"
+        return f"{self}{sep}sandbox_token={quote(self.token, safe='')}"
+
+    def __repr__(self) -> str:
+        token = "..." if self.token else None
+        return (
+            f"PreviewUrl({str(self)!r}, port={self.port}, protocol={self.protocol!r}, "
+            f"auth={self.auth!r}, token={token!r})"
+        )
+
+
+@dataclass
+class ListeningPort:
+    """A TCP socket something in the sandbox listens on
+    (``listening_ports()``): its ``port``, the ``address`` it is bound to
+    (``0.0.0.0``, ``::``, ``127.0.0.1``...; the ingress reaches either), and
+    whether it is ``exposed``."""
+
+    port: int
+    address: str
+    exposed: bool
+
+    @classmethod
+    def from_raw(cls, raw: Dict[str, Any]) -> "ListeningPort":
+        return cls(port=int(raw.get("port", 0)), address=str(raw.get("address", "")), exposed=bool(raw.get("exposed")))
 
 
 def argv_of(args: tuple) -> List[str]:

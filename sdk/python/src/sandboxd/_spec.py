@@ -201,7 +201,8 @@ class SandboxOptions:
         if self.secrets:
             body["secrets"] = list(self.secrets)
         if self.ports:
-            # Preview URLs (issue 14); a daemon without them refuses the field.
+            # Preview URLs; a daemon without them refuses the field, one without
+            # an ingress answers ingress_disabled (both FeatureUnavailableError).
             body["ports"] = list(self.ports)
         body["idempotency_key"] = idempotency_key or new_idempotency_key()
         return body
@@ -233,7 +234,8 @@ class SandboxArgs:
       hosts / ``*.wildcards`` / addresses. ``block_network=False``: open.
       Neither: the daemon's ``default_egress`` (block, as shipped).
     - ``secrets``: brokered secret names to bind; ``env``: environment.
-    - ``ports``: preview-URL ports (needs a daemon with issue 14).
+    - ``ports``: ports to expose as preview URLs (HTTP, token auth) once it is
+      ready; the instance holds their tokens (``list_urls()``, ``preview_url(port)``).
     - ``keep_warm_seconds``: the sandbox's TTL in seconds from now (the
       daemon removes it then); -1: no TTL, it runs until terminated; None:
       the daemon's ``default_ttl_seconds`` (600 as shipped, Beam's default).

@@ -181,8 +181,11 @@ class ServerError(APIError):
 
 
 class FeatureUnavailableError(APIError):
-    """The daemon has no route for this yet (e.g. preview URLs before
-    issue 14 landed)."""
+    """This daemon cannot do it: it has no route for it (a sandboxd older
+    than the feature: ``status`` 404 or 405), or the feature is off in its
+    configuration (preview URLs on a daemon without ``ingress_listen``, raw
+    TCP ports without ``ingress_tcp_ports``: the daemon's 400
+    ``ingress_disabled``, then also a :class:`BadRequestError`)."""
 
 
 _BY_STATUS: Dict[int, Type[APIError]] = {
@@ -257,28 +260,44 @@ def in_context(error: E, context: Type[SandboxdError]) -> E:
 
 
 PREVIEW_URLS_MISSING = (
-    "preview URLs (expose_port, list_urls, ports=) need a sandboxd with preview URLs "
-    "(issue 14: POST/GET /v1/sandboxes/{id}/ports); this daemon has no such route"
+    "preview URLs (expose_port, list_urls, ports=...) need a sandboxd with preview URLs "
+    "(POST/GET /v1/sandboxes/{id}/ports, docs/preview-urls.md); this daemon has no such route: upgrade it"
 )
 
 
+def _missing_route(exc: APIError) -> bool:
+    """A 405, or a 404 no daemon handler wrote (no error body, or a
+    router's generic ``not_found``): a 404 of the daemon's own names what
+    is missing (``sandbox_not_found``, ``port_not_exposed``)."""
+    return exc.status == 405 or (exc.status == 404 and exc.code in ("", "not_found"))
+
+
 def preview_route_error(exc: APIError) -> APIError:
-    """A 405, or a 404 that is not about a missing sandbox or port (no
-    error body, or a router's generic one): the route does not exist on
-    this daemon."""
-    if exc.status == 405 or (exc.status == 404 and not exc.code.endswith("_not_found")):
+    """The error of a preview-URL call: a daemon without the routes, or
+    with its ingress off (400 ``ingress_disabled``), raises
+    FeatureUnavailableError; any other error is left as it is."""
+    if _missing_route(exc):
         return FeatureUnavailableError(
             PREVIEW_URLS_MISSING, status=exc.status, body=exc.body, method=exc.method, path=exc.path
         )
+    if exc.status == 400 and exc.code == "ingress_disabled":
+        return in_context(exc, FeatureUnavailableError)
     return exc
 
 
 def create_error(exc: APIError, options: Any) -> APIError:
-    """A create's error; ``ports=`` refused as an unknown field means the
-    daemon has no preview URLs yet."""
-    if getattr(options, "ports", None) and exc.status == 400 and "unknown field `ports`" in exc.message:
+    """A create's error. With ``ports=``: a daemon that refuses the field
+    has no preview URLs, and one without an ingress says
+    ``ingress_disabled``; both raise FeatureUnavailableError (field ``ports``)."""
+    if not getattr(options, "ports", None) or exc.status != 400:
+        return exc
+    if "unknown field `ports`" in exc.message:
         return FeatureUnavailableError(
             PREVIEW_URLS_MISSING, status=400, code=exc.code, field="ports", body=exc.body,
             method=exc.method, path=exc.path,
         )
+    if exc.code == "ingress_disabled":
+        err = in_context(exc, FeatureUnavailableError)
+        err.field = err.field or "ports"
+        return err
     return exc

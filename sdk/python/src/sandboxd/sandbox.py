@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import _ports
 from ._hybrid import hybridmethod
-from ._models import PreviewUrl
+from ._models import ListeningPort, PreviewUrl
 from ._spec import SandboxArgs
 from .client import Client, default_client
 from .errors import (
@@ -80,6 +81,9 @@ class SandboxInstance:
         self.container_id = sandbox_id
         self._client = client
         self._view: Dict[str, Any] = dict(view or {})
+        # Tokens of its ports: a create's answer carries them, nothing else will.
+        self._port_tokens = _ports.PortTokens()
+        self._port_tokens.listed(_ports.entries(self._view))
         self.process = SandboxProcessManager(self)
         self.fs = SandboxFileSystem(self)
         self.terminated = False
@@ -105,8 +109,9 @@ class SandboxInstance:
 
     def inspect(self) -> Dict[str, Any]:
         """The daemon's view of the sandbox now (state, limits, TTL and
-        ``expires_at``, network policy, usage...)."""
+        ``expires_at``, network policy, usage, exposed ``ports``...)."""
         self._view = self._client.request_json("GET", self._path)
+        self._port_tokens.listed(_ports.entries(self._view))
         return dict(self._view)
 
     def terminate(self) -> bool:
@@ -144,26 +149,81 @@ class SandboxInstance:
         self._view = self._client.request_json("PATCH", self._path + "/network", json=body)
         return dict(self._view.get("network") or {})
 
-    def expose_port(self, port: int, auth: Optional[str] = None) -> PreviewUrl:
-        """A URL for ``port`` of the sandbox (preview URLs, issue 14); a str
-        with ``.token`` and ``.path_url``. ``auth``: ``"token"`` or
-        ``"none"`` (the daemon's default when not given)."""
-        body: Dict[str, Any] = {"port": int(port)}
-        if auth is not None:
-            body["auth"] = auth
+    # Preview URLs (docs/preview-urls.md).
+
+    def _port_call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            return PreviewUrl(self._client.request_json("POST", self._path + "/ports", json=body))
+            return self._client.request_json(method, path, **kwargs)
         except APIError as exc:
             raise preview_route_error(exc) from None
 
-    def list_urls(self) -> Dict[int, str]:
-        """Exposed ports and their URLs."""
+    def expose_port(self, port: int, auth: str = "token", protocol: str = "http") -> PreviewUrl:
+        """Exposes ``port`` of the sandbox through the daemon's ingress and
+        returns its URL (Beam's ``expose_port``): a ``str`` with ``port``,
+        ``protocol``, ``auth``, ``url``, ``path_url``, ``address`` and
+        ``token``. ``auth="token"`` (default): the URL needs ``url.token``
+        (as ``X-Sandbox-Token`` or ``Authorization: Bearer``; see
+        :class:`PreviewUrl`); ``auth="none"``: a public URL, anyone who can
+        reach the ingress can use it. ``protocol="tcp"``: a raw TCP port of
+        the host (``address``) instead of HTTP URLs. The app may listen on
+        ``127.0.0.1`` or ``0.0.0.0``, before or after this call (until it
+        does, the URL answers 502). A port exposed already: ConflictError
+        (``port_already_exposed``); a daemon without preview URLs or with
+        its ingress off: FeatureUnavailableError."""
+        body = _ports.expose_body(port, auth, protocol)
+        return self._port_tokens.granted(self._port_call("POST", self._path + "/ports", json=body))
+
+    def ports(self) -> List[PreviewUrl]:
+        """The exposed ports, each a :class:`PreviewUrl` (with its token when
+        this instance holds it)."""
+        raw = self._port_call("GET", self._path + "/ports")
+        return self._port_tokens.listed(_ports.entries(raw))
+
+    def list_urls(self) -> Dict[int, PreviewUrl]:
+        """``{port: url}`` of the exposed ports (Beam's ``list_urls``); each
+        url is a :class:`PreviewUrl`, a ``str``."""
+        return {u.port: u for u in self.ports()}
+
+    def preview_url(self, port: int) -> PreviewUrl:
+        """The URL of an exposed port, with the token this instance holds
+        for it (from the create, ``expose_port`` or ``rotate_port_token``);
+        NotFoundError (``port_not_exposed``) when it is not exposed."""
+        port = _ports.checked_port(port)
+        for url in self.ports():
+            if url.port == port:
+                return url
+        raise _ports.not_exposed(self.container_id, port, self._path + "/ports")
+
+    def listening_ports(self) -> List[ListeningPort]:
+        """The TCP ports something in the sandbox listens on now, exposed or
+        not (``port``, ``address``, ``exposed``): what a server it started
+        is ready on. The sandbox must be running."""
+        raw = self._port_call("GET", self._path + "/ports", params={"listening": "true"})
+        self._port_tokens.listed(_ports.entries(raw))
+        return _ports.listening(raw)
+
+    def unexpose_port(self, port: int) -> bool:
+        """Stops exposing ``port``: its URLs answer 404 and connections open
+        through them end at once. True when it was unexposed now, False
+        when it was not exposed."""
+        port = _ports.checked_port(port)
         try:
-            raw = self._client.request_json("GET", self._path + "/ports")
-        except APIError as exc:
-            raise preview_route_error(exc) from None
-        entries: List[Dict[str, Any]] = raw.get("ports", []) if isinstance(raw, dict) else list(raw or [])
-        return {int(e["port"]): str(e.get("url") or e.get("path_url") or "") for e in entries}
+            self._port_call("DELETE", _ports.port_path(self._path, port))
+        except NotFoundError as exc:
+            if exc.code != "port_not_exposed":
+                raise
+            return False
+        finally:
+            self._port_tokens.forget(port)
+        return True
+
+    def rotate_port_token(self, port: int) -> PreviewUrl:
+        """A new token for an exposed port; the old one stops working at once
+        (and connections made with it end). Returns the URL with the new
+        ``token``. A public port (``auth="none"``): ConflictError
+        (``port_public``)."""
+        raw = self._port_call("POST", _ports.port_path(self._path, port) + "/token")
+        return self._port_tokens.granted(raw)
 
     def _snapshot(self, kind: str) -> str:
         view = self._client.request_json("POST", self._path + "/snapshots", json={"kind": kind})

@@ -80,6 +80,46 @@ export async function freePort() {
   return port;
 }
 
+/** `count` consecutive TCP ports free right now on 127.0.0.1: [first, last]. */
+export async function freePortRange(count) {
+  for (let attempt = 0; attempt < 200; attempt++) {
+    const first = await freePort();
+    if (first + count > 65535) continue;
+    const held = [];
+    let ok = true;
+    for (let port = first; port < first + count && ok; port++) {
+      const server = createServer();
+      server.on("error", () => {});
+      server.listen(port, "127.0.0.1");
+      const [event] = await Promise.race([once(server, "listening").then(() => ["listening"]), once(server, "error").then(() => ["error"])]);
+      if (event === "listening") held.push(server);
+      else ok = false;
+    }
+    for (const server of held) {
+      server.close();
+      await once(server, "close");
+    }
+    if (ok) return [first, first + count - 1];
+  }
+  throw new Error(`no ${count} consecutive free ports on 127.0.0.1`);
+}
+
+export const INGRESS_DOMAIN = "sbx.test";
+
+/**
+ * Flags for an ingress on a free port of 127.0.0.1, host-name URLs under
+ * sbx.test (no DNS: clients connect to the listener and send the Host), and
+ * `tcpPorts` host ports for raw TCP exposures.
+ */
+export async function ingressArgs(tcpPorts = 4) {
+  const args = ["--ingress-listen", `127.0.0.1:${await freePort()}`, "--ingress-domain", INGRESS_DOMAIN];
+  if (tcpPorts > 0) {
+    const [first, last] = await freePortRange(tcpPorts);
+    args.push("--ingress-tcp-ports", `${first}-${last}`);
+  }
+  return args;
+}
+
 function cgroupHierarchies() {
   const root = "/sys/fs/cgroup";
   if (existsSync(join(root, "cgroup.controllers"))) return [root];
@@ -119,6 +159,12 @@ export class TestDaemon {
     this.extraArgs = extraArgs;
     this.env = env;
     this.child = undefined;
+  }
+
+  /** `host:port` of its ingress listener, when it has one. */
+  get ingress() {
+    const i = this.extraArgs.indexOf("--ingress-listen");
+    return i < 0 ? undefined : this.extraArgs[i + 1].split(",")[0];
   }
 
   args() {

@@ -8,11 +8,16 @@ import { after, before } from "node:test";
 import { closeAllTransports } from "../../dist/index.js";
 import { startDaemon } from "./daemon.mjs";
 
-/** Registers the hooks; the returned object's `daemon` is set once started. */
+/**
+ * Registers the hooks; the returned object's `daemon` is set once started.
+ * `extraArgs`: the daemon's flags, or an (async) function that makes them
+ * when it starts (free ports).
+ */
 export function useDaemon(extraArgs = [], env = {}) {
   const ctx = { daemon: undefined };
   before(async () => {
-    ctx.daemon = await startDaemon(extraArgs, env);
+    const args = typeof extraArgs === "function" ? await extraArgs() : extraArgs;
+    ctx.daemon = await startDaemon(args, env);
     process.env.SANDBOXD_SOCKET = ctx.daemon.socket;
     delete process.env.SANDBOXD_URL;
   });

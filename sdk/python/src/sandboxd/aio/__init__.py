@@ -10,7 +10,7 @@
 Errors, ``Image`` and the data types are the sync package's own.
 """
 
-from .._models import CompletedStream, PreviewUrl, SandboxFileInfo
+from .._models import CompletedStream, ListeningPort, PreviewUrl, SandboxFileInfo
 from ..errors import (
     APIError,
     AuthenticationError,
@@ -57,6 +57,7 @@ __all__ = [
     "SandboxFileInfo",
     "CompletedStream",
     "PreviewUrl",
+    "ListeningPort",
     "SandboxdError",
     "SandboxConnectionError",
     "SandboxTimeoutError",

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .. import _ports
 from .._hybrid import hybridmethod
-from .._models import PreviewUrl
+from .._models import ListeningPort, PreviewUrl
 from .._spec import SandboxArgs
 from ..errors import (
     APIError,
@@ -88,6 +89,8 @@ class SandboxInstance:
         self._client = client
         self._owns_client = owns_client
         self._view: Dict[str, Any] = dict(view or {})
+        self._port_tokens = _ports.PortTokens()
+        self._port_tokens.listed(_ports.entries(self._view))
         self.process = SandboxProcessManager(self)
         self.fs = SandboxFileSystem(self)
         self.terminated = False
@@ -112,6 +115,7 @@ class SandboxInstance:
 
     async def inspect(self) -> Dict[str, Any]:
         self._view = await self._client.request_json("GET", self._path)
+        self._port_tokens.listed(_ports.entries(self._view))
         return dict(self._view)
 
     async def terminate(self) -> bool:
@@ -149,22 +153,53 @@ class SandboxInstance:
         self._view = await self._client.request_json("PATCH", self._path + "/network", json=body)
         return dict(self._view.get("network") or {})
 
-    async def expose_port(self, port: int, auth: Optional[str] = None) -> PreviewUrl:
-        body: Dict[str, Any] = {"port": int(port)}
-        if auth is not None:
-            body["auth"] = auth
+    # Preview URLs: as in :class:`sandboxd.SandboxInstance`.
+
+    async def _port_call(self, method: str, path: str, **kwargs: Any) -> Any:
         try:
-            return PreviewUrl(await self._client.request_json("POST", self._path + "/ports", json=body))
+            return await self._client.request_json(method, path, **kwargs)
         except APIError as exc:
             raise preview_route_error(exc) from None
 
-    async def list_urls(self) -> Dict[int, str]:
+    async def expose_port(self, port: int, auth: str = "token", protocol: str = "http") -> PreviewUrl:
+        """As :meth:`sandboxd.SandboxInstance.expose_port`."""
+        body = _ports.expose_body(port, auth, protocol)
+        return self._port_tokens.granted(await self._port_call("POST", self._path + "/ports", json=body))
+
+    async def ports(self) -> List[PreviewUrl]:
+        raw = await self._port_call("GET", self._path + "/ports")
+        return self._port_tokens.listed(_ports.entries(raw))
+
+    async def list_urls(self) -> Dict[int, PreviewUrl]:
+        return {u.port: u for u in await self.ports()}
+
+    async def preview_url(self, port: int) -> PreviewUrl:
+        port = _ports.checked_port(port)
+        for url in await self.ports():
+            if url.port == port:
+                return url
+        raise _ports.not_exposed(self.container_id, port, self._path + "/ports")
+
+    async def listening_ports(self) -> List[ListeningPort]:
+        raw = await self._port_call("GET", self._path + "/ports", params={"listening": "true"})
+        self._port_tokens.listed(_ports.entries(raw))
+        return _ports.listening(raw)
+
+    async def unexpose_port(self, port: int) -> bool:
+        port = _ports.checked_port(port)
         try:
-            raw = await self._client.request_json("GET", self._path + "/ports")
-        except APIError as exc:
-            raise preview_route_error(exc) from None
-        entries: List[Dict[str, Any]] = raw.get("ports", []) if isinstance(raw, dict) else list(raw or [])
-        return {int(e["port"]): str(e.get("url") or e.get("path_url") or "") for e in entries}
+            await self._port_call("DELETE", _ports.port_path(self._path, port))
+        except NotFoundError as exc:
+            if exc.code != "port_not_exposed":
+                raise
+            return False
+        finally:
+            self._port_tokens.forget(port)
+        return True
+
+    async def rotate_port_token(self, port: int) -> PreviewUrl:
+        raw = await self._port_call("POST", _ports.port_path(self._path, port) + "/token")
+        return self._port_tokens.granted(raw)
 
     async def _snapshot(self, kind: str) -> str:
         view = await self._client.request_json("POST", self._path + "/snapshots", json={"kind": kind})
