@@ -1553,7 +1553,74 @@ async fn token_urls_admit_only_their_token_and_raw_tcp_ports_too() {
         seen_header(&seen, "cookie").is_some_and(|c| c.contains("theme=dark")),
         "the app's own cookie did not reach it: {seen}"
     );
-    // The same by path: the cookie is scoped to the path.
+    // The cookie counts only from the URL's own origin: another
+    // sandbox's page (the same site under the domain) gets a 403.
+    let own_origin = format!("http://{name}");
+    let other_origin = format!(
+        "http://{}:{}",
+        host("sb-000000000000", 80),
+        ingress.addr.port()
+    );
+    let reply = ingress
+        .get(
+            &name,
+            "/info",
+            &[("cookie", cookie.as_str()), ("origin", own_origin.as_str())],
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "its own origin: {reply}");
+    for foreign in [
+        vec![
+            ("cookie", cookie.as_str()),
+            ("origin", other_origin.as_str()),
+        ],
+        vec![("cookie", cookie.as_str()), ("sec-fetch-site", "same-site")],
+        vec![
+            ("cookie", cookie.as_str()),
+            ("sec-fetch-site", "cross-site"),
+        ],
+    ] {
+        let reply = ingress.get(&name, "/info", &foreign).await;
+        assert_eq!(reply.status, StatusCode::FORBIDDEN, "{foreign:?}: {reply}");
+    }
+    // The token itself, in a header, is no cookie: any origin may send it.
+    let reply = ingress
+        .get(
+            &name,
+            "/info",
+            &[
+                ("x-sandbox-token", token.as_str()),
+                ("origin", other_origin.as_str()),
+            ],
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::OK, "{reply}");
+    // A client's X-Forwarded-Prefix is not passed on in the host form.
+    let reply = ingress
+        .get(
+            &name,
+            "/info",
+            &[
+                ("x-sandbox-token", token.as_str()),
+                ("x-forwarded-prefix", "/elsewhere"),
+                ("x-probe", "mine"),
+            ],
+        )
+        .await;
+    let seen = assert_clean(&reply, "a forged prefix");
+    assert_eq!(seen_header(&seen, "x-forwarded-prefix"), None, "{seen}");
+    // A redirect stays on the host, whatever the path looks like.
+    let reply = ingress
+        .get(
+            &name,
+            &format!("//evil.example/x?sandbox_token={token}"),
+            &[],
+        )
+        .await;
+    assert!(reply.status.is_redirection(), "{reply}");
+    assert_eq!(reply.header("location"), "/evil.example/x", "{reply}");
+
+    // By path every sandbox shares one origin: headers only, no cookie.
     let reply = ingress
         .get(
             &plain,
@@ -1561,27 +1628,25 @@ async fn token_urls_admit_only_their_token_and_raw_tcp_ports_too() {
             &[],
         )
         .await;
-    assert!(reply.status.is_redirection(), "{reply}");
-    let location = location_path(&reply.header("location"));
-    assert_eq!(location, format!("/{id}/8000/info"), "{reply}");
-    let set_cookie = reply.header("set-cookie");
-    let attributes = cookie_attributes(&set_cookie);
-    assert_eq!(attributes[0].0, "sandboxd_token", "{set_cookie}");
-    assert!(
-        attributes
-            .iter()
-            .any(|(n, v)| n == "path" && v == &format!("/{id}/8000/")),
-        "{set_cookie}"
-    );
-    let path_cookie = format!("sandboxd_token={}", attributes[0].1);
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply}");
+    assert!(reply.header("set-cookie").is_empty(), "{reply}");
+    assert!(reply.text().contains("header"), "says what to do: {reply}");
     let reply = ingress
         .get(
             &plain,
-            &location,
-            &[("cookie", path_cookie.as_str()), ("x-probe", "mine")],
+            &format!("/{id}/8000/info"),
+            &[("cookie", cookie.as_str())],
         )
         .await;
-    assert_eq!(assert_clean(&reply, "cookie, path form")["path"], "/info");
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{reply}");
+    let reply = ingress
+        .get(
+            &plain,
+            &format!("/{id}/8000/info"),
+            &[("x-sandbox-token", token.as_str()), ("x-probe", "mine")],
+        )
+        .await;
+    assert_eq!(assert_clean(&reply, "header, path form")["path"], "/info");
 
     // Listings never carry a token.
     let (_, listed) = ingress
@@ -1694,6 +1759,36 @@ async fn token_urls_admit_only_their_token_and_raw_tcp_ports_too() {
     assert_eq!(read_exactly(&mut admitted, 5).await, b"ping\n");
     let accepts = sh_ok(&ingress, &id, "wc -l < /tmp/accepts-9001").await;
     assert_eq!(accepts.trim(), "1", "connections the app accepted on 9001");
+    // A connection that waits while the token is rotated is held to the
+    // new one: the old token, sent after the rotation, is refused.
+    let mut waiting = TcpStream::connect(guarded_addr).await.expect("connect");
+    let (status, rotated) = ingress
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/ports/9001/token"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{rotated}");
+    waiting
+        .write_all(format!("{tcp_token}\n").as_bytes())
+        .await
+        .expect("write");
+    let (ended, got) = ends_within(&mut waiting, Duration::from_secs(10)).await;
+    assert!(ended && got.is_empty(), "a rotated token still got {got:?}");
+    let tcp_token_now = rotated["token"].as_str().expect("the new token");
+    let mut renewed = TcpStream::connect(guarded_addr).await.expect("connect");
+    renewed
+        .write_all(format!("{tcp_token_now}\n").as_bytes())
+        .await
+        .expect("write");
+    assert_eq!(read_exactly(&mut renewed, 8).await, b"hi 9001\n");
+    let accepts = sh_ok(&ingress, &id, "wc -l < /tmp/accepts-9001").await;
+    assert_eq!(
+        accepts.trim(),
+        "2",
+        "the rotated token never reached the app"
+    );
 
     // Unexposing closes the open stream at once, and the address.
     let (status, v) = ingress

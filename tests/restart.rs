@@ -119,6 +119,17 @@ async fn restart_refuses_a_supervisor_of_another_protocol_version() {
     std::fs::create_dir_all(&dir).expect("run dir");
     let socket = dir.join("shim.sock");
     let listener = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+    // The fake runs in this process and a delete SIGKILLs a foreign
+    // supervisor: it must be unreachable before the harness deletes the
+    // sandbox, a failed assertion included (its thread stays parked in
+    // accept until the test binary ends).
+    struct Unreachable(std::path::PathBuf);
+    impl Drop for Unreachable {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let unreachable = Unreachable(socket.clone());
     // Each request's tag; answers Health (tag 0) as v0 did, nothing else.
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
     let fake = {
@@ -154,10 +165,11 @@ async fn restart_refuses_a_supervisor_of_another_protocol_version() {
     assert_eq!(status, StatusCode::OK, "{sandbox}");
     assert_eq!(sandbox["state"], "failed", "{sandbox}");
     let failure = sandbox["failure"].as_str().unwrap_or_default().to_string();
-    assert!(
-        failure.contains("unversioned supervisor protocol (v0), this daemon v2"),
-        "{failure}"
+    let this_daemon = format!(
+        "unversioned supervisor protocol (v0), this daemon v{}",
+        sandboxd::supervisor::protocol::SUPERVISOR_PROTOCOL_VERSION
     );
+    assert!(failure.contains(&this_daemon), "{failure}");
     assert!(failure.contains("delete the sandbox"), "{failure}");
     assert!(daemon.log().contains(id), "{}", daemon.log());
     // The API refuses to pass requests on to it.
@@ -175,9 +187,6 @@ async fn restart_refuses_a_supervisor_of_another_protocol_version() {
         vec![0u8],
         "only the health check"
     );
-    // The fake runs in this process and a delete SIGKILLs a foreign
-    // supervisor: it becomes unreachable before the harness deletes the
-    // sandbox (its thread stays parked in accept until the test binary ends).
-    std::fs::remove_file(&socket).expect("remove the fake's socket");
+    drop(unreachable);
     drop(fake);
 }

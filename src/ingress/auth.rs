@@ -2,20 +2,23 @@
 //! (`Authorization: Bearer`, `X-Sandbox-Token`, `?sandbox_token=`, the
 //! ingress's cookie), and their removal before the request reaches the app.
 
-use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, COOKIE};
+use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, COOKIE, ORIGIN};
 
 pub const TOKEN_HEADER: &str = "x-sandbox-token";
 pub const TOKEN_QUERY: &str = "sandbox_token";
 pub const TOKEN_COOKIE: &str = "sandboxd_token";
 
-/// Where a presented token came from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Presented {
-    /// A header or the cookie: checked, then stripped.
-    Header(String),
-    /// The query parameter: answered with a redirect that sets the cookie,
-    /// to `clean` (the same path and query without it).
-    Query { token: String, clean: String },
+/// The tokens a request presents, by where they came from.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Presented {
+    /// `?sandbox_token=`, with the path and query without it (`clean`).
+    pub query: Option<(String, String)>,
+    /// `X-Sandbox-Token` and a bearer `Authorization` (which may be the
+    /// app's own): deliberate, so no browser sends them unasked.
+    pub headers: Vec<String>,
+    /// Every `sandboxd_token` cookie: a browser sends these with any
+    /// request to the host, so they count only from the URL's own origin.
+    pub cookies: Vec<String>,
 }
 
 fn bearer(headers: &HeaderMap) -> Option<String> {
@@ -26,15 +29,16 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
         .then(|| token.trim().to_string())
 }
 
-fn cookie(headers: &HeaderMap) -> Option<String> {
+fn cookies(headers: &HeaderMap) -> Vec<String> {
     headers
         .get_all(COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == TOKEN_COOKIE)
+        .filter(|(name, _)| *name == TOKEN_COOKIE)
         .map(|(_, value)| value.trim().to_string())
+        .collect()
 }
 
 /// `path?query` without `sandbox_token`, and the token it carried.
@@ -60,19 +64,40 @@ fn from_query(path_and_query: &str) -> Option<(String, String)> {
     Some((token, clean))
 }
 
-/// The token a request presents, if any: the query first (it asks for the
-/// cookie), then the headers, then the cookie.
-pub fn presented(headers: &HeaderMap, path_and_query: &str) -> Option<Presented> {
-    if let Some((token, clean)) = from_query(path_and_query) {
-        return Some(Presented::Query { token, clean });
-    }
-    headers
-        .get(TOKEN_HEADER)
-        .and_then(|v| v.to_str().ok())
+/// Every token the request presents, wherever it is.
+pub fn presented(headers: &HeaderMap, path_and_query: &str) -> Presented {
+    let mut deliberate: Vec<String> = headers
+        .get_all(TOKEN_HEADER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
         .map(|v| v.trim().to_string())
-        .or_else(|| bearer(headers))
-        .or_else(|| cookie(headers))
-        .map(Presented::Header)
+        .collect();
+    deliberate.extend(bearer(headers));
+    Presented {
+        query: from_query(path_and_query),
+        headers: deliberate,
+        cookies: cookies(headers),
+    }
+}
+
+/// Why a request may not use the URL's cookie, if it may not: it was sent
+/// by a page of another origin (`Sec-Fetch-Site`, else `Origin`). Other
+/// sandboxes' host names are the same site, so SameSite=Lax alone would
+/// let their pages use it.
+pub fn foreign_origin(headers: &HeaderMap, host: &str) -> Option<String> {
+    if let Some(site) = headers.get("sec-fetch-site").and_then(|v| v.to_str().ok()) {
+        if site != "same-origin" && site != "none" {
+            return Some(format!("Sec-Fetch-Site is {site}"));
+        }
+    }
+    let origin = headers.get(ORIGIN)?.to_str().unwrap_or("null");
+    let named = origin
+        .strip_prefix("https://")
+        .or_else(|| origin.strip_prefix("http://"));
+    match named {
+        Some(authority) if authority.eq_ignore_ascii_case(host) => None,
+        _ => Some(format!("the request comes from {origin}")),
+    }
 }
 
 /// Removes the ingress's credentials: its header, a bearer token that is
@@ -103,14 +128,11 @@ pub fn strip(headers: &mut HeaderMap, token: Option<&str>) {
     }
 }
 
-/// The cookie a `?sandbox_token=` visit sets: host-only (no Domain), or
-/// scoped to the path form's prefix.
-pub fn set_cookie(token: &str, path_prefix: Option<&str>, tls: bool) -> String {
-    let path = path_prefix
-        .map(|p| format!("{p}/"))
-        .unwrap_or_else(|| "/".to_string());
-    let secure = if tls { "; Secure" } else { "" };
-    format!("{TOKEN_COOKIE}={token}; Path={path}; HttpOnly; SameSite=Lax{secure}")
+/// The cookie a `?sandbox_token=` visit to a host-name URL sets:
+/// host-only (no Domain), HttpOnly, SameSite=Lax, Secure under TLS.
+pub fn set_cookie(token: &str, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    format!("{TOKEN_COOKIE}={token}; Path=/; HttpOnly; SameSite=Lax{secure}")
 }
 
 #[cfg(test)]
@@ -127,34 +149,68 @@ mod tests {
 
     #[test]
     fn each_form_presents_the_token() {
-        let t = "tok";
-        assert_eq!(
-            presented(&headers(&[("authorization", "Bearer tok")]), "/"),
-            Some(Presented::Header(t.into()))
+        let t = "tok".to_string();
+        let p = presented(&headers(&[("authorization", "Bearer tok")]), "/");
+        assert_eq!(p.headers, vec![t.clone()]);
+        let p = presented(&headers(&[("x-sandbox-token", "tok")]), "/");
+        assert_eq!(p.headers, vec![t.clone()]);
+        let p = presented(
+            &headers(&[
+                ("cookie", "sandboxd_token=old; a=1"),
+                ("cookie", "sandboxd_token=tok"),
+            ]),
+            "/",
         );
         assert_eq!(
-            presented(&headers(&[("x-sandbox-token", "tok")]), "/"),
-            Some(Presented::Header(t.into()))
+            p.cookies,
+            vec!["old".to_string(), t.clone()],
+            "every cookie counts"
         );
         assert_eq!(
-            presented(&headers(&[("cookie", "a=1; sandboxd_token=tok")]), "/"),
-            Some(Presented::Header(t.into()))
+            presented(&HeaderMap::new(), "/x?a=1&sandbox_token=tok&b=2").query,
+            Some((t.clone(), "/x?a=1&b=2".into()))
         );
         assert_eq!(
-            presented(&HeaderMap::new(), "/x?a=1&sandbox_token=tok&b=2"),
-            Some(Presented::Query {
-                token: t.into(),
-                clean: "/x?a=1&b=2".into()
-            })
+            presented(&HeaderMap::new(), "/x?sandbox_token=tok").query,
+            Some((t, "/x".into()))
         );
         assert_eq!(
-            presented(&HeaderMap::new(), "/x?sandbox_token=tok"),
-            Some(Presented::Query {
-                token: t.into(),
-                clean: "/x".into()
-            })
+            presented(&headers(&[("cookie", "a=1")]), "/?a=1"),
+            Presented::default()
         );
-        assert_eq!(presented(&headers(&[("cookie", "a=1")]), "/?a=1"), None);
+    }
+
+    #[test]
+    fn only_the_urls_own_origin_may_use_its_cookie() {
+        let host = "sb-1-80.sbx.test";
+        assert_eq!(
+            foreign_origin(&HeaderMap::new(), host),
+            None,
+            "a plain client"
+        );
+        assert_eq!(
+            foreign_origin(&headers(&[("sec-fetch-site", "none")]), host),
+            None,
+            "the user typed or followed the URL"
+        );
+        assert_eq!(
+            foreign_origin(
+                &headers(&[
+                    ("sec-fetch-site", "same-origin"),
+                    ("origin", "https://sb-1-80.sbx.test")
+                ]),
+                host
+            ),
+            None
+        );
+        for refused in [
+            headers(&[("sec-fetch-site", "same-site")]),
+            headers(&[("sec-fetch-site", "cross-site")]),
+            headers(&[("origin", "https://sb-2-80.sbx.test")]),
+            headers(&[("origin", "null")]),
+        ] {
+            assert!(foreign_origin(&refused, host).is_some(), "{refused:?}");
+        }
     }
 
     #[test]
@@ -182,14 +238,14 @@ mod tests {
     }
 
     #[test]
-    fn the_cookie_is_scoped_and_locked_down() {
+    fn the_cookie_is_host_only_and_locked_down() {
         assert_eq!(
-            set_cookie("t", None, true),
+            set_cookie("t", true),
             "sandboxd_token=t; Path=/; HttpOnly; SameSite=Lax; Secure"
         );
         assert_eq!(
-            set_cookie("t", Some("/sb-1/80"), false),
-            "sandboxd_token=t; Path=/sb-1/80/; HttpOnly; SameSite=Lax"
+            set_cookie("t", false),
+            "sandboxd_token=t; Path=/; HttpOnly; SameSite=Lax"
         );
     }
 }

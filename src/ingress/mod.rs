@@ -7,6 +7,7 @@
 
 mod auth;
 mod body;
+mod counted;
 mod pages;
 mod proxy;
 mod route;
@@ -17,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
 use crate::config::IngressSettings;
@@ -25,6 +27,10 @@ use crate::sandbox::Manager;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a request head may take to arrive.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// HTTP/2 pings: a peer that does not answer one in this long is gone.
+const KEEP_ALIVE: Duration = Duration::from_secs(20);
+/// Connections open through all the ingress's listeners at once.
+const MAX_CONNECTIONS: usize = 8192;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IngressError {
@@ -79,6 +85,7 @@ impl PreparedIngress {
     pub fn serve(self, manager: Arc<Manager>) -> Result<Vec<SocketAddr>, IngressError> {
         let http = proxy::HttpIngress::new(Arc::clone(&manager), self.tls.is_some());
         let acceptor = self.tls.map(TlsAcceptor::from);
+        let open = Arc::new(Semaphore::new(MAX_CONNECTIONS));
         let mut addresses = Vec::new();
         for listener in self.listeners {
             let address = listener.local_addr().map_err(|source| IngressError::Bind {
@@ -87,7 +94,12 @@ impl PreparedIngress {
             })?;
             let listener = tokio::net::TcpListener::from_std(listener)
                 .map_err(|source| IngressError::Bind { address, source })?;
-            tokio::spawn(accept_loop(listener, Arc::clone(&http), acceptor.clone()));
+            tokio::spawn(accept_loop(
+                listener,
+                Arc::clone(&http),
+                acceptor.clone(),
+                Arc::clone(&open),
+            ));
             addresses.push(address);
         }
         tokio::spawn(tcp::serve_exposures(manager));
@@ -99,6 +111,7 @@ async fn accept_loop(
     listener: tokio::net::TcpListener,
     http: Arc<proxy::HttpIngress>,
     tls: Option<TlsAcceptor>,
+    open: Arc<Semaphore>,
 ) {
     loop {
         let (stream, peer) = match listener.accept().await {
@@ -110,25 +123,69 @@ async fn accept_loop(
                 continue;
             }
         };
+        // Past the daemon-wide bound a connection is closed at once, so
+        // idle or slow clients cannot take every descriptor.
+        let Ok(permit) = Arc::clone(&open).try_acquire_owned() else {
+            tracing::debug!(%peer, "ingress connection refused: {MAX_CONNECTIONS} open already");
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         let http = Arc::clone(&http);
         let tls = tls.clone();
         tokio::spawn(async move {
+            let _permit = permit;
             match tls {
                 Some(acceptor) => {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => serve_connection(tls, peer, http).await,
+                        Ok(Ok(tls)) => {
+                            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                            serve_connection(tls, h2, peer, http).await
+                        }
                         Ok(Err(e)) => tracing::debug!(%peer, "ingress TLS handshake failed: {e}"),
                         Err(_) => tracing::debug!(%peer, "ingress TLS handshake timed out"),
                     }
                 }
-                None => serve_connection(stream, peer, http).await,
+                None => match h2c_preface(&stream).await {
+                    Some(h2) => serve_connection(stream, h2, peer, http).await,
+                    None => tracing::debug!(%peer, "ingress connection sent no request in time"),
+                },
             }
         });
     }
 }
 
-async fn serve_connection<I>(io: I, peer: SocketAddr, http: Arc<proxy::HttpIngress>)
+/// Whether a cleartext connection opens with HTTP/2's preface (h2c with
+/// prior knowledge) or something else (HTTP/1.1); `None` when its first
+/// bytes do not come within the header timeout.
+async fn h2c_preface(stream: &tokio::net::TcpStream) -> Option<bool> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let sniff = async {
+        let mut seen = [0u8; PREFACE.len()];
+        loop {
+            let n = stream.peek(&mut seen).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            if seen[..n] != PREFACE[..n] {
+                return Some(false);
+            }
+            if n == PREFACE.len() {
+                return Some(true);
+            }
+            // A preface cut short: wait for the rest (peek does not).
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(HEADER_TIMEOUT, sniff)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Serves one connection as HTTP/2 or HTTP/1.1 (with upgrades). Both have
+/// deadlines: a request head must come within the header timeout, and an
+/// HTTP/2 peer that stops answering pings is dropped.
+async fn serve_connection<I>(io: I, h2: bool, peer: SocketAddr, http: Arc<proxy::HttpIngress>)
 where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -136,16 +193,21 @@ where
         let http = Arc::clone(&http);
         async move { Ok::<_, std::convert::Infallible>(http.handle(req, peer).await) }
     });
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    // A client that opens a connection and sends no request head does not
-    // hold it for ever.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT);
-    let served = builder
-        .serve_connection_with_upgrades(TokioIo::new(io), service)
-        .await;
+    let served = if h2 {
+        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(KEEP_ALIVE))
+            .keep_alive_timeout(KEEP_ALIVE)
+            .serve_connection(TokioIo::new(io), service)
+            .await
+    } else {
+        hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades()
+            .await
+    };
     if let Err(e) = served {
         tracing::debug!(%peer, "ingress connection ended: {e}");
     }

@@ -18,8 +18,9 @@ use hyper::{Request, Response, StatusCode, Uri, Version};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-use super::auth::{self, Presented};
+use super::auth;
 use super::body::{BoxError, IngressBody, Metered, OnEnd};
+use super::counted::Counted;
 use super::pages::{page, redirect};
 use super::route::{route, Route, RouteError};
 use crate::config::IngressHostHeader;
@@ -63,8 +64,26 @@ impl tower_service::Service<Uri> for SandboxConnector {
 pub struct HttpIngress {
     manager: Arc<Manager>,
     client: Client<SandboxConnector, IngressBody>,
-    tls: bool,
+    /// The client reaches the ingress over TLS: its own, or a proxy's in
+    /// front (`ingress_public_url` with https).
+    secure: bool,
 }
+
+const NEEDS_TOKEN: &str = "This preview URL needs its token: send it as Authorization: Bearer TOKEN or X-Sandbox-Token: TOKEN, or open the URL once with ?sandbox_token=TOKEN.";
+const PATH_FORM_TOKENS: &str = "Path-form preview URLs take their token in a header only (Authorization: Bearer TOKEN or X-Sandbox-Token: TOKEN): every sandbox shares their origin, so a browser session there would be open to the others. For a browser, use the host-name URL (ingress_domain).";
+const FOREIGN_ORIGIN: &str = "This preview URL's cookie was sent by a page of another origin; open the URL itself, or send the token in a header.";
+
+/// What a token check decided.
+enum TokenCheck {
+    /// Go on; the token to strip if it came in a header.
+    Passed(Option<String>),
+    /// `?sandbox_token=` with the right token: set the cookie, redirect.
+    SetCookie { token: String, location: String },
+}
+
+/// Response headers an app may not send through the ingress: a service
+/// worker allowed above its own URL could watch other URLs of the origin.
+const APP_HEADERS_DROPPED: [&str; 1] = ["service-worker-allowed"];
 
 /// Headers that belong to one hop, not forwarded (but `Connection` and
 /// `Upgrade` of an upgrade).
@@ -72,6 +91,13 @@ const HOP_BY_HOP: [&str; 4] = ["keep-alive", "proxy-connection", "te", "trailer"
 
 impl HttpIngress {
     pub fn new(manager: Arc<Manager>, tls: bool) -> Arc<Self> {
+        let secure = tls
+            || manager
+                .config
+                .ingress
+                .public_url
+                .as_ref()
+                .is_some_and(|u| u.https);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(std::time::Duration::from_secs(30))
             .pool_max_idle_per_host(32)
@@ -82,8 +108,50 @@ impl HttpIngress {
         Arc::new(HttpIngress {
             manager,
             client,
-            tls,
+            secure,
         })
+    }
+
+    /// Whether the request may use a token port, and how it showed it.
+    fn check_token(
+        &self,
+        headers: &hyper::HeaderMap,
+        route: &Route,
+        host: &str,
+        expected: &str,
+    ) -> Result<TokenCheck, (StatusCode, &'static str)> {
+        let presented = auth::presented(headers, &route.path_and_query);
+        // The path form shares one origin among every sandbox: a page of
+        // one could use another's cookie, so it takes headers only.
+        let browser_session = route.prefix.is_none();
+        if let Some((query_token, clean)) = presented.query {
+            if !browser_session {
+                return Err((StatusCode::UNAUTHORIZED, PATH_FORM_TOKENS));
+            }
+            if !token_matches(expected, &query_token) {
+                return Err((StatusCode::UNAUTHORIZED, NEEDS_TOKEN));
+            }
+            // `//host` or `/\host` would send the browser elsewhere.
+            let location = format!("/{}", clean.trim_start_matches(['/', '\\']));
+            return Ok(TokenCheck::SetCookie {
+                token: query_token,
+                location,
+            });
+        }
+        if let Some(matched) = presented
+            .headers
+            .into_iter()
+            .find(|t| token_matches(expected, t))
+        {
+            return Ok(TokenCheck::Passed(Some(matched)));
+        }
+        if browser_session && presented.cookies.iter().any(|t| token_matches(expected, t)) {
+            if auth::foreign_origin(headers, host).is_some() {
+                return Err((StatusCode::FORBIDDEN, FOREIGN_ORIGIN));
+            }
+            return Ok(TokenCheck::Passed(None));
+        }
+        Err((StatusCode::UNAUTHORIZED, NEEDS_TOKEN))
     }
 
     fn refused(&self, status: StatusCode, detail: &str) -> Response<IngressBody> {
@@ -138,22 +206,19 @@ impl HttpIngress {
         let mut token = None;
         if exposed.auth == PortAuth::Token {
             let expected = exposed.token_sha256.as_deref().unwrap_or("");
-            match auth::presented(req.headers(), &route.path_and_query) {
-                Some(Presented::Query { token, clean }) if token_matches(expected, &token) => {
-                    let location = format!("{}{clean}", route.prefix.as_deref().unwrap_or(""));
-                    let cookie = auth::set_cookie(&token, route.prefix.as_deref(), self.tls);
+            match self.check_token(
+                req.headers(),
+                &route,
+                host.as_deref().unwrap_or(""),
+                expected,
+            ) {
+                Ok(TokenCheck::Passed(presented)) => token = presented,
+                Ok(TokenCheck::SetCookie { token, location }) => {
+                    let cookie = auth::set_cookie(&token, self.secure);
                     self.manager.metrics.ingress_request("302");
                     return redirect(&location, Some(&cookie));
                 }
-                Some(Presented::Header(presented)) if token_matches(expected, &presented) => {
-                    token = Some(presented)
-                }
-                _ => {
-                    return self.refused(
-                        StatusCode::UNAUTHORIZED,
-                        "This preview URL needs its token: send it as Authorization: Bearer TOKEN or X-Sandbox-Token: TOKEN, or open the URL once with ?sandbox_token=TOKEN.",
-                    )
-                }
+                Err((status, why)) => return self.refused(status, why),
             }
         }
         let max = settings.max_connections;
@@ -200,13 +265,14 @@ impl HttpIngress {
         set(
             &mut parts.headers,
             HeaderName::from_static("x-forwarded-proto"),
-            if self.tls { "https" } else { "http" },
+            if self.secure { "https" } else { "http" },
         );
         set(
             &mut parts.headers,
             HeaderName::from_static("x-forwarded-host"),
             &original_host,
         );
+        parts.headers.remove("x-forwarded-prefix");
         if let Some(prefix) = &route.prefix {
             set(
                 &mut parts.headers,
@@ -256,6 +322,9 @@ impl HttpIngress {
             }
         };
         let status = response.status();
+        for name in APP_HEADERS_DROPPED {
+            response.headers_mut().remove(name);
+        }
         let end = RequestEnd {
             manager: Arc::clone(&self.manager),
             route: route.clone(),
@@ -360,14 +429,13 @@ async fn tunnel(
         end.ended(0, false);
         return;
     };
-    let (mut client, mut app) = (TokioIo::new(client), TokioIo::new(app));
-    let counter = link.byte_counter();
-    let (moved, cut) = tokio::select! {
-        moved = tokio::io::copy_bidirectional(&mut client, &mut app) => (moved.unwrap_or((0, 0)), false),
-        _ = link.closed.cancelled() => ((0, 0), true),
+    let mut client = TokioIo::new(client);
+    let mut app = Counted::new(TokioIo::new(app), link.byte_counter());
+    let cut = tokio::select! {
+        _ = tokio::io::copy_bidirectional(&mut client, &mut app) => false,
+        _ = link.closed.cancelled() => true,
     };
-    counter.fetch_add(moved.0 + moved.1, Ordering::Relaxed);
-    end.bytes_in.store(moved.0, Ordering::Relaxed);
+    end.bytes_in.store(app.written, Ordering::Relaxed);
     drop(link);
-    end.ended(moved.1, cut);
+    end.ended(app.read, cut);
 }

@@ -147,12 +147,22 @@ impl Manager {
             .and_then(|s| self.snapshots.get(s))
         {
             for exposed in meta.memory.iter().flat_map(|m| &m.ports) {
-                if !wanted.iter().any(|w| w.port == u32::from(exposed.port)) {
-                    wanted.push(crate::model::PortRequest {
-                        port: u32::from(exposed.port),
-                        auth: exposed.auth,
-                        protocol: exposed.protocol,
-                    });
+                let inherited = crate::model::PortRequest {
+                    port: u32::from(exposed.port),
+                    auth: exposed.auth,
+                    protocol: exposed.protocol,
+                };
+                if wanted.iter().any(|w| w.port == inherited.port) {
+                    continue;
+                }
+                // A daemon whose ingress no longer serves it forks without it.
+                match self.check_port_request(RuntimeKind::Container, &inherited) {
+                    Ok(_) => wanted.push(inherited),
+                    Err(e) => tracing::warn!(
+                        snapshot = %meta.id,
+                        port = exposed.port,
+                        "the fork does not expose its source's port: {e}"
+                    ),
                 }
             }
         }
