@@ -213,6 +213,11 @@ def test_preview_url_values():
     path_only = PreviewUrl({"port": 80, "protocol": "http", "auth": "none", "path_url": "http://10.0.0.1:8080/sb-1/80/"})
     assert path_only == path_only.path_url and path_only.url is None and path_only.token is None
     assert path_only.headers == {} and path_only.with_token() == path_only
+    # A token path URL: the token goes in a header, no browser URL is made.
+    guarded = PreviewUrl({"port": 81, "protocol": "http", "auth": "token", "path_url": "http://10.0.0.1:8080/sb-1/81/"}, token="t")
+    assert guarded.headers == {"X-Sandbox-Token": "t"}
+    with pytest.raises(ValueError, match="ingress_domain"):
+        guarded.with_token()
     tcp = PreviewUrl({"port": 5432, "protocol": "tcp", "auth": "token", "address": "10.0.0.1:20000"}, token="t")
     assert tcp == "10.0.0.1:20000" and tcp.token == "t" and tcp.with_token() == tcp
 

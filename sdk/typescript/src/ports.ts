@@ -100,14 +100,23 @@ export class PreviewUrl {
   }
 
   /**
-   * The URL with `?sandbox_token=TOKEN`, for a browser: the ingress answers
-   * it with a redirect to the plain URL and a cookie holding the token.
-   * The URL itself without a token. Whoever has it can use the URL.
+   * The host-name URL with `?sandbox_token=TOKEN`, for a browser: the
+   * ingress answers it with a redirect to the plain URL and a cookie
+   * holding the token. The URL itself without a token. Whoever has it can
+   * use the URL. Throws ConfigurationError when there is only a path URL:
+   * every sandbox shares its origin, so the ingress takes the token there
+   * in a header only (give the daemon an `ingress_domain`).
    */
   withToken(): string {
     if (!this.token || this.protocol !== "http") return this.href;
-    const sep = this.href.includes("?") ? "&" : "?";
-    return `${this.href}${sep}sandbox_token=${encodeURIComponent(this.token)}`;
+    if (!this.url) {
+      throw new ConfigurationError(
+        "path URLs take their token in a header only (X-Sandbox-Token or Authorization: Bearer); a browser URL needs the daemon's ingress_domain",
+        { code: "no_host_url", field: "port" },
+      );
+    }
+    const sep = this.url.includes("?") ? "&" : "?";
+    return `${this.url}${sep}sandbox_token=${encodeURIComponent(this.token)}`;
   }
 
   /** The daemon's `PortUrl` again, token included when known. */

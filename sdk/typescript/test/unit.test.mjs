@@ -367,6 +367,10 @@ describe("preview URLs", () => {
     assert.deepEqual([String(pathOnly), pathOnly.url, pathOnly.token, pathOnly.withToken()], [
       "http://10.0.0.1:8080/sb-1/80/", undefined, undefined, "http://10.0.0.1:8080/sb-1/80/",
     ]);
+    // A token path URL: the token goes in a header, no browser URL is made.
+    const guarded = new PreviewUrl({ port: 81, protocol: "http", auth: "token", path_url: "http://10.0.0.1:8080/sb-1/81/" }, "t");
+    assert.deepEqual(guarded.headers, { "X-Sandbox-Token": "t" });
+    assert.throws(() => guarded.withToken(), (e) => e instanceof ConfigurationError && /ingress_domain/.test(e.message));
     const tcp = new PreviewUrl({ port: 5432, protocol: "tcp", auth: "token", address: "10.0.0.1:20000" }, "t");
     assert.deepEqual([String(tcp), tcp.token, tcp.withToken()], ["10.0.0.1:20000", "t", "10.0.0.1:20000"]);
   });

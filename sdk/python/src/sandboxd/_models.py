@@ -152,14 +152,22 @@ class PreviewUrl(str):
         return {"X-Sandbox-Token": self.token} if self.token else {}
 
     def with_token(self) -> str:
-        """The URL with ``?sandbox_token=TOKEN``: for a browser, which the
-        ingress answers with a redirect to the plain URL and a cookie
-        holding the token. The URL itself when there is no token. Whoever
-        has this string can use the URL: hand it out as you would the token."""
+        """The host-name URL with ``?sandbox_token=TOKEN``: for a browser,
+        which the ingress answers with a redirect to the plain URL and a
+        cookie holding the token. The URL itself when there is no token.
+        Whoever has this string can use the URL: hand it out as you would
+        the token. ValueError when there is only a path URL: every sandbox
+        shares its origin, so the ingress takes the token there in a header
+        only (give the daemon an ``ingress_domain``)."""
         if not self.token or self.protocol != "http":
             return str(self)
-        sep = "&" if "?" in self else "?"
-        return f"{self}{sep}sandbox_token={quote(self.token, safe='')}"
+        if not self.url:
+            raise ValueError(
+                "path URLs take their token in a header only (X-Sandbox-Token or "
+                "Authorization: Bearer); a browser URL needs the daemon's ingress_domain"
+            )
+        sep = "&" if "?" in self.url else "?"
+        return f"{self.url}{sep}sandbox_token={quote(self.token, safe='')}"
 
     def __repr__(self) -> str:
         token = "..." if self.token else None
