@@ -267,6 +267,9 @@ fn main() {
     let (dn, inew) = (median(&direct.new_ms), median(&through.new_ms));
     let (dr, ir) = (median(&direct.mb_per_s), median(&through.mb_per_s));
     let tr = median(&relayed.mb_per_s);
+    // Raw TCP is not pooled: each new connection is dialled through the
+    // supervisor (unix connect, Dial, connect in the namespace, SCM_RIGHTS).
+    let tn = median(&relayed.new_ms);
     println!(
         "HTTP through the ingress vs directly in the sandbox's namespace ({n} requests, {REPS} x {} MB)",
         SIZE / 1_000_000
@@ -287,6 +290,10 @@ fn main() {
         "  raw TCP exposure     relay {tr:.0} MB/s   ratio {:.2} (a byte relay, no HTTP: the ceiling of one proxy hop here)",
         tr / dr
     );
+    println!(
+        "  new raw TCP conn.    relay {tn:.3} ms   added {:.3} ms (a dial through the supervisor each time; HTTP pools its dials)",
+        tn - dn
+    );
     let samples =
         |s: &Samples| json!({"kept_ms": s.kept_ms, "new_ms": s.new_ms, "mb_per_s": s.mb_per_s});
     let raw = json!({
@@ -300,6 +307,7 @@ fn main() {
             "direct_new_ms": dn, "ingress_new_ms": inew, "added_new_ms": inew - dn,
             "direct_mb_per_s": dr, "ingress_mb_per_s": ir, "throughput_ratio": ir / dr,
             "raw_tcp_relay_mb_per_s": tr, "raw_tcp_relay_ratio": tr / dr,
+            "raw_tcp_relay_new_ms": tn, "added_dial_ms": tn - dn,
         },
     });
     peers::write_results("ingress", &raw);
