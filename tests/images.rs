@@ -60,3 +60,48 @@ async fn stale_images_are_pruned_and_current_ones_kept() {
     daemon.delete(&other).await;
     daemon.delete(&id).await;
 }
+
+/// The built-in python image can install packages: pip (system-wide, as
+/// the image is the sandbox's own) and venv, and the CA roots pip's HTTPS
+/// needs. A wheel the test makes in the sandbox stands in for an index.
+#[tokio::test]
+async fn the_python_image_ships_pip_venv_and_the_ca_roots() {
+    require_host!();
+    let daemon = Daemon::start();
+    let id = daemon.create(json!({"image": "python"})).await;
+    let make_wheel = r#"
+import zipfile, hashlib, base64
+files = {
+    "hello_sbx.py": "GREETING = 'installed by pip'\n",
+    "hello_sbx-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: hello-sbx\nVersion: 1.0\n",
+    "hello_sbx-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+def digest(text):
+    raw = hashlib.sha256(text.encode()).digest()
+    return "sha256=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+record = "".join(f"{n},{digest(t)},{len(t.encode())}\n" for n, t in files.items())
+record += "hello_sbx-1.0.dist-info/RECORD,,\n"
+with zipfile.ZipFile("/tmp/hello_sbx-1.0-py3-none-any.whl", "w") as z:
+    for n, t in files.items():
+        z.writestr(n, t)
+    z.writestr("hello_sbx-1.0.dist-info/RECORD", record)
+"#;
+    let made = daemon.exec(&id, &["python3", "-c", make_wheel]).await;
+    assert_eq!(made.exit_code(), Some(0), "{}{}", made.out(), made.err());
+    let script = "set -e
+        python3 -m pip --version
+        test -s /etc/ssl/certs/ca-certificates.crt
+        python3 -c 'import ssl; assert ssl.create_default_context().cert_store_stats()[\"x509_ca\"] > 0'
+        ! python3 -c 'import hello_sbx' 2>/dev/null
+        python3 -m pip install --no-index /tmp/hello_sbx-1.0-py3-none-any.whl
+        python3 -c 'import hello_sbx; print(\"system:\", hello_sbx.GREETING)'
+        python3 -m venv /tmp/venv
+        /tmp/venv/bin/pip install --no-index /tmp/hello_sbx-1.0-py3-none-any.whl
+        /tmp/venv/bin/python -c 'import sys, hello_sbx; print(\"venv:\", sys.prefix, hello_sbx.GREETING)'";
+    let run = daemon.sh(&id, script).await;
+    assert_eq!(run.exit_code(), Some(0), "{}{}", run.out(), run.err());
+    let out = run.out();
+    assert!(out.contains("system: installed by pip"), "{out}");
+    assert!(out.contains("venv: /tmp/venv installed by pip"), "{out}");
+    daemon.delete(&id).await;
+}

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Image "python": Debian bookworm (minbase) with python3, curl and the CA roots.
+# Image "python": Debian bookworm (minbase) with python3, pip, venv, curl and
+# the CA roots, so a sandbox allowed pypi.org and *.pythonhosted.org can
+# `pip install`.
 #
 # Usage: python.sh DEST_DIR   (DEST_DIR must be empty; run as root, with network)
 # sandboxd runs this once per recipe digest; sandboxes themselves never have network.
@@ -12,7 +14,7 @@ suite=bookworm
 # (e.g. data.sh) and extend these lists; any change to the text gives a new digest.
 #   debs="python3,python3-pip,python3-venv,ca-certificates,git"
 #   pips="numpy pandas"            # needs python3-pip in debs
-debs="python3,curl,ca-certificates"
+debs="python3,python3-pip,python3-venv,curl,ca-certificates"
 pips=""
 
 # The Debian mirror finder shared with the install scripts: sandboxd writes it
@@ -49,6 +51,15 @@ if [[ -n $pips ]]; then
 	trap - EXIT
 	rm -f "$dest/tmp/.build-ca.crt"
 fi
+
+# The image is the sandbox's own, not a shared system: pip may install into
+# it without --break-system-packages (PEP 668's guard), as root, quietly.
+cat >"$dest/etc/pip.conf" <<'PIP'
+[global]
+break-system-packages = true
+root-user-action = ignore
+disable-pip-version-check = true
+PIP
 
 # Caches and docs are dead weight in a read-only image shared by every sandbox.
 rm -rf "$dest"/var/lib/apt/lists/* "$dest"/var/cache/apt/*.bin \
