@@ -125,13 +125,8 @@ impl Manager {
             token_sha256: token.as_deref().map(token_hash),
             host_port: tcp.as_ref().map(|(_, host_port)| *host_port),
         };
-        let record = {
-            let mut records = self.records();
-            let current = records
-                .get_mut(id)
-                .filter(|r| !r.pooled)
-                .ok_or_else(|| SandboxError::sandbox_not_found(id))?;
-            if current.ports.iter().any(|p| p.port == port) {
+        self.edit_ports(id, |ports| {
+            if ports.iter().any(|p| p.port == port) {
                 return Err(SandboxError::Conflict {
                     code: "port_already_exposed",
                     message: format!(
@@ -139,11 +134,10 @@ impl Manager {
                     ),
                 });
             }
-            current.ports.push(exposed.clone());
-            current.ports.sort_by_key(|p| p.port);
-            current.clone()
-        };
-        self.persist(&record)?;
+            ports.push(exposed.clone());
+            ports.sort_by_key(|p| p.port);
+            Ok(())
+        })?;
         if let Some((listener, _)) = tcp {
             self.links.add_tcp(TcpExposure {
                 sandbox: id.to_string(),
@@ -154,6 +148,26 @@ impl Manager {
         }
         tracing::info!(sandbox = %id, port, protocol = ?req.protocol, auth = ?req.auth, "port exposed");
         Ok(PortGrant { exposed, token })
+    }
+
+    /// Changes a caller's sandbox's exposed ports under the records lock
+    /// and persists the record; `edit`'s refusal changes nothing.
+    fn edit_ports<T>(
+        &self,
+        id: &str,
+        edit: impl FnOnce(&mut Vec<ExposedPort>) -> Result<T, SandboxError>,
+    ) -> Result<T, SandboxError> {
+        let (record, edited) = {
+            let mut records = self.records();
+            let current = records
+                .get_mut(id)
+                .filter(|r| !r.pooled)
+                .ok_or_else(|| SandboxError::sandbox_not_found(id))?;
+            let edited = edit(&mut current.ports)?;
+            (current.clone(), edited)
+        };
+        self.persist(&record)?;
+        Ok(edited)
     }
 
     /// The first free host port of `ingress_tcp_ports`, bound on the first
@@ -196,20 +210,14 @@ impl Manager {
     /// Stops exposing a port; its open connections end at once.
     pub fn unexpose_port(&self, id: &str, port: u32) -> Result<(), SandboxError> {
         let port = validated_port(port)?;
-        let record = {
-            let mut records = self.records();
-            let current = records
-                .get_mut(id)
-                .filter(|r| !r.pooled)
-                .ok_or_else(|| SandboxError::sandbox_not_found(id))?;
-            let before = current.ports.len();
-            current.ports.retain(|p| p.port != port);
-            if current.ports.len() == before {
+        self.edit_ports(id, |ports| {
+            let before = ports.len();
+            ports.retain(|p| p.port != port);
+            if ports.len() == before {
                 return Err(not_exposed(id, port));
             }
-            current.clone()
-        };
-        self.persist(&record)?;
+            Ok(())
+        })?;
         self.links.close_port(id, port);
         tracing::info!(sandbox = %id, port, "port unexposed");
         Ok(())
@@ -220,14 +228,8 @@ impl Manager {
     pub fn rotate_port_token(&self, id: &str, port: u32) -> Result<PortGrant, SandboxError> {
         let port = validated_port(port)?;
         let token = new_token();
-        let (record, exposed) = {
-            let mut records = self.records();
-            let current = records
-                .get_mut(id)
-                .filter(|r| !r.pooled)
-                .ok_or_else(|| SandboxError::sandbox_not_found(id))?;
-            let exposed = current
-                .ports
+        let exposed = self.edit_ports(id, |ports| {
+            let exposed = ports
                 .iter_mut()
                 .find(|p| p.port == port)
                 .ok_or_else(|| not_exposed(id, port))?;
@@ -240,10 +242,8 @@ impl Manager {
                 });
             }
             exposed.token_sha256 = Some(token_hash(&token));
-            let exposed = exposed.clone();
-            (current.clone(), exposed)
-        };
-        self.persist(&record)?;
+            Ok(exposed.clone())
+        })?;
         // A raw TCP port's listener stays: it sees the port still exposed
         // on the same host port and carries on with the new token.
         self.links.close_port(id, port);
