@@ -129,7 +129,19 @@ impl DiskPool {
     pub fn unmount(self) -> Result<(), DiskError> {
         let DiskPool { dir, dir_fd } = self;
         drop(dir_fd);
-        umount2(&dir, MntFlags::empty()).map_err(|e| DiskError::io("unmount", &dir, e))
+        // A process another thread is forking holds a copy of every
+        // descriptor (ours included, close-on-exec or not) until it execs,
+        // and the mount is busy meanwhile: retry for a moment.
+        let mut attempts = 0;
+        loop {
+            match umount2(&dir, MntFlags::empty()) {
+                Err(nix::errno::Errno::EBUSY) if attempts < 40 => {
+                    attempts += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(25));
+                }
+                done => return done.map_err(|e| DiskError::io("unmount", &dir, e)),
+            }
+        }
     }
 
     pub(crate) fn fd(&self) -> BorrowedFd<'_> {
