@@ -509,19 +509,13 @@ impl Config {
             metrics_address: flags.metrics_address.or(file.metrics_address),
             remote_api: RemoteApiSettings {
                 listen: flags.api_listen.or(file.api_listen),
-                tls_files: match (
+                tls_files: cert_and_key(
                     flags.api_tls_cert.clone().or(file.api_tls_cert.clone()),
                     flags.api_tls_key.clone().or(file.api_tls_key.clone()),
-                ) {
-                    (Some(cert), Some(key)) => Some((absolute(cert), absolute(key))),
-                    (None, None) => None,
-                    _ => {
-                        return Err(ConfigError::Invalid {
-                            field: "api_tls_cert",
-                            message: "api_tls_cert and api_tls_key go together: name both, or neither for a self-signed certificate".into(),
-                        })
-                    }
-                },
+                    "api_tls_cert",
+                    "api_tls_cert and api_tls_key go together: name both, or neither for a self-signed certificate",
+                )?
+                .map(|(cert, key)| (absolute(cert), absolute(key))),
                 tokens_file: api_tokens_file,
             },
             ingress: IngressSettings {
@@ -532,19 +526,13 @@ impl Config {
                     .or(file.ingress_domain.clone())
                     .map(|d| d.trim_matches('.').to_ascii_lowercase())
                     .filter(|d| !d.is_empty()),
-                tls_files: match (
+                tls_files: cert_and_key(
                     flags.ingress_tls_cert.clone().or(file.ingress_tls_cert.clone()),
                     flags.ingress_tls_key.clone().or(file.ingress_tls_key.clone()),
-                ) {
-                    (Some(cert), Some(key)) => Some((absolute(cert), absolute(key))),
-                    (None, None) => None,
-                    _ => {
-                        return Err(ConfigError::Invalid {
-                            field: "ingress_tls_cert",
-                            message: "ingress_tls_cert and ingress_tls_key go together: name both, or neither for cleartext".into(),
-                        })
-                    }
-                },
+                    "ingress_tls_cert",
+                    "ingress_tls_cert and ingress_tls_key go together: name both, or neither for cleartext",
+                )?
+                .map(|(cert, key)| (absolute(cert), absolute(key))),
                 max_connections: pick!(ingress_max_connections, 256),
                 tcp_ports: match flags.ingress_tcp_ports.clone().or(file.ingress_tcp_ports.clone()) {
                     None => None,
@@ -753,6 +741,23 @@ impl Config {
 
     pub fn sandboxes_run_dir(&self) -> PathBuf {
         self.run_dir.join("sandboxes")
+    }
+}
+
+/// A certificate and its key, named both or neither.
+fn cert_and_key(
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    field: &'static str,
+    together: &str,
+) -> Result<Option<(PathBuf, PathBuf)>, ConfigError> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some((cert, key))),
+        (None, None) => Ok(None),
+        _ => Err(ConfigError::Invalid {
+            field,
+            message: together.into(),
+        }),
     }
 }
 

@@ -22,7 +22,7 @@ use super::auth;
 use super::body::{BoxError, IngressBody, Metered, OnEnd};
 use super::counted::Counted;
 use super::pages::{page, redirect};
-use super::route::{route, Route, RouteError};
+use super::route::{route, split_label, Route, RouteError};
 use crate::config::IngressHostHeader;
 use crate::model::{PortAuth, PortProtocol};
 use crate::sandbox::{token_matches, DialError, IngressRouteError, Manager};
@@ -46,11 +46,7 @@ impl tower_service::Service<Uri> for SandboxConnector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let manager = Arc::clone(&self.manager);
         Box::pin(async move {
-            let target = uri
-                .host()
-                .and_then(|h| h.rsplit_once('-'))
-                .and_then(|(id, port)| Some((id.to_string(), port.parse::<u16>().ok()?)));
-            let Some((sandbox, port)) = target else {
+            let Some((sandbox, port)) = uri.host().and_then(split_label) else {
                 return Err(DialError::Failed(format!("no sandbox port in {uri}")));
             };
             let stream = manager.dial_port(&sandbox, port).await?;

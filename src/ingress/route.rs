@@ -39,8 +39,9 @@ fn host_only(host: &str) -> String {
     bare.trim_end_matches('.').to_ascii_lowercase()
 }
 
-/// `<id>-<port>`: the sandbox id and the port.
-fn split_label(label: &str) -> Option<(String, u16)> {
+/// `<id>-<port>`: the sandbox id and the port. Also how the pooled
+/// client's URI authority names its target (`proxy.rs`).
+pub(super) fn split_label(label: &str) -> Option<(String, u16)> {
     let (sandbox, port) = label.rsplit_once('-')?;
     let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
     (!sandbox.is_empty() && sandbox.starts_with("sb-")).then(|| (sandbox.to_string(), port))

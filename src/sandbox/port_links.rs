@@ -48,11 +48,7 @@ pub struct LinkGuard {
 }
 
 impl LinkGuard {
-    pub fn count_bytes(&self, n: u64) {
-        self.bytes.fetch_add(n, Ordering::Relaxed);
-    }
-
-    /// The sandbox's byte counter, for bodies that outlive a borrow.
+    /// The sandbox's byte counter, which bodies and streams add to.
     pub fn byte_counter(&self) -> Arc<AtomicU64> {
         Arc::clone(&self.bytes)
     }
@@ -153,8 +149,14 @@ impl PortLinks {
             .unwrap_or(0)
     }
 
-    /// Hands a bound raw TCP listener to the ingress.
-    pub fn add_tcp(&self, exposure: TcpExposure) {
+    /// Hands a bound raw TCP listener of `port` of `sandbox` to the ingress.
+    pub fn add_tcp(&self, sandbox: &str, port: u16, listener: std::net::TcpListener) {
+        let exposure = TcpExposure {
+            sandbox: sandbox.to_string(),
+            port,
+            listener,
+            closed: self.port_closed(sandbox, port),
+        };
         self.pending_tcp
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -203,7 +205,7 @@ mod tests {
         assert!(!other.closed.is_cancelled());
         let again = links.open("sb-a", 80, 8).expect("re-exposed");
         assert!(!again.closed.is_cancelled());
-        web.count_bytes(10);
+        web.byte_counter().fetch_add(10, Ordering::Relaxed);
         assert_eq!(links.close_sandbox("sb-a"), 10);
         assert!(other.closed.is_cancelled() && again.closed.is_cancelled());
     }

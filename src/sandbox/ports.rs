@@ -3,14 +3,13 @@
 //! The record keeps each exposure with its token's SHA-256 only, so a token
 //! is seen once, in the answer that made it.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use base64::Engine;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use super::manager::not_running;
-use super::port_links::TcpExposure;
 use super::{Manager, SandboxError, SandboxRecord};
 use crate::model::{ExposedPort, PortAuth, PortProtocol, PortRequest, RuntimeKind};
 use crate::supervisor::client::{CallError, SupervisorClient};
@@ -139,12 +138,7 @@ impl Manager {
             Ok(())
         })?;
         if let Some((listener, _)) = tcp {
-            self.links.add_tcp(TcpExposure {
-                sandbox: id.to_string(),
-                port,
-                listener,
-                closed: self.links.port_closed(id, port),
-            });
+            self.links.add_tcp(id, port, listener);
         }
         tracing::info!(sandbox = %id, port, protocol = ?req.protocol, auth = ?req.auth, "port exposed");
         Ok(PortGrant { exposed, token })
@@ -177,11 +171,7 @@ impl Manager {
             return Err(SandboxError::internal("no ingress_tcp_ports"));
         };
         let ip = self
-            .config
-            .ingress
-            .listen
-            .first()
-            .map(SocketAddr::ip)
+            .raw_tcp_ip()
             .ok_or_else(|| SandboxError::internal("no ingress_listen"))?;
         let taken: Vec<u16> = self
             .records()
@@ -192,10 +182,7 @@ impl Manager {
             if taken.contains(&host_port) {
                 continue;
             }
-            if let Ok(listener) = std::net::TcpListener::bind(SocketAddr::new(ip, host_port)) {
-                listener
-                    .set_nonblocking(true)
-                    .map_err(SandboxError::internal)?;
+            if let Ok(listener) = listen_tcp(ip, host_port) {
                 return Ok((listener, host_port));
             }
         }
@@ -253,21 +240,19 @@ impl Manager {
         })
     }
 
-    /// Serves a raw TCP exposure again on its host port (after a rotation
-    /// or a daemon restart).
+    /// The address raw TCP exposures listen on: the first listener's.
+    fn raw_tcp_ip(&self) -> Option<IpAddr> {
+        self.config.ingress.listen.first().map(SocketAddr::ip)
+    }
+
+    /// Serves a raw TCP exposure again on its host port (after a daemon
+    /// restart).
     pub(super) fn rebind_tcp(&self, id: &str, port: u16, host_port: u16) {
-        let Some(ip) = self.config.ingress.listen.first().map(SocketAddr::ip) else {
+        let Some(ip) = self.raw_tcp_ip() else {
             return;
         };
-        match std::net::TcpListener::bind(SocketAddr::new(ip, host_port))
-            .and_then(|l| l.set_nonblocking(true).map(|()| l))
-        {
-            Ok(listener) => self.links.add_tcp(TcpExposure {
-                sandbox: id.to_string(),
-                port,
-                listener,
-                closed: self.links.port_closed(id, port),
-            }),
+        match listen_tcp(ip, host_port) {
+            Ok(listener) => self.links.add_tcp(id, port, listener),
             Err(e) => {
                 tracing::warn!(sandbox = %id, port, host_port, "raw TCP exposure not served: {e}")
             }
@@ -350,6 +335,13 @@ impl Manager {
         }
         Ok(grants)
     }
+}
+
+/// A non-blocking listener on `ip:port`, for the ingress's runtime.
+fn listen_tcp(ip: IpAddr, port: u16) -> std::io::Result<std::net::TcpListener> {
+    let listener = std::net::TcpListener::bind(SocketAddr::new(ip, port))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
 }
 
 fn not_exposed(id: &str, port: u16) -> SandboxError {
