@@ -19,8 +19,8 @@ mod common;
 mod peers;
 
 use common::Daemon;
-use peers::median;
-use serde_json::{json, Value};
+use peers::{median, HttpSamples};
+use serde_json::json;
 
 /// The app: keep-alive HTTP/1.1, a small answer, and `/bytes/N` streamed
 /// from one preallocated buffer so the server is not what is measured.
@@ -108,29 +108,6 @@ print(json.dumps({'kept_ms': kept, 'new_ms': fresh, 'mb_per_s': rates}))
 const SIZE: usize = 1_000_000_000;
 const REPS: usize = 3;
 
-struct Samples {
-    kept_ms: Vec<f64>,
-    new_ms: Vec<f64>,
-    mb_per_s: Vec<f64>,
-}
-
-fn parse(out: &[u8]) -> Samples {
-    let text = String::from_utf8_lossy(out);
-    let v: Value =
-        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("client output {text:?}: {e}"));
-    let list = |key: &str| -> Vec<f64> {
-        v[key]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_f64).collect())
-            .unwrap_or_default()
-    };
-    Samples {
-        kept_ms: list("kept_ms"),
-        new_ms: list("new_ms"),
-        mb_per_s: list("mb_per_s"),
-    }
-}
-
 /// Runs the client on the host, in `netns` when given.
 fn client(
     netns: Option<&std::path::Path>,
@@ -138,7 +115,7 @@ fn client(
     prefix: &str,
     token: &str,
     n: usize,
-) -> Samples {
+) -> HttpSamples {
     let script =
         std::env::temp_dir().join(format!("sandboxd-ingress-bench-{}.py", std::process::id()));
     std::fs::write(&script, CLIENT).expect("client script");
@@ -168,7 +145,7 @@ fn client(
         "client: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    parse(&out.stdout)
+    HttpSamples::parse(&String::from_utf8_lossy(&out.stdout))
 }
 
 fn free_port() -> u16 {
@@ -178,7 +155,7 @@ fn free_port() -> u16 {
         .expect("a free loopback port")
 }
 
-async fn run(n: usize) -> (Samples, Samples, Samples) {
+async fn run(n: usize) -> (HttpSamples, HttpSamples, HttpSamples) {
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
     let tcp_port = free_port();
@@ -294,14 +271,12 @@ fn main() {
         "  new raw TCP conn.    relay {tn:.3} ms   added {:.3} ms (a dial through the supervisor each time; HTTP pools its dials)",
         tn - dn
     );
-    let samples =
-        |s: &Samples| json!({"kept_ms": s.kept_ms, "new_ms": s.new_ms, "mb_per_s": s.mb_per_s});
     let raw = json!({
         "requests": n,
         "bytes_per_transfer": SIZE,
-        "direct": samples(&direct),
-        "ingress": samples(&through),
-        "raw_tcp_relay": samples(&relayed),
+        "direct": direct.to_json(),
+        "ingress": through.to_json(),
+        "raw_tcp_relay": relayed.to_json(),
         "medians": {
             "direct_kept_ms": dk, "ingress_kept_ms": ik, "added_kept_ms": ik - dk,
             "direct_new_ms": dn, "ingress_new_ms": inew, "added_new_ms": inew - dn,

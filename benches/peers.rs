@@ -68,6 +68,37 @@ pub fn oci_bundle(dir: &Path, rootfs: &Path, args: &[&str]) -> PathBuf {
     bundle
 }
 
+/// What an HTTP client script prints as JSON: per-request times on one
+/// kept-alive connection and on new connections, and transfer rates.
+pub struct HttpSamples {
+    pub kept_ms: Vec<f64>,
+    pub new_ms: Vec<f64>,
+    pub mb_per_s: Vec<f64>,
+}
+
+impl HttpSamples {
+    pub fn parse(out: &str) -> HttpSamples {
+        let v: Value = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("client output {out:?}: {e}"));
+        let list = |key: &str| -> Vec<f64> {
+            v[key]
+                .as_array()
+                .map(|a| a.iter().filter_map(Value::as_f64).collect())
+                .unwrap_or_default()
+        };
+        HttpSamples {
+            kept_ms: list("kept_ms"),
+            new_ms: list("new_ms"),
+            mb_per_s: list("mb_per_s"),
+        }
+    }
+
+    /// The raw samples, for `write_results`.
+    pub fn to_json(&self) -> Value {
+        json!({"kept_ms": self.kept_ms, "new_ms": self.new_ms, "mb_per_s": self.mb_per_s})
+    }
+}
+
 /// How many runs a benchmark makes: `BENCH_RUNS`, else its `default`.
 pub fn bench_runs(default: usize) -> usize {
     std::env::var("BENCH_RUNS")

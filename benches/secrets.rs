@@ -24,8 +24,8 @@ mod upstream;
 
 use common::Daemon;
 use hyper::Method;
-use peers::median;
-use serde_json::{json, Value};
+use peers::{median, HttpSamples};
+use serde_json::json;
 use upstream::Upstream;
 
 const CLIENT: &str = r#"
@@ -83,29 +83,7 @@ print(json.dumps({'kept_ms': kept, 'new_ms': fresh, 'mb_per_s': rates}))
 const SIZE: usize = 100_000_000;
 const REPS: usize = 3;
 
-struct Samples {
-    kept_ms: Vec<f64>,
-    new_ms: Vec<f64>,
-    mb_per_s: Vec<f64>,
-}
-
-fn parse(out: &str) -> Samples {
-    let v: Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("client output {out:?}: {e}"));
-    let list = |key: &str| -> Vec<f64> {
-        v[key]
-            .as_array()
-            .map(|a| a.iter().filter_map(Value::as_f64).collect())
-            .unwrap_or_default()
-    };
-    Samples {
-        kept_ms: list("kept_ms"),
-        new_ms: list("new_ms"),
-        mb_per_s: list("mb_per_s"),
-    }
-}
-
-async fn measure(daemon: &Daemon, id: &str, host: &str, n: usize) -> Samples {
+async fn measure(daemon: &Daemon, id: &str, host: &str, n: usize) -> HttpSamples {
     let run = daemon
         .exec(
             id,
@@ -120,10 +98,10 @@ async fn measure(daemon: &Daemon, id: &str, host: &str, n: usize) -> Samples {
         )
         .await;
     assert_eq!(run.exit_code(), Some(0), "{}{}", run.out(), run.err());
-    parse(&run.out())
+    HttpSamples::parse(&run.out())
 }
 
-async fn run(upstream: &Upstream, echo: &echo::Echo, n: usize) -> (Samples, Samples) {
+async fn run(upstream: &Upstream, echo: &echo::Echo, n: usize) -> (HttpSamples, HttpSamples) {
     let mut flags = upstream.daemon_flags();
     flags.extend([
         "--egress-bandwidth-mbit".to_string(),
@@ -209,13 +187,11 @@ fn main() {
         "  throughput           tunnel {tr:.0} MB/s   intercepted {ir:.0} MB/s   ratio {:.2}",
         ir / tr
     );
-    let samples =
-        |s: &Samples| json!({"kept_ms": s.kept_ms, "new_ms": s.new_ms, "mb_per_s": s.mb_per_s});
     let raw = json!({
         "requests": n,
         "bytes_per_transfer": SIZE,
-        "tunnel": samples(&tunnel),
-        "intercepted": samples(&intercepted),
+        "tunnel": tunnel.to_json(),
+        "intercepted": intercepted.to_json(),
         "medians": {
             "tunnel_kept_ms": tk, "intercepted_kept_ms": ik, "added_kept_ms": ik - tk,
             "tunnel_new_ms": tn, "intercepted_new_ms": inew, "added_new_ms": inew - tn,
