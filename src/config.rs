@@ -219,6 +219,19 @@ pub struct ConfigOverrides {
     /// resolv.conf).
     #[arg(long, value_delimiter = ',')]
     pub upstream_dns: Option<Vec<std::net::SocketAddr>>,
+    /// Registries (`host[:port]`) pulled from over plain HTTP instead of
+    /// HTTPS (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub insecure_registries: Option<Vec<String>>,
+    /// Registries (`host[:port]`) the egress deny list does not apply to
+    /// when pulling, for a registry on a private network or loopback
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub private_registries: Option<Vec<String>>,
+    /// Registry credentials: a 0600 JSON file in the `auths` form of
+    /// Docker's config.json.
+    #[arg(long)]
+    pub registry_auth_file: Option<PathBuf>,
     /// PEM files of CAs the egress proxies also trust when they verify an
     /// intercepted host's certificate (brokered secrets), beside the
     /// system's roots (comma-separated).
@@ -310,6 +323,8 @@ pub struct Config {
     pub metrics_address: Option<std::net::SocketAddr>,
     pub remote_api: RemoteApiSettings,
     pub ingress: IngressSettings,
+    /// Pulling images from OCI registries.
+    pub registry: crate::image::oci::RegistrySettings,
     pub cgroup_parent: String,
     pub log_format: LogFormat,
     pub stop_sandboxes_on_exit: bool,
@@ -517,6 +532,21 @@ impl Config {
                 )?
                 .map(|(cert, key)| (absolute(cert), absolute(key))),
                 tokens_file: api_tokens_file,
+            },
+            registry: crate::image::oci::RegistrySettings {
+                insecure: pick!(insecure_registries, Vec::new())
+                    .into_iter()
+                    .map(|r| r.to_ascii_lowercase())
+                    .collect(),
+                private: pick!(private_registries, Vec::new())
+                    .into_iter()
+                    .map(|r| r.to_ascii_lowercase())
+                    .collect(),
+                auth_file: flags
+                    .registry_auth_file
+                    .clone()
+                    .or(file.registry_auth_file.clone())
+                    .map(absolute),
             },
             ingress: IngressSettings {
                 listen: pick!(ingress_listen, Vec::new()),

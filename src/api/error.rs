@@ -36,6 +36,8 @@ impl IntoResponse for ApiError {
             SandboxError::NotFound { .. } => (StatusCode::NOT_FOUND, None),
             SandboxError::Conflict { .. } => (StatusCode::CONFLICT, None),
             SandboxError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, None),
+            SandboxError::Forbidden { .. } => (StatusCode::FORBIDDEN, None),
+            SandboxError::BadGateway { .. } => (StatusCode::BAD_GATEWAY, None),
             SandboxError::Unavailable { resource, .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, Some(resource.to_string()))
             }

@@ -26,8 +26,22 @@ pub struct Image {
     pub name: String,
     /// `sha256:<hex>` of the recipe (and format version).
     pub digest: String,
-    /// Read-only root directory, owned by the shifted ids.
+    /// Read-only root directory, owned by the shifted ids: the whole image,
+    /// or a pulled image's bottom layer.
     pub rootfs: PathBuf,
+    /// A pulled image's other layers, top first (overlay lowers above
+    /// `rootfs`); empty for a built image.
+    pub layers: Vec<PathBuf>,
+    /// What the image's config gives every process.
+    pub defaults: ImageDefaults,
+}
+
+/// An image config's process defaults (`Env`, `WorkingDir`); a built
+/// image has none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ImageDefaults {
+    pub env: Vec<(String, String)>,
+    pub working_dir: Option<String>,
 }
 
 /// One known image, built or not.
@@ -152,6 +166,8 @@ impl ImageCache {
             name: r.name.clone(),
             digest: r.digest.clone(),
             rootfs: self.digest_dir(&r.digest).join("rootfs"),
+            layers: Vec::new(),
+            defaults: ImageDefaults::default(),
         }
     }
 

@@ -24,6 +24,7 @@ mod error;
 pub mod ext4;
 mod mounts;
 mod name;
+pub mod oci;
 mod prune;
 mod recipe;
 mod shift;
@@ -31,7 +32,7 @@ mod shift;
 #[cfg(test)]
 mod tests;
 
-pub use cache::{Image, ImageCache, ImageInfo};
+pub use cache::{Image, ImageCache, ImageDefaults, ImageInfo};
 pub use error::ImageError;
 pub use name::validate_name;
 pub use prune::{mounted_lower_layers, PruneReport};

@@ -32,6 +32,9 @@ pub struct SandboxSpec {
     pub nofile: u64,
     /// The environment every process starts with (sandbox defaults + create env).
     pub env: Vec<(String, String)>,
+    /// Where processes start unless they say (the image's `WorkingDir`).
+    #[serde(default)]
+    pub default_cwd: Option<String>,
     /// How long the start may wait for the agent (a microVM's to connect;
     /// the supervisor's for its first answer).
     pub ready_timeout_ms: u64,

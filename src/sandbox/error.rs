@@ -22,9 +22,15 @@ pub enum SandboxError {
     /// 409: the object's state does not allow it now.
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// 403: refused by policy (a registry's credentials, the deny list).
+    #[error("{message}")]
+    Forbidden { code: &'static str, message: String },
     /// 413
     #[error("{message}")]
     TooLarge { message: String },
+    /// 502: a server the daemon depends on (an image registry) failed.
+    #[error("{message}")]
+    BadGateway { code: &'static str, message: String },
     /// 503: the host cannot take it now; `resource` says what is short.
     #[error("{message}")]
     Unavailable {
@@ -125,10 +131,30 @@ impl SandboxError {
         match self {
             Self::BadRequest { code, .. }
             | Self::NotFound { code, .. }
-            | Self::Conflict { code, .. } => code,
+            | Self::Conflict { code, .. }
+            | Self::Forbidden { code, .. }
+            | Self::BadGateway { code, .. } => code,
             Self::TooLarge { .. } => "too_large",
             Self::Unavailable { .. } => "insufficient_capacity",
             Self::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<crate::image::oci::RegistryError> for SandboxError {
+    fn from(e: crate::image::oci::RegistryError) -> Self {
+        use crate::image::oci::RegistryErrorKind as K;
+        let (code, message) = (e.code(), e.to_string());
+        match e.kind() {
+            K::BadRequest => Self::bad_field(code, "image", message),
+            K::NotFound => Self::NotFound { code, message },
+            K::Forbidden => Self::Forbidden { code, message },
+            K::BadGateway => Self::BadGateway { code, message },
+            K::Unavailable => Self::Unavailable {
+                resource: "disk",
+                message,
+            },
+            K::Internal => Self::Internal(message),
         }
     }
 }

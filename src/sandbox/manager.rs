@@ -32,6 +32,8 @@ pub struct Manager {
     pub events: EventLog,
     pub metrics: crate::metrics::Metrics,
     pub(super) images: Arc<ImageCache>,
+    /// Images pulled from OCI registries.
+    pub(super) registry: Arc<crate::image::oci::Registry>,
     pub(super) disk: Arc<DiskPool>,
     /// The host's GPUs and who holds them.
     pub(super) gpus: Arc<GpuService>,
@@ -94,6 +96,11 @@ impl Manager {
         let store = Arc::new(store);
         let snapshots = super::snapshots::index::SnapshotIndex::load(&disk);
         super::snapshots::sweep_orphan_images(&config.state_dir, &snapshots);
+        let registry = Arc::new(crate::image::oci::Registry::new(
+            config.images_dir.join("oci"),
+            config.registry.clone(),
+            config.upstream.clone(),
+        ));
         Arc::new(Self {
             secrets: Arc::new(crate::secrets::SecretBroker::new(
                 Arc::clone(&store),
@@ -106,6 +113,7 @@ impl Manager {
             config,
             store,
             images: Arc::new(images),
+            registry,
             disk: Arc::new(disk),
             records: Mutex::new(HashMap::new()),
             ttl_changed: Notify::new(),

@@ -53,6 +53,9 @@ pub struct Supervisor {
     /// The environment every process starts with; replaced when a pooled
     /// sandbox is handed to a caller with its own variables.
     env: Mutex<Vec<(String, String)>>,
+    /// Where a process starts when its request names no cwd: the image
+    /// config's `WorkingDir`, else `/root`.
+    default_cwd: String,
     pub init_pid: i32,
     paths: SandboxPaths,
     link: Arc<AgentLink>,
@@ -109,6 +112,11 @@ impl Supervisor {
             .collect();
         Arc::new(Self {
             env: Mutex::new(config.spec.env.clone()),
+            default_cwd: config
+                .spec
+                .default_cwd
+                .clone()
+                .unwrap_or_else(|| "/root".to_string()),
             config,
             paths,
             init_pid,
@@ -397,7 +405,7 @@ impl Supervisor {
             argv: spec.argv.clone(),
             code: spec.code,
             env,
-            cwd: spec.cwd.unwrap_or_else(|| "/root".to_string()),
+            cwd: spec.cwd.unwrap_or_else(|| self.default_cwd.clone()),
             uid: spec.uid,
             gid: spec.gid,
             stdin: spec.stdin,
@@ -729,6 +737,7 @@ mod tests {
                 id_map_size: 65_536,
                 shm_bytes: 64 << 20,
                 nofile: 1024,
+                default_cwd: None,
                 env: vec![
                     ("PATH".into(), "/usr/bin:/bin".into()),
                     ("LANG".into(), "C".into()),

@@ -35,6 +35,7 @@ impl Manager {
             spec: SandboxSpec {
                 id: record.id.clone(),
                 hostname: record.id.clone(),
+                default_cwd: root.image.defaults.working_dir.clone(),
                 image_rootfs: root.image.rootfs,
                 image_layers: root.layers,
                 layer_dir,

@@ -66,7 +66,7 @@ impl Manager {
         clock.lap("image");
         let layer_dir = self.make_layer(&record).await?;
         clock.lap("disk");
-        let grant = self.grant_devices(&record)?;
+        let grant = self.grant_devices(&record, &root.image.defaults)?;
         let ready = self.launch(&mut record, root, layer_dir, grant, vm).await?;
         clock.lap("supervisor");
         if !record.secrets.is_empty() {
@@ -103,12 +103,17 @@ impl Manager {
     }
 
     /// The GPUs the record holds, as device nodes and environment, and the
-    /// environment every process starts with (defaults, then the GPUs',
-    /// then the bound secrets' placeholders and trust bundle, then the
-    /// caller's).
-    fn grant_devices(&self, record: &SandboxRecord) -> Result<Grant, SandboxError> {
+    /// environment every process starts with (defaults, then the image
+    /// config's, then the GPUs', then the bound secrets' placeholders and
+    /// trust bundle, then the caller's).
+    fn grant_devices(
+        &self,
+        record: &SandboxRecord,
+        image: &crate::image::ImageDefaults,
+    ) -> Result<Grant, SandboxError> {
         let gpu = self.gpus.grant(&record.gpus)?;
         let mut env = super::default_env();
+        env.extend(image.env.iter().cloned());
         env.extend(gpu.env);
         env.extend(crate::secrets::binding_env(&record.secrets));
         env.extend(record.env.iter().map(|(k, v)| (k.clone(), v.clone())));

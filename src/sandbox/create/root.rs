@@ -24,6 +24,45 @@ pub(super) struct Root {
 }
 
 impl Manager {
+    /// The image `name` names: a registry reference (pulled on first use)
+    /// or a built-in or recipe image (built on first use).
+    pub(in crate::sandbox) async fn resolve_image(
+        &self,
+        name: &str,
+    ) -> Result<crate::image::Image, SandboxError> {
+        if crate::image::oci::is_reference(name) {
+            return self
+                .registry
+                .resolve(name)
+                .await
+                .map_err(SandboxError::from);
+        }
+        let images = Arc::clone(&self.images);
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || images.resolve(&name))
+            .await
+            .map_err(SandboxError::internal)?
+            .map_err(|e| {
+                if e.is_client_error() {
+                    SandboxError::NotFound {
+                        code: "image_not_found",
+                        message: e.to_string(),
+                    }
+                } else {
+                    SandboxError::internal(e)
+                }
+            })
+    }
+
+    /// The process defaults of the image with manifest digest `digest`
+    /// (none for a built image).
+    fn image_defaults(&self, digest: &str) -> crate::image::ImageDefaults {
+        self.registry
+            .by_digest(digest)
+            .map(|i| i.defaults)
+            .unwrap_or_default()
+    }
+
     /// Resolves the root of `record`: its fork snapshot, else the image
     /// `image_name` (a filesystem snapshot, which the record then holds, or
     /// a cached image).
@@ -58,6 +97,8 @@ impl Manager {
                     name: snapshot.image.clone(),
                     digest: snapshot.image_digest.clone(),
                     rootfs: snapshot.base_rootfs.clone(),
+                    layers: Vec::new(),
+                    defaults: self.image_defaults(&snapshot.image_digest),
                 };
                 (image, Vec::new())
             }
@@ -87,6 +128,8 @@ impl Manager {
                     name: snapshot.image.clone(),
                     digest: snapshot.image_digest.clone(),
                     rootfs: snapshot.base_rootfs.clone(),
+                    layers: Vec::new(),
+                    defaults: self.image_defaults(&snapshot.image_digest),
                 };
                 (image, snapshot.layers.clone())
             }
@@ -99,26 +142,16 @@ impl Manager {
                         name: snapshot.id.clone(),
                         digest: snapshot.image_digest.clone(),
                         rootfs: snapshot.base_rootfs.clone(),
+                        layers: Vec::new(),
+                        defaults: self.image_defaults(&snapshot.image_digest),
                     };
                     (image, snapshot.layers.clone())
                 }
                 None => {
-                    let images = Arc::clone(&self.images);
-                    let name = image_name.to_string();
-                    let image = tokio::task::spawn_blocking(move || images.resolve(&name))
-                        .await
-                        .map_err(SandboxError::internal)?
-                        .map_err(|e| {
-                            if e.is_client_error() {
-                                SandboxError::NotFound {
-                                    code: "image_not_found",
-                                    message: e.to_string(),
-                                }
-                            } else {
-                                SandboxError::internal(e)
-                            }
-                        })?;
-                    (image, Vec::new())
+                    let image = self.resolve_image(image_name).await?;
+                    // A pulled image's upper layers stack like a snapshot's.
+                    let layers = image.layers.clone();
+                    (image, layers)
                 }
             },
         };

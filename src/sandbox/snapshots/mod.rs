@@ -160,16 +160,16 @@ impl Manager {
                 parents,
             });
         }
-        let images = Arc::clone(&self.images);
-        let name = record.image.clone();
-        let image = tokio::task::spawn_blocking(move || images.resolve(&name))
-            .await
-            .map_err(SandboxError::internal)?
-            .map_err(SandboxError::internal)?;
+        // A pulled image is found by the digest the sandbox was made from
+        // (its tag may have moved since); a built one by name.
+        let image = match self.registry.by_digest(&record.image_digest) {
+            Some(image) => image,
+            None => self.resolve_image(&record.image).await?,
+        };
         Ok(SnapshotBase {
             image: record.image.clone(),
             base_rootfs: image.rootfs,
-            layers: Vec::new(),
+            layers: image.layers,
             parents: Vec::new(),
         })
     }

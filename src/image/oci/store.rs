@@ -1,0 +1,206 @@
+//! The pulled images on disk, under `<images_dir>/oci`:
+//!
+//! ```text
+//! layers/<hex>/        one unpacked layer per blob digest, shared by every
+//!                      image that has it; present only when complete
+//! images/<hex>.json    one image per manifest digest: its layers (bottom
+//!                      first), config defaults, size, reference
+//! refs/<hex>           manifest digest a reference (tag) last resolved to,
+//!                      named by the sha256 of the reference
+//! tmp/                 downloads and unpacks under way (emptied on open)
+//! ```
+//!
+//! A create stacks `layers/` directories as overlay lowers, so nothing is
+//! copied per sandbox.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::RegistryError;
+use crate::image::{Image, ImageDefaults};
+
+/// Overlayfs takes at most this many lower layers in one mount option
+/// page; images past it are refused rather than half-stacked.
+pub const MAX_LAYERS: usize = 120;
+
+/// One pulled image, as recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PulledImage {
+    /// Canonical reference it was pulled by (`docker.io/library/node:20`).
+    pub reference: String,
+    /// `sha256:<hex>` of its (linux/amd64) manifest.
+    pub digest: String,
+    pub config_digest: String,
+    /// Layer blob digests, bottom first.
+    pub layers: Vec<String>,
+    /// Bytes of the unpacked layers (shared ones counted in each image).
+    pub size_bytes: u64,
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default)]
+    pub working_dir: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub entrypoint: Vec<String>,
+    #[serde(default)]
+    pub cmd: Vec<String>,
+    pub pulled_at_unix: u64,
+}
+
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+}
+
+pub fn hex_of(digest: &str) -> Option<&str> {
+    let hex = digest.strip_prefix("sha256:")?;
+    (hex.len() == 64
+        && hex
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()))
+    .then_some(hex)
+}
+
+impl Store {
+    pub fn new(dir: PathBuf) -> Self {
+        Store { dir }
+    }
+
+    /// Makes the directories and empties `tmp/` (what a crash left half done).
+    pub fn open(&self) -> Result<(), RegistryError> {
+        for sub in ["layers", "images", "refs"] {
+            let path = self.dir.join(sub);
+            std::fs::create_dir_all(&path).map_err(|e| RegistryError::io("create", &path, e))?;
+        }
+        let tmp = self.tmp_dir();
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| RegistryError::io("clear", &tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| RegistryError::io("create", &tmp, e))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.dir.join("tmp")
+    }
+
+    pub fn layer_dir(&self, hex: &str) -> PathBuf {
+        self.dir.join("layers").join(hex)
+    }
+
+    fn image_file(&self, hex: &str) -> PathBuf {
+        self.dir.join("images").join(format!("{hex}.json"))
+    }
+
+    fn ref_file(&self, reference: &str) -> PathBuf {
+        self.dir
+            .join("refs")
+            .join(hex::encode(Sha256::digest(reference.as_bytes())))
+    }
+
+    /// The image recorded under manifest digest `digest`.
+    pub fn by_digest(&self, digest: &str) -> Option<PulledImage> {
+        let hex = hex_of(digest)?;
+        let bytes = std::fs::read(self.image_file(hex)).ok()?;
+        let image: PulledImage = serde_json::from_slice(&bytes).ok()?;
+        // Every layer must still be there (a prune may have raced).
+        image
+            .layers
+            .iter()
+            .all(|l| hex_of(l).is_some_and(|h| self.layer_dir(h).is_dir()))
+            .then_some(image)
+    }
+
+    /// The image `reference` last resolved to, if it is still stored.
+    pub fn by_reference(&self, reference: &str) -> Option<PulledImage> {
+        let digest = std::fs::read_to_string(self.ref_file(reference)).ok()?;
+        self.by_digest(digest.trim())
+    }
+
+    /// Records `image` and points its reference at it.
+    pub fn save(&self, image: &PulledImage) -> Result<(), RegistryError> {
+        let hex = hex_of(&image.digest).ok_or_else(|| RegistryError::Malformed {
+            reference: image.reference.clone(),
+            detail: format!("manifest digest {} is not sha256", image.digest),
+        })?;
+        let json = serde_json::to_vec_pretty(image).map_err(|e| {
+            RegistryError::io("encode", self.image_file(hex), std::io::Error::other(e))
+        })?;
+        write_atomic(&self.image_file(hex), &json, &self.tmp_dir())?;
+        write_atomic(
+            &self.ref_file(&image.reference),
+            image.digest.as_bytes(),
+            &self.tmp_dir(),
+        )
+    }
+
+    /// Every recorded image.
+    pub fn list(&self) -> Vec<PulledImage> {
+        let Ok(entries) = std::fs::read_dir(self.dir.join("images")) else {
+            return Vec::new();
+        };
+        let mut images: Vec<PulledImage> = entries
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path()).ok())
+            .filter_map(|b| serde_json::from_slice(&b).ok())
+            .collect();
+        images.sort_by(|a: &PulledImage, b| a.reference.cmp(&b.reference));
+        images
+    }
+
+    /// The image as the runtimes stack it: the bottom layer as the root,
+    /// the others above it, top first.
+    pub fn image(&self, pulled: &PulledImage) -> Result<Image, RegistryError> {
+        let dirs: Vec<PathBuf> = pulled
+            .layers
+            .iter()
+            .map(|l| {
+                hex_of(l)
+                    .map(|h| self.layer_dir(h))
+                    .ok_or_else(|| RegistryError::Malformed {
+                        reference: pulled.reference.clone(),
+                        detail: format!("layer digest {l} is not sha256"),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let (bottom, above) = dirs.split_first().ok_or_else(|| RegistryError::Malformed {
+            reference: pulled.reference.clone(),
+            detail: "the manifest lists no layers".into(),
+        })?;
+        Ok(Image {
+            name: pulled.reference.clone(),
+            digest: pulled.digest.clone(),
+            rootfs: bottom.clone(),
+            layers: above.iter().rev().cloned().collect(),
+            defaults: ImageDefaults {
+                env: pulled
+                    .env
+                    .iter()
+                    .filter_map(|kv| kv.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                working_dir: pulled.working_dir.clone().filter(|w| w.starts_with('/')),
+            },
+        })
+    }
+}
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn write_atomic(path: &Path, bytes: &[u8], tmp_dir: &Path) -> Result<(), RegistryError> {
+    let tmp = tmp_dir.join(format!("write-{}", hex::encode(rand::random::<[u8; 8]>())));
+    std::fs::write(&tmp, bytes).map_err(|e| RegistryError::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| RegistryError::io("rename into place", path, e))
+}
