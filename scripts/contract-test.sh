@@ -52,7 +52,7 @@ token=$("$daemon_bin" --api-tokens-file "$dir/tokens" token create schemathesis 
 RUST_LOG=info "$daemon_bin" --state-dir "$dir/state" --run-dir "$dir/run" --socket "$dir/api.sock" \
 	--images-dir /var/lib/sandboxd/images --agent-path "$agent" \
 	--cgroup-parent "/$(basename "$dir")" --api-listen 127.0.0.1:0 --api-tokens-file "$dir/tokens" \
-	--upstream-netns "$netns" --default-image busybox --default-ttl-seconds 20 --max-sandboxes 256 \
+	--upstream-netns "$netns" --allowed-registries registry.invalid --default-image busybox --default-ttl-seconds 20 --max-sandboxes 256 \
 	--cpu-overcommit 1000 --memory-overcommit 1000 --disk-overcommit 1000 \
 	--stop-sandboxes-on-exit true >"$dir/daemon.log" 2>&1 &
 pid=$!

@@ -16,6 +16,9 @@ packages=(
   # its microvm machine, and tests/guest_kernel.rs boots the guest kernel
   # under its TCG (this host's kvm_pvm cannot run a stock kernel)
   qemu-system-x86
+  # registry pulls: tests/registry.rs runs a real registry and fills it
+  # with skopeo; benches compare pulls with skopeo + umoci
+  docker-registry skopeo umoci
   # the SDKs' tests: a venv for the Python SDK (and schemathesis, the API
   # contract check), openssl for their TLS fixtures, curl for raw answers
   python3-venv openssl curl
@@ -33,6 +36,12 @@ if ((${#missing[@]})); then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# docker-registry's package starts a registry on :5000; the tests start
+# their own on random ports, so the packaged one is stopped and disabled.
+if systemctl list-unit-files docker-registry.service >/dev/null 2>&1; then
+  systemctl disable --now docker-registry.service 2>&1 | grep -v "^Failed to connect to bus" || true
+fi
+pkill -x -f "/usr/bin/docker-registry serve /etc/docker/registry/config.yml" || true
 # Memory snapshots need CRIU 4.2+, which Debian 12 does not ship: built once
 # from Debian testing's source and cached.
 "$(dirname "$0")/install-criu.sh" ||

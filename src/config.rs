@@ -228,6 +228,10 @@ pub struct ConfigOverrides {
     /// (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub private_registries: Option<Vec<String>>,
+    /// The only registries (`host[:port]`, `docker.io` for Docker Hub)
+    /// images may be pulled from (comma-separated; default: any).
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_registries: Option<Vec<String>>,
     /// Registry credentials: a 0600 JSON file in the `auths` form of
     /// Docker's config.json.
     #[arg(long)]
@@ -539,6 +543,10 @@ impl Config {
                     .map(|r| r.to_ascii_lowercase())
                     .collect(),
                 private: pick!(private_registries, Vec::new())
+                    .into_iter()
+                    .map(|r| r.to_ascii_lowercase())
+                    .collect(),
+                allowed: pick!(allowed_registries, Vec::new())
                     .into_iter()
                     .map(|r| r.to_ascii_lowercase())
                     .collect(),

@@ -165,6 +165,7 @@ fn every_schema_names_exactly_its_types_fields() {
             fields_of::<super::snapshots::TakeSnapshot>(),
         ),
         ("Image", keys_of(sample_image)),
+        ("PulledImage", fields_of::<crate::image::oci::PulledImage>()),
         ("CreateSecret", fields_of::<CreateSecret>()),
         ("RotateSecret", fields_of::<RotateSecret>()),
         ("Secret", fields_of::<Secret>()),

@@ -32,7 +32,7 @@ api_routes! {
     "/v1/events" => get events::events;
     "/v1/capacity" => get sandboxes::capacity;
     "/v1/gpus" => get gpus::list;
-    "/v1/images" => get images::list;
+    "/v1/images" => get images::list, post images::pull;
     "/v1/images/prune" => post images::prune;
     "/v1/secrets" => post secrets::create, get secrets::list;
     "/v1/secrets/{name}" => get secrets::get, put secrets::rotate, delete secrets::delete;

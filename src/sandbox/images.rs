@@ -12,6 +12,19 @@ impl Manager {
         self.images.list()
     }
 
+    /// The images pulled from registries.
+    pub fn pulled_images(&self) -> Vec<crate::image::oci::PulledImage> {
+        self.registry.list()
+    }
+
+    /// Pulls a registry image now (a moved tag is followed).
+    pub async fn pull_image(
+        &self,
+        image: &str,
+    ) -> Result<crate::image::oci::PulledImage, SandboxError> {
+        Ok(self.registry.pull(image).await?)
+    }
+
     /// Removes built images no recipe names any more and forced-rebuild
     /// leftovers, except those a mounted sandbox root or a snapshot still
     /// stacks on.

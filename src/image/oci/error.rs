@@ -18,6 +18,8 @@ pub enum RegistryError {
     },
     #[error("registry {registry} is refused: {reason}; to pull from it anyway, list it in private_registries")]
     AddressRefused { registry: String, reason: String },
+    #[error("registry {registry} is not in allowed_registries ({allowed}); pull from one of those, or ask the operator to allow it")]
+    NotAllowed { registry: String, allowed: String },
     #[error("registry {registry} could not be reached: {detail}")]
     Unreachable { registry: String, detail: String },
     #[error("image {reference} has no linux/amd64 variant (it offers {offered}); pick an image built for linux/amd64")]
@@ -80,7 +82,9 @@ impl RegistryError {
                 RegistryErrorKind::BadRequest
             }
             NotFound { .. } => RegistryErrorKind::NotFound,
-            Unauthorized { .. } | AddressRefused { .. } => RegistryErrorKind::Forbidden,
+            Unauthorized { .. } | AddressRefused { .. } | NotAllowed { .. } => {
+                RegistryErrorKind::Forbidden
+            }
             Unreachable { .. } | DigestMismatch { .. } | Malformed { .. } | Unpack { .. } => {
                 RegistryErrorKind::BadGateway
             }
@@ -97,6 +101,7 @@ impl RegistryError {
             NotFound { .. } => "image_not_found",
             Unauthorized { .. } => "registry_unauthorized",
             AddressRefused { .. } => "registry_refused",
+            NotAllowed { .. } => "registry_not_allowed",
             Unreachable { .. } => "registry_unreachable",
             NoPlatform { .. } => "image_platform_unsupported",
             DigestMismatch { .. } => "image_digest_mismatch",

@@ -27,11 +27,30 @@ const HEAD_DEADLINE: Duration = Duration::from_secs(10);
 const CONNECT_DEADLINE: Duration = Duration::from_secs(10);
 const RESOLVE_DEADLINE: Duration = Duration::from_secs(10);
 
+/// Why the gate could not connect a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DialFailure {
+    /// Every address of the registry is on the deny list.
+    Denied(String),
+    /// It resolved to allowed addresses, and none answered.
+    Failed(String),
+}
+
+impl std::fmt::Display for DialFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DialFailure::Denied(r) | DialFailure::Failed(r) => f.write_str(r),
+        }
+    }
+}
+
+type Refusals = Arc<Mutex<HashMap<String, DialFailure>>>;
+
 /// A running gate: where it listens and the credentials it wants.
 #[derive(Debug)]
 pub struct Gate {
     url: String,
-    refusals: Arc<Mutex<HashMap<String, String>>>,
+    refusals: Refusals,
 }
 
 impl Gate {
@@ -50,7 +69,7 @@ impl Gate {
             "Basic {}",
             base64::engine::general_purpose::STANDARD.encode(format!("sandboxd:{password}"))
         );
-        let refusals = Arc::new(Mutex::new(HashMap::new()));
+        let refusals: Refusals = Arc::new(Mutex::new(HashMap::new()));
         let exempt: HashSet<String> = exempt.iter().map(|e| e.to_ascii_lowercase()).collect();
         let upstream = upstream.clone();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -124,8 +143,9 @@ impl Gate {
         &self.url
     }
 
-    /// Why the gate last refused `authority` (`host:port`), if it did.
-    pub fn refusal(&self, authority: &str) -> Option<String> {
+    /// Why the gate last failed to connect `authority` (`host:port`), if
+    /// its last attempt failed.
+    pub fn refusal(&self, authority: &str) -> Option<DialFailure> {
         self.refusals
             .lock()
             .ok()
@@ -138,7 +158,7 @@ struct Policy {
     resolver: hickory_resolver::TokioResolver,
     exempt: HashSet<String>,
     expected: String,
-    refusals: Arc<Mutex<HashMap<String, String>>>,
+    refusals: Refusals,
 }
 
 /// A parsed request head: where it goes and whether it is a tunnel.
@@ -169,13 +189,17 @@ impl Policy {
         }
         let target = parse_target(&text).ok_or("an unsupported request")?;
         let authority = format!("{}:{}", target.host, target.port);
-        let upstream = match self.dial(&target, &authority).await {
+        let dialled = self.dial(&target, &authority).await;
+        if let Ok(mut r) = self.refusals.lock() {
+            match &dialled {
+                Ok(_) => r.remove(&authority.to_ascii_lowercase()),
+                Err(failure) => r.insert(authority.to_ascii_lowercase(), failure.clone()),
+            };
+        }
+        let upstream = match dialled {
             Ok(stream) => stream,
-            Err(reason) => {
-                if let Ok(mut r) = self.refusals.lock() {
-                    r.insert(authority.to_ascii_lowercase(), reason.clone());
-                }
-                let body = format!("{authority}: {reason}");
+            Err(failure) => {
+                let body = format!("{authority}: {failure}");
                 let answer = format!(
                     "HTTP/1.1 502 Bad Gateway\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
                     body.len()
@@ -221,7 +245,7 @@ impl Policy {
     }
 
     /// Resolves and connects, skipping addresses the deny list refuses.
-    async fn dial(&self, target: &Target, authority: &str) -> Result<TcpStream, String> {
+    async fn dial(&self, target: &Target, authority: &str) -> Result<TcpStream, DialFailure> {
         let exempt = self.exempt.contains(&authority.to_ascii_lowercase())
             || self.exempt.contains(&target.host.to_ascii_lowercase());
         let addrs: Vec<IpAddr> = match target.host.trim_matches(['[', ']']).parse::<IpAddr>() {
@@ -231,8 +255,8 @@ impl Policy {
                 self.resolver.lookup_ip(target.host.as_str()),
             )
             .await
-            .map_err(|_| "resolving it timed out".to_string())?
-            .map_err(|e| format!("resolving it failed: {e}"))?
+            .map_err(|_| DialFailure::Failed("resolving it timed out".into()))?
+            .map_err(|e| DialFailure::Failed(format!("resolving it failed: {e}")))?
             .iter()
             .collect(),
         };
@@ -241,7 +265,9 @@ impl Policy {
         for ip in addrs {
             if !exempt {
                 if let Some(reason) = self.deny.check(ip) {
-                    refused = Some(format!("its address {ip} is {reason}"));
+                    refused = Some(format!(
+                        "its address {ip} is a {reason}, which the egress deny list refuses"
+                    ));
                     continue;
                 }
             }
@@ -252,9 +278,11 @@ impl Policy {
                 Err(_) => last_error = Some(format!("connecting to {addr} timed out")),
             }
         }
-        Err(last_error
-            .or(refused.map(|r| format!("refused: {r}")))
-            .unwrap_or_else(|| "it resolves to no address".into()))
+        Err(match (last_error, refused) {
+            (Some(e), _) => DialFailure::Failed(e),
+            (None, Some(r)) => DialFailure::Denied(r),
+            (None, None) => DialFailure::Failed("it resolves to no address".into()),
+        })
     }
 }
 

@@ -39,6 +39,8 @@ pub struct RegistrySettings {
     pub private: Vec<String>,
     /// The 0600 credentials file (`auths` of Docker's config.json).
     pub auth_file: Option<PathBuf>,
+    /// `host[:port]` of the only registries pulls may use; empty: any.
+    pub allowed: Vec<String>,
 }
 
 /// The daemon's puller. Cheap to share; the gate and the client start on
@@ -78,10 +80,10 @@ impl Registry {
         let reference = reference::parse(image)?;
         let canonical = reference::canonical(&reference);
         if let Some(pulled) = self.store.by_reference(&canonical) {
-            return self.store.image(&pulled);
+            return self.store.image(&pulled, &canonical);
         }
         let pulled = self.pull_once(image, false).await?;
-        self.store.image(&pulled)
+        self.store.image(&pulled, &canonical)
     }
 
     /// Pulls `image` again (a tag may have moved), storing only what is new.
@@ -91,9 +93,9 @@ impl Registry {
 
     /// A stored image by manifest digest (a sandbox's or snapshot's base).
     pub fn by_digest(&self, digest: &str) -> Option<Image> {
-        self.store
-            .by_digest(digest)
-            .and_then(|p| self.store.image(&p).ok())
+        let pulled = self.store.by_digest(digest)?;
+        let name = pulled.references.first().cloned().unwrap_or_default();
+        self.store.image(&pulled, &name).ok()
     }
 
     /// Every pulled image.
@@ -108,6 +110,13 @@ impl Registry {
             let mut flights = self.flights.lock().unwrap_or_else(|p| p.into_inner());
             Arc::clone(flights.entry(canonical.clone()).or_default())
         };
+        let registry = reference.registry().to_string();
+        if !self.settings.allowed.is_empty() && !self.settings.allowed.contains(&registry) {
+            return Err(RegistryError::NotAllowed {
+                registry,
+                allowed: self.settings.allowed.join(", "),
+            });
+        }
         let _turn = flight.lock().await;
         if !refresh {
             if let Some(pulled) = self.store.by_reference(&canonical) {
@@ -115,8 +124,7 @@ impl Registry {
             }
         }
         let (gate, client) = self.start().await?;
-        let auth = auth::for_registry(self.settings.auth_file.as_deref(), reference.registry())?;
-        let registry = reference.registry().to_string();
+        let auth = auth::for_registry(self.settings.auth_file.as_deref(), &registry)?;
         let authority = dialled_authority(&reference, &self.settings.insecure);
         let explain = |e: OciDistributionError| explain(e, gate, &registry, &authority, &canonical);
         let result = pull::PullContext {
@@ -135,7 +143,7 @@ impl Registry {
             }
         }
         match &result {
-            Ok(p) => tracing::info!(image = %canonical, digest = %p.digest, "pulled"),
+            Ok(p) => tracing::info!(image = %canonical, digest = %p.digest, "image pulled"),
             Err(e) => tracing::warn!(image = %canonical, "pull failed: {e}"),
         }
         result
@@ -200,11 +208,11 @@ fn explain(
 ) -> RegistryError {
     use OciDistributionError as E;
     let unreachable = |detail: String| match gate.refusal(authority) {
-        Some(reason) if reason.starts_with("refused") => RegistryError::AddressRefused {
+        Some(gate::DialFailure::Denied(reason)) => RegistryError::AddressRefused {
             registry: registry.to_string(),
             reason,
         },
-        Some(reason) => RegistryError::Unreachable {
+        Some(gate::DialFailure::Failed(reason)) => RegistryError::Unreachable {
             registry: registry.to_string(),
             detail: reason,
         },

@@ -66,12 +66,7 @@ impl PullContext<'_> {
             .await
             .map_err(self.explain)?;
         if let Some(have) = self.store.by_digest(&digest) {
-            let image = PulledImage {
-                reference: self.canonical.clone(),
-                ..have
-            };
-            self.store.save(&image)?;
-            return Ok(image);
+            return self.store.save(&have, &self.canonical);
         }
         let config: serde_json::Value =
             serde_json::from_str(&config).map_err(|e| RegistryError::Malformed {
@@ -113,7 +108,7 @@ impl PullContext<'_> {
         };
         let c = &config["config"];
         let image = PulledImage {
-            reference: self.canonical.clone(),
+            references: Vec::new(),
             digest,
             config_digest: manifest.config.digest.clone(),
             layers: manifest.layers.iter().map(|l| l.digest.clone()).collect(),
@@ -131,8 +126,7 @@ impl PullContext<'_> {
             cmd: strings(&c["Cmd"]),
             pulled_at_unix: now_unix(),
         };
-        self.store.save(&image)?;
-        Ok(image)
+        self.store.save(&image, &self.canonical)
     }
 
     /// Refuses a pull whose compressed layers alone would not fit.

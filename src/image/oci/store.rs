@@ -29,8 +29,9 @@ pub const MAX_LAYERS: usize = 120;
 /// One pulled image, as recorded.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PulledImage {
-    /// Canonical reference it was pulled by (`docker.io/library/node:20`).
-    pub reference: String,
+    /// Canonical references it was pulled by (`docker.io/library/node:20`);
+    /// several tags may name one manifest.
+    pub references: Vec<String>,
     /// `sha256:<hex>` of its (linux/amd64) manifest.
     pub digest: String,
     pub config_digest: String,
@@ -124,21 +125,33 @@ impl Store {
         self.by_digest(digest.trim())
     }
 
-    /// Records `image` and points its reference at it.
-    pub fn save(&self, image: &PulledImage) -> Result<(), RegistryError> {
+    /// Records `image` as pulled by `reference` (kept beside the references
+    /// it already had) and points that reference at it.
+    pub fn save(&self, image: &PulledImage, reference: &str) -> Result<PulledImage, RegistryError> {
         let hex = hex_of(&image.digest).ok_or_else(|| RegistryError::Malformed {
-            reference: image.reference.clone(),
+            reference: reference.to_string(),
             detail: format!("manifest digest {} is not sha256", image.digest),
         })?;
-        let json = serde_json::to_vec_pretty(image).map_err(|e| {
+        let mut image = image.clone();
+        if let Some(known) = std::fs::read(self.image_file(hex))
+            .ok()
+            .and_then(|b| serde_json::from_slice::<PulledImage>(&b).ok())
+        {
+            image.references.extend(known.references);
+        }
+        image.references.push(reference.to_string());
+        image.references.sort();
+        image.references.dedup();
+        let json = serde_json::to_vec_pretty(&image).map_err(|e| {
             RegistryError::io("encode", self.image_file(hex), std::io::Error::other(e))
         })?;
         write_atomic(&self.image_file(hex), &json, &self.tmp_dir())?;
         write_atomic(
-            &self.ref_file(&image.reference),
+            &self.ref_file(reference),
             image.digest.as_bytes(),
             &self.tmp_dir(),
-        )
+        )?;
+        Ok(image)
     }
 
     /// Every recorded image.
@@ -151,13 +164,13 @@ impl Store {
             .filter_map(|e| std::fs::read(e.path()).ok())
             .filter_map(|b| serde_json::from_slice(&b).ok())
             .collect();
-        images.sort_by(|a: &PulledImage, b| a.reference.cmp(&b.reference));
+        images.sort_by(|a: &PulledImage, b| a.references.cmp(&b.references));
         images
     }
 
-    /// The image as the runtimes stack it: the bottom layer as the root,
-    /// the others above it, top first.
-    pub fn image(&self, pulled: &PulledImage) -> Result<Image, RegistryError> {
+    /// The image as the runtimes stack it, named `reference`: the bottom
+    /// layer as the root, the others above it, top first.
+    pub fn image(&self, pulled: &PulledImage, reference: &str) -> Result<Image, RegistryError> {
         let dirs: Vec<PathBuf> = pulled
             .layers
             .iter()
@@ -165,17 +178,17 @@ impl Store {
                 hex_of(l)
                     .map(|h| self.layer_dir(h))
                     .ok_or_else(|| RegistryError::Malformed {
-                        reference: pulled.reference.clone(),
+                        reference: reference.to_string(),
                         detail: format!("layer digest {l} is not sha256"),
                     })
             })
             .collect::<Result<_, _>>()?;
         let (bottom, above) = dirs.split_first().ok_or_else(|| RegistryError::Malformed {
-            reference: pulled.reference.clone(),
+            reference: reference.to_string(),
             detail: "the manifest lists no layers".into(),
         })?;
         Ok(Image {
-            name: pulled.reference.clone(),
+            name: reference.to_string(),
             digest: pulled.digest.clone(),
             rootfs: bottom.clone(),
             layers: above.iter().rev().cloned().collect(),

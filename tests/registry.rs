@@ -1,0 +1,583 @@
+//! Root-only: images pulled from a real registry (Debian's docker-registry,
+//! started here on a random loopback port) that the test fills with skopeo
+//! from OCI layouts it writes itself from the host's static busybox.
+
+mod common;
+
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use common::Daemon;
+use hyper::{Method, StatusCode};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// A docker-registry process with its storage in a temporary directory.
+struct Registry {
+    dir: tempfile::TempDir,
+    port: u16,
+    child: Child,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Registry {
+    fn start() -> Registry {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let config = dir.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
+                dir.path().join("data").display()
+            ),
+        )
+        .expect("config");
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("docker-registry (scripts/install-deps.sh installs it)");
+        let registry = Registry { dir, port, child };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return registry;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("docker-registry did not listen on {port}");
+    }
+
+    fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    /// Copies `layout:tag` to `repo:tag` here (every platform of an index).
+    fn push(&self, layout: &Path, tag: &str, repo: &str) {
+        let out = Command::new("skopeo")
+            .args(["copy", "--all", "--quiet", "--dest-tls-verify=false"])
+            .arg(format!("oci:{}:{tag}", layout.display()))
+            .arg(format!("docker://{}/{repo}:{tag}", self.host()))
+            .output()
+            .expect("skopeo (scripts/install-deps.sh installs it)");
+        assert!(
+            out.status.success(),
+            "skopeo copy: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// Where the registry keeps blob `digest`'s bytes.
+    fn blob_data(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.dir
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}
+
+/// A gzip-compressed tar layer: its bytes and digest.
+struct Blob {
+    bytes: Vec<u8>,
+    digest: String,
+}
+
+fn blob(bytes: Vec<u8>) -> Blob {
+    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
+    Blob { bytes, digest }
+}
+
+/// Tar entries for a layer. Names are written as given.
+enum Entry<'a> {
+    Dir(&'a str),
+    File(&'a str, &'a [u8], u32),
+    Symlink(&'a str, &'a str),
+}
+
+fn layer(entries: &[Entry<'_>]) -> Blob {
+    let mut builder = tar::Builder::new(Vec::new());
+    for entry in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_mtime(1_700_000_000);
+        h.set_uid(0);
+        h.set_gid(0);
+        let (name, body): (&str, &[u8]) = match entry {
+            Entry::Dir(name) => {
+                h.set_entry_type(tar::EntryType::Directory);
+                h.set_mode(0o755);
+                (name, &[])
+            }
+            Entry::File(name, body, mode) => {
+                h.set_entry_type(tar::EntryType::Regular);
+                h.set_mode(*mode);
+                (name, body)
+            }
+            Entry::Symlink(name, target) => {
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_mode(0o777);
+                h.set_link_name(target).expect("link name");
+                (name, &[])
+            }
+        };
+        h.set_path(name).expect("name");
+        h.set_size(body.len() as u64);
+        h.set_cksum();
+        builder.append(&h, body).expect("append");
+    }
+    let tar = builder.into_inner().expect("tar");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar).expect("gzip");
+    blob(gz.finish().expect("gzip"))
+}
+
+/// The base layer: static busybox as /bin/sh and friends, a file the next
+/// layer deletes and a directory it makes opaque. `nonce` makes each run's
+/// digests new, so nothing is found already stored.
+fn base_layer(nonce: &str) -> Blob {
+    let busybox = std::fs::read("/bin/busybox").expect("busybox-static");
+    let mut entries = vec![
+        Entry::Dir("bin/"),
+        Entry::File("bin/busybox", &busybox, 0o755),
+        Entry::Dir("etc/"),
+        Entry::File("etc/motd", b"base motd\n", 0o644),
+        Entry::File("etc/nonce", nonce.as_bytes(), 0o644),
+        Entry::Dir("opt/"),
+        Entry::Dir("opt/old/"),
+        Entry::File("opt/old/file", b"old\n", 0o644),
+        Entry::Dir("root/"),
+        Entry::Dir("tmp/"),
+        Entry::Dir("proc/"),
+        Entry::Dir("sys/"),
+        Entry::Dir("dev/"),
+    ];
+    let applets = ["sh", "cat", "ls", "pwd", "echo", "env", "sleep", "true"];
+    let links: Vec<String> = applets.iter().map(|a| format!("bin/{a}")).collect();
+    for link in &links {
+        entries.push(Entry::Symlink(link, "busybox"));
+    }
+    layer(&entries)
+}
+
+/// An OCI image layout on disk that skopeo reads.
+struct Layout {
+    dir: PathBuf,
+    index: Vec<Value>,
+}
+
+impl Layout {
+    fn new(dir: PathBuf) -> Layout {
+        std::fs::create_dir_all(dir.join("blobs/sha256")).expect("layout");
+        std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
+            .expect("oci-layout");
+        Layout {
+            dir,
+            index: Vec::new(),
+        }
+    }
+
+    fn put(&self, bytes: &[u8]) -> (String, usize) {
+        let b = blob(bytes.to_vec());
+        let path = self
+            .dir
+            .join("blobs/sha256")
+            .join(b.digest.trim_start_matches("sha256:"));
+        std::fs::write(path, bytes).expect("blob");
+        (b.digest, bytes.len())
+    }
+
+    /// Writes a manifest of `layers` with `config`; its descriptor.
+    fn manifest(&self, layers: &[&Blob], config: Value) -> Value {
+        let (config_digest, config_size) = self.put(config.to_string().as_bytes());
+        let layers: Vec<Value> = layers
+            .iter()
+            .map(|l| {
+                self.put(&l.bytes);
+                json!({
+                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                    "digest": l.digest,
+                    "size": l.bytes.len(),
+                })
+            })
+            .collect();
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": config_size,
+            },
+            "layers": layers,
+        });
+        let (digest, size) = self.put(manifest.to_string().as_bytes());
+        json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest,
+            "size": size,
+        })
+    }
+
+    fn tag(&mut self, tag: &str, mut descriptor: Value) {
+        descriptor["annotations"] = json!({"org.opencontainers.image.ref.name": tag});
+        self.index.push(descriptor);
+        let index = json!({"schemaVersion": 2, "manifests": self.index});
+        std::fs::write(self.dir.join("index.json"), index.to_string()).expect("index.json");
+    }
+
+    /// An image index of `platforms` (descriptor, os/arch).
+    fn image_index(&self, platforms: &[(Value, &str)]) -> Value {
+        let manifests: Vec<Value> = platforms
+            .iter()
+            .map(|(d, arch)| {
+                let mut d = d.clone();
+                d["platform"] = json!({"os": "linux", "architecture": arch});
+                d
+            })
+            .collect();
+        let index = json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": manifests,
+        });
+        let (digest, size) = self.put(index.to_string().as_bytes());
+        json!({
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "digest": digest,
+            "size": size,
+        })
+    }
+}
+
+fn config(arch: &str, env: &[&str], workdir: &str, layers: &[&Blob]) -> Value {
+    // diff_ids are the uncompressed digests; the puller does not use them,
+    // but skopeo copies the config as written.
+    json!({
+        "architecture": arch,
+        "os": "linux",
+        "config": {"Env": env, "WorkingDir": workdir, "Cmd": ["/bin/sh"]},
+        "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>()},
+    })
+}
+
+fn layer_dirs(images_dir: &Path) -> Vec<String> {
+    std::fs::read_dir(images_dir.join("oci/layers"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn daemon_for(registry: &Registry, images: &Path, private: bool) -> Daemon {
+    // The registry, and port 1 of loopback where nothing listens.
+    let hosts = format!("{},127.0.0.1:1", registry.host());
+    let extra: &[&str] = if private {
+        &["--private-registries", &hosts]
+    } else {
+        &[]
+    };
+    daemon_for_with(registry, images, extra)
+}
+
+fn daemon_for_with(registry: &Registry, images: &Path, extra: &[&str]) -> Daemon {
+    let hosts = format!("{},127.0.0.1:1", registry.host());
+    let images = images.display().to_string();
+    let mut flags = vec![
+        "--images-dir",
+        images.as_str(),
+        "--insecure-registries",
+        hosts.as_str(),
+    ];
+    flags.extend(extra);
+    Daemon::start_with(&flags)
+}
+
+#[tokio::test]
+async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
+    require_host!();
+    let registry = Registry::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let nonce = hex::encode(rand::random::<[u8; 8]>());
+    let base = base_layer(&nonce);
+    let upper = layer(&[
+        Entry::File("etc/.wh.motd", b"", 0o644),
+        Entry::Dir("opt/"),
+        Entry::File("opt/.wh..wh..opq", b"", 0o644),
+        Entry::File("opt/new", b"new\n", 0o644),
+        Entry::Dir("work/"),
+    ]);
+    let other = layer(&[Entry::File("other", b"other\n", 0o644)]);
+    let mut layout = Layout::new(work.path().join("layout"));
+    let app = layout.manifest(
+        &[&base, &upper],
+        config(
+            "amd64",
+            &["PATH=/bin", "GREETING=hello from the config"],
+            "/work",
+            &[&base, &upper],
+        ),
+    );
+    layout.tag("v1", app.clone());
+    let second = layout.manifest(
+        &[&base, &other],
+        config("amd64", &["PATH=/bin"], "/", &[&base, &other]),
+    );
+    layout.tag("other", second);
+    let arm = layout.manifest(&[&other], config("arm64", &["PATH=/bin"], "/", &[&other]));
+    let multi = layout.image_index(&[(arm.clone(), "arm64"), (app.clone(), "amd64")]);
+    layout.tag("multi", multi);
+    let arm_only = layout.image_index(&[(arm, "arm64")]);
+    layout.tag("armonly", arm_only);
+    registry.push(&layout.dir, "v1", "team/app");
+    registry.push(&layout.dir, "other", "team/app");
+    registry.push(&layout.dir, "multi", "team/app");
+    registry.push(&layout.dir, "armonly", "team/app");
+
+    let images = work.path().join("images");
+    let daemon = daemon_for(&registry, &images, true);
+    let host = registry.host();
+
+    // Ten creates of an image not yet pulled: one pull serves them all.
+    let reference = format!("{host}/team/app:v1");
+    let creates = (0..10).map(|_| daemon.create(json!({"image": reference})));
+    let ids = futures::future::join_all(creates).await;
+    let pulls = daemon.log().matches("image pulled").count();
+    assert_eq!(pulls, 1, "one pull for ten creates:\n{}", daemon.log());
+
+    // Deletions and the opaque directory of the upper layer hold; the
+    // config's Env and WorkingDir are every process's defaults.
+    let id = &ids[0];
+    let run = daemon
+        .sh(
+            id,
+            "cat /etc/motd 2>&1; ls /opt; pwd; echo \"$GREETING\"; cat /etc/nonce",
+        )
+        .await;
+    assert_eq!(
+        run.out(),
+        format!("cat: can't open '/etc/motd': No such file or directory\nnew\n/work\nhello from the config\n{nonce}"),
+        "{}",
+        run.err()
+    );
+    for id in &ids[1..] {
+        daemon.delete(id).await;
+    }
+
+    // A second image on the same base stores the base layer once.
+    let before = layer_dirs(&images);
+    assert_eq!(before.len(), 2, "{before:?}");
+    let second = daemon
+        .create(json!({"image": format!("{host}/team/app:other")}))
+        .await;
+    assert_eq!(daemon.sh(&second, "cat /other").await.out(), "other\n");
+    let after = layer_dirs(&images);
+    assert_eq!(after.len(), 3, "only the new layer is stored: {after:?}");
+    assert!(after.contains(&base.digest.trim_start_matches("sha256:").to_string()));
+
+    // An index resolves to its linux/amd64 manifest; one without it is a
+    // 400 naming what it offers.
+    let from_index = daemon
+        .create(json!({"image": format!("{host}/team/app:multi")}))
+        .await;
+    assert_eq!(daemon.sh(&from_index, "cat /opt/new").await.out(), "new\n");
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": format!("{host}/team/app:armonly")})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(
+        body["error"]["code"], "image_platform_unsupported",
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("linux/arm64"),
+        "{body}"
+    );
+
+    // The cache lists what was pulled.
+    let (status, list) = daemon.call(Method::GET, "/v1/images", None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let pulled: Vec<&str> = list["pulled"]
+        .as_array()
+        .expect("pulled")
+        .iter()
+        .filter_map(|p| p["references"].as_array())
+        .flatten()
+        .filter_map(|r| r.as_str())
+        .collect();
+    assert!(pulled.contains(&reference.as_str()), "{list}");
+    assert!(
+        pulled.contains(&format!("{host}/team/app:multi").as_str()),
+        "{list}"
+    );
+
+    // An unknown tag is a 404; pulling ahead works through POST /v1/images.
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": format!("{host}/team/app:nope")})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert_eq!(body["error"]["code"], "image_not_found", "{body}");
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/images",
+            Some(json!({"image": reference})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["working_dir"], "/work", "{body}");
+
+    for id in [&ids[0], &second, &from_index] {
+        daemon.delete(id).await;
+    }
+}
+
+#[tokio::test]
+async fn tampered_blobs_private_addresses_and_dead_registries_are_refused() {
+    require_host!();
+    let registry = Registry::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let nonce = hex::encode(rand::random::<[u8; 8]>());
+    let base = base_layer(&nonce);
+    let tampered = layer(&[Entry::File("victim", nonce.as_bytes(), 0o644)]);
+    let mut layout = Layout::new(work.path().join("layout"));
+    let good = layout.manifest(&[&base], config("amd64", &["PATH=/bin"], "/", &[&base]));
+    layout.tag("good", good);
+    let bad = layout.manifest(
+        &[&base, &tampered],
+        config("amd64", &["PATH=/bin"], "/", &[&base, &tampered]),
+    );
+    layout.tag("bad", bad);
+    registry.push(&layout.dir, "good", "team/app");
+    registry.push(&layout.dir, "bad", "team/app");
+    // The registry now serves other bytes under the layer's digest.
+    let data = registry.blob_data(&tampered.digest);
+    let mut bytes = std::fs::read(&data).expect("stored blob");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&data, bytes).expect("tamper");
+
+    let host = registry.host();
+    let images = work.path().join("images");
+    let daemon = daemon_for(&registry, &images, true);
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": format!("{host}/team/app:bad")})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["error"]["code"], "image_digest_mismatch", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&tampered.digest),
+        "{body}"
+    );
+    let stored = layer_dirs(&images);
+    assert!(
+        !stored.contains(&tampered.digest.trim_start_matches("sha256:").to_string()),
+        "{stored:?}"
+    );
+    // Positive control: the untampered image from the same registry runs.
+    let id = daemon
+        .create(json!({"image": format!("{host}/team/app:good")}))
+        .await;
+    assert_eq!(daemon.sh(&id, "cat /etc/nonce").await.out(), nonce);
+    daemon.delete(&id).await;
+
+    // A registry that does not answer is a 502 naming it.
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "127.0.0.1:1/team/app:v1"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert_eq!(body["error"]["code"], "registry_unreachable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("127.0.0.1:1"),
+        "{body}"
+    );
+
+    // Without private_registries, loopback and private addresses are the
+    // deny list's: the same registry is refused, and so is a metadata
+    // address, before any connection is made.
+    let strict_images = work.path().join("strict-images");
+    let strict = daemon_for(&registry, &strict_images, false);
+    for (image, reason) in [
+        (format!("{host}/team/app:good"), "loopback"),
+        ("169.254.169.254/x/y:latest".to_string(), "metadata"),
+        ("10.0.0.5:5000/x/y:latest".to_string(), "private"),
+    ] {
+        let (status, body) = strict
+            .call(Method::POST, "/v1/sandboxes", Some(json!({"image": image})))
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{image}: {body}");
+        assert_eq!(body["error"]["code"], "registry_refused", "{body}");
+        assert!(
+            body["error"]["message"].as_str().unwrap().contains(reason),
+            "{body}"
+        );
+    }
+    assert!(layer_dirs(&strict_images).is_empty());
+
+    // An operator's allow-list of registries refuses the others before
+    // any dial, and lets its own through.
+    let allowing = daemon_for_with(
+        &registry,
+        &work.path().join("allow-images"),
+        &["--allowed-registries", &host, "--private-registries", &host],
+    );
+    let (status, body) = allowing
+        .call(
+            Method::POST,
+            "/v1/images",
+            Some(json!({"image": "docker.io/library/busybox:latest"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "registry_not_allowed", "{body}");
+    let (status, body) = allowing
+        .call(
+            Method::POST,
+            "/v1/images",
+            Some(json!({"image": format!("{host}/team/app:good")})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
