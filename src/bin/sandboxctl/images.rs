@@ -1,4 +1,4 @@
-//! The image-cache commands: images (list) and image-prune.
+//! The image-cache commands: images (list), image-pull and image-prune.
 
 use anyhow::Result;
 use bytes::Bytes;
@@ -22,8 +22,18 @@ struct ImageRow {
 }
 
 #[derive(serde::Deserialize)]
+struct PulledRow {
+    references: Vec<String>,
+    digest: String,
+    size_bytes: u64,
+    layers: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
 struct ImageList {
     images: Vec<ImageRow>,
+    #[serde(default)]
+    pulled: Vec<PulledRow>,
 }
 
 pub async fn list(c: &Client, json: bool) -> Result<i32> {
@@ -32,7 +42,7 @@ pub async fn list(c: &Client, json: bool) -> Result<i32> {
         print_raw(&raw)?;
         return Ok(0);
     }
-    let rows: Vec<Vec<String>> = list
+    let mut rows: Vec<Vec<String>> = list
         .images
         .iter()
         .map(|i| {
@@ -46,6 +56,16 @@ pub async fn list(c: &Client, json: bool) -> Result<i32> {
             ]
         })
         .collect();
+    for p in &list.pulled {
+        for reference in &p.references {
+            rows.push(vec![
+                reference.clone(),
+                format!("pulled, {} layers", p.layers.len()),
+                output::fmt_mib(p.size_bytes >> 20),
+                p.digest.chars().take(19).collect(),
+            ]);
+        }
+    }
     print_out(&output::table(&["NAME", "BUILT", "SIZE", "DIGEST"], &rows))?;
     Ok(0)
 }
@@ -66,6 +86,23 @@ pub async fn prune(c: &Client, json: bool) -> Result<i32> {
             report.removed.len(),
             output::fmt_mib(report.freed_bytes >> 20)
         );
+    }
+    Ok(0)
+}
+
+/// Pulls a registry image now; prints its digest.
+pub async fn pull(c: &Client, image: &str, json: bool) -> Result<i32> {
+    let body = serde_json::json!({ "image": image });
+    let (pulled, raw): (PulledRow, Bytes) = c.json(Method::POST, "/v1/images", Some(&body)).await?;
+    if json {
+        print_raw(&raw)?;
+    } else {
+        print_out(&format!(
+            "{} {} ({} layers)\n",
+            image,
+            pulled.digest,
+            pulled.layers.len()
+        ))?;
     }
     Ok(0)
 }

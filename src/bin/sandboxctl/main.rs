@@ -227,6 +227,9 @@ enum Cmd {
     Snapshots,
     /// List the image cache: each image, whether built, its size.
     Images,
+    /// Pull a registry image now (e.g. docker.io/library/python:3.12-slim),
+    /// following a moved tag; creates then find it stored.
+    ImagePull { image: String },
     /// Remove built images no recipe names any more (and forced-rebuild
     /// leftovers) that no sandbox or snapshot stacks on.
     ImagePrune,
@@ -578,6 +581,7 @@ async fn run(cli: Cli) -> Result<i32> {
             }
             SecretCmd::Rm { names } => secrets::rm(&c, &names).await,
         },
+        Cmd::ImagePull { image } => images::pull(&c, &image, json).await,
         Cmd::ImagePrune => images::prune(&c, json).await,
         Cmd::RmSnapshot { ids } => snapshots::rm(&c, &ids).await,
         Cmd::Health => daemon::health(&c, json).await,

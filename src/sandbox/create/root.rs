@@ -176,6 +176,16 @@ impl Manager {
         root: &Root,
     ) -> Result<crate::runtime::sandbox::VmSpec, SandboxError> {
         let image = &root.image;
+        if !image.layers.is_empty() {
+            return Err(SandboxError::bad(
+                "runtime_unsupported",
+                format!(
+                    "{} has {} layers; a pulled image of more than one layer cannot be a microVM disk yet: run it as a container, or use a single-layer image",
+                    image.name,
+                    image.layers.len() + 1
+                ),
+            ));
+        }
         let vm = &self.config.vm;
         let kernel = vm.kernel.clone().ok_or_else(|| {
             SandboxError::bad(
