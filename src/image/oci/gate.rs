@@ -174,12 +174,10 @@ impl Policy {
             .await
             .map_err(|_| "no request head in time".to_string())??;
         let text = String::from_utf8_lossy(&head.bytes[..head.end]).into_owned();
-        let authorized = text.lines().skip(1).any(|line| {
-            line.split_once(':').is_some_and(|(name, value)| {
-                name.trim().eq_ignore_ascii_case("proxy-authorization")
-                    && value.trim() == self.expected
-            })
-        });
+        let authorized = text
+            .lines()
+            .skip(1)
+            .any(|line| proxy_authorization(line).is_some_and(|v| v == self.expected));
         if !authorized {
             client
                 .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"sandboxd\"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
@@ -214,30 +212,23 @@ impl Policy {
                 .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 .await
                 .map_err(|e| e.to_string())?;
-            upstream
-                .write_all(&head.bytes[head.end..])
-                .await
-                .map_err(|e| e.to_string())?;
         } else {
             // Plain HTTP: the request goes on as it came (servers take the
             // absolute form), less the gate's own credentials.
             let forwarded: String = text
                 .split_inclusive("\r\n")
-                .filter(|line| {
-                    !line
-                        .split_once(':')
-                        .is_some_and(|(n, _)| n.trim().eq_ignore_ascii_case("proxy-authorization"))
-                })
+                .filter(|line| proxy_authorization(line).is_none())
                 .collect();
             upstream
                 .write_all(forwarded.as_bytes())
                 .await
                 .map_err(|e| e.to_string())?;
-            upstream
-                .write_all(&head.bytes[head.end..])
-                .await
-                .map_err(|e| e.to_string())?;
         }
+        // Whatever the client sent after its head goes on first.
+        upstream
+            .write_all(&head.bytes[head.end..])
+            .await
+            .map_err(|e| e.to_string())?;
         tokio::io::copy_bidirectional(&mut client, &mut upstream)
             .await
             .map(|_| ())
@@ -284,6 +275,14 @@ impl Policy {
             (None, None) => DialFailure::Failed("it resolves to no address".into()),
         })
     }
+}
+
+/// The value of `line` when it is a `Proxy-Authorization` header.
+fn proxy_authorization(line: &str) -> Option<&str> {
+    let (name, value) = line.split_once(':')?;
+    name.trim()
+        .eq_ignore_ascii_case("proxy-authorization")
+        .then(|| value.trim())
 }
 
 struct Head {

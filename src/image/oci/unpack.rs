@@ -206,15 +206,7 @@ impl Unpacker {
                 // root at run time, never here.
                 symlinkat(OsStr::from_bytes(&target), Some(pfd), name.as_os_str())
                     .map_err(|e| write_err(errno(e)))?;
-                let (uid, gid) = shifted_owner(&header);
-                fchownat(
-                    Some(pfd),
-                    name.as_os_str(),
-                    Some(uid),
-                    Some(gid),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| write_err(errno(e)))?;
+                chown_entry(pfd, &name, &header).map_err(write_err)?;
                 if let Ok(mtime) = header.mtime() {
                     let t = TimeSpec::new(mtime as i64, 0);
                     utimensat(
@@ -283,18 +275,7 @@ impl Unpacker {
                     0,
                 )
                 .map_err(|e| write_err(errno(e)))?;
-                let fifo =
-                    open_beneath(pfd, name.as_os_str(), OFlag::O_PATH, true).map_err(write_err)?;
-                let (uid, gid) = shifted_owner(&header);
-                fchownat(
-                    Some(pfd),
-                    name.as_os_str(),
-                    Some(uid),
-                    Some(gid),
-                    AtFlags::AT_SYMLINK_NOFOLLOW,
-                )
-                .map_err(|e| write_err(errno(e)))?;
-                drop(fifo);
+                chown_entry(pfd, &name, &header).map_err(write_err)?;
             }
             tar::EntryType::Char | tar::EntryType::Block => {
                 self.stats.devices_dropped += 1;
@@ -416,6 +397,19 @@ fn join(parts: &[&OsStr]) -> OsString {
         out.push(p);
     }
     out
+}
+
+/// Gives `name` in `dir` the entry's shifted owner, not following a symlink.
+fn chown_entry(dir: RawFd, name: &OsStr, header: &tar::Header) -> io::Result<()> {
+    let (uid, gid) = shifted_owner(header);
+    fchownat(
+        Some(dir),
+        name,
+        Some(uid),
+        Some(gid),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(io::Error::from)
 }
 
 fn shifted_owner(header: &tar::Header) -> (Uid, Gid) {
