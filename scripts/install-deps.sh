@@ -19,6 +19,9 @@ packages=(
   # registry pulls: tests/registry.rs runs a real registry and fills it
   # with skopeo; benches compare pulls with skopeo + umoci
   docker-registry skopeo umoci
+  # image builds: tests/image_builds.rs serves its own apt repository,
+  # indexed with apt-ftparchive
+  apt-utils
   # the SDKs' tests: a venv for the Python SDK (and schemathesis, the API
   # contract check), openssl for their TLS fixtures, curl for raw answers
   python3-venv openssl curl

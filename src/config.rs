@@ -236,6 +236,16 @@ pub struct ConfigOverrides {
     /// Docker's config.json.
     #[arg(long)]
     pub registry_auth_file: Option<PathBuf>,
+    /// The PEP 503 index image builds install `python_packages` from
+    /// (default: PyPI); a build sandbox may reach its host and nothing
+    /// else of pip's.
+    #[arg(long)]
+    pub pip_index_url: Option<String>,
+    /// `sources.list` lines image builds install `system_packages` from,
+    /// instead of the base image's own (e.g. a local mirror); a build
+    /// sandbox may reach their hosts.
+    #[arg(long)]
+    pub apt_sources: Option<Vec<String>>,
     /// PEM files of CAs the egress proxies also trust when they verify an
     /// intercepted host's certificate (brokered secrets), beside the
     /// system's roots (comma-separated).
@@ -329,6 +339,8 @@ pub struct Config {
     pub ingress: IngressSettings,
     /// Pulling images from OCI registries.
     pub registry: crate::image::oci::RegistrySettings,
+    /// Where image builds fetch packages from.
+    pub package_sources: crate::image::built::PackageSources,
     pub cgroup_parent: String,
     pub log_format: LogFormat,
     pub stop_sandboxes_on_exit: bool,
@@ -556,6 +568,13 @@ impl Config {
                     .or(file.registry_auth_file.clone())
                     .map(absolute),
             },
+            package_sources: package_sources(
+                pick!(
+                    pip_index_url,
+                    crate::image::built::sources::PYPI_INDEX.to_string()
+                ),
+                pick!(apt_sources, Vec::new()),
+            )?,
             ingress: IngressSettings {
                 listen: pick!(ingress_listen, Vec::new()),
                 domain: flags
@@ -862,6 +881,30 @@ fn host_memory_mib() -> u64 {
         })
         .map(|kib| kib / 1024)
         .unwrap_or(1024)
+}
+
+/// The package sources, each checked to be something a build can reach.
+fn package_sources(
+    pip_index_url: String,
+    apt_sources: Vec<String>,
+) -> Result<crate::image::built::PackageSources, ConfigError> {
+    use crate::image::built::sources::{apt_hosts, url_host};
+    if url_host(&pip_index_url).is_none() {
+        return Err(ConfigError::Invalid {
+            field: "pip_index_url",
+            message: format!("{pip_index_url:?} is not an http:// or https:// URL"),
+        });
+    }
+    if let Some(line) = apt_sources.iter().find(|l| apt_hosts(l).is_empty()) {
+        return Err(ConfigError::Invalid {
+            field: "apt_sources",
+            message: format!("{line:?} names no http:// or https:// mirror"),
+        });
+    }
+    Ok(crate::image::built::PackageSources {
+        pip_index_url,
+        apt_sources,
+    })
 }
 
 #[cfg(test)]

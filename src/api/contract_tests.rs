@@ -166,6 +166,8 @@ fn every_schema_names_exactly_its_types_fields() {
         ),
         ("Image", keys_of(sample_image)),
         ("PulledImage", fields_of::<crate::image::oci::PulledImage>()),
+        ("ImageSpec", fields_of::<crate::image::built::ImageSpec>()),
+        ("BuiltImage", fields_of::<crate::image::built::BuiltImage>()),
         ("CreateSecret", fields_of::<CreateSecret>()),
         ("RotateSecret", fields_of::<RotateSecret>()),
         ("Secret", fields_of::<Secret>()),

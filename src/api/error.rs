@@ -38,6 +38,7 @@ impl IntoResponse for ApiError {
             SandboxError::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, None),
             SandboxError::Forbidden { .. } => (StatusCode::FORBIDDEN, None),
             SandboxError::BadGateway { .. } => (StatusCode::BAD_GATEWAY, None),
+            SandboxError::Unprocessable { .. } => (StatusCode::UNPROCESSABLE_ENTITY, None),
             SandboxError::Unavailable { resource, .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, Some(resource.to_string()))
             }

@@ -12,13 +12,43 @@ pub use crate::model::{
     Limits, PortAuth, PortProtocol, Process, ProcessState, RuntimeKind, SandboxState, Usage,
 };
 
+/// An image as a create or `POST /v1/images` names it: a name
+/// (`"python"`), a registry reference (`"node:20"`), or a declarative spec
+/// (`{"python_version": "3.11", "python_packages": ["pandas"]}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum ImageChoice {
+    Named(String),
+    Spec(crate::image::built::ImageSpec),
+}
+
+// By hand rather than `untagged`: a spec with a typo must say which field,
+// not "data did not match any variant".
+impl<'de> Deserialize<'de> for ImageChoice {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(name) => Ok(ImageChoice::Named(name)),
+            spec @ serde_json::Value::Object(_) => {
+                crate::image::built::ImageSpec::deserialize(spec)
+                    .map(ImageChoice::Spec)
+                    .map_err(D::Error::custom)
+            }
+            _ => Err(D::Error::custom(
+                "image is a name (\"python\"), a registry reference (\"node:20\") or a spec object ({\"python_packages\": [...]})",
+            )),
+        }
+    }
+}
+
 /// `POST /v1/sandboxes`
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
-    /// Image name; defaults to the daemon's `default_image`.
+    /// An image name or registry reference, or a declarative spec built
+    /// on first use; defaults to the daemon's `default_image`.
     #[serde(default)]
-    pub image: Option<String>,
+    pub image: Option<ImageChoice>,
     /// `"container"` (default) or `"vm"` (a KVM microVM).
     #[serde(default)]
     pub runtime: Option<String>,

@@ -5,7 +5,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::error::ApiError;
-use super::types::{CreateSandbox, PortUrl, Sandbox};
+use super::types::{CreateSandbox, ImageChoice, PortUrl, Sandbox};
 use crate::config::IngressSettings;
 use crate::model::{CreateRequest, ExposedPort, PortProtocol, PortRequest, RuntimeKind};
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
@@ -22,8 +22,14 @@ impl TryFrom<CreateSandbox> for CreateRequest {
             .map(str::parse::<RuntimeKind>)
             .transpose()
             .map_err(|e| ApiError::bad("invalid_runtime", e.to_string()))?;
+        let (image, image_spec) = match body.image {
+            Some(ImageChoice::Named(name)) => (Some(name), None),
+            Some(ImageChoice::Spec(spec)) => (None, Some(spec)),
+            None => (None, None),
+        };
         Ok(CreateRequest {
-            image: body.image,
+            image,
+            image_spec,
             runtime,
             cpu: body.cpu,
             memory_mib: body.memory_mib,

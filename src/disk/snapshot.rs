@@ -8,7 +8,7 @@ use std::ffi::CString;
 use std::fs::{self, DirBuilder, OpenOptions};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
 
@@ -50,9 +50,16 @@ impl DiskPool {
     /// `upper/` is the sandbox's writes. The caller stops writes first
     /// (freezes the sandbox) for a consistent picture.
     pub fn snapshot_layer(&self, layer_id: &str, id: &str) -> Result<PathBuf, DiskError> {
-        let source_path = self.layer_path(layer_id)?;
         let dir = self.snapshot_dir(id)?;
-        let open_dir = |path: &PathBuf| {
+        self.keep_layer(layer_id, &dir)
+    }
+
+    /// Keeps the layer of sandbox `layer_id` as a read-only snapshot named
+    /// `layer` in `dir`, an existing directory in the pool. Returns its
+    /// path. The caller stops writes first.
+    pub fn keep_layer(&self, layer_id: &str, dir: &Path) -> Result<PathBuf, DiskError> {
+        let source_path = self.layer_path(layer_id)?;
+        let open_dir = |path: &Path| {
             OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
@@ -63,8 +70,10 @@ impl DiskPool {
         // Writes still in the page cache belong in the snapshot.
         nix::unistd::syncfs(source.as_raw_fd())
             .map_err(|e| DiskError::io("sync", &source_path, e))?;
-        let parent = open_dir(&dir)?;
-        let name = CString::new(LAYER).map_err(|_| DiskError::InvalidId { id: id.into() })?;
+        let parent = open_dir(dir)?;
+        let name = CString::new(LAYER).map_err(|_| DiskError::InvalidId {
+            id: dir.display().to_string(),
+        })?;
         ioctl::snapshot_read_only(parent.as_fd(), &name, source.as_fd())
             .map_err(|e| DiskError::io("snapshot", &source_path, e))?;
         Ok(dir.join(LAYER))
@@ -74,6 +83,17 @@ impl DiskPool {
     /// directory. A missing snapshot is fine. No overlay may still use it.
     pub fn remove_snapshot(&self, id: &str) -> Result<(), DiskError> {
         let dir = self.snapshot_dir(id)?;
+        self.remove_kept(&dir)
+    }
+
+    /// Removes `dir`, a directory in the pool that may hold a kept layer
+    /// ([`DiskPool::keep_layer`]). A missing directory is fine.
+    pub fn remove_kept(&self, dir: &Path) -> Result<(), DiskError> {
+        if !dir.starts_with(self.dir()) {
+            return Err(DiskError::InvalidId {
+                id: dir.display().to_string(),
+            });
+        }
         if !dir.exists() {
             return Ok(());
         }
@@ -81,15 +101,17 @@ impl DiskPool {
             let parent = OpenOptions::new()
                 .read(true)
                 .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
-                .open(&dir)
-                .map_err(|e| DiskError::io("open", &dir, e))?;
-            let name = CString::new(LAYER).map_err(|_| DiskError::InvalidId { id: id.into() })?;
+                .open(dir)
+                .map_err(|e| DiskError::io("open", dir, e))?;
+            let name = CString::new(LAYER).map_err(|_| DiskError::InvalidId {
+                id: dir.display().to_string(),
+            })?;
             match ioctl::snap_destroy(parent.as_fd(), &name) {
                 Ok(()) | Err(Errno::ENOENT) => {}
                 Err(e) => return Err(DiskError::io("remove subvolume", dir.join(LAYER), e)),
             }
         }
-        fs::remove_dir_all(&dir).map_err(|e| DiskError::io("remove", &dir, e))
+        fs::remove_dir_all(dir).map_err(|e| DiskError::io("remove", dir, e))
     }
 
     /// Ids of every snapshot directory in the pool.

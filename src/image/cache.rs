@@ -121,6 +121,19 @@ impl ImageCache {
         self.build_recipe(recipe, force)
     }
 
+    /// Image `name` as built from the recipe with `digest`, if that tree
+    /// is still here (the recipe may have changed since).
+    pub fn by_digest(&self, name: &str, digest: &str) -> Option<Image> {
+        let rootfs = self.digest_dir(digest).join("rootfs");
+        rootfs.is_dir().then(|| Image {
+            name: name.to_string(),
+            digest: digest.to_string(),
+            rootfs,
+            layers: Vec::new(),
+            defaults: ImageDefaults::default(),
+        })
+    }
+
     /// Every known image, sorted by name.
     pub fn list(&self) -> Vec<ImageInfo> {
         self.recipes

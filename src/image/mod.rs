@@ -19,6 +19,7 @@
 //! that nothing stacks on.
 
 mod build;
+pub mod built;
 mod cache;
 mod error;
 pub mod ext4;

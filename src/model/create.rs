@@ -14,6 +14,9 @@ use crate::net::policy::NetworkPolicy;
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct CreateRequest {
     pub image: Option<String>,
+    /// A declarative image, built before the create when not built yet
+    /// (instead of `image`).
+    pub image_spec: Option<crate::image::built::ImageSpec>,
     /// `None`: a container, or for a fork the snapshot's own kind.
     pub runtime: Option<RuntimeKind>,
     pub cpu: Option<f64>,

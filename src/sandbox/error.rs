@@ -28,6 +28,10 @@ pub enum SandboxError {
     /// 413
     #[error("{message}")]
     TooLarge { message: String },
+    /// 422: the request was understood but doing it failed on its own
+    /// terms (an image build whose step failed).
+    #[error("{message}")]
+    Unprocessable { code: &'static str, message: String },
     /// 502: a server the daemon depends on (an image registry) failed.
     #[error("{message}")]
     BadGateway { code: &'static str, message: String },
@@ -133,7 +137,8 @@ impl SandboxError {
             | Self::NotFound { code, .. }
             | Self::Conflict { code, .. }
             | Self::Forbidden { code, .. }
-            | Self::BadGateway { code, .. } => code,
+            | Self::BadGateway { code, .. }
+            | Self::Unprocessable { code, .. } => code,
             Self::TooLarge { .. } => "too_large",
             Self::Unavailable { .. } => "insufficient_capacity",
             Self::Internal(_) => "internal",

@@ -17,6 +17,11 @@ use crate::store::Store;
 pub enum EventKind {
     /// A create was admitted; the sandbox is being made.
     Created,
+    /// The create waits for its declarative image to be built; the
+    /// detail names the image's digest.
+    ImageBuilding,
+    /// That image is ready (built, or found built by another create).
+    ImageBuilt,
     Ready,
     /// A create failed or a ready sandbox died on its own.
     Failed,

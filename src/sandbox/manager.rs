@@ -34,6 +34,8 @@ pub struct Manager {
     pub(super) images: Arc<ImageCache>,
     /// Images pulled from OCI registries.
     pub(super) registry: Arc<crate::image::oci::Registry>,
+    /// Images built from declarative specs.
+    pub(super) builds: super::builds::Builds,
     pub(super) disk: Arc<DiskPool>,
     /// The host's GPUs and who holds them.
     pub(super) gpus: Arc<GpuService>,
@@ -101,7 +103,9 @@ impl Manager {
             config.registry.clone(),
             config.upstream.clone(),
         ));
+        let builds = super::builds::Builds::open(&disk, config.package_sources.clone());
         Arc::new(Self {
+            builds,
             secrets: Arc::new(crate::secrets::SecretBroker::new(
                 Arc::clone(&store),
                 config.state_dir.clone(),

@@ -3,6 +3,7 @@
 //! sandboxes. Everything inside a sandbox goes through its supervisor.
 
 mod background;
+pub mod builds;
 pub mod capacity;
 mod create;
 mod error;

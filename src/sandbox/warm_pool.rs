@@ -46,6 +46,7 @@ impl Manager {
                 let limits = this.template_limits();
                 match this
                     .create_cold(ColdCreate {
+                        id: super::create::new_id(),
                         secrets: Vec::new(),
                         from_snapshot: None,
                         runtime: RuntimeKind::Container,

@@ -30,7 +30,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Args, Parser, Subcommand};
 // The wire types are the daemon's own, so the two cannot drift.
-use sandboxd::api::types::{CreateSandbox, StartProcess};
+use sandboxd::api::types::{CreateSandbox, ImageChoice, StartProcess};
 use sandboxd::net::policy::NetworkPolicy;
 
 use client::Client;
@@ -387,7 +387,7 @@ impl CreateArgs {
     /// The create request these flags ask for.
     fn request(self) -> CreateSandbox {
         CreateSandbox {
-            image: self.image,
+            image: self.image.map(ImageChoice::Named),
             runtime: if self.vm {
                 Some("vm".into())
             } else {

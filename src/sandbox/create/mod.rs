@@ -60,6 +60,9 @@ impl Drop for AbandonOnDrop {
 
 /// What a cold create is asked to make.
 pub(super) struct ColdCreate {
+    /// The sandbox's id, chosen before (a create that builds its image
+    /// first reports the build under it).
+    pub(super) id: String,
     pub(super) image_name: String,
     pub(super) limits: Limits,
     pub(super) ttl_seconds: i64,
@@ -283,10 +286,14 @@ impl Manager {
                 )
                 .await;
         }
-        let image_name = req
-            .image
-            .clone()
-            .unwrap_or_else(|| self.config.default_image.clone());
+        let id = new_id();
+        let image_name = match &req.image_spec {
+            Some(spec) => self.built_image_name(&id, spec).await?,
+            None => req
+                .image
+                .clone()
+                .unwrap_or_else(|| self.config.default_image.clone()),
+        };
         // A filesystem snapshot is an image for sandboxes of its own kind:
         // a container's is overlay layers, a microVM's a disk.
         if let Some(snapshot) = self.snapshot_image(&image_name)? {
@@ -322,6 +329,7 @@ impl Manager {
             }
         }
         self.create_cold(ColdCreate {
+            id,
             image_name,
             limits,
             ttl_seconds,
@@ -337,6 +345,38 @@ impl Manager {
             secrets,
         })
         .await
+    }
+
+    /// The name of `spec`'s built image, built first when needed; a build
+    /// (or the wait for another create's) is told in sandbox `id`'s
+    /// events, and a failed one fails the create there.
+    async fn built_image_name(
+        self: &Arc<Self>,
+        id: &str,
+        spec: &crate::image::built::ImageSpec,
+    ) -> Result<String, SandboxError> {
+        let waited = std::sync::atomic::AtomicBool::new(false);
+        let on_wait = |digest: &str| {
+            waited.store(true, Ordering::Relaxed);
+            self.events
+                .emit(EventKind::ImageBuilding, id, None, Some(digest.to_string()));
+        };
+        match self.build_image(spec, &on_wait, None).await {
+            Ok(image) => {
+                if waited.load(Ordering::Relaxed) {
+                    self.events
+                        .emit(EventKind::ImageBuilt, id, None, Some(image.digest.clone()));
+                }
+                Ok(image.name)
+            }
+            Err(e) => {
+                if waited.load(Ordering::Relaxed) {
+                    self.events
+                        .emit(EventKind::Failed, id, None, Some(e.to_string()));
+                }
+                Err(e)
+            }
+        }
     }
 
     /// Why a microVM cannot be made here, if it cannot.
@@ -375,6 +415,7 @@ impl Manager {
         create: ColdCreate,
     ) -> Result<SandboxRecord, SandboxError> {
         let ColdCreate {
+            id,
             image_name,
             limits,
             ttl_seconds,
@@ -389,7 +430,6 @@ impl Manager {
             runtime,
             secrets,
         } = create;
-        let id = new_id();
         let record = {
             let mut records = self.records();
             let all: Vec<&SandboxRecord> = records.values().collect();

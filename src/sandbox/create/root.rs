@@ -24,12 +24,16 @@ pub(super) struct Root {
 }
 
 impl Manager {
-    /// The image `name` names: a registry reference (pulled on first use)
-    /// or a built-in or recipe image (built on first use).
+    /// The image `name` names: a registry reference (pulled on first use),
+    /// a declarative image built before (`built-<hex>`), or a built-in or
+    /// recipe image (built on first use).
     pub(in crate::sandbox) async fn resolve_image(
         &self,
         name: &str,
     ) -> Result<crate::image::Image, SandboxError> {
+        if let Some(hex) = crate::image::built::store::hex_of_name(name) {
+            return self.built_image(hex);
+        }
         if crate::image::oci::is_reference(name) {
             return self
                 .registry
@@ -54,11 +58,28 @@ impl Manager {
             })
     }
 
-    /// The process defaults of the image with manifest digest `digest`
-    /// (none for a built image).
-    fn image_defaults(&self, digest: &str) -> crate::image::ImageDefaults {
-        self.registry
-            .by_digest(digest)
+    /// The image named `name` as it was at `digest`: a pulled image by
+    /// manifest digest (its tag may have moved), a declarative image by
+    /// build address, a recipe image by recipe digest (its recipe may have
+    /// changed since).
+    pub(in crate::sandbox) fn image_by_digest(
+        &self,
+        name: &str,
+        digest: &str,
+    ) -> Option<crate::image::Image> {
+        if let Some(image) = self.registry.by_digest(digest) {
+            return Some(image);
+        }
+        if let Some(hex) = crate::image::built::store::hex_of_name(name) {
+            return self.built_image(hex).ok();
+        }
+        self.images.by_digest(name, digest)
+    }
+
+    /// The process defaults of image `name` at `digest` (none for a
+    /// recipe image).
+    fn image_defaults(&self, name: &str, digest: &str) -> crate::image::ImageDefaults {
+        self.image_by_digest(name, digest)
             .map(|i| i.defaults)
             .unwrap_or_default()
     }
@@ -98,7 +119,7 @@ impl Manager {
                     digest: snapshot.image_digest.clone(),
                     rootfs: snapshot.base_rootfs.clone(),
                     layers: Vec::new(),
-                    defaults: self.image_defaults(&snapshot.image_digest),
+                    defaults: self.image_defaults(&snapshot.image, &snapshot.image_digest),
                 };
                 (image, Vec::new())
             }
@@ -129,7 +150,7 @@ impl Manager {
                     digest: snapshot.image_digest.clone(),
                     rootfs: snapshot.base_rootfs.clone(),
                     layers: Vec::new(),
-                    defaults: self.image_defaults(&snapshot.image_digest),
+                    defaults: self.image_defaults(&snapshot.image, &snapshot.image_digest),
                 };
                 (image, snapshot.layers.clone())
             }
@@ -143,7 +164,7 @@ impl Manager {
                         digest: snapshot.image_digest.clone(),
                         rootfs: snapshot.base_rootfs.clone(),
                         layers: Vec::new(),
-                        defaults: self.image_defaults(&snapshot.image_digest),
+                        defaults: self.image_defaults(&snapshot.image, &snapshot.image_digest),
                     };
                     (image, snapshot.layers.clone())
                 }

@@ -160,9 +160,9 @@ impl Manager {
                 parents,
             });
         }
-        // A pulled image is found by the digest the sandbox was made from
-        // (its tag may have moved since); a built one by name.
-        let image = match self.registry.by_digest(&record.image_digest) {
+        // The image as the sandbox was made from it (a tag may have moved,
+        // a recipe changed since), else by name.
+        let image = match self.image_by_digest(&record.image, &record.image_digest) {
             Some(image) => image,
             None => self.resolve_image(&record.image).await?,
         };
@@ -551,6 +551,7 @@ impl Manager {
             }
         }
         self.create_cold(super::create::ColdCreate {
+            id: super::create::new_id(),
             image_name: meta.image.clone(),
             limits: memory.limits,
             ttl_seconds,
@@ -687,7 +688,7 @@ fn snapshot_not_found(id: &str) -> SandboxError {
 }
 
 /// Bytes of the regular files under `dir` (not following links).
-fn tree_bytes(dir: &Path) -> u64 {
+pub(super) fn tree_bytes(dir: &Path) -> u64 {
     let mut total = 0;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(dir) = stack.pop() {

@@ -1,0 +1,227 @@
+//! Reading a few files of an image before anything runs it: its layers
+//! (top first) seen the way overlayfs would stack them, enough to tell
+//! what the base is (`/etc/os-release`), where its apt sources point and
+//! whether it has a Python already. Symlinks are followed inside the
+//! image, never out of it.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::Read;
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Component, Path, PathBuf};
+
+use crate::image::Image;
+
+/// Files read here are small; a larger one is not what it claims to be.
+const MAX_READ: u64 = 256 << 10;
+const MAX_HOPS: usize = 8;
+
+/// The layers of an image, top first.
+pub struct Layered {
+    dirs: Vec<PathBuf>,
+}
+
+/// What `/etc/os-release` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OsRelease {
+    /// `ID` (`debian`, `alpine`...).
+    pub id: String,
+    /// `VERSION_CODENAME` (`bookworm`), if given.
+    pub codename: Option<String>,
+}
+
+impl Layered {
+    pub fn of(image: &Image) -> Self {
+        let mut dirs = image.layers.clone();
+        dirs.push(image.rootfs.clone());
+        Layered { dirs }
+    }
+
+    /// The path of `/rel` in the topmost layer that has it, symlinks
+    /// followed within the image; `None` when absent or deleted above.
+    pub fn find(&self, rel: &str) -> Option<PathBuf> {
+        let mut wanted = normalize(Path::new(rel))?;
+        for _ in 0..MAX_HOPS {
+            let found = self.top_entry(&wanted)?;
+            let meta = fs::symlink_metadata(&found).ok()?;
+            if !meta.file_type().is_symlink() {
+                return Some(found);
+            }
+            let target = fs::read_link(&found).ok()?;
+            let joined = if target.is_absolute() {
+                target
+            } else {
+                wanted.parent().unwrap_or(Path::new("")).join(target)
+            };
+            wanted = normalize(&joined)?;
+        }
+        None
+    }
+
+    /// The text of `/rel`, if the image has it as a small file.
+    pub fn read(&self, rel: &str) -> Option<String> {
+        let path = self.find(rel)?;
+        let mut text = String::new();
+        fs::File::open(path)
+            .ok()?
+            .take(MAX_READ)
+            .read_to_string(&mut text)
+            .ok()?;
+        Some(text)
+    }
+
+    /// The names in directory `/rel` across all layers (a whiteout above
+    /// hides a name below).
+    pub fn list(&self, rel: &str) -> Vec<String> {
+        let Some(dir) = normalize(Path::new(rel)) else {
+            return Vec::new();
+        };
+        let mut seen = BTreeSet::new();
+        let mut names = BTreeSet::new();
+        for layer in &self.dirs {
+            for entry in fs::read_dir(layer.join(&dir))
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if !seen.insert(name.clone()) {
+                    continue;
+                }
+                let whiteout = entry.file_type().is_ok_and(|t| t.is_char_device());
+                if !whiteout {
+                    names.insert(name);
+                }
+            }
+        }
+        names.into_iter().collect()
+    }
+
+    pub fn os_release(&self) -> Option<OsRelease> {
+        let text = self
+            .read("etc/os-release")
+            .or_else(|| self.read("usr/lib/os-release"))?;
+        let field = |key: &str| {
+            text.lines()
+                .filter_map(|l| l.split_once('='))
+                .find(|(k, _)| k.trim() == key)
+                .map(|(_, v)| v.trim().trim_matches('"').to_string())
+                .filter(|v| !v.is_empty())
+        };
+        Some(OsRelease {
+            id: field("ID")?,
+            codename: field("VERSION_CODENAME"),
+        })
+    }
+
+    /// The apt sources the image ships (`sources.list` and
+    /// `sources.list.d/*.{list,sources}`), as one text.
+    pub fn apt_sources(&self) -> String {
+        let mut text = self.read("etc/apt/sources.list").unwrap_or_default();
+        for name in self.list("etc/apt/sources.list.d") {
+            if name.ends_with(".list") || name.ends_with(".sources") {
+                if let Some(more) = self.read(&format!("etc/apt/sources.list.d/{name}")) {
+                    text.push('\n');
+                    text.push_str(&more);
+                }
+            }
+        }
+        text
+    }
+
+    /// The topmost layer's entry for `rel` (normalised, relative), unless
+    /// a whiteout there deletes it.
+    fn top_entry(&self, rel: &Path) -> Option<PathBuf> {
+        for layer in &self.dirs {
+            let path = layer.join(rel);
+            match fs::symlink_metadata(&path) {
+                Ok(meta) if meta.file_type().is_char_device() => return None,
+                Ok(_) => return Some(path),
+                Err(_) => continue,
+            }
+        }
+        None
+    }
+}
+
+/// `rel` relative to the image root with `.` and `..` resolved, never
+/// above the root.
+fn normalize(rel: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for part in rel.components() {
+        match part {
+            Component::Normal(name) => out.push(name),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir => {}
+            Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn image(layers: &[&Path], root: &Path) -> Image {
+        Image {
+            name: "t".into(),
+            digest: "sha256:t".into(),
+            rootfs: root.to_path_buf(),
+            layers: layers.iter().map(|p| p.to_path_buf()).collect(),
+            defaults: Default::default(),
+        }
+    }
+
+    #[test]
+    fn os_release_through_a_symlink_into_a_lower_layer() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (root, top) = (tmp.path().join("root"), tmp.path().join("top"));
+        fs::create_dir_all(root.join("usr/lib")).unwrap();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::create_dir_all(top.join("etc")).unwrap();
+        fs::write(
+            root.join("usr/lib/os-release"),
+            "PRETTY_NAME=\"Debian\"\nID=debian\nVERSION_CODENAME=trixie\n",
+        )
+        .unwrap();
+        // The upper layer's link climbs past the root: it stays inside.
+        symlink("../../../../usr/lib/os-release", top.join("etc/os-release")).unwrap();
+        let release = Layered::of(&image(&[&top], &root)).os_release().unwrap();
+        assert_eq!(release.id, "debian");
+        assert_eq!(release.codename.as_deref(), Some("trixie"));
+    }
+
+    #[test]
+    fn a_whiteout_above_hides_a_file_below() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (root, top) = (tmp.path().join("root"), tmp.path().join("top"));
+        fs::create_dir_all(root.join("etc/apt/sources.list.d")).unwrap();
+        fs::create_dir_all(top.join("etc/apt/sources.list.d")).unwrap();
+        fs::write(
+            root.join("etc/apt/sources.list.d/a.list"),
+            "deb http://a/ x main",
+        )
+        .unwrap();
+        fs::write(
+            root.join("etc/apt/sources.list.d/b.list"),
+            "deb http://b/ x main",
+        )
+        .unwrap();
+        nix::sys::stat::mknod(
+            &top.join("etc/apt/sources.list.d/b.list"),
+            nix::sys::stat::SFlag::S_IFCHR,
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+            0,
+        )
+        .unwrap();
+        let layered = Layered::of(&image(&[&top], &root));
+        let text = layered.apt_sources();
+        assert!(text.contains("http://a/"), "{text}");
+        assert!(!text.contains("http://b/"), "{text}");
+        assert!(layered.find("etc/apt/sources.list.d/b.list").is_none());
+    }
+}
