@@ -356,6 +356,7 @@ async fn a_build_reaches_its_package_sources_and_nothing_else() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{body}\n{}", daemon.log());
+    let user = body["id"].as_str().expect("id").to_string();
     // Another host is not, and the failed build says why and leaves nothing.
     let (status, body) = daemon
         .call(
@@ -391,6 +392,22 @@ async fn a_build_reaches_its_package_sources_and_nothing_else() {
         Some(1),
         "no build sandbox is left: {list}"
     );
+
+    // A prune keeps the image a sandbox stacks, and removes it once none does.
+    let name = images["built"][0]["name"]
+        .as_str()
+        .expect("name")
+        .to_string();
+    let prune = || async {
+        let (status, report) = daemon.call(Method::POST, "/v1/images/prune", None).await;
+        assert_eq!(status, StatusCode::OK, "{report}");
+        report["removed"].as_array().cloned().unwrap_or_default()
+    };
+    assert!(!prune().await.contains(&json!(name)), "in use");
+    daemon.delete(&user).await;
+    assert!(prune().await.contains(&json!(name)), "unused");
+    let (_, images) = daemon.call(Method::GET, "/v1/images", None).await;
+    assert_eq!(images["built"], json!([]), "{images}");
 }
 
 #[tokio::test]

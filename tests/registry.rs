@@ -455,9 +455,38 @@ async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["working_dir"], "/work", "{body}");
 
-    for id in [&ids[0], &second, &from_index] {
+    // A prune removes the image nothing runs and the layer only it had,
+    // keeping the base and the image a sandbox still runs.
+    let app_digest = body["digest"].clone();
+    for id in [&second, &from_index] {
         daemon.delete(id).await;
     }
+    let prune = || async {
+        let (status, report) = daemon.call(Method::POST, "/v1/images/prune", None).await;
+        assert_eq!(status, StatusCode::OK, "{report}");
+        report
+    };
+    let report = prune().await;
+    let other_layer = other.digest.trim_start_matches("sha256:").to_string();
+    assert!(
+        report["removed"].as_array().is_some_and(|r| r
+            .iter()
+            .any(|e| e.as_str().is_some_and(|e| e.contains(&other_layer)))),
+        "{report}"
+    );
+    let kept = layer_dirs(&images);
+    assert_eq!(kept.len(), 2, "base and upper stay: {kept:?}");
+    assert!(!kept.contains(&other_layer), "{kept:?}");
+    let (_, list) = daemon.call(Method::GET, "/v1/images", None).await;
+    let pulled = list["pulled"].as_array().expect("pulled");
+    assert_eq!(pulled.len(), 1, "{list}");
+    assert_eq!(pulled[0]["digest"], app_digest, "{list}");
+    assert!(pulled[0]["last_used_at"].is_string(), "{list}");
+    daemon.delete(&ids[0]).await;
+    prune().await;
+    assert!(layer_dirs(&images).is_empty(), "{:?}", layer_dirs(&images));
+    let (_, list) = daemon.call(Method::GET, "/v1/images", None).await;
+    assert_eq!(list["pulled"], json!([]), "{list}");
 }
 
 #[tokio::test]

@@ -29,6 +29,7 @@ pub mod oci;
 mod prune;
 mod recipe;
 mod shift;
+mod usage;
 
 #[cfg(test)]
 mod tests;
@@ -39,3 +40,4 @@ pub use name::validate_name;
 pub use prune::{mounted_lower_layers, PruneReport};
 pub use recipe::FORMAT_VERSION;
 pub use shift::{ID_OFFSET, ID_RANGE};
+pub use usage::{last_use, touch, tree_bytes};

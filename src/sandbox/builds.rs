@@ -367,7 +367,7 @@ impl Manager {
                 tracing::error!(sandbox = %id, "thawing a build sandbox: {e}");
             }
             let layer = kept.map_err(SandboxError::internal)?;
-            Ok(super::snapshots::tree_bytes(&layer.join("upper")))
+            Ok(crate::image::tree_bytes(&layer.join("upper")))
         })
         .await
         .map_err(SandboxError::internal)?

@@ -1,6 +1,8 @@
 //! The manager's side of the image cache: listing it, and pruning it with
 //! the knowledge of what running sandboxes and snapshots stack on.
 
+use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::error::SandboxError;
@@ -25,21 +27,88 @@ impl Manager {
         Ok(self.registry.pull(image).await?)
     }
 
-    /// Removes built images no recipe names any more and forced-rebuild
-    /// leftovers, except those a mounted sandbox root or a snapshot still
-    /// stacks on.
+    /// Removes what nothing uses: images built from specs, pulled images
+    /// and their layers, built trees no recipe names any more and
+    /// forced-rebuild leftovers. In use is what a mounted overlay stacks
+    /// (every daemon's sandboxes), what a sandbox record or a snapshot
+    /// stacks, and the base of a built image that stays.
     pub async fn prune_images(&self) -> Result<crate::image::PruneReport, SandboxError> {
         let mut in_use = crate::image::mounted_lower_layers();
-        in_use.extend(
-            self.snapshots
-                .lock()
-                .values()
-                .map(|m| m.base_rootfs.clone()),
-        );
+        // Images by the digest records and snapshots were made from.
+        let mut keep = HashSet::new();
+        for meta in self.snapshots.lock().values() {
+            in_use.insert(meta.base_rootfs.clone());
+            in_use.extend(meta.layers.iter().cloned());
+            keep.insert(meta.image_digest.clone());
+        }
+        let records: Vec<(String, String)> = self
+            .records()
+            .values()
+            .map(|r| (r.image.clone(), r.image_digest.clone()))
+            .collect();
+        for (name, digest) in records {
+            if let Some(image) = self.image_by_digest(&name, &digest) {
+                in_use.insert(image.rootfs);
+                in_use.extend(image.layers);
+            }
+            keep.insert(digest);
+        }
+        let mut report = self.prune_built(&in_use).await?;
+        // What the built images that stay start from.
+        for built in self.builds.store.list() {
+            if let Some(base) = self.image_by_digest(&built.base, &built.base_digest) {
+                in_use.insert(base.rootfs);
+                in_use.extend(base.layers);
+            }
+            keep.insert(built.base_digest);
+        }
+        let pulled = self.registry.prune(in_use.clone(), keep).await?;
+        report.removed.extend(pulled.removed);
+        report.freed_bytes += pulled.freed_bytes;
+        // The recipe cache logs its own.
+        for entry in &report.removed {
+            tracing::info!(%entry, "image pruned");
+        }
         let images = Arc::clone(&self.images);
-        tokio::task::spawn_blocking(move || images.prune(&in_use))
+        let built_trees = tokio::task::spawn_blocking(move || images.prune(&in_use))
             .await
             .map_err(SandboxError::internal)?
-            .map_err(SandboxError::internal)
+            .map_err(SandboxError::internal)?;
+        report.removed.extend(built_trees.removed);
+        report.freed_bytes += built_trees.freed_bytes;
+        Ok(report)
+    }
+
+    /// Removes built images whose layer nothing in `in_use` stacks and
+    /// that no other built image starts from (repeated, so a chain of
+    /// unused ones goes at once).
+    async fn prune_built(
+        &self,
+        in_use: &HashSet<PathBuf>,
+    ) -> Result<crate::image::PruneReport, SandboxError> {
+        let mut report = crate::image::PruneReport::default();
+        loop {
+            let built = self.builds.store.list();
+            let bases: HashSet<&str> = built.iter().map(|b| b.base_digest.as_str()).collect();
+            let unused: Vec<_> = built
+                .iter()
+                .filter(|b| !bases.contains(b.digest.as_str()))
+                .filter(|b| !in_use.contains(&self.builds.store.upper(b)))
+                .cloned()
+                .collect();
+            if unused.is_empty() {
+                return Ok(report);
+            }
+            for image in unused {
+                let hex = image.digest.trim_start_matches("sha256:").to_string();
+                let (disk, dir) = (Arc::clone(&self.disk), self.builds.store.image_dir(&hex));
+                tokio::task::spawn_blocking(move || disk.remove_kept(&dir))
+                    .await
+                    .map_err(SandboxError::internal)?
+                    .map_err(SandboxError::internal)?;
+                report.removed.push(image.name);
+                report.freed_bytes += image.size_bytes;
+            }
+        }
     }
 }

@@ -15,7 +15,6 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
 
 use serde::{Deserialize, Serialize};
 
@@ -135,16 +134,7 @@ impl BuiltStore {
 
     /// Notes a use now (a create stacking it).
     pub fn touch(&self, hex: &str) {
-        let used = self.image_dir(hex).join(USED);
-        let touched = fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&used)
-            .and_then(|f| f.set_modified(SystemTime::now()));
-        if let Err(e) = touched {
-            tracing::debug!(path = %used.display(), "noting an image's use: {e}");
-        }
+        crate::image::touch(&self.image_dir(hex).join(USED));
     }
 
     /// Every built image, with its last use.
@@ -156,10 +146,7 @@ impl BuiltStore {
             .filter_map(|e| {
                 let name = e.file_name().to_string_lossy().into_owned();
                 let mut image = self.get(&name)?;
-                image.last_used_at = fs::metadata(e.path().join(USED))
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .map(|t| humantime::format_rfc3339_seconds(t).to_string());
+                image.last_used_at = crate::image::last_use(&e.path().join(USED));
                 Some(image)
             })
             .collect();

@@ -8,12 +8,13 @@
 mod auth;
 mod error;
 mod gate;
+mod prune;
 mod pull;
 mod reference;
 mod store;
 pub mod unpack;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,6 +54,9 @@ pub struct Registry {
     /// One pull per reference at a time; the others wait and then find it
     /// stored.
     flights: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Pulls hold it shared, a prune exclusively: a layer a pull has
+    /// unpacked but not yet recorded is never taken for garbage.
+    pruning: tokio::sync::RwLock<()>,
 }
 
 impl std::fmt::Debug for Registry {
@@ -72,6 +76,7 @@ impl Registry {
             upstream,
             started: tokio::sync::OnceCell::new(),
             flights: Mutex::new(HashMap::new()),
+            pruning: tokio::sync::RwLock::new(()),
         }
     }
 
@@ -79,11 +84,27 @@ impl Registry {
     pub async fn resolve(&self, image: &str) -> Result<Image, RegistryError> {
         let reference = reference::parse(image)?;
         let canonical = reference::canonical(&reference);
-        if let Some(pulled) = self.store.by_reference(&canonical) {
-            return self.store.image(&pulled, &canonical);
-        }
-        let pulled = self.pull_once(image, false).await?;
+        let pulled = match self.store.by_reference(&canonical) {
+            Some(pulled) => pulled,
+            None => self.pull_once(image, false).await?,
+        };
+        self.store.touch(&pulled.digest);
         self.store.image(&pulled, &canonical)
+    }
+
+    /// Removes pulled images and layers nothing uses: `in_use` holds layer
+    /// directories something stacks on, `keep` manifest digests to keep.
+    pub async fn prune(
+        &self,
+        in_use: HashSet<PathBuf>,
+        keep: HashSet<String>,
+    ) -> Result<crate::image::PruneReport, RegistryError> {
+        let _exclusive = self.pruning.write().await;
+        let store = self.store.clone();
+        let dir = store.dir().to_path_buf();
+        tokio::task::spawn_blocking(move || store.prune(&in_use, &keep))
+            .await
+            .map_err(|e| RegistryError::io("prune", &dir, std::io::Error::other(e)))?
     }
 
     /// Pulls `image` again (a tag may have moved), storing only what is new.
@@ -118,6 +139,7 @@ impl Registry {
             });
         }
         let _turn = flight.lock().await;
+        let _not_pruning = self.pruning.read().await;
         if !refresh {
             if let Some(pulled) = self.store.by_reference(&canonical) {
                 return Ok(pulled);

@@ -108,6 +108,7 @@ impl PullContext<'_> {
         };
         let c = &config["config"];
         let image = PulledImage {
+            last_used_at: None,
             references: Vec::new(),
             digest,
             config_digest: manifest.config.digest.clone(),

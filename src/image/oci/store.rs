@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::RegistryError;
 use crate::image::{Image, ImageDefaults};
@@ -50,9 +49,12 @@ pub struct PulledImage {
     #[serde(default)]
     pub cmd: Vec<String>,
     pub pulled_at_unix: u64,
+    /// When a create last used it (listings only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_used_at: Option<String>,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Store {
     dir: PathBuf,
 }
@@ -96,14 +98,20 @@ impl Store {
         self.dir.join("layers").join(hex)
     }
 
-    fn image_file(&self, hex: &str) -> PathBuf {
+    pub(super) fn image_file(&self, hex: &str) -> PathBuf {
         self.dir.join("images").join(format!("{hex}.json"))
     }
 
-    fn ref_file(&self, reference: &str) -> PathBuf {
-        self.dir
-            .join("refs")
-            .join(hex::encode(Sha256::digest(reference.as_bytes())))
+    /// Its mtime is the image's last use.
+    pub(super) fn used_file(&self, hex: &str) -> PathBuf {
+        self.dir.join("images").join(format!("{hex}.used"))
+    }
+
+    /// Notes a use of the image with manifest digest `digest` now.
+    pub fn touch(&self, digest: &str) {
+        if let Some(hex) = hex_of(digest) {
+            crate::image::touch(&self.used_file(hex));
+        }
     }
 
     /// The image recorded under manifest digest `digest`.
@@ -161,8 +169,14 @@ impl Store {
         };
         let mut images: Vec<PulledImage> = entries
             .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".json"))
             .filter_map(|e| std::fs::read(e.path()).ok())
-            .filter_map(|b| serde_json::from_slice(&b).ok())
+            .filter_map(|b| serde_json::from_slice::<PulledImage>(&b).ok())
+            .map(|mut image| {
+                image.last_used_at =
+                    hex_of(&image.digest).and_then(|h| crate::image::last_use(&self.used_file(h)));
+                image
+            })
             .collect();
         images.sort_by(|a: &PulledImage, b| a.references.cmp(&b.references));
         images

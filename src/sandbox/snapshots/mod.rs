@@ -233,10 +233,11 @@ impl Manager {
         if let Some(m) = &memory {
             measured.push(m.images_dir.clone());
         }
-        let size_bytes =
-            tokio::task::spawn_blocking(move || measured.iter().map(|d| tree_bytes(d)).sum())
-                .await
-                .unwrap_or(0);
+        let size_bytes = tokio::task::spawn_blocking(move || {
+            measured.iter().map(|d| crate::image::tree_bytes(d)).sum()
+        })
+        .await
+        .unwrap_or(0);
         let mut layers = vec![upper];
         layers.extend(base.layers.iter().cloned());
         self.record_snapshot(
@@ -343,7 +344,7 @@ impl Manager {
         } = checkpointed;
         let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
         let measured = images_dir.clone();
-        let size_bytes = tokio::task::spawn_blocking(move || tree_bytes(&measured))
+        let size_bytes = tokio::task::spawn_blocking(move || crate::image::tree_bytes(&measured))
             .await
             .unwrap_or(0);
         self.record_snapshot(
@@ -685,23 +686,4 @@ fn snapshot_not_found(id: &str) -> SandboxError {
         code: "snapshot_not_found",
         message: format!("no snapshot with id {id:?}"),
     }
-}
-
-/// Bytes of the regular files under `dir` (not following links).
-pub(super) fn tree_bytes(dir: &Path) -> u64 {
-    let mut total = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            match entry.metadata() {
-                Ok(m) if m.is_dir() => stack.push(entry.path()),
-                Ok(m) if m.is_file() => total += m.len(),
-                _ => {}
-            }
-        }
-    }
-    total
 }
