@@ -324,7 +324,16 @@ async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
         Entry::File("opt/new", b"new\n", 0o644),
         Entry::Dir("work/"),
     ]);
-    let other = layer(&[Entry::File("other", b"other\n", 0o644)]);
+    let other = layer(&[
+        Entry::File("other", b"other\n", 0o644),
+        Entry::Dir("etc/"),
+        Entry::File(
+            "etc/passwd",
+            b"root:x:0:0::/root:/bin/sh\napp:x:1000:1001::/:/bin/sh\n",
+            0o644,
+        ),
+        Entry::File("etc/group", b"root:x:0:\nstaff:x:50:\n", 0o644),
+    ]);
     let mut layout = Layout::new(work.path().join("layout"));
     let app = layout.manifest(
         &[&base, &upper],
@@ -336,10 +345,9 @@ async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
         ),
     );
     layout.tag("v1", app.clone());
-    let second = layout.manifest(
-        &[&base, &other],
-        config("amd64", &["PATH=/bin"], "/", &[&base, &other]),
-    );
+    let mut other_config = config("amd64", &["PATH=/bin"], "/", &[&base, &other]);
+    other_config["config"]["User"] = json!("app:staff");
+    let second = layout.manifest(&[&base, &other], other_config);
     layout.tag("other", second);
     let arm = layout.manifest(&[&other], config("arm64", &["PATH=/bin"], "/", &[&other]));
     let multi = layout.image_index(&[(arm.clone(), "arm64"), (app.clone(), "amd64")]);
@@ -388,6 +396,12 @@ async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
         .create(json!({"image": format!("{host}/team/app:other")}))
         .await;
     assert_eq!(daemon.sh(&second, "cat /other").await.out(), "other\n");
+    // Its config's User is every process's, unless a start names a uid.
+    assert_eq!(daemon.sh(&second, "id -u; id -g").await.out(), "1000\n50\n");
+    let as_root = daemon
+        .start_process(&second, json!({"argv": ["sh", "-c", "id -u"], "uid": 0}))
+        .await;
+    assert_eq!(daemon.output(&second, as_root).await.out(), "0\n");
     let after = layer_dirs(&images);
     assert_eq!(after.len(), 3, "only the new layer is stored: {after:?}");
     assert!(after.contains(&base.digest.trim_start_matches("sha256:").to_string()));

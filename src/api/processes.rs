@@ -43,7 +43,9 @@ fn interpreter(language: &str) -> ApiResult<Vec<String>> {
     Ok(argv.iter().map(|s| s.to_string()).collect())
 }
 
-fn spawn_spec(request: StartProcess) -> ApiResult<SpawnSpec> {
+/// The process `request` asks for; `default_user` (uid, gid) is the
+/// sandbox's when it names no uid.
+fn spawn_spec(request: StartProcess, default_user: (u32, u32)) -> ApiResult<SpawnSpec> {
     let (argv, code) = match (request.argv, request.code) {
         (Some(argv), None) => {
             if argv.is_empty() || argv[0].is_empty() {
@@ -107,14 +109,17 @@ fn spawn_spec(request: StartProcess) -> ApiResult<SpawnSpec> {
         }),
         None => None,
     };
-    let uid = request.uid.unwrap_or(0);
+    let (uid, gid) = match (request.uid, request.gid) {
+        (Some(uid), gid) => (uid, gid.unwrap_or(uid)),
+        (None, gid) => (default_user.0, gid.unwrap_or(default_user.1)),
+    };
     Ok(SpawnSpec {
         argv,
         code,
         env: request.env.into_iter().collect(),
         cwd,
         uid,
-        gid: request.gid.unwrap_or(uid),
+        gid,
         stdin: request.stdin,
         pty,
         timeout_ms,
@@ -126,7 +131,8 @@ pub async fn start(
     Path(id): Path<String>,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
-    let spec = spawn_spec(parse_json::<StartProcess>(&body)?)?;
+    let default_user = manager.process_user(&id)?;
+    let spec = spawn_spec(parse_json::<StartProcess>(&body)?, default_user)?;
     let process = manager.connect(&id).await?.spawn(spec).await?;
     manager.metrics.process_started();
     Ok((StatusCode::CREATED, Json(process)))
@@ -319,6 +325,28 @@ pub async fn wait(
 mod tests {
     use super::*;
 
+    fn spawn_spec_as_root(request: StartProcess) -> ApiResult<SpawnSpec> {
+        spawn_spec(request, (0, 0))
+    }
+
+    #[test]
+    fn the_image_user_applies_unless_a_uid_is_named() {
+        let request = |uid, gid| StartProcess {
+            argv: Some(vec!["id".into()]),
+            uid,
+            gid,
+            ..StartProcess::default()
+        };
+        let ids = |r| {
+            let spec = spawn_spec(r, (1000, 50)).map_err(|e| e.0).expect("spec");
+            (spec.uid, spec.gid)
+        };
+        assert_eq!(ids(request(None, None)), (1000, 50));
+        assert_eq!(ids(request(Some(0), None)), (0, 0));
+        assert_eq!(ids(request(Some(7), Some(8))), (7, 8));
+        assert_eq!(ids(request(None, Some(9))), (1000, 9));
+    }
+
     #[test]
     fn signals_by_number_and_name() {
         assert_eq!(parse_signal(&serde_json::json!(15)).ok(), Some(15));
@@ -330,14 +358,14 @@ mod tests {
 
     #[test]
     fn code_becomes_an_interpreter_and_both_forms_are_refused() {
-        let spec = spawn_spec(StartProcess {
+        let spec = spawn_spec_as_root(StartProcess {
             code: Some("print(1)".into()),
             ..Default::default()
         })
         .map_err(|e| e.0)
         .expect("valid");
         assert_eq!(spec.argv, vec!["python3", "-u"]);
-        assert!(spawn_spec(StartProcess {
+        assert!(spawn_spec_as_root(StartProcess {
             argv: Some(vec!["true".into()]),
             code: Some("x".into()),
             ..Default::default()

@@ -42,6 +42,8 @@ pub struct Image {
 pub struct ImageDefaults {
     pub env: Vec<(String, String)>,
     pub working_dir: Option<String>,
+    /// The config's `User`, as written (`node`, `1000:1000`).
+    pub user: Option<String>,
 }
 
 /// One known image, built or not.

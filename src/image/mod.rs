@@ -23,6 +23,7 @@ pub mod built;
 mod cache;
 mod error;
 pub mod ext4;
+pub mod layered;
 mod mounts;
 mod name;
 pub mod oci;
@@ -36,6 +37,7 @@ mod tests;
 
 pub use cache::{Image, ImageCache, ImageDefaults, ImageInfo};
 pub use error::ImageError;
+pub use layered::Layered;
 pub use name::validate_name;
 pub use prune::{mounted_lower_layers, PruneReport};
 pub use recipe::FORMAT_VERSION;

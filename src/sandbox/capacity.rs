@@ -144,6 +144,7 @@ mod tests {
             vm_uid: None,
             secrets: Vec::new(),
             ports: Vec::new(),
+            process_user: None,
             foreign_supervisor: false,
         }
     }

@@ -250,6 +250,12 @@ impl Manager {
             .ok_or_else(|| SandboxError::sandbox_not_found(id))
     }
 
+    /// The uid and gid a process in sandbox `id` runs as when its start
+    /// names none.
+    pub fn process_user(&self, id: &str) -> Result<(u32, u32), SandboxError> {
+        Ok(self.record(id)?.process_user.unwrap_or((0, 0)))
+    }
+
     /// The sandbox as it is now, with fresh OOM and failure facts from its supervisor.
     pub async fn get(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
         let record = self.record(id)?;

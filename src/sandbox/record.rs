@@ -68,6 +68,10 @@ pub struct SandboxRecord {
     /// Ports exposed through the ingress (preview URLs).
     #[serde(default)]
     pub ports: Vec<crate::model::ExposedPort>,
+    /// The uid and gid processes run as when a start names none: the image
+    /// config's `User`, else root.
+    #[serde(default)]
+    pub process_user: Option<(u32, u32)>,
     /// Left running under a supervisor of another protocol version (found
     /// at recovery): failed to this daemon, yet its sandbox still holds its
     /// resources. Not stored: each start checks the supervisor again.

@@ -86,6 +86,7 @@ impl Harness {
             vm_uid: None,
             secrets: Vec::new(),
             ports: Vec::new(),
+            process_user: None,
             foreign_supervisor: false,
         };
         self.manager.persist(&record).expect("persist");

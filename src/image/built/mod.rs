@@ -5,20 +5,18 @@
 //! kept as one more overlay layer over its base.
 //!
 //! This module is the build's plan and its record: validating a spec
-//! ([`spec`]), what the base is ([`layered`]), the steps to run
+//! ([`spec`]), what the base is (read with [`crate::image::Layered`]), the steps to run
 //! ([`steps`]), the hosts a build may reach ([`sources`]) and the built
 //! images on disk ([`store`]). Running a build is the sandbox manager's
 //! (`sandbox/builds.rs`): it needs a sandbox.
 
 mod error;
-pub mod layered;
 pub mod sources;
 pub mod spec;
 pub mod steps;
 pub mod store;
 
 pub use error::SpecError;
-pub use layered::Layered;
 pub use sources::PackageSources;
 pub use spec::{ImageSpec, Plan};
 pub use store::{BuiltImage, BuiltStore};
@@ -27,7 +25,11 @@ pub use store::{BuiltImage, BuiltStore};
 /// a Python version needs a Debian base of the suite that ships it, and
 /// system packages need apt. Returns whether the base has the asked
 /// Python already.
-pub fn check_base(plan: &Plan, base_name: &str, base: &Layered) -> Result<bool, SpecError> {
+pub fn check_base(
+    plan: &Plan,
+    base_name: &str,
+    base: &crate::image::Layered,
+) -> Result<bool, SpecError> {
     let release = base.os_release();
     let found = || match &release {
         Some(r) => format!(

@@ -69,6 +69,7 @@ impl BuiltImage {
                     .workdir
                     .clone()
                     .or_else(|| base.defaults.working_dir.clone()),
+                user: base.defaults.user.clone(),
             },
         }
     }

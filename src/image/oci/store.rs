@@ -214,6 +214,7 @@ impl Store {
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 working_dir: pulled.working_dir.clone().filter(|w| w.starts_with('/')),
+                user: pulled.user.clone().filter(|u| !u.is_empty()),
             },
         })
     }

@@ -474,6 +474,7 @@ impl Manager {
                 vm_uid,
                 secrets,
                 ports: Vec::new(),
+                process_user: None,
                 foreign_supervisor: false,
             };
             records.insert(id.clone(), record.clone());

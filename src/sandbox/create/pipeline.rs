@@ -59,6 +59,7 @@ impl Manager {
             .resolve_root(&mut record, image_name, &mut clock)
             .await?;
         record.image_digest = root.image.digest.clone();
+        record.process_user = self.image_user(&root.image).await?;
         let vm = match record.runtime {
             RuntimeKind::Vm => Some(self.vm_spec(&record, &root).await?),
             RuntimeKind::Container => None,

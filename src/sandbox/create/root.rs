@@ -76,6 +76,36 @@ impl Manager {
         self.images.by_digest(name, digest)
     }
 
+    /// The uid and gid of `image`'s config `User` (a 400 when the image
+    /// does not know it, or it is outside the sandbox's ids).
+    pub(super) async fn image_user(
+        &self,
+        image: &crate::image::Image,
+    ) -> Result<Option<(u32, u32)>, SandboxError> {
+        let Some(user) = image.defaults.user.clone() else {
+            return Ok(None);
+        };
+        let layered = crate::image::Layered::of(image);
+        let looked_up = tokio::task::spawn_blocking(move || layered.user(&user))
+            .await
+            .map_err(SandboxError::internal)?;
+        let name = &image.name;
+        let (uid, gid) = looked_up.map_err(|e| {
+            SandboxError::bad("invalid_image", format!("{name}: its config's User: {e}"))
+        })?;
+        let range = crate::model::ID_MAP_SIZE;
+        if uid >= range || gid >= range {
+            return Err(SandboxError::bad(
+                "invalid_image",
+                format!(
+                    "{name}: its config's User is {uid}:{gid}, outside the sandbox's ids (0 to {})",
+                    range - 1
+                ),
+            ));
+        }
+        Ok(Some((uid, gid)))
+    }
+
     /// The process defaults of image `name` at `digest` (none for a
     /// recipe image).
     fn image_defaults(&self, name: &str, digest: &str) -> crate::image::ImageDefaults {

@@ -1,8 +1,9 @@
 //! Reading a few files of an image before anything runs it: its layers
 //! (top first) seen the way overlayfs would stack them, enough to tell
-//! what the base is (`/etc/os-release`), where its apt sources point and
-//! whether it has a Python already. Symlinks are followed inside the
-//! image, never out of it.
+//! what the base is (`/etc/os-release`), where its apt sources point,
+//! whether it has a Python already, and who its config's `User` is
+//! (`/etc/passwd`, `/etc/group`). Symlinks are followed inside the image,
+//! never out of it.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -129,6 +130,45 @@ impl Layered {
         text
     }
 
+    /// The uid and gid of an image config's `User` (`name`, `uid`,
+    /// `name:group`, `uid:gid`), names looked up in the image's
+    /// `/etc/passwd` and `/etc/group`; a numeric uid without a group takes
+    /// its passwd entry's group, else 0.
+    pub fn user(&self, user: &str) -> Result<(u32, u32), String> {
+        let (who, group) = match user.split_once(':') {
+            Some((who, group)) => (who, Some(group)),
+            None => (user, None),
+        };
+        let passwd = self.read("etc/passwd").unwrap_or_default();
+        let entry = |matches: &dyn Fn(&[&str]) -> bool| {
+            passwd
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() >= 4 && matches(f))
+                .and_then(|f| Some((f[2].parse::<u32>().ok()?, f[3].parse::<u32>().ok()?)))
+        };
+        let (uid, primary) = match who.parse::<u32>() {
+            Ok(uid) => (uid, entry(&|f| f[2] == who).map(|(_, g)| g).unwrap_or(0)),
+            Err(_) => entry(&|f| f[0] == who)
+                .ok_or_else(|| format!("user {who:?} is not in the image's /etc/passwd"))?,
+        };
+        let gid = match group {
+            None => primary,
+            Some(group) => match group.parse::<u32>() {
+                Ok(gid) => gid,
+                Err(_) => self
+                    .read("etc/group")
+                    .unwrap_or_default()
+                    .lines()
+                    .map(|l| l.split(':').collect::<Vec<_>>())
+                    .find(|f| f.len() >= 3 && f[0] == group)
+                    .and_then(|f| f[2].parse().ok())
+                    .ok_or_else(|| format!("group {group:?} is not in the image's /etc/group"))?,
+            },
+        };
+        Ok((uid, gid))
+    }
+
     /// The topmost layer's entry for `rel` (normalised, relative), unless
     /// a whiteout there deletes it.
     fn top_entry(&self, rel: &Path) -> Option<PathBuf> {
@@ -193,6 +233,30 @@ mod tests {
         let release = Layered::of(&image(&[&top], &root)).os_release().unwrap();
         assert_eq!(release.id, "debian");
         assert_eq!(release.codename.as_deref(), Some("trixie"));
+    }
+
+    #[test]
+    fn users_by_name_and_number() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("root");
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::write(
+            root.join("etc/passwd"),
+            "root:x:0:0:root:/root:/bin/sh\nnode:x:1000:1001::/home/node:/bin/sh\n",
+        )
+        .unwrap();
+        fs::write(root.join("etc/group"), "root:x:0:\nstaff:x:50:\n").unwrap();
+        let layered = Layered::of(&image(&[], &root));
+        assert_eq!(layered.user("node"), Ok((1000, 1001)));
+        assert_eq!(layered.user("1000"), Ok((1000, 1001)));
+        assert_eq!(layered.user("node:staff"), Ok((1000, 50)));
+        assert_eq!(layered.user("2000"), Ok((2000, 0)));
+        assert_eq!(layered.user("7:8"), Ok((7, 8)));
+        assert!(layered.user("nobody").unwrap_err().contains("/etc/passwd"));
+        assert!(layered
+            .user("node:wheel")
+            .unwrap_err()
+            .contains("/etc/group"));
     }
 
     #[test]
