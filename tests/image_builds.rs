@@ -393,6 +393,45 @@ async fn a_build_reaches_its_package_sources_and_nothing_else() {
         "no build sandbox is left: {list}"
     );
 
+    // Built ahead with progress: the log streams, then the image; a failed
+    // build's stream ends with its error.
+    let stream = |spec: Value| {
+        let daemon = &daemon;
+        async move {
+            let (status, body) = daemon
+                .raw(
+                    Method::POST,
+                    "/v1/images?progress=true",
+                    json!({ "image": spec }).to_string().into_bytes(),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK);
+            body.split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| serde_json::from_slice::<Value>(l).expect("ndjson"))
+                .collect::<Vec<Value>>()
+        }
+    };
+    let lines = stream(json!({"base": "busybox", "commands": ["echo progress-marker"]})).await;
+    let log: String = lines
+        .iter()
+        .filter(|l| l["type"] == "log")
+        .filter_map(|l| l["data"].as_str())
+        .collect();
+    assert!(
+        log.contains("$ echo progress-marker\nprogress-marker\n"),
+        "{lines:?}"
+    );
+    let done = lines.last().expect("a last line");
+    assert_eq!(done["type"], "done", "{lines:?}");
+    assert!(done["image"]["name"]
+        .as_str()
+        .is_some_and(|n| n.starts_with("built-")));
+    let lines = stream(json!({"base": "busybox", "commands": ["echo doomed; exit 3"]})).await;
+    let last = lines.last().expect("a last line");
+    assert_eq!(last["type"], "error", "{lines:?}");
+    assert_eq!(last["error"]["code"], "image_build_failed", "{lines:?}");
+
     // A prune keeps the image a sandbox stacks, and removes it once none does.
     let name = images["built"][0]["name"]
         .as_str()

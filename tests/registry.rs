@@ -389,9 +389,39 @@ async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
         daemon.delete(id).await;
     }
 
-    // A second image on the same base stores the base layer once.
+    // A second image on the same base stores the base layer once. Pulled
+    // ahead with progress: the one new layer's bytes, then the image.
     let before = layer_dirs(&images);
     assert_eq!(before.len(), 2, "{before:?}");
+    let (status, stream) = daemon
+        .raw(
+            Method::POST,
+            "/v1/images?progress=true",
+            json!({"image": format!("{host}/team/app:other")})
+                .to_string()
+                .into_bytes(),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let lines: Vec<Value> = stream
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("ndjson"))
+        .collect();
+    let layer_lines: Vec<&Value> = lines.iter().filter(|l| l["type"] == "layer").collect();
+    assert!(!layer_lines.is_empty(), "{lines:?}");
+    assert!(
+        layer_lines
+            .iter()
+            .all(|l| l["digest"] == json!(other.digest)),
+        "only the new layer is fetched: {lines:?}"
+    );
+    let last_report = layer_lines.last().expect("a report");
+    assert_eq!(last_report["bytes"], json!(other.bytes.len()), "{lines:?}");
+    assert_eq!(last_report["total"], json!(other.bytes.len()), "{lines:?}");
+    let done = lines.last().expect("a last line");
+    assert_eq!(done["type"], "done", "{lines:?}");
+    assert!(done["image"]["digest"].is_string(), "{lines:?}");
     let second = daemon
         .create(json!({"image": format!("{host}/team/app:other")}))
         .await;

@@ -28,8 +28,9 @@ impl ApiError {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The status and the body's detail (the one place the error table lives).
+    pub fn status_and_detail(&self) -> (StatusCode, ErrorDetail) {
         let code = self.0.code();
         let (status, resource) = match &self.0 {
             SandboxError::BadRequest { .. } => (StatusCode::BAD_REQUEST, None),
@@ -47,15 +48,25 @@ impl IntoResponse for ApiError {
                 (StatusCode::INTERNAL_SERVER_ERROR, None)
             }
         };
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: code.to_string(),
-                message: self.0.to_string(),
-                resource,
-                field: self.0.field().map(str::to_string),
-            },
+        let detail = ErrorDetail {
+            code: code.to_string(),
+            message: self.0.to_string(),
+            resource,
+            field: self.0.field().map(str::to_string),
         };
-        (status, Json(body)).into_response()
+        (status, detail)
+    }
+
+    /// The body's detail, for an error reported inside a stream.
+    pub fn detail(&self) -> ErrorDetail {
+        self.status_and_detail().1
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, error) = self.status_and_detail();
+        (status, Json(ErrorBody { error })).into_response()
     }
 }
 

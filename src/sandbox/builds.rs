@@ -20,7 +20,7 @@ use super::record::SandboxRecord;
 use crate::disk::DiskPool;
 use crate::image::built::steps::Step;
 use crate::image::built::{self, BuiltImage, BuiltStore, ImageSpec, PackageSources};
-use crate::image::Layered;
+use crate::image::{Layered, Progress, ProgressSink};
 use crate::model::CreateRequest;
 use crate::net::policy::NetworkPolicy;
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
@@ -35,9 +35,6 @@ pub const BUILD_LABEL: &str = "sandboxd.io/image-build";
 /// Log lines a failed build's error carries.
 const TAIL_LINES: usize = 20;
 const TAIL_BYTES: usize = 4096;
-
-/// Where progress of a build goes: its log's bytes, as they come.
-pub type BuildProgress = tokio::sync::mpsc::UnboundedSender<Vec<u8>>;
 
 /// The daemon's built images and the builds under way.
 pub struct Builds {
@@ -90,7 +87,7 @@ impl Manager {
         self: &Arc<Self>,
         spec: &ImageSpec,
         on_wait: &(dyn Fn(&str) + Send + Sync),
-        progress: Option<BuildProgress>,
+        progress: Option<ProgressSink>,
     ) -> Result<BuiltImage, SandboxError> {
         let invalid = |e: built::SpecError| {
             SandboxError::bad_field("invalid_image_spec", "image", e.to_string())
@@ -190,7 +187,7 @@ impl Manager {
     fn run_build(
         self: &Arc<Self>,
         job: BuildJob,
-        progress: Option<BuildProgress>,
+        progress: Option<ProgressSink>,
     ) -> Pin<Box<dyn Future<Output = Result<BuiltImage, SandboxError>> + Send + '_>> {
         Box::pin(self.run_build_now(job, progress))
     }
@@ -198,7 +195,7 @@ impl Manager {
     async fn run_build_now(
         self: &Arc<Self>,
         job: BuildJob,
-        progress: Option<BuildProgress>,
+        progress: Option<ProgressSink>,
     ) -> Result<BuiltImage, SandboxError> {
         let started = Instant::now();
         let partial = self.builds.store.partial_dir(&job.hex);
@@ -281,7 +278,7 @@ impl Manager {
         record: &SandboxRecord,
         steps: &[Step],
         log_path: &std::path::Path,
-        progress: Option<BuildProgress>,
+        progress: Option<ProgressSink>,
     ) -> Result<(), SandboxError> {
         let deadline = Instant::now() + BUILD_TIMEOUT;
         let mut log = BuildLog::create(log_path, progress)?;
@@ -387,14 +384,14 @@ impl Manager {
 /// its last lines kept for the error of a failed build.
 struct BuildLog {
     file: std::fs::File,
-    progress: Option<BuildProgress>,
+    progress: Option<ProgressSink>,
     tail: VecDeque<u8>,
 }
 
 impl BuildLog {
     fn create(
         path: &std::path::Path,
-        progress: Option<BuildProgress>,
+        progress: Option<ProgressSink>,
     ) -> Result<Self, SandboxError> {
         let file = std::fs::File::create(path).map_err(SandboxError::internal)?;
         Ok(BuildLog {
@@ -408,10 +405,12 @@ impl BuildLog {
         if let Err(e) = self.file.write_all(data) {
             tracing::debug!("writing a build log: {e}");
         }
-        if let Some(progress) = &self.progress {
-            // A follower that went away does not stop the build.
-            let _ = progress.send(data.to_vec());
-        }
+        crate::image::report(
+            self.progress.as_ref(),
+            Progress::Log {
+                data: String::from_utf8_lossy(data).into_owned(),
+            },
+        );
         self.tail.extend(data);
         let excess = self.tail.len().saturating_sub(TAIL_BYTES);
         self.tail.drain(..excess);

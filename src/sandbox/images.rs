@@ -19,12 +19,14 @@ impl Manager {
         self.registry.list()
     }
 
-    /// Pulls a registry image now (a moved tag is followed).
+    /// Pulls a registry image now (a moved tag is followed), reporting
+    /// layer bytes to `progress`.
     pub async fn pull_image(
         &self,
         image: &str,
+        progress: Option<crate::image::ProgressSink>,
     ) -> Result<crate::image::oci::PulledImage, SandboxError> {
-        Ok(self.registry.pull(image).await?)
+        Ok(self.registry.pull(image, progress).await?)
     }
 
     /// Removes what nothing uses: images built from specs, pulled images

@@ -230,8 +230,13 @@ enum Cmd {
     /// Pull a registry image now (e.g. docker.io/library/python:3.12-slim),
     /// following a moved tag; creates then find it stored.
     ImagePull { image: String },
-    /// Remove built images no recipe names any more (and forced-rebuild
-    /// leftovers) that no sandbox or snapshot stacks on.
+    /// Build a declarative image from a JSON spec file (- for stdin), e.g.
+    /// {"python_version": "3.11", "python_packages": ["pandas"]}, unless
+    /// built; the build log streams to stderr.
+    ImageBuild { file: PathBuf },
+    /// Remove what nothing uses: images built from specs, pulled images
+    /// and their layers, recipe images no recipe names any more (and
+    /// forced-rebuild leftovers); what a sandbox or snapshot stacks stays.
     ImagePrune,
     /// Delete snapshots; sandboxes made from them keep running.
     RmSnapshot {
@@ -582,6 +587,7 @@ async fn run(cli: Cli) -> Result<i32> {
             SecretCmd::Rm { names } => secrets::rm(&c, &names).await,
         },
         Cmd::ImagePull { image } => images::pull(&c, &image, json).await,
+        Cmd::ImageBuild { file } => images::build(&c, &file, json).await,
         Cmd::ImagePrune => images::prune(&c, json).await,
         Cmd::RmSnapshot { ids } => snapshots::rm(&c, &ids).await,
         Cmd::Health => daemon::health(&c, json).await,

@@ -86,7 +86,7 @@ impl Registry {
         let canonical = reference::canonical(&reference);
         let pulled = match self.store.by_reference(&canonical) {
             Some(pulled) => pulled,
-            None => self.pull_once(image, false).await?,
+            None => self.pull_once(image, false, None).await?,
         };
         self.store.touch(&pulled.digest);
         self.store.image(&pulled, &canonical)
@@ -107,9 +107,14 @@ impl Registry {
             .map_err(|e| RegistryError::io("prune", &dir, std::io::Error::other(e)))?
     }
 
-    /// Pulls `image` again (a tag may have moved), storing only what is new.
-    pub async fn pull(&self, image: &str) -> Result<PulledImage, RegistryError> {
-        self.pull_once(image, true).await
+    /// Pulls `image` again (a tag may have moved), storing only what is
+    /// new; layer bytes go to `progress` as they arrive.
+    pub async fn pull(
+        &self,
+        image: &str,
+        progress: Option<crate::image::ProgressSink>,
+    ) -> Result<PulledImage, RegistryError> {
+        self.pull_once(image, true, progress).await
     }
 
     /// A stored image by manifest digest (a sandbox's or snapshot's base).
@@ -124,7 +129,12 @@ impl Registry {
         self.store.list()
     }
 
-    async fn pull_once(&self, image: &str, refresh: bool) -> Result<PulledImage, RegistryError> {
+    async fn pull_once(
+        &self,
+        image: &str,
+        refresh: bool,
+        progress: Option<crate::image::ProgressSink>,
+    ) -> Result<PulledImage, RegistryError> {
         let reference = reference::parse(image)?;
         let canonical = reference::canonical(&reference);
         let flight = {
@@ -156,6 +166,7 @@ impl Registry {
             canonical: canonical.clone(),
             store: &self.store,
             explain: &explain,
+            progress,
         }
         .pull()
         .await;

@@ -13,6 +13,7 @@ use oci_client::{Client, Reference};
 use super::store::{hex_of, now_unix, PulledImage, Store, MAX_LAYERS};
 use super::unpack::unpack_layer;
 use super::RegistryError;
+use crate::image::{CountingWriter, ProgressSink};
 
 /// Disk kept free beside the image store.
 const DISK_RESERVE: u64 = 256 << 20;
@@ -27,6 +28,8 @@ pub(super) struct PullContext<'a> {
     pub store: &'a Store,
     /// Maps a client error to the gate's reason when it refused the dial.
     pub explain: &'a (dyn Fn(OciDistributionError) -> RegistryError + Send + Sync),
+    /// Where the bytes of each layer are reported as they arrive.
+    pub progress: Option<ProgressSink>,
 }
 
 impl PullContext<'_> {
@@ -178,10 +181,17 @@ impl PullContext<'_> {
         let file = tokio::fs::File::create(&blob)
             .await
             .map_err(|e| RegistryError::io("create", &blob, e))?;
+        let mut counted = CountingWriter::new(
+            file,
+            self.progress.clone(),
+            &layer.digest,
+            layer.size.max(0) as u64,
+        );
         self.client
-            .pull_blob(reference, layer, file)
+            .pull_blob(reference, layer, &mut counted)
             .await
             .map_err(self.explain)?;
+        counted.finish();
         let limit = free_bytes(self.store.dir())?.saturating_sub(DISK_RESERVE);
         let (blob_path, dir) = (blob.clone(), unpacked.clone());
         let digest = layer.digest.clone();
