@@ -196,6 +196,48 @@ async fn a_vm_sandbox_runs_processes_and_disk_io_through_its_agent() {
     assert!(!cgroup::sandbox_dir("pids", &id).exists());
 }
 
+/// A layered image (here one built from a spec over busybox) boots as one
+/// disk: its layers merged, with the build's file in it.
+#[tokio::test]
+async fn a_built_image_boots_from_one_merged_disk() {
+    let Some((daemon, _guest)) = vm_daemon() else {
+        return;
+    };
+    let nonce = hex::encode(rand::random::<[u8; 6]>());
+    let spec = json!({"base": "busybox", "commands": [format!("echo {nonce} > /marker")]});
+    let id = daemon
+        .create(json!({"runtime": "vm", "image": spec, "memory_mib": 32}))
+        .await;
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(view["runtime"], "vm", "{view}");
+    let digest = view["image_digest"].as_str().expect("digest");
+    let disk = common::images_dir()
+        .join("vm-disks")
+        .join(format!("{}.ext4", digest.trim_start_matches("sha256:")));
+    let cat = |path: &str| {
+        let out = std::process::Command::new("debugfs")
+            .args(["-R", &format!("cat {path}")])
+            .arg(&disk)
+            .output()
+            .expect("debugfs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(cat("/marker"), format!("{nonce}\n"), "{}", disk.display());
+    assert!(
+        !cat("/bin/busybox").is_empty(),
+        "the base's files are there too"
+    );
+    daemon.delete(&id).await;
+    // The disk is this run's alone (its nonce): not left in the shared cache.
+    let mut lock = disk.clone().into_os_string();
+    lock.push(".lock");
+    for file in [disk.clone(), PathBuf::from(lock)] {
+        std::fs::remove_file(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    }
+}
+
 #[tokio::test]
 async fn killing_a_vmm_fails_only_its_sandbox() {
     let Some((daemon, _guest)) = vm_daemon() else {

@@ -89,9 +89,6 @@ pub fn ensure_ext4(image_dir: &Path, id_shift: u32) -> Result<PathBuf, Ext4Error
     if out.is_file() {
         return Ok(out);
     }
-    if id_shift == 0 || id_shift.checked_add(ID_RANGE).is_none() {
-        return Err(Ext4Error::BadShift(id_shift));
-    }
     let meta = std::fs::symlink_metadata(image_dir).map_err(|e| Ext4Error::NotAnImage {
         path: image_dir.to_path_buf(),
         reason: e.to_string(),
@@ -105,6 +102,25 @@ pub fn ensure_ext4(image_dir: &Path, id_shift: u32) -> Result<PathBuf, Ext4Error
             ),
         });
     }
+    export_at(image_dir, &out, id_shift, false, || Ok(()))
+}
+
+/// Makes `out`, the read-only ext4 export of the tree at `source`, unless
+/// it exists, under `out`'s lock. `prepare` runs under the lock before the
+/// tree is read, and what it returns is held until the export is made (a
+/// caller that mounts the tree returns the mount's guard).
+pub(crate) fn export_at<G>(
+    source: &Path,
+    out: &Path,
+    id_shift: u32,
+    merged: bool,
+    prepare: impl FnOnce() -> Result<G, Ext4Error>,
+) -> Result<PathBuf, Ext4Error> {
+    let image_dir = source;
+    let out = out.to_path_buf();
+    if id_shift == 0 || id_shift.checked_add(ID_RANGE).is_none() {
+        return Err(Ext4Error::BadShift(id_shift));
+    }
     let lock_path = {
         let mut p = out.as_os_str().to_owned();
         p.push(".lock");
@@ -114,8 +130,9 @@ pub fn ensure_ext4(image_dir: &Path, id_shift: u32) -> Result<PathBuf, Ext4Error
     if out.is_file() {
         return Ok(out);
     }
+    let _prepared = prepare()?;
     remove_stale_tmp(&out);
-    let (bytes, inodes) = tree_size(image_dir)?;
+    let (bytes, inodes) = tree_size(image_dir, merged)?;
     let size = round_up(
         bytes + bytes / 10 + inodes * INODE_BYTES + IMAGE_HEADROOM_BYTES,
         1 << 20,
@@ -294,7 +311,9 @@ fn write_maps(ready_r: OwnedFd, go_w: OwnedFd, shift: u32) -> Result<(), String>
 /// Estimated ext4 space for the tree (each file rounded up to whole blocks,
 /// hard links once, short symlinks inline) and its inode count. Never
 /// follows symlinks or leaves the tree's file system.
-fn tree_size(root: &Path) -> Result<(u64, u64), Ext4Error> {
+/// `merged`: `root` is an overlay of layers, whose files report the
+/// device of the layer they come from (its directories, the overlay's).
+fn tree_size(root: &Path, merged: bool) -> Result<(u64, u64), Ext4Error> {
     let dev = std::fs::symlink_metadata(root)
         .map_err(io_err("stat", root))?
         .dev();
@@ -303,13 +322,13 @@ fn tree_size(root: &Path) -> Result<(u64, u64), Ext4Error> {
     let mut stack = vec![root.to_path_buf()];
     while let Some(path) = stack.pop() {
         let meta = std::fs::symlink_metadata(&path).map_err(io_err("stat", &path))?;
-        if meta.dev() != dev {
+        if meta.dev() != dev && (meta.is_dir() || !merged) {
             return Err(Ext4Error::NotAnImage {
                 path,
                 reason: "a different file system is mounted inside the image".into(),
             });
         }
-        if meta.nlink() > 1 && !meta.is_dir() && !seen.insert(meta.ino()) {
+        if meta.nlink() > 1 && !meta.is_dir() && !seen.insert((meta.dev(), meta.ino())) {
             continue;
         }
         inodes += 1;
@@ -778,7 +797,7 @@ mod tests {
         let image = ensure_ext4(&tree, SHIFT).expect("ensure_ext4");
         let took = started.elapsed();
         let size = std::fs::metadata(&image).unwrap().len();
-        let (bytes, inodes) = tree_size(&tree).unwrap();
+        let (bytes, inodes) = tree_size(&tree, false).unwrap();
         eprintln!(
             "export of {}: {took:?}, {} MiB file for ~{} MiB in {inodes} inodes",
             tree.display(),

@@ -23,6 +23,7 @@ pub mod built;
 mod cache;
 mod error;
 pub mod ext4;
+pub mod flatten;
 pub mod layered;
 mod mounts;
 mod name;

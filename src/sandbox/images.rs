@@ -78,7 +78,41 @@ impl Manager {
             .map_err(SandboxError::internal)?;
         report.removed.extend(built_trees.removed);
         report.freed_bytes += built_trees.freed_bytes;
+        self.prune_layered_disks(&mut report);
         Ok(report)
+    }
+
+    /// Removes microVM disks of layered images that are gone (a microVM
+    /// booted from one keeps its open file).
+    fn prune_layered_disks(&self, report: &mut crate::image::PruneReport) {
+        let mut images: HashSet<String> =
+            self.registry.list().into_iter().map(|p| p.digest).collect();
+        images.extend(self.builds.store.list().into_iter().map(|b| b.digest));
+        let dir = self
+            .config
+            .images_dir
+            .join(crate::image::flatten::LAYERED_DISKS);
+        for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(hex) = name
+                .strip_suffix(".ext4")
+                .or_else(|| name.strip_suffix(".ext4.lock"))
+            else {
+                continue;
+            };
+            if images.contains(&format!("sha256:{hex}")) {
+                continue;
+            }
+            let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => {
+                    tracing::info!(entry = %name, "image disk pruned");
+                    report.removed.push(format!("microVM disk {name}"));
+                    report.freed_bytes += size;
+                }
+                Err(e) => tracing::warn!(path = %entry.path().display(), "pruning a disk: {e}"),
+            }
+        }
     }
 
     /// Removes built images whose layer nothing in `in_use` stacks and

@@ -226,17 +226,7 @@ impl Manager {
         record: &SandboxRecord,
         root: &Root,
     ) -> Result<crate::runtime::sandbox::VmSpec, SandboxError> {
-        let image = &root.image;
-        if !image.layers.is_empty() {
-            return Err(SandboxError::bad(
-                "runtime_unsupported",
-                format!(
-                    "{} has {} layers; a pulled image of more than one layer cannot be a microVM disk yet: run it as a container, or use a single-layer image",
-                    image.name,
-                    image.layers.len() + 1
-                ),
-            ));
-        }
+        let image = root.image.clone();
         let vm = &self.config.vm;
         let kernel = vm.kernel.clone().ok_or_else(|| {
             SandboxError::bad(
@@ -244,13 +234,23 @@ impl Manager {
                 "no guest kernel is configured (vm_kernel)",
             )
         })?;
-        let rootfs = image.rootfs.clone();
         let shift = self.config.id_map_base;
         let agent = self.config.agent_path.clone();
         let agent_dir = self.config.images_dir.join(Self::VM_AGENT_DISKS);
+        let layered_dir = self
+            .config
+            .images_dir
+            .join(crate::image::flatten::LAYERED_DISKS);
         let (base_disk, agent_disk) = tokio::task::spawn_blocking(move || {
+            // A layered image (pulled, or built from a spec) is merged into
+            // one disk; a single tree is exported as it is.
+            let base = if image.layers.is_empty() {
+                crate::image::ext4::ensure_ext4(&image.rootfs, shift)?
+            } else {
+                crate::image::flatten::ensure_layered_ext4(&image, &layered_dir, shift)?
+            };
             Ok::<_, crate::image::ext4::Ext4Error>((
-                crate::image::ext4::ensure_ext4(&rootfs, shift)?,
+                base,
                 crate::image::ext4::ensure_agent_disk(&agent, &agent_dir)?,
             ))
         })
