@@ -6,6 +6,10 @@ mod common;
 
 use std::io::Write;
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use base64::Engine;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -653,4 +657,248 @@ async fn tampered_blobs_private_addresses_and_dead_registries_are_refused() {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+/// How an [`AuthFront`] asks for credentials.
+#[derive(Clone, Copy, PartialEq)]
+enum Challenge {
+    /// `401` with `WWW-Authenticate: Basic`: the client sends its
+    /// credentials with every request.
+    Basic,
+    /// Docker Hub's flow: `401` with `WWW-Authenticate: Bearer realm=...`;
+    /// the client fetches a token from the realm with its credentials,
+    /// then retries with the token.
+    Bearer,
+}
+
+/// A registry front that demands credentials, as a private registry or
+/// Docker Hub does, and forwards what it lets through to a plain
+/// docker-registry. Counts challenges and token fetches.
+struct AuthFront {
+    port: u16,
+    challenges: Arc<AtomicUsize>,
+    tokens_issued: Arc<AtomicUsize>,
+}
+
+const USER: &str = "puller";
+const PASSWORD: &str = "s3cret-pass-9f2c";
+
+impl AuthFront {
+    fn start(registry: &Registry, challenge: Challenge) -> AuthFront {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let front = AuthFront {
+            port,
+            challenges: Arc::default(),
+            tokens_issued: Arc::default(),
+        };
+        let (challenges, tokens) = (
+            Arc::clone(&front.challenges),
+            Arc::clone(&front.tokens_issued),
+        );
+        let upstream = registry.port;
+        let token = format!("token-{}", hex::encode(rand::random::<[u8; 8]>()));
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let (challenges, tokens, token) =
+                    (Arc::clone(&challenges), Arc::clone(&tokens), token.clone());
+                std::thread::spawn(move || {
+                    serve_front(
+                        conn,
+                        port,
+                        upstream,
+                        challenge,
+                        &token,
+                        &challenges,
+                        &tokens,
+                    )
+                });
+            }
+        });
+        front
+    }
+
+    fn host(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+}
+
+fn serve_front(
+    conn: std::net::TcpStream,
+    port: u16,
+    upstream: u16,
+    challenge: Challenge,
+    token: &str,
+    challenges: &AtomicUsize,
+    tokens: &AtomicUsize,
+) {
+    use std::io::{BufRead, BufReader, Read};
+    let mut reader = BufReader::new(conn);
+    let mut head = Vec::new();
+    loop {
+        let mut line = String::new();
+        match reader.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) if line.trim().is_empty() => break,
+            Ok(_) => head.push(line.trim_end().to_string()),
+        }
+    }
+    let Some(request_line) = head.first().cloned() else {
+        return;
+    };
+    // Origin-form or, through a proxy, absolute-form.
+    let uri = request_line.split(' ').nth(1).unwrap_or("/");
+    let target = match uri.strip_prefix("http://") {
+        Some(rest) => rest.find('/').map_or("/", |i| &rest[i..]).to_string(),
+        None => uri.to_string(),
+    };
+    let header = |name: &str| {
+        head[1..].iter().find_map(|h| {
+            let (k, v) = h.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    };
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"))
+    );
+    let authorization = header("authorization").unwrap_or_default();
+    let mut conn = reader.into_inner();
+    let reply = |conn: &mut std::net::TcpStream, status: &str, extra: &str, body: &str| {
+        let _ = write!(
+            conn,
+            "HTTP/1.1 {status}\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+    };
+    if target.starts_with("/token") {
+        if authorization == basic {
+            tokens.fetch_add(1, Ordering::SeqCst);
+            let body = format!("{{\"token\":\"{token}\",\"expires_in\":300}}");
+            reply(&mut conn, "200 OK", "", &body);
+        } else {
+            reply(&mut conn, "401 Unauthorized", "", "{}");
+        }
+        return;
+    }
+    let (allowed, ask) = match challenge {
+        Challenge::Basic => (
+            authorization == basic,
+            "WWW-Authenticate: Basic realm=\"sandboxd-test\"\r\n".to_string(),
+        ),
+        Challenge::Bearer => (
+            authorization == format!("Bearer {token}"),
+            format!(
+                "WWW-Authenticate: Bearer realm=\"http://127.0.0.1:{port}/token\",service=\"sandboxd-test\",scope=\"repository:team/app:pull\"\r\n"
+            ),
+        ),
+    };
+    if !allowed {
+        challenges.fetch_add(1, Ordering::SeqCst);
+        reply(
+            &mut conn,
+            "401 Unauthorized",
+            &ask,
+            "{\"errors\":[{\"code\":\"UNAUTHORIZED\"}]}",
+        );
+        return;
+    }
+    let Ok(mut registry) = std::net::TcpStream::connect(("127.0.0.1", upstream)) else {
+        return;
+    };
+    let mut forwarded =
+        format!("{request_line}\r\nHost: 127.0.0.1:{upstream}\r\nConnection: close\r\n");
+    for h in &head[1..] {
+        let name = h.split(':').next().unwrap_or("").to_ascii_lowercase();
+        if !matches!(name.as_str(), "host" | "connection" | "authorization") {
+            forwarded.push_str(h);
+            forwarded.push_str("\r\n");
+        }
+    }
+    forwarded.push_str("\r\n");
+    if registry.write_all(forwarded.as_bytes()).is_err() {
+        return;
+    }
+    let mut answer = Vec::new();
+    let _ = registry.read_to_end(&mut answer);
+    let _ = conn.write_all(&answer);
+}
+
+#[tokio::test]
+async fn private_registries_with_basic_auth_and_bearer_tokens() {
+    require_host!();
+    let registry = Registry::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let nonce = hex::encode(rand::random::<[u8; 8]>());
+    let base = base_layer(&nonce);
+    let mut layout = Layout::new(work.path().join("layout"));
+    let image = layout.manifest(&[&base], config("amd64", &["PATH=/bin"], "/", &[&base]));
+    layout.tag("v1", image);
+    registry.push(&layout.dir, "v1", "team/app");
+    let basic = AuthFront::start(&registry, Challenge::Basic);
+    let bearer = AuthFront::start(&registry, Challenge::Bearer);
+    let unknown = AuthFront::start(&registry, Challenge::Basic);
+
+    // Credentials for two of the three fronts, in a 0600 file.
+    let auth_file = work.path().join("auths.json");
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{USER}:{PASSWORD}"));
+    std::fs::write(
+        &auth_file,
+        json!({"auths": {
+            basic.host(): {"auth": encoded},
+            bearer.host(): {"username": USER, "password": PASSWORD},
+        }})
+        .to_string(),
+    )
+    .expect("auth file");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&auth_file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let hosts = [basic.host(), bearer.host(), unknown.host()].join(",");
+    let images = work.path().join("images").display().to_string();
+    let auth = auth_file.display().to_string();
+    let daemon = Daemon::start_with(&[
+        "--images-dir",
+        &images,
+        "--insecure-registries",
+        &hosts,
+        "--private-registries",
+        &hosts,
+        "--registry-auth-file",
+        &auth,
+    ]);
+
+    for front in [&basic, &bearer] {
+        let id = daemon
+            .create(json!({"image": format!("{}/team/app:v1", front.host())}))
+            .await;
+        assert_eq!(daemon.sh(&id, "cat /etc/nonce").await.out(), nonce);
+        assert!(
+            front.challenges.load(Ordering::SeqCst) >= 1,
+            "the client was asked for credentials first"
+        );
+        daemon.delete(&id).await;
+    }
+    assert_eq!(basic.tokens_issued.load(Ordering::SeqCst), 0);
+    assert!(
+        bearer.tokens_issued.load(Ordering::SeqCst) >= 1,
+        "the Bearer flow fetched a token from the realm"
+    );
+    // No credentials for a registry that wants them: a 403 that says so.
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": format!("{}/team/app:v1", unknown.host())})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert_eq!(body["error"]["code"], "registry_unauthorized", "{body}");
+    // The password is in no answer and no log line.
+    let (_, list) = daemon.raw(Method::GET, "/v1/images", Vec::new()).await;
+    assert!(!String::from_utf8_lossy(&list).contains(PASSWORD));
+    assert!(
+        !daemon.log().contains(PASSWORD),
+        "the log shows the password"
+    );
+    assert!(daemon.log().contains("image pulled"), "positive control");
 }
