@@ -297,11 +297,7 @@ async fn a_spec_builds_once_for_concurrent_creates_and_its_packages_work() {
     let (_, events) = daemon
         .raw(Method::GET, "/v1/events?follow=false", Vec::new())
         .await;
-    let events: Vec<Value> = events
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_slice(l).expect("event line"))
-        .collect();
+    let events = common::ndjson_lines(&events);
     let kinds: Vec<&str> = events
         .iter()
         .filter(|e| e["sandbox_id"] == json!(id))
@@ -344,30 +340,20 @@ async fn a_build_reaches_its_package_sources_and_nothing_else() {
     };
     let index = format!("http://{}:{PORT}/simple/sbdtestpkg/", Packages::host());
     let elsewhere = format!("http://{}/", SERVER_IPS[0]);
-    // Positive control: the index's host is reachable from a build.
-    let (status, body) = daemon
-        .call(
+    let create_fetching = |url: String| {
+        let spec = json!({"python_packages": ["sbdtestpkg"], "commands": [fetch(url)]});
+        daemon.call(
             Method::POST,
             "/v1/sandboxes",
-            Some(json!({ "image": {
-                "python_packages": ["sbdtestpkg"],
-                "commands": [fetch(index.clone())],
-            }})),
+            Some(json!({ "image": spec })),
         )
-        .await;
+    };
+    // Positive control: the index's host is reachable from a build.
+    let (status, body) = create_fetching(index.clone()).await;
     assert_eq!(status, StatusCode::CREATED, "{body}\n{}", daemon.log());
     let user = body["id"].as_str().expect("id").to_string();
     // Another host is not, and the failed build says why and leaves nothing.
-    let (status, body) = daemon
-        .call(
-            Method::POST,
-            "/v1/sandboxes",
-            Some(json!({ "image": {
-                "python_packages": ["sbdtestpkg"],
-                "commands": [fetch(elsewhere.clone())],
-            }})),
-        )
-        .await;
+    let (status, body) = create_fetching(elsewhere.clone()).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(body["error"]["code"], "image_build_failed", "{body}");
     let message = body["error"]["message"].as_str().unwrap_or_default();
@@ -395,24 +381,9 @@ async fn a_build_reaches_its_package_sources_and_nothing_else() {
 
     // Built ahead with progress: the log streams, then the image; a failed
     // build's stream ends with its error.
-    let stream = |spec: Value| {
-        let daemon = &daemon;
-        async move {
-            let (status, body) = daemon
-                .raw(
-                    Method::POST,
-                    "/v1/images?progress=true",
-                    json!({ "image": spec }).to_string().into_bytes(),
-                )
-                .await;
-            assert_eq!(status, StatusCode::OK);
-            body.split(|b| *b == b'\n')
-                .filter(|l| !l.is_empty())
-                .map(|l| serde_json::from_slice::<Value>(l).expect("ndjson"))
-                .collect::<Vec<Value>>()
-        }
-    };
-    let lines = stream(json!({"base": "busybox", "commands": ["echo progress-marker"]})).await;
+    let lines = daemon
+        .ready_image_lines(json!({"base": "busybox", "commands": ["echo progress-marker"]}))
+        .await;
     let log: String = lines
         .iter()
         .filter(|l| l["type"] == "log")
@@ -427,7 +398,9 @@ async fn a_build_reaches_its_package_sources_and_nothing_else() {
     assert!(done["image"]["name"]
         .as_str()
         .is_some_and(|n| n.starts_with("built-")));
-    let lines = stream(json!({"base": "busybox", "commands": ["echo doomed; exit 3"]})).await;
+    let lines = daemon
+        .ready_image_lines(json!({"base": "busybox", "commands": ["echo doomed; exit 3"]}))
+        .await;
     let last = lines.last().expect("a last line");
     assert_eq!(last["type"], "error", "{lines:?}");
     assert_eq!(last["error"]["code"], "image_build_failed", "{lines:?}");
@@ -455,6 +428,10 @@ async fn specs_that_cannot_be_built_are_refused_with_what_to_write() {
     let daemon = Daemon::start();
     let cases = [
         (json!({"python_version": "3.9"}), "3.11 (Debian bookworm)"),
+        (
+            json!({"base": "python", "python_version": "3.13"}),
+            "comes with Debian trixie",
+        ),
         (
             json!({"base": "busybox", "python_version": "3.11"}),
             "needs a Debian base",

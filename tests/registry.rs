@@ -3,6 +3,8 @@
 //! from OCI layouts it writes itself from the host's static busybox.
 
 mod common;
+#[path = "common/oci.rs"]
+mod oci;
 
 use std::io::Write;
 use std::net::TcpListener;
@@ -10,103 +12,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use base64::Engine;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+use std::path::Path;
 
 use common::Daemon;
 use hyper::{Method, StatusCode};
+use oci::{blob, config, Blob, Layout, Registry};
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
-
-/// A docker-registry process with its storage in a temporary directory.
-struct Registry {
-    dir: tempfile::TempDir,
-    port: u16,
-    child: Child,
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Registry {
-    fn start() -> Registry {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let config = dir.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: 127.0.0.1:{port}\n",
-                dir.path().join("data").display()
-            ),
-        )
-        .expect("config");
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker-registry (scripts/install-deps.sh installs it)");
-        let registry = Registry { dir, port, child };
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return registry;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("docker-registry did not listen on {port}");
-    }
-
-    fn host(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    /// Copies `layout:tag` to `repo:tag` here (every platform of an index).
-    fn push(&self, layout: &Path, tag: &str, repo: &str) {
-        let out = Command::new("skopeo")
-            .args(["copy", "--all", "--quiet", "--dest-tls-verify=false"])
-            .arg(format!("oci:{}:{tag}", layout.display()))
-            .arg(format!("docker://{}/{repo}:{tag}", self.host()))
-            .output()
-            .expect("skopeo (scripts/install-deps.sh installs it)");
-        assert!(
-            out.status.success(),
-            "skopeo copy: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-
-    /// Where the registry keeps blob `digest`'s bytes.
-    fn blob_data(&self, digest: &str) -> PathBuf {
-        let hex = digest.trim_start_matches("sha256:");
-        self.dir
-            .path()
-            .join("data/docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data")
-    }
-}
-
-/// A gzip-compressed tar layer: its bytes and digest.
-struct Blob {
-    bytes: Vec<u8>,
-    digest: String,
-}
-
-fn blob(bytes: Vec<u8>) -> Blob {
-    let digest = format!("sha256:{}", hex::encode(Sha256::digest(&bytes)));
-    Blob { bytes, digest }
-}
 
 /// Tar entries for a layer. Names are written as given.
 enum Entry<'a> {
@@ -177,107 +88,6 @@ fn base_layer(nonce: &str) -> Blob {
         entries.push(Entry::Symlink(link, "busybox"));
     }
     layer(&entries)
-}
-
-/// An OCI image layout on disk that skopeo reads.
-struct Layout {
-    dir: PathBuf,
-    index: Vec<Value>,
-}
-
-impl Layout {
-    fn new(dir: PathBuf) -> Layout {
-        std::fs::create_dir_all(dir.join("blobs/sha256")).expect("layout");
-        std::fs::write(dir.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)
-            .expect("oci-layout");
-        Layout {
-            dir,
-            index: Vec::new(),
-        }
-    }
-
-    fn put(&self, bytes: &[u8]) -> (String, usize) {
-        let b = blob(bytes.to_vec());
-        let path = self
-            .dir
-            .join("blobs/sha256")
-            .join(b.digest.trim_start_matches("sha256:"));
-        std::fs::write(path, bytes).expect("blob");
-        (b.digest, bytes.len())
-    }
-
-    /// Writes a manifest of `layers` with `config`; its descriptor.
-    fn manifest(&self, layers: &[&Blob], config: Value) -> Value {
-        let (config_digest, config_size) = self.put(config.to_string().as_bytes());
-        let layers: Vec<Value> = layers
-            .iter()
-            .map(|l| {
-                self.put(&l.bytes);
-                json!({
-                    "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                    "digest": l.digest,
-                    "size": l.bytes.len(),
-                })
-            })
-            .collect();
-        let manifest = json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": config_digest,
-                "size": config_size,
-            },
-            "layers": layers,
-        });
-        let (digest, size) = self.put(manifest.to_string().as_bytes());
-        json!({
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "digest": digest,
-            "size": size,
-        })
-    }
-
-    fn tag(&mut self, tag: &str, mut descriptor: Value) {
-        descriptor["annotations"] = json!({"org.opencontainers.image.ref.name": tag});
-        self.index.push(descriptor);
-        let index = json!({"schemaVersion": 2, "manifests": self.index});
-        std::fs::write(self.dir.join("index.json"), index.to_string()).expect("index.json");
-    }
-
-    /// An image index of `platforms` (descriptor, os/arch).
-    fn image_index(&self, platforms: &[(Value, &str)]) -> Value {
-        let manifests: Vec<Value> = platforms
-            .iter()
-            .map(|(d, arch)| {
-                let mut d = d.clone();
-                d["platform"] = json!({"os": "linux", "architecture": arch});
-                d
-            })
-            .collect();
-        let index = json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "manifests": manifests,
-        });
-        let (digest, size) = self.put(index.to_string().as_bytes());
-        json!({
-            "mediaType": "application/vnd.oci.image.index.v1+json",
-            "digest": digest,
-            "size": size,
-        })
-    }
-}
-
-fn config(arch: &str, env: &[&str], workdir: &str, layers: &[&Blob]) -> Value {
-    // diff_ids are the uncompressed digests; the puller does not use them,
-    // but skopeo copies the config as written.
-    json!({
-        "architecture": arch,
-        "os": "linux",
-        "config": {"Env": env, "WorkingDir": workdir, "Cmd": ["/bin/sh"]},
-        "rootfs": {"type": "layers", "diff_ids": layers.iter().map(|l| l.digest.clone()).collect::<Vec<_>>()},
-    })
 }
 
 fn layer_dirs(images_dir: &Path) -> Vec<String> {
@@ -397,21 +207,9 @@ async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
     // ahead with progress: the one new layer's bytes, then the image.
     let before = layer_dirs(&images);
     assert_eq!(before.len(), 2, "{before:?}");
-    let (status, stream) = daemon
-        .raw(
-            Method::POST,
-            "/v1/images?progress=true",
-            json!({"image": format!("{host}/team/app:other")})
-                .to_string()
-                .into_bytes(),
-        )
+    let lines = daemon
+        .ready_image_lines(json!(format!("{host}/team/app:other")))
         .await;
-    assert_eq!(status, StatusCode::OK);
-    let lines: Vec<Value> = stream
-        .split(|b| *b == b'\n')
-        .filter(|l| !l.is_empty())
-        .map(|l| serde_json::from_slice(l).expect("ndjson"))
-        .collect();
     let layer_lines: Vec<&Value> = lines.iter().filter(|l| l["type"] == "layer").collect();
     assert!(!layer_lines.is_empty(), "{lines:?}");
     assert!(
@@ -493,13 +291,7 @@ async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
     assert_eq!(body["error"]["code"], "image_not_found", "{body}");
-    let (status, body) = daemon
-        .call(
-            Method::POST,
-            "/v1/images",
-            Some(json!({"image": reference})),
-        )
-        .await;
+    let (status, body) = daemon.ready_image(json!(reference)).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["working_dir"], "/work", "{body}");
 

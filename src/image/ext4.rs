@@ -653,6 +653,17 @@ fn sparse_copy(src: &File, dst: &File, size: u64) -> io::Result<()> {
     Ok(())
 }
 
+/// What `debugfs -R request` prints about the ext4 file `image` (tests).
+#[cfg(test)]
+pub(crate) fn debugfs(image: &Path, request: &str) -> String {
+    let out = Command::new("debugfs")
+        .args(["-R", request])
+        .arg(image)
+        .output()
+        .expect("run debugfs");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -679,14 +690,7 @@ mod tests {
         true
     }
 
-    fn debugfs(image: &Path, request: &str) -> String {
-        let out = Command::new("debugfs")
-            .args(["-R", request])
-            .arg(image)
-            .output()
-            .expect("run debugfs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
+    use super::debugfs;
 
     /// `User:     5   Group:     7` from `debugfs -R stat`.
     fn owner(stat: &str) -> (u32, u32) {

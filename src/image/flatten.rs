@@ -94,19 +94,10 @@ impl Drop for MergedView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::image::ext4::debugfs;
     use std::os::unix::fs::MetadataExt;
-    use std::process::Command;
 
     const SHIFT: u32 = 100_000;
-
-    fn debugfs(image: &Path, request: &str) -> String {
-        let out = Command::new("debugfs")
-            .args(["-R", request])
-            .arg(image)
-            .output()
-            .expect("run debugfs");
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
 
     fn shifted(path: &Path) {
         std::os::unix::fs::lchown(path, Some(SHIFT), Some(SHIFT)).unwrap();

@@ -648,6 +648,33 @@ impl Daemon {
     }
 }
 
+/// The JSON values of a whole NDJSON body.
+pub fn ndjson_lines(body: &[u8]) -> Vec<Value> {
+    body.split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .map(|l| serde_json::from_slice(l).expect("an NDJSON line"))
+        .collect()
+}
+
+impl Daemon {
+    /// `POST /v1/images` of `image` (a reference or a spec): pulled or
+    /// built ahead; the status and the answer.
+    pub async fn ready_image(&self, image: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, "/v1/images", Some(json!({ "image": image })))
+            .await
+    }
+
+    /// The same with `?progress=true`: every line of the stream.
+    pub async fn ready_image_lines(&self, image: Value) -> Vec<Value> {
+        let body = json!({ "image": image }).to_string().into_bytes();
+        let (status, lines) = self
+            .raw(Method::POST, "/v1/images?progress=true", body)
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        ndjson_lines(&lines)
+    }
+}
+
 /// A followed NDJSON stream (events, process output), read line by line.
 pub struct NdjsonStream {
     body: hyper::body::Incoming,
