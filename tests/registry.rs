@@ -276,6 +276,15 @@ async fn pulled_images_run_with_their_layers_and_config_and_share_a_base() {
         .filter_map(|r| r.as_str())
         .collect();
     assert!(pulled.contains(&reference.as_str()), "{list}");
+    // v1 (and multi, the same manifest) and other share the base layer.
+    assert!(
+        list["pulled"]
+            .as_array()
+            .expect("pulled")
+            .iter()
+            .all(|p| p["shared_layers"] == 1),
+        "{list}"
+    );
     assert!(
         pulled.contains(&format!("{host}/team/app:multi").as_str()),
         "{list}"
@@ -693,4 +702,45 @@ async fn private_registries_with_basic_auth_and_bearer_tokens() {
         "the log shows the password"
     );
     assert!(daemon.log().contains("image pulled"), "positive control");
+}
+
+/// Sixty layers of long paths do not fit one page of mount options as
+/// paths: the container's root still mounts, every layer in it.
+#[tokio::test]
+async fn an_image_of_sixty_layers_runs() {
+    require_host!();
+    let registry = Registry::start();
+    let work = tempfile::tempdir().expect("tempdir");
+    let nonce = hex::encode(rand::random::<[u8; 8]>());
+    let mut layers = vec![base_layer(&nonce)];
+    let names: Vec<String> = (0..59).map(|i| format!("many/{i:02}")).collect();
+    for name in &names {
+        layers.push(layer(&[
+            Entry::Dir("many/"),
+            Entry::File(name, name.as_bytes(), 0o644),
+        ]));
+    }
+    let refs: Vec<&Blob> = layers.iter().collect();
+    let mut layout = Layout::new(work.path().join("layout"));
+    let image = layout.manifest(&refs, config("amd64", &["PATH=/bin"], "/", &refs));
+    layout.tag("many", image);
+    registry.push(&layout.dir, "many", "team/many");
+    let images = work.path().join("images");
+    let daemon = daemon_for(&registry, &images, true);
+    let id = daemon
+        .create(json!({"image": format!("{}/team/many:many", registry.host())}))
+        .await;
+    let run = daemon
+        .sh(
+            &id,
+            "ls /many | wc -l; cat /many/00 /many/58; cat /etc/nonce",
+        )
+        .await;
+    assert_eq!(
+        run.out(),
+        format!("59\nmany/00many/58{nonce}"),
+        "{}",
+        run.err()
+    );
+    daemon.delete(&id).await;
 }

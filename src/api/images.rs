@@ -1,6 +1,7 @@
 //! Image routes: list the image cache, pull a registry image or build a
 //! declarative one ahead of creates, prune what nothing uses.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
@@ -51,14 +52,6 @@ pub enum ReadyImage {
     Built(BuiltImage),
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PullQuery {
-    /// Stream NDJSON progress (layer bytes, build log), then the result.
-    #[serde(default)]
-    pub progress: bool,
-}
-
 /// One line of the progress stream: a report, then `done` or `error`.
 #[derive(Debug, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -73,9 +66,20 @@ enum StreamLine {
 /// `done` line with the image or an `error` line.
 pub async fn pull(
     State(manager): State<Arc<Manager>>,
-    Query(query): Query<PullQuery>,
+    Query(query): Query<HashMap<String, String>>,
     body: Bytes,
 ) -> ApiResult<Response> {
+    // Parsed here, not by axum, so a bad value is the API's JSON 400.
+    let progress = match query.get("progress").map(String::as_str) {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(other) => {
+            return Err(ApiError::bad(
+                "invalid_query",
+                format!("progress must be true or false, got {other:?}"),
+            ))
+        }
+    };
     let request: PullImage = parse_json(&body)?;
     if let ImageChoice::Named(name) = &request.image {
         if !crate::image::oci::is_reference(name) {
@@ -87,7 +91,7 @@ pub async fn pull(
             ));
         }
     }
-    if !query.progress {
+    if !progress {
         return Ok(Json(make_ready(&manager, request.image, None).await?).into_response());
     }
     let (sink, reports) = tokio::sync::mpsc::unbounded_channel();

@@ -66,8 +66,9 @@ impl MergedView {
         // A half-done earlier export may have left it mounted.
         let _ = umount2(at, MntFlags::MNT_DETACH);
         std::fs::create_dir_all(at).map_err(err("create"))?;
-        let list: Vec<String> = lowers.iter().map(|p| p.display().to_string()).collect();
-        let options = format!("lowerdir={}", list.join(":"));
+        let (lower, _fds) =
+            super::lowerdir::lowerdir_value(lowers).map_err(err("open the layers of"))?;
+        let options = format!("lowerdir={lower}");
         mount(
             Some("overlay"),
             at,

@@ -25,6 +25,7 @@ mod error;
 pub mod ext4;
 pub mod flatten;
 pub mod layered;
+pub mod lowerdir;
 mod mounts;
 mod name;
 pub mod oci;

@@ -229,15 +229,17 @@ fn place_at_link_fd(child: OwnedFd) -> io::Result<()> {
 fn mount_root(config: &SandboxSpec, target: &Path) -> Result<(), ContainerError> {
     let upper = config.layer_dir.join("upper");
     let work = config.layer_dir.join("work");
-    let lower: Vec<String> = config
+    let lower: Vec<&Path> = config
         .image_layers
         .iter()
         .chain(std::iter::once(&config.image_rootfs))
-        .map(|p| p.display().to_string())
+        .map(|p| p.as_path())
         .collect();
+    // The descriptors a long stack is spelled with live until the mount is made.
+    let (lower, _fds) =
+        crate::image::lowerdir::lowerdir_value(&lower).map_err(prepare("image layers"))?;
     let options = format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.join(":"),
+        "lowerdir={lower},upperdir={},workdir={}",
         upper.display(),
         work.display()
     );

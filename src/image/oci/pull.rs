@@ -112,6 +112,7 @@ impl PullContext<'_> {
         let c = &config["config"];
         let image = PulledImage {
             last_used_at: None,
+            shared_layers: 0,
             references: Vec::new(),
             digest,
             config_digest: manifest.config.digest.clone(),

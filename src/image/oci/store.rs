@@ -52,6 +52,10 @@ pub struct PulledImage {
     /// When a create last used it (listings only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_used_at: Option<String>,
+    /// How many of its layers other pulled images share (listings only;
+    /// stored once).
+    #[serde(default)]
+    pub shared_layers: usize,
 }
 
 #[derive(Debug, Clone)]
@@ -179,6 +183,17 @@ impl Store {
             })
             .collect();
         images.sort_by(|a: &PulledImage, b| a.references.cmp(&b.references));
+        let mut holders: std::collections::HashMap<String, usize> = Default::default();
+        for layer in images.iter().flat_map(|i| &i.layers) {
+            *holders.entry(layer.clone()).or_default() += 1;
+        }
+        for image in &mut images {
+            image.shared_layers = image
+                .layers
+                .iter()
+                .filter(|l| holders.get(*l).is_some_and(|n| *n > 1))
+                .count();
+        }
         images
     }
 
