@@ -48,7 +48,7 @@ mod tests {
     }
 
     #[test]
-    fn a_stack_of_a_hundred_long_paths_mounts() {
+    fn the_most_layers_an_image_may_have_mount_with_long_paths() {
         if !nix::unistd::geteuid().is_root() {
             sandboxd_test_support::note_skip!(
                 sandboxd_test_support::Reason::NotRoot,
@@ -58,7 +58,8 @@ mod tests {
         }
         let tmp = tempfile::tempdir().unwrap();
         let deep = tmp.path().join("x".repeat(60));
-        let dirs: Vec<_> = (0..100)
+        let most = crate::image::oci::MAX_LAYERS;
+        let dirs: Vec<_> = (0..most)
             .map(|i| {
                 let dir = deep.join(format!("{i:03}-{}", "h".repeat(60)));
                 std::fs::create_dir_all(&dir).unwrap();
@@ -68,22 +69,31 @@ mod tests {
             .collect();
         let refs: Vec<&Path> = dirs.iter().map(|d| d.as_path()).collect();
         let (value, fds) = lowerdir_value(&refs).unwrap();
-        assert_eq!(fds.len(), 100, "spelled with descriptors");
+        assert_eq!(fds.len(), most, "spelled with descriptors");
+        // Upper and work paths as long as a sandbox's share the page.
+        let (upper, work) = (deep.join("u".repeat(120)), deep.join("w".repeat(120)));
+        std::fs::create_dir_all(&upper).unwrap();
+        std::fs::create_dir_all(&work).unwrap();
         let target = tmp.path().join("merged");
         std::fs::create_dir(&target).unwrap();
-        let options = format!("lowerdir={value}");
+        let options = format!(
+            "lowerdir={value},upperdir={},workdir={}",
+            upper.display(),
+            work.display()
+        );
         mount(
             Some("overlay"),
             &target,
             Some("overlay"),
-            MsFlags::MS_RDONLY,
+            MsFlags::empty(),
             Some(options.as_str()),
         )
-        .expect("mount 100 layers");
+        .expect("mount the most layers");
         drop(fds);
+        let last = most - 1;
         let seen = std::fs::read_to_string(target.join("file0")).unwrap()
-            + &std::fs::read_to_string(target.join("file99")).unwrap();
+            + &std::fs::read_to_string(target.join(format!("file{last}"))).unwrap();
         umount2(&target, MntFlags::MNT_DETACH).unwrap();
-        assert_eq!(seen, "099");
+        assert_eq!(seen, format!("0{last}"));
     }
 }

@@ -25,7 +25,7 @@ use oci_client::Client;
 
 pub use error::{RegistryError, RegistryErrorKind};
 pub use reference::is_reference;
-pub use store::PulledImage;
+pub use store::{PulledImage, MAX_LAYERS};
 
 use super::Image;
 use crate::net::upstream::UpstreamConfig;

@@ -21,9 +21,10 @@ use serde::{Deserialize, Serialize};
 use super::RegistryError;
 use crate::image::{Image, ImageDefaults};
 
-/// Overlayfs takes at most this many lower layers in one mount option
-/// page; images past it are refused rather than half-stacked.
-pub const MAX_LAYERS: usize = 120;
+/// The most layers an image may have: Docker builds at most 127, and 128
+/// spelled as descriptors (`image/lowerdir.rs`) fit the overlay's one page
+/// of mount options beside the upper and work paths.
+pub const MAX_LAYERS: usize = 128;
 
 /// One pulled image, as recorded.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
