@@ -122,13 +122,20 @@ async fn metrics_parse_and_move() {
         ),
         1.0
     );
-    assert!(
-        metric(
-            &after,
-            "sandboxd_create_phase_seconds_count",
-            Some(("phase", "runtime"))
-        ) >= 1.0
-    );
+    // Every part of a create is a phase: the supervisor's exec and its
+    // ready line's way back included.
+    for phase in [
+        "runtime", "exec", "config", "egress", "agent", "serve", "handoff",
+    ] {
+        assert!(
+            metric(
+                &after,
+                "sandboxd_create_phase_seconds_count",
+                Some(("phase", phase))
+            ) >= 1.0,
+            "{phase}"
+        );
+    }
     daemon.delete(&id).await;
 }
 

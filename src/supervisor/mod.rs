@@ -40,6 +40,68 @@ pub struct ReadyLine {
     /// Microseconds spent in each phase of the start, in order.
     #[serde(default)]
     pub phases_us: Vec<(String, u64)>,
+    /// CLOCK_MONOTONIC (ns) when the line was written, so the daemon can
+    /// time its way back.
+    #[serde(default)]
+    pub ready_at_ns: u64,
+}
+
+/// The environment variable the daemon puts its CLOCK_MONOTONIC (ns) in
+/// when it spawns a supervisor, so the supervisor can time its own start.
+pub const SPAWNED_AT_ENV: &str = "SANDBOXD_SPAWNED_AT_NS";
+
+/// Nanoseconds of CLOCK_MONOTONIC: one clock for every process of the host.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec into the valid, owned `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
+/// Where a supervisor's start goes, phase by phase (the daemon's create
+/// phase metrics): from the daemon's spawn to its ready line.
+struct StartClock {
+    phases: Vec<(String, u64)>,
+    lap: std::time::Instant,
+}
+
+impl StartClock {
+    /// Starts with `exec`: from the daemon's spawn (its timestamp in
+    /// [`SPAWNED_AT_ENV`]) to now, the process's exec and startup.
+    fn since_spawn() -> Self {
+        let mut phases = Vec::new();
+        if let Some(spawned) = std::env::var(SPAWNED_AT_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            phases.push(("exec".into(), monotonic_ns().saturating_sub(spawned) / 1000));
+        }
+        StartClock {
+            phases,
+            lap: std::time::Instant::now(),
+        }
+    }
+
+    fn lap(&mut self, name: &str) {
+        self.phases
+            .push((name.into(), self.lap.elapsed().as_micros() as u64));
+        self.lap = std::time::Instant::now();
+    }
+
+    /// Phases measured elsewhere (the runtime's), ending now.
+    fn add(&mut self, measured: &[(&'static str, Duration)]) {
+        self.phases.extend(
+            measured
+                .iter()
+                .map(|(name, d)| (name.to_string(), d.as_micros() as u64)),
+        );
+        self.lap = std::time::Instant::now();
+    }
 }
 
 fn report(line: &ReadyLine) {
@@ -67,6 +129,7 @@ fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
         init_pid: 0,
         error: Some(line),
         phases_us: Vec::new(),
+        ready_at_ns: monotonic_ns(),
     });
     1
 }
@@ -74,6 +137,7 @@ fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
 /// Runs the supervisor of the sandbox whose run directory is `dir`.
 /// Returns the process exit code.
 pub fn run(dir: &Path) -> i32 {
+    let mut clock = StartClock::since_spawn();
     let paths = SandboxPaths {
         dir: dir.to_path_buf(),
     };
@@ -88,6 +152,7 @@ pub fn run(dir: &Path) -> i32 {
                 init_pid: 0,
                 error: Some(format!("reading {}: {e}", paths.config().display())),
                 phases_us: Vec::new(),
+                ready_at_ns: monotonic_ns(),
             });
             return 1;
         }
@@ -105,10 +170,12 @@ pub fn run(dir: &Path) -> i32 {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
+    clock.lap("config");
     let started = match crate::runtime::start(&config.spec, &paths) {
         Ok(s) => s,
         Err(e) => return fail(e.to_string(), &config, &paths),
     };
+    clock.add(&started.phases);
     // From here the supervisor may hold brokered secrets' values. Not
     // before: a container's init, forked from here, must still own its
     // /proc files inside its user namespace while the runtime sets it up.
@@ -136,7 +203,7 @@ pub fn run(dir: &Path) -> i32 {
         Ok(rt) => rt,
         Err(e) => return fail(format!("starting the runtime: {e}"), &config, &paths),
     };
-    runtime.block_on(serve(config, paths, started, init_rx, own_addrs))
+    runtime.block_on(serve(config, paths, started, init_rx, own_addrs, clock))
 }
 
 /// The interface addresses of the calling thread's network namespace.
@@ -182,6 +249,7 @@ async fn serve(
     started: Started,
     init_rx: oneshot::Receiver<String>,
     own_addrs: Vec<std::net::IpAddr>,
+    mut clock: StartClock,
 ) -> i32 {
     let policy = match crate::net::policy::EgressPolicy::from_request(
         &config.network,
@@ -209,7 +277,7 @@ async fn serve(
         return fail(format!("serving egress: {e}"), &config, &paths);
     }
     let deadline = Duration::from_millis(config.spec.ready_timeout_ms);
-    let hello_wait = std::time::Instant::now();
+    clock.lap("egress");
     let agent_start = config.spec.kind.agent_start();
     let hello = (agent_start != AgentStart::Restored).then_some(deadline);
     let (link, events) = match AgentLink::establish(started.link, hello).await {
@@ -259,6 +327,7 @@ async fn serve(
             );
         }
     }
+    clock.lap("agent");
     let _ = std::fs::remove_file(paths.socket());
     let listener = match UnixListener::bind(paths.socket()) {
         Ok(l) => l,
@@ -295,17 +364,13 @@ async fn serve(
             watcher.fail(format!("the sandbox's init ended: {status}"));
         }
     });
-    let mut phases_us: Vec<(String, u64)> = started
-        .phases
-        .iter()
-        .map(|(name, d)| (name.to_string(), d.as_micros() as u64))
-        .collect();
-    phases_us.push(("agent".into(), hello_wait.elapsed().as_micros() as u64));
+    clock.lap("serve");
     report(&ReadyLine {
         ok: true,
         init_pid: started.init_pid,
         error: None,
-        phases_us,
+        phases_us: clock.phases,
+        ready_at_ns: monotonic_ns(),
     });
     let shutdown = Arc::new(Notify::new());
     // Returns after a Shutdown request has torn the sandbox down.

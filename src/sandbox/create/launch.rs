@@ -100,6 +100,10 @@ impl Manager {
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
             )
+            .env(
+                crate::supervisor::SPAWNED_AT_ENV,
+                crate::supervisor::monotonic_ns().to_string(),
+            )
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log);

@@ -69,6 +69,8 @@ impl Manager {
         clock.lap("disk");
         let grant = self.grant_devices(&record, &root.image.defaults)?;
         let ready = self.launch(&mut record, root, layer_dir, grant, vm).await?;
+        // From the supervisor's ready line to here: the pipe and the wakeup.
+        let handoff_ns = crate::supervisor::monotonic_ns().saturating_sub(ready.ready_at_ns);
         clock.lap("supervisor");
         if !record.secrets.is_empty() {
             self.install_secrets(&record).await?;
@@ -81,6 +83,10 @@ impl Manager {
                 other => other,
             };
             self.metrics.observe_phase(name, *us as f64 / 1e6);
+        }
+        if ready.ready_at_ns > 0 {
+            self.metrics
+                .observe_phase("handoff", handoff_ns as f64 / 1e9);
         }
         clock.total();
         tracing::debug!(sandbox = %record.id, phases_us = ?ready.phases_us, "sandbox ready");
