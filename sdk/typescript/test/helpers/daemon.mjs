@@ -89,10 +89,14 @@ export async function freePortRange(count) {
     let ok = true;
     for (let port = first; port < first + count && ok; port++) {
       const server = createServer();
-      server.on("error", () => {});
-      server.listen(port, "127.0.0.1");
-      const [event] = await Promise.race([once(server, "listening").then(() => ["listening"]), once(server, "error").then(() => ["error"])]);
-      if (event === "listening") held.push(server);
+      // One promise for both outcomes: once(server, "listening") rejects on
+      // "error", which would throw EADDRINUSE instead of trying another range.
+      const listening = await new Promise((resolve) => {
+        server.once("listening", () => resolve(true));
+        server.once("error", () => resolve(false));
+        server.listen(port, "127.0.0.1");
+      });
+      if (listening) held.push(server);
       else ok = false;
     }
     for (const server of held) {
