@@ -282,6 +282,7 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             }
         }
         spawn_watchdog();
+        let shutdown = shutdown_signal();
         tracing::info!(socket = %config.socket.display(), "sandboxd ready");
         notify_systemd("READY=1");
         if let Some(address) = config.metrics_address {
@@ -294,7 +295,7 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
         }
         let stopping = std::sync::Arc::clone(&manager);
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-            shutdown_signal().await;
+            shutdown.await;
             notify_systemd("STOPPING=1");
             tracing::info!("stopping: no new requests; in-flight ones may finish");
             stopping.begin_stop();
@@ -326,17 +327,23 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
     })
 }
 
-async fn shutdown_signal() {
+/// Registers the handlers of SIGTERM and SIGINT now (before READY=1, so a
+/// stop sent right after it is a clean stop, not the default action's
+/// death in the middle of whatever runs) and resolves when one arrives.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    let signals = (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    );
+    async move {
+        let (Ok(mut term), Ok(mut int)) = signals else {
+            return std::future::pending().await;
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
     }
 }
 
