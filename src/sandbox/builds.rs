@@ -138,7 +138,9 @@ impl Manager {
                     };
                     hosts.extend(built::sources::apt_hosts(&apt));
                 }
-                hosts.dedup();
+                // Each host once, in the order first named (pip's, then apt's).
+                let mut seen = std::collections::HashSet::new();
+                hosts.retain(|h| seen.insert(h.clone()));
                 let job = BuildJob {
                     steps: built::steps::steps(&plan, sources, python_installed),
                     hex: hex.clone(),
