@@ -108,10 +108,26 @@ pub struct ConfigOverrides {
     /// Largest file upload accepted.
     #[arg(long)]
     pub max_upload_mib: Option<u64>,
-    /// Ready sandboxes of the default image and limits kept warm; a create
-    /// that asks for exactly those takes one instead of starting cold.
+    /// Ready sandboxes of the default image kept warm; a create of that
+    /// image whose limits fit the default ones takes one instead of
+    /// starting cold, whatever its egress policy, secrets, env, TTL and
+    /// labels.
     #[arg(long)]
     pub pool_size: Option<usize>,
+    /// Container network namespaces (interfaces and rules included) kept
+    /// made ahead of creates, so none is made on a create's critical path
+    /// (default 8; 0 makes each in its create).
+    #[arg(long)]
+    pub net_slots: Option<usize>,
+    /// Supervisor processes kept started ahead of creates (exec'd and in
+    /// their cgroup), handed a sandbox each (default 4; 0 spawns one per
+    /// create).
+    #[arg(long)]
+    pub standby_supervisors: Option<usize>,
+    /// Warm pools of other images, as `IMAGE=SIZE` (comma-separated), the
+    /// image spelled as creates name it (e.g. `busybox=2`).
+    #[arg(long, value_delimiter = ',')]
+    pub pools: Option<Vec<String>>,
     /// CPU cores this host admits as sandbox limits in total (default: host
     /// cores times `cpu_overcommit`).
     #[arg(long)]
@@ -329,7 +345,10 @@ pub struct Config {
     pub output_buffer_kib: u64,
     pub max_upload_mib: u64,
     pub ready_timeout_seconds: u64,
-    pub pool_size: usize,
+    /// The warm pools: the default image's (`pool_size`) and `pools`.
+    pub warm_pools: Vec<WarmPoolSize>,
+    pub net_slots: usize,
+    pub standby_supervisors: usize,
     pub event_retention_seconds: u64,
     pub capacity_cpu: f64,
     pub capacity_memory_mib: u64,
@@ -494,7 +513,13 @@ impl Config {
             output_buffer_kib: pick!(output_buffer_kib, 4096),
             max_upload_mib: pick!(max_upload_mib, 1024),
             ready_timeout_seconds: pick!(ready_timeout_seconds, 30),
-            pool_size: pick!(pool_size, 0),
+            net_slots: pick!(net_slots, 8),
+            standby_supervisors: pick!(standby_supervisors, 4),
+            warm_pools: warm_pools(
+                &pick!(default_image, "python".to_string()),
+                pick!(pool_size, 0),
+                &pick!(pools, Vec::new()),
+            )?,
             default_egress: pick!(default_egress, Default::default()),
             upstream: crate::net::upstream::UpstreamConfig {
                 netns: flags
@@ -746,8 +771,11 @@ impl Config {
                 "must be an absolute cgroup path like /sandboxd, without . or .. parts",
             ));
         }
-        if self.pool_size > self.max_sandboxes {
-            return Err(invalid("pool_size", "must not exceed max_sandboxes"));
+        if self.warm_pools.iter().map(|p| p.size).sum::<usize>() > self.max_sandboxes {
+            return Err(invalid(
+                "pools",
+                "the warm pools (pool_size and pools) hold more than max_sandboxes together",
+            ));
         }
         if self.max_sandboxes == 0 {
             return Err(invalid("max_sandboxes", "must be at least 1"));
@@ -819,6 +847,54 @@ fn cert_and_key(
 }
 
 /// `FIRST-LAST`, both in 1..=65535, FIRST <= LAST.
+/// One warm pool: `size` ready containers of `image`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmPoolSize {
+    pub image: String,
+    pub size: usize,
+}
+
+/// `pool_size` for the default image, then each `IMAGE=SIZE` of `pools`;
+/// an image named twice is an error (which size would it be?).
+fn warm_pools(
+    default_image: &str,
+    pool_size: usize,
+    entries: &[String],
+) -> Result<Vec<WarmPoolSize>, ConfigError> {
+    let mut pools = Vec::new();
+    if pool_size > 0 {
+        pools.push(WarmPoolSize {
+            image: default_image.to_string(),
+            size: pool_size,
+        });
+    }
+    for entry in entries {
+        let parsed = entry
+            .rsplit_once('=')
+            .and_then(|(image, size)| Some((image.trim(), size.trim().parse::<usize>().ok()?)))
+            .filter(|(image, size)| !image.is_empty() && *size > 0);
+        let Some((image, size)) = parsed else {
+            return Err(ConfigError::Invalid {
+                field: "pools",
+                message: format!("{entry:?} is not IMAGE=SIZE with a size of at least 1"),
+            });
+        };
+        if pools.iter().any(|p| p.image == image) {
+            return Err(ConfigError::Invalid {
+                field: "pools",
+                message: format!(
+                    "{image} has two warm pools (pools, or pool_size for the default image); give it one"
+                ),
+            });
+        }
+        pools.push(WarmPoolSize {
+            image: image.to_string(),
+            size,
+        });
+    }
+    Ok(pools)
+}
+
 fn parse_port_range(range: &str) -> Option<(u16, u16)> {
     let (first, last) = range.split_once('-')?;
     let first: u16 = first.trim().parse().ok()?;
@@ -953,6 +1029,54 @@ mod tests {
         std::fs::write(&path, "sokcet = \"/x\"\n").expect("write");
         let err = Config::load(Some(&path), ConfigOverrides::default()).expect_err("typo");
         assert!(err.to_string().contains("sokcet"), "{err}");
+    }
+
+    #[test]
+    fn warm_pools_are_the_default_images_then_each_named_one() {
+        let flags = ConfigOverrides {
+            pool_size: Some(2),
+            pools: Some(vec![
+                "busybox=3".into(),
+                "registry.local:5000/app:1=1".into(),
+            ]),
+            ..Default::default()
+        };
+        let config = Config::merge(flags, ConfigOverrides::default()).expect("valid");
+        let pools: Vec<(&str, usize)> = config
+            .warm_pools
+            .iter()
+            .map(|p| (p.image.as_str(), p.size))
+            .collect();
+        assert_eq!(
+            pools,
+            [
+                ("python", 2),
+                ("busybox", 3),
+                ("registry.local:5000/app:1", 1)
+            ]
+        );
+        for (bad, why) in [
+            ("busybox", "IMAGE=SIZE"),
+            ("busybox=0", "at least 1"),
+            ("=2", "IMAGE=SIZE"),
+            ("python=1", "two warm pools"),
+        ] {
+            let flags = ConfigOverrides {
+                pool_size: Some(1),
+                pools: Some(vec![bad.into()]),
+                ..Default::default()
+            };
+            let err = Config::merge(flags, ConfigOverrides::default()).expect_err(bad);
+            assert!(err.to_string().contains(why), "{bad}: {err}");
+        }
+        let flags = ConfigOverrides {
+            max_sandboxes: Some(3),
+            pool_size: Some(2),
+            pools: Some(vec!["busybox=2".into()]),
+            ..Default::default()
+        };
+        let err = Config::merge(flags, ConfigOverrides::default()).expect_err("too many");
+        assert!(err.to_string().contains("max_sandboxes"), "{err}");
     }
 
     #[test]

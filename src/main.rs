@@ -45,7 +45,16 @@ enum Command {
     /// Supervise one sandbox (started by the daemon, not by hand).
     /// Supervisors started by earlier builds run as `sandboxd shim DIR`.
     #[command(hide = true, alias = "shim")]
-    Supervise { dir: PathBuf },
+    Supervise {
+        dir: PathBuf,
+        /// Start ahead of any sandbox and wait on stdin for one; `dir` is
+        /// then the directory of the sandboxes' run directories.
+        #[arg(long)]
+        standby: bool,
+        /// The daemon's cgroup parent (a standby joins its supervisors' group).
+        #[arg(long, default_value = "/sandboxd")]
+        cgroup_parent: String,
+    },
     /// Manage the image cache.
     Image {
         #[command(subcommand)]
@@ -84,13 +93,22 @@ enum TokenCommand {
 
 fn main() {
     let cli = Cli::parse();
-    if let Some(Command::Supervise { dir }) = &cli.command {
+    if let Some(Command::Supervise {
+        dir,
+        standby,
+        cgroup_parent,
+    }) = &cli.command
+    {
         let format = match std::env::var("SANDBOXD_LOG_FORMAT").as_deref() {
             Ok("json") => LogFormat::Json,
             _ => LogFormat::Text,
         };
         init_logging(format);
-        std::process::exit(sandboxd::supervisor::run(dir));
+        std::process::exit(if *standby {
+            sandboxd::supervisor::standby::run_standby(dir, cgroup_parent)
+        } else {
+            sandboxd::supervisor::run(dir)
+        });
     }
     if let Err(e) = real_main(cli) {
         eprintln!("sandboxd: {e:#}");
@@ -309,6 +327,8 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             }
         }
         manager.drain_pool().await;
+        manager.drain_net_slots();
+        manager.drain_standbys();
         if !config.stop_sandboxes_on_exit {
             tracing::info!("sandboxd stopped; sandboxes keep running under their supervisors");
             return Ok(());

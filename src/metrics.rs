@@ -31,6 +31,12 @@ struct ReasonLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolClaimLabels {
+    image: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VerdictLabels {
     verdict: String,
 }
@@ -72,6 +78,7 @@ pub struct Metrics {
     sandboxes: Family<StateLabels, Gauge>,
     create_phase_seconds: PhaseHistograms,
     create_failures: Family<ReasonLabels, Counter>,
+    pool_claims: Family<PoolClaimLabels, Counter>,
     oom_kills: Counter,
     ttl_expiries: Counter,
     process_starts: Counter,
@@ -113,6 +120,12 @@ impl Metrics {
             "create_failures",
             "Creates that failed, by reason",
             create_failures.clone(),
+        );
+        let pool_claims = Family::<PoolClaimLabels, Counter>::default();
+        registry.register(
+            "pool_claims",
+            "Creates of a warm-pooled image, by result: hit (served from the pool), empty (none ready), unfit (limits above the pooled ones, or GPUs)",
+            pool_claims.clone(),
         );
         let oom_kills = Counter::default();
         registry.register(
@@ -187,6 +200,7 @@ impl Metrics {
             ingress_bytes,
             create_phase_seconds,
             create_failures,
+            pool_claims,
             oom_kills,
             ttl_expiries,
             process_starts,
@@ -212,6 +226,16 @@ impl Metrics {
         self.create_failures
             .get_or_create(&ReasonLabels {
                 reason: reason.to_string(),
+            })
+            .inc();
+    }
+
+    /// A create of a pooled image: `hit`, `empty` or `unfit`.
+    pub fn pool_claim(&self, image: &str, result: &str) {
+        self.pool_claims
+            .get_or_create(&PoolClaimLabels {
+                image: image.to_string(),
+                result: result.to_string(),
             })
             .inc();
     }

@@ -191,10 +191,7 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
         Some(0),
         "{list}"
     );
-    let sandboxes_dir = daemon.run_dir().join("sandboxes");
-    let left: Vec<_> = std::fs::read_dir(&sandboxes_dir)
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let left = daemon.sandbox_run_dirs();
     assert!(left.is_empty(), "run dir still holds {left:?}");
 }
 

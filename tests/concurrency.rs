@@ -86,9 +86,7 @@ async fn twenty_concurrent_sandboxes() {
         Some(0),
         "{list}"
     );
-    let left: Vec<_> = std::fs::read_dir(daemon.run_dir().join("sandboxes"))
-        .map(|d| d.flatten().map(|e| e.file_name()).collect())
-        .unwrap_or_default();
+    let left = daemon.sandbox_run_dirs();
     assert!(left.is_empty(), "run dir still holds {left:?}");
     for id in &ids {
         for hierarchy in HIERARCHIES {

@@ -87,8 +87,6 @@ async fn a_create_abandoned_by_its_client_is_removed() {
     );
     let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
     assert_eq!(list["sandboxes"].as_array().map(Vec::len), Some(0));
-    let left = std::fs::read_dir(daemon.run_dir().join("sandboxes"))
-        .map(|d| d.count())
-        .unwrap_or(0);
-    assert_eq!(left, 0, "run files left behind");
+    let left = daemon.sandbox_run_dirs();
+    assert_eq!(left, Vec::<String>::new(), "run files left behind");
 }

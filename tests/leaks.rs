@@ -46,6 +46,24 @@ fn pids_below(dir: &Path, out: &mut BTreeSet<String>) {
     }
 }
 
+/// Network slots are made ahead of creates and renamed into sandboxes, so
+/// their names move on from cycle to cycle: they are counted apart.
+fn is_slot(entry: &str) -> bool {
+    entry.contains(".slot-")
+}
+
+/// The nsfs mounts of this daemon's ready network slots.
+fn slot_mounts(daemon: &Daemon) -> Vec<String> {
+    let ours = daemon.dir.path().display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .expect("mountinfo")
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4))
+        .filter(|m| m.starts_with(&ours) && is_slot(m))
+        .map(String::from)
+        .collect()
+}
+
 /// Only what this daemon could own, so other tests running at the same
 /// time on this host do not blur the comparison.
 fn snapshot(daemon: &Daemon) -> HostSnapshot {
@@ -54,7 +72,7 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
     let mounts = mountinfo
         .lines()
         .filter_map(|l| l.split_whitespace().nth(4))
-        .filter(|m| m.starts_with(&ours))
+        .filter(|m| m.starts_with(&ours) && !is_slot(m))
         .map(String::from)
         .collect();
     let parent = daemon.cgroup_parent();
@@ -86,6 +104,11 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
         cgroup::hierarchies()
     );
     let run = daemon.run_dir().display().to_string();
+    let standbys: BTreeSet<String> = daemon
+        .standby_pids()
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
     let mut netns = BTreeSet::new();
     let mut processes = BTreeSet::new();
     for pid in dir_names(Path::new("/proc"))
@@ -94,6 +117,10 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
     {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let supervisor = String::from_utf8_lossy(&cmdline).contains(&run);
+        // Standby supervisors are started ahead of creates: counted apart.
+        if standbys.contains(&pid) {
+            continue;
+        }
         if supervisor || pids.contains(&pid) {
             processes.insert(format!("{pid} {}", String::from_utf8_lossy(&cmdline)));
             if let Ok(ns) = std::fs::read_link(format!("/proc/{pid}/ns/net")) {
@@ -117,7 +144,10 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
         cgroups,
         netns,
         processes,
-        run_entries: dir_names(&daemon.run_dir().join("sandboxes")),
+        run_entries: dir_names(&daemon.run_dir().join("sandboxes"))
+            .into_iter()
+            .filter(|e| !is_slot(e))
+            .collect(),
         subvolumes,
     }
 }
@@ -125,7 +155,7 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
 #[tokio::test]
 async fn hundred_create_delete_cycles_leave_nothing() {
     require_host!();
-    let daemon = Daemon::start();
+    let mut daemon = Daemon::start_with(&["--net-slots", "4", "--standby-supervisors", "2"]);
     // One warm-up cycle so one-time state (image build, pool) exists before "before".
     let id = daemon.create(json!({"image": "busybox"})).await;
     daemon.delete(&id).await;
@@ -142,4 +172,35 @@ async fn hundred_create_delete_cycles_leave_nothing() {
     assert_eq!(before, after);
     let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
     assert_eq!(list["sandboxes"].as_array().map(Vec::len), Some(0));
+    // Slots are used once: at most the 4 kept, each a mount of its own.
+    let slots = slot_mounts(&daemon);
+    assert!(slots.len() <= 4, "{slots:?}");
+    let entries: Vec<String> = dir_names(&daemon.run_dir().join("sandboxes"))
+        .into_iter()
+        .filter(|e| is_slot(e))
+        .collect();
+    assert_eq!(entries.len(), slots.len(), "{entries:?} vs {slots:?}");
+    assert!(daemon.standby_pids().len() <= 2);
+    // A clean stop removes the ready ones (made while the daemon idles:
+    // the positive control waits until they are all there).
+    daemon.made_ahead(4, 2).await;
+    assert_eq!(slot_mounts(&daemon).len(), 4);
+    daemon.stop(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(slot_mounts(&daemon), Vec::<String>::new());
+    // Standbys end when the stopped daemon's pipes close.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !daemon.standby_pids().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "standby supervisors left after a clean stop: {:?}",
+            daemon.standby_pids()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        !dir_names(&daemon.run_dir().join("sandboxes"))
+            .iter()
+            .any(|e| is_slot(e)),
+        "slot directories left after a clean stop"
+    );
 }

@@ -2,29 +2,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Daemon;
 use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
-
-/// The pool fills in the background and the API has no event for that (a
-/// pooled sandbox is invisible until handed out), so this polls
-/// `/v1/health` until `pooled` reaches `want`, with a bounded deadline.
-async fn pool_reaches(daemon: &Daemon, want: u64) -> Value {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, health) = daemon.call(Method::GET, "/v1/health", None).await;
-        if health["pooled"] == want {
-            return health;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "pool never reached {want}: {health}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
 
 #[tokio::test]
 async fn create_exec_delete() {
@@ -55,7 +37,7 @@ async fn create_exec_delete() {
 async fn pooled_sandbox_is_handed_out_with_the_callers_env_and_ttl() {
     require_host!();
     let daemon = Daemon::start_with(&["--pool-size", "1", "--default-image", "busybox"]);
-    let health = pool_reaches(&daemon, 1).await;
+    let health = daemon.pool_reaches(1).await;
     assert_eq!(
         health["sandboxes"], 0,
         "pooled sandboxes are not the caller's"
@@ -80,7 +62,7 @@ async fn pooled_sandbox_is_handed_out_with_the_callers_env_and_ttl() {
         .collect();
     assert_eq!(created.len(), 1, "{seen:?}");
     assert_eq!(created[0]["detail"], "from the warm pool", "{seen:?}");
-    let health = pool_reaches(&daemon, 1).await;
+    let health = daemon.pool_reaches(1).await;
     assert_eq!(
         health["sandboxes"], 1,
         "the refill is not the caller's: {health}"
@@ -95,4 +77,81 @@ async fn pooled_sandbox_is_handed_out_with_the_callers_env_and_ttl() {
     let (_, health) = daemon.call(Method::GET, "/v1/health", None).await;
     assert_eq!(health["sandboxes"], 1);
     daemon.delete(&id).await;
+}
+
+/// Pooled sandboxes hold room on the host; a caller's create that needs it
+/// takes the room of one instead of being refused.
+#[tokio::test]
+async fn a_create_the_host_has_no_room_for_gives_up_a_pooled_sandbox() {
+    require_host!();
+    let daemon = Daemon::start_with(&[
+        "--pool-size",
+        "2",
+        "--max-sandboxes",
+        "2",
+        "--default-image",
+        "busybox",
+    ]);
+    daemon.pool_reaches(2).await;
+    // Another image than the pooled one: a cold create, which needs room.
+    let id = daemon.create(json!({"image": "python"})).await;
+    assert_eq!(daemon.exec(&id, &["true"]).await.exit_code(), Some(0));
+    let (_, health) = daemon.call(Method::GET, "/v1/health", None).await;
+    assert_eq!(health["sandboxes"], 1, "{health}");
+    assert_eq!(health["pooled"], 1, "one pooled sandbox gave way: {health}");
+    // The second takes the last pooled sandbox's room; a third finds none
+    // to take and is refused as on a full host.
+    let second = daemon.create(json!({"image": "python"})).await;
+    let (_, health) = daemon.call(Method::GET, "/v1/health", None).await;
+    assert_eq!(health["pooled"], 0, "{health}");
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"image": "python"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    daemon.delete(&id).await;
+    daemon.delete(&second).await;
+}
+
+/// A create takes what the daemon made ahead of it: a network slot (its
+/// namespace, renamed into the sandbox's run directory) and a standby
+/// supervisor (handed the sandbox on its stdin, logging to the sandbox's
+/// log from then on). Both are used once.
+#[tokio::test]
+async fn a_create_takes_a_network_slot_and_a_standby_supervisor_made_ahead() {
+    use std::os::unix::fs::MetadataExt;
+    require_host!();
+    let daemon = Daemon::start_with(&["--net-slots", "1", "--standby-supervisors", "1"]);
+    daemon.made_ahead(1, 1).await;
+    let slot = daemon.slot_dirs().remove(0);
+    let sandboxes = daemon.run_dir().join("sandboxes");
+    let slot_ns = std::fs::metadata(sandboxes.join(&slot).join("netns"))
+        .expect("slot netns")
+        .ino();
+    let standby = daemon.standby_pids()[0];
+
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    assert_eq!(daemon.sh(&id, "echo ok").await.out(), "ok\n");
+    let sandbox_ns = std::fs::metadata(sandboxes.join(&id).join("netns"))
+        .expect("sandbox netns")
+        .ino();
+    assert_eq!(sandbox_ns, slot_ns, "the sandbox's namespace is the slot's");
+    assert!(
+        !sandboxes.join(&slot).exists(),
+        "the slot was moved, not copied"
+    );
+    let log = std::fs::read_link(format!("/proc/{standby}/fd/2")).expect("standby stderr");
+    assert_eq!(log, sandboxes.join(&id).join("shim.log"));
+    assert!(
+        !daemon.standby_pids().contains(&standby),
+        "a handed standby is a supervisor, not a standby"
+    );
+    // Both are made again for the next create; neither is reused.
+    daemon.made_ahead(1, 1).await;
+    assert_ne!(daemon.slot_dirs(), vec![slot]);
+    daemon.delete(&id).await;
+    assert!(!sandboxes.join(&id).exists());
 }

@@ -241,8 +241,14 @@ fn inventory(daemon: &Daemon) -> BTreeSet<String> {
     let mut items = BTreeSet::new();
     let parent =
         common::cgroup::daemon_group(&common::cgroup::hierarchy("pids"), &daemon.cgroup_parent());
-    // Supervisors sit in this daemon's own `<cgroup_parent>/supervisors`.
-    let supervisors = common::cgroup::procs_in(&parent.join("supervisors")).len();
+    // Supervisors sit in this daemon's own `<cgroup_parent>/supervisors`,
+    // beside the standbys started ahead of creates (counted apart: they
+    // come and go with the creates).
+    let standbys = daemon.standby_pids();
+    let supervisors = common::cgroup::procs_in(&parent.join("supervisors"))
+        .into_iter()
+        .filter(|pid| !standbys.contains(pid))
+        .count();
     items.insert(format!("supervisors {supervisors}"));
     for group in std::fs::read_dir(parent).into_iter().flatten().flatten() {
         let name = group.file_name().to_string_lossy().into_owned();
@@ -255,7 +261,11 @@ fn inventory(daemon: &Daemon) -> BTreeSet<String> {
         .flatten()
         .flatten()
     {
-        items.insert(format!("run {}", dir.file_name().to_string_lossy()));
+        let name = dir.file_name().to_string_lossy().into_owned();
+        // Network slots, made ahead of creates, are counted apart too.
+        if !name.starts_with(".slot-") {
+            items.insert(format!("run {name}"));
+        }
     }
     for layer in std::fs::read_dir(daemon.state_dir().join("disk"))
         .into_iter()
@@ -273,7 +283,7 @@ fn inventory(daemon: &Daemon) -> BTreeSet<String> {
         if let Some(point) = line
             .split_whitespace()
             .nth(4)
-            .filter(|p| p.starts_with(&run))
+            .filter(|p| p.starts_with(&run) && !p.contains("/.slot-"))
         {
             items.insert(format!("mount {point}"));
         }
@@ -507,22 +517,31 @@ fn sandbox_cgroups(daemon: &Daemon) -> BTreeSet<String> {
 }
 
 /// Supervisors of this daemon's sandboxes, found by their command line
-/// (`sandboxd supervise <run dir>/sandboxes/<id>`) wherever their cgroup.
+/// (`sandboxd supervise <run dir>/sandboxes/<id>`, or `sandboxd supervise
+/// --standby ... <run dir>/sandboxes` once handed a sandbox) wherever their
+/// cgroup.
 fn supervisor_processes(daemon: &Daemon) -> BTreeSet<String> {
     let run = daemon.run_dir().display().to_string();
+    let waiting: Vec<String> = daemon
+        .standby_pids()
+        .iter()
+        .map(|p| p.to_string())
+        .collect();
     std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().parse::<u32>().is_ok())
+        .filter(|e| !waiting.contains(&e.file_name().to_string_lossy().into_owned()))
         .filter_map(|e| {
             let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
             let cmdline = String::from_utf8_lossy(&cmdline).into_owned();
             let args: Vec<&str> = cmdline.split('\0').collect();
             // Not the daemon, whose flags name the run dir too.
             let supervisor = args
-                .windows(2)
-                .any(|w| (w[0] == "supervise" || w[0] == "shim") && w[1].starts_with(&run));
+                .iter()
+                .position(|a| *a == "supervise" || *a == "shim")
+                .is_some_and(|at| args[at + 1..].iter().any(|a| a.starts_with(&run)));
             supervisor.then(|| format!("{} {}", e.file_name().to_string_lossy(), args.join(" ")))
         })
         .collect()
@@ -548,8 +567,10 @@ async fn sigterm_with_stop_sandboxes_on_exit_tears_every_sandbox_down() {
     assert_eq!(process["state"], "running", "{process}");
     let ids = [idle.clone(), busy.clone()];
 
-    // Positive controls: before the stop, the same checks find both.
+    // Positive controls: before the stop, the same checks find both, and
+    // what the daemon makes ahead of creates is there.
     assert_eq!(inventory(&daemon), expected_inventory(&daemon, &ids));
+    daemon.made_ahead(1, 1).await;
     assert_eq!(supervisor_processes(&daemon).len(), 2);
     let cgroups = sandbox_cgroups(&daemon);
     for id in &ids {
@@ -572,6 +593,13 @@ async fn sigterm_with_stop_sandboxes_on_exit_tears_every_sandbox_down() {
     let supervisors = supervisor_processes(&daemon);
     let cgroups = sandbox_cgroups(&daemon);
     let leftovers = inventory(&daemon);
+    let slots = daemon.slot_dirs();
+    // Standbys end when the stopped daemon's pipes close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !daemon.standby_pids().is_empty() && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let standbys = daemon.standby_pids();
     // Asserted after the restart, so that a failure still leaves a daemon
     // through which the harness deletes what this one left.
     daemon.restart();
@@ -579,6 +607,8 @@ async fn sigterm_with_stop_sandboxes_on_exit_tears_every_sandbox_down() {
     assert!(log.contains("every sandbox was torn down"), "{log}");
     assert_eq!(supervisors, BTreeSet::new());
     assert_eq!(cgroups, BTreeSet::new());
+    assert_eq!(slots, Vec::<String>::new());
+    assert_eq!(standbys, Vec::<i32>::new());
     // Also no run dir, layer or mount left.
     assert_eq!(leftovers, expected_inventory(&daemon, &[]));
 

@@ -26,9 +26,14 @@ const VALUE: &str = "sk-live-REAL-0123456789abcdef";
 const PREFIX: &str = "sandboxd-placeholder-";
 
 fn daemon(upstream: &Upstream, echo: &Echo) -> Daemon {
+    daemon_with(upstream, echo, &[])
+}
+
+fn daemon_with(upstream: &Upstream, echo: &Echo, extra: &[&str]) -> Daemon {
     let mut flags = upstream.daemon_flags();
     flags.push("--egress-extra-ca".into());
     flags.push(echo.ca_path.display().to_string());
+    flags.extend(extra.iter().map(|f| f.to_string()));
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     Daemon::start_with(&flags)
 }
@@ -820,4 +825,124 @@ async fn bad_secrets_are_refused_naming_the_field() {
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (status, v) = daemon.call(Method::GET, "/v1/health", None).await;
     assert_eq!(status, StatusCode::OK, "{v}");
+}
+
+/// The `detail` of sandbox `id`'s `created` event ("from the warm pool"
+/// for a pool claim, none for a cold create), once it is ready.
+async fn created_detail(events: &mut common::NdjsonStream, id: &str) -> Value {
+    let seen = events
+        .until(Duration::from_secs(60), |e| {
+            e["kind"] == "ready" && e["sandbox_id"] == id
+        })
+        .await;
+    seen.iter()
+        .find(|e| e["kind"] == "created" && e["sandbox_id"] == id)
+        .map(|e| e["detail"].clone())
+        .unwrap_or_else(|| panic!("no created event for {id}: {seen:?}"))
+}
+
+/// A warm pool serves creates that ask for more than the pooled defaults
+/// (secrets, an allow list, a blocked network, env, lower limits), each
+/// put in force at the claim; one that asks for more than the pooled
+/// limits starts cold.
+#[tokio::test]
+async fn a_pooled_sandbox_takes_the_callers_secrets_policy_and_lower_limits() {
+    require_host!();
+    let upstream = Upstream::start();
+    let echo = Echo::start(&upstream);
+    let daemon = daemon_with(&upstream, &echo, &["--pool-size", "2"]);
+    create_secret(&daemon, "API_KEY", VALUE, &["api.example.test"]).await;
+    daemon.pool_reaches(2).await;
+    let mut events = daemon.follow_events(0).await;
+
+    let id = daemon
+        .create(json!({
+            "allow_list": ["api.example.test"],
+            "secrets": ["API_KEY"],
+            "env": {"GREETING": "hi"},
+            "cpu": 0.5, "memory_mib": 256, "pids": 64, "disk_mib": 64,
+        }))
+        .await;
+    assert_eq!(created_detail(&mut events, &id).await, "from the warm pool");
+    assert_eq!(env_of(&daemon, &id, "GREETING").await, "hi");
+    let placeholder = env_of(&daemon, &id, "API_KEY").await;
+    assert!(placeholder.starts_with(PREFIX), "{placeholder}");
+    sh_ok(
+        &daemon,
+        &id,
+        r#"curl -sS --max-time 10 -H "Authorization: Bearer $API_KEY" https://api.example.test/pooled"#,
+    )
+    .await;
+    assert_eq!(
+        one_at(&echo, "/pooled").authorization,
+        Some(format!("Bearer {VALUE}"))
+    );
+    // The allow list: the echo server's other name is refused.
+    let refused = daemon
+        .sh(
+            &id,
+            "curl -sS --max-time 10 https://second.example.test/refused",
+        )
+        .await;
+    assert_ne!(refused.exit_code(), Some(0), "{}", refused.out());
+    assert!(echo.seen_at("/refused").is_empty());
+    // The limits, lowered in the cgroups and the disk quota.
+    assert_eq!(common::cgroup::memory_limit(&id), Some(256 << 20));
+    assert_eq!(common::cgroup::pids_max(&id), "64");
+    assert_eq!(common::cgroup::cpu_max(&id).0, Some(50_000));
+    sh_ok(
+        &daemon,
+        &id,
+        "dd if=/dev/zero of=/root/fits bs=1M count=16 2>/dev/null",
+    )
+    .await;
+    let full = daemon
+        .sh(&id, "dd if=/dev/zero of=/root/big bs=1M count=200")
+        .await;
+    assert_ne!(full.exit_code(), Some(0), "200 MiB written under 64 MiB");
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(view["limits"]["memory_mib"], 256, "{view}");
+    assert_eq!(
+        view["network"]["allow_list"],
+        json!(["api.example.test"]),
+        "{view}"
+    );
+
+    // The second pooled sandbox, with the network blocked.
+    let blocked = daemon.create(json!({"block_network": true})).await;
+    assert_eq!(
+        created_detail(&mut events, &blocked).await,
+        "from the warm pool"
+    );
+    let run = daemon
+        .sh(
+            &blocked,
+            "curl -sS --max-time 10 https://api.example.test/blocked",
+        )
+        .await;
+    assert_ne!(run.exit_code(), Some(0), "{}", run.out());
+    assert!(echo.seen_at("/blocked").is_empty());
+    assert_eq!(
+        daemon
+            .metric("sandboxd_pool_claims_total{image=\"python\",result=\"hit\"} ")
+            .await,
+        2.0
+    );
+
+    // More memory than the pooled sandboxes have: cold.
+    daemon.pool_reaches(2).await;
+    let big = daemon.create(json!({"memory_mib": 1024})).await;
+    assert!(created_detail(&mut events, &big).await.is_null());
+    assert_eq!(
+        daemon
+            .metric("sandboxd_pool_claims_total{image=\"python\",result=\"unfit\"} ")
+            .await,
+        1.0
+    );
+    assert_eq!(daemon.pool_reaches(2).await["sandboxes"], 3);
+    for id in [id, blocked, big] {
+        daemon.delete(&id).await;
+    }
 }

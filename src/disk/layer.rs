@@ -59,6 +59,14 @@ impl DiskPool {
         Ok(path)
     }
 
+    /// Sets the disk limit of `id`'s layer (a pooled sandbox handed to a
+    /// request that asks for less).
+    pub fn limit_layer(&self, id: &str, limit_bytes: u64) -> Result<(), DiskError> {
+        validate_id(id)?;
+        let path = self.dir().join(id);
+        set_quota(&open_root(&path)?, &path, limit_bytes)
+    }
+
     /// Deletes the layer for `id` with everything in it. A missing layer is fine.
     /// Its overlay must be unmounted first.
     pub fn remove_layer(&self, id: &str) -> Result<(), DiskError> {
@@ -71,14 +79,22 @@ impl DiskPool {
     }
 }
 
-fn fill_layer(path: &Path, limit_bytes: u64, uid: u32, gid: u32) -> Result<(), DiskError> {
-    let root = OpenOptions::new()
+fn open_root(path: &Path) -> Result<File, DiskError> {
+    OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(path)
-        .map_err(|e| DiskError::io("open", path, e))?;
+        .map_err(|e| DiskError::io("open", path, e))
+}
+
+fn set_quota(root: &File, path: &Path, limit_bytes: u64) -> Result<(), DiskError> {
     ioctl::qgroup_limit(root.as_fd(), limit_bytes)
-        .map_err(|e| DiskError::io("set the quota of", path, e))?;
+        .map_err(|e| DiskError::io("set the quota of", path, e))
+}
+
+fn fill_layer(path: &Path, limit_bytes: u64, uid: u32, gid: u32) -> Result<(), DiskError> {
+    let root = open_root(path)?;
+    set_quota(&root, path, limit_bytes)?;
     own(&root, path, uid, gid)?;
     for sub in ["upper", "work"] {
         let p = path.join(sub);

@@ -9,7 +9,8 @@
 //! DNS server that serve them ([`proxy`]), with its caps ([`limits`]), its
 //! zero-copy forwarding ([`splice`]) and its way out ([`upstream`]:
 //! namespace and resolver), and the interception of bound hosts' TLS for
-//! brokered secrets ([`intercept`]).
+//! brokered secrets ([`intercept`]). Namespaces with their interfaces and
+//! rules are made ahead of creates as [`slots`].
 
 pub mod deny;
 pub mod dns;
@@ -23,6 +24,7 @@ pub mod plumbing;
 pub mod policy;
 pub mod proxy;
 pub mod rules;
+pub mod slots;
 pub mod sni;
 pub mod splice;
 pub mod upstream;

@@ -88,8 +88,20 @@ pub struct Sockets {
 /// Plumbs the namespace at `netns`, loads its rules, and opens the proxy and
 /// DNS sockets inside it (dual-stack, on every address). Blocking.
 pub fn prepare(netns: &Path) -> Result<Sockets, EgressError> {
+    prepare_network(netns)?;
+    open_sockets(netns)
+}
+
+/// The interfaces and rules of a sandbox's namespace: the same in every
+/// sandbox, so they can be made ahead of any (`net::slots`).
+pub fn prepare_network(netns: &Path) -> Result<(), EgressError> {
     plumbing::setup(netns)?;
     rules::apply(netns, PROXY_PORT, DNS_PORT)?;
+    Ok(())
+}
+
+/// Opens the proxy and DNS sockets inside the prepared namespace at `netns`.
+pub fn open_sockets(netns: &Path) -> Result<Sockets, EgressError> {
     plumbing::in_netns(netns, || -> io::Result<Sockets> {
         let any = Ipv6Addr::UNSPECIFIED;
         let proxy = std::net::TcpListener::bind((any, PROXY_PORT))?;

@@ -71,6 +71,14 @@ pub const V1_SANDBOX_CONTROLLERS: [&str; 8] = [
 /// own, but where a CRIU restore may still make groups for a fork.
 const V1_NAMED_HIERARCHIES: [&str; 2] = ["systemd", "unified"];
 
+/// A sandbox's ceilings as its cgroups spell them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupLimits {
+    pub cpu_quota_us: i64,
+    pub memory_bytes: u64,
+    pub pids_max: i64,
+}
+
 impl SandboxCgroups {
     pub fn new(layout: Layout, path: &str) -> Self {
         Self::under(Path::new(CGROUP_ROOT), layout, path)
@@ -166,6 +174,51 @@ impl SandboxCgroups {
                 read_key(&self.dir("").join("cpu.stat"), "usage_usec").map(|us| us as f64 / 1e6)
             }
         }
+    }
+
+    /// Lowers the running sandbox's ceilings to `limits` (a pooled sandbox
+    /// handed to a request that asks for less than it was made with). The
+    /// same knobs the spec set at create: CFS quota over a 100 ms period,
+    /// memory with no swap on top, pids.
+    pub fn lower_limits(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
+        let memory = limits.memory_bytes.to_string();
+        let writes: Vec<(PathBuf, String)> = match self.layout {
+            Layout::V1 => {
+                let mut writes = vec![
+                    (
+                        self.dir("cpu").join("cpu.cfs_quota_us"),
+                        limits.cpu_quota_us.to_string(),
+                    ),
+                    // Lowered before memory+swap, which may never be below it.
+                    (
+                        self.dir("memory").join("memory.limit_in_bytes"),
+                        memory.clone(),
+                    ),
+                    (
+                        self.dir("pids").join("pids.max"),
+                        limits.pids_max.to_string(),
+                    ),
+                ];
+                let memsw = self.dir("memory").join("memory.memsw.limit_in_bytes");
+                // Absent where the kernel does no swap accounting.
+                if memsw.exists() {
+                    writes.insert(2, (memsw, memory));
+                }
+                writes
+            }
+            Layout::V2 => vec![
+                (
+                    self.dir("").join("cpu.max"),
+                    format!("{} {}", limits.cpu_quota_us, super::spec::CPU_PERIOD_US),
+                ),
+                (self.dir("").join("memory.max"), memory),
+                (self.dir("").join("pids.max"), limits.pids_max.to_string()),
+            ],
+        };
+        for (file, value) in writes {
+            fs::write(&file, value).map_err(io_err(&file))?;
+        }
+        Ok(())
     }
 
     /// Memory charged to the sandbox now.

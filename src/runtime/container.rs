@@ -128,8 +128,14 @@ pub(crate) fn prepare_root(
     ] {
         fs::create_dir_all(&dir).map_err(prepare("run directory"))?;
     }
-    netns::create(&paths.netns())?;
-    let egress = crate::net::proxy::prepare(&paths.netns())?;
+    // A namespace made ahead (a network slot, moved in with the run
+    // directory) has its interfaces and rules already.
+    let egress = if config.netns_ready {
+        crate::net::proxy::open_sockets(&paths.netns())?
+    } else {
+        netns::create(&paths.netns())?;
+        crate::net::proxy::prepare(&paths.netns())?
+    };
     mount_root(config, &paths.rootfs())?;
     write_etc(config, &paths.etc())?;
     Ok(egress)

@@ -223,8 +223,12 @@ pub fn start(
     // The jailed VMM removes its sockets at stop: the directory is its own.
     std::os::unix::fs::chown(&vm_paths.dir, Some(vm.uid), Some(vm.uid))
         .map_err(prepare("run directory"))?;
-    netns::create(&paths.netns())?;
-    let egress = crate::net::proxy::prepare(&paths.netns())?;
+    let egress = if config.netns_ready {
+        crate::net::proxy::open_sockets(&paths.netns())?
+    } else {
+        netns::create(&paths.netns())?;
+        crate::net::proxy::prepare(&paths.netns())?
+    };
     crate::net::plumbing::setup_vm_tap(&paths.netns())?;
     lap("netns", &mut phases);
 

@@ -43,6 +43,11 @@ pub struct SandboxSpec {
     pub devices: crate::gpu::DeviceGrant,
     /// Which runtime makes the sandbox, and from what.
     pub kind: RuntimeSpec,
+    /// The run directory came with its network namespace made, with
+    /// interfaces and rules (a network slot): only the egress sockets (and
+    /// a microVM's tap) are left to make.
+    #[serde(default)]
+    pub netns_ready: bool,
 }
 
 /// Which runtime makes a sandbox.

@@ -56,9 +56,12 @@ impl Manager {
         }
     }
 
-    /// Starts the background work: the TTL reaper and the warm pool.
+    /// Starts the background work: the TTL reaper, the network slots, the
+    /// standby supervisors and the warm pools.
     pub fn start_background(self: &Arc<Self>) {
         tokio::spawn(Arc::clone(self).reap_expired());
+        self.start_slot_maker();
+        self.start_standby_maker();
         self.start_refill();
         let this = Arc::clone(self);
         tokio::spawn(async move {

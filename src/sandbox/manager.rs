@@ -3,7 +3,7 @@
 //! `recovery.rs`. Records live in the store; processes, output and files
 //! live behind each sandbox's supervisor.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -41,8 +41,20 @@ pub struct Manager {
     pub(super) gpus: Arc<GpuService>,
     pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
     pub(super) ttl_changed: Notify,
-    /// Ids of ready sandboxes of the default image and limits, not yet handed out.
-    pub(super) pool: Mutex<VecDeque<String>>,
+    /// Ids of ready sandboxes of the pooled images, not yet handed out.
+    pub(super) pool: Mutex<super::warm_pool::WarmPools>,
+    /// Network namespaces made ahead of creates.
+    pub(super) net_slots: Arc<crate::net::slots::NetSlots>,
+    /// Supervisors started ahead of launches.
+    pub(super) standbys: Mutex<super::standby::Standbys>,
+    /// Notified when a launch takes a standby (or finds none).
+    pub(super) standby_taken: Notify,
+    /// Notified when a launch takes a slot (or finds none).
+    pub(super) slot_taken: Notify,
+    /// Callers' creates running now; refills wait for none.
+    pub(super) creates_in_flight: std::sync::atomic::AtomicUsize,
+    /// Notified when the last create in flight ends.
+    pub(super) creates_settled: Notify,
     pub(super) refilling: AtomicBool,
     /// Notified when a refill task ends.
     pub(super) refill_done: Notify,
@@ -104,6 +116,10 @@ impl Manager {
             config.upstream.clone(),
         ));
         let builds = super::builds::Builds::open(&disk, config.package_sources.clone());
+        let net_slots = Arc::new(crate::net::slots::NetSlots::new(
+            &config.sandboxes_run_dir(),
+            config.net_slots,
+        ));
         Arc::new(Self {
             builds,
             secrets: Arc::new(crate::secrets::SecretBroker::new(
@@ -121,7 +137,13 @@ impl Manager {
             disk: Arc::new(disk),
             records: Mutex::new(HashMap::new()),
             ttl_changed: Notify::new(),
-            pool: Mutex::new(VecDeque::new()),
+            pool: Mutex::new(Default::default()),
+            creates_in_flight: Default::default(),
+            net_slots,
+            slot_taken: Notify::new(),
+            standbys: Mutex::new(Default::default()),
+            standby_taken: Notify::new(),
+            creates_settled: Notify::new(),
             refilling: AtomicBool::new(false),
             refill_done: Notify::new(),
             stopping: tokio::sync::watch::channel(false).0,
@@ -161,7 +183,7 @@ impl Manager {
         // All at once, as concurrent DELETEs would: one by one, a full host
         // would outlast the service manager's stop timeout.
         futures::future::join_all(records.into_iter().map(|mut record| async move {
-            self.pool().retain(|id| *id != record.id);
+            self.pool().forget(&record.id);
             // Persisted first, as DELETE does: a daemon killed halfway
             // finishes the teardown at its next start instead of adopting.
             record.state = SandboxState::Deleting;

@@ -10,6 +10,7 @@ mod error;
 pub mod events;
 mod images;
 mod manager;
+mod net_slots;
 mod network;
 pub mod port_links;
 mod ports;
@@ -17,6 +18,7 @@ mod record;
 mod recovery;
 mod secrets;
 mod snapshots;
+mod standby;
 mod teardown;
 #[cfg(test)]
 mod tests;

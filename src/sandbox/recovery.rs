@@ -27,7 +27,11 @@ impl Manager {
             .filter(|r| !matches!(r.state, SandboxState::Creating | SandboxState::Deleting))
             .map(|r| r.id.as_str())
             .collect();
-        self.kill_supervisors_except(&finished);
+        let supervisors: std::collections::HashMap<i32, &str> = stored
+            .iter()
+            .map(|r| (r.supervisor_pid, r.id.as_str()))
+            .collect();
+        self.kill_supervisors_except(&finished, &supervisors);
         for mut record in stored {
             // The version is checked before anything else is said to it.
             let health = self.supervisors.health(&record.id).await;
@@ -43,7 +47,8 @@ impl Manager {
                 }
                 (SandboxState::Ready, _) if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");
-                    let (id, pooled) = (record.id.clone(), record.pooled);
+                    let (id, pooled, image) =
+                        (record.id.clone(), record.pooled, record.image.clone());
                     self.links.seed_bytes(&id, record.usage.ingress_bytes);
                     // Raw TCP exposures listen again on their host ports.
                     for exposed in &record.ports {
@@ -53,7 +58,7 @@ impl Manager {
                     }
                     self.records().insert(id.clone(), record);
                     if pooled {
-                        self.pool().push_back(id);
+                        self.pool().put(&image, id);
                     } else {
                         self.watch_supervisor(id);
                     }
@@ -114,13 +119,31 @@ impl Manager {
     /// A supervisor is `sandboxd supervise <run dir>/<id>` (`shim` before
     /// the subcommand was renamed, for supervisors of earlier builds); its sandbox's
     /// processes live in the sandbox's cgroup and go with its teardown.
-    fn kill_supervisors_except(&self, keep: &std::collections::HashSet<&str>) {
+    /// `supervisors` maps the records' supervisor pids to their sandbox.
+    fn kill_supervisors_except(
+        &self,
+        keep: &std::collections::HashSet<&str>,
+        supervisors: &std::collections::HashMap<i32, &str>,
+    ) {
         let run_dir = self.config.sandboxes_run_dir();
         for pid in crate::runtime::cgroups::supervisor_pids(&self.config.cgroup_parent) {
             let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
                 continue;
             };
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            // A supervisor that began as a standby names no sandbox: it is
+            // a record's by its pid, or an earlier daemon's idle standby.
+            if args.contains(&crate::supervisor::standby::STANDBY_FLAG.as_bytes()) {
+                let owned = supervisors.get(&pid).is_some_and(|id| keep.contains(id));
+                if !owned {
+                    tracing::info!(pid, "stopping a standby supervisor no record owns");
+                    let _ = nix::sys::signal::kill(
+                        nix::unistd::Pid::from_raw(pid),
+                        nix::sys::signal::Signal::SIGKILL,
+                    );
+                }
+                continue;
+            }
             let Some(dir) = args
                 .windows(2)
                 .find(|w| w[0] == b"supervise" || w[0] == b"shim")
@@ -150,8 +173,26 @@ impl Manager {
     /// sandboxes whose creation was cut off before their record was written
     /// (or whose record was lost).
     pub(super) async fn sweep_unowned(&self) {
-        let known: std::collections::HashSet<String> = self.records().keys().cloned().collect();
-        self.kill_supervisors_except(&known.iter().map(String::as_str).collect());
+        let (known, supervisors): (
+            std::collections::HashSet<String>,
+            std::collections::HashMap<i32, String>,
+        ) = {
+            let records = self.records();
+            (
+                records.keys().cloned().collect(),
+                records
+                    .values()
+                    .map(|r| (r.supervisor_pid, r.id.clone()))
+                    .collect(),
+            )
+        };
+        self.kill_supervisors_except(
+            &known.iter().map(String::as_str).collect(),
+            &supervisors
+                .iter()
+                .map(|(p, id)| (*p, id.as_str()))
+                .collect(),
+        );
         let mut unowned: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_run_dir()) {
             unowned.extend(

@@ -8,9 +8,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::events::EventKind;
+use super::warm_pool::PoolClaim;
 use super::{Manager, SandboxError, SandboxRecord};
 use crate::config::{Config, ConfigOverrides};
-use crate::model::{CreateRequest, RuntimeKind, SandboxState, Usage};
+use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState, Usage};
 use crate::net::policy::NetworkPolicy;
 use crate::net::proxy::EgressCounters;
 use crate::supervisor::client::fake::{Call, FakeSupervisors};
@@ -266,24 +267,51 @@ async fn a_sandbox_that_is_not_ready_is_not_asked() {
     assert!(h.fake.calls().is_empty());
 }
 
+/// A claim of `image` for `req`: a 60 s TTL, no secrets, no GPU.
+fn claim<'a>(
+    image: &'a str,
+    limits: &'a Limits,
+    req: &'a CreateRequest,
+    network: &'a NetworkPolicy,
+) -> PoolClaim<'a> {
+    PoolClaim {
+        image,
+        limits,
+        ttl_seconds: 60,
+        req,
+        request_digest: None,
+        network,
+        secrets: &[],
+        gpu: false,
+    }
+}
+
+fn open_network() -> NetworkPolicy {
+    NetworkPolicy {
+        block_network: Some(false),
+        allow_list: None,
+    }
+}
+
 #[tokio::test]
 async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     let h = harness(1);
     // A refill would make real sandboxes: mark one as already running.
     h.manager.refilling.store(true, Ordering::Release);
     h.ready("sb-p", true);
-    h.manager.pool().push_back("sb-p".into());
+    let image = h.manager.config.default_image.clone();
+    h.manager.pool().put(&image, "sb-p".into());
     h.fake.script("sb-p", SupervisorReply::Ok);
     let req = CreateRequest {
         env: BTreeMap::from([("GREETING".to_string(), "hi".to_string())]),
         labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
         ..Default::default()
     };
-    let image = h.manager.config.default_image.clone();
     let limits = h.manager.template_limits();
+    let network = open_network();
     let claimed = h
         .manager
-        .claim_pooled(&image, &limits, 60, &req, None)
+        .claim_pooled(claim(&image, &limits, &req, &network))
         .await
         .expect("claim")
         .expect("a pooled sandbox");
@@ -310,33 +338,89 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
 }
 
 #[tokio::test]
-async fn a_request_the_pool_does_not_hold_or_needs_no_env_asks_no_supervisor() {
+async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
+    let h = harness(1);
+    h.manager.refilling.store(true, Ordering::Release);
+    h.ready("sb-n", true);
+    let image = h.manager.config.default_image.clone();
+    h.manager.pool().put(&image, "sb-n".into());
+    h.fake.script("sb-n", SupervisorReply::Ok);
+    let limits = h.manager.template_limits();
+    let req = CreateRequest::default();
+    let blocked = NetworkPolicy {
+        block_network: Some(true),
+        allow_list: None,
+    };
+    let claimed = h
+        .manager
+        .claim_pooled(claim(&image, &limits, &req, &blocked))
+        .await
+        .expect("claim")
+        .expect("a pooled sandbox");
+    assert_eq!(claimed.network, blocked);
+    assert_eq!(h.stored("sb-n").map(|r| r.network), Some(blocked.clone()));
+    let calls = h.fake.calls();
+    assert!(
+        matches!(calls.as_slice(), [Call::SetPolicy(id, p)] if id == "sb-n" && *p == blocked),
+        "{calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_request_the_pool_does_not_hold_or_needs_no_change_asks_no_supervisor() {
     let h = harness(1);
     h.manager.refilling.store(true, Ordering::Release);
     h.ready("sb-q", true);
-    h.manager.pool().push_back("sb-q".into());
+    let image = h.manager.config.default_image.clone();
+    h.manager.pool().put(&image, "sb-q".into());
     let limits = h.manager.template_limits();
+    let req = CreateRequest::default();
+    let network = open_network();
     let other = h
         .manager
-        .claim_pooled(
-            "not-the-default",
-            &limits,
-            60,
-            &CreateRequest::default(),
-            None,
-        )
+        .claim_pooled(claim("not-pooled", &limits, &req, &network))
         .await
         .expect("claim");
     assert!(other.is_none());
+    let more = Limits {
+        memory_mib: limits.memory_mib + 1,
+        ..limits.clone()
+    };
+    let unfit = h
+        .manager
+        .claim_pooled(claim(&image, &more, &req, &network))
+        .await
+        .expect("claim");
+    assert!(
+        unfit.is_none(),
+        "more memory than the pooled sandboxes have"
+    );
+    let gpu = h
+        .manager
+        .claim_pooled(PoolClaim {
+            gpu: true,
+            ..claim(&image, &limits, &req, &network)
+        })
+        .await
+        .expect("claim");
+    assert!(gpu.is_none());
     assert_eq!(h.manager.pooled(), 1);
-    let image = h.manager.config.default_image.clone();
     let plain = h
         .manager
-        .claim_pooled(&image, &limits, -1, &CreateRequest::default(), None)
+        .claim_pooled(claim(&image, &limits, &req, &network))
         .await
         .expect("claim");
     assert_eq!(plain.map(|r| r.id).as_deref(), Some("sb-q"));
     assert!(h.fake.calls().is_empty());
+    let metrics = h.manager.metrics.render(&[]);
+    for result in ["hit", "unfit"] {
+        assert!(
+            metrics.contains(&format!(
+                "sandboxd_pool_claims_total{{image=\"{image}\",result=\"{result}\"}} "
+            )),
+            "{result}: {metrics}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -1,6 +1,10 @@
-//! The warm pool: ready sandboxes of the default image and limits, made
-//! ahead of demand and handed to a create that asks for exactly that. (The
-//! disk pool, `disk/pool.rs`, is the btrfs filesystem layers live on.)
+//! The warm pools: ready containers of the pooled images (config
+//! `pool_size` for the default image, `pools` for others), made ahead of
+//! demand at the default limits, and handed to any create of that image
+//! whose limits fit: its egress policy, secrets, env, TTL and labels are
+//! put in force at the claim, and lower limits through its cgroups and
+//! disk quota. (The disk pool, `disk/pool.rs`, is the btrfs filesystem
+//! layers live on.)
 
 use super::events::EventKind;
 use super::record::expiry;
@@ -8,16 +12,118 @@ use super::SandboxError;
 use super::SandboxRecord;
 use crate::model::{CreateRequest, Limits, RuntimeKind};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
-use std::collections::{BTreeMap, VecDeque};
+use crate::runtime::cgroups::{CgroupLimits, Layout, SandboxCgroups};
+use crate::secrets::SecretBinding;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::SystemTime;
 
-use super::create::{default_env, ColdCreate};
+use super::create::{new_id, start_env, ColdCreate};
 use super::manager::Manager;
 
+/// Ids of ready, unclaimed sandboxes, per pooled image, oldest first.
+#[derive(Debug, Default)]
+pub(super) struct WarmPools {
+    by_image: HashMap<String, VecDeque<String>>,
+}
+
+impl WarmPools {
+    pub(super) fn put(&mut self, image: &str, id: String) {
+        self.by_image
+            .entry(image.to_string())
+            .or_default()
+            .push_back(id);
+    }
+
+    fn take(&mut self, image: &str) -> Option<String> {
+        self.by_image.get_mut(image)?.pop_front()
+    }
+
+    /// Forgets `id` wherever it is (a pooled sandbox being deleted).
+    pub(super) fn forget(&mut self, id: &str) {
+        for ids in self.by_image.values_mut() {
+            ids.retain(|i| i != id);
+        }
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.by_image.values().map(VecDeque::len).sum()
+    }
+
+    fn len_of(&self, image: &str) -> usize {
+        self.by_image.get(image).map_or(0, VecDeque::len)
+    }
+
+    fn drain(&mut self) -> Vec<String> {
+        self.by_image
+            .values_mut()
+            .flat_map(|ids| ids.drain(..))
+            .collect()
+    }
+
+    /// The newest sandbox of the fullest pool: what a caller's create that
+    /// does not fit the host takes the room of.
+    fn evict(&mut self) -> Option<String> {
+        self.by_image
+            .values_mut()
+            .max_by_key(|ids| ids.len())?
+            .pop_back()
+    }
+}
+
+/// A create the pools may serve, validated and with the daemon's defaults
+/// applied.
+pub(super) struct PoolClaim<'a> {
+    pub(super) image: &'a str,
+    pub(super) limits: &'a Limits,
+    pub(super) ttl_seconds: i64,
+    pub(super) req: &'a CreateRequest,
+    pub(super) request_digest: Option<&'a str>,
+    pub(super) network: &'a NetworkPolicy,
+    pub(super) secrets: &'a [SecretBinding],
+    pub(super) gpu: bool,
+}
+
+/// Whether a sandbox made with `pooled` limits can be lowered to `wanted`.
+fn fits(wanted: &Limits, pooled: &Limits) -> bool {
+    wanted.cpu <= pooled.cpu
+        && wanted.memory_mib <= pooled.memory_mib
+        && wanted.disk_mib <= pooled.disk_mib
+        && wanted.pids <= pooled.pids
+}
+
+/// Counts a caller's create as in flight while it lives.
+pub(super) struct CreateInFlight(Arc<Manager>);
+
+impl CreateInFlight {
+    pub(super) fn new(manager: &Arc<Manager>) -> Self {
+        manager.creates_in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(manager))
+    }
+}
+
+impl Drop for CreateInFlight {
+    fn drop(&mut self) {
+        if self.0.creates_in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.creates_settled.notify_waiters();
+        }
+    }
+}
+
 impl Manager {
-    pub(super) fn pool(&self) -> MutexGuard<'_, VecDeque<String>> {
+    /// Resolves once no caller's create is in flight.
+    pub(super) async fn creates_settled(&self) {
+        loop {
+            let settled = self.creates_settled.notified();
+            if self.creates_in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            settled.await;
+        }
+    }
+
+    pub(super) fn pool(&self) -> MutexGuard<'_, WarmPools> {
         self.pool.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -34,42 +140,39 @@ impl Manager {
         }
     }
 
-    /// Keeps `pool_size` ready sandboxes of the default image and limits.
+    /// The pooled image that is furthest below its size, if any is.
+    fn next_to_refill(&self) -> Option<String> {
+        let pools = self.pool();
+        self.config
+            .warm_pools
+            .iter()
+            .filter(|p| pools.len_of(&p.image) < p.size)
+            .max_by_key(|p| p.size - pools.len_of(&p.image))
+            .map(|p| p.image.clone())
+    }
+
+    /// Keeps every warm pool at its size, one sandbox at a time, and only
+    /// while no caller's create is in flight: a refill never competes with
+    /// real work for the host's CPUs.
     pub(super) fn start_refill(self: &Arc<Self>) {
-        if self.config.pool_size == 0 || self.refilling.swap(true, Ordering::AcqRel) {
+        if self.config.warm_pools.is_empty() || self.refilling.swap(true, Ordering::AcqRel) {
             return;
         }
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            while this.pooled() < this.config.pool_size && !*this.stopping.borrow() {
-                let image = this.config.default_image.clone();
-                let limits = this.template_limits();
-                match this
-                    .create_cold(ColdCreate {
-                        id: super::create::new_id(),
-                        secrets: Vec::new(),
-                        from_snapshot: None,
-                        runtime: RuntimeKind::Container,
-                        image_name: image,
-                        limits,
-                        ttl_seconds: -1,
-                        labels: BTreeMap::new(),
-                        env: BTreeMap::new(),
-                        pooled: true,
-                        gpu: None,
-                        idempotency_key: None,
-                        request_digest: None,
-                        network: NetworkPolicy {
-                            block_network: Some(this.config.default_egress == DefaultEgress::Block),
-                            allow_list: None,
-                        },
-                    })
-                    .await
-                {
-                    Ok(view) => this.pool().push_back(view.id),
+            loop {
+                this.creates_settled().await;
+                if *this.stopping.borrow() {
+                    break;
+                }
+                let Some(image) = this.next_to_refill() else {
+                    break;
+                };
+                match this.create_cold(this.pooled_create(&image)).await {
+                    Ok(view) => this.pool().put(&image, view.id),
                     Err(e) => {
                         // No retry loop: the next claim or restart tries again.
-                        tracing::warn!("refilling the warm pool: {e}");
+                        tracing::warn!(image, "refilling the warm pool: {e}");
                         break;
                     }
                 }
@@ -79,8 +182,35 @@ impl Manager {
         });
     }
 
-    /// Tears down the warm pool (on a clean stop: nobody can see or use those
-    /// sandboxes, and a restart refills the pool in the background).
+    fn pooled_create(&self, image: &str) -> ColdCreate {
+        ColdCreate {
+            id: new_id(),
+            secrets: Vec::new(),
+            from_snapshot: None,
+            runtime: RuntimeKind::Container,
+            image_name: image.to_string(),
+            limits: self.template_limits(),
+            ttl_seconds: -1,
+            labels: BTreeMap::new(),
+            env: BTreeMap::new(),
+            pooled: true,
+            gpu: None,
+            idempotency_key: None,
+            request_digest: None,
+            network: self.pooled_network(),
+        }
+    }
+
+    /// The egress policy pooled sandboxes are made with: the default.
+    fn pooled_network(&self) -> NetworkPolicy {
+        NetworkPolicy {
+            block_network: Some(self.config.default_egress == DefaultEgress::Block),
+            allow_list: None,
+        }
+    }
+
+    /// Tears down the warm pools (on a clean stop: nobody can see or use
+    /// those sandboxes, and a restart refills them in the background).
     pub async fn drain_pool(&self) {
         // A refill still making a sandbox would add it after the drain and
         // leave it running with nobody to adopt it; it stops once the daemon
@@ -92,69 +222,64 @@ impl Manager {
             }
             done.await;
         }
-        let ids: Vec<String> = self.pool().drain(..).collect();
+        let ids = self.pool().drain();
         for id in ids {
-            let record = self.records().get(&id).cloned();
-            if let Some(record) = record {
-                self.remove_everything(&record).await;
-            }
+            self.remove_pooled(&id).await;
         }
     }
 
-    /// Hands out a pooled sandbox when the request asks for exactly what the
-    /// pool holds; `None` means start one cold.
+    /// Removes one pooled sandbox to make room for a caller's create that
+    /// the host cannot otherwise take; false when the pools are empty.
+    pub(super) async fn evict_pooled(&self) -> bool {
+        let Some(id) = self.pool().evict() else {
+            return false;
+        };
+        tracing::info!(sandbox = %id, "giving up a pooled sandbox to make room for a create");
+        self.remove_pooled(&id).await;
+        true
+    }
+
+    async fn remove_pooled(&self, id: &str) {
+        let record = self.records().get(id).cloned();
+        if let Some(record) = record {
+            self.remove_everything(&record).await;
+        }
+    }
+
+    /// Hands out a pooled sandbox of the claim's image, made the claim's
+    /// own; `None` means start one cold (no pool for the image, limits
+    /// above the pooled ones, GPUs, or none ready).
     pub(super) async fn claim_pooled(
         self: &Arc<Self>,
-        image: &str,
-        limits: &Limits,
-        ttl_seconds: i64,
-        req: &CreateRequest,
-        request_digest: Option<&str>,
+        claim: PoolClaim<'_>,
     ) -> Result<Option<SandboxRecord>, SandboxError> {
-        if self.config.pool_size == 0
-            || image != self.config.default_image
-            || *limits != self.template_limits()
-            || req.gpu.is_some()
-            || req.gpu_count.is_some_and(|n| n > 0)
-            || req.network.block_network.is_some()
-            || req.network.allow_list.is_some()
+        if !self
+            .config
+            .warm_pools
+            .iter()
+            .any(|p| p.image == claim.image)
         {
             return Ok(None);
         }
+        if claim.gpu || !fits(claim.limits, &self.template_limits()) {
+            self.metrics.pool_claim(claim.image, "unfit");
+            return Ok(None);
+        }
         loop {
-            let Some(id) = self.pool().pop_front() else {
+            let Some(id) = self.pool().take(claim.image) else {
+                self.metrics.pool_claim(claim.image, "empty");
                 self.start_refill();
                 return Ok(None);
             };
-            if !req.env.is_empty() {
-                let mut env = default_env();
-                env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
-                let set = self.supervisors.set_env(&id, env).await;
-                if set.is_err() {
-                    tracing::warn!(sandbox = %id, "pooled sandbox is broken; removing it");
-                    let record = self.records().get(&id).cloned();
-                    if let Some(record) = record {
-                        self.remove_everything(&record).await;
-                    }
+            let record = match self.hand_over(&id, &claim).await {
+                Ok(record) => record,
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, "pooled sandbox could not be handed out ({e}); removing it");
+                    self.remove_pooled(&id).await;
                     continue;
                 }
-            }
-            let record = {
-                let mut records = self.records();
-                let Some(record) = records.get_mut(&id) else {
-                    continue;
-                };
-                record.pooled = false;
-                record.idempotency_key = req.idempotency_key.clone();
-                record.request_digest = request_digest.map(String::from);
-                record.ttl_seconds = ttl_seconds;
-                record.expires_at_ms = expiry(ttl_seconds);
-                record.labels = req.labels.clone();
-                record.env = req.env.clone();
-                record.created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-                record.clone()
             };
-            self.persist(&record)?;
+            self.metrics.pool_claim(claim.image, "hit");
             self.events.emit(
                 EventKind::Created,
                 &id,
@@ -167,5 +292,68 @@ impl Manager {
             self.start_refill();
             return Ok(Some(record));
         }
+    }
+
+    /// Puts the claim in force in pooled sandbox `id` (each step only where
+    /// it differs from what the pool made) and records it as the caller's.
+    async fn hand_over(
+        &self,
+        id: &str,
+        claim: &PoolClaim<'_>,
+    ) -> Result<SandboxRecord, SandboxError> {
+        let mut record = self
+            .records()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| SandboxError::internal("a pooled sandbox without its record"))?;
+        if *claim.limits != record.limits {
+            self.lower_limits(&record, claim.limits)?;
+            record.limits = claim.limits.clone();
+        }
+        if *claim.network != record.network {
+            self.supervisors
+                .set_policy(id, claim.network)
+                .await
+                .map_err(SandboxError::internal)?;
+            record.network = claim.network.clone();
+        }
+        record.secrets = claim.secrets.to_vec();
+        record.env = claim.req.env.clone();
+        self.install_secrets(&record).await?;
+        if !record.env.is_empty() || !record.secrets.is_empty() {
+            let image = self.image_defaults(&record.image, &record.image_digest);
+            let env = start_env(&image, Vec::new(), &record);
+            self.supervisors
+                .set_env(id, env)
+                .await
+                .map_err(SandboxError::internal)?;
+        }
+        record.pooled = false;
+        record.idempotency_key = claim.req.idempotency_key.clone();
+        record.request_digest = claim.request_digest.map(String::from);
+        record.ttl_seconds = claim.ttl_seconds;
+        record.expires_at_ms = expiry(claim.ttl_seconds);
+        record.labels = claim.req.labels.clone();
+        record.created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+        self.persist(&record)?;
+        self.records().insert(id.to_string(), record.clone());
+        Ok(record)
+    }
+
+    /// Lowers a pooled sandbox's cgroup ceilings and disk quota to `limits`.
+    fn lower_limits(&self, record: &SandboxRecord, limits: &Limits) -> Result<(), SandboxError> {
+        let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
+        let cpu_quota_us =
+            crate::runtime::spec::cpu_quota_us(limits.cpu).map_err(SandboxError::internal)?;
+        cgroups
+            .lower_limits(&CgroupLimits {
+                cpu_quota_us,
+                memory_bytes: limits.memory_mib * 1024 * 1024,
+                pids_max: i64::try_from(limits.pids).unwrap_or(i64::MAX),
+            })
+            .map_err(SandboxError::internal)?;
+        self.disk
+            .limit_layer(&record.id, limits.disk_mib * 1024 * 1024)
+            .map_err(SandboxError::internal)
     }
 }

@@ -12,6 +12,7 @@ pub mod output;
 pub mod processes;
 pub mod protocol;
 pub mod server;
+pub mod standby;
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -74,12 +75,19 @@ impl StartClock {
     /// Starts with `exec`: from the daemon's spawn (its timestamp in
     /// [`SPAWNED_AT_ENV`]) to now, the process's exec and startup.
     fn since_spawn() -> Self {
+        Self::since(
+            std::env::var(SPAWNED_AT_ENV)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok()),
+        )
+    }
+
+    /// Starts with `exec`, from the daemon's handoff at `handed_ns`
+    /// (CLOCK_MONOTONIC) to now.
+    fn since(handed_ns: Option<u64>) -> Self {
         let mut phases = Vec::new();
-        if let Some(spawned) = std::env::var(SPAWNED_AT_ENV)
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            phases.push(("exec".into(), monotonic_ns().saturating_sub(spawned) / 1000));
+        if let Some(handed) = handed_ns {
+            phases.push(("exec".into(), monotonic_ns().saturating_sub(handed) / 1000));
         }
         StartClock {
             phases,
@@ -137,7 +145,12 @@ fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
 /// Runs the supervisor of the sandbox whose run directory is `dir`.
 /// Returns the process exit code.
 pub fn run(dir: &Path) -> i32 {
-    let mut clock = StartClock::since_spawn();
+    start(dir, StartClock::since_spawn(), true)
+}
+
+/// The supervisor's whole life once it knows its run directory; a standby
+/// (`standby.rs`) joined the supervisors' cgroup before.
+fn start(dir: &Path, mut clock: StartClock, join_group: bool) -> i32 {
     let paths = SandboxPaths {
         dir: dir.to_path_buf(),
     };
@@ -163,8 +176,10 @@ pub fn run(dir: &Path) -> i32 {
         .parent()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|| "/sandboxd".into());
-    if let Err(e) = crate::runtime::cgroups::join_supervisors_group(&parent) {
-        tracing::warn!(sandbox = %config.spec.id, "leaving the daemon's cgroup: {e}");
+    if join_group {
+        if let Err(e) = crate::runtime::cgroups::join_supervisors_group(&parent) {
+            tracing::warn!(sandbox = %config.spec.id, "leaving the daemon's cgroup: {e}");
+        }
     }
     // Orphans of the runtime's helper processes come to us, not to PID 1.
     // SAFETY: prctl with integer arguments only.

@@ -745,6 +745,7 @@ mod tests {
                 ready_timeout_ms: 5_000,
                 devices: Default::default(),
                 kind,
+                netns_ready: false,
             },
             output_buffer_bytes: 1 << 20,
             network: Default::default(),

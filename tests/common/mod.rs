@@ -316,25 +316,111 @@ impl Daemon {
             .unwrap_or_else(|| panic!("request {path} to sandboxd failed\n{}", self.log()))
     }
 
+    /// Pids of this daemon's waiting standby supervisors (`supervise
+    /// --standby`, started ahead of creates): their stdin is still the
+    /// daemon's pipe (a handed one reads /dev/null).
+    pub fn standby_pids(&self) -> Vec<i32> {
+        let run = self.run_dir().display().to_string();
+        std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+            .filter(|pid| {
+                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+                let waiting = std::fs::read_link(format!("/proc/{pid}/fd/0"))
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("pipe:"));
+                waiting
+                    && args.contains(&&b"--standby"[..])
+                    && args.iter().any(|a| a.starts_with(run.as_bytes()))
+            })
+            .collect()
+    }
+
+    /// The sandboxes' run directories under `<run>/sandboxes` (what a
+    /// removed sandbox must not leave), not the network slots made ahead.
+    pub fn sandbox_run_dirs(&self) -> Vec<String> {
+        std::fs::read_dir(self.run_dir().join("sandboxes"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| !name.starts_with(".slot-"))
+            .collect()
+    }
+
+    /// This daemon's ready network slots (`<run>/sandboxes/.slot-N`),
+    /// namespaces made ahead of creates (not those still being made,
+    /// `.slot-N.making`).
+    pub fn slot_dirs(&self) -> Vec<String> {
+        std::fs::read_dir(self.run_dir().join("sandboxes"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with(".slot-") && !name.ends_with(".making"))
+            .collect()
+    }
+
+    /// Waits until the daemon has made at least `slots` network slots and
+    /// `standbys` standby supervisors (made in the background, with no
+    /// event for it), with a bounded deadline.
+    pub async fn made_ahead(&self, slots: usize, standbys: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while self.slot_dirs().len() < slots || self.standby_pids().len() < standbys {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "made ahead: {:?} slots, {:?} standbys",
+                self.slot_dirs(),
+                self.standby_pids()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The pool fills in the background and the API has no event for
+    /// that (a pooled sandbox is invisible until handed out), so this polls
+    /// `/v1/health` until `pooled` reaches `want`, with a bounded deadline.
+    pub async fn pool_reaches(&self, want: u64) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (_, health) = self.call(Method::GET, "/v1/health", None).await;
+            if health["pooled"] == want {
+                return health;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "pool never reached {want}: {health}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The sample of `/metrics` whose line starts with `line_start` (name,
+    /// labels, space), 0 when absent.
+    pub async fn metric(&self, line_start: &str) -> f64 {
+        let (_, metrics) = self.raw(Method::GET, "/metrics", Vec::new()).await;
+        String::from_utf8_lossy(&metrics)
+            .lines()
+            .find_map(|l| l.strip_prefix(line_start))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .unwrap_or(0.0)
+    }
+
     /// Reads `/metrics` until the sample whose line starts with
     /// `line_start` (name, labels, space) is above zero: the daemon samples
     /// its proxies every few seconds (and on each scrape).
     pub async fn await_metric(&self, line_start: &str) -> f64 {
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         loop {
-            let (_, metrics) = self.raw(Method::GET, "/metrics", Vec::new()).await;
-            let metrics = String::from_utf8_lossy(&metrics).into_owned();
-            let value = metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(line_start))
-                .and_then(|v| v.trim().parse::<f64>().ok())
-                .unwrap_or(0.0);
+            let value = self.metric(line_start).await;
             if value > 0.0 {
                 return value;
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "no {line_start} above zero in\n{metrics}"
+                "no {line_start} above zero in /metrics"
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }

@@ -30,7 +30,10 @@ impl Manager {
         vm: Option<crate::runtime::sandbox::VmSpec>,
     ) -> Result<ReadyLine, SandboxError> {
         let paths = self.paths(&record.id);
-        std::fs::create_dir_all(&paths.dir).map_err(SandboxError::internal)?;
+        let netns_ready = self.adopt_net_slot(&paths.dir);
+        if !netns_ready {
+            std::fs::create_dir_all(&paths.dir).map_err(SandboxError::internal)?;
+        }
         let supervisor_config = SupervisorConfig {
             spec: SandboxSpec {
                 id: record.id.clone(),
@@ -58,6 +61,7 @@ impl Manager {
                     (Some(restore), None) => RuntimeSpec::ContainerRestore(restore),
                     (None, None) => RuntimeSpec::Container,
                 },
+                netns_ready,
             },
             output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
             network: record.network.clone(),
@@ -81,52 +85,43 @@ impl Manager {
         Ok(ready)
     }
 
-    /// Starts `sandboxd supervise DIR` in its own session and waits for its ready line.
-    pub(super) async fn spawn_supervisor(
+    /// Starts the supervisor of `paths` (a standby handed the sandbox, or
+    /// `sandboxd supervise DIR` spawned for it) and waits for its ready line.
+    pub(in crate::sandbox) async fn spawn_supervisor(
         &self,
         paths: &SandboxPaths,
     ) -> Result<(i32, ReadyLine), SandboxError> {
-        // The running binary itself, even if an upgrade replaced the file:
-        // a supervisor speaks the protocol of the daemon that started it.
-        let exe = std::path::PathBuf::from("/proc/self/exe");
-        let log = std::fs::File::create(paths.log()).map_err(SandboxError::internal)?;
-        let mut command = tokio::process::Command::new(exe);
-        command
-            .arg("supervise")
-            .arg(&paths.dir)
-            .env_clear()
-            .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .env(
-                crate::supervisor::SPAWNED_AT_ENV,
-                crate::supervisor::monotonic_ns().to_string(),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(log);
-        // SAFETY: setsid is async-signal-safe; it detaches the supervisor from
-        // the daemon's session so it outlives the daemon.
-        unsafe {
-            command.pre_exec(|| {
-                nix::unistd::setsid().map_err(std::io::Error::from)?;
-                Ok(())
-            });
-        }
-        let mut child = command.spawn().map_err(SandboxError::internal)?;
-        let pid = child.id().map(|p| p as i32).unwrap_or(0);
-        let stdout = child
-            .stdout
-            .take()
-            .ok_or_else(|| SandboxError::internal("supervisor has no stdout"))?;
+        let (pid, stdout) = match self.hand_to_standby(paths).await {
+            Some(handed) => handed,
+            None => {
+                let log = std::fs::File::create(paths.log()).map_err(SandboxError::internal)?;
+                let mut command = supervisor_command();
+                command
+                    .arg("supervise")
+                    .arg(&paths.dir)
+                    .env(
+                        crate::supervisor::SPAWNED_AT_ENV,
+                        crate::supervisor::monotonic_ns().to_string(),
+                    )
+                    .stdin(Stdio::null())
+                    .stdout(Stdio::piped())
+                    .stderr(log);
+                let mut child = command.spawn().map_err(SandboxError::internal)?;
+                let pid = child.id().map(|p| p as i32).unwrap_or(0);
+                let stdout = child
+                    .stdout
+                    .take()
+                    .ok_or_else(|| SandboxError::internal("supervisor has no stdout"))?;
+                // The supervisor lives on; tokio reaps it if it ever exits
+                // while we run.
+                drop(child);
+                (pid, stdout)
+            }
+        };
         let mut line = String::new();
         let deadline = Duration::from_secs(self.config.ready_timeout_seconds + 5);
         let read =
             tokio::time::timeout(deadline, BufReader::new(stdout).read_line(&mut line)).await;
-        // The supervisor lives on; tokio reaps it if it ever exits while we run.
-        drop(child);
         match read {
             Ok(Ok(n)) if n > 0 => {}
             Ok(_) => {
@@ -144,4 +139,28 @@ impl Manager {
         let ready: ReadyLine = serde_json::from_str(line.trim()).map_err(SandboxError::internal)?;
         Ok((pid, ready))
     }
+}
+
+/// `sandboxd` as a supervisor: the running binary itself, even if an
+/// upgrade replaced the file (a supervisor speaks the protocol of the
+/// daemon that started it), with a clean environment, in its own session
+/// so it outlives the daemon.
+pub(in crate::sandbox) fn supervisor_command() -> tokio::process::Command {
+    let mut command = tokio::process::Command::new("/proc/self/exe");
+    command
+        .env_clear()
+        .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+        );
+    // SAFETY: setsid is async-signal-safe; it detaches the supervisor from
+    // the daemon's session so it outlives the daemon.
+    unsafe {
+        command.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    command
 }

@@ -7,6 +7,7 @@
 
 pub(super) mod idempotency;
 mod launch;
+pub(super) use launch::supervisor_command;
 mod pipeline;
 mod root;
 
@@ -20,6 +21,7 @@ use idempotency::Admission;
 use super::events::EventKind;
 use super::record::{expiry, SandboxRecord};
 use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
+use super::warm_pool::{CreateInFlight, PoolClaim};
 use super::{Manager, SandboxError};
 use crate::gpu::GpuRequest;
 use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState, ID_MAP_SIZE};
@@ -38,6 +40,22 @@ pub(super) fn default_env() -> Vec<(String, String)> {
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .collect()
+}
+
+/// The environment every process of `record` starts with: the defaults,
+/// then the image config's, then its GPUs', then the bound secrets'
+/// placeholders and trust bundle, then the caller's.
+pub(in crate::sandbox) fn start_env(
+    image: &crate::image::ImageDefaults,
+    gpu_env: Vec<(String, String)>,
+    record: &SandboxRecord,
+) -> Vec<(String, String)> {
+    let mut env = default_env();
+    env.extend(image.env.iter().cloned());
+    env.extend(gpu_env);
+    env.extend(crate::secrets::binding_env(&record.secrets));
+    env.extend(record.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
 }
 
 /// Marks a create as abandoned when the request future is dropped before
@@ -95,7 +113,7 @@ pub(super) struct Admitted {
     pub(super) secrets: Vec<crate::secrets::SecretBinding>,
 }
 
-pub(super) fn new_id() -> String {
+pub(in crate::sandbox) fn new_id() -> String {
     let bytes: [u8; 6] = rand::random();
     format!("sb-{}", hex::encode(bytes))
 }
@@ -113,7 +131,9 @@ impl Manager {
         let abandoned = Arc::new(AtomicBool::new(false));
         let guard = AbandonOnDrop(Some(Arc::clone(&abandoned)));
         let this = Arc::clone(self);
+        let in_flight = CreateInFlight::new(self);
         let task = tokio::spawn(async move {
+            let _in_flight = in_flight;
             let result = this.create_now(req).await;
             if let Err(e) = &result {
                 this.metrics.create_failed(e.code());
@@ -313,16 +333,19 @@ impl Manager {
                 _ => {}
             }
         }
-        // The warm pool holds containers without secrets.
-        if runtime == RuntimeKind::Container && secrets.is_empty() {
+        // The warm pools hold containers.
+        if runtime == RuntimeKind::Container {
             if let Some(view) = self
-                .claim_pooled(
-                    &image_name,
-                    &limits,
+                .claim_pooled(PoolClaim {
+                    image: &image_name,
+                    limits: &limits,
                     ttl_seconds,
-                    &req,
-                    request_digest.as_deref(),
-                )
+                    req: &req,
+                    request_digest: request_digest.as_deref(),
+                    network: &network,
+                    secrets: &secrets,
+                    gpu: gpu.is_some(),
+                })
                 .await?
             {
                 return Ok(view);
@@ -430,6 +453,20 @@ impl Manager {
             runtime,
             secrets,
         } = create;
+        // A caller's create takes the room of pooled sandboxes when it
+        // needs it: the pools never keep real work off the host.
+        if !pooled {
+            loop {
+                let short = {
+                    let records = self.records();
+                    let all: Vec<&SandboxRecord> = records.values().collect();
+                    super::capacity::admit(&self.config, &all, &limits).is_err()
+                };
+                if !(short && self.evict_pooled().await) {
+                    break;
+                }
+            }
+        }
         let record = {
             let mut records = self.records();
             let all: Vec<&SandboxRecord> = records.values().collect();

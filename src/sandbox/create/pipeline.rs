@@ -110,22 +110,15 @@ impl Manager {
     }
 
     /// The GPUs the record holds, as device nodes and environment, and the
-    /// environment every process starts with (defaults, then the image
-    /// config's, then the GPUs', then the bound secrets' placeholders and
-    /// trust bundle, then the caller's).
+    /// environment every process starts with ([`super::start_env`]).
     fn grant_devices(
         &self,
         record: &SandboxRecord,
         image: &crate::image::ImageDefaults,
     ) -> Result<Grant, SandboxError> {
         let gpu = self.gpus.grant(&record.gpus)?;
-        let mut env = super::default_env();
-        env.extend(image.env.iter().cloned());
-        env.extend(gpu.env);
-        env.extend(crate::secrets::binding_env(&record.secrets));
-        env.extend(record.env.iter().map(|(k, v)| (k.clone(), v.clone())));
         Ok(Grant {
-            env,
+            env: super::start_env(image, gpu.env, record),
             devices: gpu.devices,
         })
     }

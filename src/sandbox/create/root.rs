@@ -108,7 +108,11 @@ impl Manager {
 
     /// The process defaults of image `name` at `digest` (none for a
     /// recipe image).
-    fn image_defaults(&self, name: &str, digest: &str) -> crate::image::ImageDefaults {
+    pub(in crate::sandbox) fn image_defaults(
+        &self,
+        name: &str,
+        digest: &str,
+    ) -> crate::image::ImageDefaults {
         self.image_by_digest(name, digest)
             .map(|i| i.defaults)
             .unwrap_or_default()
