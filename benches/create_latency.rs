@@ -1,6 +1,8 @@
 //! Create -> ready and create -> output of `python3 -c 'print(1)'` through a
-//! real sandboxd, beside `runc run` and `crun run` of the same command in the
-//! same image, all in one run. Prints medians and ratios and writes the raw
+//! real sandboxd (cold; from the warm pool as is; from the pool with a
+//! request's own egress policy, env, labels, TTL, lower limits, and a
+//! secret), beside `runc run` and `crun run` of the same command in the
+//! same image and `crun run /bin/true`, all in one run. Prints medians and ratios and writes the raw
 //! samples to `benches/results/create_latency.json`.
 //!
 //!     sudo cargo bench --bench create_latency            # BENCH_RUNS=50 by default
@@ -130,8 +132,8 @@ impl Drop for Daemon {
     }
 }
 
-async fn create(socket: &Path) -> String {
-    let body = json!({"image": "python"}).to_string().into_bytes();
+async fn create(socket: &Path, body: &Value) -> String {
+    let body = body.to_string().into_bytes();
     let (status, bytes) = http(socket, Method::POST, "/v1/sandboxes", body).await;
     assert_eq!(status, 201, "{}", String::from_utf8_lossy(&bytes));
     let value: Value = serde_json::from_slice(&bytes).expect("json");
@@ -192,27 +194,63 @@ async fn pool_full(socket: &Path, size: u64) {
     panic!("the warm pool did not refill within 30 s");
 }
 
-/// Create -> ready and create -> python output samples from one daemon.
-async fn measure(runs: usize, flags: &[&str], pool: Option<u64>) -> (Vec<f64>, Vec<f64>) {
+/// What a pool claim is asked for beyond the pooled defaults: an allow
+/// list, env, labels, a TTL, lower limits and (when `secret`) a brokered
+/// secret, each put in force at the claim.
+fn custom_request(secret: bool) -> Value {
+    let mut body = json!({
+        "image": "python",
+        "allow_list": ["pypi.org", "*.pythonhosted.org"],
+        "env": {"BENCH": "1"},
+        "labels": {"bench": "create_latency"},
+        "ttl_seconds": 300,
+        "cpu": 0.5,
+        "memory_mib": 256,
+        "pids": 128,
+        "disk_mib": 1024,
+    });
+    if secret {
+        body["secrets"] = json!(["BENCH_KEY"]);
+    }
+    body
+}
+
+/// Create -> ready and create -> python output samples from one daemon,
+/// each create asking for `body`.
+async fn measure(
+    runs: usize,
+    flags: &[&str],
+    pool: Option<u64>,
+    body: &Value,
+) -> (Vec<f64>, Vec<f64>) {
     let daemon = Daemon::start(flags);
     let socket = daemon.socket();
+    let secret = json!({"name": "BENCH_KEY", "value": "bench-value", "hosts": ["api.example.com"]});
+    let (status, _) = http(
+        &socket,
+        Method::POST,
+        "/v1/secrets",
+        secret.to_string().into_bytes(),
+    )
+    .await;
+    assert_eq!(status, 201);
     let (mut ready, mut output) = (Vec::new(), Vec::new());
     // Warm-up: page cache, image lookup.
-    let id = create(&socket).await;
+    let id = create(&socket, body).await;
     delete(&socket, &id).await;
     for _ in 0..runs {
         if let Some(size) = pool {
             pool_full(&socket, size).await;
         }
         let start = Instant::now();
-        let id = create(&socket).await;
+        let id = create(&socket, body).await;
         ready.push(start.elapsed().as_secs_f64() * 1000.0);
         delete(&socket, &id).await;
         if let Some(size) = pool {
             pool_full(&socket, size).await;
         }
         let start = Instant::now();
-        let id = create(&socket).await;
+        let id = create(&socket, body).await;
         python_print(&socket, &id).await;
         output.push(start.elapsed().as_secs_f64() * 1000.0);
         delete(&socket, &id).await;
@@ -220,7 +258,7 @@ async fn measure(runs: usize, flags: &[&str], pool: Option<u64>) -> (Vec<f64>, V
     (ready, output)
 }
 
-fn time_runtime(runtime: &str, bundle: &Path, i: usize) -> f64 {
+fn time_runtime(runtime: &str, bundle: &Path, i: usize, expect: &[u8]) -> f64 {
     let start = Instant::now();
     let out = Command::new(runtime)
         .args(["run", "-b"])
@@ -231,7 +269,7 @@ fn time_runtime(runtime: &str, bundle: &Path, i: usize) -> f64 {
         .expect("run runtime");
     let elapsed = start.elapsed().as_secs_f64() * 1000.0;
     assert!(
-        out.status.success() && out.stdout == b"1\n",
+        out.status.success() && out.stdout == expect,
         "{runtime}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
@@ -239,11 +277,7 @@ fn time_runtime(runtime: &str, bundle: &Path, i: usize) -> f64 {
 }
 
 fn main() {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("SKIPPED: the benchmark needs root");
-        return;
-    }
-    if std::env::args().any(|a| a == "--list") {
+    if !peers::should_run() {
         return;
     }
     let runs = peers::bench_runs(50);
@@ -254,17 +288,24 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let (ready, output) = runtime.block_on(measure(runs, &[], None));
-    let (pooled_ready, pooled_output) =
-        runtime.block_on(measure(runs, &["--pool-size", "2"], Some(2)));
+    let plain = json!({"image": "python"});
+    let (ready, output) = runtime.block_on(measure(runs, &[], None, &plain));
+    let pool = ["--pool-size", "2"];
+    let (pooled_ready, pooled_output) = runtime.block_on(measure(runs, &pool, Some(2), &plain));
+    let (custom_ready, custom_output) =
+        runtime.block_on(measure(runs, &pool, Some(2), &custom_request(false)));
+    let (secret_ready, secret_output) =
+        runtime.block_on(measure(runs, &pool, Some(2), &custom_request(true)));
 
     let scratch = tempfile::tempdir_in("/var/tmp").expect("tempdir");
     let bundle = oci_bundle(scratch.path(), &rootfs, &["python3", "-c", "print(1)"]);
-    let mut runc = Vec::new();
-    let mut crun = Vec::new();
+    let true_dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let true_bundle = oci_bundle(true_dir.path(), &rootfs, &["/bin/true"]);
+    let (mut runc, mut crun, mut crun_true) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..runs {
-        runc.push(time_runtime("runc", &bundle, i));
-        crun.push(time_runtime("crun", &bundle, i));
+        runc.push(time_runtime("runc", &bundle, i, b"1\n"));
+        crun.push(time_runtime("crun", &bundle, i, b"1\n"));
+        crun_true.push(time_runtime("crun", &true_bundle, i + runs, b""));
     }
 
     let raw = json!({
@@ -274,31 +315,42 @@ fn main() {
         "sandboxd_create_to_python_output_cold": output,
         "sandboxd_create_to_ready_pooled": pooled_ready,
         "sandboxd_create_to_python_output_pooled": pooled_output,
+        "sandboxd_create_to_ready_pooled_custom": custom_ready,
+        "sandboxd_create_to_python_output_pooled_custom": custom_output,
+        "sandboxd_create_to_ready_pooled_custom_secret": secret_ready,
+        "sandboxd_create_to_python_output_pooled_custom_secret": secret_output,
         "runc_run_python": runc,
         "crun_run_python": crun,
+        "crun_run_true": crun_true,
     });
     let (m_ready, m_out) = (median(&ready), median(&output));
     let (p_ready, p_out) = (median(&pooled_ready), median(&pooled_output));
-    let (m_runc, m_crun) = (median(&runc), median(&crun));
+    let (c_ready, c_out) = (median(&custom_ready), median(&custom_output));
+    let (s_ready, s_out) = (median(&secret_ready), median(&secret_output));
+    let (m_runc, m_crun, m_true) = (median(&runc), median(&crun), median(&crun_true));
     println!("create_latency ({runs} runs each, medians in ms)");
-    println!("  sandboxd create -> ready (cold)          {m_ready:8.2}");
-    println!("  sandboxd create -> python output (cold)  {m_out:8.2}");
-    println!("  sandboxd create -> ready (pooled)        {p_ready:8.2}");
-    println!("  sandboxd create -> python output (pooled){p_out:8.2}");
-    println!("  runc run python3 -c 'print(1)'           {m_runc:8.2}");
-    println!("  crun run python3 -c 'print(1)'           {m_crun:8.2}");
-    println!(
-        "  ratio sandboxd output / crun (cold)      {:8.2}",
-        m_out / m_crun
-    );
-    println!(
-        "  ratio sandboxd output / crun (pooled)    {:8.2}",
-        p_out / m_crun
-    );
-    println!(
-        "  ratio sandboxd output / runc (cold)      {:8.2}",
-        m_out / m_runc
-    );
+    println!("  sandboxd create -> ready (cold)                  {m_ready:8.2}");
+    println!("  sandboxd create -> python output (cold)          {m_out:8.2}");
+    println!("  sandboxd create -> ready (pooled)                {p_ready:8.2}");
+    println!("  sandboxd create -> python output (pooled)        {p_out:8.2}");
+    println!("  sandboxd create -> ready (pooled, custom)        {c_ready:8.2}");
+    println!("  sandboxd create -> python output (pooled, custom){c_out:8.2}");
+    println!("  sandboxd create -> ready (pooled, + secret)      {s_ready:8.2}");
+    println!("  sandboxd create -> python output (pooled, + secret){s_out:6.2}");
+    println!("  runc run python3 -c 'print(1)'                   {m_runc:8.2}");
+    println!("  crun run python3 -c 'print(1)'                   {m_crun:8.2}");
+    println!("  crun run /bin/true                               {m_true:8.2}");
+    for (what, ratio) in [
+        ("output / crun (cold)", m_out / m_crun),
+        ("output / crun (pooled)", p_out / m_crun),
+        ("output / runc (cold)", m_out / m_runc),
+        ("ready (cold) / crun /bin/true", m_ready / m_true),
+        ("ready pooled / ready cold", p_ready / m_ready),
+        ("ready pooled custom / ready cold", c_ready / m_ready),
+        ("ready pooled + secret / ready cold", s_ready / m_ready),
+    ] {
+        println!("  ratio {what:<40} {ratio:8.3}");
+    }
     let file = peers::write_results("create_latency", &raw);
     println!("  raw samples: {}", file.display());
 }

@@ -10,6 +10,16 @@ use std::process::Command;
 
 use serde_json::{json, Value};
 
+/// Whether this run measures: as root, and not `cargo bench -- --list`
+/// (which only lists the benchmark). Says why when not.
+pub fn should_run() -> bool {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("SKIPPED: the benchmark needs root");
+        return false;
+    }
+    !std::env::args().any(|a| a == "--list")
+}
+
 /// The image cache every benchmark uses.
 pub const IMAGES: &str = "/var/lib/sandboxd/images";
 

@@ -12,6 +12,10 @@ packages=(
   # benchmarks compare against these runtimes (runc checkpoint locks the
   # container's network with iptables-restore)
   runc crun iptables
+  # benches/scale.rs compares an idle sandbox's memory with the shim
+  # containerd keeps per container (started on its own socket, not the
+  # packaged service)
+  containerd
   # QEMU: the microVM boot benchmark (vmm/benches/boot.rs) compares against
   # its microvm machine, and tests/guest_kernel.rs boots the guest kernel
   # under its TCG (this host's kvm_pvm cannot run a stock kernel)
@@ -45,6 +49,11 @@ if systemctl list-unit-files docker-registry.service >/dev/null 2>&1; then
   systemctl disable --now docker-registry.service 2>&1 | grep -v "^Failed to connect to bus" || true
 fi
 pkill -x -f "/usr/bin/docker-registry serve /etc/docker/registry/config.yml" || true
+# containerd's package starts the system containerd; what uses it here
+# starts its own, so the packaged one is stopped and disabled.
+if systemctl list-unit-files containerd.service >/dev/null 2>&1; then
+  systemctl disable --now containerd.service 2>&1 | grep -v "^Failed to connect to bus" || true
+fi
 # Memory snapshots need CRIU 4.2+, which Debian 12 does not ship: built once
 # from Debian testing's source and cached.
 "$(dirname "$0")/install-criu.sh" ||
