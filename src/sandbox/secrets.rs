@@ -94,6 +94,31 @@ impl Manager {
     /// Before a sandbox with bindings is ready: its supervisor gets the
     /// values and leaves, and its trust bundle gets the daemon's CA.
     pub(super) async fn install_secrets(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
+        self.install_secrets_over(record, None).await
+    }
+
+    /// [`Self::install_secrets`] for a sandbox whose trust bundle is known
+    /// to be its image's, untouched (a pooled one at its claim): the
+    /// image's bundle is read on the host, not through the agent.
+    pub(super) async fn install_secrets_fresh(
+        &self,
+        record: &SandboxRecord,
+    ) -> Result<(), SandboxError> {
+        let image = self.image_by_digest(&record.image, &record.image_digest);
+        let roots = image.and_then(|image| {
+            let path = crate::image::Layered::of(&image).find(TRUST_BUNDLE_PATH)?;
+            std::fs::read(path).ok()
+        });
+        self.install_secrets_over(record, Some(roots)).await
+    }
+
+    /// `image_roots`: the sandbox's trust bundle now when the caller knows
+    /// it (`Some(None)`: it has none), else read through the agent.
+    async fn install_secrets_over(
+        &self,
+        record: &SandboxRecord,
+        image_roots: Option<Option<Vec<u8>>>,
+    ) -> Result<(), SandboxError> {
         if record.secrets.is_empty() {
             return Ok(());
         }
@@ -116,7 +141,10 @@ impl Manager {
         let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
             .await
             .map_err(|e| not_running(&record.id, e))?;
-        let image_roots = read_file(&mut client, TRUST_BUNDLE_PATH).await;
+        let image_roots = match image_roots {
+            Some(known) => known,
+            None => read_file(&mut client, TRUST_BUNDLE_PATH).await,
+        };
         let ca = self.secrets.authority()?;
         if image_roots
             .as_deref()

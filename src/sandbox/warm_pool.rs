@@ -319,7 +319,7 @@ impl Manager {
         }
         record.secrets = claim.secrets.to_vec();
         record.env = claim.req.env.clone();
-        self.install_secrets(&record).await?;
+        self.install_secrets_fresh(&record).await?;
         if !record.env.is_empty() || !record.secrets.is_empty() {
             let image = self.image_defaults(&record.image, &record.image_digest);
             let env = start_env(&image, Vec::new(), &record);
