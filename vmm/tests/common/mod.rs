@@ -154,7 +154,7 @@ impl Agent {
         first_id: u64,
         what: &str,
     ) -> Agent {
-        let (stream, _) = listener.accept().expect(what);
+        let stream = accept_within(listener, read_timeout, what);
         stream
             .set_read_timeout(Some(read_timeout))
             .expect("timeout");
@@ -235,4 +235,25 @@ impl Agent {
         }
         (out, code)
     }
+}
+
+/// The first connection to `listener` within `deadline`; panics naming
+/// `what` when none comes (a VMM that died before dialling must fail the
+/// test, not hang it).
+pub fn accept_within(
+    listener: &std::os::unix::net::UnixListener,
+    deadline: std::time::Duration,
+    what: &str,
+) -> std::os::unix::net::UnixStream {
+    use std::os::fd::AsRawFd;
+    let mut fd = libc::pollfd {
+        fd: listener.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = libc::c_int::try_from(deadline.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: poll(2) on one pollfd this function owns, for its length 1.
+    let ready = unsafe { libc::poll(&mut fd, 1, ms) };
+    assert!(ready > 0, "{what}: nothing connected within {deadline:?}");
+    listener.accept().expect(what).0
 }
