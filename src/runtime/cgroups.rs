@@ -179,39 +179,42 @@ impl SandboxCgroups {
     /// Lowers the running sandbox's ceilings to `limits` (a pooled sandbox
     /// handed to a request that asks for less than it was made with). The
     /// same knobs the spec set at create: CFS quota over a 100 ms period,
-    /// memory with no swap on top, pids.
+    /// memory with no swap on top, pids. The caller checks that the memory
+    /// in use is below the new limit: on v2 a lower `memory.max` reclaims
+    /// and, failing that, OOM-kills inside the sandbox.
     pub fn lower_limits(&self, limits: &CgroupLimits) -> Result<(), CgroupError> {
         let memory = limits.memory_bytes.to_string();
         let writes: Vec<(PathBuf, String)> = match self.layout {
             Layout::V1 => {
-                let mut writes = vec![
-                    (
-                        self.dir("cpu").join("cpu.cfs_quota_us"),
-                        limits.cpu_quota_us.to_string(),
-                    ),
-                    // Lowered before memory+swap, which may never be below it.
-                    (
-                        self.dir("memory").join("memory.limit_in_bytes"),
-                        memory.clone(),
-                    ),
-                    (
-                        self.dir("pids").join("pids.max"),
-                        limits.pids_max.to_string(),
-                    ),
-                ];
+                // Memory first: the one write that can be refused (EBUSY
+                // when the kernel cannot reclaim down to it), before
+                // anything else changed. Lowered before memory+swap, which
+                // may never be below it.
+                let mut writes = vec![(
+                    self.dir("memory").join("memory.limit_in_bytes"),
+                    memory.clone(),
+                )];
                 let memsw = self.dir("memory").join("memory.memsw.limit_in_bytes");
                 // Absent where the kernel does no swap accounting.
                 if memsw.exists() {
-                    writes.insert(2, (memsw, memory));
+                    writes.push((memsw, memory));
                 }
+                writes.push((
+                    self.dir("cpu").join("cpu.cfs_quota_us"),
+                    limits.cpu_quota_us.to_string(),
+                ));
+                writes.push((
+                    self.dir("pids").join("pids.max"),
+                    limits.pids_max.to_string(),
+                ));
                 writes
             }
             Layout::V2 => vec![
+                (self.dir("").join("memory.max"), memory),
                 (
                     self.dir("").join("cpu.max"),
                     format!("{} {}", limits.cpu_quota_us, super::spec::CPU_PERIOD_US),
                 ),
-                (self.dir("").join("memory.max"), memory),
                 (self.dir("").join("pids.max"), limits.pids_max.to_string()),
             ],
         };

@@ -40,6 +40,14 @@ impl WarmPools {
         self.by_image.get_mut(image)?.pop_front()
     }
 
+    /// Returns a sandbox [`Self::take`] gave out, first in line again.
+    fn put_back(&mut self, image: &str, id: String) {
+        self.by_image
+            .entry(image.to_string())
+            .or_default()
+            .push_front(id);
+    }
+
     /// Forgets `id` wherever it is (a pooled sandbox being deleted).
     pub(super) fn forget(&mut self, id: &str) {
         for ids in self.by_image.values_mut() {
@@ -271,6 +279,13 @@ impl Manager {
                 self.start_refill();
                 return Ok(None);
             };
+            if !self.memory_fits(&id, claim.limits) {
+                // Its agent alone uses more than the request allows: keep
+                // it for another claim; this one starts cold.
+                self.pool().put_back(claim.image, id);
+                self.metrics.pool_claim(claim.image, "unfit");
+                return Ok(None);
+            }
             let record = match self.hand_over(&id, &claim).await {
                 Ok(record) => record,
                 Err(e) => {
@@ -338,6 +353,16 @@ impl Manager {
         self.persist(&record)?;
         self.records().insert(id.to_string(), record.clone());
         Ok(record)
+    }
+
+    /// Whether pooled sandbox `id` uses less memory now than `limits`
+    /// allow (else lowering its limit would fail, or on cgroup v2 kill).
+    fn memory_fits(&self, id: &str, limits: &Limits) -> bool {
+        let Some(path) = self.records().get(id).map(|r| r.cgroups_path.clone()) else {
+            return true;
+        };
+        let in_use = SandboxCgroups::new(Layout::detect(), &path).memory_bytes();
+        in_use.is_none_or(|bytes| bytes < limits.memory_mib * 1024 * 1024)
     }
 
     /// Lowers a pooled sandbox's cgroup ceilings and disk quota to `limits`.
