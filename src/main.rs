@@ -217,7 +217,21 @@ fn lock_state_dir(config: &Config) -> anyhow::Result<Flock<std::fs::File>> {
         .write(true)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
-    match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+    // A daemon killed while it started a process leaves that child, between
+    // its fork and its exec, holding this lock for a moment: wait that out
+    // before calling the state dir taken.
+    let deadline = std::time::Instant::now() + Duration::from_secs(2);
+    let mut file = file;
+    let locked = loop {
+        match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            Err((back, nix::errno::Errno::EWOULDBLOCK)) if std::time::Instant::now() < deadline => {
+                file = back;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            result => break result,
+        }
+    };
+    match locked {
         Ok(lock) => {
             let _ = std::fs::write(&path, format!("{}\n", std::process::id()));
             Ok(lock)

@@ -28,6 +28,9 @@ fn io<E: std::fmt::Display>(e: E) -> StoreError {
     StoreError::Io(e.to_string())
 }
 
+/// How long an open waits for a lock a dead process's child still holds.
+const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Records keyed by sandbox id; values are JSON so a record stays readable by
 /// a newer daemon that added fields.
 pub struct Store {
@@ -36,10 +39,25 @@ pub struct Store {
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
-        let db = Database::create(path).map_err(|e| StoreError::Open {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+        // A daemon killed while it started a process leaves that child,
+        // between its fork and its exec, holding the database's lock for a
+        // moment: wait that out before calling the store taken.
+        let deadline = std::time::Instant::now() + LOCK_PATIENCE;
+        let db = loop {
+            match Database::create(path) {
+                Err(redb::DatabaseError::DatabaseAlreadyOpen)
+                    if std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                opened => {
+                    break opened.map_err(|e| StoreError::Open {
+                        path: path.display().to_string(),
+                        message: e.to_string(),
+                    })?
+                }
+            }
+        };
         let txn = db.begin_write().map_err(io)?;
         txn.open_table(SANDBOXES).map_err(io)?;
         txn.open_table(EVENTS).map_err(io)?;
