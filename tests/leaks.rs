@@ -104,17 +104,19 @@ fn snapshot(daemon: &Daemon) -> HostSnapshot {
         cgroup::hierarchies()
     );
     let run = daemon.run_dir().display().to_string();
+    let mut netns = BTreeSet::new();
+    let mut processes = BTreeSet::new();
+    let candidates: Vec<String> = dir_names(Path::new("/proc"))
+        .into_iter()
+        .filter(|p| p.parse::<u32>().is_ok())
+        .collect();
+    // Listed after the processes: a standby started since is one too.
     let standbys: BTreeSet<String> = daemon
         .standby_pids()
         .iter()
         .map(|p| p.to_string())
         .collect();
-    let mut netns = BTreeSet::new();
-    let mut processes = BTreeSet::new();
-    for pid in dir_names(Path::new("/proc"))
-        .into_iter()
-        .filter(|p| p.parse::<u32>().is_ok())
-    {
+    for pid in candidates {
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
         let supervisor = String::from_utf8_lossy(&cmdline).contains(&run);
         // Standby supervisors are started ahead of creates: counted apart.

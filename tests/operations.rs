@@ -244,8 +244,10 @@ fn inventory(daemon: &Daemon) -> BTreeSet<String> {
     // Supervisors sit in this daemon's own `<cgroup_parent>/supervisors`,
     // beside the standbys started ahead of creates (counted apart: they
     // come and go with the creates).
+    let in_group = common::cgroup::procs_in(&parent.join("supervisors"));
+    // Listed after the group: a standby that joined it since is one too.
     let standbys = daemon.standby_pids();
-    let supervisors = common::cgroup::procs_in(&parent.join("supervisors"))
+    let supervisors = in_group
         .into_iter()
         .filter(|pid| !standbys.contains(pid))
         .count();
