@@ -242,17 +242,10 @@ impl Containerd {
             .join("containerd.sock")
             .display()
             .to_string();
-        let shims: Vec<i32> = std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
-            .filter(|pid| {
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                let cmdline = String::from_utf8_lossy(&cmdline);
-                cmdline.contains("containerd-shim-runc-v2") && cmdline.contains(&address)
-            })
-            .collect();
+        let shims = common::processes_where(|_, args| {
+            args.iter().any(|a| a.contains("containerd-shim-runc-v2"))
+                && args.iter().any(|a| a.contains(&address))
+        });
         assert_eq!(shims.len(), n, "one shim per container: {shims:?}");
         let kib: u64 = shims.iter().map(|&p| pss_kib(p)).sum();
         for id in &ids {

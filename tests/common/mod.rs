@@ -321,21 +321,11 @@ impl Daemon {
     /// daemon's pipe (a handed one reads /dev/null).
     pub fn standby_pids(&self) -> Vec<i32> {
         let run = self.run_dir().display().to_string();
-        std::fs::read_dir("/proc")
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
-            .filter(|pid| {
-                let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-                let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-                let waiting = std::fs::read_link(format!("/proc/{pid}/fd/0"))
-                    .is_ok_and(|l| l.to_string_lossy().starts_with("pipe:"));
-                waiting
-                    && args.contains(&&b"--standby"[..])
-                    && args.iter().any(|a| a.starts_with(run.as_bytes()))
-            })
-            .collect()
+        processes_where(|pid, args| {
+            let waiting = std::fs::read_link(format!("/proc/{pid}/fd/0"))
+                .is_ok_and(|l| l.to_string_lossy().starts_with("pipe:"));
+            waiting && args.contains(&"--standby") && args.iter().any(|a| a.starts_with(&run))
+        })
     }
 
     /// The sandboxes' run directories under `<run>/sandboxes` (what a
@@ -570,6 +560,23 @@ impl Drop for Daemon {
         let pool = self.state_dir().join("disk");
         let _ = nix::mount::umount2(&pool, nix::mount::MntFlags::MNT_DETACH);
     }
+}
+
+/// Pids of the host's processes whose (pid, command-line arguments) pass
+/// `wanted`.
+pub fn processes_where(wanted: impl Fn(i32, &[&str]) -> bool) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+        .filter(|&pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+            let cmdline = String::from_utf8_lossy(&cmdline);
+            let args: Vec<&str> = cmdline.split('\0').collect();
+            wanted(pid, &args)
+        })
+        .collect()
 }
 
 /// One HTTP request on a fresh connection to the API socket.
