@@ -87,8 +87,14 @@ impl NetSlots {
     }
 
     /// Makes one slot and adds it to the ready ones. Blocking (a few ms:
-    /// a namespace, a veth pair, addresses, routes, an `nft` run).
+    /// a namespace, a veth pair, addresses, routes, an `nft` run), at a
+    /// lower CPU priority than creates (see [`BACKGROUND_NICE`]).
     pub fn make_one(&self) -> Result<(), SlotError> {
+        let _nice = NicedThread::new();
+        self.make_one_now()
+    }
+
+    fn make_one_now(&self) -> Result<(), SlotError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let making = self.dir.join(format!("{SLOT_PREFIX}{n}{MAKING_SUFFIX}"));
         let slot = self.dir.join(format!("{SLOT_PREFIX}{n}"));
@@ -142,6 +148,31 @@ impl NetSlots {
         for slot in slots {
             discard(&slot);
         }
+    }
+}
+
+/// The nice value work made ahead of creates runs at: the host's CPUs go
+/// to creates and their processes first.
+pub const BACKGROUND_NICE: libc::c_int = 10;
+
+/// Lowers the calling thread's CPU priority (nice is per thread on Linux,
+/// and the `nft` it starts inherits it) until dropped.
+struct NicedThread;
+
+impl NicedThread {
+    fn new() -> Self {
+        // SAFETY: setpriority(2) on the calling thread (who 0), plain ints.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE) };
+        NicedThread
+    }
+}
+
+impl Drop for NicedThread {
+    fn drop(&mut self) {
+        // Back to normal for the next task of this pooled thread (root may
+        // lower its nice value).
+        // SAFETY: as above.
+        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) };
     }
 }
 

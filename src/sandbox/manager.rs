@@ -55,6 +55,8 @@ pub struct Manager {
     pub(super) creates_in_flight: std::sync::atomic::AtomicUsize,
     /// Notified when the last create in flight ends.
     pub(super) creates_settled: Notify,
+    /// When the last caller's create ended.
+    pub(super) last_create_ended: Mutex<Option<std::time::Instant>>,
     pub(super) refilling: AtomicBool,
     /// Notified when a refill task ends.
     pub(super) refill_done: Notify,
@@ -144,6 +146,7 @@ impl Manager {
             standbys: Mutex::new(Default::default()),
             standby_taken: Notify::new(),
             creates_settled: Notify::new(),
+            last_create_ended: Mutex::new(None),
             refilling: AtomicBool::new(false),
             refill_done: Notify::new(),
             stopping: tokio::sync::watch::channel(false).0,

@@ -53,8 +53,11 @@ pub fn run_standby(run_dir: &Path, cgroup_parent: &str) -> i32 {
         );
         return 1;
     }
-    // From here on, as a supervisor spawned for this sandbox: its log in the
-    // run directory, nothing on stdin.
+    // From here on, as a supervisor spawned for this sandbox: normal CPU
+    // priority (it waited at a lower one), its log in the run directory,
+    // nothing on stdin.
+    // SAFETY: setpriority(2) on this single-threaded process, plain ints.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) };
     if let Err(e) = redirect_stdio(&dir) {
         tracing::error!(
             "a standby supervisor opening its log in {}: {e}",
