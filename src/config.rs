@@ -846,7 +846,6 @@ fn cert_and_key(
     }
 }
 
-/// `FIRST-LAST`, both in 1..=65535, FIRST <= LAST.
 /// One warm pool: `size` ready containers of `image`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WarmPoolSize {
@@ -895,6 +894,7 @@ fn warm_pools(
     Ok(pools)
 }
 
+/// `FIRST-LAST`, both in 1..=65535, FIRST <= LAST.
 fn parse_port_range(range: &str) -> Option<(u16, u16)> {
     let (first, last) = range.split_once('-')?;
     let first: u16 = first.trim().parse().ok()?;
