@@ -78,14 +78,6 @@ impl NetSlots {
         self.ready().len() < self.size
     }
 
-    pub fn len(&self) -> usize {
-        self.ready().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Makes one slot and adds it to the ready ones. Blocking (a few ms:
     /// a namespace, a veth pair, addresses, routes, an `nft` run), at a
     /// lower CPU priority than creates (see [`BACKGROUND_NICE`]).
