@@ -9,6 +9,7 @@ mod create;
 mod error;
 pub mod events;
 mod images;
+mod made_ahead;
 mod manager;
 mod net_slots;
 mod network;

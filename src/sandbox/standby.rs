@@ -35,37 +35,19 @@ impl Manager {
         self.standbys().len() < self.config.standby_supervisors
     }
 
-    /// The task that keeps `standby_supervisors` started, one at a time
-    /// and only while no caller's create is in flight.
+    /// The task that keeps `standby_supervisors` started
+    /// ([`Manager::keep_made_ahead`]).
     pub(super) fn start_standby_maker(self: &Arc<Self>) {
-        if self.config.standby_supervisors == 0 {
-            return;
-        }
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            loop {
-                while this.standbys_wanted() {
-                    this.creates_settled().await;
-                    if *this.stopping.borrow() {
-                        return;
-                    }
-                    match this.spawn_standby() {
-                        Ok(standby) => this.standbys().push_back(standby),
-                        Err(e) => {
-                            // Launches spawn their own meanwhile; the next
-                            // handoff tries again.
-                            tracing::warn!("starting a standby supervisor: {e}");
-                            break;
-                        }
-                    }
-                }
-                let mut stopping = this.stopping.subscribe();
-                tokio::select! {
-                    _ = this.standby_taken.notified() => {}
-                    _ = stopping.wait_for(|s| *s) => return,
-                }
-            }
-        });
+        self.keep_made_ahead(
+            "a standby supervisor",
+            Manager::standbys_wanted,
+            |m| &m.standby_taken,
+            |m| async move {
+                let standby = m.spawn_standby().map_err(|e| e.to_string())?;
+                m.standbys().push_back(standby);
+                Ok(())
+            },
+        );
     }
 
     fn spawn_standby(&self) -> std::io::Result<Standby> {

@@ -101,71 +101,7 @@ fn fits(wanted: &Limits, pooled: &Limits) -> bool {
         && wanted.pids <= pooled.pids
 }
 
-/// How long after a caller's create the warm pools wait before a refill, so
-/// the caller's next request (most often its first process) does not share
-/// this host's CPUs with the making of a whole sandbox: on the 2-core dev
-/// host that cost a pooled create's first process about 3 ms. (Network
-/// slots and standbys, much cheaper, are made at a lower CPU priority
-/// instead, so that bursts of creates still find them.)
-const AFTER_CREATE_QUIET: std::time::Duration = std::time::Duration::from_millis(100);
-
-/// Counts a caller's create as in flight while it lives.
-pub(super) struct CreateInFlight(Arc<Manager>);
-
-impl CreateInFlight {
-    pub(super) fn new(manager: &Arc<Manager>) -> Self {
-        manager.creates_in_flight.fetch_add(1, Ordering::AcqRel);
-        Self(Arc::clone(manager))
-    }
-}
-
-impl Drop for CreateInFlight {
-    fn drop(&mut self) {
-        *self
-            .0
-            .last_create_ended
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(std::time::Instant::now());
-        if self.0.creates_in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            self.0.creates_settled.notify_waiters();
-        }
-    }
-}
-
 impl Manager {
-    /// Resolves once no caller's create is in flight.
-    pub(super) async fn creates_settled(&self) {
-        loop {
-            let settled = self.creates_settled.notified();
-            if self.creates_in_flight.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            settled.await;
-        }
-    }
-
-    /// Resolves once no caller's create is in flight, nor ended within
-    /// [`AFTER_CREATE_QUIET`]: when a whole sandbox is to be made.
-    async fn creates_quiet(&self) {
-        loop {
-            let settled = self.creates_settled.notified();
-            if self.creates_in_flight.load(Ordering::Acquire) == 0 {
-                let ended = *self
-                    .last_create_ended
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner());
-                match ended.map(|at| at.elapsed()) {
-                    Some(elapsed) if elapsed < AFTER_CREATE_QUIET => {
-                        tokio::time::sleep(AFTER_CREATE_QUIET - elapsed).await;
-                        continue;
-                    }
-                    _ => return,
-                }
-            }
-            settled.await;
-        }
-    }
-
     pub(super) fn pool(&self) -> MutexGuard<'_, WarmPools> {
         self.pool.lock().unwrap_or_else(|p| p.into_inner())
     }

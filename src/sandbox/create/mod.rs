@@ -19,9 +19,10 @@ use std::time::{Instant, SystemTime};
 use idempotency::Admission;
 
 use super::events::EventKind;
+use super::made_ahead::CreateInFlight;
 use super::record::{expiry, SandboxRecord};
 use super::validate::{validated_env, validated_labels, validated_limits, validated_ttl};
-use super::warm_pool::{CreateInFlight, PoolClaim};
+use super::warm_pool::PoolClaim;
 use super::{Manager, SandboxError};
 use crate::gpu::GpuRequest;
 use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState, ID_MAP_SIZE};

@@ -1,0 +1,114 @@
+//! When work made ahead of creates (warm pools, network slots, standby
+//! supervisors) may run: callers' creates counted in flight, the waits on
+//! them, and the one loop that keeps slots and standbys at their number.
+
+use std::future::Future;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+
+use super::manager::Manager;
+
+/// How long after a caller's create the warm pools wait before a refill, so
+/// the caller's next request (most often its first process) does not share
+/// this host's CPUs with the making of a whole sandbox: on the 2-core dev
+/// host that cost a pooled create's first process about 3 ms. (Network
+/// slots and standbys, much cheaper, are made at a lower CPU priority
+/// instead, so that bursts of creates still find them.)
+const AFTER_CREATE_QUIET: Duration = Duration::from_millis(100);
+
+/// Counts a caller's create as in flight while it lives.
+pub(super) struct CreateInFlight(Arc<Manager>);
+
+impl CreateInFlight {
+    pub(super) fn new(manager: &Arc<Manager>) -> Self {
+        manager.creates_in_flight.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(manager))
+    }
+}
+
+impl Drop for CreateInFlight {
+    fn drop(&mut self) {
+        *self
+            .0
+            .last_create_ended
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
+        if self.0.creates_in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.creates_settled.notify_waiters();
+        }
+    }
+}
+
+impl Manager {
+    /// Resolves once no caller's create is in flight.
+    pub(super) async fn creates_settled(&self) {
+        loop {
+            let settled = self.creates_settled.notified();
+            if self.creates_in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            settled.await;
+        }
+    }
+
+    /// Resolves once no caller's create is in flight, nor ended within
+    /// [`AFTER_CREATE_QUIET`]: when a whole sandbox is to be made.
+    pub(super) async fn creates_quiet(&self) {
+        loop {
+            self.creates_settled().await;
+            let ended = *self
+                .last_create_ended
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match ended.map(|at| at.elapsed()) {
+                Some(elapsed) if elapsed < AFTER_CREATE_QUIET => {
+                    tokio::time::sleep(AFTER_CREATE_QUIET - elapsed).await;
+                }
+                _ => return,
+            }
+        }
+    }
+
+    /// Starts the task that keeps `what` made ahead: `make` one at a time,
+    /// each once no caller's create is in flight, while `wanted` says more
+    /// are; then it waits for `taken` (a launch took one) or the stop. A
+    /// failed `make` waits for the next take (launches make their own
+    /// meanwhile).
+    pub(super) fn keep_made_ahead<F, Fut>(
+        self: &Arc<Self>,
+        what: &'static str,
+        wanted: fn(&Manager) -> bool,
+        taken: fn(&Manager) -> &Notify,
+        make: F,
+    ) where
+        F: Fn(Arc<Manager>) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<(), String>> + Send,
+    {
+        if !wanted(self) {
+            return;
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                while wanted(&this) {
+                    this.creates_settled().await;
+                    if *this.stopping.borrow() {
+                        return;
+                    }
+                    if let Err(e) = make(Arc::clone(&this)).await {
+                        tracing::warn!("making {what}: {e}");
+                        break;
+                    }
+                }
+                let mut stopping = this.stopping.subscribe();
+                tokio::select! {
+                    _ = taken(&this).notified() => {}
+                    _ = stopping.wait_for(|s| *s) => return,
+                }
+            }
+        });
+    }
+}
