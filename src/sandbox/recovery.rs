@@ -22,16 +22,12 @@ impl Manager {
         let stored: Vec<SandboxRecord> = self.store.all().map_err(SandboxError::internal)?;
         // A supervisor the old daemon started but never saw ready would go
         // on making its sandbox while it is torn down below: stop it first.
-        let finished: std::collections::HashSet<&str> = stored
+        let finished: std::collections::HashMap<&str, i32> = stored
             .iter()
             .filter(|r| !matches!(r.state, SandboxState::Creating | SandboxState::Deleting))
-            .map(|r| r.id.as_str())
+            .map(|r| (r.id.as_str(), r.supervisor_pid))
             .collect();
-        let supervisors: std::collections::HashMap<i32, &str> = stored
-            .iter()
-            .map(|r| (r.supervisor_pid, r.id.as_str()))
-            .collect();
-        self.kill_supervisors_except(&finished, &supervisors);
+        self.kill_supervisors_except(&finished);
         for mut record in stored {
             // The version is checked before anything else is said to it.
             let health = self.supervisors.health(&record.id).await;
@@ -115,16 +111,12 @@ impl Manager {
         self.records().insert(record.id.clone(), record);
     }
 
-    /// SIGKILLs this daemon's supervisors whose sandbox is not in `keep`.
-    /// A supervisor is `sandboxd supervise <run dir>/<id>` (`shim` before
-    /// the subcommand was renamed, for supervisors of earlier builds); its sandbox's
+    /// SIGKILLs this daemon's supervisors whose sandbox is not in `keep`
+    /// (sandbox id -> its record's supervisor pid). A supervisor is
+    /// `sandboxd supervise <run dir>/<id>` (`shim` before the subcommand
+    /// was renamed, for supervisors of earlier builds); its sandbox's
     /// processes live in the sandbox's cgroup and go with its teardown.
-    /// `supervisors` maps the records' supervisor pids to their sandbox.
-    fn kill_supervisors_except(
-        &self,
-        keep: &std::collections::HashSet<&str>,
-        supervisors: &std::collections::HashMap<i32, &str>,
-    ) {
+    fn kill_supervisors_except(&self, keep: &std::collections::HashMap<&str, i32>) {
         let run_dir = self.config.sandboxes_run_dir();
         for pid in crate::runtime::cgroups::supervisor_pids(&self.config.cgroup_parent) {
             let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
@@ -134,7 +126,7 @@ impl Manager {
             // A supervisor that began as a standby names no sandbox: it is
             // a record's by its pid, or an earlier daemon's idle standby.
             if args.contains(&crate::supervisor::standby::STANDBY_FLAG.as_bytes()) {
-                let owned = supervisors.get(&pid).is_some_and(|id| keep.contains(id));
+                let owned = keep.values().any(|kept| *kept == pid);
                 if !owned {
                     tracing::info!(pid, "stopping a standby supervisor no record owns");
                     let _ = nix::sys::signal::kill(
@@ -158,7 +150,7 @@ impl Manager {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            if keep.contains(id.as_str()) {
+            if keep.contains_key(id.as_str()) {
                 continue;
             }
             tracing::info!(sandbox = %id, pid, "stopping a supervisor no finished record owns");
@@ -173,26 +165,12 @@ impl Manager {
     /// sandboxes whose creation was cut off before their record was written
     /// (or whose record was lost).
     pub(super) async fn sweep_unowned(&self) {
-        let (known, supervisors): (
-            std::collections::HashSet<String>,
-            std::collections::HashMap<i32, String>,
-        ) = {
-            let records = self.records();
-            (
-                records.keys().cloned().collect(),
-                records
-                    .values()
-                    .map(|r| (r.supervisor_pid, r.id.clone()))
-                    .collect(),
-            )
-        };
-        self.kill_supervisors_except(
-            &known.iter().map(String::as_str).collect(),
-            &supervisors
-                .iter()
-                .map(|(p, id)| (*p, id.as_str()))
-                .collect(),
-        );
+        let known: std::collections::HashMap<String, i32> = self
+            .records()
+            .values()
+            .map(|r| (r.id.clone(), r.supervisor_pid))
+            .collect();
+        self.kill_supervisors_except(&known.iter().map(|(id, pid)| (id.as_str(), *pid)).collect());
         let mut unowned: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_run_dir()) {
             unowned.extend(
@@ -207,7 +185,7 @@ impl Manager {
         unowned.extend(crate::runtime::cgroups::sandbox_group_ids(
             &self.config.cgroup_parent,
         ));
-        for id in unowned.into_iter().filter(|id| !known.contains(id)) {
+        for id in unowned.into_iter().filter(|id| !known.contains_key(id)) {
             if crate::disk::validate_id(&id).is_err() {
                 continue;
             }
