@@ -258,22 +258,10 @@ async fn measure(
     (ready, output)
 }
 
+/// `runtime run` of `bundle` as run `i`'s container ([`peers::time_runtime_run`]).
 fn time_runtime(runtime: &str, bundle: &Path, i: usize, expect: &[u8]) -> f64 {
-    let start = Instant::now();
-    let out = Command::new(runtime)
-        .args(["run", "-b"])
-        .arg(bundle)
-        .arg(format!("bench-{runtime}-{}-{i}", std::process::id()))
-        .stdin(Stdio::null())
-        .output()
-        .expect("run runtime");
-    let elapsed = start.elapsed().as_secs_f64() * 1000.0;
-    assert!(
-        out.status.success() && out.stdout == expect,
-        "{runtime}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    elapsed
+    let name = format!("bench-{runtime}-{}-{i}", std::process::id());
+    peers::time_runtime_run(runtime, bundle, &name, expect)
 }
 
 fn main() {

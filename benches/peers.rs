@@ -6,7 +6,8 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::Instant;
 
 use serde_json::{json, Value};
 
@@ -157,4 +158,24 @@ pub fn remove_cgroup_parent(parent: &str) {
             let _ = std::fs::remove_dir(&group);
         }
     }
+}
+
+/// Milliseconds of one `RUNTIME run -b BUNDLE NAME` (runc or crun), which
+/// must succeed and print exactly `expect`.
+pub fn time_runtime_run(runtime: &str, bundle: &Path, name: &str, expect: &[u8]) -> f64 {
+    let start = Instant::now();
+    let out = Command::new(runtime)
+        .args(["run", "-b"])
+        .arg(bundle)
+        .arg(name)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run runtime");
+    let elapsed = start.elapsed().as_secs_f64() * 1000.0;
+    assert!(
+        out.status.success() && out.stdout == expect,
+        "{runtime}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    elapsed
 }

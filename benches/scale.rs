@@ -82,20 +82,8 @@ fn crun_burst(bundle: &Path, n: usize, round: usize) -> Burst {
         let runs: Vec<_> = (0..n)
             .map(|i| {
                 scope.spawn(move || {
-                    let start = Instant::now();
-                    let out = Command::new("crun")
-                        .args(["run", "-b"])
-                        .arg(bundle)
-                        .arg(format!("scale-{}-{round}-{i}", std::process::id()))
-                        .stdin(Stdio::null())
-                        .output()
-                        .expect("crun run");
-                    assert!(
-                        out.status.success() && out.stdout == b"1\n",
-                        "crun: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                    ms(start)
+                    let name = format!("scale-{}-{round}-{i}", std::process::id());
+                    peers::time_runtime_run("crun", bundle, &name, b"1\n")
                 })
             })
             .collect();
