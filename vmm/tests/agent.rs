@@ -141,13 +141,17 @@ fn the_guest_agent_answers_the_real_protocol() {
         .write_all(&(1u32 << 20).to_le_bytes())
         .expect("write");
     let mut buf = [0u8; 16];
-    assert_eq!(agent.stream.read(&mut buf).ok(), Some(0), "link reset");
+    assert_eq!(
+        common::read_some(&mut agent.stream, &mut buf).ok(),
+        Some(0),
+        "link reset"
+    );
 
     // End the VM through the echo port.
     let mut echo = UnixStream::connect(&uds).expect("connect");
     echo.write_all(b"CONNECT 1024\n").expect("write");
     let mut line = [0u8; 64];
-    let _ = echo.read(&mut line).expect("OK line");
+    let _ = common::read_some(&mut echo, &mut line).expect("OK line");
     echo.write_all(b"quit").expect("quit");
     let report = vm.join().expect("thread").expect("run");
     assert_eq!(report.exit, GuestExit::Code(0), "{:?}", serial.lines());

@@ -11,6 +11,18 @@ use std::sync::{Arc, Mutex};
 #[allow(unused_imports)]
 pub use sandboxd_test_support::{note_skip, skip, Reason};
 
+/// One `read(2)` that is retried when a signal interrupts it. The VMM runs
+/// in the test process and installs its vCPU kick handler without
+/// SA_RESTART, so a plain read on a test thread can end in EINTR.
+pub fn read_some(stream: &mut impl std::io::Read, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        match stream.read(buf) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
 /// The test guest, if it was built and KVM is usable; otherwise records the
 /// skip (sandboxd_test_support) and the caller returns.
 pub fn guest() -> Option<PathBuf> {
@@ -89,7 +101,7 @@ impl GuestConn {
         self.stream.write_all(b"count").expect("write count");
         // The guest answers in one packet, which the VMM writes at once.
         let mut buf = [0u8; 64];
-        let n = self.stream.read(&mut buf).expect("read count answer");
+        let n = read_some(&mut self.stream, &mut buf).expect("read count answer");
         let text = String::from_utf8_lossy(&buf[..n]).into_owned();
         text.strip_prefix("count=")
             .and_then(|v| v.parse().ok())
@@ -174,7 +186,7 @@ impl Agent {
                 return decode(&frame).expect("decode");
             }
             let mut buf = [0u8; 4096];
-            let n = self.stream.read(&mut buf).expect("read from the agent");
+            let n = read_some(&mut self.stream, &mut buf).expect("read from the agent");
             assert!(n > 0, "the agent closed its link");
             self.decoder.push(&buf[..n]);
         }
