@@ -97,7 +97,6 @@ impl GuestConn {
 
     /// Sends `count`; returns the counter the guest answers with.
     pub fn count(&mut self) -> u64 {
-        use std::io::Read;
         self.stream.write_all(b"count").expect("write count");
         // The guest answers in one packet, which the VMM writes at once.
         let mut buf = [0u8; 64];
@@ -180,7 +179,6 @@ impl Agent {
     }
 
     pub fn next_message(&mut self) -> AgentMessage {
-        use std::io::Read;
         loop {
             if let Some(frame) = self.decoder.next_frame().expect("frame") {
                 return decode(&frame).expect("decode");
