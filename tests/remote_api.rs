@@ -167,6 +167,14 @@ async fn the_remote_api_serves_token_holders_over_tls_and_refuses_everyone_else(
     let created = remote(&[&pinned[..], &["create", "--image", "busybox"]].concat());
     assert!(created.status.success(), "{}", text(&created));
     let id = String::from_utf8_lossy(&created.stdout).trim().to_string();
+    // Host paths are for callers on the host: 403 over the network.
+    let host_root = remote(&[&pinned[..], &["create", "--host-rootfs", "/"]].concat());
+    assert!(!host_root.status.success());
+    assert!(
+        text(&host_root).contains("only on its Unix socket"),
+        "{}",
+        text(&host_root)
+    );
     let echoed = remote(&[&pinned[..], &["exec", &id, "--", "echo", "over-tls"]].concat());
     assert!(echoed.status.success(), "{}", text(&echoed));
     assert_eq!(String::from_utf8_lossy(&echoed.stdout), "over-tls\n");

@@ -32,9 +32,21 @@ pub async fn openapi() -> impl IntoResponse {
 
 pub async fn create(
     State(manager): State<Arc<Manager>>,
+    extensions: axum::http::Extensions,
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: CreateSandbox = parse_json(&body)?;
+    // Host paths name the daemon's own files: only a caller on its host
+    // (the Unix socket, root only) may hand them in.
+    let remote = extensions
+        .get::<axum::extract::ConnectInfo<super::remote::listener::Peer>>()
+        .is_some();
+    if remote && !body.host_rootfs.is_empty() {
+        return Err(ApiError(crate::sandbox::SandboxError::Forbidden {
+            code: "host_rootfs_not_allowed",
+            message: "host_rootfs names directories on the daemon's host and is accepted only on its Unix socket".into(),
+        }));
+    }
     let (sandbox, grants) = manager.create_exposed(body.try_into()?).await?;
     Ok((
         StatusCode::CREATED,

@@ -114,6 +114,13 @@ pub struct CreateSandbox {
     /// auth); the create's answer lists them with their tokens.
     #[serde(default)]
     pub ports: Vec<u32>,
+    /// Directories on the daemon's host, top first, stacked read-only as
+    /// the sandbox's root instead of an image; owned by host ids, which
+    /// the sandbox sees shifted into its own (idmapped, no copy). What
+    /// containerd's shim passes for a bundle's root. Containers only;
+    /// refused on the remote API.
+    #[serde(default)]
+    pub host_rootfs: Vec<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/ports`

@@ -48,6 +48,7 @@ impl TryFrom<CreateSandbox> for CreateRequest {
             from_snapshot: body.from_snapshot,
             secrets: body.secrets,
             ports: body.ports.into_iter().map(PortRequest::http).collect(),
+            host_rootfs: body.host_rootfs.into_iter().map(Into::into).collect(),
         })
     }
 }

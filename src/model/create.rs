@@ -38,7 +38,14 @@ pub struct CreateRequest {
     pub secrets: Vec<String>,
     /// Ports to expose through the ingress once it is ready.
     pub ports: Vec<super::PortRequest>,
+    /// Directories on the daemon's host, top first, owned by host ids,
+    /// stacked read-only as the root instead of an image (a root
+    /// filesystem containerd unpacked for its shim). Local callers only.
+    pub host_rootfs: Vec<std::path::PathBuf>,
 }
+
+/// The image name a sandbox made from `host_rootfs` is recorded under.
+pub const HOST_ROOTFS_IMAGE: &str = "host-rootfs";
 
 impl CreateRequest {
     /// What an idempotency key is bound to: the sha256 (hex) of the request

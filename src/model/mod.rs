@@ -11,7 +11,7 @@ mod ports;
 mod process;
 mod sandbox;
 
-pub use create::CreateRequest;
+pub use create::{CreateRequest, HOST_ROOTFS_IMAGE};
 pub use ports::{ExposedPort, PortAuth, PortProtocol, PortRequest};
 pub use process::{Process, ProcessState};
 pub use sandbox::{Limits, RuntimeKind, SandboxState, UnknownRuntime, Usage, ID_MAP_SIZE};

@@ -38,6 +38,8 @@ pub enum ContainerError {
     #[error(transparent)]
     Netns(#[from] netns::NetnsError),
     #[error(transparent)]
+    Idmap(#[from] crate::runtime::idmap::IdmapError),
+    #[error(transparent)]
     Egress(#[from] crate::net::proxy::EgressError),
     #[error("building the container spec: {0}")]
     Spec(String),
@@ -136,7 +138,7 @@ pub(crate) fn prepare_root(
         netns::create(&paths.netns())?;
         crate::net::proxy::prepare(&paths.netns())?
     };
-    mount_root(config, &paths.rootfs())?;
+    mount_root(config, paths)?;
     write_etc(config, &paths.etc())?;
     Ok(egress)
 }
@@ -232,15 +234,27 @@ fn place_at_link_fd(child: OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
-fn mount_root(config: &SandboxSpec, target: &Path) -> Result<(), ContainerError> {
+fn mount_root(config: &SandboxSpec, paths: &SandboxPaths) -> Result<(), ContainerError> {
+    let target = paths.rootfs();
     let upper = config.layer_dir.join("upper");
     let work = config.layer_dir.join("work");
-    let lower: Vec<&Path> = config
+    let mut lower: Vec<&Path> = config
         .image_layers
         .iter()
         .chain(std::iter::once(&config.image_rootfs))
         .map(|p| p.as_path())
         .collect();
+    // Detached again once the overlay holds its own clones (on return).
+    let idmapped;
+    if config.host_owned_image {
+        idmapped = crate::runtime::idmap::idmap_layers(
+            &lower,
+            &paths.idmapped_layers(),
+            config.id_map_base,
+            config.id_map_size,
+        )?;
+        lower = idmapped.paths();
+    }
     // The descriptors a long stack is spelled with live until the mount is made.
     let (lower, _fds) =
         crate::image::lowerdir::lowerdir_value(&lower).map_err(prepare("image layers"))?;
@@ -251,7 +265,7 @@ fn mount_root(config: &SandboxSpec, target: &Path) -> Result<(), ContainerError>
     );
     mount(
         Some("overlay"),
-        target,
+        &target,
         Some("overlay"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(options.as_str()),

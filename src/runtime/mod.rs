@@ -1,6 +1,7 @@
 //! Sandbox runtimes: how a sandbox's isolation is made. Containers through
 //! youki's libcontainer ([`container`]), with the OCI spec built in [`spec`];
-//! checkpoints and forks of them through CRIU ([`criu`]). [`virt`] says
+//! checkpoints and forks of them through CRIU ([`criu`]); a root owned by
+//! host ids is shown under the sandbox's ids by [`idmap`]. [`virt`] says
 //! what virtualisation the host offers microVMs; [`microvm`] starts a
 //! microVM sandbox's VMM, in the groups [`vm_cgroups`] makes. What a runtime
 //! is asked to make is a [`sandbox::SandboxSpec`], under the run dir's
@@ -12,6 +13,7 @@ pub mod agent_binary;
 pub mod cgroups;
 pub mod container;
 pub mod criu;
+pub mod idmap;
 pub mod launch;
 pub mod microvm;
 pub mod paths;

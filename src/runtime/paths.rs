@@ -33,6 +33,11 @@ impl SandboxPaths {
     pub fn rootfs(&self) -> PathBuf {
         self.dir.join("rootfs")
     }
+    /// Where a host-owned root's layers are attached idmapped while the
+    /// root's overlay is mounted.
+    pub fn idmapped_layers(&self) -> PathBuf {
+        self.dir.join("idmapped")
+    }
     pub fn bundle(&self) -> PathBuf {
         self.dir.join("bundle")
     }

@@ -48,6 +48,11 @@ pub struct SandboxSpec {
     /// a microVM's tap) are left to make.
     #[serde(default)]
     pub netns_ready: bool,
+    /// The image and its layers are owned by host ids (a root filesystem
+    /// containerd unpacked), not by the shifted range: the container's
+    /// root mounts them idmapped. Containers only.
+    #[serde(default)]
+    pub host_owned_image: bool,
 }
 
 /// Which runtime makes a sandbox.

@@ -146,6 +146,7 @@ mod tests {
             ports: Vec::new(),
             process_user: None,
             foreign_supervisor: false,
+            host_rootfs: Vec::new(),
         }
     }
 

@@ -72,6 +72,7 @@ fn field_of(code: &str) -> Option<&'static str> {
         "invalid_mode" => "mode",
         "invalid_pty" => "pty",
         "invalid_port" => "port",
+        "invalid_host_rootfs" => "host_rootfs",
         _ => return None,
     })
 }

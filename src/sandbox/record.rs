@@ -77,6 +77,9 @@ pub struct SandboxRecord {
     /// resources. Not stored: each start checks the supervisor again.
     #[serde(skip)]
     pub foreign_supervisor: bool,
+    /// Its root is these host directories (top first), not an image.
+    #[serde(default)]
+    pub host_rootfs: Vec<std::path::PathBuf>,
 }
 
 pub fn now_ms() -> u64 {

@@ -89,6 +89,7 @@ impl Harness {
             ports: Vec::new(),
             process_user: None,
             foreign_supervisor: false,
+            host_rootfs: Vec::new(),
         };
         self.manager.persist(&record).expect("persist");
         self.manager.records().insert(id.into(), record.clone());

@@ -61,6 +61,55 @@ pub fn validated_limits(req: &CreateRequest, config: &Config) -> Result<Limits, 
     })
 }
 
+/// The most directories a host root may stack (as for pulled images).
+const MAX_HOST_ROOTFS_LAYERS: usize = 128;
+
+/// Checks a host root's directories: absolute, existing directories, not
+/// symlinks, and a container's only root (no image, spec or snapshot).
+pub fn validated_host_rootfs(req: &CreateRequest) -> Result<(), SandboxError> {
+    let bad = |message: String| SandboxError::bad("invalid_host_rootfs", message);
+    if req.host_rootfs.is_empty() {
+        return Ok(());
+    }
+    if req.image.is_some() || req.image_spec.is_some() || req.from_snapshot.is_some() {
+        return Err(bad(
+            "host_rootfs is the sandbox's root: give it without image or from_snapshot".into(),
+        ));
+    }
+    if req.runtime == Some(crate::model::RuntimeKind::Vm) {
+        return Err(bad(
+            "host_rootfs runs as a container only (a microVM needs its root as a disk); use runtime \"container\"".into(),
+        ));
+    }
+    if req.host_rootfs.len() > MAX_HOST_ROOTFS_LAYERS {
+        return Err(bad(format!(
+            "host_rootfs stacks at most {MAX_HOST_ROOTFS_LAYERS} directories, got {}",
+            req.host_rootfs.len()
+        )));
+    }
+    for dir in &req.host_rootfs {
+        if !dir.is_absolute() {
+            return Err(bad(format!(
+                "host_rootfs: {} is not an absolute path",
+                dir.display()
+            )));
+        }
+        match std::fs::symlink_metadata(dir) {
+            Ok(meta) if meta.is_dir() => {}
+            Ok(_) => {
+                return Err(bad(format!(
+                    "host_rootfs: {} is not a directory (symlinks are not followed)",
+                    dir.display()
+                )))
+            }
+            Err(e) => {
+                return Err(bad(format!("host_rootfs: {}: {e}", dir.display())));
+            }
+        }
+    }
+    Ok(())
+}
+
 pub fn validated_ttl(ttl: i64) -> Result<i64, SandboxError> {
     if ttl == -1 || (1..=MAX_TTL_SECONDS).contains(&ttl) {
         Ok(ttl)

@@ -177,6 +177,7 @@ impl Manager {
             idempotency_key: None,
             request_digest: None,
             network: self.pooled_network(),
+            host_rootfs: Vec::new(),
         }
     }
 

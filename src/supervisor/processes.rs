@@ -746,6 +746,7 @@ mod tests {
                 devices: Default::default(),
                 kind,
                 netns_ready: false,
+                host_owned_image: false,
             },
             output_buffer_bytes: 1 << 20,
             network: Default::default(),

@@ -5,7 +5,7 @@
 
 mod auth;
 pub mod identity;
-mod listener;
+pub(super) mod listener;
 pub mod tokens;
 
 use std::future::Future;

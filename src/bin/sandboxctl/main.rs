@@ -255,6 +255,10 @@ struct CreateArgs {
     /// Fork a memory snapshot: start with its processes where they stood.
     #[arg(long, value_parser = units::parse_id)]
     from_snapshot: Option<String>,
+    /// A directory on the daemon's host as the root instead of an image,
+    /// owned by host ids (repeat to stack more; the first is the top).
+    #[arg(long = "host-rootfs", conflicts_with_all = ["image", "from_snapshot"])]
+    host_rootfs: Vec<PathBuf>,
     /// Bind a brokered secret by name (repeat for more).
     #[arg(long = "secret")]
     secrets: Vec<String>,
@@ -413,6 +417,11 @@ impl CreateArgs {
             from_snapshot: self.from_snapshot,
             secrets: self.secrets,
             ports: self.ports,
+            host_rootfs: self
+                .host_rootfs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect(),
         }
     }
 }

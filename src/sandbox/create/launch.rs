@@ -62,6 +62,7 @@ impl Manager {
                     (None, None) => RuntimeSpec::Container,
                 },
                 netns_ready,
+                host_owned_image: root.host_owned,
             },
             output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
             network: record.network.clone(),

@@ -100,6 +100,8 @@ pub(super) struct ColdCreate {
     pub(super) runtime: RuntimeKind,
     /// The brokered secrets it binds.
     pub(super) secrets: Vec<crate::secrets::SecretBinding>,
+    /// Host directories as its root instead of an image.
+    pub(super) host_rootfs: Vec<std::path::PathBuf>,
 }
 
 /// What the admission of a create decided, beyond the request itself.
@@ -255,6 +257,7 @@ impl Manager {
         req: CreateRequest,
         request_digest: Option<String>,
     ) -> Result<SandboxRecord, SandboxError> {
+        super::validate::validated_host_rootfs(&req)?;
         let gpu = GpuRequest::from_create(req.runtime, req.gpu.as_deref(), req.gpu_count)?;
         let runtime = req.runtime.unwrap_or_default();
         if runtime == RuntimeKind::Vm {
@@ -310,6 +313,7 @@ impl Manager {
         let id = new_id();
         let image_name = match &req.image_spec {
             Some(spec) => self.built_image_name(&id, spec).await?,
+            None if !req.host_rootfs.is_empty() => crate::model::HOST_ROOTFS_IMAGE.to_string(),
             None => req
                 .image
                 .clone()
@@ -334,8 +338,8 @@ impl Manager {
                 _ => {}
             }
         }
-        // The warm pools hold containers.
-        if runtime == RuntimeKind::Container {
+        // The warm pools hold containers of images.
+        if runtime == RuntimeKind::Container && req.host_rootfs.is_empty() {
             if let Some(view) = self
                 .claim_pooled(PoolClaim {
                     image: &image_name,
@@ -367,6 +371,7 @@ impl Manager {
             from_snapshot: None,
             runtime,
             secrets,
+            host_rootfs: req.host_rootfs,
         })
         .await
     }
@@ -453,6 +458,7 @@ impl Manager {
             from_snapshot,
             runtime,
             secrets,
+            host_rootfs,
         } = create;
         // A caller's create takes the room of pooled sandboxes when it
         // needs it: the pools never keep real work off the host.
@@ -514,6 +520,7 @@ impl Manager {
                 ports: Vec::new(),
                 process_user: None,
                 foreign_supervisor: false,
+                host_rootfs,
             };
             records.insert(id.clone(), record.clone());
             record

@@ -21,6 +21,8 @@ pub(super) struct Root {
     pub(super) vm_restore: Option<crate::runtime::sandbox::VmRestore>,
     /// A microVM's filesystem snapshot used as its image: its disk.
     pub(super) vm_scratch: Option<PathBuf>,
+    /// The image is host directories owned by host ids (`host_rootfs`).
+    pub(super) host_owned: bool,
 }
 
 impl Manager {
@@ -135,6 +137,18 @@ impl Manager {
         let mut restore = None;
         let mut vm_restore = None;
         let mut vm_scratch = None;
+        if !record.host_rootfs.is_empty() {
+            let image = host_rootfs_image(&record.host_rootfs);
+            let layers = image.layers.clone();
+            return Ok(Root {
+                image,
+                layers,
+                restore,
+                vm_restore,
+                vm_scratch,
+                host_owned: true,
+            });
+        }
         let (image, layers) = match fork {
             Some(snapshot) if snapshot.memory.as_ref().is_some_and(|m| m.vm.is_some()) => {
                 // The VMM checks its own snapshot files before it maps them.
@@ -216,6 +230,7 @@ impl Manager {
             restore,
             vm_restore,
             vm_scratch,
+            host_owned: false,
         })
     }
 
@@ -290,5 +305,28 @@ impl Manager {
                 .vm_uid
                 .ok_or_else(|| SandboxError::internal("a microVM record without its uid"))?,
         })
+    }
+}
+
+/// `dirs` (top first) as an image: the bottom one its root, the others its
+/// layers; its digest names the directories, which is all that is known of
+/// them.
+fn host_rootfs_image(dirs: &[PathBuf]) -> crate::image::Image {
+    use sha2::{Digest, Sha256};
+    let mut hash = Sha256::new();
+    for dir in dirs {
+        hash.update(dir.as_os_str().as_encoded_bytes());
+        hash.update([0]);
+    }
+    let (rootfs, layers) = match dirs.split_last() {
+        Some((bottom, above)) => (bottom.clone(), above.to_vec()),
+        None => (PathBuf::new(), Vec::new()),
+    };
+    crate::image::Image {
+        name: crate::model::HOST_ROOTFS_IMAGE.to_string(),
+        digest: format!("sha256:{}", hex::encode(hash.finalize())),
+        rootfs,
+        layers,
+        defaults: Default::default(),
     }
 }

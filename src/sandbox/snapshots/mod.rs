@@ -90,6 +90,14 @@ impl Manager {
                 ),
             });
         }
+        if !record.host_rootfs.is_empty() {
+            // A snapshot stacks on its image, and host directories are
+            // not kept by the daemon: they may be gone when it is used.
+            return Err(SandboxError::bad(
+                "host_rootfs_snapshot_unsupported",
+                format!("sandbox {id} runs on host directories (host_rootfs), which the daemon does not keep; it cannot be snapshotted"),
+            ));
+        }
         if kind == SnapshotKind::Memory && !record.gpus.is_empty() {
             return Err(SandboxError::bad(
                 "gpu_snapshot_unsupported",
@@ -566,6 +574,7 @@ impl Manager {
             from_snapshot: Some(snapshot.to_string()),
             runtime,
             secrets,
+            host_rootfs: Vec::new(),
         })
         .await
     }
