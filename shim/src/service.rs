@@ -1,0 +1,586 @@
+//! containerd's Task service over sandboxd: a task is a sandbox (made at
+//! Create from the bundle's root and spec), its init and execs are
+//! sandboxd processes (started at Start), and every answer and event
+//! containerd expects is made from what sandboxd says. No isolation here.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use containerd_shim::api;
+use containerd_shim::protos::events::task::{
+    TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskStart,
+};
+use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
+use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
+use containerd_shim::protos::topics::{
+    TASK_CREATE_EVENT_TOPIC, TASK_DELETE_EVENT_TOPIC, TASK_EXEC_ADDED_EVENT_TOPIC,
+    TASK_EXEC_STARTED_EVENT_TOPIC, TASK_EXIT_EVENT_TOPIC, TASK_START_EVENT_TOPIC,
+};
+use containerd_shim::protos::ttrpc::{self, Code};
+use containerd_shim::protos::types::task::{ProcessInfo, Status};
+use containerd_shim::publisher::RemotePublisher;
+use containerd_shim::{ExitSignal, Task, TtrpcContext, TtrpcResult};
+use serde_json::Value;
+
+use crate::daemon::{Daemon, DaemonError};
+use crate::process::{self, Process, State, Stdio};
+use crate::spec;
+
+fn status(code: Code, message: impl Into<String>) -> ttrpc::Error {
+    ttrpc::Error::RpcStatus(ttrpc::get_status(code, message.into()))
+}
+
+fn from_daemon(e: DaemonError) -> ttrpc::Error {
+    let code = match &e {
+        DaemonError::Refused { status: 404, .. } => Code::NOT_FOUND,
+        DaemonError::Refused {
+            status: 400 | 403, ..
+        } => Code::INVALID_ARGUMENT,
+        DaemonError::Refused { status: 409, .. } => Code::FAILED_PRECONDITION,
+        DaemonError::Refused { status: 503, .. } => Code::RESOURCE_EXHAUSTED,
+        _ => Code::UNAVAILABLE,
+    };
+    status(code, e.to_string())
+}
+
+fn from_spec(e: spec::SpecError) -> ttrpc::Error {
+    status(Code::INVALID_ARGUMENT, format!("sandboxd: {e}"))
+}
+
+/// One task: its sandbox and processes.
+struct Container {
+    bundle: PathBuf,
+    sandbox: String,
+    init: Arc<Process>,
+    execs: Mutex<HashMap<String, Arc<Process>>>,
+}
+
+impl Container {
+    fn process(&self, exec_id: &str) -> TtrpcResult<Arc<Process>> {
+        if exec_id.is_empty() {
+            return Ok(Arc::clone(&self.init));
+        }
+        self.execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(exec_id)
+            .cloned()
+            .ok_or_else(|| status(Code::NOT_FOUND, format!("exec {exec_id} not found")))
+    }
+}
+
+pub struct Service {
+    daemon: Daemon,
+    namespace: String,
+    publisher: Arc<RemotePublisher>,
+    exit: Arc<ExitSignal>,
+    containers: Mutex<HashMap<String, Arc<Container>>>,
+}
+
+impl Service {
+    pub fn new(namespace: &str, publisher: RemotePublisher, exit: Arc<ExitSignal>) -> Service {
+        Service {
+            daemon: Daemon::from_env(),
+            namespace: namespace.to_string(),
+            publisher: Arc::new(publisher),
+            exit,
+            containers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn containers(&self) -> MutexGuard<'_, HashMap<String, Arc<Container>>> {
+        self.containers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn container(&self, id: &str) -> TtrpcResult<Arc<Container>> {
+        self.containers()
+            .get(id)
+            .cloned()
+            .ok_or_else(|| status(Code::NOT_FOUND, format!("container {id} not found")))
+    }
+
+    fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
+        publish(&self.publisher, &self.namespace, topic, event);
+    }
+
+    /// The pid containerd sees for a process: the shim's own for the init
+    /// (the sandbox's host processes are sandboxd's), the pid inside the
+    /// sandbox for an exec.
+    fn pid_of(&self, process: &Process) -> u32 {
+        if process.exec_id.is_empty() {
+            return std::process::id();
+        }
+        match process.state() {
+            State::Running { pid, .. } | State::Exited { pid, .. } => pid,
+            State::Created => 0,
+        }
+    }
+}
+
+fn publish(publisher: &RemotePublisher, namespace: &str, topic: &str, event: Box<dyn MessageDyn>) {
+    let ctx = containerd_shim::Context::default();
+    if let Err(e) = publisher.publish(ctx, topic, namespace, event) {
+        log::warn!("publishing {topic}: {e}");
+    }
+}
+
+fn stdio_of(stdin: &str, stdout: &str, stderr: &str) -> Stdio {
+    Stdio {
+        stdin: stdin.to_string(),
+        stdout: stdout.to_string(),
+        stderr: stderr.to_string(),
+    }
+}
+
+impl Task for Service {
+    fn create(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::CreateTaskRequest,
+    ) -> TtrpcResult<api::CreateTaskResponse> {
+        if req.terminal {
+            return Err(status(
+                Code::INVALID_ARGUMENT,
+                "sandboxd: a terminal is not supported by the sandboxd shim yet; run without -t",
+            ));
+        }
+        if !req.checkpoint.is_empty() {
+            return Err(status(
+                Code::INVALID_ARGUMENT,
+                "sandboxd: restoring a containerd checkpoint is not supported; use sandboxd's snapshots",
+            ));
+        }
+        let bundle = PathBuf::from(&req.bundle);
+        let config = spec::read_bundle(&bundle).map_err(from_spec)?;
+        let mounts: Vec<spec::RootMount<'_>> = req
+            .rootfs
+            .iter()
+            .map(|m| spec::RootMount {
+                kind: &m.type_,
+                source: &m.source,
+                options: &m.options,
+            })
+            .collect();
+        let host_rootfs = spec::host_rootfs(&mounts, &bundle).map_err(from_spec)?;
+        let body =
+            spec::sandbox(&config, &host_rootfs, &self.namespace, &req.id).map_err(from_spec)?;
+        let init = spec::process(&config["process"], "process").map_err(from_spec)?;
+        let created = self
+            .daemon
+            .call("POST", "/v1/sandboxes", Some(&body))
+            .map_err(from_daemon)?;
+        let sandbox = created["id"]
+            .as_str()
+            .ok_or_else(|| {
+                status(
+                    Code::INTERNAL,
+                    format!("sandboxd's create answer has no id: {created}"),
+                )
+            })?
+            .to_string();
+        let container = Arc::new(Container {
+            bundle,
+            sandbox,
+            init: Process::new("", init, stdio_of(&req.stdin, &req.stdout, &req.stderr)),
+            execs: Mutex::new(HashMap::new()),
+        });
+        let pid = self.pid_of(&container.init);
+        self.containers().insert(req.id.clone(), container);
+        self.publish(
+            TASK_CREATE_EVENT_TOPIC,
+            Box::new(TaskCreate {
+                container_id: req.id.clone(),
+                bundle: req.bundle.clone(),
+                rootfs: req.rootfs.clone(),
+                io: MessageField::some(containerd_shim::protos::events::task::TaskIO {
+                    stdin: req.stdin.clone(),
+                    stdout: req.stdout.clone(),
+                    stderr: req.stderr.clone(),
+                    terminal: false,
+                    ..Default::default()
+                }),
+                pid,
+                ..Default::default()
+            }),
+        );
+        Ok(api::CreateTaskResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    fn start(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StartRequest,
+    ) -> TtrpcResult<api::StartResponse> {
+        let container = self.container(&req.id)?;
+        let process = container.process(&req.exec_id)?;
+        if !matches!(process.state(), State::Created) {
+            return Err(status(
+                Code::FAILED_PRECONDITION,
+                "the process was already started",
+            ));
+        }
+        let mut body = process.spec.body.clone();
+        body["stdin"] = Value::Bool(!process.stdio.stdin.is_empty());
+        let started = self
+            .daemon
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{}/processes", container.sandbox),
+                Some(&body),
+            )
+            .map_err(from_daemon)?;
+        let api_id = started["id"].as_u64().ok_or_else(|| {
+            status(
+                Code::INTERNAL,
+                format!("sandboxd's start answer has no id: {started}"),
+            )
+        })?;
+        let inner_pid = started["pid"]
+            .as_u64()
+            .and_then(|p| u32::try_from(p).ok())
+            .unwrap_or(0);
+        process.set_running(api_id, inner_pid);
+        let pid = self.pid_of(&process);
+
+        if !process.stdio.stdin.is_empty() {
+            let (daemon, sandbox, path) = (
+                self.daemon.clone(),
+                container.sandbox.clone(),
+                process.stdio.stdin.clone(),
+            );
+            std::thread::spawn(move || process::copy_stdin(&daemon, &sandbox, api_id, &path));
+        }
+        {
+            let daemon = self.daemon.clone();
+            let sandbox = container.sandbox.clone();
+            let process = Arc::clone(&process);
+            let publisher = Arc::clone(&self.publisher);
+            let namespace = self.namespace.clone();
+            let container_id = req.id.clone();
+            std::thread::spawn(move || {
+                let code = process::copy_output(&daemon, &sandbox, api_id, &process.stdio);
+                if process.set_exited(code) {
+                    let (code, at) = process.wait();
+                    let exec_id = if process.exec_id.is_empty() {
+                        container_id.clone()
+                    } else {
+                        process.exec_id.clone()
+                    };
+                    publish(
+                        &publisher,
+                        &namespace,
+                        TASK_EXIT_EVENT_TOPIC,
+                        Box::new(TaskExit {
+                            container_id,
+                            id: exec_id,
+                            pid,
+                            exit_status: code,
+                            exited_at: MessageField::some(at),
+                            ..Default::default()
+                        }),
+                    );
+                }
+            });
+        }
+        if req.exec_id.is_empty() {
+            self.publish(
+                TASK_START_EVENT_TOPIC,
+                Box::new(TaskStart {
+                    container_id: req.id.clone(),
+                    pid,
+                    ..Default::default()
+                }),
+            );
+        } else {
+            self.publish(
+                TASK_EXEC_STARTED_EVENT_TOPIC,
+                Box::new(TaskExecStarted {
+                    container_id: req.id.clone(),
+                    exec_id: req.exec_id.clone(),
+                    pid,
+                    ..Default::default()
+                }),
+            );
+        }
+        Ok(api::StartResponse {
+            pid,
+            ..Default::default()
+        })
+    }
+
+    fn state(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::StateRequest,
+    ) -> TtrpcResult<api::StateResponse> {
+        let container = self.container(&req.id)?;
+        let process = container.process(&req.exec_id)?;
+        let mut response = api::StateResponse {
+            id: req.id.clone(),
+            bundle: container.bundle.display().to_string(),
+            pid: self.pid_of(&process),
+            stdin: process.stdio.stdin.clone(),
+            stdout: process.stdio.stdout.clone(),
+            stderr: process.stdio.stderr.clone(),
+            exec_id: req.exec_id.clone(),
+            ..Default::default()
+        };
+        match process.state() {
+            State::Created => response.set_status(Status::CREATED),
+            State::Running { .. } => response.set_status(Status::RUNNING),
+            State::Exited { code, at, .. } => {
+                response.set_status(Status::STOPPED);
+                response.exit_status = code;
+                response.exited_at = MessageField::some(at);
+            }
+        }
+        Ok(response)
+    }
+
+    fn wait(&self, _ctx: &TtrpcContext, req: api::WaitRequest) -> TtrpcResult<api::WaitResponse> {
+        let process = self.container(&req.id)?.process(&req.exec_id)?;
+        let (code, at) = process.wait();
+        Ok(api::WaitResponse {
+            exit_status: code,
+            exited_at: MessageField::some(at),
+            ..Default::default()
+        })
+    }
+
+    fn kill(&self, _ctx: &TtrpcContext, req: api::KillRequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id)?;
+        let process = container.process(&req.exec_id)?;
+        let mut targets = vec![process];
+        if req.all && req.exec_id.is_empty() {
+            targets.extend(
+                container
+                    .execs
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .values()
+                    .cloned(),
+            );
+        }
+        let mut signalled = false;
+        for target in targets {
+            match target.state() {
+                State::Running { api_id, .. } => {
+                    let path = format!(
+                        "/v1/sandboxes/{}/processes/{api_id}/signal",
+                        container.sandbox
+                    );
+                    match self.daemon.call(
+                        "POST",
+                        &path,
+                        Some(&serde_json::json!({"signal": req.signal})),
+                    ) {
+                        Ok(_) => signalled = true,
+                        // It ended meanwhile; its exit is on its way.
+                        Err(DaemonError::Refused { status: 409, .. }) => {}
+                        Err(e) => return Err(from_daemon(e)),
+                    }
+                }
+                // Never started: it ends here, as runc's created init would.
+                State::Created => {
+                    target.set_exited(128 + req.signal);
+                    signalled = true;
+                }
+                State::Exited { .. } => {}
+            }
+        }
+        if !signalled && !req.all {
+            return Err(status(Code::NOT_FOUND, "process already finished"));
+        }
+        Ok(api::Empty::new())
+    }
+
+    fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<api::Empty> {
+        if req.terminal {
+            return Err(status(
+                Code::INVALID_ARGUMENT,
+                "sandboxd: a terminal is not supported by the sandboxd shim yet; exec without -t",
+            ));
+        }
+        let container = self.container(&req.id)?;
+        let spec_json: Value = serde_json::from_slice(&req.spec.value).map_err(|e| {
+            status(
+                Code::INVALID_ARGUMENT,
+                format!("the exec's process spec: {e}"),
+            )
+        })?;
+        let spec = spec::process(&spec_json, "exec.process").map_err(from_spec)?;
+        let mut execs = container.execs.lock().unwrap_or_else(|p| p.into_inner());
+        if execs.contains_key(&req.exec_id) {
+            return Err(status(
+                Code::ALREADY_EXISTS,
+                format!("exec {} exists", req.exec_id),
+            ));
+        }
+        execs.insert(
+            req.exec_id.clone(),
+            Process::new(
+                &req.exec_id,
+                spec,
+                stdio_of(&req.stdin, &req.stdout, &req.stderr),
+            ),
+        );
+        drop(execs);
+        self.publish(
+            TASK_EXEC_ADDED_EVENT_TOPIC,
+            Box::new(TaskExecAdded {
+                container_id: req.id.clone(),
+                exec_id: req.exec_id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(api::Empty::new())
+    }
+
+    fn delete(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::DeleteRequest,
+    ) -> TtrpcResult<api::DeleteResponse> {
+        let container = self.container(&req.id)?;
+        let process = container.process(&req.exec_id)?;
+        let pid = self.pid_of(&process);
+        if !req.exec_id.is_empty() {
+            if matches!(process.state(), State::Running { .. }) {
+                return Err(status(
+                    Code::FAILED_PRECONDITION,
+                    "the exec is still running",
+                ));
+            }
+            container
+                .execs
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&req.exec_id);
+            let (code, at) = exited(&process);
+            return Ok(api::DeleteResponse {
+                pid,
+                exit_status: code,
+                exited_at: MessageField::some(at),
+                ..Default::default()
+            });
+        }
+        // Removing the sandbox ends whatever still runs in it.
+        match self.daemon.call(
+            "DELETE",
+            &format!("/v1/sandboxes/{}", container.sandbox),
+            None,
+        ) {
+            Ok(_) | Err(DaemonError::Refused { status: 404, .. }) => {}
+            Err(e) => return Err(from_daemon(e)),
+        }
+        process.set_exited(137);
+        for exec in container
+            .execs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+        {
+            exec.set_exited(137);
+        }
+        self.containers().remove(&req.id);
+        let (code, at) = exited(&process);
+        self.publish(
+            TASK_DELETE_EVENT_TOPIC,
+            Box::new(TaskDelete {
+                container_id: req.id.clone(),
+                pid,
+                exit_status: code,
+                exited_at: MessageField::some(at.clone()),
+                id: req.id.clone(),
+                ..Default::default()
+            }),
+        );
+        Ok(api::DeleteResponse {
+            pid,
+            exit_status: code,
+            exited_at: MessageField::some(at),
+            ..Default::default()
+        })
+    }
+
+    fn pids(&self, _ctx: &TtrpcContext, req: api::PidsRequest) -> TtrpcResult<api::PidsResponse> {
+        let container = self.container(&req.id)?;
+        let list = self
+            .daemon
+            .call(
+                "GET",
+                &format!("/v1/sandboxes/{}/processes", container.sandbox),
+                None,
+            )
+            .map_err(from_daemon)?;
+        let processes = list["processes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|p| p["state"] == "running")
+            .filter_map(|p| p["pid"].as_u64().and_then(|pid| u32::try_from(pid).ok()))
+            .map(|pid| ProcessInfo {
+                pid,
+                ..Default::default()
+            })
+            .collect();
+        Ok(api::PidsResponse {
+            processes,
+            ..Default::default()
+        })
+    }
+
+    fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id)?;
+        let process = container.process(&req.exec_id)?;
+        if let State::Running { api_id, .. } = process.state() {
+            if req.stdin {
+                process::close_stdin(&self.daemon, &container.sandbox, api_id);
+            }
+        }
+        Ok(api::Empty::new())
+    }
+
+    fn connect(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ConnectRequest,
+    ) -> TtrpcResult<api::ConnectResponse> {
+        let container = self.container(&req.id)?;
+        Ok(api::ConnectResponse {
+            shim_pid: std::process::id(),
+            task_pid: self.pid_of(&container.init),
+            ..Default::default()
+        })
+    }
+
+    fn shutdown(&self, _ctx: &TtrpcContext, _req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
+        if self.containers().is_empty() {
+            self.exit.signal();
+        }
+        Ok(api::Empty::new())
+    }
+
+    fn stats(
+        &self,
+        _ctx: &TtrpcContext,
+        _req: api::StatsRequest,
+    ) -> TtrpcResult<api::StatsResponse> {
+        Err(status(
+            Code::UNIMPLEMENTED,
+            "sandboxd: task metrics are not served by the shim yet; read GET /v1/sandboxes/{id} usage",
+        ))
+    }
+}
+
+/// The exit of a process that has exited, or (not yet) status 0 now.
+fn exited(process: &Process) -> (u32, Timestamp) {
+    match process.state() {
+        State::Exited { code, at, .. } => (code, at),
+        _ => (0, containerd_shim::util::timestamp().unwrap_or_default()),
+    }
+}

@@ -1,0 +1,430 @@
+//! What containerd hands the shim, as sandboxd requests: the bundle's OCI
+//! `config.json` becomes a create body and a process body, the rootfs
+//! mounts become `host_rootfs`. Whatever the spec asks that sandboxd cannot
+//! honour is refused with the field's name, never dropped silently.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{json, Map, Value};
+
+/// Annotations that select sandboxd features for a task (or a pod).
+pub mod annotations {
+    pub const RUNTIME: &str = "sandboxd.io/runtime";
+    pub const BLOCK_NETWORK: &str = "sandboxd.io/block-network";
+    pub const ALLOW_LIST: &str = "sandboxd.io/allow-list";
+    pub const SECRETS: &str = "sandboxd.io/secrets";
+    pub const TTL_SECONDS: &str = "sandboxd.io/ttl-seconds";
+}
+
+/// The labels a task's sandbox carries, so `shim delete` finds it.
+pub const LABEL_NAMESPACE: &str = "containerd.io/namespace";
+pub const LABEL_ID: &str = "containerd.io/id";
+
+/// Mounts every container gets from sandboxd itself; the spec may list
+/// them (containerd's default spec does).
+const STANDARD_DESTINATIONS: &[&str] = &[
+    "/proc",
+    "/dev",
+    "/dev/pts",
+    "/dev/shm",
+    "/dev/mqueue",
+    "/sys",
+    "/sys/fs/cgroup",
+    "/run",
+];
+
+#[derive(Debug, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct SpecError {
+    pub field: String,
+    pub message: String,
+}
+
+fn refuse(field: impl Into<String>, message: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// A process to start in the sandbox: the API's start body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessSpec {
+    pub body: Value,
+}
+
+/// Reads `<bundle>/config.json`.
+pub fn read_bundle(bundle: &Path) -> Result<Value, SpecError> {
+    let path = bundle.join("config.json");
+    let text = std::fs::read(&path)
+        .map_err(|e| refuse("config.json", format!("reading {}: {e}", path.display())))?;
+    serde_json::from_slice(&text).map_err(|e| refuse("config.json", e.to_string()))
+}
+
+/// The process of an OCI `process` object (the task's, or an exec's).
+pub fn process(process: &Value, field: &str) -> Result<ProcessSpec, SpecError> {
+    if process.get("terminal").and_then(Value::as_bool) == Some(true) {
+        return Err(refuse(
+            format!("{field}.terminal"),
+            "a terminal is not supported by the sandboxd shim yet; run without -t",
+        ));
+    }
+    let args: Vec<String> = process
+        .get("args")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    if args.is_empty() {
+        return Err(refuse(format!("{field}.args"), "no command to run"));
+    }
+    let mut env = Map::new();
+    for entry in process
+        .get("env")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let entry = entry.as_str().unwrap_or_default();
+        let (key, value) = entry.split_once('=').ok_or_else(|| {
+            refuse(
+                format!("{field}.env"),
+                format!("{entry:?} is not KEY=VALUE"),
+            )
+        })?;
+        env.insert(key.to_string(), Value::String(value.to_string()));
+    }
+    let mut body = json!({"argv": args, "env": env, "stdin": true});
+    if let Some(cwd) = process.get("cwd").and_then(Value::as_str) {
+        body["cwd"] = json!(cwd);
+    }
+    if let Some(user) = process.get("user") {
+        let uid = user.get("uid").and_then(Value::as_u64).unwrap_or(0);
+        let gid = user.get("gid").and_then(Value::as_u64).unwrap_or(0);
+        body["uid"] = json!(uid);
+        body["gid"] = json!(gid);
+        if user
+            .get("additionalGids")
+            .and_then(Value::as_array)
+            .is_some_and(|g| g.iter().any(|g| g.as_u64() != Some(gid)))
+        {
+            return Err(refuse(
+                format!("{field}.user.additionalGids"),
+                "supplementary groups are not supported by sandboxd",
+            ));
+        }
+    }
+    Ok(ProcessSpec { body })
+}
+
+/// The create body of a task's sandbox: its root, limits from
+/// `linux.resources`, features from annotations, and labels naming the task.
+pub fn sandbox(
+    config: &Value,
+    host_rootfs: &[PathBuf],
+    namespace: &str,
+    id: &str,
+) -> Result<Value, SpecError> {
+    let mut body = json!({
+        "host_rootfs": host_rootfs.iter().map(|p| p.display().to_string()).collect::<Vec<_>>(),
+        "ttl_seconds": -1,
+        "labels": {LABEL_NAMESPACE: namespace, LABEL_ID: id},
+    });
+    let linux = config.get("linux").cloned().unwrap_or(Value::Null);
+    check_namespaces(&linux)?;
+    // Device cgroup rules (linux.resources.devices) only narrow access and
+    // sandboxd applies its own, narrower set; device nodes to create are
+    // another matter.
+    if linux
+        .get("devices")
+        .and_then(Value::as_array)
+        .is_some_and(|d| !d.is_empty())
+    {
+        return Err(refuse(
+            "linux.devices",
+            "device nodes from the host are not given to sandboxes (GPUs go through sandboxd's gpu option)",
+        ));
+    }
+    check_mounts(config)?;
+    if let Some(resources) = linux.get("resources") {
+        limits(resources, &mut body)?;
+    }
+    if let Some(annotations) = config.get("annotations").and_then(Value::as_object) {
+        features(annotations, &mut body)?;
+    }
+    Ok(body)
+}
+
+fn check_namespaces(linux: &Value) -> Result<(), SpecError> {
+    let namespaces = linux
+        .get("namespaces")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let network = namespaces
+        .iter()
+        .find(|n| n.get("type").and_then(Value::as_str) == Some("network"));
+    match network {
+        None => Err(refuse(
+            "linux.namespaces",
+            "no network namespace (host networking) cannot be sandboxed; sandboxd gives every sandbox its own",
+        )),
+        Some(ns) if ns.get("path").and_then(Value::as_str).is_some_and(|p| !p.is_empty()) => {
+            Err(refuse(
+                "linux.namespaces[network].path",
+                "joining an existing network namespace (a CRI pod's) is not supported by the sandboxd shim yet",
+            ))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+fn check_mounts(config: &Value) -> Result<(), SpecError> {
+    for (index, mount) in config
+        .get("mounts")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let destination = mount
+            .get("destination")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if !STANDARD_DESTINATIONS.contains(&destination) {
+            return Err(refuse(
+                format!("mounts[{index}]"),
+                format!("{destination}: mounts from the host are not supported by sandboxd (only its own /proc, /dev, /sys, /run)"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn limits(resources: &Value, body: &mut Value) -> Result<(), SpecError> {
+    if let Some(limit) = resources.pointer("/memory/limit").and_then(Value::as_i64) {
+        if limit > 0 {
+            let mib = (limit as u64).div_ceil(1024 * 1024);
+            body["memory_mib"] = json!(mib);
+        }
+    }
+    let quota = resources.pointer("/cpu/quota").and_then(Value::as_i64);
+    let period = resources.pointer("/cpu/period").and_then(Value::as_u64);
+    if let (Some(quota), Some(period)) = (quota, period) {
+        if quota > 0 && period > 0 {
+            body["cpu"] = json!(quota as f64 / period as f64);
+        }
+    }
+    if let Some(pids) = resources.pointer("/pids/limit").and_then(Value::as_i64) {
+        if pids > 0 {
+            body["pids"] = json!(pids);
+        }
+    }
+    Ok(())
+}
+
+fn features(annotations: &Map<String, Value>, body: &mut Value) -> Result<(), SpecError> {
+    let get = |key: &str| annotations.get(key).and_then(Value::as_str);
+    if let Some(runtime) = get(annotations::RUNTIME) {
+        match runtime {
+            "container" => {}
+            "vm" => {
+                return Err(refuse(
+                    annotations::RUNTIME,
+                    "vm: microVM tasks need the root as a disk, which the shim does not make yet; use container",
+                ))
+            }
+            other => {
+                return Err(refuse(
+                    annotations::RUNTIME,
+                    format!("{other:?} is neither container nor vm"),
+                ))
+            }
+        }
+    }
+    if let Some(block) = get(annotations::BLOCK_NETWORK) {
+        let block = match block {
+            "true" => true,
+            "false" => false,
+            other => {
+                return Err(refuse(
+                    annotations::BLOCK_NETWORK,
+                    format!("{other:?} is neither true nor false"),
+                ))
+            }
+        };
+        body["block_network"] = json!(block);
+    }
+    let list = |value: &str| -> Vec<String> {
+        value
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .collect()
+    };
+    if let Some(hosts) = get(annotations::ALLOW_LIST) {
+        body["allow_list"] = json!(list(hosts));
+    }
+    if let Some(names) = get(annotations::SECRETS) {
+        body["secrets"] = json!(list(names));
+    }
+    if let Some(ttl) = get(annotations::TTL_SECONDS) {
+        let ttl: i64 = ttl.trim().parse().map_err(|_| {
+            refuse(
+                annotations::TTL_SECONDS,
+                format!("{ttl:?} is not a number of seconds"),
+            )
+        })?;
+        body["ttl_seconds"] = json!(ttl);
+    }
+    Ok(())
+}
+
+/// One rootfs mount containerd hands over (`CreateTaskRequest.rootfs`).
+pub struct RootMount<'a> {
+    pub kind: &'a str,
+    pub source: &'a str,
+    pub options: &'a [String],
+}
+
+/// The directories, top first, that a task's root stacks: an overlay
+/// snapshot's upperdir then lowerdirs, a bind snapshot's source, or with no
+/// mounts the bundle's `rootfs` directory as containerd left it.
+pub fn host_rootfs(mounts: &[RootMount<'_>], bundle: &Path) -> Result<Vec<PathBuf>, SpecError> {
+    let [mount] = mounts else {
+        if mounts.is_empty() {
+            return Ok(vec![bundle.join("rootfs")]);
+        }
+        return Err(refuse(
+            "rootfs",
+            format!(
+                "{} mounts; the sandboxd shim takes one (an overlay or bind snapshot)",
+                mounts.len()
+            ),
+        ));
+    };
+    match mount.kind {
+        "bind" | "rbind" => Ok(vec![PathBuf::from(mount.source)]),
+        "overlay" => {
+            let mut upper = Vec::new();
+            let mut lower = Vec::new();
+            for option in mount.options {
+                if let Some(dirs) = option.strip_prefix("lowerdir=") {
+                    lower.extend(dirs.split(':').map(PathBuf::from));
+                } else if let Some(dir) = option.strip_prefix("upperdir=") {
+                    upper.push(PathBuf::from(dir));
+                }
+            }
+            if lower.is_empty() {
+                return Err(refuse("rootfs", "an overlay mount without lowerdir="));
+            }
+            upper.extend(lower);
+            Ok(upper)
+        }
+        other => Err(refuse(
+            "rootfs",
+            format!("a {other:?} mount; the sandboxd shim takes overlay or bind snapshots"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctr_spec() -> Value {
+        json!({
+            "process": {"args": ["sh", "-c", "echo hi"], "env": ["PATH=/bin", "A=b=c"], "cwd": "/", "user": {"uid": 0, "gid": 0}},
+            "mounts": [{"destination": "/proc"}, {"destination": "/dev"}, {"destination": "/run"}],
+            "linux": {
+                "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "mount"}],
+                "resources": {"memory": {"limit": 268435456}, "cpu": {"quota": 50000, "period": 100000}, "pids": {"limit": 64}}
+            },
+            "annotations": {"sandboxd.io/block-network": "true", "sandboxd.io/ttl-seconds": "600"}
+        })
+    }
+
+    #[test]
+    fn a_ctr_spec_becomes_a_create_and_a_process() {
+        let spec = ctr_spec();
+        let body = sandbox(
+            &spec,
+            &[PathBuf::from("/s/up"), PathBuf::from("/s/low")],
+            "default",
+            "t1",
+        )
+        .unwrap();
+        assert_eq!(body["host_rootfs"], json!(["/s/up", "/s/low"]));
+        assert_eq!(body["memory_mib"], 256);
+        assert_eq!(body["cpu"], 0.5);
+        assert_eq!(body["pids"], 64);
+        assert_eq!(body["block_network"], true);
+        assert_eq!(body["ttl_seconds"], 600);
+        assert_eq!(body["labels"][LABEL_ID], "t1");
+        let p = process(&spec["process"], "process").unwrap();
+        assert_eq!(p.body["argv"], json!(["sh", "-c", "echo hi"]));
+        assert_eq!(p.body["env"]["A"], "b=c");
+        assert_eq!(p.body["uid"], 0);
+    }
+
+    #[test]
+    fn what_sandboxd_cannot_honour_is_refused_by_field() {
+        let mut host_net = ctr_spec();
+        host_net["linux"]["namespaces"] = json!([{"type": "pid"}]);
+        let mut pod_net = ctr_spec();
+        pod_net["linux"]["namespaces"] =
+            json!([{"type": "network", "path": "/var/run/netns/cni-1"}]);
+        let mut bind = ctr_spec();
+        bind["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
+        let mut vm = ctr_spec();
+        vm["annotations"] = json!({"sandboxd.io/runtime": "vm"});
+        for (spec, field) in [
+            (host_net, "linux.namespaces"),
+            (pod_net, "linux.namespaces[network].path"),
+            (bind, "mounts[0]"),
+            (vm, annotations::RUNTIME),
+        ] {
+            let err = sandbox(&spec, &[], "default", "t").unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+        let err = process(&json!({"args": ["sh"], "terminal": true}), "process").unwrap_err();
+        assert_eq!(err.field, "process.terminal");
+    }
+
+    #[test]
+    fn overlay_and_bind_snapshots_become_directories_top_first() {
+        let options = vec![
+            "index=off".to_string(),
+            "workdir=/s/2/work".into(),
+            "upperdir=/s/2/fs".into(),
+            "lowerdir=/s/1/fs:/s/0/fs".into(),
+        ];
+        let overlay = RootMount {
+            kind: "overlay",
+            source: "overlay",
+            options: &options,
+        };
+        assert_eq!(
+            host_rootfs(&[overlay], Path::new("/b")).unwrap(),
+            vec![PathBuf::from("/s/2/fs"), "/s/1/fs".into(), "/s/0/fs".into()]
+        );
+        let bind = RootMount {
+            kind: "bind",
+            source: "/s/9/fs",
+            options: &[],
+        };
+        assert_eq!(
+            host_rootfs(&[bind], Path::new("/b")).unwrap(),
+            vec![PathBuf::from("/s/9/fs")]
+        );
+        assert_eq!(
+            host_rootfs(&[], Path::new("/b")).unwrap(),
+            vec![PathBuf::from("/b/rootfs")]
+        );
+    }
+}
