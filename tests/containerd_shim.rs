@@ -4,180 +4,19 @@
 //! a busybox image it builds, and drives it with `ctr` as a user would.
 
 mod common;
+#[path = "common/containerd.rs"]
+mod containerd;
 #[path = "common/oci.rs"]
 mod oci;
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Output, Stdio};
+use std::time::Duration;
 
 use common::Daemon;
+use containerd::{Containerd, IMAGE, RUNTIME};
 use hyper::Method;
-use oci::{blob, config, Layout};
 use serde_json::json;
-
-const RUNTIME: &str = "io.containerd.sandboxd.v2";
-const IMAGE: &str = "docker.io/library/sbx-busybox:test";
-
-fn shim_binary() -> PathBuf {
-    let shim = Path::new(common::DAEMON).with_file_name("containerd-shim-sandboxd-v2");
-    assert!(
-        shim.exists(),
-        "{} is missing: build it with `cargo build --bins`",
-        shim.display()
-    );
-    shim
-}
-
-/// A containerd of the test's own: root, state and sockets in a temp dir,
-/// CRI off, the shim's directory first on its PATH and the daemon's socket
-/// in its environment (which the shims it starts inherit).
-struct Containerd {
-    dir: tempfile::TempDir,
-    child: Child,
-}
-
-impl Drop for Containerd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // The snapshotter's mounts of tasks that were not removed.
-        let _ = Command::new("umount")
-            .arg("-R")
-            .arg(self.dir.path().join("root"))
-            .status();
-    }
-}
-
-impl Containerd {
-    fn start(daemon: &Daemon) -> Containerd {
-        // Under /var/tmp: overlayfs snapshots need a real filesystem.
-        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-        let config = dir.path().join("config.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
-                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
-                 [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
-                root = dir.path().join("root").display(),
-                state = dir.path().join("state").display(),
-                sock = dir.path().join("containerd.sock").display(),
-            ),
-        )
-        .expect("config");
-        let path = format!(
-            "{}:{}",
-            shim_binary().parent().expect("dir").display(),
-            std::env::var("PATH").unwrap_or_default()
-        );
-        let mut child = Command::new("containerd")
-            .arg("--config")
-            .arg(&config)
-            .env("PATH", path)
-            .env("SANDBOXD_SOCKET", &daemon.socket)
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start containerd (install-deps installs it)");
-        // Its log says when it serves; keep draining it after that.
-        let stderr = child.stderr.take().expect("stderr");
-        let mut lines = BufReader::new(stderr).lines();
-        let mut seen = Vec::new();
-        loop {
-            match lines.next() {
-                Some(Ok(line)) => {
-                    let booted = line.contains("containerd successfully booted");
-                    seen.push(line);
-                    if booted {
-                        break;
-                    }
-                }
-                _ => panic!("containerd exited before it served:\n{}", seen.join("\n")),
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Containerd { dir, child }
-    }
-
-    fn ctr_command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new("ctr");
-        command
-            .arg("--address")
-            .arg(self.dir.path().join("containerd.sock"))
-            .args(["--namespace", "sbx"])
-            .args(args)
-            .stdin(Stdio::null());
-        command
-    }
-
-    fn ctr(&self, args: &[&str]) -> Output {
-        self.ctr_command(args).output().expect("run ctr")
-    }
-
-    fn ctr_ok(&self, args: &[&str]) -> String {
-        let out = self.ctr(args);
-        assert!(
-            out.status.success(),
-            "ctr {args:?}: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Imports a one-layer busybox image (the image recipe's tree, root-owned)
-    /// as [`IMAGE`].
-    fn import_busybox(&self) {
-        let work = self.dir.path().join("image");
-        let tree = work.join("tree");
-        let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("rootfs/images/busybox.sh");
-        let built = Command::new("bash")
-            .arg(&recipe)
-            .arg(&tree)
-            .output()
-            .expect("recipe");
-        assert!(
-            built.status.success(),
-            "{}",
-            String::from_utf8_lossy(&built.stderr)
-        );
-        let tar = Command::new("tar")
-            .args(["--numeric-owner", "-C"])
-            .arg(&tree)
-            .args(["-cf", "-", "."])
-            .output()
-            .expect("tar the layer");
-        assert!(tar.status.success());
-        // Uncompressed, so the blob's digest is also its diff_id.
-        let layer = blob(tar.stdout);
-        let layout_dir = work.join("layout");
-        let layout = Layout::new(layout_dir.clone());
-        let mut descriptor =
-            layout.manifest(&[&layer], config("amd64", &["PATH=/bin"], "/", &[&layer]));
-        descriptor["annotations"] = json!({
-            "io.containerd.image.name": IMAGE,
-            "org.opencontainers.image.ref.name": "test",
-        });
-        std::fs::write(
-            layout_dir.join("index.json"),
-            json!({"schemaVersion": 2, "manifests": [descriptor]}).to_string(),
-        )
-        .expect("index.json");
-        let archive = work.join("image.tar");
-        let packed = Command::new("tar")
-            .arg("-C")
-            .arg(&layout_dir)
-            .arg("-cf")
-            .arg(&archive)
-            .arg(".")
-            .status()
-            .expect("tar the layout");
-        assert!(packed.success());
-        self.ctr_ok(&["images", "import", &archive.display().to_string()]);
-        assert!(self.ctr_ok(&["images", "ls", "-q"]).contains(IMAGE));
-    }
-}
 
 fn text(out: &Output) -> String {
     format!(
@@ -233,6 +72,12 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         "--rm",
         "--runtime",
         RUNTIME,
+        "--annotation",
+        "sandboxd.io/allow-list=pypi.org,example.com",
+        "--annotation",
+        "sandboxd.io/ttl-seconds=600",
+        "--memory-limit",
+        "268435456",
         IMAGE,
         "t-long",
         "sh",
@@ -250,6 +95,14 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
     assert_eq!(live.len(), 1, "{live:?}");
     assert_eq!(live[0]["labels"]["containerd.io/id"], "t-long", "{live:?}");
     assert_eq!(live[0]["image"], "host-rootfs", "{live:?}");
+    // Annotations and the spec's limits reached the sandbox.
+    assert_eq!(live[0]["ttl_seconds"], 600, "{live:?}");
+    assert_eq!(live[0]["limits"]["memory_mib"], 256, "{live:?}");
+    assert_eq!(
+        live[0]["network"]["allow_list"],
+        json!(["pypi.org", "example.com"]),
+        "{live:?}"
+    );
     let exec = containerd.ctr(&[
         "task",
         "exec",
@@ -308,4 +161,93 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
             .any(|l| l.contains(&run) && l.contains("overlay")),
         "{mounts}"
     );
+}
+
+#[tokio::test]
+async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cleaned_up() {
+    require_host!();
+    let mut daemon = Daemon::start();
+    let mut containerd = Containerd::start(&daemon);
+    containerd.import_busybox();
+
+    // A process killed from inside: its status reaches ctr.
+    let killed = containerd.ctr(&[
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "t-self",
+        "sh",
+        "-c",
+        "kill -9 $$",
+    ]);
+    assert_eq!(killed.status.code(), Some(137), "{}", text(&killed));
+
+    containerd.ctr_ok(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "t-kept",
+        "sleep",
+        "1000",
+    ]);
+    let exec_says = |containerd: &Containerd, exec_id: &str| {
+        let out = containerd.ctr(&[
+            "task",
+            "exec",
+            "--exec-id",
+            exec_id,
+            "t-kept",
+            "echo",
+            exec_id,
+        ]);
+        assert!(out.status.success(), "{}", text(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(exec_says(&containerd, "before"), "before\n");
+
+    // sandboxd restarts under the task: containerd sees nothing of it.
+    daemon.restart();
+    assert_eq!(exec_says(&containerd, "after-sandboxd"), "after-sandboxd\n");
+    // containerd restarts: it reattaches to the live shim.
+    containerd.restart();
+    let tasks = containerd.ctr_ok(&["task", "ls"]);
+    assert!(
+        tasks.contains("t-kept") && tasks.contains("RUNNING"),
+        "{tasks}"
+    );
+    assert_eq!(
+        exec_says(&containerd, "after-containerd"),
+        "after-containerd\n"
+    );
+
+    // The shim dies: containerd sees the task exit and its cleanup
+    // (`shim delete`) removes the sandbox.
+    let live = sandboxes(&daemon).await;
+    assert_eq!(live.len(), 1, "{live:?}");
+    let sandbox = live[0]["id"].as_str().expect("id").to_string();
+    let mut events = daemon.follow_events(0).await;
+    let address = containerd.socket().display().to_string();
+    let shims = common::processes_where(|_, argv| {
+        argv.first()
+            .is_some_and(|a| a.ends_with("containerd-shim-sandboxd-v2"))
+            && argv.contains(&address.as_str())
+    });
+    assert_eq!(shims.len(), 1, "one shim serves the task: {shims:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(shims[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .expect("kill the shim");
+    events
+        .until(Duration::from_secs(60), |e| {
+            e["kind"] == "deleted" && e["sandbox_id"] == sandbox.as_str()
+        })
+        .await;
+    let tasks = containerd.ctr_ok(&["task", "ls"]);
+    assert!(!tasks.contains("RUNNING"), "{tasks}");
+    assert!(sandboxes(&daemon).await.is_empty());
 }

@@ -1,0 +1,218 @@
+//! A containerd of a test's (or benchmark's) own, for the sandboxd shim:
+//! Debian's containerd with its own root, state and sockets (the packaged
+//! service stays off), driven with `ctr`, and a busybox image imported into
+//! it. Needs `crate::common` and `crate::oci` beside it.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+
+use serde_json::json;
+
+use crate::oci::{blob, config, Layout};
+
+/// The shim's runtime name.
+pub const RUNTIME: &str = "io.containerd.sandboxd.v2";
+/// The image [`Containerd::import_busybox`] imports.
+pub const IMAGE: &str = "docker.io/library/sbx-busybox:test";
+
+pub fn shim_binary() -> PathBuf {
+    let shim = Path::new(crate::common::DAEMON).with_file_name("containerd-shim-sandboxd-v2");
+    assert!(
+        shim.exists(),
+        "{} is missing: build it with `cargo build --bins`",
+        shim.display()
+    );
+    shim
+}
+
+/// A containerd of the test's own: root, state and sockets in a temp dir,
+/// CRI off, the shim's directory first on its PATH and the daemon's socket
+/// in its environment (which the shims it starts inherit).
+pub struct Containerd {
+    dir: tempfile::TempDir,
+    sandboxd_socket: PathBuf,
+    child: Option<Child>,
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        self.stop();
+        // Shims outlive containerd by design: end this test's.
+        let address = self.socket().display().to_string();
+        for pid in crate::common::processes_where(|_, argv| argv.contains(&address.as_str())) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+        // The snapshotter's mounts of tasks that were not removed.
+        // Nothing mounted there is the usual case; umount's complaint is noise.
+        let _ = Command::new("umount")
+            .arg("-R")
+            .arg(self.dir.path().join("root"))
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Containerd {
+    pub fn start(daemon: &crate::common::Daemon) -> Containerd {
+        // Under /var/tmp: overlayfs snapshots need a real filesystem.
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        std::fs::write(
+            dir.path().join("config.toml"),
+            format!(
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
+                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                 [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
+                root = dir.path().join("root").display(),
+                state = dir.path().join("state").display(),
+                sock = dir.path().join("containerd.sock").display(),
+            ),
+        )
+        .expect("config");
+        let mut containerd = Containerd {
+            dir,
+            sandboxd_socket: daemon.socket.clone(),
+            child: None,
+        };
+        containerd.spawn();
+        containerd
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(child.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops containerd and starts it again on the same root and state.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.spawn();
+    }
+
+    fn spawn(&mut self) {
+        let path = format!(
+            "{}:{}",
+            shim_binary().parent().expect("dir").display(),
+            std::env::var("PATH").unwrap_or_default()
+        );
+        let mut child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .env("PATH", path)
+            .env("SANDBOXD_SOCKET", &self.sandboxd_socket)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start containerd (install-deps installs it)");
+        // Its log says when it serves; keep draining it after that.
+        let stderr = child.stderr.take().expect("stderr");
+        let mut lines = BufReader::new(stderr).lines();
+        let mut seen = Vec::new();
+        loop {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    let booted = line.contains("containerd successfully booted");
+                    seen.push(line);
+                    if booted {
+                        break;
+                    }
+                }
+                _ => panic!("containerd exited before it served:\n{}", seen.join("\n")),
+            }
+        }
+        std::thread::spawn(move || for _ in lines {});
+        self.child = Some(child);
+    }
+
+    pub fn ctr_command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new("ctr");
+        command
+            .arg("--address")
+            .arg(self.socket())
+            .args(["--namespace", "sbx"])
+            .args(args)
+            .stdin(Stdio::null());
+        command
+    }
+
+    pub fn ctr(&self, args: &[&str]) -> Output {
+        self.ctr_command(args).output().expect("run ctr")
+    }
+
+    pub fn ctr_ok(&self, args: &[&str]) -> String {
+        let out = self.ctr(args);
+        assert!(
+            out.status.success(),
+            "ctr {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Imports a one-layer busybox image (the image recipe's tree, root-owned)
+    /// as [`IMAGE`].
+    pub fn import_busybox(&self) {
+        let work = self.dir.path().join("image");
+        let tree = work.join("tree");
+        let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("rootfs/images/busybox.sh");
+        let built = Command::new("bash")
+            .arg(&recipe)
+            .arg(&tree)
+            .output()
+            .expect("recipe");
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let tar = Command::new("tar")
+            .args(["--numeric-owner", "-C"])
+            .arg(&tree)
+            .args(["-cf", "-", "."])
+            .output()
+            .expect("tar the layer");
+        assert!(tar.status.success());
+        // Uncompressed, so the blob's digest is also its diff_id.
+        let layer = blob(tar.stdout);
+        let layout_dir = work.join("layout");
+        let layout = Layout::new(layout_dir.clone());
+        let mut descriptor =
+            layout.manifest(&[&layer], config("amd64", &["PATH=/bin"], "/", &[&layer]));
+        descriptor["annotations"] = json!({
+            "io.containerd.image.name": IMAGE,
+            "org.opencontainers.image.ref.name": "test",
+        });
+        std::fs::write(
+            layout_dir.join("index.json"),
+            json!({"schemaVersion": 2, "manifests": [descriptor]}).to_string(),
+        )
+        .expect("index.json");
+        let archive = work.join("image.tar");
+        let packed = Command::new("tar")
+            .arg("-C")
+            .arg(&layout_dir)
+            .arg("-cf")
+            .arg(&archive)
+            .arg(".")
+            .status()
+            .expect("tar the layout");
+        assert!(packed.success());
+        self.ctr_ok(&["images", "import", &archive.display().to_string()]);
+        assert!(self.ctr_ok(&["images", "ls", "-q"]).contains(IMAGE));
+    }
+}
