@@ -22,7 +22,7 @@ pub fn shim_binary() -> PathBuf {
     let shim = Path::new(crate::common::DAEMON).with_file_name("containerd-shim-sandboxd-v2");
     assert!(
         shim.exists(),
-        "{} is missing: build it with `cargo build --bins`",
+        "{} is missing: build it with `cargo build --bins` (`--release` for a benchmark)",
         shim.display()
     );
     shim
