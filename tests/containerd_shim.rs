@@ -95,6 +95,11 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
     assert_eq!(live.len(), 1, "{live:?}");
     assert_eq!(live[0]["labels"]["containerd.io/id"], "t-long", "{live:?}");
     assert_eq!(live[0]["image"], "host-rootfs", "{live:?}");
+    let sandbox = live[0]["id"].as_str().expect("id").to_string();
+    assert!(
+        common::cgroup::sandbox_dir("pids", &sandbox).exists(),
+        "the task's sandbox has its cgroup while it runs"
+    );
     // Annotations and the spec's limits reached the sandbox.
     assert_eq!(live[0]["ttl_seconds"], 600, "{live:?}");
     assert_eq!(live[0]["limits"]["memory_mib"], 256, "{live:?}");
@@ -131,6 +136,10 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
     assert!(!containerd
         .ctr_ok(&["containers", "ls", "-q"])
         .contains("t-long"));
+    assert!(
+        !common::cgroup::sandbox_dir("pids", &sandbox).exists(),
+        "no cgroup of the task's sandbox is left"
+    );
 
     // What sandboxd cannot honour is refused naming the field.
     let refused = containerd.ctr(&[
