@@ -125,6 +125,23 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         tasks.contains("t-long") && tasks.contains("RUNNING"),
         "{tasks}"
     );
+    // Task metrics are the sandbox's, read from its cgroups by sandboxd.
+    let metrics = containerd.ctr_ok(&["task", "metrics", "t-long"]);
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_string()))
+            .unwrap_or_else(|| panic!("no {name} in {metrics}"))
+    };
+    assert_eq!(value("memory.limit_in_bytes"), "268435456", "{metrics}");
+    assert!(
+        value("memory.usage_in_bytes").parse::<u64>().unwrap_or(0) > 0,
+        "{metrics}"
+    );
+    assert!(
+        value("pids.current").parse::<u64>().unwrap_or(0) >= 2,
+        "{metrics}"
+    );
 
     containerd.ctr_ok(&["task", "kill", "t-long"]);
     let ended = attached.wait().expect("ctr run ends");

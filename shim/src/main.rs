@@ -5,6 +5,7 @@
 //! (`daemon.rs`); see ARCHITECTURE.md, "containerd shim".
 
 mod daemon;
+mod metrics;
 mod process;
 mod service;
 mod spec;

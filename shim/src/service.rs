@@ -11,8 +11,9 @@ use containerd_shim::api;
 use containerd_shim::protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskStart,
 };
+use containerd_shim::protos::protobuf::well_known_types::any::Any;
 use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
-use containerd_shim::protos::protobuf::{MessageDyn, MessageField};
+use containerd_shim::protos::protobuf::{Message, MessageDyn, MessageField};
 use containerd_shim::protos::topics::{
     TASK_CREATE_EVENT_TOPIC, TASK_DELETE_EVENT_TOPIC, TASK_EXEC_ADDED_EVENT_TOPIC,
     TASK_EXEC_STARTED_EVENT_TOPIC, TASK_EXIT_EVENT_TOPIC, TASK_START_EVENT_TOPIC,
@@ -565,15 +566,35 @@ impl Task for Service {
         Ok(api::Empty::new())
     }
 
+    /// The sandbox's stats as cgroup v1 metrics, the shape `ctr task
+    /// metrics` and CRI's container stats decode, whichever cgroup version
+    /// the host runs (sandboxd reads either).
     fn stats(
         &self,
         _ctx: &TtrpcContext,
-        _req: api::StatsRequest,
+        req: api::StatsRequest,
     ) -> TtrpcResult<api::StatsResponse> {
-        Err(status(
-            Code::UNIMPLEMENTED,
-            "sandboxd: task metrics are not served by the shim yet; read GET /v1/sandboxes/{id} usage",
-        ))
+        let container = self.container(&req.id)?;
+        let stats = self
+            .daemon
+            .call(
+                "GET",
+                &format!("/v1/sandboxes/{}/stats", container.sandbox),
+                None,
+            )
+            .map_err(from_daemon)?;
+        let metrics = crate::metrics::from_stats(&stats);
+        let value = metrics
+            .write_to_bytes()
+            .map_err(|e| status(Code::INTERNAL, format!("encoding the metrics: {e}")))?;
+        Ok(api::StatsResponse {
+            stats: MessageField::some(Any {
+                type_url: crate::metrics::TYPE_URL.to_string(),
+                value,
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
     }
 }
 

@@ -127,6 +127,7 @@ fn every_schema_names_exactly_its_types_fields() {
         ("SandboxList", fields_of::<SandboxList>()),
         ("Limits", fields_of::<Limits>()),
         ("Usage", fields_of::<Usage>()),
+        ("SandboxStats", fields_of::<crate::model::SandboxStats>()),
         ("Gpu", fields_of::<Gpu>()),
         ("GpuList", fields_of::<GpuList>()),
         ("SetTtl", fields_of::<SetTtl>()),

@@ -111,6 +111,14 @@ pub async fn get(
     )))
 }
 
+/// `GET /v1/sandboxes/{id}/stats`: its resource use now.
+pub async fn stats(
+    State(manager): State<Arc<Manager>>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<crate::model::SandboxStats>> {
+    Ok(Json(manager.stats(&id)?))
+}
+
 pub async fn delete(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,

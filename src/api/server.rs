@@ -39,6 +39,7 @@ api_routes! {
     "/v1/sandboxes" => post sandboxes::create, get sandboxes::list;
     "/v1/sandboxes/{id}" => get sandboxes::get, delete sandboxes::delete;
     "/v1/sandboxes/{id}/ttl" => put sandboxes::set_ttl;
+    "/v1/sandboxes/{id}/stats" => get sandboxes::stats;
     "/v1/sandboxes/{id}/snapshots" => post snapshots::take;
     "/v1/snapshots" => get snapshots::list;
     "/v1/snapshots/{id}" => get snapshots::get, delete snapshots::delete;

@@ -14,4 +14,6 @@ mod sandbox;
 pub use create::{CreateRequest, HOST_ROOTFS_IMAGE};
 pub use ports::{ExposedPort, PortAuth, PortProtocol, PortRequest};
 pub use process::{Process, ProcessState};
-pub use sandbox::{Limits, RuntimeKind, SandboxState, UnknownRuntime, Usage, ID_MAP_SIZE};
+pub use sandbox::{
+    Limits, RuntimeKind, SandboxState, SandboxStats, UnknownRuntime, Usage, ID_MAP_SIZE,
+};

@@ -35,6 +35,22 @@ pub struct Usage {
     pub ingress_bytes: u64,
 }
 
+/// A running sandbox's resource use read from its cgroups at the moment
+/// of the call (`GET /v1/sandboxes/{id}/stats`), beside its limits: what a
+/// scheduler or the containerd shim's task metrics need.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct SandboxStats {
+    /// CPU time used so far by everything in the sandbox.
+    pub cpu_seconds: f64,
+    /// Memory charged to the sandbox now (page cache included).
+    pub memory_bytes: u64,
+    pub memory_limit_bytes: u64,
+    /// Tasks (processes and threads) now.
+    pub pids: u64,
+    pub pids_limit: u64,
+    pub oom_kills: u64,
+}
+
 /// What isolates a sandbox: a container on the host's kernel, or a KVM
 /// microVM with its own. Spelled `"container"` / `"vm"` in the API, in
 /// records and in snapshot metadata.

@@ -233,6 +233,15 @@ impl SandboxCgroups {
         fs::read_to_string(file).ok()?.trim().parse().ok()
     }
 
+    /// Tasks (processes and threads) in the sandbox now.
+    pub fn pids_current(&self) -> Option<u64> {
+        let file = match self.layout {
+            Layout::V1 => self.dir("pids").join("pids.current"),
+            Layout::V2 => self.dir("").join("pids.current"),
+        };
+        fs::read_to_string(file).ok()?.trim().parse().ok()
+    }
+
     /// OOM kills counted for the whole sandbox.
     pub fn oom_kills(&self) -> u64 {
         let (file, key) = match self.layout {

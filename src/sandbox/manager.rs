@@ -282,6 +282,32 @@ impl Manager {
     }
 
     /// The sandbox as it is now, with fresh OOM and failure facts from its supervisor.
+    /// Sandbox `id`'s resource use now, from its cgroups.
+    pub fn stats(&self, id: &str) -> Result<crate::model::SandboxStats, SandboxError> {
+        let record = self.record(id)?;
+        if record.state != SandboxState::Ready {
+            return Err(SandboxError::Conflict {
+                code: "sandbox_not_running",
+                message: format!(
+                    "sandbox {id} is {:?}; only a ready sandbox has stats",
+                    record.state
+                ),
+            });
+        }
+        let cgroups = crate::runtime::cgroups::SandboxCgroups::new(
+            crate::runtime::cgroups::Layout::detect(),
+            &record.cgroups_path,
+        );
+        Ok(crate::model::SandboxStats {
+            cpu_seconds: cgroups.cpu_seconds().unwrap_or(0.0),
+            memory_bytes: cgroups.memory_bytes().unwrap_or(0),
+            memory_limit_bytes: record.limits.memory_mib * 1024 * 1024,
+            pids: cgroups.pids_current().unwrap_or(0),
+            pids_limit: record.limits.pids,
+            oom_kills: cgroups.oom_kills(),
+        })
+    }
+
     pub async fn get(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
         let record = self.record(id)?;
         if record.state != SandboxState::Ready {
