@@ -326,6 +326,7 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             tracing::info!(%address, "serving /metrics over TCP");
         }
         let stopping = std::sync::Arc::clone(&manager);
+        let app = app.into_make_service_with_connect_info::<sandboxd::api::server::LocalPeer>();
         let server = axum::serve(listener, app).with_graceful_shutdown(async move {
             shutdown.await;
             notify_systemd("STOPPING=1");

@@ -36,15 +36,17 @@ pub async fn create(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let body: CreateSandbox = parse_json(&body)?;
-    // Host paths name the daemon's own files: only a caller on its host
-    // (the Unix socket, root only) may hand them in.
-    let remote = extensions
-        .get::<axum::extract::ConnectInfo<super::remote::listener::Peer>>()
-        .is_some();
-    if remote && !body.host_rootfs.is_empty() {
+    // Host paths name the daemon's own files, idmapped so host root's
+    // files are the sandbox root's: only root on the daemon's host may
+    // hand them in (the Unix socket may be open to a group; the remote
+    // API has no Unix peer at all).
+    let local_root = extensions
+        .get::<axum::extract::ConnectInfo<super::server::LocalPeer>>()
+        .is_some_and(|peer| peer.0.uid == Some(0));
+    if !local_root && !body.host_rootfs.is_empty() {
         return Err(ApiError(crate::sandbox::SandboxError::Forbidden {
             code: "host_rootfs_not_allowed",
-            message: "host_rootfs names directories on the daemon's host and is accepted only on its Unix socket".into(),
+            message: "host_rootfs names directories on the daemon's host and is accepted only on its Unix socket, from root".into(),
         }));
     }
     let (sandbox, grants) = manager.create_exposed(body.try_into()?).await?;

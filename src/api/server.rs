@@ -76,6 +76,26 @@ pub fn metrics_router(manager: Arc<Manager>) -> Router {
         .with_state(manager)
 }
 
+/// Who called on the Unix socket (`SO_PEERCRED`): its mode is 0660 and
+/// `socket_group` may open it to non-root users, so what only root may
+/// ask (`host_rootfs`, which reads any host directory) checks the uid.
+#[derive(Clone, Copy, Debug)]
+pub struct LocalPeer {
+    pub uid: Option<u32>,
+}
+
+impl
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, tokio::net::UnixListener>,
+    > for LocalPeer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::UnixListener>) -> Self {
+        LocalPeer {
+            uid: stream.io().peer_cred().ok().map(|c| c.uid()),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ListenError {
     #[error("cannot listen on {path}: {source}")]

@@ -97,7 +97,8 @@ fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
             libc::SYS_open_tree,
             libc::AT_FDCWD,
             path.as_ptr(),
-            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+            // A symlink swapped in after validation is not followed.
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_SYMLINK_NOFOLLOW as u32,
         )
     };
     if fd < 0 {

@@ -5,7 +5,7 @@
 
 mod auth;
 pub mod identity;
-pub(super) mod listener;
+mod listener;
 pub mod tokens;
 
 use std::future::Future;
