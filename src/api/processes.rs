@@ -318,7 +318,13 @@ pub async fn wait(
         None => 30.0,
     };
     let timeout = Duration::from_secs_f64(seconds);
-    Ok(Json(manager.connect(&id).await?.wait(proc, timeout).await?))
+    // A stopping daemon answers as at the timeout (the process as it is
+    // now): a long wait must not hold its stop for the grace period.
+    let mut supervisor = manager.connect(&id).await?;
+    tokio::select! {
+        waited = supervisor.wait(proc, timeout) => Ok(Json(waited?)),
+        _ = manager.stopped() => Ok(Json(manager.connect(&id).await?.get(proc).await?)),
+    }
 }
 
 #[cfg(test)]
