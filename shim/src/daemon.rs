@@ -7,8 +7,12 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use serde_json::Value;
+
+/// How long one call may take to be answered (a wait asks for less).
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The socket a sandboxd started on its defaults serves.
 pub const DEFAULT_SOCKET: &str = "/run/sandboxd/sandboxd.sock";
@@ -57,7 +61,7 @@ impl Daemon {
         body: Option<&Value>,
     ) -> Result<Value, DaemonError> {
         let body = body.map(|b| b.to_string().into_bytes());
-        let mut reader = self.send(method, path, body.as_deref())?;
+        let mut reader = self.send(method, path, body.as_deref(), Some(CALL_TIMEOUT))?;
         let mut text = Vec::new();
         reader.read_to_end(&mut text)?;
         if text.is_empty() {
@@ -68,7 +72,7 @@ impl Daemon {
 
     /// A call with a raw body (stdin bytes); the answer is discarded.
     pub fn send_bytes(&self, method: &str, path: &str, body: &[u8]) -> Result<(), DaemonError> {
-        let mut reader = self.send(method, path, Some(body))?;
+        let mut reader = self.send(method, path, Some(body), Some(CALL_TIMEOUT))?;
         std::io::copy(&mut reader, &mut std::io::sink())?;
         Ok(())
     }
@@ -76,15 +80,24 @@ impl Daemon {
     /// A call whose answer is read as it comes (NDJSON output): a reader of
     /// the body, already past a successful status.
     pub fn stream(&self, path: &str) -> Result<Body, DaemonError> {
-        self.send("GET", path, None)
+        self.send("GET", path, None, None)
     }
 
-    fn send(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<Body, DaemonError> {
+    fn send(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+        read_timeout: Option<Duration>,
+    ) -> Result<Body, DaemonError> {
         let mut stream =
             UnixStream::connect(&self.socket).map_err(|source| DaemonError::Connect {
                 socket: self.socket.display().to_string(),
                 source,
             })?;
+        // A wedged daemon must not hold a ttrpc handler forever.
+        stream.set_write_timeout(Some(CALL_TIMEOUT))?;
+        stream.set_read_timeout(read_timeout)?;
         let mut head =
             format!("{method} {path} HTTP/1.1\r\nHost: sandboxd\r\nConnection: close\r\n");
         if let Some(body) = body {

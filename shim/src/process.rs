@@ -5,6 +5,7 @@
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
@@ -27,8 +28,17 @@ pub struct Stdio {
 #[derive(Debug, Clone)]
 pub enum State {
     Created,
-    Running { api_id: u64, pid: u32 },
-    Exited { pid: u32, code: u32, at: Timestamp },
+    /// Start is asking sandboxd for the process; a Kill waits it out.
+    Starting,
+    Running {
+        api_id: u64,
+        pid: u32,
+    },
+    Exited {
+        pid: u32,
+        code: u32,
+        at: Timestamp,
+    },
 }
 
 pub struct Process {
@@ -58,6 +68,26 @@ impl Process {
         self.lock().clone()
     }
 
+    /// The state once no Start is under way.
+    pub fn settled_state(&self) -> State {
+        let mut state = self.lock();
+        while matches!(*state, State::Starting) {
+            state = self.changed.wait(state).unwrap_or_else(|p| p.into_inner());
+        }
+        state.clone()
+    }
+
+    /// Created -> Starting; false when it was not Created (started twice,
+    /// or killed before its start).
+    pub fn begin_start(&self) -> bool {
+        let mut state = self.lock();
+        if !matches!(*state, State::Created) {
+            return false;
+        }
+        *state = State::Starting;
+        true
+    }
+
     pub fn set_running(&self, api_id: u64, pid: u32) {
         *self.lock() = State::Running { api_id, pid };
         self.changed.notify_all();
@@ -69,12 +99,16 @@ impl Process {
         let pid = match *state {
             State::Exited { .. } => return false,
             State::Running { pid, .. } => pid,
-            State::Created => 0,
+            State::Created | State::Starting => 0,
         };
         let at = containerd_shim::util::timestamp().unwrap_or_default();
         *state = State::Exited { pid, code, at };
         self.changed.notify_all();
         true
+    }
+
+    pub fn has_exited(&self) -> bool {
+        matches!(*self.lock(), State::Exited { .. })
     }
 
     /// Blocks until the process has exited: its status and time.
@@ -95,81 +129,120 @@ pub fn exit_status(process: &Value) -> u32 {
         return u32::try_from(code).unwrap_or(255);
     }
     let signal = process.get("signal").and_then(Value::as_u64).unwrap_or(0);
-    128 + u32::try_from(signal).unwrap_or(0)
+    128u32.saturating_add(u32::try_from(signal).unwrap_or(0))
 }
 
+/// Waits between retries while sandboxd is away (restarting): growing to
+/// a second, for as long as it takes.
+struct Backoff(Duration);
+
+impl Backoff {
+    fn new() -> Backoff {
+        Backoff(Duration::from_millis(50))
+    }
+    fn pause(&mut self) {
+        std::thread::sleep(self.0);
+        self.0 = (self.0 * 2).min(Duration::from_secs(1));
+    }
+}
+
+/// The process's exit status, from sandboxd, however long it runs and
+/// across daemon restarts; 137 when sandboxd no longer knows it (its
+/// sandbox was removed under it).
+pub fn wait_exit(daemon: &Daemon, sandbox: &str, api_id: u64) -> u32 {
+    let path = format!("/v1/sandboxes/{sandbox}/processes/{api_id}/wait?timeout_seconds=60");
+    let mut backoff = Backoff::new();
+    loop {
+        match daemon.call("GET", &path, None) {
+            Ok(process) if process["state"] == "running" => backoff = Backoff::new(),
+            Ok(process) => return exit_status(&process),
+            Err(DaemonError::Refused { status: 404, .. }) => return 137,
+            Err(e) => {
+                log::debug!("waiting for process {api_id}: {e}");
+                backoff.pause();
+            }
+        }
+    }
+}
+
+/// Opens containerd's FIFO for writing without blocking on a reader that
+/// is gone (ENXIO: no sink), then writes block as usual.
 fn open_fifo_for_writing(path: &str) -> Option<File> {
     if path.is_empty() {
         return None;
     }
     let path = path.strip_prefix("file://").unwrap_or(path);
-    match std::fs::OpenOptions::new().write(true).open(path) {
-        Ok(file) => Some(file),
+    let file = match std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(path)
+    {
+        Ok(file) => file,
         Err(e) => {
             log::warn!("opening {path} for output: {e}");
-            None
+            return None;
         }
-    }
+    };
+    // SAFETY: F_SETFL on a descriptor this function owns.
+    unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETFL, libc::O_WRONLY) };
+    Some(file)
 }
 
-/// Copies the process's output into containerd's FIFOs until its exit,
-/// resuming from the offsets it reached if the stream breaks (a restarted
-/// daemon); returns its exit status.
-pub fn copy_output(daemon: &Daemon, sandbox: &str, api_id: u64, stdio: &Stdio) -> u32 {
-    let mut stdout = open_fifo_for_writing(&stdio.stdout);
-    let mut stderr = open_fifo_for_writing(&stdio.stderr);
+/// Copies the process's output into containerd's FIFOs until the stream
+/// says it exited, resuming from the offsets reached when the stream
+/// breaks (a restarted daemon). Ends early when sandboxd no longer knows
+/// the process or its exit is recorded and the stream is gone.
+pub fn copy_output(daemon: &Daemon, sandbox: &str, api_id: u64, process: &Process) {
+    let mut stdout = open_fifo_for_writing(&process.stdio.stdout);
+    let mut stderr = open_fifo_for_writing(&process.stdio.stderr);
     let (mut stdout_offset, mut stderr_offset) = (0u64, 0u64);
-    let mut failures = 0u32;
+    let mut backoff = Backoff::new();
     loop {
         let path = format!(
             "/v1/sandboxes/{sandbox}/processes/{api_id}/output?stdout_offset={stdout_offset}&stderr_offset={stderr_offset}"
         );
-        let body = match daemon.stream(&path) {
-            Ok(body) => body,
-            Err(DaemonError::Refused { status: 404, .. }) => {
-                // The sandbox or process is gone (deleted under the task).
-                return 137;
-            }
-            Err(e) => {
-                failures += 1;
-                if failures > 600 {
-                    log::error!("giving up on the output of process {api_id}: {e}");
-                    return 255;
-                }
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
-            }
-        };
-        for line in BufReader::new(body).lines() {
-            let Ok(line) = line else { break };
-            let Ok(event) = serde_json::from_str::<Value>(&line) else {
-                continue;
-            };
-            let (sink, offset) = match event["type"].as_str() {
-                Some("stdout") => (&mut stdout, &mut stdout_offset),
-                Some("stderr") => (&mut stderr, &mut stderr_offset),
-                Some("exit") => return exit_status(&event["process"]),
-                _ => continue,
-            };
-            let data = base64::engine::general_purpose::STANDARD
-                .decode(event["data"].as_str().unwrap_or_default())
-                .unwrap_or_default();
-            *offset = event["offset"].as_u64().unwrap_or(*offset) + data.len() as u64;
-            if let Some(file) = sink {
-                if file.write_all(&data).is_err() {
-                    // The reader went away (ctr detached): keep draining.
-                    *sink = None;
+        match daemon.stream(&path) {
+            Ok(body) => {
+                for line in BufReader::new(body).lines() {
+                    let Ok(line) = line else { break };
+                    let Ok(event) = serde_json::from_str::<Value>(&line) else {
+                        continue;
+                    };
+                    let (sink, offset) = match event["type"].as_str() {
+                        Some("stdout") => (&mut stdout, &mut stdout_offset),
+                        Some("stderr") => (&mut stderr, &mut stderr_offset),
+                        Some("exit") => return,
+                        _ => continue,
+                    };
+                    let data = base64::engine::general_purpose::STANDARD
+                        .decode(event["data"].as_str().unwrap_or_default())
+                        .unwrap_or_default();
+                    *offset = event["offset"].as_u64().unwrap_or(*offset) + data.len() as u64;
+                    if let Some(file) = sink {
+                        if file.write_all(&data).is_err() {
+                            // The reader went away (ctr detached): keep draining.
+                            *sink = None;
+                        }
+                    }
                 }
             }
+            Err(DaemonError::Refused { status: 404, .. }) => return,
+            Err(e) => log::debug!("the output of process {api_id}: {e}"),
         }
+        if process.has_exited() {
+            return;
+        }
+        backoff.pause();
     }
 }
 
 /// Feeds containerd's stdin FIFO to the process until EOF, then closes
-/// the process's stdin.
+/// the process's stdin; a send sandboxd cannot take (restarting) is
+/// retried for a while.
 pub fn copy_stdin(daemon: &Daemon, sandbox: &str, api_id: u64, path: &str) {
     let path = path.strip_prefix("file://").unwrap_or(path);
-    // Blocks until containerd's side opens it for writing.
+    // Blocks until containerd's side opens it for writing, which it does
+    // before it asks for the start.
     let mut fifo = match std::fs::OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_CLOEXEC)
@@ -184,12 +257,26 @@ pub fn copy_stdin(daemon: &Daemon, sandbox: &str, api_id: u64, path: &str) {
     };
     let target = format!("/v1/sandboxes/{sandbox}/processes/{api_id}/stdin");
     let mut buf = vec![0u8; 64 * 1024];
-    loop {
+    'reading: loop {
         match fifo.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                if daemon.send_bytes("POST", &target, &buf[..n]).is_err() {
-                    return;
+                let mut backoff = Backoff::new();
+                let mut tries = 0;
+                loop {
+                    match daemon.send_bytes("POST", &target, &buf[..n]) {
+                        Ok(()) => break,
+                        // The process is gone or its stdin closed.
+                        Err(DaemonError::Refused { .. }) => break 'reading,
+                        Err(e) if tries >= 40 => {
+                            log::warn!("giving up on stdin of {api_id}: {e}");
+                            break 'reading;
+                        }
+                        Err(_) => {
+                            tries += 1;
+                            backoff.pause();
+                        }
+                    }
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

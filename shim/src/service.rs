@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use containerd_shim::api;
 use containerd_shim::protos::events::task::{
@@ -75,16 +76,22 @@ pub struct Service {
     daemon: Daemon,
     namespace: String,
     publisher: Arc<RemotePublisher>,
+    exits: Exits,
     exit: Arc<ExitSignal>,
     containers: Mutex<HashMap<String, Arc<Container>>>,
 }
 
 impl Service {
     pub fn new(namespace: &str, publisher: RemotePublisher, exit: Arc<ExitSignal>) -> Service {
+        let publisher = Arc::new(publisher);
         Service {
             daemon: Daemon::from_env(),
             namespace: namespace.to_string(),
-            publisher: Arc::new(publisher),
+            exits: Exits {
+                publisher: Arc::clone(&publisher),
+                namespace: namespace.to_string(),
+            },
+            publisher,
             exit,
             containers: Mutex::new(HashMap::new()),
         }
@@ -114,7 +121,70 @@ impl Service {
         }
         match process.state() {
             State::Running { pid, .. } | State::Exited { pid, .. } => pid,
-            State::Created => 0,
+            State::Created | State::Starting => 0,
+        }
+    }
+}
+
+/// How long an exited process's output may still be draining into
+/// containerd's FIFOs before its exit is reported anyway (a reader that
+/// stopped reading must not hold the exit back).
+const OUTPUT_GRACE: Duration = Duration::from_secs(2);
+
+/// Records exits and tells containerd: every recorded exit is one
+/// TaskExit, wherever it was found.
+#[derive(Clone)]
+struct Exits {
+    publisher: Arc<RemotePublisher>,
+    namespace: String,
+}
+
+impl Exits {
+    fn record(&self, container_id: &str, process: &Process, pid: u32, code: u32) {
+        if !process.set_exited(code) {
+            return;
+        }
+        let (code, at) = process.wait();
+        let id = if process.exec_id.is_empty() {
+            container_id.to_string()
+        } else {
+            process.exec_id.clone()
+        };
+        publish(
+            &self.publisher,
+            &self.namespace,
+            TASK_EXIT_EVENT_TOPIC,
+            Box::new(TaskExit {
+                container_id: container_id.to_string(),
+                id,
+                pid,
+                exit_status: code,
+                exited_at: MessageField::some(at),
+                ..Default::default()
+            }),
+        );
+    }
+}
+
+/// SIGKILLs a container's running execs: its init ended, and under
+/// containerd a task's processes end with its init.
+fn kill_execs(daemon: &Daemon, container: &Container) {
+    let execs: Vec<Arc<Process>> = container
+        .execs
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .values()
+        .cloned()
+        .collect();
+    for exec in execs {
+        if let State::Running { api_id, .. } = exec.settled_state() {
+            let path = format!(
+                "/v1/sandboxes/{}/processes/{api_id}/signal",
+                container.sandbox
+            );
+            if let Err(e) = daemon.call("POST", &path, Some(&serde_json::json!({"signal": 9}))) {
+                log::debug!("killing exec {}: {e}", exec.exec_id);
+            }
         }
     }
 }
@@ -152,6 +222,12 @@ impl Task for Service {
                 "sandboxd: restoring a containerd checkpoint is not supported; use sandboxd's snapshots",
             ));
         }
+        if self.containers().contains_key(&req.id) {
+            return Err(status(
+                Code::ALREADY_EXISTS,
+                format!("container {} exists", req.id),
+            ));
+        }
         let bundle = PathBuf::from(&req.bundle);
         let config = spec::read_bundle(&bundle).map_err(from_spec)?;
         let mounts: Vec<spec::RootMount<'_>> = req
@@ -163,7 +239,12 @@ impl Task for Service {
                 options: &m.options,
             })
             .collect();
-        let host_rootfs = spec::host_rootfs(&mounts, &bundle).map_err(from_spec)?;
+        let host_rootfs = spec::host_rootfs(
+            &mounts,
+            &bundle,
+            config.pointer("/root/path").and_then(Value::as_str),
+        )
+        .map_err(from_spec)?;
         let body =
             spec::sandbox(&config, &host_rootfs, &self.namespace, &req.id).map_err(from_spec)?;
         let init = spec::process(&config["process"], "process").map_err(from_spec)?;
@@ -218,30 +299,40 @@ impl Task for Service {
     ) -> TtrpcResult<api::StartResponse> {
         let container = self.container(&req.id)?;
         let process = container.process(&req.exec_id)?;
-        if !matches!(process.state(), State::Created) {
+        if !process.begin_start() {
             return Err(status(
                 Code::FAILED_PRECONDITION,
-                "the process was already started",
+                "the process was already started, or has ended",
             ));
         }
         let mut body = process.spec.body.clone();
         body["stdin"] = Value::Bool(!process.stdio.stdin.is_empty());
-        let started = self
-            .daemon
-            .call(
-                "POST",
-                &format!("/v1/sandboxes/{}/processes", container.sandbox),
-                Some(&body),
-            )
-            .map_err(from_daemon)?;
-        let api_id = started["id"].as_u64().ok_or_else(|| {
-            status(
-                Code::INTERNAL,
-                format!("sandboxd's start answer has no id: {started}"),
-            )
-        })?;
-        let inner_pid = started["pid"]
-            .as_u64()
+        let started = self.daemon.call(
+            "POST",
+            &format!("/v1/sandboxes/{}/processes", container.sandbox),
+            Some(&body),
+        );
+        // A failed start is the process's end: its waiters wake.
+        let api_id = match started.as_ref().map(|s| s["id"].as_u64()) {
+            Ok(Some(api_id)) => api_id,
+            Ok(None) => {
+                self.exits.record(&req.id, &process, 0, 255);
+                return Err(status(
+                    Code::INTERNAL,
+                    "sandboxd's start answer has no process id",
+                ));
+            }
+            Err(_) => {
+                self.exits.record(&req.id, &process, 0, 255);
+                return Err(started
+                    .map_err(from_daemon)
+                    .err()
+                    .unwrap_or_else(|| status(Code::INTERNAL, "the start failed")));
+            }
+        };
+        let inner_pid = started
+            .ok()
+            .and_then(|s| s["pid"].as_u64())
             .and_then(|p| u32::try_from(p).ok())
             .unwrap_or(0);
         process.set_running(api_id, inner_pid);
@@ -255,35 +346,32 @@ impl Task for Service {
             );
             std::thread::spawn(move || process::copy_stdin(&daemon, &sandbox, api_id, &path));
         }
+        // Output and exit on their own threads: the exit is reported once
+        // the output drained (or OUTPUT_GRACE passed), so ctr sees all of it.
+        let (drained, output_done) = std::sync::mpsc::channel::<()>();
+        {
+            let (daemon, sandbox, process) = (
+                self.daemon.clone(),
+                container.sandbox.clone(),
+                Arc::clone(&process),
+            );
+            std::thread::spawn(move || {
+                process::copy_output(&daemon, &sandbox, api_id, &process);
+                let _ = drained.send(());
+            });
+        }
         {
             let daemon = self.daemon.clone();
-            let sandbox = container.sandbox.clone();
+            let container = Arc::clone(&container);
             let process = Arc::clone(&process);
-            let publisher = Arc::clone(&self.publisher);
-            let namespace = self.namespace.clone();
+            let exits = self.exits.clone();
             let container_id = req.id.clone();
             std::thread::spawn(move || {
-                let code = process::copy_output(&daemon, &sandbox, api_id, &process.stdio);
-                if process.set_exited(code) {
-                    let (code, at) = process.wait();
-                    let exec_id = if process.exec_id.is_empty() {
-                        container_id.clone()
-                    } else {
-                        process.exec_id.clone()
-                    };
-                    publish(
-                        &publisher,
-                        &namespace,
-                        TASK_EXIT_EVENT_TOPIC,
-                        Box::new(TaskExit {
-                            container_id,
-                            id: exec_id,
-                            pid,
-                            exit_status: code,
-                            exited_at: MessageField::some(at),
-                            ..Default::default()
-                        }),
-                    );
+                let code = process::wait_exit(&daemon, &container.sandbox, api_id);
+                let _ = output_done.recv_timeout(OUTPUT_GRACE);
+                exits.record(&container_id, &process, pid, code);
+                if process.exec_id.is_empty() {
+                    kill_execs(&daemon, &container);
                 }
             });
         }
@@ -331,7 +419,7 @@ impl Task for Service {
             ..Default::default()
         };
         match process.state() {
-            State::Created => response.set_status(Status::CREATED),
+            State::Created | State::Starting => response.set_status(Status::CREATED),
             State::Running { .. } => response.set_status(Status::RUNNING),
             State::Exited { code, at, .. } => {
                 response.set_status(Status::STOPPED);
@@ -368,7 +456,8 @@ impl Task for Service {
         }
         let mut signalled = false;
         for target in targets {
-            match target.state() {
+            // A Start under way finishes first, so the kill reaches it.
+            match target.settled_state() {
                 State::Running { api_id, .. } => {
                     let path = format!(
                         "/v1/sandboxes/{}/processes/{api_id}/signal",
@@ -387,10 +476,11 @@ impl Task for Service {
                 }
                 // Never started: it ends here, as runc's created init would.
                 State::Created => {
-                    target.set_exited(128 + req.signal);
+                    self.exits
+                        .record(&req.id, &target, 0, 128u32.saturating_add(req.signal));
                     signalled = true;
                 }
-                State::Exited { .. } => {}
+                State::Starting | State::Exited { .. } => {}
             }
         }
         if !signalled && !req.all {
@@ -450,12 +540,14 @@ impl Task for Service {
         let process = container.process(&req.exec_id)?;
         let pid = self.pid_of(&process);
         if !req.exec_id.is_empty() {
-            if matches!(process.state(), State::Running { .. }) {
+            if matches!(process.settled_state(), State::Running { .. }) {
                 return Err(status(
                     Code::FAILED_PRECONDITION,
                     "the exec is still running",
                 ));
             }
+            // Never started: its waiters wake with its end.
+            self.exits.record(&req.id, &process, pid, 255);
             container
                 .execs
                 .lock()
@@ -478,14 +570,17 @@ impl Task for Service {
             Ok(_) | Err(DaemonError::Refused { status: 404, .. }) => {}
             Err(e) => return Err(from_daemon(e)),
         }
-        process.set_exited(137);
-        for exec in container
+        self.exits.record(&req.id, &process, pid, 137);
+        let execs: Vec<Arc<Process>> = container
             .execs
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .values()
-        {
-            exec.set_exited(137);
+            .cloned()
+            .collect();
+        for exec in execs {
+            let exec_pid = self.pid_of(&exec);
+            self.exits.record(&req.id, &exec, exec_pid, 137);
         }
         self.containers().remove(&req.id);
         let (code, at) = exited(&process);

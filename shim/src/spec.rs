@@ -136,6 +136,7 @@ pub fn sandbox(
     });
     let linux = config.get("linux").cloned().unwrap_or(Value::Null);
     check_namespaces(&linux)?;
+    check_refused(config, &linux)?;
     // Device cgroup rules (linux.resources.devices) only narrow access and
     // sandboxd applies its own, narrower set; device nodes to create are
     // another matter.
@@ -165,6 +166,25 @@ fn check_namespaces(linux: &Value) -> Result<(), SpecError> {
         .and_then(Value::as_array)
         .cloned()
         .unwrap_or_default();
+    for ns in &namespaces {
+        let kind = ns.get("type").and_then(Value::as_str).unwrap_or_default();
+        if kind == "user" {
+            return Err(refuse(
+                "linux.namespaces[user]",
+                "sandboxd makes each sandbox's user namespace and id map itself",
+            ));
+        }
+        let joins = ns
+            .get("path")
+            .and_then(Value::as_str)
+            .is_some_and(|p| !p.is_empty());
+        if joins && kind != "network" {
+            return Err(refuse(
+                format!("linux.namespaces[{kind}].path"),
+                "joining an existing namespace is not supported by sandboxd",
+            ));
+        }
+    }
     let network = namespaces
         .iter()
         .find(|n| n.get("type").and_then(Value::as_str) == Some("network"));
@@ -183,6 +203,60 @@ fn check_namespaces(linux: &Value) -> Result<(), SpecError> {
     }
 }
 
+/// Fields sandboxd would otherwise drop while the spec relies on them.
+/// Capabilities, rlimits, seccomp and no_new_privileges are not among
+/// them: sandboxd applies its own (Docker's default capabilities, its
+/// deny-list seccomp, no_new_privs, its nofile), which is what containerd's
+/// default spec asks for.
+fn check_refused(config: &Value, linux: &Value) -> Result<(), SpecError> {
+    let present = |v: Option<&Value>| match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(_) => true,
+    };
+    let refused: [(&str, Option<&Value>, &str); 6] = [
+        (
+            "root.readonly",
+            config.pointer("/root/readonly"),
+            "a read-only root is not supported by sandboxd yet (its root has a writable layer)",
+        ),
+        (
+            "hooks",
+            config.get("hooks"),
+            "OCI hooks run host programs, which sandboxd does not do",
+        ),
+        (
+            "linux.uidMappings",
+            linux.get("uidMappings"),
+            "sandboxd maps every sandbox's ids itself",
+        ),
+        (
+            "linux.gidMappings",
+            linux.get("gidMappings"),
+            "sandboxd maps every sandbox's ids itself",
+        ),
+        (
+            "linux.sysctl",
+            linux.get("sysctl"),
+            "sysctls are not set by sandboxd",
+        ),
+        (
+            "process.apparmorProfile",
+            config.pointer("/process/apparmorProfile"),
+            "AppArmor profiles are not applied by sandboxd",
+        ),
+    ];
+    for (field, value, why) in refused {
+        if present(value) {
+            return Err(refuse(field, why));
+        }
+    }
+    Ok(())
+}
+
 fn check_mounts(config: &Value) -> Result<(), SpecError> {
     for (index, mount) in config
         .get("mounts")
@@ -195,7 +269,14 @@ fn check_mounts(config: &Value) -> Result<(), SpecError> {
             .get("destination")
             .and_then(Value::as_str)
             .unwrap_or("");
-        if !STANDARD_DESTINATIONS.contains(&destination) {
+        let kind = mount.get("type").and_then(Value::as_str).unwrap_or("");
+        let bind = kind == "bind"
+            || kind == "rbind"
+            || mount
+                .get("options")
+                .and_then(Value::as_array)
+                .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"));
+        if bind || !STANDARD_DESTINATIONS.contains(&destination) {
             return Err(refuse(
                 format!("mounts[{index}]"),
                 format!("{destination}: mounts from the host are not supported by sandboxd (only its own /proc, /dev, /sys, /run)"),
@@ -295,10 +376,15 @@ pub struct RootMount<'a> {
 /// The directories, top first, that a task's root stacks: an overlay
 /// snapshot's upperdir then lowerdirs, a bind snapshot's source, or with no
 /// mounts the bundle's `rootfs` directory as containerd left it.
-pub fn host_rootfs(mounts: &[RootMount<'_>], bundle: &Path) -> Result<Vec<PathBuf>, SpecError> {
+pub fn host_rootfs(
+    mounts: &[RootMount<'_>],
+    bundle: &Path,
+    root_path: Option<&str>,
+) -> Result<Vec<PathBuf>, SpecError> {
     let [mount] = mounts else {
         if mounts.is_empty() {
-            return Ok(vec![bundle.join("rootfs")]);
+            // The spec's root.path, relative to the bundle unless absolute.
+            return Ok(vec![bundle.join(root_path.unwrap_or("rootfs"))]);
         }
         return Err(refuse(
             "rootfs",
@@ -383,11 +469,27 @@ mod tests {
         bind["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
         let mut vm = ctr_spec();
         vm["annotations"] = json!({"sandboxd.io/runtime": "vm"});
+        let mut bind_on_run = ctr_spec();
+        bind_on_run["mounts"] = json!([{"destination": "/run", "type": "bind", "source": "/etc"}]);
+        let mut readonly = ctr_spec();
+        readonly["root"] = json!({"path": "rootfs", "readonly": true});
+        let mut hooks = ctr_spec();
+        hooks["hooks"] = json!({"prestart": [{"path": "/usr/bin/nvidia-hook"}]});
+        let mut host_pid = ctr_spec();
+        host_pid["linux"]["namespaces"] =
+            json!([{"type": "network"}, {"type": "pid", "path": "/proc/1/ns/pid"}]);
+        let mut userns = ctr_spec();
+        userns["linux"]["namespaces"] = json!([{"type": "network"}, {"type": "user"}]);
         for (spec, field) in [
             (host_net, "linux.namespaces"),
             (pod_net, "linux.namespaces[network].path"),
             (bind, "mounts[0]"),
             (vm, annotations::RUNTIME),
+            (bind_on_run, "mounts[0]"),
+            (readonly, "root.readonly"),
+            (hooks, "hooks"),
+            (host_pid, "linux.namespaces[pid].path"),
+            (userns, "linux.namespaces[user]"),
         ] {
             let err = sandbox(&spec, &[], "default", "t").unwrap_err();
             assert_eq!(err.field, field, "{err}");
@@ -410,7 +512,7 @@ mod tests {
             options: &options,
         };
         assert_eq!(
-            host_rootfs(&[overlay], Path::new("/b")).unwrap(),
+            host_rootfs(&[overlay], Path::new("/b"), None).unwrap(),
             vec![PathBuf::from("/s/2/fs"), "/s/1/fs".into(), "/s/0/fs".into()]
         );
         let bind = RootMount {
@@ -419,11 +521,11 @@ mod tests {
             options: &[],
         };
         assert_eq!(
-            host_rootfs(&[bind], Path::new("/b")).unwrap(),
+            host_rootfs(&[bind], Path::new("/b"), None).unwrap(),
             vec![PathBuf::from("/s/9/fs")]
         );
         assert_eq!(
-            host_rootfs(&[], Path::new("/b")).unwrap(),
+            host_rootfs(&[], Path::new("/b"), None).unwrap(),
             vec![PathBuf::from("/b/rootfs")]
         );
     }
