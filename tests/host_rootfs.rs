@@ -6,33 +6,11 @@
 
 mod common;
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use common::Daemon;
 use hyper::{Method, StatusCode};
 use serde_json::json;
-
-/// A busybox tree built by the image recipe as root: owned by host uid 0.
-fn root_owned_busybox(dir: &Path) -> PathBuf {
-    let tree = dir.join("busybox");
-    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("rootfs/images/busybox.sh");
-    let out = std::process::Command::new("bash")
-        .arg(&recipe)
-        .arg(&tree)
-        .output()
-        .expect("run the busybox recipe");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        std::fs::metadata(tree.join("bin/busybox")).unwrap().uid(),
-        0
-    );
-    tree
-}
 
 /// The mount points at or below `dir`.
 fn mounts_under(dir: &Path) -> Vec<String> {
@@ -50,7 +28,7 @@ async fn host_owned_layers_are_the_root_under_the_sandbox_ids_and_stay_unchanged
     require_host!();
     // Under /var/tmp: the idmapped mounts need ext4, xfs or btrfs.
     let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-    let lower = root_owned_busybox(host.path());
+    let lower = common::root_owned_busybox(host.path());
     let upper = host.path().join("upper");
     std::fs::create_dir_all(upper.join("etc")).unwrap();
     std::fs::create_dir_all(upper.join("home/user")).unwrap();

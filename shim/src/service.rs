@@ -59,13 +59,20 @@ struct Container {
 }
 
 impl Container {
+    fn exec_table(&self) -> MutexGuard<'_, HashMap<String, Arc<Process>>> {
+        self.execs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The execs now, outside the lock.
+    fn execs(&self) -> Vec<Arc<Process>> {
+        self.exec_table().values().cloned().collect()
+    }
+
     fn process(&self, exec_id: &str) -> TtrpcResult<Arc<Process>> {
         if exec_id.is_empty() {
             return Ok(Arc::clone(&self.init));
         }
-        self.execs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
+        self.exec_table()
             .get(exec_id)
             .cloned()
             .ok_or_else(|| status(Code::NOT_FOUND, format!("exec {exec_id} not found")))
@@ -169,14 +176,7 @@ impl Exits {
 /// SIGKILLs a container's running execs: its init ended, and under
 /// containerd a task's processes end with its init.
 fn kill_execs(daemon: &Daemon, container: &Container) {
-    let execs: Vec<Arc<Process>> = container
-        .execs
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .values()
-        .cloned()
-        .collect();
-    for exec in execs {
+    for exec in container.execs() {
         if let State::Running { api_id, .. } = exec.settled_state() {
             let path = format!(
                 "/v1/sandboxes/{}/processes/{api_id}/signal",
@@ -445,14 +445,7 @@ impl Task for Service {
         let process = container.process(&req.exec_id)?;
         let mut targets = vec![process];
         if req.all && req.exec_id.is_empty() {
-            targets.extend(
-                container
-                    .execs
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .values()
-                    .cloned(),
-            );
+            targets.extend(container.execs());
         }
         let mut signalled = false;
         for target in targets {
@@ -504,7 +497,7 @@ impl Task for Service {
             )
         })?;
         let spec = spec::process(&spec_json, "exec.process").map_err(from_spec)?;
-        let mut execs = container.execs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut execs = container.exec_table();
         if execs.contains_key(&req.exec_id) {
             return Err(status(
                 Code::ALREADY_EXISTS,
@@ -548,11 +541,7 @@ impl Task for Service {
             }
             // Never started: its waiters wake with its end.
             self.exits.record(&req.id, &process, pid, 255);
-            container
-                .execs
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&req.exec_id);
+            container.exec_table().remove(&req.exec_id);
             let (code, at) = exited(&process);
             return Ok(api::DeleteResponse {
                 pid,
@@ -571,14 +560,7 @@ impl Task for Service {
             Err(e) => return Err(from_daemon(e)),
         }
         self.exits.record(&req.id, &process, pid, 137);
-        let execs: Vec<Arc<Process>> = container
-            .execs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
-        for exec in execs {
+        for exec in container.execs() {
             let exec_pid = self.pid_of(&exec);
             self.exits.record(&req.id, &exec, exec_pid, 137);
         }

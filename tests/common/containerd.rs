@@ -168,18 +168,7 @@ impl Containerd {
     /// as [`IMAGE`].
     pub fn import_busybox(&self) {
         let work = self.dir.path().join("image");
-        let tree = work.join("tree");
-        let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("rootfs/images/busybox.sh");
-        let built = Command::new("bash")
-            .arg(&recipe)
-            .arg(&tree)
-            .output()
-            .expect("recipe");
-        assert!(
-            built.status.success(),
-            "{}",
-            String::from_utf8_lossy(&built.stderr)
-        );
+        let tree = crate::common::root_owned_busybox(&work);
         let tar = Command::new("tar")
             .args(["--numeric-owner", "-C"])
             .arg(&tree)

@@ -562,6 +562,27 @@ impl Drop for Daemon {
     }
 }
 
+/// A busybox tree at `<dir>/busybox`, built by the image recipe as root:
+/// owned by host uid 0, as containerd's snapshots are.
+pub fn root_owned_busybox(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::MetadataExt;
+    let tree = dir.join("busybox");
+    let recipe = Path::new(env!("CARGO_MANIFEST_DIR")).join("rootfs/images/busybox.sh");
+    let out = std::process::Command::new("bash")
+        .arg(&recipe)
+        .arg(&tree)
+        .output()
+        .expect("run the busybox recipe");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let owner = std::fs::metadata(tree.join("bin/busybox")).map(|m| m.uid());
+    assert_eq!(owner.ok(), Some(0), "{}", tree.display());
+    tree
+}
+
 /// Pids of the host's processes whose (pid, command-line arguments) pass
 /// `wanted`.
 pub fn processes_where(wanted: impl Fn(i32, &[&str]) -> bool) -> Vec<i32> {
