@@ -147,3 +147,56 @@ async fn a_host_root_that_cannot_work_is_refused_naming_the_field() {
         "{list}"
     );
 }
+
+#[tokio::test]
+async fn only_root_on_the_socket_may_name_host_directories() {
+    require_host!();
+    use std::os::unix::fs::PermissionsExt;
+    let daemon = Daemon::start();
+    // Open the socket to everyone, as a socket_group would to its members.
+    let dir = daemon.socket.parent().expect("socket dir");
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(&daemon.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let ask = |body: &str, as_nobody: bool| {
+        let mut command = std::process::Command::new("setpriv");
+        if as_nobody {
+            command.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        }
+        let out = command
+            .args([
+                "curl",
+                "-s",
+                "-o",
+                "-",
+                "-w",
+                "\n%{http_code}",
+                "--unix-socket",
+            ])
+            .arg(&daemon.socket)
+            .args([
+                "-X",
+                "POST",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                body,
+            ])
+            .arg("http://sandboxd/v1/sandboxes")
+            .output()
+            .expect("run curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let host_root = r#"{"host_rootfs": ["/"]}"#;
+    let refused = ask(host_root, true);
+    assert!(refused.ends_with("403"), "{refused}");
+    assert!(refused.contains("host_rootfs_not_allowed"), "{refused}");
+    // The positive control: the same socket serves that user otherwise,
+    // and root with the same body gets past the check (to validation).
+    let allowed = ask(r#"{"image": "busybox"}"#, true);
+    assert!(allowed.ends_with("201"), "{allowed}");
+    let as_root = ask(r#"{"host_rootfs": ["relative"]}"#, false);
+    assert!(
+        as_root.ends_with("400") && as_root.contains("invalid_host_rootfs"),
+        "{as_root}"
+    );
+}
