@@ -323,6 +323,7 @@ pub async fn wait(
     let mut supervisor = manager.connect(&id).await?;
     tokio::select! {
         waited = supervisor.wait(proc, timeout) => Ok(Json(waited?)),
+        // A fresh connection: the first still has the wait's answer due.
         _ = manager.stopped() => Ok(Json(manager.connect(&id).await?.get(proc).await?)),
     }
 }

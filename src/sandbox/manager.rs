@@ -281,19 +281,10 @@ impl Manager {
         Ok(self.record(id)?.process_user.unwrap_or((0, 0)))
     }
 
-    /// The sandbox as it is now, with fresh OOM and failure facts from its supervisor.
-    /// Sandbox `id`'s resource use now, from its cgroups.
+    /// Sandbox `id`'s resource use now, from its cgroups (409 when it is
+    /// not ready).
     pub fn stats(&self, id: &str) -> Result<crate::model::SandboxStats, SandboxError> {
-        let record = self.record(id)?;
-        if record.state != SandboxState::Ready {
-            return Err(SandboxError::Conflict {
-                code: "sandbox_not_running",
-                message: format!(
-                    "sandbox {id} is {:?}; only a ready sandbox has stats",
-                    record.state
-                ),
-            });
-        }
+        let record = self.ready(id)?;
         let cgroups = crate::runtime::cgroups::SandboxCgroups::new(
             crate::runtime::cgroups::Layout::detect(),
             &record.cgroups_path,
@@ -308,6 +299,7 @@ impl Manager {
         })
     }
 
+    /// The sandbox as it is now, with fresh OOM and failure facts from its supervisor.
     pub async fn get(&self, id: &str) -> Result<SandboxRecord, SandboxError> {
         let record = self.record(id)?;
         if record.state != SandboxState::Ready {
