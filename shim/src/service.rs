@@ -13,7 +13,6 @@ use containerd_shim::protos::events::task::{
     TaskCreate, TaskDelete, TaskExecAdded, TaskExecStarted, TaskExit, TaskStart,
 };
 use containerd_shim::protos::protobuf::well_known_types::any::Any;
-use containerd_shim::protos::protobuf::well_known_types::timestamp::Timestamp;
 use containerd_shim::protos::protobuf::{Message, MessageDyn, MessageField};
 use containerd_shim::protos::topics::{
     TASK_CREATE_EVENT_TOPIC, TASK_DELETE_EVENT_TOPIC, TASK_EXEC_ADDED_EVENT_TOPIC,
@@ -81,24 +80,19 @@ impl Container {
 
 pub struct Service {
     daemon: Daemon,
-    namespace: String,
-    publisher: Arc<RemotePublisher>,
-    exits: Exits,
+    events: Events,
     exit: Arc<ExitSignal>,
     containers: Mutex<HashMap<String, Arc<Container>>>,
 }
 
 impl Service {
     pub fn new(namespace: &str, publisher: RemotePublisher, exit: Arc<ExitSignal>) -> Service {
-        let publisher = Arc::new(publisher);
         Service {
             daemon: Daemon::from_env(),
-            namespace: namespace.to_string(),
-            exits: Exits {
-                publisher: Arc::clone(&publisher),
+            events: Events {
+                publisher: Arc::new(publisher),
                 namespace: namespace.to_string(),
             },
-            publisher,
             exit,
             containers: Mutex::new(HashMap::new()),
         }
@@ -113,10 +107,6 @@ impl Service {
             .get(id)
             .cloned()
             .ok_or_else(|| status(Code::NOT_FOUND, format!("container {id} not found")))
-    }
-
-    fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
-        publish(&self.publisher, &self.namespace, topic, event);
     }
 
     /// The pid containerd sees for a process: the shim's own for the init
@@ -138,16 +128,24 @@ impl Service {
 /// stopped reading must not hold the exit back).
 const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 
-/// Records exits and tells containerd: every recorded exit is one
-/// TaskExit, wherever it was found.
+/// What the shim tells containerd, in its namespace: task events, and
+/// exits recorded so that every recorded exit is one TaskExit, wherever
+/// it was found.
 #[derive(Clone)]
-struct Exits {
+struct Events {
     publisher: Arc<RemotePublisher>,
     namespace: String,
 }
 
-impl Exits {
-    fn record(&self, container_id: &str, process: &Process, pid: u32, code: u32) {
+impl Events {
+    fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
+        let ctx = containerd_shim::Context::default();
+        if let Err(e) = self.publisher.publish(ctx, topic, &self.namespace, event) {
+            log::warn!("publishing {topic}: {e}");
+        }
+    }
+
+    fn record_exit(&self, container_id: &str, process: &Process, pid: u32, code: u32) {
         if !process.set_exited(code) {
             return;
         }
@@ -157,9 +155,7 @@ impl Exits {
         } else {
             process.exec_id.clone()
         };
-        publish(
-            &self.publisher,
-            &self.namespace,
+        self.publish(
             TASK_EXIT_EVENT_TOPIC,
             Box::new(TaskExit {
                 container_id: container_id.to_string(),
@@ -186,13 +182,6 @@ fn kill_execs(daemon: &Daemon, container: &Container) {
                 log::debug!("killing exec {}: {e}", exec.exec_id);
             }
         }
-    }
-}
-
-fn publish(publisher: &RemotePublisher, namespace: &str, topic: &str, event: Box<dyn MessageDyn>) {
-    let ctx = containerd_shim::Context::default();
-    if let Err(e) = publisher.publish(ctx, topic, namespace, event) {
-        log::warn!("publishing {topic}: {e}");
     }
 }
 
@@ -245,8 +234,8 @@ impl Task for Service {
             config.pointer("/root/path").and_then(Value::as_str),
         )
         .map_err(from_spec)?;
-        let body =
-            spec::sandbox(&config, &host_rootfs, &self.namespace, &req.id).map_err(from_spec)?;
+        let body = spec::sandbox(&config, &host_rootfs, &self.events.namespace, &req.id)
+            .map_err(from_spec)?;
         let init = spec::process(&config["process"], "process").map_err(from_spec)?;
         let created = self
             .daemon
@@ -269,7 +258,7 @@ impl Task for Service {
         });
         let pid = self.pid_of(&container.init);
         self.containers().insert(req.id.clone(), container);
-        self.publish(
+        self.events.publish(
             TASK_CREATE_EVENT_TOPIC,
             Box::new(TaskCreate {
                 container_id: req.id.clone(),
@@ -316,14 +305,14 @@ impl Task for Service {
         let api_id = match started.as_ref().map(|s| s["id"].as_u64()) {
             Ok(Some(api_id)) => api_id,
             Ok(None) => {
-                self.exits.record(&req.id, &process, 0, 255);
+                self.events.record_exit(&req.id, &process, 0, 255);
                 return Err(status(
                     Code::INTERNAL,
                     "sandboxd's start answer has no process id",
                 ));
             }
             Err(_) => {
-                self.exits.record(&req.id, &process, 0, 255);
+                self.events.record_exit(&req.id, &process, 0, 255);
                 return Err(started
                     .map_err(from_daemon)
                     .err()
@@ -364,19 +353,19 @@ impl Task for Service {
             let daemon = self.daemon.clone();
             let container = Arc::clone(&container);
             let process = Arc::clone(&process);
-            let exits = self.exits.clone();
+            let events = self.events.clone();
             let container_id = req.id.clone();
             std::thread::spawn(move || {
                 let code = process::wait_exit(&daemon, &container.sandbox, api_id);
                 let _ = output_done.recv_timeout(OUTPUT_GRACE);
-                exits.record(&container_id, &process, pid, code);
+                events.record_exit(&container_id, &process, pid, code);
                 if process.exec_id.is_empty() {
                     kill_execs(&daemon, &container);
                 }
             });
         }
         if req.exec_id.is_empty() {
-            self.publish(
+            self.events.publish(
                 TASK_START_EVENT_TOPIC,
                 Box::new(TaskStart {
                     container_id: req.id.clone(),
@@ -385,7 +374,7 @@ impl Task for Service {
                 }),
             );
         } else {
-            self.publish(
+            self.events.publish(
                 TASK_EXEC_STARTED_EVENT_TOPIC,
                 Box::new(TaskExecStarted {
                     container_id: req.id.clone(),
@@ -469,8 +458,8 @@ impl Task for Service {
                 }
                 // Never started: it ends here, as runc's created init would.
                 State::Created => {
-                    self.exits
-                        .record(&req.id, &target, 0, 128u32.saturating_add(req.signal));
+                    self.events
+                        .record_exit(&req.id, &target, 0, 128u32.saturating_add(req.signal));
                     signalled = true;
                 }
                 State::Starting | State::Exited { .. } => {}
@@ -513,7 +502,7 @@ impl Task for Service {
             ),
         );
         drop(execs);
-        self.publish(
+        self.events.publish(
             TASK_EXEC_ADDED_EVENT_TOPIC,
             Box::new(TaskExecAdded {
                 container_id: req.id.clone(),
@@ -540,9 +529,9 @@ impl Task for Service {
                 ));
             }
             // Never started: its waiters wake with its end.
-            self.exits.record(&req.id, &process, pid, 255);
+            self.events.record_exit(&req.id, &process, pid, 255);
             container.exec_table().remove(&req.exec_id);
-            let (code, at) = exited(&process);
+            let (code, at) = process.wait();
             return Ok(api::DeleteResponse {
                 pid,
                 exit_status: code,
@@ -559,14 +548,14 @@ impl Task for Service {
             Ok(_) | Err(DaemonError::Refused { status: 404, .. }) => {}
             Err(e) => return Err(from_daemon(e)),
         }
-        self.exits.record(&req.id, &process, pid, 137);
+        self.events.record_exit(&req.id, &process, pid, 137);
         for exec in container.execs() {
             let exec_pid = self.pid_of(&exec);
-            self.exits.record(&req.id, &exec, exec_pid, 137);
+            self.events.record_exit(&req.id, &exec, exec_pid, 137);
         }
         self.containers().remove(&req.id);
-        let (code, at) = exited(&process);
-        self.publish(
+        let (code, at) = process.wait();
+        self.events.publish(
             TASK_DELETE_EVENT_TOPIC,
             Box::new(TaskDelete {
                 container_id: req.id.clone(),
@@ -672,13 +661,5 @@ impl Task for Service {
             }),
             ..Default::default()
         })
-    }
-}
-
-/// The exit of a process that has exited, or (not yet) status 0 now.
-fn exited(process: &Process) -> (u32, Timestamp) {
-    match process.state() {
-        State::Exited { code, at, .. } => (code, at),
-        _ => (0, containerd_shim::util::timestamp().unwrap_or_default()),
     }
 }
