@@ -134,22 +134,9 @@ pub fn sandbox(
         "ttl_seconds": -1,
         "labels": {LABEL_NAMESPACE: namespace, LABEL_ID: id},
     });
-    let linux = config.get("linux").cloned().unwrap_or(Value::Null);
-    check_namespaces(&linux)?;
-    check_refused(config, &linux)?;
-    // Device cgroup rules (linux.resources.devices) only narrow access and
-    // sandboxd applies its own, narrower set; device nodes to create are
-    // another matter.
-    if linux
-        .get("devices")
-        .and_then(Value::as_array)
-        .is_some_and(|d| !d.is_empty())
-    {
-        return Err(refuse(
-            "linux.devices",
-            "device nodes from the host are not given to sandboxes (GPUs go through sandboxd's gpu option)",
-        ));
-    }
+    let linux = config.get("linux").unwrap_or(&Value::Null);
+    check_namespaces(linux)?;
+    check_refused(config, linux)?;
     check_mounts(config)?;
     if let Some(resources) = linux.get("resources") {
         limits(resources, &mut body)?;
@@ -161,12 +148,11 @@ pub fn sandbox(
 }
 
 fn check_namespaces(linux: &Value) -> Result<(), SpecError> {
-    let namespaces = linux
+    let namespaces: &[Value] = linux
         .get("namespaces")
         .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    for ns in &namespaces {
+        .map_or(&[], Vec::as_slice);
+    for ns in namespaces {
         let kind = ns.get("type").and_then(Value::as_str).unwrap_or_default();
         if kind == "user" {
             return Err(refuse(
@@ -217,7 +203,14 @@ fn check_refused(config: &Value, linux: &Value) -> Result<(), SpecError> {
         Some(Value::String(s)) => !s.is_empty(),
         Some(_) => true,
     };
-    let refused: [(&str, Option<&Value>, &str); 6] = [
+    // Device cgroup rules (linux.resources.devices) are not here: they only
+    // narrow access, and sandboxd applies its own narrower set.
+    let refused: [(&str, Option<&Value>, &str); 7] = [
+        (
+            "linux.devices",
+            linux.get("devices"),
+            "device nodes from the host are not given to sandboxes (GPUs go through sandboxd's gpu option)",
+        ),
         (
             "root.readonly",
             config.pointer("/root/readonly"),
@@ -478,6 +471,8 @@ mod tests {
         let mut host_pid = ctr_spec();
         host_pid["linux"]["namespaces"] =
             json!([{"type": "network"}, {"type": "pid", "path": "/proc/1/ns/pid"}]);
+        let mut devices = ctr_spec();
+        devices["linux"]["devices"] = json!([{"path": "/dev/kvm", "type": "c"}]);
         let mut userns = ctr_spec();
         userns["linux"]["namespaces"] = json!([{"type": "network"}, {"type": "user"}]);
         for (spec, field) in [
@@ -490,6 +485,7 @@ mod tests {
             (hooks, "hooks"),
             (host_pid, "linux.namespaces[pid].path"),
             (userns, "linux.namespaces[user]"),
+            (devices, "linux.devices"),
         ] {
             let err = sandbox(&spec, &[], "default", "t").unwrap_err();
             assert_eq!(err.field, field, "{err}");
