@@ -15,7 +15,6 @@ use std::time::Duration;
 
 use common::Daemon;
 use containerd::{Containerd, IMAGE, RUNTIME};
-use hyper::Method;
 use serde_json::json;
 
 fn text(out: &Output) -> String {
@@ -24,11 +23,6 @@ fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     )
-}
-
-async fn sandboxes(daemon: &Daemon) -> Vec<serde_json::Value> {
-    let (_, list) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
-    list["sandboxes"].as_array().cloned().unwrap_or_default()
 }
 
 #[tokio::test]
@@ -60,7 +54,7 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
     );
     assert!(said.contains("/bin/busybox"), "{said}");
     assert!(
-        sandboxes(&daemon).await.is_empty(),
+        daemon.sandboxes().await.is_empty(),
         "--rm removed the sandbox"
     );
 
@@ -91,7 +85,7 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         .read_line(&mut first)
         .expect("read ctr's output");
     assert_eq!(first, "ready\n");
-    let live = sandboxes(&daemon).await;
+    let live = daemon.sandboxes().await;
     assert_eq!(live.len(), 1, "{live:?}");
     assert_eq!(live[0]["labels"]["containerd.io/id"], "t-long", "{live:?}");
     assert_eq!(live[0]["image"], "host-rootfs", "{live:?}");
@@ -147,7 +141,7 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
     let ended = attached.wait().expect("ctr run ends");
     assert_eq!(ended.code(), Some(143), "SIGTERM's status reaches ctr");
     assert!(
-        sandboxes(&daemon).await.is_empty(),
+        daemon.sandboxes().await.is_empty(),
         "--rm removed the sandbox"
     );
     assert!(!containerd
@@ -175,7 +169,7 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         "{}",
         text(&refused)
     );
-    assert!(sandboxes(&daemon).await.is_empty());
+    assert!(daemon.sandboxes().await.is_empty());
 
     // Nothing of the sandboxes is left mounted (the overlay was the
     // sandbox's, under the daemon's run dir).
@@ -252,7 +246,7 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
 
     // The shim dies: containerd sees the task exit and its cleanup
     // (`shim delete`) removes the sandbox.
-    let live = sandboxes(&daemon).await;
+    let live = daemon.sandboxes().await;
     assert_eq!(live.len(), 1, "{live:?}");
     let sandbox = live[0]["id"].as_str().expect("id").to_string();
     let mut events = daemon.follow_events(0).await;
@@ -275,5 +269,5 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
         .await;
     let tasks = containerd.ctr_ok(&["task", "ls"]);
     assert!(!tasks.contains("RUNNING"), "{tasks}");
-    assert!(sandboxes(&daemon).await.is_empty());
+    assert!(daemon.sandboxes().await.is_empty());
 }

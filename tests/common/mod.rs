@@ -458,6 +458,17 @@ impl Daemon {
         value["id"].as_str().expect("id").to_string()
     }
 
+    /// The caller's sandboxes (`GET /v1/sandboxes`, asserting 200, so an
+    /// error never reads as "none").
+    pub async fn sandboxes(&self) -> Vec<Value> {
+        let (status, list) = self.call(Method::GET, "/v1/sandboxes", None).await;
+        assert_eq!(status, StatusCode::OK, "list failed: {list}");
+        list["sandboxes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| panic!("no sandboxes array in {list}"))
+    }
+
     pub async fn delete(&self, id: &str) {
         let (status, value) = self
             .call(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
