@@ -152,7 +152,7 @@ async fn only_root_on_the_socket_may_name_host_directories() {
     let dir = daemon.socket.parent().expect("socket dir");
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o711)).unwrap();
     std::fs::set_permissions(&daemon.socket, std::fs::Permissions::from_mode(0o666)).unwrap();
-    let ask = |body: &str, as_nobody: bool| {
+    let ask_at = |path: &str, body: &str, as_nobody: bool| {
         let mut command = std::process::Command::new("setpriv");
         if as_nobody {
             command.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
@@ -176,11 +176,12 @@ async fn only_root_on_the_socket_may_name_host_directories() {
                 "-d",
                 body,
             ])
-            .arg("http://sandboxd/v1/sandboxes")
+            .arg(format!("http://sandboxd{path}"))
             .output()
             .expect("run curl");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
+    let ask = |body: &str, as_nobody: bool| ask_at("/v1/sandboxes", body, as_nobody);
     let host_root = r#"{"host_rootfs": ["/"]}"#;
     let refused = ask(host_root, true);
     assert!(refused.ends_with("403"), "{refused}");
@@ -194,4 +195,231 @@ async fn only_root_on_the_socket_may_name_host_directories() {
         as_root.ends_with("400") && as_root.contains("invalid_host_rootfs"),
         "{as_root}"
     );
+    // A network namespace and a pod container's root name host objects too.
+    let netns = ask(
+        r#"{"image": "busybox", "join_netns": "/proc/1/ns/net"}"#,
+        true,
+    );
+    assert!(
+        netns.ends_with("403") && netns.contains("join_netns_not_allowed"),
+        "{netns}"
+    );
+    let id = allowed
+        .split('"')
+        .skip_while(|part| *part != "id")
+        .nth(2)
+        .expect("the created sandbox's id")
+        .to_string();
+    let root = ask_at(
+        &format!("/v1/sandboxes/{id}/roots"),
+        r#"{"name": "c", "host_rootfs": ["/"]}"#,
+        true,
+    );
+    assert!(
+        root.ends_with("403") && root.contains("host_rootfs_not_allowed"),
+        "{root}"
+    );
+    let root = ask_at(
+        &format!("/v1/sandboxes/{id}/roots"),
+        r#"{"name": "c", "host_rootfs": ["relative"]}"#,
+        false,
+    );
+    assert!(
+        root.ends_with("400") && root.contains("invalid_host_rootfs"),
+        "{root}"
+    );
+}
+
+/// Runs `script` with sh in root `root` of sandbox `id`.
+async fn sh_in_root(daemon: &Daemon, id: &str, root: &str, script: &str) -> common::Exec {
+    let proc = daemon
+        .start_process(id, json!({"argv": ["sh", "-c", script], "root": root}))
+        .await;
+    daemon.output(id, proc).await
+}
+
+#[tokio::test]
+async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_its_processes() {
+    require_host!();
+    let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let pause = common::root_owned_busybox(&host.path().join("pause"));
+    let app = common::root_owned_busybox(&host.path().join("app"));
+    std::fs::write(app.join("etc/motd"), "the app's image\n").unwrap();
+    let daemon = Daemon::start();
+    let id = daemon
+        .create(json!({"host_rootfs": [pause.display().to_string()]}))
+        .await;
+    daemon.sh(&id, "echo in-the-sandbox > /tmp/mark").await;
+    daemon
+        .start_process(
+            &id,
+            json!({"argv": ["nc", "-ll", "-p", "7070", "-e", "echo", "pong"]}),
+        )
+        .await;
+
+    let roots = format!("/v1/sandboxes/{id}/roots");
+    let body = json!({"name": "app", "host_rootfs": [app.display().to_string()]});
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(body.clone())).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(body)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "a name is one root: {answer}");
+    assert_eq!(answer["error"]["code"], "root_exists", "{answer}");
+
+    // Its files are its image's and its own writes; the sandbox's /tmp is
+    // not there, while localhost, the hostname and /proc are the sandbox's.
+    let seen = sh_in_root(
+        &daemon,
+        &id,
+        "app",
+        "cat /etc/motd; cat /tmp/mark 2>&1 | grep -c 'No such'; echo mine > /tmp/own; \
+         hostname; for i in $(seq 200); do cat /proc/net/tcp* | grep -q ':1B9E [0-9A-F]*:0000 0A' && break; sleep 0.05; done; \
+         nc 127.0.0.1 7070 </dev/null; ls /proc/1/cmdline /dev/null | wc -l; \
+         stat -c %u /bin/busybox",
+    )
+    .await;
+    assert_eq!(
+        seen.out(),
+        format!("the app's image\n1\n{id}\npong\n2\n0\n"),
+        "{}",
+        seen.err()
+    );
+    assert_eq!(
+        daemon
+            .sh(&id, "cat /tmp/own 2>&1 | grep -c 'No such'")
+            .await
+            .out(),
+        "1\n"
+    );
+    assert_eq!(
+        sh_in_root(&daemon, &id, "app", "cat /tmp/own").await.out(),
+        "mine\n",
+        "the root keeps its writes"
+    );
+    assert!(
+        !app.join("tmp/own").exists(),
+        "the host's tree is unchanged"
+    );
+    // It cannot chroot back out to the sandbox's root (the positive
+    // control: chroot works in the sandbox's own root).
+    let escape = sh_in_root(&daemon, &id, "app", "chroot / true; echo rc=$?").await;
+    assert!(
+        escape.out().ends_with("rc=1\n"),
+        "{} {}",
+        escape.out(),
+        escape.err()
+    );
+    assert_eq!(
+        daemon.sh(&id, "chroot / true; echo rc=$?").await.out(),
+        "rc=0\n"
+    );
+
+    // Removing it kills what runs there; then it is gone, and nothing of
+    // it is left mounted on the host.
+    let sleeper = daemon
+        .start_process(&id, json!({"argv": ["sleep", "600"], "root": "app"}))
+        .await;
+    let (status, answer) = daemon
+        .call(Method::DELETE, &format!("{roots}/app"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
+    let ended = daemon.output(&id, sleeper).await;
+    assert_eq!(ended.process["state"], "exited", "{}", ended.process);
+    let (status, answer) = daemon
+        .call(Method::DELETE, &format!("{roots}/app"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_eq!(answer["error"]["code"], "root_not_found", "{answer}");
+    let (status, answer) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/processes"),
+            Some(json!({"argv": ["true"], "root": "app"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("no container root named")),
+        "{answer}"
+    );
+    let run = daemon.run_dir().join("sandboxes").join(&id);
+    assert_eq!(mounts_under(&run.join("pod-roots")), Vec::<String>::new());
+    daemon.delete(&id).await;
+}
+
+#[tokio::test]
+async fn a_sandbox_joins_a_given_network_namespace_with_its_egress_rules() {
+    require_host!();
+    let name = format!("sbx-join-{}", std::process::id());
+    let made = std::process::Command::new("ip")
+        .args(["netns", "add", &name])
+        .status()
+        .expect("ip netns add");
+    assert!(made.success());
+    let netns = format!("/run/netns/{name}");
+    let daemon = Daemon::start();
+    let id = daemon
+        .create(json!({"image": "busybox", "join_netns": netns, "block_network": true}))
+        .await;
+    // The sandbox is in that namespace: what it listens on is seen there.
+    daemon
+        .start_process(
+            &id,
+            json!({"argv": ["nc", "-ll", "-p", "7171", "-e", "echo", "hi"]}),
+        )
+        .await;
+    let seen = daemon
+        .sh(&id, "for i in $(seq 200); do cat /proc/net/tcp* | grep -q ':1C03 [0-9A-F]*:0000 0A' && echo listening && break; sleep 0.05; done")
+        .await;
+    assert_eq!(seen.out(), "listening\n");
+    let listening = std::process::Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &name,
+            "cat",
+            "/proc/net/tcp",
+            "/proc/net/tcp6",
+        ])
+        .output()
+        .expect("read the namespace's sockets");
+    let listening = String::from_utf8_lossy(&listening.stdout).into_owned();
+    assert!(listening.contains(":1C03 "), "port 7171 in {listening}");
+    // Its rules are there, its own table only.
+    let rules = std::process::Command::new("ip")
+        .args(["netns", "exec", &name, "nft", "list", "tables"])
+        .output()
+        .expect("nft list tables");
+    assert_eq!(
+        String::from_utf8_lossy(&rules.stdout).trim(),
+        "table inet sandboxd"
+    );
+    // The namespace outlives the sandbox; sandboxd's pin of it does not.
+    daemon.delete(&id).await;
+    assert!(Path::new(&netns).exists());
+    let run = daemon.run_dir().join("sandboxes").join(&id);
+    assert!(!run.exists(), "{}", run.display());
+    // Refused where it cannot work.
+    for (body, says) in [
+        (
+            json!({"join_netns": "/etc/hostname"}),
+            "not a network namespace",
+        ),
+        (
+            json!({"join_netns": netns, "runtime": "vm"}),
+            "for containers",
+        ),
+    ] {
+        let (status, answer) = daemon
+            .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_join_netns", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{body} -> {message}");
+    }
+    let _ = std::process::Command::new("ip")
+        .args(["netns", "del", &name])
+        .status();
 }

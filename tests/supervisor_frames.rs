@@ -101,6 +101,8 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::SetSecrets(_) => 19,
         SupervisorRequest::Dial { .. } => 20,
         SupervisorRequest::ListeningPorts => 21,
+        SupervisorRequest::AttachRoot { .. } => 22,
+        SupervisorRequest::DetachRoot { .. } => 23,
     }
 }
 
@@ -141,6 +143,7 @@ fn error_kind_tag(kind: SupervisorErrorKind) -> u8 {
         SupervisorErrorKind::AgentGone => 3,
         SupervisorErrorKind::Internal => 4,
         SupervisorErrorKind::Refused => 5,
+        SupervisorErrorKind::UnknownRoot => 6,
     }
 }
 
@@ -204,10 +207,11 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 stdin: true,
                 pty: Some(pty),
                 timeout_ms: Some(5000),
+                root: Some("c1".into()),
             }),
-            // argv, code, env, cwd, uid, gid, stdin, pty, timeout_ms.
+            // argv, code, env, cwd, uid, gid, stdin, pty, timeout_ms, root.
             "01 02 02 73 68 02 2d 63 01 01 78 01 01 41 01 62 01 04 2f 74 6d 70 \
-             e8 07 e8 07 01 01 18 50 01 88 27"
+             e8 07 e8 07 01 01 18 50 01 88 27 01 02 63 31"
                 .into(),
         ),
         (
@@ -221,8 +225,9 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 stdin: false,
                 pty: None,
                 timeout_ms: None,
+                root: None,
             }),
-            "01 00 00 00 00 00 00 00 00 00".into(),
+            "01 00 00 00 00 00 00 00 00 00 00".into(),
         ),
         (SupervisorRequest::Get { proc: 3 }, "02 03".into()),
         (SupervisorRequest::List, "03".into()),
@@ -329,6 +334,18 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
         // port (varint).
         (SupervisorRequest::Dial { port: 3000 }, "14 b8 17".into()),
         (SupervisorRequest::ListeningPorts, "15".into()),
+        (
+            SupervisorRequest::AttachRoot {
+                name: "c1".into(),
+                layers: vec!["/a".into()],
+            },
+            // name, layers (one path).
+            "16 02 63 31 01 02 2f 61".into(),
+        ),
+        (
+            SupervisorRequest::DetachRoot { name: "c1".into() },
+            "17 02 63 31".into(),
+        ),
     ]
 }
 
@@ -442,7 +459,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 03 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 04 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (
@@ -461,6 +478,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
         (SupervisorErrorKind::AgentGone, "03"),
         (SupervisorErrorKind::Internal, "04"),
         (SupervisorErrorKind::Refused, "05"),
+        (SupervisorErrorKind::UnknownRoot, "06"),
     ] {
         cases.push((
             SupervisorReply::Error(SupervisorError::new(kind, "m")),
@@ -472,7 +490,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 3, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 4, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -584,13 +602,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 4 with a rest this build cannot decode.
-    let v4 = bytes("0c 04 ff ff ff");
-    let mismatch = check_supervisor_version(&v4).expect_err("v4 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(4));
+    // Version 5 with a rest this build cannot decode.
+    let v5 = bytes("0c 05 ff ff ff");
+    let mismatch = check_supervisor_version(&v5).expect_err("v5 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(5));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v4, this daemon v3"),
+        text.contains("supervisor protocol v5, this daemon v4"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

@@ -36,6 +36,12 @@ impl Launched {
 /// Writes the run-code file if any, then forks and execs. Blocks until the
 /// exec has happened or failed.
 pub fn launch(request: SpawnRequest, cgroup_fds: Vec<OwnedFd>) -> Result<Launched, ProcError> {
+    if request.root.is_some() && request.code.is_some() {
+        // The code file lives in the sandbox's /tmp, out of a container root's sight.
+        return Err(ProcError::Invalid(
+            "run-code cannot name a container root; start the interpreter with a command".into(),
+        ));
+    }
     let code_path = match &request.code {
         Some(code) => Some(
             codefile::write(request.proc, code, request.uid, request.gid)
@@ -112,7 +118,25 @@ fn fork_exec(
     } else {
         request.cwd.as_str()
     };
+    let root = match &request.root {
+        Some(name) => {
+            if !sandbox_proto::valid_root_name(name) {
+                return Err(ProcError::Invalid(format!(
+                    "{name:?} is not a container root name"
+                )));
+            }
+            let path = sandbox_proto::container_root(name);
+            if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                return Err(ProcError::NoRoot(name.clone()));
+            }
+            Some(CString::new(path).map_err(|_| {
+                ProcError::Invalid("container root path contains a NUL byte".into())
+            })?)
+        }
+        None => None,
+    };
     let setup = ChildSetup {
+        root,
         cgroup_fds: cgroup_fds.iter().map(AsRawFd::as_raw_fd).collect(),
         controlling_tty: pty.is_some(),
         // SAFETY: geteuid has no preconditions.
@@ -192,6 +216,7 @@ enum Step {
     Cgroup,
     Session,
     Terminal,
+    Root,
     Groups,
     Gid,
     Uid,
@@ -199,10 +224,11 @@ enum Step {
 }
 
 impl Step {
-    const ALL: [Step; 7] = [
+    const ALL: [Step; 8] = [
         Step::Cgroup,
         Step::Session,
         Step::Terminal,
+        Step::Root,
         Step::Groups,
         Step::Gid,
         Step::Uid,
@@ -214,6 +240,7 @@ impl Step {
             Step::Cgroup => "moving into the process cgroup".into(),
             Step::Session => "starting a new session".into(),
             Step::Terminal => "acquiring the controlling terminal".into(),
+            Step::Root => "entering the container root (chroot, dropping CAP_SYS_CHROOT)".into(),
             Step::Groups => "dropping supplementary groups".into(),
             Step::Gid => "setting the group id".into(),
             Step::Uid => "setting the user id".into(),
@@ -236,6 +263,8 @@ fn failed_step(report: &OwnedFd) -> Option<Step> {
 
 /// Everything the child needs before exec, prepared before the fork.
 struct ChildSetup {
+    /// A container root to pivot into, in a mount namespace of the child's own.
+    root: Option<CString>,
     cgroup_fds: Vec<RawFd>,
     controlling_tty: bool,
     drop_groups: bool,
@@ -266,6 +295,11 @@ impl ChildSetup {
         if self.controlling_tty && unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
             return self.fail(Step::Terminal);
         }
+        if let Some(root) = &self.root {
+            if enter_root(root).is_err() {
+                return self.fail(Step::Root);
+            }
+        }
         // SAFETY: a zero-length group list with a null pointer is valid for setgroups.
         if self.drop_groups && unsafe { libc::setgroups(0, std::ptr::null()) } < 0 {
             return self.fail(Step::Groups);
@@ -292,4 +326,79 @@ impl ChildSetup {
         unsafe { libc::write(self.report, (&byte as *const u8).cast(), 1) };
         Err(err)
     }
+}
+
+/// Makes `root` the calling process's root and takes CAP_SYS_CHROOT from
+/// it for good (effective, permitted, inheritable, ambient and bounding
+/// sets), so it cannot chroot its way back out to the sandbox's root. The
+/// sandbox's seccomp filter refuses mount namespaces and pivot_root to
+/// everything in it, the agent included; the sandbox (not the container
+/// root) is the isolation boundary. Runs in the forked child: system
+/// calls only, on a string made before the fork.
+fn enter_root(root: &CString) -> Result<(), ()> {
+    let check = |rc: libc::c_long| if rc < 0 { Err(()) } else { Ok(()) };
+    // SAFETY: root is a valid NUL-terminated string owned by the caller.
+    check(unsafe { libc::chroot(root.as_ptr()) }.into())?;
+    // SAFETY: a valid NUL-terminated path.
+    check(unsafe { libc::chdir(c"/".as_ptr()) }.into())?;
+    let chroot_bit = 1u32 << CAP_SYS_CHROOT;
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget fills the two-element array a version 3 header names.
+    check(unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) })?;
+    data[0].effective &= !chroot_bit;
+    data[0].permitted &= !chroot_bit;
+    data[0].inheritable &= !chroot_bit;
+    // SAFETY: capset reads the header and the two-element array.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) })?;
+    // SAFETY: prctl with integer arguments only.
+    check(
+        unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0,
+                0,
+                0,
+            )
+        }
+        .into(),
+    )?;
+    // SAFETY: as above; needs CAP_SETPCAP, which sandboxes keep.
+    check(
+        unsafe {
+            libc::prctl(
+                libc::PR_CAPBSET_DROP,
+                libc::c_ulong::from(CAP_SYS_CHROOT),
+                0,
+                0,
+                0,
+            )
+        }
+        .into(),
+    )
+}
+
+/// `CAP_SYS_CHROOT` (linux/capability.h).
+const CAP_SYS_CHROOT: u32 = 18;
+
+const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+
+/// `struct __user_cap_header_struct`.
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
 }

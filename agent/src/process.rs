@@ -48,6 +48,8 @@ pub enum ProcError {
     NoPty(u64),
     #[error("invalid spawn request: {0}")]
     Invalid(String),
+    #[error("no container root named {0:?} is attached")]
+    NoRoot(String),
     #[error(transparent)]
     Descriptors(#[from] ClaimError),
     #[error("writing the code file: {0}")]
@@ -74,6 +76,7 @@ impl From<ProcError> for AgentError {
     fn from(err: ProcError) -> Self {
         let kind = match &err {
             ProcError::Unknown(_) => ErrorKind::UnknownProcess,
+            ProcError::NoRoot(_) => ErrorKind::NotFound,
             ProcError::Invalid(_)
             | ProcError::Descriptors(_)
             | ProcError::BadSignal(_)

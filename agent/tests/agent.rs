@@ -208,6 +208,7 @@ fn spawn_request(proc: u64, argv: &[&str]) -> SpawnRequest {
         stdin: false,
         pty: None,
         cgroup_fds: 0,
+        root: None,
     }
 }
 
@@ -257,6 +258,7 @@ fn children_inherit_no_descriptors_and_no_ignored_signals() {
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
             cgroup_fds: 1,
+            root: None,
             stdin: true,
             ..spawn_request(1, &["sh", "-c", "ls /proc/self/fd; trap"])
         }),
@@ -452,6 +454,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
             cgroup_fds: 1,
+            root: None,
             ..spawn_request(1, &["true"])
         }),
         &[&fd],
@@ -465,6 +468,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
             cgroup_fds: 1,
+            root: None,
             ..spawn_request(2, &["true"])
         }),
         &[&read_only],
@@ -477,6 +481,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
     // Declaring more descriptors than were sent is refused.
     let kind = host.error(RequestBody::Spawn(SpawnRequest {
         cgroup_fds: 2,
+        root: None,
         ..spawn_request(3, &["true"])
     }));
     assert_eq!(kind, ErrorKind::InvalidInput);

@@ -55,6 +55,7 @@ fn spawn(proc: u64, cgroup_fds: u8) -> RequestBody {
         stdin: false,
         pty: None,
         cgroup_fds,
+        root: None,
     })
 }
 

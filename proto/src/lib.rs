@@ -19,6 +19,9 @@ pub use frame::{decode, encode, FrameDecoder, FrameError};
 use serde::{Deserialize, Serialize};
 
 /// Bumped on any incompatible change to the messages below.
+/// (Fields added at the end, as `SpawnRequest::root` was, need no bump:
+/// the agent and its host come from one build, and the freestanding test
+/// guest reads only what it needs.)
 pub const PROTOCOL_VERSION: u32 = 1;
 
 /// Largest frame either side accepts, header excluded.
@@ -136,6 +139,26 @@ pub enum RequestBody {
     ListeningPorts,
 }
 
+/// Where the host attaches the roots of a pod's containers inside the
+/// sandbox (each an overlay with the sandbox's /proc, /dev, /sys and /etc
+/// files bound in); a spawn naming one in [`SpawnRequest::root`] runs there.
+pub const CONTAINER_ROOTS_DIR: &str = "/run/sandboxd/containers";
+
+/// The attach point of container root `name` inside the sandbox.
+pub fn container_root(name: &str) -> String {
+    format!("{CONTAINER_ROOTS_DIR}/{name}/rootfs")
+}
+
+/// Whether `name` may name a container root: 1 to 128 of `[A-Za-z0-9_.-]`,
+/// not starting with a dot (so it is one path component, never `..`).
+pub fn valid_root_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && !name.starts_with('.')
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.' || b == b'-')
+}
+
 /// A TCP socket in the LISTEN state.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct ListeningSocket {
@@ -166,6 +189,10 @@ pub struct SpawnRequest {
     /// open `cgroup.procs` file the child writes `0` into before it execs, so
     /// the host can kill its whole tree through the cgroup.
     pub cgroup_fds: u8,
+    /// Run in the container root of this name (at [`container_root`]): the
+    /// child chroots there and gives up CAP_SYS_CHROOT, and `cwd` is taken
+    /// inside it. `None`: the sandbox's root.
+    pub root: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

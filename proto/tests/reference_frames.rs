@@ -115,6 +115,7 @@ fn what_the_guest_reads() {
             stdin: false,
             pty: None,
             cgroup_fds: 0,
+            root: None,
         }),
     };
     let cases: Vec<(Request, Vec<u8>)> = vec![
@@ -128,10 +129,10 @@ fn what_the_guest_reads() {
         (
             spawn,
             // id, Spawn, proc, argv (2 strings), code None, env (1 pair), cwd,
-            // uid, gid, stdin, pty None, cgroup_fds.
+            // uid, gid, stdin, pty None, cgroup_fds, root None.
             vec![
                 2, 1, 3, 2, 4, b'e', b'c', b'h', b'o', 2, b'h', b'i', 0, 1, 1, b'A', 1, b'b', 1,
-                b'/', 0, 0, 0, 0, 0,
+                b'/', 0, 0, 0, 0, 0, 0,
             ],
         ),
         (

@@ -132,6 +132,7 @@ fn every_schema_names_exactly_its_types_fields() {
         ("GpuList", fields_of::<GpuList>()),
         ("SetTtl", fields_of::<SetTtl>()),
         ("StartProcess", fields_of::<StartProcess>()),
+        ("AttachRoot", fields_of::<super::types::AttachRoot>()),
         ("PtySize", fields_of::<PtySize>()),
         ("Process", fields_of::<Process>()),
         ("ProcessList", fields_of::<ProcessList>()),

@@ -12,6 +12,7 @@ mod images;
 mod ports;
 mod processes;
 pub mod remote;
+mod roots;
 mod sandboxes;
 mod secrets;
 pub mod server;

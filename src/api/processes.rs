@@ -109,6 +109,15 @@ fn spawn_spec(request: StartProcess, default_user: (u32, u32)) -> ApiResult<Spaw
         }),
         None => None,
     };
+    if let Some(root) = &request.root {
+        crate::sandbox::validated_root_name(root)?;
+        if code.is_some() {
+            return Err(ApiError::bad(
+                "invalid_request",
+                "code runs in the sandbox's root; to run in a container root, give argv",
+            ));
+        }
+    }
     let (uid, gid) = match (request.uid, request.gid) {
         (Some(uid), gid) => (uid, gid.unwrap_or(uid)),
         (None, gid) => (default_user.0, gid.unwrap_or(default_user.1)),
@@ -123,6 +132,7 @@ fn spawn_spec(request: StartProcess, default_user: (u32, u32)) -> ApiResult<Spaw
         stdin: request.stdin,
         pty,
         timeout_ms,
+        root: request.root,
     })
 }
 

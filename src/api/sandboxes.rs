@@ -40,13 +40,17 @@ pub async fn create(
     // files are the sandbox root's: only root on the daemon's host may
     // hand them in (the Unix socket may be open to a group; the remote
     // API has no Unix peer at all).
-    let local_root = extensions
-        .get::<axum::extract::ConnectInfo<super::server::LocalPeer>>()
-        .is_some_and(|peer| peer.0.uid == Some(0));
+    let local_root = super::server::LocalPeer::is_root(&extensions);
     if !local_root && !body.host_rootfs.is_empty() {
         return Err(ApiError(crate::sandbox::SandboxError::Forbidden {
             code: "host_rootfs_not_allowed",
             message: "host_rootfs names directories on the daemon's host and is accepted only on its Unix socket, from root".into(),
+        }));
+    }
+    if !local_root && body.join_netns.is_some() {
+        return Err(ApiError(crate::sandbox::SandboxError::Forbidden {
+            code: "join_netns_not_allowed",
+            message: "join_netns names a network namespace on the daemon's host and is accepted only on its Unix socket, from root".into(),
         }));
     }
     let (sandbox, grants) = manager.create_exposed(body.try_into()?).await?;

@@ -9,7 +9,7 @@ use axum::routing::get;
 use axum::Router;
 use tokio::net::UnixListener;
 
-use super::{events, files, gpus, images, ports, processes, sandboxes, secrets, snapshots};
+use super::{events, files, gpus, images, ports, processes, roots, sandboxes, secrets, snapshots};
 use crate::sandbox::Manager;
 
 /// Declares every route once: the router is built from this list, and
@@ -48,6 +48,8 @@ api_routes! {
     "/v1/sandboxes/{id}/ports" => post ports::expose, get ports::list;
     "/v1/sandboxes/{id}/ports/{port}" => delete ports::unexpose;
     "/v1/sandboxes/{id}/ports/{port}/token" => post ports::rotate_token;
+    "/v1/sandboxes/{id}/roots" => post roots::attach;
+    "/v1/sandboxes/{id}/roots/{name}" => delete roots::detach;
     "/v1/sandboxes/{id}/processes" => post processes::start, get processes::list;
     "/v1/sandboxes/{id}/processes/{proc}" => get processes::get;
     "/v1/sandboxes/{id}/processes/{proc}/output" => get processes::output;
@@ -82,6 +84,15 @@ pub fn metrics_router(manager: Arc<Manager>) -> Router {
 #[derive(Clone, Copy, Debug)]
 pub struct LocalPeer {
     pub uid: Option<u32>,
+}
+
+impl LocalPeer {
+    /// Whether the request came from root on the daemon's Unix socket.
+    pub fn is_root(extensions: &axum::http::Extensions) -> bool {
+        extensions
+            .get::<axum::extract::ConnectInfo<LocalPeer>>()
+            .is_some_and(|peer| peer.0.uid == Some(0))
+    }
 }
 
 impl

@@ -121,6 +121,11 @@ pub struct CreateSandbox {
     /// refused on the remote API.
     #[serde(default)]
     pub host_rootfs: Vec<String>,
+    /// A network namespace on the daemon's host (a CRI pod's, made by
+    /// CNI) for the sandbox to use instead of its own; its egress rules
+    /// are added there. Containers only; refused on the remote API.
+    #[serde(default)]
+    pub join_netns: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/ports`
@@ -278,6 +283,15 @@ pub struct SetTtl {
     pub ttl_seconds: i64,
 }
 
+/// `POST /v1/sandboxes/{id}/roots`: a separate root for a pod's container,
+/// on host directories (top first), owned by host ids.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRoot {
+    pub name: String,
+    pub host_rootfs: Vec<std::path::PathBuf>,
+}
+
 /// `POST /v1/sandboxes/{id}/processes`: give `argv`, or `code` (+ `language`).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -306,6 +320,9 @@ pub struct StartProcess {
     pub timeout_seconds: Option<f64>,
     #[serde(default)]
     pub pty: Option<PtySize>,
+    /// Run in this root (`POST .../roots`) instead of the sandbox's.
+    #[serde(default)]
+    pub root: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

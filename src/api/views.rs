@@ -49,6 +49,7 @@ impl TryFrom<CreateSandbox> for CreateRequest {
             secrets: body.secrets,
             ports: body.ports.into_iter().map(PortRequest::http).collect(),
             host_rootfs: body.host_rootfs.into_iter().map(Into::into).collect(),
+            join_netns: body.join_netns.map(Into::into),
         })
     }
 }

@@ -42,6 +42,9 @@ pub struct CreateRequest {
     /// stacked read-only as the root instead of an image (a root
     /// filesystem containerd unpacked for its shim). Local callers only.
     pub host_rootfs: Vec<std::path::PathBuf>,
+    /// A network namespace on the daemon's host (a CRI pod's, made by CNI)
+    /// to use instead of making one. Local callers only; containers only.
+    pub join_netns: Option<std::path::PathBuf>,
 }
 
 /// The image name a sandbox made from `host_rootfs` is recorded under.

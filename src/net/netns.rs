@@ -3,7 +3,8 @@
 //! The daemon side makes the namespace (not the container runtime), so that
 //! root inside a sandbox, which lives in its own user namespace, holds no
 //! capability over it and cannot change its interfaces or rules. The
-//! namespace is kept alive by a bind mount of its nsfs file.
+//! namespace is kept alive by a bind mount of its nsfs file. A CRI pod's
+//! sandbox [`join`]s the namespace CNI made instead.
 
 use std::ffi::CString;
 use std::fs::File;
@@ -51,6 +52,46 @@ pub fn create(path: &Path) -> Result<(), NetnsError> {
         return Err(fail(message));
     }
     Ok(())
+}
+
+/// Pins the existing network namespace `existing` (a CRI pod's, made by
+/// CNI) at `path` too, so the sandbox uses it like one of its own; the
+/// pin keeps it alive until [`remove`], whoever deletes the original name.
+pub fn join(existing: &Path, path: &Path) -> Result<(), NetnsError> {
+    let fail = |message: String| NetnsError::Create {
+        path: path.display().to_string(),
+        message,
+    };
+    if !is_network_namespace(existing) {
+        return Err(fail(format!(
+            "{} is not a network namespace file",
+            existing.display()
+        )));
+    }
+    File::create(path).map_err(|e| fail(format!("mount point: {e}")))?;
+    if let Err(e) = mount(
+        Some(existing),
+        path,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    ) {
+        let _ = std::fs::remove_file(path);
+        return Err(fail(format!("bind mount of {}: {e}", existing.display())));
+    }
+    Ok(())
+}
+
+/// Whether `path` is a network namespace (an nsfs file of that type).
+pub fn is_network_namespace(path: &Path) -> bool {
+    /// `NS_GET_NSTYPE`: `_IO(0xb7, 0x3)`.
+    const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+    let Ok(file) = File::open(path) else {
+        return false;
+    };
+    // SAFETY: NS_GET_NSTYPE takes no argument and returns the type or -1.
+    let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE) };
+    kind == libc::CLONE_NEWNET
 }
 
 /// Unpins and deletes a namespace made by [`create`]; a missing one is fine.

@@ -100,6 +100,14 @@ pub fn prepare_network(netns: &Path) -> Result<(), EgressError> {
     Ok(())
 }
 
+/// Loads a CRI pod's rules into the namespace at `netns` (joined, not
+/// made: CNI gave it its interfaces) and opens the proxy and DNS sockets
+/// inside it. Blocking.
+pub fn prepare_pod(netns: &Path) -> Result<Sockets, EgressError> {
+    rules::apply_pod(netns, PROXY_PORT, DNS_PORT)?;
+    open_sockets(netns)
+}
+
 /// Opens the proxy and DNS sockets inside the prepared namespace at `netns`.
 pub fn open_sockets(netns: &Path) -> Result<Sockets, EgressError> {
     plumbing::in_netns(netns, || -> io::Result<Sockets> {

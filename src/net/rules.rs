@@ -23,6 +23,13 @@
 //!
 //! The sandbox cannot change these: the namespace belongs to the host's user
 //! namespace, in which sandbox root holds no capability.
+//!
+//! A CRI pod's sandbox joins the network namespace CNI made instead
+//! ([`pod_ruleset`]): the same table without `nat_prerouting`, and
+//! `filter_input` also accepts new TCP connections to the pod's own ports
+//! (services, probes and other pods reach it at its CNI address), except
+//! the proxy's and DNS ports. It replaces only its own table there, never
+//! what else the namespace holds.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -144,6 +151,54 @@ pub fn ruleset(proxy_port: u16, dns_port: u16) -> Value {
     json!({ "nftables": cmds })
 }
 
+/// The ruleset of a CRI pod's namespace (see the module's documentation):
+/// it replaces the [`TABLE`] only.
+pub fn pod_ruleset(proxy_port: u16, dns_port: u16) -> Value {
+    let mut cmds = vec![
+        json!({"add": {"table": {"family": "inet", "name": TABLE}}}),
+        json!({"flush": {"table": {"family": "inet", "name": TABLE}}}),
+        base_chain("nat_output", "nat", "output", -100, "accept"),
+        base_chain("filter_output", "filter", "output", 0, "drop"),
+        base_chain("filter_input", "filter", "input", 0, "drop"),
+        base_chain("filter_forward", "filter", "forward", 0, "drop"),
+    ];
+    let mut nat_output = redirect_rules("nat_output", proxy_port, dns_port);
+    nat_output.insert(
+        2,
+        rule(
+            "nat_output",
+            vec![meta_match("oifname", "lo"), verdict("return")],
+        ),
+    );
+    cmds.extend(nat_output);
+    for (chain, if_key) in [("filter_output", "oifname"), ("filter_input", "iifname")] {
+        cmds.push(rule(chain, vec![established(), verdict("accept")]));
+        cmds.push(rule(chain, vec![redirected(), verdict("accept")]));
+        cmds.push(rule(
+            chain,
+            vec![meta_match(if_key, "lo"), verdict("accept")],
+        ));
+        cmds.push(rule(chain, vec![neighbour_discovery(), verdict("accept")]));
+    }
+    cmds.push(rule(
+        "filter_input",
+        vec![
+            meta_match("l4proto", "tcp"),
+            json!({"match": {"op": "!=",
+                "left": {"payload": {"protocol": "tcp", "field": "dport"}},
+                "right": {"set": [proxy_port, dns_port]}}}),
+            verdict("accept"),
+        ],
+    ));
+    json!({ "nftables": cmds })
+}
+
+/// Loads [`pod_ruleset`] into the CRI pod namespace at `netns_path`.
+pub fn apply_pod(netns_path: &Path, proxy_port: u16, dns_port: u16) -> Result<(), RulesError> {
+    let doc = pod_ruleset(proxy_port, dns_port).to_string();
+    nft_in(netns_path, &["-j", "-f", "-"], doc.as_bytes()).map(|_| ())
+}
+
 /// The nft binary: the usual locations, else whatever `PATH` finds.
 fn nft_binary() -> PathBuf {
     ["/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft", "/bin/nft"]
@@ -238,6 +293,47 @@ mod tests {
             .iter()
             .filter_map(|c| c["add"].get(kind))
             .collect()
+    }
+
+    #[test]
+    fn a_pods_rules_replace_only_their_table_and_let_the_pods_ports_in() {
+        let doc = pod_ruleset(15001, 15353);
+        let cmds = doc["nftables"].as_array().unwrap();
+        assert!(
+            cmds.iter()
+                .all(|c| c.get("flush").is_none_or(|f| f.get("ruleset").is_none())),
+            "never the whole ruleset: CNI's namespace may hold others' tables"
+        );
+        assert_eq!(
+            cmds[1],
+            json!({"flush": {"table": {"family": "inet", "name": TABLE}}})
+        );
+        let chains: Vec<&str> = adds(&doc, "chain")
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            chains,
+            [
+                "nat_output",
+                "filter_output",
+                "filter_input",
+                "filter_forward"
+            ],
+            "no prerouting redirect: connections to the pod are the pod's"
+        );
+        let inbound: Vec<&Value> = adds(&doc, "rule")
+            .into_iter()
+            .filter(|r| r["chain"] == "filter_input")
+            .collect();
+        let last = inbound.last().unwrap();
+        assert_eq!(last["expr"][2], json!({"accept": null}));
+        assert_eq!(last["expr"][1]["match"]["op"], "!=");
+        assert_eq!(
+            last["expr"][1]["match"]["right"],
+            json!({"set": [15001, 15353]}),
+            "new TCP is let in, except to the proxy and DNS ports"
+        );
     }
 
     #[test]

@@ -132,7 +132,10 @@ pub(crate) fn prepare_root(
     }
     // A namespace made ahead (a network slot, moved in with the run
     // directory) has its interfaces and rules already.
-    let egress = if config.netns_ready {
+    let egress = if let Some(pod_netns) = &config.joined_netns {
+        netns::join(pod_netns, &paths.netns())?;
+        crate::net::proxy::prepare_pod(&paths.netns())?
+    } else if config.netns_ready {
         crate::net::proxy::open_sockets(&paths.netns())?
     } else {
         netns::create(&paths.netns())?;

@@ -88,7 +88,7 @@ fn cstring(path: &Path) -> io::Result<std::ffi::CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))
 }
 
-fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
     let path = cstring(path)?;
     // SAFETY: open_tree(2) with a NUL-terminated path that outlives the
     // call; it returns a new descriptor or -1.

@@ -1,7 +1,8 @@
 //! Sandbox runtimes: how a sandbox's isolation is made. Containers through
 //! youki's libcontainer ([`container`]), with the OCI spec built in [`spec`];
 //! checkpoints and forks of them through CRIU ([`criu`]); a root owned by
-//! host ids is shown under the sandbox's ids by [`idmap`]. [`virt`] says
+//! host ids is shown under the sandbox's ids by [`idmap`], and so are the
+//! separate roots of a pod's containers, made by [`pod_roots`]. [`virt`] says
 //! what virtualisation the host offers microVMs; [`microvm`] starts a
 //! microVM sandbox's VMM, in the groups [`vm_cgroups`] makes. What a runtime
 //! is asked to make is a [`sandbox::SandboxSpec`], under the run dir's
@@ -17,6 +18,7 @@ pub mod idmap;
 pub mod launch;
 pub mod microvm;
 pub mod paths;
+pub mod pod_roots;
 pub mod reaped;
 pub mod sandbox;
 pub mod seccomp;

@@ -38,6 +38,11 @@ impl SandboxPaths {
     pub fn idmapped_layers(&self) -> PathBuf {
         self.dir.join("idmapped")
     }
+    /// Where a pod container's root is made (its layers attached idmapped,
+    /// its overlay mounted) before it is handed to the agent; empty after.
+    pub fn pod_roots(&self) -> PathBuf {
+        self.dir.join("pod-roots")
+    }
     pub fn bundle(&self) -> PathBuf {
         self.dir.join("bundle")
     }

@@ -53,6 +53,10 @@ pub struct SandboxSpec {
     /// root mounts them idmapped. Containers only.
     #[serde(default)]
     pub host_owned_image: bool,
+    /// A CRI pod's network namespace (CNI made it) to use instead of one
+    /// of the sandbox's own. Containers only.
+    #[serde(default)]
+    pub joined_netns: Option<PathBuf>,
 }
 
 /// Which runtime makes a sandbox.

@@ -297,6 +297,7 @@ impl Manager {
                 stdin: false,
                 pty: None,
                 timeout_ms: Some(left.as_millis().max(1) as u64),
+                root: None,
             };
             let process = self.connect(&record.id).await?.spawn(spec).await?;
             let mut output = self

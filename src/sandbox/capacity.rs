@@ -147,6 +147,7 @@ mod tests {
             process_user: None,
             foreign_supervisor: false,
             host_rootfs: Vec::new(),
+            join_netns: None,
         }
     }
 

@@ -216,6 +216,10 @@ impl From<crate::supervisor::protocol::SupervisorError> for SandboxError {
                 code: "sandbox_not_running",
                 message: format!("the sandbox is no longer running: {}", e.message),
             },
+            K::UnknownRoot => Self::NotFound {
+                code: "root_not_found",
+                message: e.message,
+            },
             K::Internal => Self::Internal(e.message),
         }
     }

@@ -13,6 +13,7 @@ mod made_ahead;
 mod manager;
 mod net_slots;
 mod network;
+mod pod_roots;
 pub mod port_links;
 mod ports;
 mod record;
@@ -29,6 +30,7 @@ mod watch;
 
 pub use error::SandboxError;
 pub use manager::Manager;
+pub use pod_roots::validated_root_name;
 pub use ports::{token_matches, DialError, IngressRouteError, PortGrant};
 pub use record::SandboxRecord;
 pub use snapshots::index::{SnapshotKind, SnapshotView};

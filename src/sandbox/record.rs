@@ -80,6 +80,9 @@ pub struct SandboxRecord {
     /// Its root is these host directories (top first), not an image.
     #[serde(default)]
     pub host_rootfs: Vec<std::path::PathBuf>,
+    /// It uses this network namespace (a CRI pod's), not one of its own.
+    #[serde(default)]
+    pub join_netns: Option<std::path::PathBuf>,
 }
 
 pub fn now_ms() -> u64 {

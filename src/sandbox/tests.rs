@@ -90,6 +90,7 @@ impl Harness {
             process_user: None,
             foreign_supervisor: false,
             host_rootfs: Vec::new(),
+            join_netns: None,
         };
         self.manager.persist(&record).expect("persist");
         self.manager.records().insert(id.into(), record.clone());

@@ -81,16 +81,54 @@ pub fn validated_host_rootfs(req: &CreateRequest) -> Result<(), SandboxError> {
             "host_rootfs runs as a container only (a microVM needs its root as a disk); use runtime \"container\"".into(),
         ));
     }
-    if req.host_rootfs.len() > MAX_HOST_ROOTFS_LAYERS {
+    validated_host_dirs("invalid_host_rootfs", "host_rootfs", &req.host_rootfs)
+}
+
+/// Checks a CRI pod's namespace to join: a network namespace file, for a
+/// container made fresh (a fork keeps its snapshot's namespace setup).
+pub fn validated_join_netns(req: &CreateRequest) -> Result<(), SandboxError> {
+    let Some(path) = &req.join_netns else {
+        return Ok(());
+    };
+    let bad = |message: String| SandboxError::bad("invalid_join_netns", message);
+    if req.runtime == Some(crate::model::RuntimeKind::Vm) {
+        return Err(bad(
+            "join_netns is for containers (a microVM's tap lives in a namespace of its own); use runtime \"container\"".into(),
+        ));
+    }
+    if req.from_snapshot.is_some() {
+        return Err(bad(
+            "a fork cannot join a network namespace; create the sandbox fresh".into(),
+        ));
+    }
+    if !path.is_absolute() || !crate::net::netns::is_network_namespace(path) {
         return Err(bad(format!(
-            "host_rootfs stacks at most {MAX_HOST_ROOTFS_LAYERS} directories, got {}",
-            req.host_rootfs.len()
+            "join_netns: {} is not a network namespace file (such as /var/run/netns/NAME)",
+            path.display()
         )));
     }
-    for dir in &req.host_rootfs {
+    Ok(())
+}
+
+/// Checks host directories given as layers of a root (`field` names them
+/// in errors): at most [`MAX_HOST_ROOTFS_LAYERS`], absolute, existing
+/// directories, not symlinks.
+pub fn validated_host_dirs(
+    code: &'static str,
+    field: &str,
+    dirs: &[std::path::PathBuf],
+) -> Result<(), SandboxError> {
+    let bad = |message: String| SandboxError::bad(code, message);
+    if dirs.len() > MAX_HOST_ROOTFS_LAYERS {
+        return Err(bad(format!(
+            "{field} stacks at most {MAX_HOST_ROOTFS_LAYERS} directories, got {}",
+            dirs.len()
+        )));
+    }
+    for dir in dirs {
         if !dir.is_absolute() {
             return Err(bad(format!(
-                "host_rootfs: {} is not an absolute path",
+                "{field}: {} is not an absolute path",
                 dir.display()
             )));
         }
@@ -98,12 +136,12 @@ pub fn validated_host_rootfs(req: &CreateRequest) -> Result<(), SandboxError> {
             Ok(meta) if meta.is_dir() => {}
             Ok(_) => {
                 return Err(bad(format!(
-                    "host_rootfs: {} is not a directory (symlinks are not followed)",
+                    "{field}: {} is not a directory (symlinks are not followed)",
                     dir.display()
                 )))
             }
             Err(e) => {
-                return Err(bad(format!("host_rootfs: {}: {e}", dir.display())));
+                return Err(bad(format!("{field}: {}: {e}", dir.display())));
             }
         }
     }

@@ -178,6 +178,7 @@ impl Manager {
             request_digest: None,
             network: self.pooled_network(),
             host_rootfs: Vec::new(),
+            join_netns: None,
         }
     }
 

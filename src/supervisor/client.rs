@@ -348,6 +348,23 @@ impl SupervisorClient {
         expect::ok("SetPolicy", self.call(&request, CONTROL_DEADLINE).await?)
     }
 
+    /// Makes pod container root `name` on `layers` (top first).
+    pub async fn attach_root(&mut self, name: &str, layers: Vec<PathBuf>) -> Result<(), CallError> {
+        let request = SupervisorRequest::AttachRoot {
+            name: name.to_string(),
+            layers,
+        };
+        expect::ok("AttachRoot", self.call(&request, PROCESS_DEADLINE).await?)
+    }
+
+    /// Kills what runs in pod container root `name` and removes it.
+    pub async fn detach_root(&mut self, name: &str) -> Result<(), CallError> {
+        let request = SupervisorRequest::DetachRoot {
+            name: name.to_string(),
+        };
+        expect::ok("DetachRoot", self.call(&request, PROCESS_DEADLINE).await?)
+    }
+
     /// Puts the sandbox's brokered secrets in force.
     pub async fn set_secrets(
         &mut self,

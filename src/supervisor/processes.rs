@@ -38,6 +38,8 @@ struct Entry {
     changed: watch::Sender<u64>,
     oom_at_start: u64,
     killed_by_supervisor: bool,
+    /// The pod container root it was started in, if any.
+    root: Option<String>,
 }
 
 /// One read of a process's output log.
@@ -106,6 +108,7 @@ impl Supervisor {
                     changed: watch::channel(0).0,
                     oom_at_start: oom_now,
                     killed_by_supervisor: false,
+                    root: None,
                 };
                 (p.id, entry)
             })
@@ -201,6 +204,84 @@ impl Supervisor {
                 e => err(SupervisorErrorKind::Internal, e.to_string()),
             })?;
         Ok(super::protocol::SupervisorReply::Ok)
+    }
+
+    /// Makes pod container root `name` on `layers` and attaches it inside
+    /// the sandbox (see `runtime::pod_roots`).
+    pub async fn attach_root(
+        &self,
+        name: String,
+        layers: Vec<std::path::PathBuf>,
+    ) -> Result<(), SupervisorError> {
+        if self.process_control() == ProcessControl::GuestAgent {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "container roots are for container sandboxes; a microVM has one root",
+            ));
+        }
+        if let Some(reason) = self.failure() {
+            return Err(err(SupervisorErrorKind::AgentGone, reason));
+        }
+        let (spec, paths, made_name) = (self.config.spec.clone(), self.paths.clone(), name.clone());
+        let mount = tokio::task::spawn_blocking(move || {
+            crate::runtime::pod_roots::make(&spec, &paths, &made_name, &layers)
+        })
+        .await
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+        .map_err(|e| match e {
+            crate::runtime::pod_roots::PodRootError::Exists(_) => {
+                err(SupervisorErrorKind::Conflict, e.to_string())
+            }
+            e => err(SupervisorErrorKind::Internal, e.to_string()),
+        })?;
+        let (init_pid, attach_name) = (self.init_pid, name.clone());
+        let attached = tokio::task::spawn_blocking(move || {
+            crate::runtime::pod_roots::attach(init_pid, &attach_name, &mount)
+        })
+        .await
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
+        let refused = match attached {
+            Ok(()) => return Ok(()),
+            Err(e @ crate::runtime::pod_roots::PodRootError::Exists(_)) => {
+                // That root keeps its writable layer.
+                return Err(err(SupervisorErrorKind::Conflict, e.to_string()));
+            }
+            Err(e @ crate::runtime::pod_roots::PodRootError::UnsafeTarget { .. }) => {
+                err(SupervisorErrorKind::InvalidInput, e.to_string())
+            }
+            Err(e) => err(SupervisorErrorKind::Internal, e.to_string()),
+        };
+        let _ = crate::runtime::pod_roots::remove(&self.config.spec, &name);
+        Err(refused)
+    }
+
+    /// Kills what runs in pod container root `name`, unmounts it inside
+    /// the sandbox and removes its writable layer.
+    pub async fn detach_root(&self, name: String) -> Result<(), SupervisorError> {
+        let inside: Vec<u64> = self
+            .procs()
+            .iter()
+            .filter(|(_, e)| {
+                e.info.state == ProcessState::Running && e.root.as_deref() == Some(name.as_str())
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for proc in inside {
+            self.kill(proc).await?;
+        }
+        let (init_pid, spec) = (self.init_pid, self.config.spec.clone());
+        tokio::task::spawn_blocking(move || {
+            crate::runtime::pod_roots::detach(init_pid, &name)?;
+            crate::runtime::pod_roots::remove(&spec, &name)
+        })
+        .await
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+        .map_err(|e| match e {
+            crate::runtime::pod_roots::PodRootError::Missing(_) => {
+                err(SupervisorErrorKind::UnknownRoot, e.to_string())
+            }
+            e => err(SupervisorErrorKind::Internal, e.to_string()),
+        })
     }
 
     pub async fn checkpoint(
@@ -411,6 +492,7 @@ impl Supervisor {
             stdin: spec.stdin,
             pty: spec.pty,
             cgroup_fds: cgroup_files.len() as u8,
+            root: spec.root.clone(),
         };
         {
             let mut procs = self.procs();
@@ -447,6 +529,7 @@ impl Supervisor {
                     changed: watch::channel(0).0,
                     oom_at_start: self.cgroups.oom_kills(),
                     killed_by_supervisor: false,
+                    root: spec.root,
                 },
             );
         }
@@ -747,6 +830,7 @@ mod tests {
                 kind,
                 netns_ready: false,
                 host_owned_image: false,
+                joined_netns: None,
             },
             output_buffer_bytes: 1 << 20,
             network: Default::default(),
@@ -800,6 +884,7 @@ mod tests {
             stdin: false,
             pty: None,
             timeout_ms: None,
+            root: None,
         }
     }
 

@@ -45,7 +45,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 3 added `Dial` (with `Dialed`, whose frame carries a descriptor),
 /// `ListeningPorts` and the error kind `Refused`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 3;
+///
+/// 4 added `SpawnSpec::root`, `AttachRoot` and `DetachRoot`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 4;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -133,6 +135,18 @@ pub enum SupervisorRequest {
     /// The TCP ports something in the sandbox listens on (the agent reads
     /// them). Reply: [`SupervisorReply::Agent`] with `Reply::Listening`.
     ListeningPorts,
+    /// A container sandbox only: make a pod container's root on `layers`
+    /// (host directories, top first) and have the agent attach it as
+    /// `name` (see `runtime::pod_roots`). Reply: [`SupervisorReply::Ok`].
+    AttachRoot {
+        name: String,
+        layers: Vec<std::path::PathBuf>,
+    },
+    /// Kill the processes started in root `name`, have the agent unmount
+    /// it and remove its writable layer. Reply: [`SupervisorReply::Ok`].
+    DetachRoot {
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -147,6 +161,8 @@ pub struct SpawnSpec {
     pub stdin: bool,
     pub pty: Option<PtySize>,
     pub timeout_ms: Option<u64>,
+    /// A pod container's root (from `AttachRoot`) to run in.
+    pub root: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -226,6 +242,8 @@ pub enum SupervisorErrorKind {
     Internal,
     /// Nothing accepted the connection (the app does not listen yet).
     Refused,
+    /// No pod container root of that name is attached.
+    UnknownRoot,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]

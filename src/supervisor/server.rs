@@ -216,6 +216,18 @@ async fn answer(
                     other => SupervisorReply::Agent(other),
                 }),
         ),
+        SupervisorRequest::AttachRoot { name, layers } => reply_of(
+            supervisor
+                .attach_root(name, layers)
+                .await
+                .map(|()| SupervisorReply::Ok),
+        ),
+        SupervisorRequest::DetachRoot { name } => reply_of(
+            supervisor
+                .detach_root(name)
+                .await
+                .map(|()| SupervisorReply::Ok),
+        ),
         SupervisorRequest::Attach { .. }
         | SupervisorRequest::Watch { .. }
         | SupervisorRequest::Dial { .. }

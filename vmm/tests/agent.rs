@@ -114,6 +114,7 @@ fn the_guest_agent_answers_the_real_protocol() {
         stdin: false,
         pty: None,
         cgroup_fds: 0,
+        root: None,
     }));
     assert!(
         matches!(&reply, Reply::Error(e) if e.kind == ErrorKind::NotFound),

@@ -77,7 +77,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Create a sandbox; prints its id once it is ready.
-    Create(CreateArgs),
+    Create(Box<CreateArgs>),
     /// Run a command in a sandbox, streaming its output; exits with its exit code.
     Exec(ExecArgs),
     /// Run a file of code (or - for stdin) in a sandbox; exits like exec.
@@ -259,6 +259,10 @@ struct CreateArgs {
     /// owned by host ids (repeat to stack more; the first is the top).
     #[arg(long = "host-rootfs", conflicts_with_all = ["image", "from_snapshot"])]
     host_rootfs: Vec<PathBuf>,
+    /// Use this network namespace (e.g. /var/run/netns/NAME) instead of
+    /// the sandbox's own; its egress rules are added there. Root only.
+    #[arg(long, value_name = "NETNS")]
+    join_netns: Option<PathBuf>,
     /// Bind a brokered secret by name (repeat for more).
     #[arg(long = "secret")]
     secrets: Vec<String>,
@@ -422,6 +426,7 @@ impl CreateArgs {
                 .iter()
                 .map(|p| p.display().to_string())
                 .collect(),
+            join_netns: self.join_netns.map(|p| p.display().to_string()),
         }
     }
 }

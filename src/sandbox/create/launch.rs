@@ -30,7 +30,8 @@ impl Manager {
         vm: Option<crate::runtime::sandbox::VmSpec>,
     ) -> Result<ReadyLine, SandboxError> {
         let paths = self.paths(&record.id);
-        let netns_ready = self.adopt_net_slot(&paths.dir);
+        // A pod's sandbox joins CNI's namespace: a slot's would go unused.
+        let netns_ready = record.join_netns.is_none() && self.adopt_net_slot(&paths.dir);
         if !netns_ready {
             std::fs::create_dir_all(&paths.dir).map_err(SandboxError::internal)?;
         }
@@ -63,6 +64,7 @@ impl Manager {
                 },
                 netns_ready,
                 host_owned_image: root.host_owned,
+                joined_netns: record.join_netns.clone(),
             },
             output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
             network: record.network.clone(),

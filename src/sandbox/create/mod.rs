@@ -102,6 +102,8 @@ pub(super) struct ColdCreate {
     pub(super) secrets: Vec<crate::secrets::SecretBinding>,
     /// Host directories as its root instead of an image.
     pub(super) host_rootfs: Vec<std::path::PathBuf>,
+    /// A CRI pod's network namespace to use instead of its own.
+    pub(super) join_netns: Option<std::path::PathBuf>,
 }
 
 /// What the admission of a create decided, beyond the request itself.
@@ -258,6 +260,7 @@ impl Manager {
         request_digest: Option<String>,
     ) -> Result<SandboxRecord, SandboxError> {
         super::validate::validated_host_rootfs(&req)?;
+        super::validate::validated_join_netns(&req)?;
         let gpu = GpuRequest::from_create(req.runtime, req.gpu.as_deref(), req.gpu_count)?;
         let runtime = req.runtime.unwrap_or_default();
         if runtime == RuntimeKind::Vm {
@@ -339,7 +342,10 @@ impl Manager {
             }
         }
         // The warm pools hold containers of images.
-        if runtime == RuntimeKind::Container && req.host_rootfs.is_empty() {
+        if runtime == RuntimeKind::Container
+            && req.host_rootfs.is_empty()
+            && req.join_netns.is_none()
+        {
             if let Some(view) = self
                 .claim_pooled(PoolClaim {
                     image: &image_name,
@@ -372,6 +378,7 @@ impl Manager {
             runtime,
             secrets,
             host_rootfs: req.host_rootfs,
+            join_netns: req.join_netns,
         })
         .await
     }
@@ -459,6 +466,7 @@ impl Manager {
             runtime,
             secrets,
             host_rootfs,
+            join_netns,
         } = create;
         // A caller's create takes the room of pooled sandboxes when it
         // needs it: the pools never keep real work off the host.
@@ -521,6 +529,7 @@ impl Manager {
                 process_user: None,
                 foreign_supervisor: false,
                 host_rootfs,
+                join_netns,
             };
             records.insert(id.clone(), record.clone());
             record

@@ -575,6 +575,7 @@ impl Manager {
             runtime,
             secrets,
             host_rootfs: Vec::new(),
+            join_netns: None,
         })
         .await
     }

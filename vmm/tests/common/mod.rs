@@ -225,6 +225,7 @@ impl Agent {
             stdin: false,
             pty: None,
             cgroup_fds: 0,
+            root: None,
         }));
         assert_eq!(
             reply,

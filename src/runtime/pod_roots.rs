@@ -1,0 +1,313 @@
+//! The root of one container of a pod, inside the pod's sandbox: an overlay
+//! of the container's layers (owned by host ids, so idmapped as in
+//! [`super::idmap`]) over a writable layer of its own in the sandbox's disk
+//! layer (`containers/<name>/`, under the sandbox's quota, gone with the
+//! sandbox). The supervisor makes it in the host's mount namespace, takes a
+//! detached clone (`open_tree`) and unmounts its own copy at once, so
+//! nothing stays mounted on the host. It then attaches the clone inside the
+//! sandbox's mount namespace at `sandbox_proto::container_root(name)`,
+//! with the sandbox's `/proc`, `/dev` and `/sys` and its `/etc/hosts`,
+//! `/etc/hostname` and `/etc/resolv.conf` bound in; the agent chroots
+//! spawns naming the root there. The host does the mounting because the
+//! sandbox cannot: its seccomp filter refuses the mount calls to all in it.
+
+use std::fs::{self, File, Permissions};
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{lchown, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sched::{setns, unshare, CloneFlags};
+use sandbox_proto::{container_root, CONTAINER_ROOTS_DIR};
+
+use super::idmap::{idmap_layers, open_tree_clone, IdmapError};
+use super::paths::SandboxPaths;
+use super::sandbox::SandboxSpec;
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodRootError {
+    #[error("container root {name:?}: {step}: {source}")]
+    Io {
+        name: String,
+        step: &'static str,
+        source: io::Error,
+    },
+    #[error("container root {name:?}: {source}")]
+    Idmap { name: String, source: IdmapError },
+    #[error("container root {0:?} is attached already")]
+    Exists(String),
+    #[error("no container root named {0:?} is attached")]
+    Missing(String),
+    #[error("container root {name:?}: {path} is a symlink or not a directory in the image; refusing to mount over it")]
+    UnsafeTarget { name: String, path: String },
+}
+
+/// The sandbox directories every container root gets, bound recursively.
+const SHARED_DIRS: [&str; 3] = ["proc", "dev", "sys"];
+/// The sandbox's files that name it on the network, bound over the image's.
+const SHARED_FILES: [&str; 3] = ["hosts", "hostname", "resolv.conf"];
+/// `move_mount(2)`: the source is the descriptor itself.
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+
+/// The writable layer of container root `name` (its `upper` and `work`).
+pub fn writable_dir(spec: &SandboxSpec, name: &str) -> PathBuf {
+    spec.layer_dir.join("containers").join(name)
+}
+
+/// Makes container root `name` on `layers` (top first) and returns it as a
+/// detached mount.
+pub fn make(
+    spec: &SandboxSpec,
+    paths: &SandboxPaths,
+    name: &str,
+    layers: &[PathBuf],
+) -> Result<OwnedFd, PodRootError> {
+    let fail = |step: &'static str| {
+        let name = name.to_string();
+        move |source: io::Error| PodRootError::Io { name, step, source }
+    };
+    let writable = writable_dir(spec, name);
+    if writable.exists() {
+        return Err(PodRootError::Exists(name.into()));
+    }
+    let (upper, work) = (writable.join("upper"), writable.join("work"));
+    for dir in [&upper, &work] {
+        fs::create_dir_all(dir).map_err(fail("making its writable layer"))?;
+        lchown(dir, Some(spec.id_map_base), Some(spec.id_map_base))
+            .map_err(fail("giving its writable layer to the sandbox"))?;
+    }
+    // upper/ becomes the container's `/`: the same mode as an image root.
+    fs::set_permissions(&upper, Permissions::from_mode(0o755))
+        .map_err(fail("giving its writable layer to the sandbox"))?;
+
+    let staging = paths.pod_roots().join(name);
+    let target = staging.join("rootfs");
+    fs::create_dir_all(&target).map_err(fail("making its mount point"))?;
+    let made = mount_and_clone(spec, &staging, &target, &upper, &work, layers, name);
+    // The sandbox holds the clone; the host keeps nothing mounted.
+    let _ = umount2(&target, MntFlags::MNT_DETACH);
+    let _ = fs::remove_dir_all(&staging);
+    made
+}
+
+fn mount_and_clone(
+    spec: &SandboxSpec,
+    staging: &Path,
+    target: &Path,
+    upper: &Path,
+    work: &Path,
+    layers: &[PathBuf],
+    name: &str,
+) -> Result<OwnedFd, PodRootError> {
+    let fail = |step: &'static str| {
+        let name = name.to_string();
+        move |source: io::Error| PodRootError::Io { name, step, source }
+    };
+    let layers: Vec<&Path> = layers.iter().map(PathBuf::as_path).collect();
+    // Detached again when this returns: the overlay holds its own clones.
+    let idmapped = idmap_layers(
+        &layers,
+        &staging.join("layers"),
+        spec.id_map_base,
+        spec.id_map_size,
+    )
+    .map_err(|source| PodRootError::Idmap {
+        name: name.to_string(),
+        source,
+    })?;
+    let (lower, _fds) = crate::image::lowerdir::lowerdir_value(&idmapped.paths())
+        .map_err(fail("spelling its layers"))?;
+    let options = format!(
+        "lowerdir={lower},upperdir={},workdir={}",
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(options.as_str()),
+    )
+    .map_err(|e| fail("mounting its overlay")(e.into()))?;
+    open_tree_clone(target).map_err(fail("cloning its overlay"))
+}
+
+/// Attaches `root` (from [`make`]) as container root `name` inside the
+/// mount namespace of the sandbox whose init is host pid `init_pid`.
+pub fn attach(init_pid: i32, name: &str, root: &OwnedFd) -> Result<(), PodRootError> {
+    in_mount_namespace(init_pid, name, || {
+        let io_err = |step: &'static str| {
+            let name = name.to_string();
+            move |source: io::Error| PodRootError::Io { name, step, source }
+        };
+        let dir = Path::new(CONTAINER_ROOTS_DIR).join(name);
+        fs::create_dir_all(CONTAINER_ROOTS_DIR).map_err(io_err("making the roots directory"))?;
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(PodRootError::Exists(name.into()))
+            }
+            Err(e) => return Err(io_err("making its directory")(e)),
+        }
+        let target = PathBuf::from(container_root(name));
+        let attached = fs::create_dir(&target)
+            .map_err(io_err("making its mount point"))
+            .and_then(|()| move_mount(root, &target).map_err(io_err("attaching its overlay")))
+            .and_then(|()| bind_shared(name, &target));
+        if let Err(e) = attached {
+            let _ = umount2(&target, MntFlags::MNT_DETACH);
+            let _ = fs::remove_dir(&target);
+            let _ = fs::remove_dir(&dir);
+            return Err(e);
+        }
+        Ok(())
+    })
+}
+
+/// Unmounts container root `name` (and all bound inside it) in the
+/// sandbox whose init is host pid `init_pid`.
+pub fn detach(init_pid: i32, name: &str) -> Result<(), PodRootError> {
+    in_mount_namespace(init_pid, name, || {
+        let target = PathBuf::from(container_root(name));
+        if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
+            return Err(PodRootError::Missing(name.into()));
+        }
+        umount2(&target, MntFlags::MNT_DETACH).map_err(|e| PodRootError::Io {
+            name: name.into(),
+            step: "unmounting it",
+            source: e.into(),
+        })?;
+        let _ = fs::remove_dir(&target);
+        let _ = fs::remove_dir(Path::new(CONTAINER_ROOTS_DIR).join(name));
+        Ok(())
+    })
+}
+
+/// Runs `work` on a thread of its own that entered the mount namespace of
+/// host pid `pid`: a thread sharing its filesystem context (every thread
+/// by default) cannot change mount namespace, so it unshares that first.
+/// The thread ends with `work`; the caller's namespace is never touched.
+fn in_mount_namespace<T: Send>(
+    pid: i32,
+    name: &str,
+    work: impl FnOnce() -> Result<T, PodRootError> + Send,
+) -> Result<T, PodRootError> {
+    let fail = |step: &'static str| {
+        let name = name.to_string();
+        move |source: io::Error| PodRootError::Io { name, step, source }
+    };
+    let namespace = File::open(format!("/proc/{pid}/ns/mnt"))
+        .map_err(fail("opening the sandbox's mount namespace"))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                unshare(CloneFlags::CLONE_FS)
+                    .map_err(|e| fail("entering the sandbox's mount namespace")(e.into()))?;
+                setns(&namespace, CloneFlags::CLONE_NEWNS)
+                    .map_err(|e| fail("entering the sandbox's mount namespace")(e.into()))?;
+                work()
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(fail("entering the sandbox's mount namespace")(
+                    io::Error::other("the thread panicked"),
+                ))
+            })
+    })
+}
+
+fn move_mount(root: &OwnedFd, target: &Path) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let target = std::ffi::CString::new(target.as_os_str().as_bytes())
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    // SAFETY: move_mount(2) of a detached tree the caller owns onto a
+    // NUL-terminated path that outlives the call; nothing is written.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            root.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            target.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Binds the sandbox's shared directories and /etc files into `root`. The
+/// image decides what lies there, so a symlink is never mounted over (the
+/// mount would follow it elsewhere in the sandbox).
+fn bind_shared(name: &str, root: &Path) -> Result<(), PodRootError> {
+    let unsafe_target = |path: &Path| PodRootError::UnsafeTarget {
+        name: name.into(),
+        path: path.display().to_string(),
+    };
+    let io_err = |step: &'static str| {
+        let name = name.to_string();
+        move |source: io::Error| PodRootError::Io { name, step, source }
+    };
+    let bind = |source: &Path, target: &Path, flags: MsFlags| {
+        mount(
+            Some(source),
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | flags,
+            None::<&str>,
+        )
+        .map_err(|e| io_err("binding the sandbox's /proc, /dev, /sys or /etc files")(e.into()))
+    };
+    let ensure_dir = |path: &Path| -> Result<(), PodRootError> {
+        match fs::symlink_metadata(path) {
+            Ok(meta) if meta.is_dir() => Ok(()),
+            Ok(_) => Err(unsafe_target(path)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir(path).map_err(io_err("making a mount point"))
+            }
+            Err(e) => Err(io_err("reading a mount point")(e)),
+        }
+    };
+    for dir in SHARED_DIRS {
+        let target = root.join(dir);
+        ensure_dir(&target)?;
+        bind(&Path::new("/").join(dir), &target, MsFlags::MS_REC)?;
+    }
+    let etc = root.join("etc");
+    ensure_dir(&etc)?;
+    for file in SHARED_FILES {
+        let source = Path::new("/etc").join(file);
+        if !source.exists() {
+            continue;
+        }
+        let target = etc.join(file);
+        match fs::symlink_metadata(&target) {
+            Ok(meta) if meta.is_file() => {}
+            // The image's own link (a resolv.conf managed elsewhere) stays.
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::write(&target, b"").map_err(io_err("making an /etc file"))?
+            }
+            Err(e) => return Err(io_err("reading an /etc file")(e)),
+        }
+        bind(&source, &target, MsFlags::empty())?;
+    }
+    Ok(())
+}
+
+/// Removes container root `name`'s writable layer (once it is detached).
+pub fn remove(spec: &SandboxSpec, name: &str) -> Result<(), PodRootError> {
+    match fs::remove_dir_all(writable_dir(spec, name)) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(PodRootError::Io {
+            name: name.to_string(),
+            step: "removing its writable layer",
+            source,
+        }),
+    }
+}
