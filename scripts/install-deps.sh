@@ -14,8 +14,10 @@ packages=(
   runc crun iptables
   # benches/scale.rs compares an idle sandbox's memory with the shim
   # containerd keeps per container (started on its own socket, not the
-  # packaged service)
-  containerd
+  # packaged service); tests/containerd_cri.rs runs pods through its CRI
+  # with CNI's bridge and host-local plugins, and its CRI client (k8s-cri)
+  # compiles the CRI protos with protoc
+  containerd containernetworking-plugins protobuf-compiler
   # QEMU: the microVM boot benchmark (vmm/benches/boot.rs) compares against
   # its microvm machine, and tests/guest_kernel.rs boots the guest kernel
   # under its TCG (this host's kvm_pvm cannot run a stock kernel)

@@ -1,5 +1,6 @@
 //! `containerd-shim-sandboxd-v2`: containerd's runtime `io.containerd.sandboxd.v2`.
-//! containerd starts it per task (`start`, which spawns the serving copy),
+//! containerd starts it per task (`start`, which spawns the serving copy,
+//! or finds the one already serving the task's pod),
 //! talks ttrpc to that copy (`service.rs`), and runs `delete` to clean up
 //! after a shim that died. Everything it does goes through sandboxd's API
 //! (`daemon.rs`); see ARCHITECTURE.md, "containerd shim".
@@ -35,8 +36,12 @@ impl Shim for SandboxdShim {
     }
 
     fn start_shim(&mut self, opts: StartOpts) -> containerd_shim::Result<String> {
-        // One shim per task (its id groups nothing else yet).
-        let grouping = opts.id.clone();
+        // containerd runs `start` in the task's bundle. A pod's tasks share
+        // one shim (the pod sandbox's id groups them): if it already
+        // serves, the new copy answers its address and leaves.
+        let config = spec::read_bundle(std::path::Path::new("."))
+            .map_err(|e| containerd_shim::Error::InvalidArgument(e.to_string()))?;
+        let grouping = spec::grouping(&config, &opts.id);
         let (_, address) = containerd_shim::spawn(opts, &grouping, Vec::new())?;
         containerd_shim::util::write_address(&address)?;
         Ok(address)

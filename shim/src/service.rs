@@ -2,6 +2,12 @@
 //! Create from the bundle's root and spec), its init and execs are
 //! sandboxd processes (started at Start), and every answer and event
 //! containerd expects is made from what sandboxd says. No isolation here.
+//!
+//! Under CRI one shim serves a whole pod: the pod's sandbox ("pause")
+//! container makes the sandbox (in the pod's network namespace) and runs
+//! no process, and each other container of the pod is a root of its own
+//! in that sandbox (`POST /v1/sandboxes/{id}/roots`), its processes
+//! started in it.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -49,10 +55,23 @@ fn from_spec(e: spec::SpecError) -> ttrpc::Error {
     status(Code::INVALID_ARGUMENT, format!("sandboxd: {e}"))
 }
 
+/// What a task is in sandboxd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Kind {
+    /// A sandbox of its own, whose init is a process.
+    Task,
+    /// A CRI pod's sandbox container: the sandbox itself; its "init" runs
+    /// no process and ends when it is killed.
+    PodSandbox,
+    /// A container of a pod: a root of the pod's sandbox, named `root`.
+    PodMember { root: String },
+}
+
 /// One task: its sandbox and processes.
 struct Container {
     bundle: PathBuf,
     sandbox: String,
+    kind: Kind,
     init: Arc<Process>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
 }
@@ -102,11 +121,39 @@ impl Service {
         self.containers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The sandbox of pod sandbox container `pod`, served by this shim.
+    fn pod_sandbox(&self, pod: &str) -> TtrpcResult<String> {
+        match self.containers().get(pod) {
+            Some(c) if c.kind == Kind::PodSandbox => Ok(c.sandbox.clone()),
+            _ => Err(status(
+                Code::FAILED_PRECONDITION,
+                format!("sandboxd: pod sandbox {pod} is not served by this shim (was it made with the sandboxd runtime?)"),
+            )),
+        }
+    }
+
     fn container(&self, id: &str) -> TtrpcResult<Arc<Container>> {
         self.containers()
             .get(id)
             .cloned()
             .ok_or_else(|| status(Code::NOT_FOUND, format!("container {id} not found")))
+    }
+
+    /// Records the end of every process of the pod members in `sandbox`
+    /// (the sandbox is gone, and they with it).
+    fn record_members_ended(&self, sandbox: &str) {
+        let members: Vec<(String, Arc<Container>)> = self
+            .containers()
+            .iter()
+            .filter(|(_, c)| c.sandbox == sandbox && matches!(c.kind, Kind::PodMember { .. }))
+            .map(|(id, c)| (id.clone(), Arc::clone(c)))
+            .collect();
+        for (id, member) in members {
+            for process in std::iter::once(Arc::clone(&member.init)).chain(member.execs()) {
+                let pid = self.pid_of(&process);
+                self.events.record_exit(&id, &process, pid, 137);
+            }
+        }
     }
 
     /// The pid containerd sees for a process: the shim's own for the init
@@ -219,6 +266,7 @@ impl Task for Service {
         }
         let bundle = PathBuf::from(&req.bundle);
         let config = spec::read_bundle(&bundle).map_err(from_spec)?;
+        let role = spec::role(&config).map_err(from_spec)?;
         let mounts: Vec<spec::RootMount<'_>> = req
             .rootfs
             .iter()
@@ -234,25 +282,55 @@ impl Task for Service {
             config.pointer("/root/path").and_then(Value::as_str),
         )
         .map_err(from_spec)?;
-        let body = spec::sandbox(&config, &host_rootfs, &self.events.namespace, &req.id)
-            .map_err(from_spec)?;
-        let init = spec::process(&config["process"], "process").map_err(from_spec)?;
-        let created = self
-            .daemon
-            .call("POST", "/v1/sandboxes", Some(&body))
-            .map_err(from_daemon)?;
-        let sandbox = created["id"]
-            .as_str()
-            .ok_or_else(|| {
-                status(
-                    Code::INTERNAL,
-                    format!("sandboxd's create answer has no id: {created}"),
+        let mut init = spec::process(&config["process"], "process").map_err(from_spec)?;
+        let (sandbox, kind) = match role {
+            spec::Role::PodMember { pod } => {
+                spec::member(&config).map_err(from_spec)?;
+                let sandbox = self.pod_sandbox(&pod)?;
+                let body = serde_json::json!({"name": req.id, "host_rootfs": host_rootfs});
+                self.daemon
+                    .call(
+                        "POST",
+                        &format!("/v1/sandboxes/{sandbox}/roots"),
+                        Some(&body),
+                    )
+                    .map_err(from_daemon)?;
+                init.body["root"] = Value::String(req.id.clone());
+                (
+                    sandbox,
+                    Kind::PodMember {
+                        root: req.id.clone(),
+                    },
                 )
-            })?
-            .to_string();
+            }
+            role => {
+                let body = spec::sandbox(&config, &host_rootfs, &self.events.namespace, &req.id)
+                    .map_err(from_spec)?;
+                let created = self
+                    .daemon
+                    .call("POST", "/v1/sandboxes", Some(&body))
+                    .map_err(from_daemon)?;
+                let sandbox = created["id"]
+                    .as_str()
+                    .ok_or_else(|| {
+                        status(
+                            Code::INTERNAL,
+                            format!("sandboxd's create answer has no id: {created}"),
+                        )
+                    })?
+                    .to_string();
+                let kind = if role == spec::Role::PodSandbox {
+                    Kind::PodSandbox
+                } else {
+                    Kind::Task
+                };
+                (sandbox, kind)
+            }
+        };
         let container = Arc::new(Container {
             bundle,
             sandbox,
+            kind,
             init: Process::new("", init, stdio_of(&req.stdin, &req.stdout, &req.stderr)),
             execs: Mutex::new(HashMap::new()),
         });
@@ -294,8 +372,28 @@ impl Task for Service {
                 "the process was already started, or has ended",
             ));
         }
+        if container.kind == Kind::PodSandbox && req.exec_id.is_empty() {
+            // The sandbox is the pod's; nothing runs for its container.
+            let pid = self.pid_of(&process);
+            process.set_running(0, pid);
+            self.events.publish(
+                TASK_START_EVENT_TOPIC,
+                Box::new(TaskStart {
+                    container_id: req.id.clone(),
+                    pid,
+                    ..Default::default()
+                }),
+            );
+            return Ok(api::StartResponse {
+                pid,
+                ..Default::default()
+            });
+        }
         let mut body = process.spec.body.clone();
         body["stdin"] = Value::Bool(!process.stdio.stdin.is_empty());
+        if let Kind::PodMember { root } = &container.kind {
+            body["root"] = Value::String(root.clone());
+        }
         let started = self.daemon.call(
             "POST",
             &format!("/v1/sandboxes/{}/processes", container.sandbox),
@@ -439,7 +537,19 @@ impl Task for Service {
         let mut signalled = false;
         for target in targets {
             // A Start under way finishes first, so the kill reaches it.
+            let holds_pod = container.kind == Kind::PodSandbox && target.exec_id.is_empty();
             match target.settled_state() {
+                // The pod's sandbox container "exits" when killed; the
+                // sandbox stays until the task is deleted.
+                State::Running { pid, .. } if holds_pod => {
+                    self.events.record_exit(
+                        &req.id,
+                        &target,
+                        pid,
+                        128u32.saturating_add(req.signal),
+                    );
+                    signalled = true;
+                }
                 State::Running { api_id, .. } => {
                     let path = format!(
                         "/v1/sandboxes/{}/processes/{api_id}/signal",
@@ -539,14 +649,18 @@ impl Task for Service {
                 ..Default::default()
             });
         }
-        // Removing the sandbox ends whatever still runs in it.
-        match self.daemon.call(
-            "DELETE",
-            &format!("/v1/sandboxes/{}", container.sandbox),
-            None,
-        ) {
+        // Removing the sandbox (a pod member: its root) ends whatever
+        // still runs in it.
+        let path = match &container.kind {
+            Kind::PodMember { root } => format!("/v1/sandboxes/{}/roots/{root}", container.sandbox),
+            Kind::Task | Kind::PodSandbox => format!("/v1/sandboxes/{}", container.sandbox),
+        };
+        match self.daemon.call("DELETE", &path, None) {
             Ok(_) | Err(DaemonError::Refused { status: 404, .. }) => {}
             Err(e) => return Err(from_daemon(e)),
+        }
+        if container.kind == Kind::PodSandbox {
+            self.record_members_ended(&container.sandbox);
         }
         self.events.record_exit(&req.id, &process, pid, 137);
         for exec in container.execs() {

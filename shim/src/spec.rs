@@ -20,6 +20,78 @@ pub mod annotations {
 pub const LABEL_NAMESPACE: &str = "containerd.io/namespace";
 pub const LABEL_ID: &str = "containerd.io/id";
 
+/// What CRI writes into the specs of a pod's containers.
+pub mod cri {
+    /// `sandbox` for the pod's own ("pause") container, `container` for
+    /// the others.
+    pub const CONTAINER_TYPE: &str = "io.kubernetes.cri.container-type";
+    /// The pod sandbox's container id, in every container of the pod.
+    pub const SANDBOX_ID: &str = "io.kubernetes.cri.sandbox-id";
+    /// containerd's own AppArmor profile, which CRI names when the host
+    /// has AppArmor and the pod asks for none.
+    pub const DEFAULT_APPARMOR: &str = "cri-containerd.apparmor.d";
+}
+
+/// Mounts CRI gives a pod's containers that the sandbox serves itself: its
+/// own /etc/hosts, /etc/hostname and /etc/resolv.conf (bound into every
+/// container root), its /dev/shm, and a /dev/termination-log (written in
+/// the sandbox's /dev; its message does not reach the kubelet).
+const POD_SERVED_DESTINATIONS: &[&str] = &[
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/resolv.conf",
+    "/dev/shm",
+    "/dev/termination-log",
+];
+
+/// What a task is to the shim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Role {
+    /// A plain task (`ctr run`): its own sandbox, its init a process.
+    Task,
+    /// A CRI pod's sandbox ("pause") container: it makes the pod's sandbox,
+    /// and no process runs for it.
+    PodSandbox,
+    /// A container of the CRI pod whose sandbox container is `pod`: a root
+    /// of its own in that sandbox.
+    PodMember { pod: String },
+}
+
+/// The role the spec's CRI annotations give the task.
+pub fn role(config: &Value) -> Result<Role, SpecError> {
+    let annotation =
+        |key: &str| config.pointer(&format!("/annotations/{}", key.replace('/', "~1")));
+    match annotation(cri::CONTAINER_TYPE).and_then(Value::as_str) {
+        None => Ok(Role::Task),
+        Some("sandbox") => Ok(Role::PodSandbox),
+        Some("container") => match annotation(cri::SANDBOX_ID).and_then(Value::as_str) {
+            Some(pod) if !pod.is_empty() => Ok(Role::PodMember { pod: pod.into() }),
+            _ => Err(refuse(
+                format!("annotations[{}]", cri::SANDBOX_ID),
+                "a pod's container must name its pod sandbox",
+            )),
+        },
+        Some(other) => Err(refuse(
+            format!("annotations[{}]", cri::CONTAINER_TYPE),
+            format!("{other:?} is neither sandbox nor container"),
+        )),
+    }
+}
+
+/// The shim a task is served by: one per pod (its sandbox container's
+/// id), one per plain task.
+pub fn grouping(config: &Value, id: &str) -> String {
+    config
+        .pointer(&format!(
+            "/annotations/{}",
+            cri::SANDBOX_ID.replace('/', "~1")
+        ))
+        .and_then(Value::as_str)
+        .filter(|pod| !pod.is_empty())
+        .unwrap_or(id)
+        .to_string()
+}
+
 /// Mounts every container gets from sandboxd itself; the spec may list
 /// them (containerd's default spec does).
 const STANDARD_DESTINATIONS: &[&str] = &[
@@ -134,10 +206,14 @@ pub fn sandbox(
         "ttl_seconds": -1,
         "labels": {LABEL_NAMESPACE: namespace, LABEL_ID: id},
     });
+    let role = role(config)?;
+    let pod = role == Role::PodSandbox;
     let linux = config.get("linux").unwrap_or(&Value::Null);
-    check_namespaces(linux)?;
-    check_refused(config, linux)?;
-    check_mounts(config)?;
+    if let Some(netns) = check_namespaces(linux, pod)? {
+        body["join_netns"] = json!(netns);
+    }
+    check_refused(config, linux, &role)?;
+    check_mounts(config, pod)?;
     if let Some(resources) = linux.get("resources") {
         limits(resources, &mut body)?;
     }
@@ -147,7 +223,51 @@ pub fn sandbox(
     Ok(body)
 }
 
-fn check_namespaces(linux: &Value) -> Result<(), SpecError> {
+/// Checks the refusals of a pod's container (its root and process come
+/// from [`host_rootfs`] and [`process`]): it shares the pod sandbox's
+/// namespaces and limits, so what it would set for itself alone is refused.
+pub fn member(config: &Value) -> Result<(), SpecError> {
+    let linux = config.get("linux").unwrap_or(&Value::Null);
+    if linux
+        .get("namespaces")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|ns| ns.get("type").and_then(Value::as_str) == Some("user"))
+    {
+        return Err(refuse(
+            "linux.namespaces[user]",
+            "sandboxd makes each sandbox's user namespace and id map itself",
+        ));
+    }
+    check_refused(config, linux, &Role::PodMember { pod: String::new() })?;
+    check_mounts(config, true)?;
+    let resources = linux.get("resources").unwrap_or(&Value::Null);
+    let per_container = [
+        (
+            "linux.resources.memory.limit",
+            resources.pointer("/memory/limit"),
+        ),
+        ("linux.resources.cpu.quota", resources.pointer("/cpu/quota")),
+        (
+            "linux.resources.pids.limit",
+            resources.pointer("/pids/limit"),
+        ),
+    ];
+    for (field, value) in per_container {
+        if value.and_then(Value::as_i64).is_some_and(|v| v > 0) {
+            return Err(refuse(
+                field,
+                "a container of a pod shares its sandbox's limits; sandboxd does not limit one container of a pod apart yet",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the namespaces; returns the network namespace to join (a CRI
+/// pod's, only for a pod's sandbox container).
+fn check_namespaces(linux: &Value, pod: bool) -> Result<Option<String>, SpecError> {
     let namespaces: &[Value] = linux
         .get("namespaces")
         .and_then(Value::as_array)
@@ -164,7 +284,7 @@ fn check_namespaces(linux: &Value) -> Result<(), SpecError> {
             .get("path")
             .and_then(Value::as_str)
             .is_some_and(|p| !p.is_empty());
-        if joins && kind != "network" {
+        if joins && !(pod && kind == "network") {
             return Err(refuse(
                 format!("linux.namespaces[{kind}].path"),
                 "joining an existing namespace is not supported by sandboxd",
@@ -179,13 +299,11 @@ fn check_namespaces(linux: &Value) -> Result<(), SpecError> {
             "linux.namespaces",
             "no network namespace (host networking) cannot be sandboxed; sandboxd gives every sandbox its own",
         )),
-        Some(ns) if ns.get("path").and_then(Value::as_str).is_some_and(|p| !p.is_empty()) => {
-            Err(refuse(
-                "linux.namespaces[network].path",
-                "joining an existing network namespace (a CRI pod's) is not supported by the sandboxd shim yet",
-            ))
-        }
-        Some(_) => Ok(()),
+        Some(ns) => Ok(ns
+            .get("path")
+            .and_then(Value::as_str)
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)),
     }
 }
 
@@ -194,7 +312,7 @@ fn check_namespaces(linux: &Value) -> Result<(), SpecError> {
 /// them: sandboxd applies its own (Docker's default capabilities, its
 /// deny-list seccomp, no_new_privs, its nofile), which is what containerd's
 /// default spec asks for.
-fn check_refused(config: &Value, linux: &Value) -> Result<(), SpecError> {
+fn check_refused(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecError> {
     let present = |v: Option<&Value>| match v {
         None | Some(Value::Null) => false,
         Some(Value::Array(a)) => !a.is_empty(),
@@ -243,14 +361,22 @@ fn check_refused(config: &Value, linux: &Value) -> Result<(), SpecError> {
         ),
     ];
     for (field, value, why) in refused {
-        if present(value) {
+        // containerd's default profile under CRI is the runtime's default
+        // confinement, which sandboxd's own (user namespace, seccomp)
+        // stands for, as it does for containerd's default seccomp.
+        let default_apparmor = *role != Role::Task
+            && field == "process.apparmorProfile"
+            && value.and_then(Value::as_str) == Some(cri::DEFAULT_APPARMOR);
+        // The pod sandbox container's root holds no process of the pod's.
+        let pause_root = *role == Role::PodSandbox && field == "root.readonly";
+        if present(value) && !default_apparmor && !pause_root {
             return Err(refuse(field, why));
         }
     }
     Ok(())
 }
 
-fn check_mounts(config: &Value) -> Result<(), SpecError> {
+fn check_mounts(config: &Value, pod: bool) -> Result<(), SpecError> {
     for (index, mount) in config
         .get("mounts")
         .and_then(Value::as_array)
@@ -269,6 +395,9 @@ fn check_mounts(config: &Value) -> Result<(), SpecError> {
                 .get("options")
                 .and_then(Value::as_array)
                 .is_some_and(|o| o.iter().any(|o| o == "bind" || o == "rbind"));
+        if pod && POD_SERVED_DESTINATIONS.contains(&destination) {
+            continue;
+        }
         if bind || !STANDARD_DESTINATIONS.contains(&destination) {
             return Err(refuse(
                 format!("mounts[{index}]"),
@@ -458,6 +587,9 @@ mod tests {
         let mut pod_net = ctr_spec();
         pod_net["linux"]["namespaces"] =
             json!([{"type": "network", "path": "/var/run/netns/cni-1"}]);
+        let mut pod_bind = ctr_spec();
+        pod_bind["mounts"] =
+            json!([{"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/x/hosts"}]);
         let mut bind = ctr_spec();
         bind["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
         let mut vm = ctr_spec();
@@ -478,6 +610,7 @@ mod tests {
         for (spec, field) in [
             (host_net, "linux.namespaces"),
             (pod_net, "linux.namespaces[network].path"),
+            (pod_bind, "mounts[0]"),
             (bind, "mounts[0]"),
             (vm, annotations::RUNTIME),
             (bind_on_run, "mounts[0]"),
@@ -524,5 +657,63 @@ mod tests {
             host_rootfs(&[], Path::new("/b"), None).unwrap(),
             vec![PathBuf::from("/b/rootfs")]
         );
+    }
+
+    fn cri_spec(kind: &str) -> Value {
+        let mut spec = ctr_spec();
+        spec["annotations"] = json!({
+            "io.kubernetes.cri.container-type": kind,
+            "io.kubernetes.cri.sandbox-id": "pod1",
+            "sandboxd.io/block-network": "true",
+        });
+        spec["linux"]["namespaces"] = json!([
+            {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+            {"type": "network", "path": "/var/run/netns/cni-1"}
+        ]);
+        spec["linux"]["resources"] = json!({"cpu": {"shares": 2}});
+        spec["mounts"] = json!([
+            {"destination": "/proc", "type": "proc"},
+            {"destination": "/dev/shm", "type": "bind", "source": "/run/containerd/x/shm"},
+            {"destination": "/etc/resolv.conf", "type": "bind", "source": "/var/lib/x/resolv.conf"}
+        ]);
+        spec["process"]["apparmorProfile"] = json!(cri::DEFAULT_APPARMOR);
+        spec
+    }
+
+    #[test]
+    fn a_cri_pod_sandbox_joins_its_network_namespace() {
+        let spec = cri_spec("sandbox");
+        assert_eq!(role(&spec).unwrap(), Role::PodSandbox);
+        assert_eq!(grouping(&spec, "pod1"), "pod1");
+        let body = sandbox(&spec, &[PathBuf::from("/s/pause")], "k8s.io", "pod1").unwrap();
+        assert_eq!(body["join_netns"], "/var/run/netns/cni-1");
+        assert_eq!(body["block_network"], true);
+        assert!(body.get("memory_mib").is_none());
+    }
+
+    #[test]
+    fn a_cri_pod_member_shares_its_pod_and_refuses_limits_of_its_own() {
+        let spec = cri_spec("container");
+        assert_eq!(role(&spec).unwrap(), Role::PodMember { pod: "pod1".into() });
+        assert_eq!(grouping(&spec, "c1"), "pod1");
+        member(&spec).unwrap();
+        let mut limited = cri_spec("container");
+        limited["linux"]["resources"] = json!({"memory": {"limit": 1 << 28}});
+        assert_eq!(
+            member(&limited).unwrap_err().field,
+            "linux.resources.memory.limit"
+        );
+        let mut volume = cri_spec("container");
+        volume["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
+        assert_eq!(member(&volume).unwrap_err().field, "mounts[0]");
+        let mut other_profile = cri_spec("container");
+        other_profile["process"]["apparmorProfile"] = json!("my-profile");
+        assert_eq!(
+            member(&other_profile).unwrap_err().field,
+            "process.apparmorProfile"
+        );
+        // A plain task keeps its own namespaces: no pod, no grouping.
+        assert_eq!(role(&ctr_spec()).unwrap(), Role::Task);
+        assert_eq!(grouping(&ctr_spec(), "t1"), "t1");
     }
 }

@@ -35,6 +35,8 @@ pub struct Containerd {
     dir: tempfile::TempDir,
     sandboxd_socket: PathBuf,
     child: Option<Child>,
+    /// The namespace `ctr` works in: CRI keeps its images and pods in `k8s.io`.
+    namespace: &'static str,
 }
 
 impl Drop for Containerd {
@@ -50,27 +52,67 @@ impl Drop for Containerd {
         }
         // The snapshotter's mounts of tasks that were not removed.
         // Nothing mounted there is the usual case; umount's complaint is noise.
-        let _ = Command::new("umount")
-            .arg("-R")
-            .arg(self.dir.path().join("root"))
-            .stderr(Stdio::null())
-            .status();
+        // CRI's pod /dev/shm mounts live under its state.
+        for dir in ["root", "state"] {
+            let _ = Command::new("umount")
+                .arg("-R")
+                .arg(self.dir.path().join(dir))
+                .stderr(Stdio::null())
+                .status();
+        }
     }
 }
 
 impl Containerd {
     pub fn start(daemon: &crate::common::Daemon) -> Containerd {
+        Self::start_with(daemon, "sbx", |_| {
+            "disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n".to_string()
+        })
+    }
+
+    /// A containerd with its CRI on: the `sandboxd` runtime handler is the
+    /// shim (passing `sandboxd.io/*` annotations of pods and containers),
+    /// pods get their network from the CNI configs in `cni_conf_dir`, and
+    /// the pod sandbox image is [`IMAGE`] (import it into `k8s.io`).
+    pub fn start_cri(daemon: &crate::common::Daemon, cni_conf_dir: &Path) -> Containerd {
+        let cni_conf_dir = cni_conf_dir.display().to_string();
+        Self::start_with(daemon, "k8s.io", move |_| {
+            format!(
+                "[plugins.\"io.containerd.grpc.v1.cri\"]\n\
+                 \x20 sandbox_image = \"{IMAGE}\"\n\
+                 \x20 stream_server_address = \"127.0.0.1\"\n\
+                 \x20 stream_server_port = \"0\"\n\
+                 \x20 [plugins.\"io.containerd.grpc.v1.cri\".containerd]\n\
+                 \x20   snapshotter = \"overlayfs\"\n\
+                 \x20   [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.runc]\n\
+                 \x20     runtime_type = \"io.containerd.runc.v2\"\n\
+                 \x20   [plugins.\"io.containerd.grpc.v1.cri\".containerd.runtimes.sandboxd]\n\
+                 \x20     runtime_type = \"{RUNTIME}\"\n\
+                 \x20     pod_annotations = [\"sandboxd.io/*\"]\n\
+                 \x20     container_annotations = [\"sandboxd.io/*\"]\n\
+                 \x20 [plugins.\"io.containerd.grpc.v1.cri\".cni]\n\
+                 \x20   bin_dir = \"/usr/lib/cni\"\n\
+                 \x20   conf_dir = \"{cni_conf_dir}\"\n"
+            )
+        })
+    }
+
+    fn start_with(
+        daemon: &crate::common::Daemon,
+        namespace: &'static str,
+        plugins: impl FnOnce(&Path) -> String,
+    ) -> Containerd {
         // Under /var/tmp: overlayfs snapshots need a real filesystem.
         let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
         std::fs::write(
             dir.path().join("config.toml"),
             format!(
-                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n\
-                 disabled_plugins = [\"io.containerd.grpc.v1.cri\"]\n\
+                "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\n{plugins}\
                  [grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
                 root = dir.path().join("root").display(),
                 state = dir.path().join("state").display(),
                 sock = dir.path().join("containerd.sock").display(),
+                plugins = plugins(dir.path()),
             ),
         )
         .expect("config");
@@ -78,6 +120,7 @@ impl Containerd {
             dir,
             sandboxd_socket: daemon.socket.clone(),
             child: None,
+            namespace,
         };
         containerd.spawn();
         containerd
@@ -143,7 +186,7 @@ impl Containerd {
         command
             .arg("--address")
             .arg(self.socket())
-            .args(["--namespace", "sbx"])
+            .args(["--namespace", self.namespace])
             .args(args)
             .stdin(Stdio::null());
         command

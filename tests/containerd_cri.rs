@@ -1,0 +1,420 @@
+//! Root-only: Kubernetes pods through containerd's CRI with the `sandboxd`
+//! runtime handler, driven by a CRI client as the kubelet drives it (Debian
+//! 12 has no crictl). A pod is one sandbox in the network namespace CNI
+//! made (a bridge of the test's own); each of its containers has a root of
+//! its own in that sandbox, and they talk over localhost; the pod's egress
+//! policy comes from its annotations.
+
+mod common;
+#[path = "common/containerd.rs"]
+mod containerd;
+#[path = "common/oci.rs"]
+mod oci;
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
+
+use common::Daemon;
+use containerd::{Containerd, IMAGE};
+use hyper_util::rt::TokioIo;
+use k8s_cri::v1::image_service_client::ImageServiceClient;
+use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::{
+    ContainerConfig, ContainerMetadata, CreateContainerRequest, ExecSyncRequest, ImageSpec,
+    ImageStatusRequest, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+};
+use tonic::transport::{Channel, Endpoint, Uri};
+use upstream::Upstream;
+
+/// Every CRI call is answered within this, or the test fails saying which.
+const CALL: Duration = Duration::from_secs(90);
+
+/// A CNI bridge network of the test's own: its config directory (what
+/// containerd's CRI reads), its host-local address store, and the bridge
+/// it makes on the host, removed at the end.
+struct CniNetwork {
+    dir: tempfile::TempDir,
+    bridge: String,
+}
+
+impl CniNetwork {
+    fn new() -> CniNetwork {
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let bridge = format!("sbxcni{}", std::process::id() % 100_000);
+        let conf = serde_json::json!({
+            "cniVersion": "0.4.0",
+            "name": "sandboxd-test",
+            "plugins": [{
+                "type": "bridge",
+                "bridge": bridge,
+                "isGateway": true,
+                "ipMasq": false,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": "10.233.71.0/24"}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                    "dataDir": dir.path().join("ipam").display().to_string()
+                }
+            }]
+        });
+        std::fs::create_dir_all(dir.path().join("conf")).expect("conf dir");
+        std::fs::write(
+            dir.path().join("conf/10-sandboxd-test.conflist"),
+            conf.to_string(),
+        )
+        .expect("conflist");
+        CniNetwork { dir, bridge }
+    }
+
+    fn conf_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("conf")
+    }
+}
+
+impl Drop for CniNetwork {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.bridge])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+struct Cri {
+    runtime: RuntimeServiceClient<Channel>,
+    images: ImageServiceClient<Channel>,
+}
+
+impl Cri {
+    async fn connect(socket: &Path) -> Cri {
+        let socket = socket.to_path_buf();
+        let channel = Endpoint::try_from("http://[::]:50051")
+            .expect("endpoint")
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let socket = socket.clone();
+                async move {
+                    Ok::<_, std::io::Error>(TokioIo::new(
+                        tokio::net::UnixStream::connect(socket).await?,
+                    ))
+                }
+            }))
+            .await
+            .expect("connect to containerd's CRI");
+        Cri {
+            runtime: RuntimeServiceClient::new(channel.clone()),
+            images: ImageServiceClient::new(channel),
+        }
+    }
+
+    /// Waits until CRI knows the imported image (it learns of it from
+    /// containerd's image events).
+    async fn await_image(&mut self, image: &str) {
+        let deadline = tokio::time::Instant::now() + CALL;
+        loop {
+            let status = self
+                .images
+                .image_status(ImageStatusRequest {
+                    image: Some(image_spec(image)),
+                    verbose: false,
+                })
+                .await
+                .expect("ImageStatus");
+            if status.into_inner().image.is_some() {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "CRI never saw {image}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn run_pod(
+        &mut self,
+        name: &str,
+        annotations: &[(&str, &str)],
+    ) -> (String, PodSandboxConfig) {
+        let config = PodSandboxConfig {
+            metadata: Some(PodSandboxMetadata {
+                name: name.into(),
+                uid: format!("uid-{name}"),
+                namespace: "default".into(),
+                attempt: 0,
+            }),
+            hostname: name.into(),
+            annotations: annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+            ..Default::default()
+        };
+        let reply = tokio::time::timeout(
+            CALL,
+            self.runtime.run_pod_sandbox(RunPodSandboxRequest {
+                config: Some(config.clone()),
+                runtime_handler: "sandboxd".into(),
+            }),
+        )
+        .await
+        .expect("RunPodSandbox in time")
+        .unwrap_or_else(|e| panic!("RunPodSandbox {name}: {e}"));
+        (reply.into_inner().pod_sandbox_id, config)
+    }
+
+    async fn start_container(
+        &mut self,
+        pod: &(String, PodSandboxConfig),
+        name: &str,
+        command: &[&str],
+    ) -> String {
+        let created = tokio::time::timeout(
+            CALL,
+            self.runtime.create_container(CreateContainerRequest {
+                pod_sandbox_id: pod.0.clone(),
+                config: Some(ContainerConfig {
+                    metadata: Some(ContainerMetadata {
+                        name: name.into(),
+                        attempt: 0,
+                    }),
+                    image: Some(image_spec(IMAGE)),
+                    command: command.iter().map(|s| s.to_string()).collect(),
+                    ..Default::default()
+                }),
+                sandbox_config: Some(pod.1.clone()),
+            }),
+        )
+        .await
+        .expect("CreateContainer in time")
+        .unwrap_or_else(|e| panic!("CreateContainer {name}: {e}"));
+        let id = created.into_inner().container_id;
+        tokio::time::timeout(
+            CALL,
+            self.runtime.start_container(StartContainerRequest {
+                container_id: id.clone(),
+            }),
+        )
+        .await
+        .expect("StartContainer in time")
+        .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
+        id
+    }
+
+    /// Runs `script` with sh in container `id`; (exit code, stdout+stderr).
+    async fn exec(&mut self, id: &str, script: &str) -> (i32, String) {
+        let reply = tokio::time::timeout(
+            CALL,
+            self.runtime.exec_sync(ExecSyncRequest {
+                container_id: id.into(),
+                cmd: vec!["sh".into(), "-c".into(), script.into()],
+                timeout: 60,
+            }),
+        )
+        .await
+        .expect("ExecSync in time")
+        .unwrap_or_else(|e| panic!("ExecSync {script:?}: {e}"))
+        .into_inner();
+        (
+            reply.exit_code,
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&reply.stdout),
+                String::from_utf8_lossy(&reply.stderr)
+            ),
+        )
+    }
+
+    async fn pod_ip(&mut self, pod: &str) -> String {
+        let status = self
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: pod.into(),
+                verbose: false,
+            })
+            .await
+            .expect("PodSandboxStatus")
+            .into_inner();
+        status
+            .status
+            .and_then(|s| s.network)
+            .map(|n| n.ip)
+            .expect("the pod has an address")
+    }
+
+    async fn remove_pod(&mut self, pod: &str) {
+        tokio::time::timeout(
+            CALL,
+            self.runtime.stop_pod_sandbox(StopPodSandboxRequest {
+                pod_sandbox_id: pod.into(),
+            }),
+        )
+        .await
+        .expect("StopPodSandbox in time")
+        .expect("StopPodSandbox");
+        tokio::time::timeout(
+            CALL,
+            self.runtime.remove_pod_sandbox(RemovePodSandboxRequest {
+                pod_sandbox_id: pod.into(),
+            }),
+        )
+        .await
+        .expect("RemovePodSandbox in time")
+        .expect("RemovePodSandbox");
+    }
+}
+
+fn image_spec(image: &str) -> ImageSpec {
+    ImageSpec {
+        image: image.into(),
+        ..Default::default()
+    }
+}
+
+/// An HTTP GET of `/` from the host; the body, or why it failed.
+fn get_from_host(addr: &str) -> Result<String, String> {
+    let mut stream = std::net::TcpStream::connect_timeout(
+        &addr.parse().map_err(|e| format!("{addr}: {e}"))?,
+        Duration::from_secs(5),
+    )
+    .map_err(|e| e.to_string())?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"GET / HTTP/1.0\r\n\r\n")
+        .map_err(|e| e.to_string())?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| e.to_string())?;
+    Ok(answer)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_egress_policy() {
+    require_host!();
+    let upstream = Upstream::start();
+    let flags = upstream.daemon_flags();
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let daemon = Daemon::start_with(&flags);
+    let cni = CniNetwork::new();
+    let containerd = Containerd::start_cri(&daemon, &cni.conf_dir());
+    containerd.import_busybox();
+    let mut cri = Cri::connect(&containerd.socket()).await;
+    cri.await_image(IMAGE).await;
+
+    // A pod is one sandbox, labelled with its sandbox container's id.
+    let web = cri
+        .run_pod("web", &[("sandboxd.io/allow-list", "allowed.example.test")])
+        .await;
+    let sandboxes = daemon.sandboxes().await;
+    assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
+    assert_eq!(sandboxes[0]["labels"]["containerd.io/id"], web.0.as_str());
+    let sandbox = sandboxes[0]["id"].as_str().expect("id").to_string();
+
+    // Two containers, each with a root of its own, talking over localhost.
+    let server = cri
+        .start_container(
+            &web,
+            "server",
+            &[
+                "sh",
+                "-c",
+                "mkdir -p /www && echo served-in-the-pod > /www/index.html && exec httpd -f -p 8080 -h /www",
+            ],
+        )
+        .await;
+    let client = cri
+        .start_container(&web, "client", &["sleep", "3600"])
+        .await;
+    assert_eq!(
+        daemon.sandboxes().await.len(),
+        1,
+        "the containers joined the pod's sandbox"
+    );
+    // httpd listens once its container started; the exec waits for it.
+    let (code, said) = cri
+        .exec(
+            &client,
+            "for i in $(seq 100); do wget -qO- http://127.0.0.1:8080/index.html && exit 0; sleep 0.1; done; exit 1",
+        )
+        .await;
+    assert_eq!((code, said.trim()), (0, "served-in-the-pod"), "{said}");
+    let (code, said) = cri.exec(&server, "cat /www/index.html").await;
+    assert_eq!(code, 0, "the server sees its own file: {said}");
+    let (code, said) = cri.exec(&client, "cat /www/index.html").await;
+    assert_ne!(code, 0, "the client's root is its own: {said}");
+    let (code, said) = cri.exec(&client, "hostname; id -u").await;
+    assert_eq!(code, 0, "{said}");
+    assert!(said.starts_with(&sandbox), "the sandbox's hostname: {said}");
+
+    // The pod IP is CNI's: the host reaches the pod's port there, but not
+    // sandboxd's own proxy port in the pod.
+    let ip = cri.pod_ip(&web.0).await;
+    let page = get_from_host(&format!("{ip}:8080")).expect("the pod's port from the host");
+    assert!(page.contains("served-in-the-pod"), "{page}");
+    assert!(
+        get_from_host(&format!("{ip}:15001")).is_err(),
+        "the egress proxy's port is not served to the pod network"
+    );
+
+    // The pod's allow list holds for its containers.
+    let (code, said) = cri
+        .exec(&client, "timeout 10 wget -qO- http://allowed.example.test/")
+        .await;
+    assert_eq!((code, said.trim()), (0, upstream::BODY), "{said}");
+    let (code, said) = cri
+        .exec(&client, "timeout 10 wget -qO- http://other.example.test/")
+        .await;
+    assert_ne!(code, 0, "a host off the allow list is refused: {said}");
+
+    // A pod annotated block-network reaches nothing.
+    let closed = cri
+        .run_pod("closed", &[("sandboxd.io/block-network", "true")])
+        .await;
+    let shut_in = cri
+        .start_container(&closed, "app", &["sleep", "3600"])
+        .await;
+    let before = upstream.accepted().len();
+    let (code, said) = cri
+        .exec(
+            &shut_in,
+            "timeout 10 wget -qO- http://allowed.example.test/",
+        )
+        .await;
+    assert_ne!(code, 0, "a blocked pod reaches nothing: {said}");
+    let (code, said) = cri
+        .exec(
+            &shut_in,
+            &format!("timeout 10 wget -qO- http://{}/", upstream::SERVER_IPS[0]),
+        )
+        .await;
+    assert_ne!(code, 0, "not even by address: {said}");
+    assert_eq!(
+        upstream.accepted().len(),
+        before,
+        "nothing reached upstream"
+    );
+    assert_eq!(daemon.sandboxes().await.len(), 2);
+
+    // Stopping and removing the pods leaves nothing in sandboxd, its
+    // cgroups or the host's mounts.
+    cri.remove_pod(&web.0).await;
+    cri.remove_pod(&closed.0).await;
+    assert!(daemon.sandboxes().await.is_empty());
+    assert!(
+        !common::cgroup::sandbox_dir("pids", &sandbox).exists(),
+        "no cgroup of the pod's sandbox is left"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.contains(&sandbox),
+        "no mount of the pod's sandbox is left:\n{mounts}"
+    );
+    assert!(daemon.sandbox_run_dirs().is_empty());
+}
