@@ -123,32 +123,43 @@ pub fn ruleset(proxy_port: u16, dns_port: u16) -> Value {
         base_chain("filter_input", "filter", "input", 0, "drop"),
         base_chain("filter_forward", "filter", "forward", 0, "drop"),
     ];
-    // nat_output: DNS first (whatever address it was sent to), then leave
-    // the namespace's own addresses alone, then all other TCP to the proxy.
-    let mut nat_output = redirect_rules("nat_output", proxy_port, dns_port);
-    nat_output.insert(
+    cmds.extend(nat_output_rules(proxy_port, dns_port));
+    cmds.push(rule(
+        "nat_prerouting",
+        vec![meta_match("iifname", "lo"), verdict("return")],
+    ));
+    cmds.extend(redirect_rules("nat_prerouting", proxy_port, dns_port));
+    cmds.extend(filter_rules());
+    json!({ "nftables": cmds })
+}
+
+/// nat_output: DNS first (whatever address it was sent to), then leave the
+/// namespace's own addresses alone, then all other TCP to the proxy.
+fn nat_output_rules(proxy_port: u16, dns_port: u16) -> Vec<Value> {
+    let mut rules = redirect_rules("nat_output", proxy_port, dns_port);
+    rules.insert(
         2,
         rule(
             "nat_output",
             vec![meta_match("oifname", "lo"), verdict("return")],
         ),
     );
-    cmds.extend(nat_output);
-    cmds.push(rule(
-        "nat_prerouting",
-        vec![meta_match("iifname", "lo"), verdict("return")],
-    ));
-    cmds.extend(redirect_rules("nat_prerouting", proxy_port, dns_port));
+    rules
+}
+
+/// What both filter chains accept before their drop policy.
+fn filter_rules() -> Vec<Value> {
+    let mut rules = Vec::new();
     for (chain, if_key) in [("filter_output", "oifname"), ("filter_input", "iifname")] {
-        cmds.push(rule(chain, vec![established(), verdict("accept")]));
-        cmds.push(rule(chain, vec![redirected(), verdict("accept")]));
-        cmds.push(rule(
+        rules.push(rule(chain, vec![established(), verdict("accept")]));
+        rules.push(rule(chain, vec![redirected(), verdict("accept")]));
+        rules.push(rule(
             chain,
             vec![meta_match(if_key, "lo"), verdict("accept")],
         ));
-        cmds.push(rule(chain, vec![neighbour_discovery(), verdict("accept")]));
+        rules.push(rule(chain, vec![neighbour_discovery(), verdict("accept")]));
     }
-    json!({ "nftables": cmds })
+    rules
 }
 
 /// The ruleset of a CRI pod's namespace (see the module's documentation):
@@ -162,24 +173,8 @@ pub fn pod_ruleset(proxy_port: u16, dns_port: u16) -> Value {
         base_chain("filter_input", "filter", "input", 0, "drop"),
         base_chain("filter_forward", "filter", "forward", 0, "drop"),
     ];
-    let mut nat_output = redirect_rules("nat_output", proxy_port, dns_port);
-    nat_output.insert(
-        2,
-        rule(
-            "nat_output",
-            vec![meta_match("oifname", "lo"), verdict("return")],
-        ),
-    );
-    cmds.extend(nat_output);
-    for (chain, if_key) in [("filter_output", "oifname"), ("filter_input", "iifname")] {
-        cmds.push(rule(chain, vec![established(), verdict("accept")]));
-        cmds.push(rule(chain, vec![redirected(), verdict("accept")]));
-        cmds.push(rule(
-            chain,
-            vec![meta_match(if_key, "lo"), verdict("accept")],
-        ));
-        cmds.push(rule(chain, vec![neighbour_discovery(), verdict("accept")]));
-    }
+    cmds.extend(nat_output_rules(proxy_port, dns_port));
+    cmds.extend(filter_rules());
     cmds.push(rule(
         "filter_input",
         vec![

@@ -258,9 +258,22 @@ fn mount_root(config: &SandboxSpec, paths: &SandboxPaths) -> Result<(), Containe
         )?;
         lower = idmapped.paths();
     }
+    mount_overlay(&target, &lower, &upper, &work).map_err(|e| match e.raw_os_error() {
+        Some(errno) => ContainerError::Mount(nix::errno::Errno::from_raw(errno)),
+        None => prepare("image layers")(e),
+    })
+}
+
+/// Mounts an overlay of `lower` (top first) under `upper` at `target`,
+/// nosuid and nodev, as every sandbox root is.
+pub(crate) fn mount_overlay(
+    target: &Path,
+    lower: &[&Path],
+    upper: &Path,
+    work: &Path,
+) -> io::Result<()> {
     // The descriptors a long stack is spelled with live until the mount is made.
-    let (lower, _fds) =
-        crate::image::lowerdir::lowerdir_value(&lower).map_err(prepare("image layers"))?;
+    let (lower, _fds) = crate::image::lowerdir::lowerdir_value(lower)?;
     let options = format!(
         "lowerdir={lower},upperdir={},workdir={}",
         upper.display(),
@@ -268,12 +281,12 @@ fn mount_root(config: &SandboxSpec, paths: &SandboxPaths) -> Result<(), Containe
     );
     mount(
         Some("overlay"),
-        &target,
+        target,
         Some("overlay"),
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
         Some(options.as_str()),
     )
-    .map_err(ContainerError::Mount)
+    .map_err(io::Error::from)
 }
 
 fn write_etc(config: &SandboxSpec, dir: &Path) -> Result<(), ContainerError> {

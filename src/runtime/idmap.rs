@@ -134,7 +134,7 @@ fn set_idmap(tree: &OwnedFd, userns: &File) -> io::Result<()> {
     Ok(())
 }
 
-fn move_mount(tree: &OwnedFd, target: &Path) -> io::Result<()> {
+pub(crate) fn move_mount(tree: &OwnedFd, target: &Path) -> io::Result<()> {
     let target = cstring(target)?;
     // SAFETY: move_mount(2) of a detached tree this function borrows onto a
     // NUL-terminated path that outlives the call.

@@ -13,7 +13,7 @@
 
 use std::fs::{self, File, Permissions};
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{lchown, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -47,8 +47,6 @@ pub enum PodRootError {
 const SHARED_DIRS: [&str; 3] = ["proc", "dev", "sys"];
 /// The sandbox's files that name it on the network, bound over the image's.
 const SHARED_FILES: [&str; 3] = ["hosts", "hostname", "resolv.conf"];
-/// `move_mount(2)`: the source is the descriptor itself.
-const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 
 /// The writable layer of container root `name` (its `upper` and `work`).
 pub fn writable_dir(spec: &SandboxSpec, name: &str) -> PathBuf {
@@ -116,21 +114,8 @@ fn mount_and_clone(
         name: name.to_string(),
         source,
     })?;
-    let (lower, _fds) = crate::image::lowerdir::lowerdir_value(&idmapped.paths())
-        .map_err(fail("spelling its layers"))?;
-    let options = format!(
-        "lowerdir={lower},upperdir={},workdir={}",
-        upper.display(),
-        work.display()
-    );
-    mount(
-        Some("overlay"),
-        target,
-        Some("overlay"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(options.as_str()),
-    )
-    .map_err(|e| fail("mounting its overlay")(e.into()))?;
+    super::container::mount_overlay(target, &idmapped.paths(), upper, work)
+        .map_err(fail("mounting its overlay"))?;
     open_tree_clone(target).map_err(fail("cloning its overlay"))
 }
 
@@ -154,7 +139,9 @@ pub fn attach(init_pid: i32, name: &str, root: &OwnedFd) -> Result<(), PodRootEr
         let target = PathBuf::from(container_root(name));
         let attached = fs::create_dir(&target)
             .map_err(io_err("making its mount point"))
-            .and_then(|()| move_mount(root, &target).map_err(io_err("attaching its overlay")))
+            .and_then(|()| {
+                super::idmap::move_mount(root, &target).map_err(io_err("attaching its overlay"))
+            })
             .and_then(|()| bind_shared(name, &target));
         if let Err(e) = attached {
             let _ = umount2(&target, MntFlags::MNT_DETACH);
@@ -216,28 +203,6 @@ fn in_mount_namespace<T: Send>(
                 ))
             })
     })
-}
-
-fn move_mount(root: &OwnedFd, target: &Path) -> io::Result<()> {
-    use std::os::unix::ffi::OsStrExt;
-    let target = std::ffi::CString::new(target.as_os_str().as_bytes())
-        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-    // SAFETY: move_mount(2) of a detached tree the caller owns onto a
-    // NUL-terminated path that outlives the call; nothing is written.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            root.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Binds the sandbox's shared directories and /etc files into `root`. The
