@@ -49,8 +49,11 @@ async fn serve_one(manager: Arc<Manager>, exposure: TcpExposure) {
     };
     let unauthenticated = Arc::new(Semaphore::new(MAX_WAITING_FOR_TOKEN));
     loop {
+        // A rotation is taken in before the next accept: a connection
+        // made after it must not be checked against the cancelled token
+        // (select! would otherwise pick a ready accept half of the time).
         let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
+            biased;
             _ = closed.cancelled() => {
                 // A rotated token closes the port's connections, not its
                 // listener: carry on while the port is still exposed here.
@@ -63,6 +66,7 @@ async fn serve_one(manager: Arc<Manager>, exposure: TcpExposure) {
                     _ => return,
                 }
             }
+            accepted = listener.accept() => accepted,
         };
         let (client, peer) = match accepted {
             Ok(a) => a,
