@@ -271,3 +271,124 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
     assert!(!tasks.contains("RUNNING"), "{tasks}");
     assert!(daemon.sandboxes().await.is_empty());
 }
+
+/// Runs `ctr args` on a terminal of `rows` x `cols` (ctr -t reads its
+/// console from its stdio); returns everything it wrote there, and its
+/// exit status.
+fn ctr_on_terminal(
+    containerd: &Containerd,
+    args: &[&str],
+    rows: u16,
+    cols: u16,
+) -> (Option<i32>, String) {
+    use std::io::Read;
+    let size = nix::pty::Winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let pty = nix::pty::openpty(Some(&size), None).expect("openpty");
+    let slave = || Stdio::from(pty.slave.try_clone().expect("dup the terminal"));
+    let mut command = containerd.ctr_command(args);
+    command.stdin(slave()).stdout(slave()).stderr(slave());
+    let mut child = command.spawn().expect("run ctr");
+    drop(command);
+    drop(pty.slave);
+    // The master reads until every copy of the slave is closed (EIO).
+    let mut master = std::fs::File::from(pty.master);
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match master.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    let status = child.wait().expect("wait for ctr");
+    (status.code(), String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// Prints the terminal's size once it is not the size it starts with: ctr
+/// sends its console's size (ResizePty) after the process started, so the
+/// process waits for the SIGWINCH that brings it (at most 10 s), then
+/// exits 5.
+const AWAIT_RESIZE: &str = "trap 'stty size; exit 5' WINCH; \
+    [ \"$(stty size)\" != '24 80' ] && { stty size; exit 5; }; \
+    for i in $(seq 100); do sleep 0.1 & wait; done; echo no resize; exit 9";
+
+#[tokio::test]
+async fn a_task_on_a_terminal_gets_a_terminal_of_its_consoles_size() {
+    require_host!();
+    let daemon = Daemon::start();
+    let containerd = Containerd::start(&daemon);
+    containerd.import_busybox();
+    let (code, said) = ctr_on_terminal(
+        &containerd,
+        &[
+            "run",
+            "--rm",
+            "-t",
+            "--runtime",
+            RUNTIME,
+            IMAGE,
+            "t-tty",
+            "sh",
+            "-c",
+            &format!("tty; {AWAIT_RESIZE}"),
+        ],
+        33,
+        101,
+    );
+    assert_eq!(code, Some(5), "{said}");
+    assert!(said.contains("/dev/pts/"), "a terminal inside: {said}");
+    assert!(
+        said.contains("33 101"),
+        "ctr's console size reached it (ResizePty): {said}"
+    );
+    // An exec on a terminal too, in a task without one (the positive
+    // control: the task's own stdout is no terminal).
+    let started = containerd.ctr(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "t-tty2",
+        "sleep",
+        "600",
+    ]);
+    assert!(started.status.success(), "{}", text(&started));
+    let plain = containerd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e1",
+        "t-tty2",
+        "sh",
+        "-c",
+        "tty; true",
+    ]);
+    assert!(text(&plain).contains("not a tty"), "{}", text(&plain));
+    let (code, said) = ctr_on_terminal(
+        &containerd,
+        &[
+            "task",
+            "exec",
+            "-t",
+            "--exec-id",
+            "e2",
+            "t-tty2",
+            "sh",
+            "-c",
+            AWAIT_RESIZE,
+        ],
+        17,
+        61,
+    );
+    assert_eq!(code, Some(5), "{said}");
+    assert!(said.contains("17 61"), "{said}");
+    containerd.ctr_ok(&["task", "rm", "-f", "t-tty2"]);
+    containerd.ctr_ok(&["container", "rm", "t-tty2"]);
+    assert!(daemon.sandboxes().await.is_empty());
+}

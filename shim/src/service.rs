@@ -246,12 +246,6 @@ impl Task for Service {
         _ctx: &TtrpcContext,
         req: api::CreateTaskRequest,
     ) -> TtrpcResult<api::CreateTaskResponse> {
-        if req.terminal {
-            return Err(status(
-                Code::INVALID_ARGUMENT,
-                "sandboxd: a terminal is not supported by the sandboxd shim yet; run without -t",
-            ));
-        }
         if !req.checkpoint.is_empty() {
             return Err(status(
                 Code::INVALID_ARGUMENT,
@@ -346,7 +340,7 @@ impl Task for Service {
                     stdin: req.stdin.clone(),
                     stdout: req.stdout.clone(),
                     stderr: req.stderr.clone(),
-                    terminal: false,
+                    terminal: req.terminal,
                     ..Default::default()
                 }),
                 pid,
@@ -582,12 +576,6 @@ impl Task for Service {
     }
 
     fn exec(&self, _ctx: &TtrpcContext, req: api::ExecProcessRequest) -> TtrpcResult<api::Empty> {
-        if req.terminal {
-            return Err(status(
-                Code::INVALID_ARGUMENT,
-                "sandboxd: a terminal is not supported by the sandboxd shim yet; exec without -t",
-            ));
-        }
         let container = self.container(&req.id)?;
         let spec_json: Value = serde_json::from_slice(&req.spec.value).map_err(|e| {
             status(
@@ -713,6 +701,39 @@ impl Task for Service {
             processes,
             ..Default::default()
         })
+    }
+
+    /// A process on a terminal (`ctr run -t`) gets its console's size.
+    fn resize_pty(
+        &self,
+        _ctx: &TtrpcContext,
+        req: api::ResizePtyRequest,
+    ) -> TtrpcResult<api::Empty> {
+        let container = self.container(&req.id)?;
+        let process = container.process(&req.exec_id)?;
+        if process.spec.body.get("pty").is_none() {
+            return Err(status(
+                Code::FAILED_PRECONDITION,
+                "the process has no terminal",
+            ));
+        }
+        let clamp = |v: u32| u16::try_from(v).unwrap_or(u16::MAX).max(1);
+        let size = serde_json::json!({"rows": clamp(req.height), "cols": clamp(req.width)});
+        match process.settled_state() {
+            State::Running { api_id, .. } => {
+                let path = format!(
+                    "/v1/sandboxes/{}/processes/{api_id}/resize",
+                    container.sandbox
+                );
+                match self.daemon.call("POST", &path, Some(&size)) {
+                    // It ended meanwhile: its terminal has no size to change.
+                    Ok(_) | Err(DaemonError::Refused { status: 409, .. }) => {}
+                    Err(e) => return Err(from_daemon(e)),
+                }
+            }
+            State::Created | State::Starting | State::Exited { .. } => {}
+        }
+        Ok(api::Empty::new())
     }
 
     fn close_io(&self, _ctx: &TtrpcContext, req: api::CloseIORequest) -> TtrpcResult<api::Empty> {

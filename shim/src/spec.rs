@@ -135,12 +135,6 @@ pub fn read_bundle(bundle: &Path) -> Result<Value, SpecError> {
 
 /// The process of an OCI `process` object (the task's, or an exec's).
 pub fn process(process: &Value, field: &str) -> Result<ProcessSpec, SpecError> {
-    if process.get("terminal").and_then(Value::as_bool) == Some(true) {
-        return Err(refuse(
-            format!("{field}.terminal"),
-            "a terminal is not supported by the sandboxd shim yet; run without -t",
-        ));
-    }
     let args: Vec<String> = process
         .get("args")
         .and_then(Value::as_array)
@@ -171,6 +165,17 @@ pub fn process(process: &Value, field: &str) -> Result<ProcessSpec, SpecError> {
         env.insert(key.to_string(), Value::String(value.to_string()));
     }
     let mut body = json!({"argv": args, "env": env, "stdin": true});
+    if process.get("terminal").and_then(Value::as_bool) == Some(true) {
+        // containerd sends the console's size (ResizePty) once it started.
+        let size = process.get("consoleSize");
+        let dimension = |key: &str, default: u64| {
+            size.and_then(|s| s.get(key))
+                .and_then(Value::as_u64)
+                .filter(|v| (1..=u64::from(u16::MAX)).contains(v))
+                .unwrap_or(default)
+        };
+        body["pty"] = json!({"rows": dimension("height", 24), "cols": dimension("width", 80)});
+    }
     if let Some(cwd) = process.get("cwd").and_then(Value::as_str) {
         body["cwd"] = json!(cwd);
     }
@@ -623,8 +628,8 @@ mod tests {
             let err = sandbox(&spec, &[], "default", "t").unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
-        let err = process(&json!({"args": ["sh"], "terminal": true}), "process").unwrap_err();
-        assert_eq!(err.field, "process.terminal");
+        let tty = process(&json!({"args": ["sh"], "terminal": true}), "process").unwrap();
+        assert_eq!(tty.body["pty"], json!({"rows": 24, "cols": 80}));
     }
 
     #[test]

@@ -301,6 +301,27 @@ pub async fn signal(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// `POST .../processes/{proc}/resize`: a new window size for its terminal.
+pub async fn resize(
+    State(manager): State<Arc<Manager>>,
+    Path((id, proc)): Path<(String, u64)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let size: super::types::PtySize = parse_json(&body)?;
+    if size.rows == 0 || size.cols == 0 {
+        return Err(ApiError::bad(
+            "invalid_pty",
+            "pty rows and cols must be above 0",
+        ));
+    }
+    let size = sandbox_proto::PtySize {
+        rows: size.rows,
+        cols: size.cols,
+    };
+    manager.connect(&id).await?.resize(proc, size).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
 pub async fn kill(
     State(manager): State<Arc<Manager>>,
     Path((id, proc)): Path<(String, u64)>,

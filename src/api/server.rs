@@ -55,6 +55,7 @@ api_routes! {
     "/v1/sandboxes/{id}/processes/{proc}/output" => get processes::output;
     "/v1/sandboxes/{id}/processes/{proc}/stdin" => post processes::write_stdin, delete processes::close_stdin;
     "/v1/sandboxes/{id}/processes/{proc}/signal" => post processes::signal;
+    "/v1/sandboxes/{id}/processes/{proc}/resize" => post processes::resize;
     "/v1/sandboxes/{id}/processes/{proc}/kill" => post processes::kill;
     "/v1/sandboxes/{id}/processes/{proc}/wait" => get processes::wait;
     "/v1/sandboxes/{id}/files" => put files::upload, get files::download, delete files::remove;
