@@ -155,3 +155,51 @@ async fn a_create_takes_a_network_slot_and_a_standby_supervisor_made_ahead() {
     daemon.delete(&id).await;
     assert!(!sandboxes.join(&id).exists());
 }
+
+#[tokio::test]
+async fn a_create_may_name_the_sandboxs_hostname() {
+    require_host!();
+    let daemon = Daemon::start();
+    let named = daemon
+        .create(json!({"image": "busybox", "hostname": "web-1"}))
+        .await;
+    let seen = daemon
+        .sh(
+            &named,
+            "hostname; cat /etc/hostname; grep -c web-1 /etc/hosts",
+        )
+        .await;
+    assert_eq!(seen.out(), "web-1\nweb-1\n1\n", "{}", seen.err());
+    // The positive control: without one, the hostname is the id.
+    let plain = daemon.create(json!({"image": "busybox"})).await;
+    assert_eq!(
+        daemon.sh(&plain, "hostname").await.out(),
+        format!("{plain}\n")
+    );
+    for (body, says) in [
+        (
+            json!({"image": "busybox", "hostname": "-web"}),
+            "not a hostname",
+        ),
+        (
+            json!({"image": "busybox", "hostname": "a b"}),
+            "not a hostname",
+        ),
+        (
+            json!({"image": "busybox", "hostname": "x".repeat(64)}),
+            "not a hostname",
+        ),
+        (
+            json!({"runtime": "vm", "hostname": "web"}),
+            "containers only",
+        ),
+    ] {
+        let (status, answer) = daemon
+            .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_hostname", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{body} -> {message}");
+    }
+}

@@ -222,6 +222,13 @@ pub fn sandbox(
     if let Some(resources) = linux.get("resources") {
         limits(resources, &mut body)?;
     }
+    if let Some(hostname) = config
+        .get("hostname")
+        .and_then(Value::as_str)
+        .filter(|h| !h.is_empty())
+    {
+        body["hostname"] = json!(hostname);
+    }
     if let Some(annotations) = config.get("annotations").and_then(Value::as_object) {
         features(annotations, &mut body)?;
     }
@@ -682,6 +689,7 @@ mod tests {
             {"destination": "/etc/resolv.conf", "type": "bind", "source": "/var/lib/x/resolv.conf"}
         ]);
         spec["process"]["apparmorProfile"] = json!(cri::DEFAULT_APPARMOR);
+        spec["hostname"] = json!("web-1");
         spec
     }
 
@@ -692,6 +700,7 @@ mod tests {
         assert_eq!(grouping(&spec, "pod1"), "pod1");
         let body = sandbox(&spec, &[PathBuf::from("/s/pause")], "k8s.io", "pod1").unwrap();
         assert_eq!(body["join_netns"], "/var/run/netns/cni-1");
+        assert_eq!(body["hostname"], "web-1", "the pod's name inside");
         assert_eq!(body["block_network"], true);
         assert!(body.get("memory_mib").is_none());
     }

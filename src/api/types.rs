@@ -126,6 +126,9 @@ pub struct CreateSandbox {
     /// are added there. Containers only; refused on the remote API.
     #[serde(default)]
     pub join_netns: Option<String>,
+    /// The sandbox's hostname (default: its id). Containers only.
+    #[serde(default)]
+    pub hostname: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/ports`

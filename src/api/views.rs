@@ -50,6 +50,7 @@ impl TryFrom<CreateSandbox> for CreateRequest {
             ports: body.ports.into_iter().map(PortRequest::http).collect(),
             host_rootfs: body.host_rootfs.into_iter().map(Into::into).collect(),
             join_netns: body.join_netns.map(Into::into),
+            hostname: body.hostname,
         })
     }
 }

@@ -45,6 +45,8 @@ pub struct CreateRequest {
     /// A network namespace on the daemon's host (a CRI pod's, made by CNI)
     /// to use instead of making one. Local callers only; containers only.
     pub join_netns: Option<std::path::PathBuf>,
+    /// The hostname inside (default: the sandbox's id). Containers only.
+    pub hostname: Option<String>,
 }
 
 /// The image name a sandbox made from `host_rootfs` is recorded under.

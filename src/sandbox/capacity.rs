@@ -148,6 +148,7 @@ mod tests {
             foreign_supervisor: false,
             host_rootfs: Vec::new(),
             join_netns: None,
+            hostname: None,
         }
     }
 

@@ -83,6 +83,9 @@ pub struct SandboxRecord {
     /// It uses this network namespace (a CRI pod's), not one of its own.
     #[serde(default)]
     pub join_netns: Option<std::path::PathBuf>,
+    /// Its hostname when the create named one (else its id).
+    #[serde(default)]
+    pub hostname: Option<String>,
 }
 
 pub fn now_ms() -> u64 {

@@ -91,6 +91,7 @@ impl Harness {
             foreign_supervisor: false,
             host_rootfs: Vec::new(),
             join_netns: None,
+            hostname: None,
         };
         self.manager.persist(&record).expect("persist");
         self.manager.records().insert(id.into(), record.clone());

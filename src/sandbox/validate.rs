@@ -110,6 +110,39 @@ pub fn validated_join_netns(req: &CreateRequest) -> Result<(), SandboxError> {
     Ok(())
 }
 
+/// Checks a hostname the create names: one to 63 of letters, digits, `-`
+/// and `.`, neither first nor last a `-` or `.` (a Kubernetes pod's name
+/// fits); for a container made fresh (a fork keeps its snapshot's).
+pub fn validated_hostname(req: &CreateRequest) -> Result<(), SandboxError> {
+    let Some(name) = &req.hostname else {
+        return Ok(());
+    };
+    let bad = |message: String| SandboxError::bad("invalid_hostname", message);
+    if req.runtime == Some(crate::model::RuntimeKind::Vm) {
+        return Err(bad(
+            "hostname is set for containers only; a microVM's is its own".into(),
+        ));
+    }
+    if req.from_snapshot.is_some() {
+        return Err(bad(
+            "a fork keeps its snapshot's hostname; create without hostname".into(),
+        ));
+    }
+    let edge = |c: Option<char>| c.is_some_and(|c| c == '-' || c == '.');
+    let valid = (1..=63).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && !edge(name.chars().next())
+        && !edge(name.chars().last());
+    if !valid {
+        return Err(bad(format!(
+            "{name:?} is not a hostname: use 1 to 63 of letters, digits, - and ., not starting or ending with - or ."
+        )));
+    }
+    Ok(())
+}
+
 /// Checks host directories given as layers of a root (`field` names them
 /// in errors): at most [`MAX_HOST_ROOTFS_LAYERS`], absolute, existing
 /// directories, not symlinks.

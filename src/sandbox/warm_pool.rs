@@ -179,6 +179,7 @@ impl Manager {
             network: self.pooled_network(),
             host_rootfs: Vec::new(),
             join_netns: None,
+            hostname: None,
         }
     }
 

@@ -263,6 +263,9 @@ struct CreateArgs {
     /// the sandbox's own; its egress rules are added there. Root only.
     #[arg(long, value_name = "NETNS")]
     join_netns: Option<PathBuf>,
+    /// The sandbox's hostname (default: its id).
+    #[arg(long)]
+    hostname: Option<String>,
     /// Bind a brokered secret by name (repeat for more).
     #[arg(long = "secret")]
     secrets: Vec<String>,
@@ -427,6 +430,7 @@ impl CreateArgs {
                 .map(|p| p.display().to_string())
                 .collect(),
             join_netns: self.join_netns.map(|p| p.display().to_string()),
+            hostname: self.hostname,
         }
     }
 }

@@ -38,7 +38,7 @@ impl Manager {
         let supervisor_config = SupervisorConfig {
             spec: SandboxSpec {
                 id: record.id.clone(),
-                hostname: record.id.clone(),
+                hostname: record.hostname.clone().unwrap_or_else(|| record.id.clone()),
                 default_cwd: root.image.defaults.working_dir.clone(),
                 image_rootfs: root.image.rootfs,
                 image_layers: root.layers,

@@ -104,6 +104,8 @@ pub(super) struct ColdCreate {
     pub(super) host_rootfs: Vec<std::path::PathBuf>,
     /// A CRI pod's network namespace to use instead of its own.
     pub(super) join_netns: Option<std::path::PathBuf>,
+    /// The hostname the create named.
+    pub(super) hostname: Option<String>,
 }
 
 /// What the admission of a create decided, beyond the request itself.
@@ -261,6 +263,7 @@ impl Manager {
     ) -> Result<SandboxRecord, SandboxError> {
         super::validate::validated_host_rootfs(&req)?;
         super::validate::validated_join_netns(&req)?;
+        super::validate::validated_hostname(&req)?;
         let gpu = GpuRequest::from_create(req.runtime, req.gpu.as_deref(), req.gpu_count)?;
         let runtime = req.runtime.unwrap_or_default();
         if runtime == RuntimeKind::Vm {
@@ -345,6 +348,7 @@ impl Manager {
         if runtime == RuntimeKind::Container
             && req.host_rootfs.is_empty()
             && req.join_netns.is_none()
+            && req.hostname.is_none()
         {
             if let Some(view) = self
                 .claim_pooled(PoolClaim {
@@ -379,6 +383,7 @@ impl Manager {
             secrets,
             host_rootfs: req.host_rootfs,
             join_netns: req.join_netns,
+            hostname: req.hostname,
         })
         .await
     }
@@ -467,6 +472,7 @@ impl Manager {
             secrets,
             host_rootfs,
             join_netns,
+            hostname,
         } = create;
         // A caller's create takes the room of pooled sandboxes when it
         // needs it: the pools never keep real work off the host.
@@ -530,6 +536,7 @@ impl Manager {
                 foreign_supervisor: false,
                 host_rootfs,
                 join_netns,
+                hostname,
             };
             records.insert(id.clone(), record.clone());
             record

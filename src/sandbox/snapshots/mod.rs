@@ -576,6 +576,7 @@ impl Manager {
             secrets,
             host_rootfs: Vec::new(),
             join_netns: None,
+            hostname: None,
         })
         .await
     }
