@@ -301,7 +301,7 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     let upstream = Upstream::start();
     let flags = upstream.daemon_flags();
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let daemon = Daemon::start_with(&flags);
+    let mut daemon = Daemon::start_with(&flags);
     let cni = CniNetwork::new();
     let containerd = Containerd::start_cri(&daemon, &cni.conf_dir());
     containerd.import_busybox();
@@ -343,6 +343,13 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
             &client,
             "for i in $(seq 100); do wget -qO- http://127.0.0.1:8080/index.html && exit 0; sleep 0.1; done; exit 1",
         )
+        .await;
+    assert_eq!((code, said.trim()), (0, "served-in-the-pod"), "{said}");
+    // sandboxd restarts under the pod: its containers keep running and
+    // answering, each in its own root.
+    daemon.restart();
+    let (code, said) = cri
+        .exec(&client, "wget -qO- http://127.0.0.1:8080/index.html")
         .await;
     assert_eq!((code, said.trim()), (0, "served-in-the-pod"), "{said}");
     let (code, said) = cri.exec(&server, "cat /www/index.html").await;
