@@ -318,12 +318,31 @@ async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_it
     let sleeper = daemon
         .start_process(&id, json!({"argv": ["sleep", "600"], "root": "app"}))
         .await;
+    // And what an ended process left running in the background there.
+    let left = sh_in_root(&daemon, &id, "app", "sleep 601 >/dev/null 2>&1 & echo left").await;
+    assert_eq!(left.out(), "left\n");
+    assert_eq!(
+        daemon
+            .sh(&id, "ps -o args | grep -c '^sleep 60[01]$'")
+            .await
+            .out(),
+        "2\n",
+        "both sleepers run before the delete"
+    );
     let (status, answer) = daemon
         .call(Method::DELETE, &format!("{roots}/app"), None)
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
     let ended = daemon.output(&id, sleeper).await;
     assert_eq!(ended.process["state"], "exited", "{}", ended.process);
+    assert_eq!(
+        daemon
+            .sh(&id, "ps -o args | grep -c '^sleep 60[01]$'")
+            .await
+            .out(),
+        "0\n",
+        "nothing started in the root outlives it"
+    );
     let (status, answer) = daemon
         .call(Method::DELETE, &format!("{roots}/app"), None)
         .await;

@@ -645,6 +645,11 @@ impl Task for Service {
         };
         match self.daemon.call("DELETE", &path, None) {
             Ok(_) | Err(DaemonError::Refused { status: 404, .. }) => {}
+            // A pod member of a sandbox that is not running (it failed, or
+            // is going): its root goes with the sandbox, whose own delete
+            // follows; containerd must not be held here.
+            Err(DaemonError::Refused { status: 409, .. })
+                if matches!(container.kind, Kind::PodMember { .. }) => {}
             Err(e) => return Err(from_daemon(e)),
         }
         if container.kind == Kind::PodSandbox {

@@ -111,7 +111,9 @@ pub(crate) fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
 
 fn set_idmap(tree: &OwnedFd, userns: &File) -> io::Result<()> {
     let attr = libc::mount_attr {
-        attr_set: libc::MOUNT_ATTR_IDMAP,
+        // Read-only too: the layers are another owner's (containerd's
+        // snapshots), and nothing but overlayfs reads them through here.
+        attr_set: libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_RDONLY,
         attr_clr: 0,
         propagation: 0,
         userns_fd: u64::try_from(userns.as_raw_fd()).unwrap_or_default(),

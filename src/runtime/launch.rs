@@ -117,6 +117,7 @@ pub fn destroy_sandbox(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Ve
     if let Err(e) = cgroups.destroy() {
         problems.push(e.to_string());
     }
+    problems.extend(super::pod_roots::unmount_staging(paths));
     match umount2(&paths.rootfs(), MntFlags::MNT_DETACH) {
         Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => {}
         Err(e) => problems.push(format!("unmounting root: {e}")),

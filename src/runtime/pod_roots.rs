@@ -66,12 +66,38 @@ pub fn make(
         move |source: io::Error| PodRootError::Io { name, step, source }
     };
     let writable = writable_dir(spec, name);
-    if writable.exists() {
-        return Err(PodRootError::Exists(name.into()));
+    if let Some(parent) = writable.parent() {
+        fs::create_dir_all(parent).map_err(fail("making its writable layer"))?;
     }
+    // Claims the name: a second attach of it fails here, never shares it.
+    match fs::create_dir(&writable) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            return Err(PodRootError::Exists(name.into()))
+        }
+        Err(e) => return Err(fail("making its writable layer")(e)),
+    }
+    let made = make_claimed(spec, paths, name, layers, &writable);
+    if made.is_err() {
+        let _ = remove(spec, name);
+    }
+    made
+}
+
+fn make_claimed(
+    spec: &SandboxSpec,
+    paths: &SandboxPaths,
+    name: &str,
+    layers: &[PathBuf],
+    writable: &Path,
+) -> Result<OwnedFd, PodRootError> {
+    let fail = |step: &'static str| {
+        let name = name.to_string();
+        move |source: io::Error| PodRootError::Io { name, step, source }
+    };
     let (upper, work) = (writable.join("upper"), writable.join("work"));
     for dir in [&upper, &work] {
-        fs::create_dir_all(dir).map_err(fail("making its writable layer"))?;
+        fs::create_dir(dir).map_err(fail("making its writable layer"))?;
         lchown(dir, Some(spec.id_map_base), Some(spec.id_map_base))
             .map_err(fail("giving its writable layer to the sandbox"))?;
     }
@@ -79,7 +105,13 @@ pub fn make(
     fs::set_permissions(&upper, Permissions::from_mode(0o755))
         .map_err(fail("giving its writable layer to the sandbox"))?;
 
-    let staging = paths.pod_roots().join(name);
+    // A staging directory of this attempt's own: the name is claimed, but
+    // a teardown's sweep of the run directory must never meet a mount
+    // another attempt left (see unmount_staging).
+    let staging = paths.pod_roots().join(format!(
+        "{name}.{}",
+        STAGING_SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
     let target = staging.join("rootfs");
     fs::create_dir_all(&target).map_err(fail("making its mount point"))?;
     let made = mount_and_clone(spec, &staging, &target, &upper, &work, layers, name);
@@ -87,6 +119,34 @@ pub fn make(
     let _ = umount2(&target, MntFlags::MNT_DETACH);
     let _ = fs::remove_dir_all(&staging);
     made
+}
+
+/// Numbers staging directories within this supervisor.
+static STAGING_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Detaches whatever an interrupted attach left mounted under the run
+/// directory's `pod-roots/` (idmapped layers, an overlay), so a teardown
+/// that removes the run directory never walks into a mounted tree.
+pub fn unmount_staging(paths: &SandboxPaths) -> Vec<String> {
+    let dir = paths.pod_roots();
+    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    let mut under: Vec<PathBuf> = mountinfo
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|point| point.starts_with(&dir))
+        .collect();
+    // Deepest first.
+    under.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+    under
+        .into_iter()
+        .filter_map(|point| match umount2(&point, MntFlags::MNT_DETACH) {
+            Ok(()) | Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOENT) => None,
+            Err(e) => Some(format!("unmounting {}: {e}", point.display())),
+        })
+        .collect()
 }
 
 fn mount_and_clone(
@@ -116,7 +176,90 @@ fn mount_and_clone(
     })?;
     super::container::mount_overlay(target, &idmapped.paths(), upper, work)
         .map_err(fail("mounting its overlay"))?;
-    open_tree_clone(target).map_err(fail("cloning its overlay"))
+    make_mount_points(spec, name, target)?;
+    let clone = open_tree_clone(target).map_err(fail("cloning its overlay"))?;
+    // Its own peer group: mounts made on either side never propagate.
+    set_private(&clone).map_err(fail("making its clone private"))?;
+    Ok(clone)
+}
+
+/// Makes the mount points of the sandbox's shared directories and files
+/// in the root while only the host sees it (no process of the sandbox can
+/// race these checks), owned by the sandbox's root.
+fn make_mount_points(spec: &SandboxSpec, name: &str, root: &Path) -> Result<(), PodRootError> {
+    let unsafe_target = |path: &Path| PodRootError::UnsafeTarget {
+        name: name.into(),
+        path: path.display().to_string(),
+    };
+    let io_err = |step: &'static str| {
+        let name = name.to_string();
+        move |source: io::Error| PodRootError::Io { name, step, source }
+    };
+    let owned = |path: &Path| {
+        lchown(path, Some(spec.id_map_base), Some(spec.id_map_base))
+            .map_err(io_err("giving a mount point to the sandbox"))
+    };
+    let ensure_dir = |path: &Path| -> Result<(), PodRootError> {
+        match fs::symlink_metadata(path) {
+            Ok(meta) if meta.is_dir() => Ok(()),
+            Ok(_) => Err(unsafe_target(path)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir(path).map_err(io_err("making a mount point"))?;
+                owned(path)
+            }
+            Err(e) => Err(io_err("reading a mount point")(e)),
+        }
+    };
+    for dir in SHARED_DIRS {
+        ensure_dir(&root.join(dir))?;
+    }
+    let etc = root.join("etc");
+    ensure_dir(&etc)?;
+    for file in SHARED_FILES {
+        let target = etc.join(file);
+        match fs::symlink_metadata(&target) {
+            // The image's own link (a resolv.conf managed elsewhere) stays,
+            // and is not mounted over.
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&target)
+                    .map_err(io_err("making an /etc file"))?;
+                owned(&target)?;
+            }
+            Err(e) => return Err(io_err("reading an /etc file")(e)),
+        }
+    }
+    Ok(())
+}
+
+fn set_private(tree: &OwnedFd) -> io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let attr = libc::mount_attr {
+        attr_set: 0,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr(2) on a descriptor the caller owns, with an
+    // empty path, AT_EMPTY_PATH | AT_RECURSIVE and a `mount_attr` of the
+    // size passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Attaches `root` (from [`make`]) as container root `name` inside the
@@ -161,10 +304,12 @@ pub fn detach(init_pid: i32, name: &str) -> Result<(), PodRootError> {
         if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
             return Err(PodRootError::Missing(name.into()));
         }
-        umount2(&target, MntFlags::MNT_DETACH).map_err(|e| PodRootError::Io {
-            name: name.into(),
-            step: "unmounting it",
-            source: e.into(),
+        umount2(&target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW).map_err(|e| {
+            PodRootError::Io {
+                name: name.into(),
+                step: "unmounting it",
+                source: e.into(),
+            }
         })?;
         let _ = fs::remove_dir(&target);
         let _ = fs::remove_dir(Path::new(CONTAINER_ROOTS_DIR).join(name));
@@ -205,17 +350,14 @@ fn in_mount_namespace<T: Send>(
     })
 }
 
-/// Binds the sandbox's shared directories and /etc files into `root`. The
-/// image decides what lies there, so a symlink is never mounted over (the
-/// mount would follow it elsewhere in the sandbox).
+/// Binds the sandbox's shared directories and /etc files into `root`, on
+/// the mount points [`make_mount_points`] made. Still checked: a process
+/// of the sandbox may have replaced one since (the mount would follow a
+/// symlink elsewhere in the sandbox).
 fn bind_shared(name: &str, root: &Path) -> Result<(), PodRootError> {
     let unsafe_target = |path: &Path| PodRootError::UnsafeTarget {
         name: name.into(),
         path: path.display().to_string(),
-    };
-    let io_err = |step: &'static str| {
-        let name = name.to_string();
-        move |source: io::Error| PodRootError::Io { name, step, source }
     };
     let bind = |source: &Path, target: &Path, flags: MsFlags| {
         mount(
@@ -225,39 +367,24 @@ fn bind_shared(name: &str, root: &Path) -> Result<(), PodRootError> {
             MsFlags::MS_BIND | flags,
             None::<&str>,
         )
-        .map_err(|e| io_err("binding the sandbox's /proc, /dev, /sys or /etc files")(e.into()))
-    };
-    let ensure_dir = |path: &Path| -> Result<(), PodRootError> {
-        match fs::symlink_metadata(path) {
-            Ok(meta) if meta.is_dir() => Ok(()),
-            Ok(_) => Err(unsafe_target(path)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir(path).map_err(io_err("making a mount point"))
-            }
-            Err(e) => Err(io_err("reading a mount point")(e)),
-        }
+        .map_err(|e| PodRootError::Io {
+            name: name.into(),
+            step: "binding the sandbox's /proc, /dev, /sys or /etc files",
+            source: e.into(),
+        })
     };
     for dir in SHARED_DIRS {
         let target = root.join(dir);
-        ensure_dir(&target)?;
+        if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
+            return Err(unsafe_target(&target));
+        }
         bind(&Path::new("/").join(dir), &target, MsFlags::MS_REC)?;
     }
-    let etc = root.join("etc");
-    ensure_dir(&etc)?;
     for file in SHARED_FILES {
         let source = Path::new("/etc").join(file);
-        if !source.exists() {
+        let target = root.join("etc").join(file);
+        if !source.exists() || !fs::symlink_metadata(&target).is_ok_and(|m| m.is_file()) {
             continue;
-        }
-        let target = etc.join(file);
-        match fs::symlink_metadata(&target) {
-            Ok(meta) if meta.is_file() => {}
-            // The image's own link (a resolv.conf managed elsewhere) stays.
-            Ok(_) => continue,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::write(&target, b"").map_err(io_err("making an /etc file"))?
-            }
-            Err(e) => return Err(io_err("reading an /etc file")(e)),
         }
         bind(&source, &target, MsFlags::empty())?;
     }

@@ -72,6 +72,10 @@ pub struct Supervisor {
     /// Makes the ingress's connections inside the sandbox's namespace
     /// (containers; a microVM's guest is not reached yet).
     pub dialer: std::sync::OnceLock<super::dial::Dialer>,
+    /// Held while a pod container root is made or removed, and taken by
+    /// teardown: a teardown never sweeps the run directory while an
+    /// attach has layers mounted there.
+    roots: tokio::sync::Mutex<()>,
 }
 
 fn now_rfc3339() -> String {
@@ -132,6 +136,7 @@ impl Supervisor {
             event_seq: watch::channel(0).0,
             egress: std::sync::OnceLock::new(),
             dialer: std::sync::OnceLock::new(),
+            roots: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -219,6 +224,7 @@ impl Supervisor {
                 "container roots are for container sandboxes; a microVM has one root",
             ));
         }
+        let _roots = self.roots.lock().await;
         if let Some(reason) = self.failure() {
             return Err(err(SupervisorErrorKind::AgentGone, reason));
         }
@@ -242,15 +248,16 @@ impl Supervisor {
         .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
         let refused = match attached {
             Ok(()) => return Ok(()),
+            // Something in the sandbox holds the name's place there.
             Err(e @ crate::runtime::pod_roots::PodRootError::Exists(_)) => {
-                // That root keeps its writable layer.
-                return Err(err(SupervisorErrorKind::Conflict, e.to_string()));
+                err(SupervisorErrorKind::Conflict, e.to_string())
             }
             Err(e @ crate::runtime::pod_roots::PodRootError::UnsafeTarget { .. }) => {
                 err(SupervisorErrorKind::InvalidInput, e.to_string())
             }
             Err(e) => err(SupervisorErrorKind::Internal, e.to_string()),
         };
+        // The writable layer was this attach's own (make claimed the name).
         let _ = crate::runtime::pod_roots::remove(&self.config.spec, &name);
         Err(refused)
     }
@@ -258,21 +265,50 @@ impl Supervisor {
     /// Kills what runs in pod container root `name`, unmounts it inside
     /// the sandbox and removes its writable layer.
     pub async fn detach_root(&self, name: String) -> Result<(), SupervisorError> {
-        let inside: Vec<u64> = self
-            .procs()
-            .iter()
-            .filter(|(_, e)| {
-                e.info.state == ProcessState::Running && e.root.as_deref() == Some(name.as_str())
-            })
-            .map(|(id, _)| *id)
-            .collect();
-        for proc in inside {
+        if self.process_control() == ProcessControl::GuestAgent {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "container roots are for container sandboxes; a microVM has one root",
+            ));
+        }
+        let _roots = self.roots.lock().await;
+        if let Some(reason) = self.failure() {
+            return Err(err(SupervisorErrorKind::AgentGone, reason));
+        }
+        // Every process started there, ended or not: an ended one's cgroup
+        // still holds what it left running in the background.
+        let (mut running, mut ended) = (Vec::new(), Vec::new());
+        for (id, entry) in self.procs().iter() {
+            if entry.root.as_deref() == Some(name.as_str()) {
+                if entry.info.state == ProcessState::Running {
+                    running.push(*id);
+                } else {
+                    ended.push(*id);
+                }
+            }
+        }
+        for proc in running {
             self.kill(proc).await?;
         }
+        let cgroups = self.cgroups.clone();
+        tokio::task::spawn_blocking(move || {
+            for proc in ended {
+                // A group already gone has nothing left to kill.
+                let _ = cgroups.kill_process_group(proc);
+            }
+        })
+        .await
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
         let (init_pid, spec) = (self.init_pid, self.config.spec.clone());
         tokio::task::spawn_blocking(move || {
-            crate::runtime::pod_roots::detach(init_pid, &name)?;
-            crate::runtime::pod_roots::remove(&spec, &name)
+            let detached = crate::runtime::pod_roots::detach(init_pid, &name);
+            // A root whose attach failed half way has a writable layer only.
+            let had_layer = crate::runtime::pod_roots::writable_dir(&spec, &name).exists();
+            crate::runtime::pod_roots::remove(&spec, &name)?;
+            match detached {
+                Err(crate::runtime::pod_roots::PodRootError::Missing(_)) if had_layer => Ok(()),
+                other => other,
+            }
         })
         .await
         .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
@@ -385,6 +421,9 @@ impl Supervisor {
     /// Kills everything and removes the container; returns what went wrong.
     pub async fn teardown(&self) -> Vec<String> {
         self.fail("the sandbox is being deleted".into());
+        // An attach under way finishes (or fails on the failure set above)
+        // before the run directory goes.
+        let _roots = self.roots.lock().await;
         let id = self.config.spec.id.clone();
         let cgroups_path = self.config.spec.cgroups_path.clone();
         let paths = self.paths.clone();
