@@ -264,6 +264,17 @@ async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_it
     let (status, answer) = daemon.call(Method::POST, &roots, Some(body)).await;
     assert_eq!(status, StatusCode::CONFLICT, "a name is one root: {answer}");
     assert_eq!(answer["error"]["code"], "root_exists", "{answer}");
+    // A layer on a filesystem that cannot be idmapped (procfs) is the
+    // caller's to fix (400), and leaves nothing that holds its name.
+    let unmappable = json!({"name": "procfs", "host_rootfs": ["/proc"]});
+    for _ in 0..2 {
+        let (status, answer) = daemon
+            .call(Method::POST, &roots, Some(unmappable.clone()))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains("idmapping layer /proc"), "{answer}");
+    }
 
     // Its files are its image's and its own writes; the sandbox's /tmp is
     // not there, while localhost, the hostname and /proc are the sandbox's.

@@ -238,6 +238,11 @@ impl Supervisor {
             crate::runtime::pod_roots::PodRootError::Exists(_) => {
                 err(SupervisorErrorKind::Conflict, e.to_string())
             }
+            // A layer that cannot be idmapped (its filesystem, or it went
+            // since validation) is the caller's to fix.
+            crate::runtime::pod_roots::PodRootError::Idmap { .. } => {
+                err(SupervisorErrorKind::InvalidInput, e.to_string())
+            }
             e => err(SupervisorErrorKind::Internal, e.to_string()),
         })?;
         let (init_pid, attach_name) = (self.init_pid, name.clone());
