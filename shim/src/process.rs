@@ -286,6 +286,18 @@ pub fn copy_stdin(daemon: &Daemon, sandbox: &str, api_id: u64, path: &str) {
     close_stdin(daemon, sandbox, api_id);
 }
 
+/// Sends sandboxd process `api_id` `signal`.
+pub fn signal(daemon: &Daemon, sandbox: &str, api_id: u64, signal: u32) -> Result<(), DaemonError> {
+    let path = format!("/v1/sandboxes/{sandbox}/processes/{api_id}/signal");
+    daemon
+        .call(
+            "POST",
+            &path,
+            Some(&serde_json::json!({ "signal": signal })),
+        )
+        .map(drop)
+}
+
 pub fn close_stdin(daemon: &Daemon, sandbox: &str, api_id: u64) {
     let target = format!("/v1/sandboxes/{sandbox}/processes/{api_id}/stdin");
     if let Err(e) = daemon.call("DELETE", &target, None) {

@@ -221,11 +221,7 @@ impl Events {
 fn kill_execs(daemon: &Daemon, container: &Container) {
     for exec in container.execs() {
         if let State::Running { api_id, .. } = exec.settled_state() {
-            let path = format!(
-                "/v1/sandboxes/{}/processes/{api_id}/signal",
-                container.sandbox
-            );
-            if let Err(e) = daemon.call("POST", &path, Some(&serde_json::json!({"signal": 9}))) {
+            if let Err(e) = process::signal(daemon, &container.sandbox, api_id, 9) {
                 log::debug!("killing exec {}: {e}", exec.exec_id);
             }
         }
@@ -545,16 +541,8 @@ impl Task for Service {
                     signalled = true;
                 }
                 State::Running { api_id, .. } => {
-                    let path = format!(
-                        "/v1/sandboxes/{}/processes/{api_id}/signal",
-                        container.sandbox
-                    );
-                    match self.daemon.call(
-                        "POST",
-                        &path,
-                        Some(&serde_json::json!({"signal": req.signal})),
-                    ) {
-                        Ok(_) => signalled = true,
+                    match process::signal(&self.daemon, &container.sandbox, api_id, req.signal) {
+                        Ok(()) => signalled = true,
                         // It ended meanwhile; its exit is on its way.
                         Err(DaemonError::Refused { status: 409, .. }) => {}
                         Err(e) => return Err(from_daemon(e)),

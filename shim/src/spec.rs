@@ -57,14 +57,17 @@ pub enum Role {
     PodMember { pod: String },
 }
 
+/// The spec's annotation `key`, if it is a string.
+fn annotation<'a>(config: &'a Value, key: &str) -> Option<&'a str> {
+    config.get("annotations")?.get(key)?.as_str()
+}
+
 /// The role the spec's CRI annotations give the task.
 pub fn role(config: &Value) -> Result<Role, SpecError> {
-    let annotation =
-        |key: &str| config.pointer(&format!("/annotations/{}", key.replace('/', "~1")));
-    match annotation(cri::CONTAINER_TYPE).and_then(Value::as_str) {
+    match annotation(config, cri::CONTAINER_TYPE) {
         None => Ok(Role::Task),
         Some("sandbox") => Ok(Role::PodSandbox),
-        Some("container") => match annotation(cri::SANDBOX_ID).and_then(Value::as_str) {
+        Some("container") => match annotation(config, cri::SANDBOX_ID) {
             Some(pod) if !pod.is_empty() => Ok(Role::PodMember { pod: pod.into() }),
             _ => Err(refuse(
                 format!("annotations[{}]", cri::SANDBOX_ID),
@@ -81,12 +84,7 @@ pub fn role(config: &Value) -> Result<Role, SpecError> {
 /// The shim a task is served by: one per pod (its sandbox container's
 /// id), one per plain task.
 pub fn grouping(config: &Value, id: &str) -> String {
-    config
-        .pointer(&format!(
-            "/annotations/{}",
-            cri::SANDBOX_ID.replace('/', "~1")
-        ))
-        .and_then(Value::as_str)
+    annotation(config, cri::SANDBOX_ID)
         .filter(|pod| !pod.is_empty())
         .unwrap_or(id)
         .to_string()

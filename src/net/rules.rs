@@ -190,8 +190,7 @@ pub fn pod_ruleset(proxy_port: u16, dns_port: u16) -> Value {
 
 /// Loads [`pod_ruleset`] into the CRI pod namespace at `netns_path`.
 pub fn apply_pod(netns_path: &Path, proxy_port: u16, dns_port: u16) -> Result<(), RulesError> {
-    let doc = pod_ruleset(proxy_port, dns_port).to_string();
-    nft_in(netns_path, &["-j", "-f", "-"], doc.as_bytes()).map(|_| ())
+    load(netns_path, &pod_ruleset(proxy_port, dns_port))
 }
 
 /// The nft binary: the usual locations, else whatever `PATH` finds.
@@ -251,8 +250,12 @@ fn nft_in(netns: &Path, args: &[&str], input: &[u8]) -> Result<Vec<u8>, RulesErr
 /// Loads [`ruleset`] into the namespace pinned at `netns_path` (replacing
 /// whatever ruleset it had). Blocking: it runs `nft` and waits for it.
 pub fn apply(netns_path: &Path, proxy_port: u16, dns_port: u16) -> Result<(), RulesError> {
-    let doc = ruleset(proxy_port, dns_port).to_string();
-    nft_in(netns_path, &["-j", "-f", "-"], doc.as_bytes()).map(|_| ())
+    load(netns_path, &ruleset(proxy_port, dns_port))
+}
+
+/// Loads an nft JSON document inside the namespace at `netns_path`.
+fn load(netns_path: &Path, doc: &Value) -> Result<(), RulesError> {
+    nft_in(netns_path, &["-j", "-f", "-"], doc.to_string().as_bytes()).map(|_| ())
 }
 
 /// The namespace's ruleset as `nft -j list ruleset` prints it.

@@ -48,6 +48,12 @@ const SHARED_DIRS: [&str; 3] = ["proc", "dev", "sys"];
 /// The sandbox's files that name it on the network, bound over the image's.
 const SHARED_FILES: [&str; 3] = ["hosts", "hostname", "resolv.conf"];
 
+/// What turns an I/O error at `step` of root `name` into its error.
+fn failed(name: &str, step: &'static str) -> impl FnOnce(io::Error) -> PodRootError {
+    let name = name.to_string();
+    move |source| PodRootError::Io { name, step, source }
+}
+
 /// The writable layer of container root `name` (its `upper` and `work`).
 pub fn writable_dir(spec: &SandboxSpec, name: &str) -> PathBuf {
     spec.layer_dir.join("containers").join(name)
@@ -61,10 +67,7 @@ pub fn make(
     name: &str,
     layers: &[PathBuf],
 ) -> Result<OwnedFd, PodRootError> {
-    let fail = |step: &'static str| {
-        let name = name.to_string();
-        move |source: io::Error| PodRootError::Io { name, step, source }
-    };
+    let fail = |step: &'static str| failed(name, step);
     let writable = writable_dir(spec, name);
     if let Some(parent) = writable.parent() {
         fs::create_dir_all(parent).map_err(fail("making its writable layer"))?;
@@ -91,10 +94,7 @@ fn make_claimed(
     layers: &[PathBuf],
     writable: &Path,
 ) -> Result<OwnedFd, PodRootError> {
-    let fail = |step: &'static str| {
-        let name = name.to_string();
-        move |source: io::Error| PodRootError::Io { name, step, source }
-    };
+    let fail = |step: &'static str| failed(name, step);
     let (upper, work) = (writable.join("upper"), writable.join("work"));
     for dir in [&upper, &work] {
         fs::create_dir(dir).map_err(fail("making its writable layer"))?;
@@ -158,10 +158,7 @@ fn mount_and_clone(
     layers: &[PathBuf],
     name: &str,
 ) -> Result<OwnedFd, PodRootError> {
-    let fail = |step: &'static str| {
-        let name = name.to_string();
-        move |source: io::Error| PodRootError::Io { name, step, source }
-    };
+    let fail = |step: &'static str| failed(name, step);
     let layers: Vec<&Path> = layers.iter().map(PathBuf::as_path).collect();
     // Detached again when this returns: the overlay holds its own clones.
     let idmapped = idmap_layers(
@@ -191,10 +188,7 @@ fn make_mount_points(spec: &SandboxSpec, name: &str, root: &Path) -> Result<(), 
         name: name.into(),
         path: path.display().to_string(),
     };
-    let io_err = |step: &'static str| {
-        let name = name.to_string();
-        move |source: io::Error| PodRootError::Io { name, step, source }
-    };
+    let io_err = |step: &'static str| failed(name, step);
     let owned = |path: &Path| {
         lchown(path, Some(spec.id_map_base), Some(spec.id_map_base))
             .map_err(io_err("giving a mount point to the sandbox"))
@@ -266,10 +260,7 @@ fn set_private(tree: &OwnedFd) -> io::Result<()> {
 /// mount namespace of the sandbox whose init is host pid `init_pid`.
 pub fn attach(init_pid: i32, name: &str, root: &OwnedFd) -> Result<(), PodRootError> {
     in_mount_namespace(init_pid, name, || {
-        let io_err = |step: &'static str| {
-            let name = name.to_string();
-            move |source: io::Error| PodRootError::Io { name, step, source }
-        };
+        let io_err = |step: &'static str| failed(name, step);
         let dir = Path::new(CONTAINER_ROOTS_DIR).join(name);
         fs::create_dir_all(CONTAINER_ROOTS_DIR).map_err(io_err("making the roots directory"))?;
         match fs::create_dir(&dir) {
@@ -304,13 +295,8 @@ pub fn detach(init_pid: i32, name: &str) -> Result<(), PodRootError> {
         if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
             return Err(PodRootError::Missing(name.into()));
         }
-        umount2(&target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW).map_err(|e| {
-            PodRootError::Io {
-                name: name.into(),
-                step: "unmounting it",
-                source: e.into(),
-            }
-        })?;
+        umount2(&target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)
+            .map_err(|e| failed(name, "unmounting it")(e.into()))?;
         let _ = fs::remove_dir(&target);
         let _ = fs::remove_dir(Path::new(CONTAINER_ROOTS_DIR).join(name));
         Ok(())
@@ -326,10 +312,7 @@ fn in_mount_namespace<T: Send>(
     name: &str,
     work: impl FnOnce() -> Result<T, PodRootError> + Send,
 ) -> Result<T, PodRootError> {
-    let fail = |step: &'static str| {
-        let name = name.to_string();
-        move |source: io::Error| PodRootError::Io { name, step, source }
-    };
+    let fail = |step: &'static str| failed(name, step);
     let namespace = File::open(format!("/proc/{pid}/ns/mnt"))
         .map_err(fail("opening the sandbox's mount namespace"))?;
     std::thread::scope(|scope| {
@@ -367,10 +350,11 @@ fn bind_shared(name: &str, root: &Path) -> Result<(), PodRootError> {
             MsFlags::MS_BIND | flags,
             None::<&str>,
         )
-        .map_err(|e| PodRootError::Io {
-            name: name.into(),
-            step: "binding the sandbox's /proc, /dev, /sys or /etc files",
-            source: e.into(),
+        .map_err(|e| {
+            failed(
+                name,
+                "binding the sandbox's /proc, /dev, /sys or /etc files",
+            )(e.into())
         })
     };
     for dir in SHARED_DIRS {
@@ -396,10 +380,6 @@ pub fn remove(spec: &SandboxSpec, name: &str) -> Result<(), PodRootError> {
     match fs::remove_dir_all(writable_dir(spec, name)) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(source) => Err(PodRootError::Io {
-            name: name.to_string(),
-            step: "removing its writable layer",
-            source,
-        }),
+        Err(e) => Err(failed(name, "removing its writable layer")(e)),
     }
 }

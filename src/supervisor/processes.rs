@@ -211,6 +211,22 @@ impl Supervisor {
         Ok(super::protocol::SupervisorReply::Ok)
     }
 
+    /// The lock over pod container roots, once the sandbox is known to be
+    /// a live container (a microVM has one root).
+    async fn roots_held(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, SupervisorError> {
+        if self.process_control() == ProcessControl::GuestAgent {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "container roots are for container sandboxes; a microVM has one root",
+            ));
+        }
+        let held = self.roots.lock().await;
+        if let Some(reason) = self.failure() {
+            return Err(err(SupervisorErrorKind::AgentGone, reason));
+        }
+        Ok(held)
+    }
+
     /// Makes pod container root `name` on `layers` and attaches it inside
     /// the sandbox (see `runtime::pod_roots`).
     pub async fn attach_root(
@@ -218,16 +234,7 @@ impl Supervisor {
         name: String,
         layers: Vec<std::path::PathBuf>,
     ) -> Result<(), SupervisorError> {
-        if self.process_control() == ProcessControl::GuestAgent {
-            return Err(err(
-                SupervisorErrorKind::InvalidInput,
-                "container roots are for container sandboxes; a microVM has one root",
-            ));
-        }
-        let _roots = self.roots.lock().await;
-        if let Some(reason) = self.failure() {
-            return Err(err(SupervisorErrorKind::AgentGone, reason));
-        }
+        let _roots = self.roots_held().await?;
         let (spec, paths, made_name) = (self.config.spec.clone(), self.paths.clone(), name.clone());
         let mount = tokio::task::spawn_blocking(move || {
             crate::runtime::pod_roots::make(&spec, &paths, &made_name, &layers)
@@ -270,16 +277,7 @@ impl Supervisor {
     /// Kills what runs in pod container root `name`, unmounts it inside
     /// the sandbox and removes its writable layer.
     pub async fn detach_root(&self, name: String) -> Result<(), SupervisorError> {
-        if self.process_control() == ProcessControl::GuestAgent {
-            return Err(err(
-                SupervisorErrorKind::InvalidInput,
-                "container roots are for container sandboxes; a microVM has one root",
-            ));
-        }
-        let _roots = self.roots.lock().await;
-        if let Some(reason) = self.failure() {
-            return Err(err(SupervisorErrorKind::AgentGone, reason));
-        }
+        let _roots = self.roots_held().await?;
         // Every process started there, ended or not: an ended one's cgroup
         // still holds what it left running in the background.
         let (mut running, mut ended) = (Vec::new(), Vec::new());
