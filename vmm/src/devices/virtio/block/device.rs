@@ -552,6 +552,7 @@ pub(crate) mod tests_support {
 
 #[cfg(test)]
 mod tests {
+    use std::os::fd::AsRawFd;
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -910,16 +911,19 @@ mod tests {
         header(&mem, VIRTIO_BLK_T_IN, 2);
         g.add_chain(&[d(HDR, 16, 0), d(DATA, 512, F_WRITE), d(STATUS, 1, F_WRITE)]);
         testing::write32(&mut t, 0x50, 0);
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let used = loop {
-            let used = g.take_used();
-            if !used.is_empty() || Instant::now() > deadline {
-                break used;
-            }
-            std::thread::sleep(Duration::from_millis(1));
+        // Wait as a driver does, for the interrupt: the worker publishes the
+        // used entry before it raises the line, so a test that polls the
+        // ring can see the entry before the status bit on a slow CPU.
+        let mut raised = libc::pollfd {
+            fd: irq.eventfd().as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
         };
-        assert_eq!(used, vec![(0, 513)]);
+        // SAFETY: one pollfd, valid for the call; the eventfd outlives it.
+        let ready = unsafe { libc::poll(&mut raised, 1, 5_000) };
+        assert_eq!(ready, 1, "no interrupt within 5 s");
         assert_eq!(irq.status() & INTERRUPT_USED_RING, INTERRUPT_USED_RING);
+        assert_eq!(g.take_used(), vec![(0, 513)]);
         let mut data = [0u8; 512];
         mem.read_slice(&mut data, GuestAddress(DATA)).expect("read");
         assert_eq!(data, [2; 512]);
