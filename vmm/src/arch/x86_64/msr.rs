@@ -16,6 +16,16 @@ const MSR_LSTAR: u32 = 0xc000_0082;
 const MSR_CSTAR: u32 = 0xc000_0083;
 const MSR_SYSCALL_MASK: u32 = 0xc000_0084;
 const MSR_KERNEL_GS_BASE: u32 = 0xc000_0102;
+const MSR_TSC_AUX: u32 = 0xc000_0103;
+const MSR_IA32_CR_PAT: u32 = 0x277;
+const MSR_IA32_TSC_DEADLINE: u32 = 0x6e0;
+const MSR_KVM_WALL_CLOCK_NEW: u32 = 0x4b56_4d00;
+const MSR_KVM_SYSTEM_TIME_NEW: u32 = 0x4b56_4d01;
+const MSR_KVM_ASYNC_PF_EN: u32 = 0x4b56_4d02;
+const MSR_KVM_STEAL_TIME: u32 = 0x4b56_4d03;
+const MSR_KVM_PV_EOI_EN: u32 = 0x4b56_4d04;
+const MSR_KVM_POLL_CONTROL: u32 = 0x4b56_4d05;
+const MSR_KVM_ASYNC_PF_INT: u32 = 0x4b56_4d06;
 
 /// MISC_ENABLE: fast string operations (REP MOVS/STOS) enabled, as firmware
 /// leaves it.
@@ -40,6 +50,26 @@ pub const SAVED_MSRS: [u32; 11] = [
     MSR_CSTAR,
     MSR_SYSCALL_MASK,
     MSR_KERNEL_GS_BASE,
+];
+
+/// MSRs saved where this host's KVM has them, after [`SAVED_MSRS`] and in
+/// the order they are restored. A Linux guest needs them to go on after a
+/// restore: kvmclock and PV EOI tell KVM where the guest reads the time and
+/// acknowledges interrupts (without them a fork's clock stands still and
+/// its first interrupt is its last), TSC_AUX is the vDSO's CPU number, and
+/// the TSC deadline timer (set after the TSC it counts in) is the next timer
+/// interrupt. Async PF's interrupt vector comes before it is enabled.
+pub const GUEST_MSRS: [u32; 10] = [
+    MSR_IA32_CR_PAT,
+    MSR_TSC_AUX,
+    MSR_KVM_WALL_CLOCK_NEW,
+    MSR_KVM_SYSTEM_TIME_NEW,
+    MSR_KVM_STEAL_TIME,
+    MSR_KVM_PV_EOI_EN,
+    MSR_KVM_POLL_CONTROL,
+    MSR_KVM_ASYNC_PF_INT,
+    MSR_KVM_ASYNC_PF_EN,
+    MSR_IA32_TSC_DEADLINE,
 ];
 
 /// Failures reading or writing MSRs.
@@ -114,8 +144,25 @@ pub fn setup_boot_msrs(vcpu: &VcpuFd) -> Result<(), MsrError> {
     set_msrs(vcpu, &boot_msr_entries())
 }
 
-/// Reads the [`SAVED_MSRS`].
+/// Reads the [`SAVED_MSRS`], then whichever [`GUEST_MSRS`] KVM has here.
 pub fn get_saved_msrs(vcpu: &VcpuFd) -> Result<Vec<kvm_msr_entry>, MsrError> {
+    let mut saved = get_required_msrs(vcpu)?;
+    for index in GUEST_MSRS {
+        let mut one = Msrs::from_entries(&[kvm_msr_entry {
+            index,
+            ..Default::default()
+        }])
+        .map_err(|_| MsrError::TooMany)?;
+        // A read KVM refuses (0 entries read) means this host's KVM does not
+        // emulate it, so neither has the guest used it.
+        if vcpu.get_msrs(&mut one).map_err(MsrError::Get)? == 1 {
+            saved.extend_from_slice(one.as_slice());
+        }
+    }
+    Ok(saved)
+}
+
+fn get_required_msrs(vcpu: &VcpuFd) -> Result<Vec<kvm_msr_entry>, MsrError> {
     let entries: Vec<kvm_msr_entry> = SAVED_MSRS
         .iter()
         .map(|&index| kvm_msr_entry {
