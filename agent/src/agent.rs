@@ -74,36 +74,75 @@ impl Agent {
     }
 }
 
+/// Dials the host again once a link is gone; a microVM's agent has one.
+pub type Redial = fn() -> io::Result<OwnedFd>;
+
 /// Runs the agent on an open link until the host goes away (Ok) or the link
-/// breaks the protocol (Err).
-pub async fn run(link_fd: OwnedFd) -> Result<(), RunError> {
-    let link = Arc::new(Link::new(link_fd).map_err(RunError::Setup)?);
+/// breaks the protocol (Err). With `redial` (a microVM's agent) a link the
+/// host dropped is followed by a new one, served by the same agent with its
+/// processes and handles: a VM restored from a snapshot finds its vsock
+/// connection reset and must go on where the snapshot left it. The host
+/// learns of each link from its Hello.
+pub async fn run(link_fd: OwnedFd, redial: Option<Redial>) -> Result<(), RunError> {
     // Registered before the first spawn so no child's SIGCHLD is missed.
     let sigchld = signal(SignalKind::child()).map_err(RunError::Setup)?;
     let (outbox, frames) = Outbox::new();
+    let frames: link::Frames = Arc::new(tokio::sync::Mutex::new(frames));
     let agent = Arc::new(Agent::new(outbox));
-    let writer = tokio::spawn(link::write_loop(link.clone(), frames));
-    let hello = AgentMessage::Hello {
-        version: PROTOCOL_VERSION,
-    };
-    let _ = agent.outbox.send(&hello).await;
     tokio::spawn(reaper::run(agent.clone(), sigchld));
+    let mut link_fd = link_fd;
+    let result = loop {
+        match serve_link(&agent, link_fd, frames.clone()).await {
+            Ok(()) => {}
+            Err(e) => break Err(e),
+        }
+        let Some(redial) = redial else { break Ok(()) };
+        link_fd = match tokio::task::spawn_blocking(redial).await {
+            Ok(Ok(fd)) => fd,
+            // No host to serve any more: the VM is being stopped.
+            Ok(Err(_)) => break Ok(()),
+            Err(e) => break Err(RunError::Writer(e.to_string())),
+        };
+    };
+    // As PID 1 the kernel would kill everything anyway; outside a pid namespace
+    // (tests) this keeps processes from outliving the agent.
+    agent.procs().kill_all();
+    result
+}
 
+/// Serves one link: Hello first (ahead of anything queued for the host
+/// meanwhile), then requests and the outbox until the host goes (Ok).
+async fn serve_link(
+    agent: &Arc<Agent>,
+    link_fd: OwnedFd,
+    frames: link::Frames,
+) -> Result<(), RunError> {
+    let link = Arc::new(Link::new(link_fd).map_err(RunError::Setup)?);
+    let hello = sandbox_proto::encode(&AgentMessage::Hello {
+        version: PROTOCOL_VERSION,
+    })
+    .map_err(|e| RunError::Writer(e.to_string()))?;
+    match link.write_all(&hello).await {
+        Ok(()) => {}
+        Err(e) if host_gone(&e) => return Ok(()),
+        Err(e) => return Err(RunError::Link(LinkError::Io(e))),
+    }
+    let mut writer = tokio::spawn(link::write_loop(link.clone(), frames));
     let result = tokio::select! {
         served = dispatch::serve(agent.clone(), link) => match served {
             Err(LinkError::Io(e)) if host_gone(&e) => Ok(()),
             other => other.map_err(RunError::from),
         },
-        written = writer => match written {
+        written = &mut writer => match written {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) if host_gone(&e) => Ok(()),
             Ok(Err(e)) => Err(RunError::Link(LinkError::Io(e))),
             Err(e) => Err(RunError::Writer(e.to_string())),
         },
     };
-    // As PID 1 the kernel would kill everything anyway; outside a pid namespace
-    // (tests) this keeps processes from outliving the agent.
-    agent.procs().kill_all();
+    // The writer holds the outbox's queue; the next link's takes it over.
+    writer.abort();
+    let _ = writer.await;
     result
 }
 

@@ -225,12 +225,14 @@ impl Outbox {
     }
 }
 
+/// The outbox's queue, kept across links: a microVM's agent serves a new
+/// link after a restore, and the writer of each link takes it in turn.
+pub type Frames = std::sync::Arc<tokio::sync::Mutex<mpsc::Receiver<Vec<u8>>>>;
+
 /// The one task that writes to the link. Returns when the link fails or every
 /// outbox is gone.
-pub async fn write_loop(
-    link: std::sync::Arc<Link>,
-    mut rx: mpsc::Receiver<Vec<u8>>,
-) -> io::Result<()> {
+pub async fn write_loop(link: std::sync::Arc<Link>, frames: Frames) -> io::Result<()> {
+    let mut rx = frames.lock().await;
     while let Some(frame) = rx.recv().await {
         link.write_all(&frame).await?;
     }

@@ -23,6 +23,7 @@ mod dispatch;
 mod errors;
 mod fds;
 mod files;
+mod guest_groups;
 mod handles;
 mod launch;
 mod link;
@@ -75,7 +76,7 @@ fn start() -> Result<(), StartError> {
     // SAFETY: this descriptor was handed to the agent at exec as its link;
     // nothing else in the process refers to it, so the agent owns it.
     let link = unsafe { OwnedFd::from_raw_fd(fd) };
-    serve(link)
+    serve(link, None)
 }
 
 /// PID 1 of a microVM: build the root, connect, serve, and end the VM when
@@ -87,7 +88,7 @@ fn vm_main() -> ! {
     let ran = std::panic::catch_unwind(|| match vm_init::boot() {
         Ok(link) => {
             fill_standard_fds();
-            if let Err(e) = serve(link) {
+            if let Err(e) = serve(link, Some(vm_init::redial)) {
                 vm_init::console(&format!("sandbox-agent: {e}; shutting the VM down"));
             }
         }
@@ -101,15 +102,16 @@ fn vm_main() -> ! {
     vm_init::shut_down()
 }
 
-/// Serves the protocol on a connected link until it ends.
-fn serve(link: OwnedFd) -> Result<(), StartError> {
+/// Serves the protocol on a connected link until it ends (and with
+/// `redial`, on the links after it).
+fn serve(link: OwnedFd, redial: Option<agent::Redial>) -> Result<(), StartError> {
     mark_inherited_cloexec();
     become_subreaper();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(StartError::Runtime)?;
-    let result = runtime.block_on(agent::run(link));
+    let result = runtime.block_on(agent::run(link, redial));
     // Do not wait for blocking file operations that may never return (a hung
     // filesystem): the agent is exiting either way.
     runtime.shutdown_background();

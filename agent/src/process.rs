@@ -19,6 +19,7 @@ use tokio::task::JoinHandle;
 use crate::agent::Agent;
 use crate::codefile;
 use crate::errors::io_kind;
+use crate::guest_groups;
 use crate::launch::launch;
 use crate::link::ClaimError;
 use crate::output;
@@ -62,6 +63,8 @@ pub enum ProcError {
     Exec { program: String, source: io::Error },
     #[error("{step} failed: {source}")]
     Setup { step: String, source: io::Error },
+    #[error("making the process's cgroup in the guest: {0}")]
+    GuestGroup(io::Error),
     #[error("signal {0} is out of range")]
     BadSignal(i32),
     #[error("signalling process {proc}: {source}")]
@@ -89,7 +92,8 @@ impl From<ProcError> for AgentError {
             | ProcError::Resize { source, .. }
             | ProcError::CodeFile(source)
             | ProcError::Pty(source)
-            | ProcError::Prepare(source) => io_kind(source),
+            | ProcError::Prepare(source)
+            | ProcError::GuestGroup(source) => io_kind(source),
             ProcError::TooMany | ProcError::Starting(_) | ProcError::Internal(_) => {
                 ErrorKind::Other
             }
@@ -190,6 +194,11 @@ impl ProcTable {
 
     /// Kills every tracked process group, for shutdown.
     pub fn kill_all(&mut self) {
+        if let Some(groups) = guest_groups::get() {
+            for proc in self.procs.keys() {
+                let _ = groups.kill(*proc);
+            }
+        }
         for entry in self.procs.values() {
             if let Some(pid) = entry.pid {
                 // SAFETY: kill takes plain integers.
@@ -258,9 +267,13 @@ async fn start(
     request: SpawnRequest,
     fds: Result<Vec<OwnedFd>, ClaimError>,
 ) -> Result<Started, ProcError> {
-    let cgroup_fds = fds?;
+    let mut cgroup_fds = fds?;
     validate(&request)?;
     let proc = request.proc;
+    // A microVM's agent keeps the groups itself; a container's are handed over.
+    if let (true, Some(groups)) = (cgroup_fds.is_empty(), guest_groups::get()) {
+        cgroup_fds.push(groups.create(proc).map_err(ProcError::GuestGroup)?);
+    }
     let wants_stdin = request.stdin || request.pty.is_some();
     let queue = agent.procs().reserve(proc, wants_stdin)?;
     let mut reservation = Reservation {
@@ -346,13 +359,17 @@ async fn supervise(
     code_path: Option<PathBuf>,
 ) {
     // An error means the table was cleared for shutdown.
-    let Ok(status) = exit.await else { return };
+    let Ok(mut status) = exit.await else { return };
     if tokio::time::timeout(EXIT_GRACE, join_all(&mut readers))
         .await
         .is_err()
     {
         let _ = stop.send(true);
         join_all(&mut readers).await;
+    }
+    if let Some(groups) = guest_groups::get() {
+        status.oom_killed = status.signal == Some(libc::SIGKILL) && groups.oom_kills(proc) > 0;
+        groups.remove(proc);
     }
     // Out of the table before Exit is sent, so the host may reuse the id at once.
     agent.procs().remove(proc);
@@ -402,7 +419,8 @@ fn validate(request: &SpawnRequest) -> Result<(), ProcError> {
 
 /// Sends a signal to the process's group (every process leads its own), or to
 /// the process alone if the group is gone. A process that has already gone
-/// entirely is not an error.
+/// entirely is not an error. In a microVM, SIGKILL goes to the process's
+/// cgroup: the whole tree, sessions of its own included.
 pub fn signal(agent: &Agent, proc: u64, signal: i32) -> Result<Reply, ProcError> {
     if !(0..=libc::SIGRTMAX()).contains(&signal) {
         return Err(ProcError::BadSignal(signal));
@@ -412,6 +430,14 @@ pub fn signal(agent: &Agent, proc: u64, signal: i32) -> Result<Reply, ProcError>
         let entry = table.procs.get(&proc).ok_or(ProcError::Unknown(proc))?;
         (entry.pid.ok_or(ProcError::Starting(proc))?, entry.reaped)
     };
+    if let (libc::SIGKILL, Some(groups)) = (signal, guest_groups::get()) {
+        match groups.kill(proc) {
+            Ok(true) => return Ok(Reply::Ok),
+            // Gone already: the group kill below finds what is left.
+            Ok(false) => {}
+            Err(source) => return Err(ProcError::Signal { proc, source }),
+        }
+    }
     // SAFETY: kill takes plain integers.
     if unsafe { libc::kill(-pid, signal) } == 0 {
         return Ok(Reply::Ok);

@@ -45,11 +45,13 @@ pub fn exit_status(raw: libc::c_int) -> ExitStatus {
         ExitStatus {
             code: Some(libc::WEXITSTATUS(raw)),
             signal: None,
+            oom_killed: false,
         }
     } else {
         ExitStatus {
             code: None,
             signal: Some(libc::WTERMSIG(raw)),
+            oom_killed: false,
         }
     }
 }

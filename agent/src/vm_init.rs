@@ -13,7 +13,9 @@
 //!    root over them (lower = vda, upper and work on vdb);
 //! 4. moves /proc, /sys and /dev into it and makes it the root (pivot_root,
 //!    then detaches the agent disk);
-//! 5. mounts devpts and /dev/shm, brings up `lo`;
+//! 5. mounts devpts, /dev/shm and the cgroup2 hierarchy that holds a group
+//!    per process (guest_groups.rs), brings up `lo` and, when the VMM offers
+//!    a network card, eth0;
 //! 6. connects to the host over AF_VSOCK (CID 2, [`AGENT_VSOCK_PORT`]) and
 //!    returns that stream as the link, served exactly like a container's.
 //!
@@ -46,6 +48,12 @@ const SCRATCH_DISK: &str = "/dev/vdb";
 const LOWER: &str = "/vm/lower";
 const SCRATCH: &str = "/vm/scratch";
 const NEW_ROOT: &str = "/vm/root";
+
+/// The virtio bus in sysfs: one directory per device the VMM offers, driver
+/// or not, whose `device` file holds its virtio device ID.
+const VIRTIO_DEVICES: &str = "/sys/bus/virtio/devices";
+/// The virtio device ID of a network card.
+const VIRTIO_ID_NET: u32 = 1;
 
 /// Connect attempts and the pause between them: the host's listener should
 /// be up before the VM starts, but a busy host may be a moment late.
@@ -85,6 +93,12 @@ pub enum VmInitError {
     BadSeed(&'static str),
     #[error("seeding the kernel RNG: {0}")]
     Seed(io::Error),
+    #[error("the VMM offers a virtio-net device but the guest has no eth0; the guest kernel needs CONFIG_VIRTIO_NET (rootfs/kernel/config.fragment)")]
+    NoEth0,
+    #[error("configuring eth0: {0}")]
+    Eth0(io::Error),
+    #[error("turning on the memory and pids controllers for process groups: {0}; the guest kernel needs CONFIG_MEMCG and CONFIG_CGROUP_PIDS")]
+    ProcessGroups(io::Error),
     #[error("connecting to the host on vsock CID {HOST_CID} port {port}: {error} (after {attempts} attempts); the VMM needs a vsock device and the host a listener on that port")]
     Connect {
         port: u32,
@@ -118,6 +132,7 @@ pub fn boot() -> Result<OwnedFd, VmInitError> {
     }
     build_root()?;
     mount_dev_extras()?;
+    mount_process_groups()?;
     // Two lines per boot on the console: enough for an operator (and
     // scripts/check-guest-kernel.sh) to see how far the guest got.
     console(&format!(
@@ -128,12 +143,15 @@ pub fn boot() -> Result<OwnedFd, VmInitError> {
     if let Err(e) = set_flags_up("lo") {
         console(&format!("sandbox-agent: cannot bring up lo: {e}"));
     }
-    // A VM without a network device has no egress, and that is its policy.
-    if Path::new("/sys/class/net/eth0").exists() {
-        match configure_eth0() {
-            Ok(()) => console("sandbox-agent: eth0 is up"),
-            Err(e) => console(&format!("sandbox-agent: cannot configure eth0: {e}")),
+    // A VM without a network device has no egress, and that is its policy;
+    // one that was given a device and has no working eth0 would have its
+    // egress silently fail, so that is a boot error.
+    if net_device_offered(Path::new(VIRTIO_DEVICES)) {
+        if !Path::new("/sys/class/net/eth0").exists() {
+            return Err(VmInitError::NoEth0);
         }
+        configure_eth0().map_err(VmInitError::Eth0)?;
+        console("sandbox-agent: eth0 is up");
     }
     console(&format!(
         "sandbox-agent: connecting to the host on vsock port {AGENT_VSOCK_PORT}"
@@ -250,6 +268,20 @@ fn mount_dev_extras() -> Result<(), VmInitError> {
     Ok(())
 }
 
+/// The guest's cgroup2 hierarchy, home of one group per process
+/// (guest_groups.rs): tree kills and OOM reports need it.
+fn mount_process_groups() -> Result<(), VmInitError> {
+    let at = crate::guest_groups::MOUNT_POINT;
+    do_mount(
+        "cgroup2",
+        "cgroup2",
+        at,
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None,
+    )?;
+    crate::guest_groups::install(Path::new(at)).map_err(VmInitError::ProcessGroups)
+}
+
 fn do_mount(
     fstype: &'static str,
     source: &str,
@@ -323,6 +355,7 @@ pub fn reseed(seed: &[u8], unix_time_ns: u64) -> io::Result<()> {
         )));
     }
     add_entropy(seed)?;
+    reseed_crng()?;
     let now = libc::timespec {
         tv_sec: (unix_time_ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (unix_time_ns % 1_000_000_000) as libc::c_long,
@@ -336,6 +369,22 @@ pub fn reseed(seed: &[u8], unix_time_ns: u64) -> io::Result<()> {
 
 /// `RNDADDENTROPY`: `_IOW('R', 0x03, int[2])`.
 const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+/// `RNDRESEEDCRNG`: `_IO('R', 0x07)`.
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// Makes the CRNG take its next output from the input pool now. A fork's
+/// guest comes out of the snapshot with the source's CRNG state: entropy
+/// credited with RNDADDENTROPY reaches it only at the next scheduled
+/// reseed (up to a minute on 6.1), so two forks would draw the same bytes
+/// until then.
+fn reseed_crng() -> io::Result<()> {
+    let random = OpenOptions::new().write(true).open("/dev/urandom")?;
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    if unsafe { libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG as _, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
 
 /// Mixes `seed` into the kernel's input pool and credits it as entropy: the
 /// host drew it from its own CRNG for this VM alone.
@@ -370,6 +419,20 @@ fn rand_pool_info(seed: &[u8]) -> Vec<u32> {
 }
 
 /// An `ifreq` naming `name` (shorter than IFNAMSIZ), the rest zero.
+/// Whether the VMM offers a network card, whether or not the kernel has
+/// its driver (the transport lists every device).
+fn net_device_offered(bus: &Path) -> bool {
+    let Ok(devices) = std::fs::read_dir(bus) else {
+        return false;
+    };
+    devices.flatten().any(|dev| {
+        std::fs::read_to_string(dev.path().join("device"))
+            .ok()
+            .and_then(|id| u32::from_str_radix(id.trim().trim_start_matches("0x"), 16).ok())
+            == Some(VIRTIO_ID_NET)
+    })
+}
+
 fn ifreq(name: &str) -> libc::ifreq {
     // SAFETY: ifreq is plain data; all zeroes is a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
@@ -457,6 +520,14 @@ fn set_flags_up(name: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// A new link after the last one ended: a restored snapshot's guest finds
+/// its connection reset (vsock TRANSPORT_RESET) and dials the host that
+/// restored it. When no host answers, the VM is being stopped.
+pub fn redial() -> io::Result<OwnedFd> {
+    console("sandbox-agent: the link to the host ended; dialling again");
+    connect_host(AGENT_VSOCK_PORT).map_err(|e| io::Error::other(e.to_string()))
+}
+
 fn connect_host(port: u32) -> Result<OwnedFd, VmInitError> {
     let mut attempt = 0;
     loop {
@@ -488,13 +559,21 @@ fn connect_host(port: u32) -> Result<OwnedFd, VmInitError> {
 
 /// Writes one line to the console, falling back to stderr (which the
 /// kernel also opened on the console, if /dev existed on the root).
+///
+/// Never blocks: init must not hang on its console. (A restored guest's
+/// serial port may not take output until its transmitter interrupt comes
+/// again; such a line is dropped.)
 pub fn console(line: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
     let written = OpenOptions::new()
         .write(true)
+        .custom_flags(libc::O_NONBLOCK)
         .open("/dev/console")
         .and_then(|mut c| writeln!(c, "{line}"));
-    if written.is_err() {
-        eprintln!("{line}");
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+        Err(_) => eprintln!("{line}"),
     }
 }
 
@@ -529,6 +608,22 @@ mod tests {
                 "{dir} is missing from VM_AGENT_DISK_DIRS"
             );
         }
+    }
+
+    #[test]
+    fn a_net_device_is_found_by_its_virtio_id() {
+        let bus = std::env::temp_dir().join(format!("vm-init-bus-{}", std::process::id()));
+        let device = |name: &str, id: &str| {
+            std::fs::create_dir_all(bus.join(name)).expect("dir");
+            std::fs::write(bus.join(name).join("device"), id).expect("write");
+        };
+        assert!(!net_device_offered(&bus), "no bus at all");
+        device("virtio0", "0x0002\n");
+        device("virtio1", "0x0013\n");
+        assert!(!net_device_offered(&bus), "block and vsock only");
+        device("virtio2", "0x0001\n");
+        assert!(net_device_offered(&bus), "a net device");
+        std::fs::remove_dir_all(&bus).expect("clean up");
     }
 
     #[test]

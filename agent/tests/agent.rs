@@ -216,6 +216,7 @@ fn exited(code: i32) -> Option<ExitStatus> {
     Some(ExitStatus {
         code: Some(code),
         signal: None,
+        oom_killed: false,
     })
 }
 
@@ -223,6 +224,7 @@ fn killed(signal: i32) -> Option<ExitStatus> {
     Some(ExitStatus {
         code: None,
         signal: Some(signal),
+        oom_killed: false,
     })
 }
 

@@ -118,7 +118,8 @@ fn agent_serves_a_stream_that_cannot_carry_descriptors() {
         exit,
         Some(ExitStatus {
             code: Some(0),
-            signal: None
+            signal: None,
+            oom_killed: false,
         })
     );
 

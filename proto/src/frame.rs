@@ -93,6 +93,7 @@ mod tests {
                 status: ExitStatus {
                     code: Some(3),
                     signal: None,
+                    oom_killed: false,
                 },
             },
         ];

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 /// (Fields added at the end, as `SpawnRequest::root` was, need no bump:
 /// the agent and its host come from one build, and the freestanding test
 /// guest reads only what it needs.)
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest frame either side accepts, header excluded.
 pub const MAX_FRAME: usize = 1 << 20;
@@ -249,11 +249,15 @@ pub enum Stream {
     Stderr,
 }
 
-/// How a process ended: exactly one of the two is set.
+/// How a process ended: exactly one of `code` and `signal` is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitStatus {
     pub code: Option<i32>,
     pub signal: Option<i32>,
+    /// An OOM kill happened in the process's group while it ran. Only an
+    /// agent that keeps a cgroup per process itself (a microVM's, in the
+    /// guest) can know; a container's supervisor reads the host's groups.
+    pub oom_killed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -17,15 +17,15 @@ fn frame(payload: &[u8]) -> Vec<u8> {
 
 #[test]
 fn what_the_guest_writes() {
-    assert_eq!(PROTOCOL_VERSION, 1);
+    assert_eq!(PROTOCOL_VERSION, 2);
     let cases: Vec<(AgentMessage, Vec<u8>)> = vec![
-        (AgentMessage::Hello { version: 1 }, vec![0, 1]),
+        (AgentMessage::Hello { version: 2 }, vec![0, 2]),
         (
             AgentMessage::Reply {
                 id: 5,
-                reply: Reply::Health { version: 1 },
+                reply: Reply::Health { version: 2 },
             },
-            vec![1, 5, 1, 1],
+            vec![1, 5, 1, 2],
         ),
         (
             AgentMessage::Reply {
@@ -57,9 +57,10 @@ fn what_the_guest_writes() {
                 status: ExitStatus {
                     code: Some(-1),
                     signal: None,
+                    oom_killed: true,
                 },
             },
-            vec![3, 3, 1, 1, 0],
+            vec![3, 3, 1, 1, 0, 1],
         ),
         (
             AgentMessage::Reply {

@@ -476,9 +476,11 @@ impl Supervisor {
             entry.info.signal = status.signal;
             entry.info.ended_at = Some(now_rfc3339());
             entry.info.dropped_bytes = entry.log.dropped_bytes();
+            // A microVM's agent reads its guest's group; a container's OOM
+            // kill shows in the sandbox's host group.
             entry.info.oom_killed = status.signal == Some(libc::SIGKILL)
                 && !entry.killed_by_supervisor
-                && oom_now > entry.oom_at_start;
+                && (status.oom_killed || oom_now > entry.oom_at_start);
             entry.changed.send_modify(|v| *v += 1);
             let ended = entry.info.clone();
             self.forget_old(&mut procs);
@@ -840,7 +842,11 @@ mod tests {
         }
 
         async fn exit(&mut self, proc: u64, code: Option<i32>, signal: Option<i32>) {
-            let status = ExitStatus { code, signal };
+            let status = ExitStatus {
+                code,
+                signal,
+                oom_killed: false,
+            };
             self.send(AgentMessage::Exit { proc, status }).await;
         }
     }

@@ -41,7 +41,7 @@
  */
 #include "guest.h"
 
-#define PROTOCOL_VERSION 1u
+#define PROTOCOL_VERSION 2u
 #define MAX_ARGS 8
 #define MAX_IN (64 * 1024 + 1024)
 #define MAX_FRAME_IN (60 * 1024u)
@@ -514,6 +514,7 @@ static void handle_spawn(unsigned long id, struct reader *r)
 	put_u8(1); /* code: Some */
 	put_zigzag(code);
 	put_u8(0); /* signal: None */
+	put_u8(0); /* oom_killed: false */
 	frame_end();
 }
 

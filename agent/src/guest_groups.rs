@@ -1,0 +1,135 @@
+//! A microVM guest's process groups: there the agent is the whole runtime,
+//! so it gives each process it starts a cgroup v2 group of its own,
+//! `/sys/fs/cgroup/p<proc>`, as a container's supervisor does on the host.
+//! A kill through `cgroup.kill` ends the whole tree (children that called
+//! setsid, which a process-group kill misses), and `memory.events` tells an
+//! OOM kill inside the guest from any other SIGKILL. In a container the
+//! supervisor hands the agent its groups instead, and this is not set up.
+
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// Set once by VM boot; absent in a container.
+static GROUPS: OnceLock<GuestGroups> = OnceLock::new();
+
+/// Where the guest's cgroup2 hierarchy is mounted.
+pub const MOUNT_POINT: &str = "/sys/fs/cgroup";
+
+#[derive(Debug)]
+pub struct GuestGroups {
+    root: PathBuf,
+}
+
+/// The guest's groups, when this agent is a microVM's init.
+pub fn get() -> Option<&'static GuestGroups> {
+    GROUPS.get()
+}
+
+/// Makes `root` (a mounted cgroup2 hierarchy) the home of the process
+/// groups: memory and pids accounting are turned on for its children.
+pub fn install(root: &Path) -> io::Result<()> {
+    fs::write(root.join("cgroup.subtree_control"), "+memory +pids")?;
+    let _ = GROUPS.set(GuestGroups {
+        root: root.to_path_buf(),
+    });
+    Ok(())
+}
+
+impl GuestGroups {
+    fn dir(&self, proc: u64) -> PathBuf {
+        self.root.join(format!("p{proc}"))
+    }
+
+    /// Makes `proc`'s group and opens its `cgroup.procs` for the child to
+    /// write itself into before exec (what the launcher does with the groups
+    /// a supervisor hands over).
+    pub fn create(&self, proc: u64) -> io::Result<OwnedFd> {
+        let dir = self.dir(proc);
+        match fs::create_dir(&dir) {
+            Ok(()) => {}
+            // A group left by an earlier process of this id (ids are not
+            // reused by the host; a restored snapshot's may be).
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(e),
+        }
+        let procs = OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"))?;
+        Ok(procs.into())
+    }
+
+    /// SIGKILLs every process in `proc`'s group, however it was started.
+    /// `Ok(false)` when the group is gone.
+    pub fn kill(&self, proc: u64) -> io::Result<bool> {
+        match fs::write(self.dir(proc).join("cgroup.kill"), "1") {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// OOM kills in `proc`'s group so far (`memory.events`' `oom_kill`).
+    pub fn oom_kills(&self, proc: u64) -> u64 {
+        fs::read_to_string(self.dir(proc).join("memory.events"))
+            .map(|events| oom_kill_count(&events))
+            .unwrap_or(0)
+    }
+
+    /// Removes `proc`'s group once nothing runs in it; a group that
+    /// descendants still keep busy stays (as a container's does) and is
+    /// retried at the process's next ending or left for the VM's end.
+    pub fn remove(&self, proc: u64) {
+        let _ = fs::remove_dir(self.dir(proc));
+    }
+}
+
+fn oom_kill_count(events: &str) -> u64 {
+    events
+        .lines()
+        .find_map(|line| line.strip_prefix("oom_kill "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oom_kills_are_read_from_memory_events() {
+        let events = "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\noom_group_kill 0\n";
+        assert_eq!(oom_kill_count(events), 2);
+        assert_eq!(oom_kill_count("oom 1\n"), 0);
+        assert_eq!(oom_kill_count(""), 0);
+    }
+
+    #[test]
+    fn a_group_is_made_killed_and_removed_in_its_folder() {
+        // A plain folder stands in for cgroupfs: the files are what the
+        // kernel would offer.
+        let root = std::env::temp_dir().join(format!("guest-groups-{}", std::process::id()));
+        fs::create_dir_all(&root).expect("root");
+        let groups = GuestGroups { root: root.clone() };
+        assert!(!groups.kill(4).expect("kill"), "no group yet");
+        let dir = root.join("p4");
+        fs::create_dir(&dir).expect("group");
+        fs::write(dir.join("cgroup.procs"), "").expect("procs");
+        drop(groups.create(4).expect("an existing group is reused"));
+        assert!(groups.kill(4).expect("kill"));
+        assert_eq!(
+            fs::read_to_string(dir.join("cgroup.kill")).expect("kill file"),
+            "1"
+        );
+        fs::write(dir.join("memory.events"), "oom 1\noom_kill 1\n").expect("events");
+        assert_eq!(groups.oom_kills(4), 1);
+        groups.remove(4);
+        assert!(
+            dir.exists(),
+            "a folder with files in it is busy, as a live group is"
+        );
+        fs::remove_dir_all(&root).expect("clean up");
+    }
+}
