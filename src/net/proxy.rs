@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -110,6 +110,17 @@ pub fn prepare_pod(netns: &Path) -> Result<Sockets, EgressError> {
 
 /// Opens the proxy and DNS sockets inside the prepared namespace at `netns`.
 pub fn open_sockets(netns: &Path) -> Result<Sockets, EgressError> {
+    open_sockets_on(netns, None)
+}
+
+/// The same for a microVM, whose DNS queries come in on its tap: the
+/// prerouting hook's redirect delivers them to the tap's own address
+/// (`tap_addr`, assigned before this), where a UDP socket answers too.
+pub fn open_vm_sockets(netns: &Path, tap_addr: Ipv4Addr) -> Result<Sockets, EgressError> {
+    open_sockets_on(netns, Some(tap_addr))
+}
+
+fn open_sockets_on(netns: &Path, tap_addr: Option<Ipv4Addr>) -> Result<Sockets, EgressError> {
     plumbing::in_netns(netns, || -> io::Result<Sockets> {
         let any = Ipv6Addr::UNSPECIFIED;
         let proxy = std::net::TcpListener::bind((any, PROXY_PORT))?;
@@ -120,6 +131,9 @@ pub fn open_sockets(netns: &Path) -> Result<Sockets, EgressError> {
         // IPv6 may be off in the namespace; IPv4 DNS still works then.
         if let Ok(v6) = std::net::UdpSocket::bind((Ipv6Addr::LOCALHOST, DNS_PORT)) {
             dns_udp.push(v6);
+        }
+        if let Some(addr) = tap_addr {
+            dns_udp.push(std::net::UdpSocket::bind((addr, DNS_PORT))?);
         }
         let dns_tcp = std::net::TcpListener::bind((any, DNS_PORT))?;
         proxy.set_nonblocking(true)?;

@@ -223,13 +223,13 @@ pub fn start(
     // The jailed VMM removes its sockets at stop: the directory is its own.
     std::os::unix::fs::chown(&vm_paths.dir, Some(vm.uid), Some(vm.uid))
         .map_err(prepare("run directory"))?;
-    let egress = if config.netns_ready {
-        crate::net::proxy::open_sockets(&paths.netns())?
-    } else {
+    if !config.netns_ready {
         netns::create(&paths.netns())?;
-        crate::net::proxy::prepare(&paths.netns())?
-    };
+        crate::net::proxy::prepare_network(&paths.netns())?;
+    }
     crate::net::plumbing::setup_vm_tap(&paths.netns())?;
+    let egress =
+        crate::net::proxy::open_vm_sockets(&paths.netns(), sandbox_proto::VM_GATEWAY_V4.into())?;
     lap("netns", &mut phases);
 
     let scratch = VmPaths::scratch(&config.layer_dir);
