@@ -149,14 +149,9 @@ async fn stdout_and_stderr_interleave_in_order_and_exit_codes_are_kept() {
     let mut stream = output_stream(&daemon, &id, proc).await;
     let mut offsets = [0u64; 2];
     for n in 0..8u32 {
-        let (status, _) = daemon
-            .raw(
-                Method::POST,
-                &format!("/v1/sandboxes/{id}/processes/{proc}/stdin"),
-                format!("{n}\n").into_bytes(),
-            )
+        daemon
+            .write_stdin(&id, proc, format!("{n}\n").as_bytes())
             .await;
-        assert_eq!(status, StatusCode::NO_CONTENT);
         let event = stream.next(WAIT).await.expect("an output event");
         let (kind, text, i) = if n % 2 == 0 {
             ("stdout", format!("out{n}\n"), 0)
@@ -172,14 +167,7 @@ async fn stdout_and_stderr_interleave_in_order_and_exit_codes_are_kept() {
         );
         offsets[i] += text.len() as u64;
     }
-    let (status, _) = daemon
-        .raw(
-            Method::DELETE,
-            &format!("/v1/sandboxes/{id}/processes/{proc}/stdin"),
-            Vec::new(),
-        )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    daemon.close_stdin(&id, proc).await;
     let exit = stream.next(WAIT).await.expect("exit event");
     assert_eq!(exit["type"], "exit", "{exit}");
     assert_eq!(exit["process"]["exit_code"], 5);

@@ -46,14 +46,7 @@ async fn sigkill_restart_keeps_sandboxes_and_processes() {
     assert_eq!(process["state"], "running");
     assert_eq!(process["pid"], before["pid"]);
 
-    let (status, _) = daemon
-        .raw(
-            Method::DELETE,
-            &format!("/v1/sandboxes/{id}/processes/{proc}/stdin"),
-            Vec::new(),
-        )
-        .await;
-    assert_eq!(status, StatusCode::NO_CONTENT);
+    daemon.close_stdin(&id, proc).await;
     // "before\n" is 7 bytes: resuming there yields only what came after.
     let (status, body) = daemon
         .raw(

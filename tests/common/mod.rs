@@ -529,6 +529,20 @@ impl Daemon {
     }
 
     /// Runs argv to completion and returns its output and final state.
+    /// Writes `data` to a process's stdin (asserting 204).
+    pub async fn write_stdin(&self, id: &str, proc: u64, data: &[u8]) {
+        let path = format!("/v1/sandboxes/{id}/processes/{proc}/stdin");
+        let (status, body) = self.raw(Method::POST, &path, data.to_vec()).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{path}: {body:?}");
+    }
+
+    /// Closes a process's stdin (asserting 204).
+    pub async fn close_stdin(&self, id: &str, proc: u64) {
+        let path = format!("/v1/sandboxes/{id}/processes/{proc}/stdin");
+        let (status, body) = self.raw(Method::DELETE, &path, Vec::new()).await;
+        assert_eq!(status, StatusCode::NO_CONTENT, "{path}: {body:?}");
+    }
+
     pub async fn exec(&self, id: &str, argv: &[&str]) -> Exec {
         let proc = self.start_process(id, json!({ "argv": argv })).await;
         self.output(id, proc).await
