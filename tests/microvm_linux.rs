@@ -1,0 +1,394 @@
+//! MicroVM sandboxes with a real Linux guest, through the real daemon: the
+//! project's guest kernel (scripts/build-guest-kernel.sh) booted by our VMM
+//! with the static agent as its init and the python image as its disk.
+//! Linux needs a KVM with VMX or SVM, so these are `#[ignore]`d in a plain
+//! `cargo test`; scripts/nested-tests.sh runs them, in the nested host
+//! (QEMU TCG with AMD SVM) where this host's KVM is kvm_pvm.
+
+mod common;
+#[path = "common/upstream.rs"]
+mod upstream;
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use common::{Daemon, Reason};
+use hyper::{Method, StatusCode};
+use serde_json::{json, Value};
+use upstream::{Upstream, BODY};
+
+/// Every wait here allows for the nested host, 10-20x slower than KVM.
+const WAIT: Duration = Duration::from_secs(120);
+
+/// What scripts/build-guest-kernel.sh leaves.
+const GUEST_KERNEL: &str = "/var/cache/sandboxd-build/kernel/current/vmlinux";
+
+fn vmm_path() -> PathBuf {
+    Path::new(common::DAEMON)
+        .parent()
+        .expect("target dir")
+        .join("vmm")
+}
+
+/// A daemon whose microVMs boot the guest kernel, or `None` (the reason
+/// recorded) where they cannot.
+fn linux_vm_daemon(extra: &[String]) -> Option<Daemon> {
+    if let Some((reason, why)) = common::skip_reason() {
+        common::note_skip!(reason, "{why}");
+        return None;
+    }
+    let kernel = std::env::var("SANDBOXD_TEST_GUEST_KERNEL").unwrap_or(GUEST_KERNEL.into());
+    if !Path::new(&kernel).is_file() {
+        common::note_skip!(
+            Reason::MissingBuild,
+            "no guest kernel at {kernel}: run scripts/build-guest-kernel.sh"
+        );
+        return None;
+    }
+    if !vmm_path().is_file() {
+        common::note_skip!(
+            Reason::MissingBuild,
+            "{} missing: run cargo build --bins",
+            vmm_path().display()
+        );
+        return None;
+    }
+    let vmm = vmm_path().display().to_string();
+    // The nested host runs guests 10-20x slower than KVM.
+    let mut flags = vec![
+        "--vm-kernel",
+        kernel.as_str(),
+        "--vmm-path",
+        vmm.as_str(),
+        "--ready-timeout-seconds",
+        "120",
+    ];
+    flags.extend(extra.iter().map(String::as_str));
+    Some(Daemon::start_with(&flags))
+}
+
+/// A microVM of the python image (asserting 201).
+async fn python_vm(daemon: &Daemon, extra: Value) -> String {
+    let mut body = json!({"runtime": "vm", "image": "python", "memory_mib": 256});
+    if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        body.extend(extra.clone());
+    }
+    daemon.create(body).await
+}
+
+fn decode(event: &Value) -> String {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(event["data"].as_str().expect("data"))
+        .expect("base64");
+    String::from_utf8(bytes).expect("utf-8")
+}
+
+/// Live (not zombie) processes named `sleep` in the guest, counted by
+/// Python from /proc.
+async fn sleeps_in_guest(daemon: &Daemon, id: &str) -> String {
+    let count = "import os\n\
+        def live_sleep(p):\n\
+        \x20   try:\n\
+        \x20       stat = open('/proc/%s/stat' % p).read()\n\
+        \x20   except OSError:\n\
+        \x20       return False\n\
+        \x20   return '(sleep)' in stat and stat.rsplit(')', 1)[1].split()[0] != 'Z'\n\
+        print(sum(live_sleep(p) for p in os.listdir('/proc') if p.isdigit()))";
+    let run = daemon.exec(id, &["python3", "-c", count]).await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
+    run.out()
+}
+
+/// What deleting a microVM must leave: no sandbox, no cgroup, no `vmm`.
+async fn assert_nothing_left(daemon: &Daemon, ids: &[&str]) {
+    assert!(daemon.sandboxes().await.is_empty());
+    for id in ids {
+        let group = common::cgroup::sandbox_dir("memory", id);
+        assert!(!group.exists(), "{} outlived {id}", group.display());
+    }
+    let vmms = common::processes_where(|_, argv| {
+        argv.first().is_some_and(|a| a.ends_with("/vmm"))
+            && ids.iter().any(|id| argv.iter().any(|a| a.contains(id)))
+    });
+    assert!(vmms.is_empty(), "vmm processes left: {vmms:?}");
+}
+
+#[tokio::test]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
+async fn a_linux_guest_runs_processes_as_a_container_does() {
+    let Some(daemon) = linux_vm_daemon(&[]) else {
+        return;
+    };
+    let id = python_vm(&daemon, json!({"cpu": 2})).await;
+    let run = daemon.exec(&id, &["python3", "-c", "print(6*7)"]).await;
+    assert_eq!(run.out(), "42\n", "{}\n{}", run.err(), daemon.log());
+    assert_eq!(run.exit_code(), Some(0));
+
+    // stdin in, stdout and stderr out, in the order they were written: each
+    // line sent is answered on one stream before the next is sent.
+    let script = "while read n; do if [ $((n % 2)) = 0 ]; then echo out$n; else echo err$n >&2; fi; done; exit 5";
+    let proc = daemon
+        .start_process(&id, json!({"argv": ["sh", "-c", script], "stdin": true}))
+        .await;
+    let mut stream = daemon
+        .follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
+        .await;
+    for n in 0..6u32 {
+        daemon
+            .write_stdin(&id, proc, format!("{n}\n").as_bytes())
+            .await;
+        let event = stream.next(WAIT).await.expect("an output event");
+        let (kind, text) = if n % 2 == 0 {
+            ("stdout", format!("out{n}\n"))
+        } else {
+            ("stderr", format!("err{n}\n"))
+        };
+        assert_eq!(event["type"], kind, "event {n}: {event}");
+        assert_eq!(decode(&event), text);
+    }
+    daemon.close_stdin(&id, proc).await;
+    let exit = stream.next(WAIT).await.expect("exit event");
+    assert_eq!(exit["process"]["exit_code"], 5, "{exit}");
+
+    // A timeout kills the whole tree, the child that called setsid too.
+    let tree = "setsid sh -c 'sleep 1000' & sleep 1000 & echo ready; wait";
+    let proc = daemon
+        .start_process(
+            &id,
+            json!({"argv": ["sh", "-c", tree], "timeout_seconds": 20}),
+        )
+        .await;
+    let mut stream = daemon
+        .follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
+        .await;
+    let ready = stream.next(WAIT).await.expect("ready");
+    assert_eq!(decode(&ready), "ready\n", "{ready}");
+    // The positive control: both sleeps are there to be found.
+    assert_eq!(sleeps_in_guest(&daemon, &id).await, "2\n");
+    let mut exit = None;
+    while let Some(event) = stream.next(WAIT).await {
+        if event["type"] == "exit" {
+            exit = Some(event["process"].clone());
+        }
+    }
+    let process = exit.expect("exit event");
+    assert_eq!(process["timed_out"], true, "{process}");
+    assert_eq!(process["signal"], 9, "{process}");
+    assert_eq!(
+        sleeps_in_guest(&daemon, &id).await,
+        "0\n",
+        "a sleep outlived the timeout"
+    );
+
+    // Files: 10 MiB up and back, byte for byte.
+    let data: Vec<u8> = (0..10u32 << 20)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8)
+        .collect();
+    let chunks: Vec<Vec<u8>> = data.chunks(1 << 20).map(<[u8]>::to_vec).collect();
+    let (status, body) = daemon
+        .upload_stream(&id, "/root/ten.bin", chunks.into_iter())
+        .await
+        .expect("upload");
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let mut back = Vec::new();
+    let (status, len) = daemon
+        .download_with(&id, "/root/ten.bin", |chunk| back.extend_from_slice(chunk))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(len, 10 << 20);
+    assert!(back == data, "the 10 MiB came back different");
+    let run = daemon
+        .exec(
+            &id,
+            &[
+                "python3",
+                "-c",
+                "import hashlib; print(len(open('/root/ten.bin','rb').read()))",
+            ],
+        )
+        .await;
+    assert_eq!(run.out(), format!("{}\n", 10 << 20));
+
+    daemon.delete(&id).await;
+    assert_nothing_left(&daemon, &[&id]).await;
+}
+
+#[tokio::test]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
+async fn a_linux_guest_reports_an_oom_kill_inside_it() {
+    let Some(daemon) = linux_vm_daemon(&[]) else {
+        return;
+    };
+    let id = python_vm(&daemon, json!({})).await;
+    // An allocation past the guest's memory is OOM-killed inside it, and
+    // reported as such; the sandbox lives on.
+    let hog = daemon
+        .start_process(
+            &id,
+            json!({"code": "x = []\nwhile True:\n    x.append(b'\\x01' * (16 << 20))\n    print('survived', len(x) * 16, 'MiB', flush=True)\n"}),
+        )
+        .await;
+    let run = daemon.output(&id, hog).await;
+    // Chunks of 16 MiB, each within what the kernel's overcommit lets one
+    // allocation have, until the guest runs out: its OOM killer ends it.
+    assert!(run.out().contains("survived"), "{}", run.err());
+    assert!(
+        !run.out().contains("survived 256 MiB"),
+        "256 MiB in a 256 MiB guest"
+    );
+    assert_eq!(
+        run.process["oom_killed"],
+        true,
+        "{} {}",
+        run.process,
+        run.err()
+    );
+    assert_eq!(run.process["signal"], 9, "{}", run.process);
+    assert_eq!(daemon.exec(&id, &["true"]).await.exit_code(), Some(0));
+
+    daemon.delete(&id).await;
+    assert_nothing_left(&daemon, &[&id]).await;
+}
+
+#[tokio::test]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
+async fn a_linux_guest_reaches_allowed_hosts_only_through_its_proxy() {
+    let upstream = Upstream::start();
+    let Some(daemon) = linux_vm_daemon(&upstream.daemon_flags()) else {
+        return;
+    };
+    let id = python_vm(&daemon, json!({"allow_list": ["allowed.example.test"]})).await;
+    let fetch = |host: &str| {
+        format!(
+            "import time, urllib.request\n\
+             begun = time.monotonic()\n\
+             try:\n\
+             \x20   print(urllib.request.urlopen('http://{host}/', timeout=60).read().decode())\n\
+             except Exception as e:\n\
+             \x20   print('refused', repr(e), round(time.monotonic() - begun))\n"
+        )
+    };
+    let run = daemon
+        .exec(&id, &["python3", "-c", &fetch("allowed.example.test")])
+        .await;
+    assert_eq!(run.out(), format!("{BODY}\n"), "{}", run.err());
+    for host in ["denied.example.test", "private.example.test", "10.1.2.3"] {
+        let started = Instant::now();
+        let run = daemon.exec(&id, &["python3", "-c", &fetch(host)]).await;
+        assert!(run.out().starts_with("refused"), "{host}: {}", run.out());
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{host} took {:?} to fail",
+            started.elapsed()
+        );
+    }
+    let entries = daemon.egress_log(&id).await;
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["verdict"] == "allowed" && e["host"] == "allowed.example.test"),
+        "{entries:?}"
+    );
+    // A refused name never resolves (the sandbox's DNS answers only what
+    // the policy allows); an address is dialled and refused by the proxy.
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["verdict"] == "refused" && e["host"] == "10.1.2.3"),
+        "{entries:?}"
+    );
+    assert!(
+        entries.iter().all(|e| e["host"] != "denied.example.test"),
+        "{entries:?}"
+    );
+    daemon.delete(&id).await;
+    assert_nothing_left(&daemon, &[&id]).await;
+}
+
+/// A Python server in the guest that keeps a counter in memory and answers
+/// each connection on its Unix socket with the next value and 16 fresh
+/// bytes of `os.urandom`.
+const COUNTER: &str = "import os, socket\n\
+    s = socket.socket(socket.AF_UNIX)\n\
+    s.bind('/run/counter.sock')\n\
+    s.listen()\n\
+    n = 0\n\
+    print('listening', flush=True)\n\
+    while True:\n\
+    \x20   c, _ = s.accept()\n\
+    \x20   n += 1\n\
+    \x20   c.sendall(b'%d %s' % (n, os.urandom(16).hex().encode()))\n\
+    \x20   c.close()\n";
+
+/// The counter's next value and random hex.
+async fn next_count(daemon: &Daemon, id: &str) -> (u64, String) {
+    let ask = "import socket\n\
+        c = socket.socket(socket.AF_UNIX)\n\
+        c.connect('/run/counter.sock')\n\
+        print(c.recv(100).decode())";
+    let run = daemon.exec(id, &["python3", "-c", ask]).await;
+    let out = run.out();
+    let (n, hex) = out
+        .trim()
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("counter answered {out:?} {}", run.err()));
+    (n.parse().expect("count"), hex.to_string())
+}
+
+/// Fails today, so scripts/nested-tests.sh leaves it out (`--skip`): the
+/// fork's VMM restores (after the XCRs and guest-MSR fixes) but its Linux
+/// guest halts with no interrupt coming and its agent never dials back; the
+/// test guest's forks work on the same nested host. Run it by hand there
+/// with `--ignored --exact`.
+#[tokio::test]
+#[ignore = "needs VMX/SVM, and a Linux guest's fork does not come back yet (issue 17)"]
+async fn a_linux_guest_forks_from_a_memory_snapshot_into_diverging_vms() {
+    let Some(daemon) = linux_vm_daemon(&[]) else {
+        return;
+    };
+    let source = python_vm(&daemon, json!({})).await;
+    let server = daemon
+        .start_process(&source, json!({"argv": ["python3", "-c", COUNTER]}))
+        .await;
+    let mut stream = daemon
+        .follow(&format!("/v1/sandboxes/{source}/processes/{server}/output"))
+        .await;
+    let up = stream.next(WAIT).await.expect("listening");
+    assert_eq!(decode(&up), "listening\n", "{up}");
+    for n in 1..=3 {
+        assert_eq!(next_count(&daemon, &source).await.0, n);
+    }
+    let (status, snap) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{source}/snapshots"),
+            Some(json!({"kind": "memory"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{snap}\n{}", daemon.log());
+    let snap = snap["id"].as_str().expect("snapshot id").to_string();
+    assert_eq!(next_count(&daemon, &source).await.0, 4);
+
+    let fork_a = daemon.create(json!({"from_snapshot": snap})).await;
+    let fork_b = daemon.create(json!({"from_snapshot": snap})).await;
+    // Both continue from the snapshot's 3, and the first random bytes each
+    // draws after the fork differ: the guest's CRNG was reseeded.
+    let (a4, a_hex) = next_count(&daemon, &fork_a).await;
+    let (b4, b_hex) = next_count(&daemon, &fork_b).await;
+    assert_eq!((a4, b4), (4, 4));
+    assert_ne!(a_hex, b_hex, "two forks drew the same os.urandom(16)");
+    assert_eq!(next_count(&daemon, &fork_a).await.0, 5);
+    assert_eq!(next_count(&daemon, &fork_a).await.0, 6);
+    assert_eq!(next_count(&daemon, &fork_b).await.0, 5);
+    assert_eq!(next_count(&daemon, &source).await.0, 5);
+
+    let (status, _) = daemon
+        .call(Method::DELETE, &format!("/v1/snapshots/{snap}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    for id in [&source, &fork_a, &fork_b] {
+        daemon.delete(id).await;
+    }
+    assert_nothing_left(&daemon, &[&source, &fork_a, &fork_b]).await;
+}
