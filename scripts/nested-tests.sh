@@ -21,21 +21,28 @@ suites=(vmm:linux sandboxd:microvm_linux)
 # a Linux guest's memory fork does not come back yet.
 known_failing=(a_linux_guest_forks_from_a_memory_snapshot_into_diverging_vms)
 
+# The whole workspace's test build, as scripts/test.sh made it: asking for
+# one package (-p) would unify features differently and rebuild its
+# dependencies.
+artifacts=$(cargo test --quiet --workspace --no-run --message-format=json)
 binaries=()
 for suite in "${suites[@]}"; do
-	package=${suite%%:*}
-	target=${suite#*:}
-	exe=$(cargo test --quiet -p "$package" --test "$target" --no-run --message-format=json |
-		python3 -c '
+	exe=$(python3 -c '
 import json, sys
-target = sys.argv[1]
+package, target = sys.argv[1].split(":")
+def name_of(package_id):
+    # path+file:///dir#name@1.0, or path+file:///name#1.0 when they agree
+    url, _, fragment = package_id.partition("#")
+    return fragment.split("@")[0] if "@" in fragment else url.rstrip("/").split("/")[-1]
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == target:
+    if (m.get("reason") == "compiler-artifact" and m.get("executable")
+            and m["target"]["name"] == target and "test" in m["target"]["kind"]
+            and name_of(m["package_id"]) == package):
         print(m["executable"])
-' "$target")
-	[[ -n $exe ]] || {
-		echo "nested-tests: cargo built no test binary for $suite" >&2
+' "$suite" <<<"$artifacts")
+	[[ -n $exe && $(wc -l <<<"$exe") == 1 ]] || {
+		echo "nested-tests: expected one test binary for $suite, cargo gave: ${exe:-none}" >&2
 		exit 1
 	}
 	binaries+=("$exe")

@@ -35,13 +35,13 @@ read -r passed failed ignored results < <(results_of "$log")
 nested_run=0
 if [[ -n $nested ]]; then
 	read -r nested_passed nested_failed _ nested_results < <(results_of "$nested")
-	if ((nested_results == 0)); then
-		echo "test-summary: no \`test result:\` line in $nested (the nested stage did not run its tests)" >&2
-		nested_failed=$((nested_failed + 1))
-	fi
 	nested_run=$((nested_passed + nested_failed))
 	passed=$((passed + nested_passed))
 	failed=$((failed + nested_failed))
+	if ((nested_results == 0)); then
+		echo "test-summary: no \`test result:\` line in $nested (the nested stage did not run its tests)" >&2
+		failed=$((failed + 1))
+	fi
 	ignored=$((ignored > nested_run ? ignored - nested_run : 0))
 fi
 skipped=$(grep -c '^SANDBOXD-SKIP ' "$skips" || true)

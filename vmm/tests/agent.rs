@@ -74,7 +74,9 @@ fn the_guest_agent_answers_the_real_protocol() {
     );
     assert_eq!(
         agent.call(RequestBody::Health).0,
-        Reply::Health { version: 1 }
+        Reply::Health {
+            version: sandbox_proto::PROTOCOL_VERSION
+        }
     );
     assert_eq!(
         agent.run(1, &["echo", "hello", "vm"]),

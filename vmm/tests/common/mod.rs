@@ -174,7 +174,12 @@ impl Agent {
             decoder: sandbox_proto::FrameDecoder::new(),
             next_id: first_id,
         };
-        assert_eq!(agent.next_message(), AgentMessage::Hello { version: 1 });
+        assert_eq!(
+            agent.next_message(),
+            AgentMessage::Hello {
+                version: sandbox_proto::PROTOCOL_VERSION
+            }
+        );
         agent
     }
 
