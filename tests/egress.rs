@@ -365,9 +365,7 @@ async fn a_policy_change_closes_a_forbidden_open_connection() {
     let proc = daemon
         .start_process(&id, json!({"argv": ["python3", "-c", python]}))
         .await;
-    let mut output = daemon
-        .follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
-        .await;
+    let mut output = daemon.follow_output(&id, proc).await;
     let b64 = base64::engine::general_purpose::STANDARD;
     let text = |events: &[Value]| -> String {
         events
@@ -570,9 +568,7 @@ async fn a_flooding_sandbox_does_not_stall_another() {
     let proc = daemon
         .start_process(&flooder, json!({"argv": ["python3", "-c", flood]}))
         .await;
-    let mut output = daemon
-        .follow(&format!("/v1/sandboxes/{flooder}/processes/{proc}/output"))
-        .await;
+    let mut output = daemon.follow_output(&flooder, proc).await;
     output
         .until(Duration::from_secs(20), |e| e["type"] == "stdout")
         .await;

@@ -131,9 +131,7 @@ async fn a_linux_guest_runs_processes_as_a_container_does() {
     let proc = daemon
         .start_process(&id, json!({"argv": ["sh", "-c", script], "stdin": true}))
         .await;
-    let mut stream = daemon
-        .follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
-        .await;
+    let mut stream = daemon.follow_output(&id, proc).await;
     for n in 0..6u32 {
         daemon
             .write_stdin(&id, proc, format!("{n}\n").as_bytes())
@@ -159,9 +157,7 @@ async fn a_linux_guest_runs_processes_as_a_container_does() {
             json!({"argv": ["sh", "-c", tree], "timeout_seconds": 20}),
         )
         .await;
-    let mut stream = daemon
-        .follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
-        .await;
+    let mut stream = daemon.follow_output(&id, proc).await;
     let ready = stream.next(WAIT).await.expect("ready");
     assert_eq!(decode(&ready), "ready\n", "{ready}");
     // The positive control: both sleeps are there to be found.
@@ -204,7 +200,7 @@ async fn a_linux_guest_runs_processes_as_a_container_does() {
             &[
                 "python3",
                 "-c",
-                "import hashlib; print(len(open('/root/ten.bin','rb').read()))",
+                "print(len(open('/root/ten.bin','rb').read()))",
             ],
         )
         .await;
@@ -351,9 +347,7 @@ async fn a_linux_guest_forks_from_a_memory_snapshot_into_diverging_vms() {
     let server = daemon
         .start_process(&source, json!({"argv": ["python3", "-c", COUNTER]}))
         .await;
-    let mut stream = daemon
-        .follow(&format!("/v1/sandboxes/{source}/processes/{server}/output"))
-        .await;
+    let mut stream = daemon.follow_output(&source, server).await;
     let up = stream.next(WAIT).await.expect("listening");
     assert_eq!(decode(&up), "listening\n", "{up}");
     for n in 1..=3 {

@@ -15,12 +15,6 @@ use serde_json::{json, Value};
 /// How long a test waits for the next line of a stream.
 const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
-async fn output_stream(daemon: &Daemon, id: &str, proc: u64) -> common::NdjsonStream {
-    daemon
-        .follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
-        .await
-}
-
 /// Reads an output stream to its end and returns the process from its
 /// closing `exit` event.
 async fn final_state(stream: &mut common::NdjsonStream) -> Value {
@@ -146,7 +140,7 @@ async fn stdout_and_stderr_interleave_in_order_and_exit_codes_are_kept() {
     let proc = daemon
         .start_process(&id, json!({"argv": ["sh", "-c", script], "stdin": true}))
         .await;
-    let mut stream = output_stream(&daemon, &id, proc).await;
+    let mut stream = daemon.follow_output(&id, proc).await;
     let mut offsets = [0u64; 2];
     for n in 0..8u32 {
         daemon
@@ -280,7 +274,7 @@ async fn timeout_kills_the_whole_tree_even_after_setsid() {
             json!({"argv": ["sh", "-c", TREE], "timeout_seconds": 2}),
         )
         .await;
-    let mut stream = output_stream(&daemon, &id, proc).await;
+    let mut stream = daemon.follow_output(&id, proc).await;
     let tree = pids_when_ready(&mut stream, &id, proc, b"ready\n").await;
     assert_tree_was_running(&id, proc, &tree);
 
@@ -308,7 +302,7 @@ async fn kill_route_kills_the_tree() {
     let proc = daemon
         .start_process(&id, json!({"argv": ["sh", "-c", TREE]}))
         .await;
-    let mut stream = output_stream(&daemon, &id, proc).await;
+    let mut stream = daemon.follow_output(&id, proc).await;
     let tree = pids_when_ready(&mut stream, &id, proc, b"ready\n").await;
     assert_tree_was_running(&id, proc, &tree);
 

@@ -389,9 +389,7 @@ async fn a_bound_secret_goes_only_into_https_headers_to_its_host() {
     let holder = daemon
         .start_process(&id, json!({"argv": ["python3", "-c", "import os, sys, time\nkey = os.environ['API_KEY']\nsys.stdout.write('up\\n'); sys.stdout.flush()\ntime.sleep(600)"]}))
         .await;
-    let mut follow = daemon
-        .follow(&format!("/v1/sandboxes/{id}/processes/{holder}/output"))
-        .await;
+    let mut follow = daemon.follow_output(&id, holder).await;
     follow
         .until(Duration::from_secs(20), |e| e["type"] == "stdout")
         .await;
@@ -554,9 +552,7 @@ async fn rotation_deletion_forks_and_policy_changes_follow_the_secret() {
             }),
         )
         .await;
-    let mut follow = daemon
-        .follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
-        .await;
+    let mut follow = daemon.follow_output(&id, proc).await;
     follow
         .until(Duration::from_secs(20), |e| e["type"] == "stdout")
         .await;

@@ -309,7 +309,7 @@ async fn a_memory_snapshot_forks_running_processes() {
         .start_process(&source, json!({"argv": ["python3", "/srv.py"]}))
         .await;
     daemon
-        .follow(&format!("/v1/sandboxes/{source}/processes/{server}/output"))
+        .follow_output(&source, server)
         .await
         .until(std::time::Duration::from_secs(30), |e| {
             e["type"] == "stdout"

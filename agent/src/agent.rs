@@ -92,9 +92,8 @@ pub async fn run(link_fd: OwnedFd, redial: Option<Redial>) -> Result<(), RunErro
     tokio::spawn(reaper::run(agent.clone(), sigchld));
     let mut link_fd = link_fd;
     let result = loop {
-        match serve_link(&agent, link_fd, frames.clone()).await {
-            Ok(()) => {}
-            Err(e) => break Err(e),
+        if let Err(e) = serve_link(&agent, link_fd, frames.clone()).await {
+            break Err(e);
         }
         let Some(redial) = redial else { break Ok(()) };
         link_fd = match tokio::task::spawn_blocking(redial).await {

@@ -858,6 +858,13 @@ impl Daemon {
         self.follow(&format!("/v1/events?cursor={cursor}")).await
     }
 
+    /// Follows a process's output (`.../processes/{proc}/output`): its
+    /// stdout and stderr events, then its exit.
+    pub async fn follow_output(&self, id: &str, proc: u64) -> NdjsonStream {
+        self.follow(&format!("/v1/sandboxes/{id}/processes/{proc}/output"))
+            .await
+    }
+
     /// Opens a streaming GET (asserting 200) and reads it line by line.
     pub async fn follow(&self, path: &str) -> NdjsonStream {
         let stream = UnixStream::connect(&self.socket).await.expect("connect");
