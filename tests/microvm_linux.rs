@@ -332,13 +332,8 @@ async fn next_count(daemon: &Daemon, id: &str) -> (u64, String) {
     (n.parse().expect("count"), hex.to_string())
 }
 
-/// Fails today, so scripts/nested-tests.sh leaves it out (`--skip`): the
-/// fork's VMM restores (after the XCRs and guest-MSR fixes) but its Linux
-/// guest halts with no interrupt coming and its agent never dials back; the
-/// test guest's forks work on the same nested host. Run it by hand there
-/// with `--ignored --exact`.
 #[tokio::test]
-#[ignore = "needs VMX/SVM, and a Linux guest's fork does not come back yet (issue 17)"]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
 async fn a_linux_guest_forks_from_a_memory_snapshot_into_diverging_vms() {
     let Some(daemon) = linux_vm_daemon(&[]) else {
         return;

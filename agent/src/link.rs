@@ -57,9 +57,12 @@ impl Link {
     /// Returns 0 when the host has closed the link.
     pub async fn recv(&self, buf: &mut [u8], fds: &mut Vec<OwnedFd>) -> Result<usize, LinkError> {
         loop {
+            // ERROR too: a vsock connection the transport reset (a restored
+            // VM's) polls as EPOLLERR alone, which is not read readiness, so
+            // a reader waiting only for that would never learn the link died.
             match self
                 .fd
-                .async_io(Interest::READABLE, |fd| {
+                .async_io(Interest::READABLE | Interest::ERROR, |fd| {
                     recv_with_fds(fd.as_raw_fd(), buf, fds)
                 })
                 .await
@@ -245,6 +248,37 @@ mod tests {
 
     fn fd() -> OwnedFd {
         OwnedFd::from(std::fs::File::open("/dev/null").expect("open /dev/null"))
+    }
+
+    /// A socket that polls as an error and nothing else wakes the reader,
+    /// which gets the error. A connected UDP socket whose peer port is
+    /// closed does that (EPOLLERR with EPOLLOUT, no EPOLLIN), as a reset
+    /// vsock link does (EPOLLERR alone).
+    #[tokio::test]
+    async fn a_link_that_polls_only_as_an_error_wakes_its_reader() {
+        let closed_port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .and_then(|s| s.local_addr())
+            .expect("find a free port");
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+        socket.connect(closed_port).expect("connect");
+        // Nothing listens there: the kernel answers with ICMP port
+        // unreachable, which sets the socket's error.
+        socket.send(b"x").expect("send");
+        let link = Link::new(OwnedFd::from(socket)).expect("link");
+        let mut buf = [0u8; 16];
+        let mut fds = Vec::new();
+        let received = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            link.recv(&mut buf, &mut fds),
+        )
+        .await
+        .expect("the reader was never woken by the socket's error");
+        match received {
+            Err(LinkError::Io(e)) => {
+                assert_eq!(e.raw_os_error(), Some(libc::ECONNREFUSED), "{e}")
+            }
+            other => panic!("expected the socket's error, got {other:?}"),
+        }
     }
 
     #[test]

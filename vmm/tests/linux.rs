@@ -464,8 +464,7 @@ fn a_snapshot_of_a_sleeping_linux_guest_goes_on_in_a_fork() {
     };
     let dir = std::env::temp_dir().join(format!("vmm-linux-snap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("dir");
-    let Some(init) = static_binary(&dir, "ticker", TICKER_C, &[format!("-DTICKS={TICKS}")])
-    else {
+    let Some(init) = static_binary(&dir, "ticker", TICKER_C, &[format!("-DTICKS={TICKS}")]) else {
         let _ = std::fs::remove_dir_all(&dir);
         return;
     };
