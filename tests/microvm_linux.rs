@@ -305,6 +305,125 @@ async fn a_linux_guest_reaches_allowed_hosts_only_through_its_proxy() {
 /// A Python server in the guest that keeps a counter in memory and answers
 /// each connection on its Unix socket with the next value and 16 fresh
 /// bytes of `os.urandom`.
+/// Writes `text` to /root/note in `id` and syncs it to the disk.
+async fn write_note(daemon: &Daemon, id: &str, text: &str) {
+    let run = daemon
+        .exec(
+            id,
+            &["sh", "-c", &format!("echo {text} > /root/note && sync")],
+        )
+        .await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
+}
+
+/// The rest of a sandbox's life on a Linux guest: a signal reaches a
+/// process's handler, its stats and usage are counted, a filesystem
+/// snapshot of its scratch disk starts new VMs with the files of that
+/// moment, and its TTL removes it.
+#[tokio::test]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
+async fn a_linux_guest_takes_signals_counts_usage_snapshots_its_files_and_expires() {
+    let Some(daemon) = linux_vm_daemon(&[]) else {
+        return;
+    };
+    let source = python_vm(&daemon, json!({})).await;
+
+    let handler = "import signal, sys, time\n\
+        signal.signal(signal.SIGTERM, lambda *a: (print('term', flush=True), sys.exit(3)))\n\
+        print('ready', flush=True)\n\
+        time.sleep(1000)";
+    let proc = daemon
+        .start_process(&source, json!({"argv": ["python3", "-c", handler]}))
+        .await;
+    let mut stream = daemon.follow_output(&source, proc).await;
+    let ready = stream.next(WAIT).await.expect("ready");
+    assert_eq!(decode(&ready), "ready\n", "{ready}");
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{source}/processes/{proc}/signal"),
+            Some(json!({"signal": "TERM"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{body}");
+    let term = stream.next(WAIT).await.expect("the handler's line");
+    assert_eq!(decode(&term), "term\n", "{term}");
+    let exit = stream.next(WAIT).await.expect("exit event");
+    assert_eq!(exit["process"]["exit_code"], 3, "{exit}");
+
+    let (status, stats) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{source}/stats"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    assert!(stats["cpu_seconds"].as_f64() > Some(0.0), "{stats}");
+    assert!(stats["memory_bytes"].as_u64() > Some(0), "{stats}");
+    assert_eq!(stats["oom_kills"], 0, "{stats}");
+
+    // A filesystem snapshot: what was written before it is in it, what was
+    // written after is not, and each VM started from it writes its own.
+    write_note(&daemon, &source, "kept").await;
+    let (status, snap) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{source}/snapshots"),
+            Some(json!({"kind": "filesystem"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{snap}");
+    let snap = snap["id"].as_str().expect("snapshot id").to_string();
+    write_note(&daemon, &source, "gone").await;
+    let child = python_vm(&daemon, json!({"image": snap})).await;
+    let read = daemon.exec(&child, &["cat", "/root/note"]).await;
+    assert_eq!(read.out(), "kept\n", "{}", read.err());
+    let run = daemon.exec(&child, &["python3", "-c", "print(6*7)"]).await;
+    assert_eq!(
+        run.out(),
+        "42\n",
+        "the image under the snapshot: {}",
+        run.err()
+    );
+    write_note(&daemon, &child, "mine").await;
+    let again = python_vm(&daemon, json!({"image": snap})).await;
+    assert_eq!(
+        daemon.exec(&again, &["cat", "/root/note"]).await.out(),
+        "kept\n"
+    );
+    assert_eq!(
+        daemon.exec(&source, &["cat", "/root/note"]).await.out(),
+        "gone\n"
+    );
+
+    // The TTL, shortened to a second, removes the VM; the other two are
+    // deleted by hand.
+    let mut events = daemon.follow_events(0).await;
+    let (status, body) = daemon
+        .call(
+            Method::PUT,
+            &format!("/v1/sandboxes/{source}/ttl"),
+            Some(json!({"ttl_seconds": 1})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let seen = events
+        .until(WAIT, |e| {
+            e["kind"] == "deleted" && e["sandbox_id"] == source.as_str()
+        })
+        .await;
+    assert!(
+        seen.iter()
+            .any(|e| e["kind"] == "expired" && e["sandbox_id"] == source.as_str()),
+        "{seen:?}"
+    );
+    for id in [&child, &again] {
+        daemon.delete(id).await;
+    }
+    let (status, _) = daemon
+        .call(Method::DELETE, &format!("/v1/snapshots/{snap}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_nothing_left(&daemon, &[&source, &child, &again]).await;
+}
+
 const COUNTER: &str = "import os, socket\n\
     s = socket.socket(socket.AF_UNIX)\n\
     s.bind('/run/counter.sock')\n\
