@@ -26,7 +26,7 @@ cache=${SANDBOXD_NESTED_CACHE:-/var/cache/sandboxd-nested}
 rw=()
 timeout_s=1800
 mem=6G
-cpus=2
+cpus=${NESTED_CPUS:-2}
 while (($#)); do
 	case $1 in
 	--rw) rw+=("$(realpath "$2")"); shift 2 ;;
