@@ -25,7 +25,7 @@ cache=${SANDBOXD_NESTED_CACHE:-/var/cache/sandboxd-nested}
 
 rw=()
 timeout_s=1800
-mem=6G
+mem=${NESTED_MEM:-6G}
 cpus=${NESTED_CPUS:-2}
 while (($#)); do
 	case $1 in

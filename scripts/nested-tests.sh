@@ -13,11 +13,13 @@
 # The nested host is also this project's cgroup v2 host (its cgroups are v2
 # only), so the container suites run there too, by hand:
 #   NESTED_SUITES="sandboxd:limits sandboxd:leaks sandboxd:snapshots" \
-#   NESTED_TEST_ARGS= NESTED_ALWAYS=1 NESTED_TESTS_TIMEOUT_S=3600 \
+#   NESTED_TEST_ARGS= NESTED_ALWAYS=1 NESTED_MEM=12G NESTED_TESTS_TIMEOUT_S=3600 \
 #   scripts/nested-tests.sh
 # NESTED_SUITES replaces the suite list, NESTED_TEST_ARGS the `--ignored`
 # given to each binary, and NESTED_ALWAYS=1 boots the nested host even
-# where this host has VMX/SVM.
+# where this host has VMX/SVM. The nested host keeps its writes (the test
+# daemons' state under /var/tmp) in RAM: the CRIU suite needs
+# NESTED_MEM=12G (scripts/nested-kvm.sh's default is 6G).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
