@@ -137,33 +137,53 @@ fn time_until_connected<T: Send + 'static>(
     }
 }
 
-/// Our `vmm` alone: process start -> the agent connects to its vsock.
-fn boot_vmm(vmm: &Path, kernel: &Path, disks: &Disks) -> Duration {
-    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
-    let uds = dir.path().join("v.sock");
-    let listener = UnixListener::bind(format!(
+/// Where our `vmm` delivers the guest's connections to the agent port.
+fn agent_listener(uds: &Path) -> UnixListener {
+    UnixListener::bind(format!(
         "{}_{}",
         uds.display(),
         sandbox_proto::AGENT_VSOCK_PORT
     ))
-    .expect("bind the agent socket");
-    let console = dir.path().join("console");
-    let scratch = disks.scratch_copy(dir.path());
-    let started = Instant::now();
-    let child = Command::new(vmm)
+    .expect("bind the agent socket")
+}
+
+/// Our `vmm` booting the guest on `disks` (with `scratch` as its scratch
+/// disk), its vsock at `uds`, `cmdline_extra` after the daemon's command line.
+fn vmm_command(
+    vmm: &Path,
+    kernel: &Path,
+    disks: &Disks,
+    scratch: &Path,
+    uds: &Path,
+    cmdline_extra: &str,
+) -> Command {
+    let mut command = Command::new(vmm);
+    command
         .arg("--kernel")
         .arg(kernel)
         .arg("--cmdline")
-        .arg(guest_cmdline(""))
+        .arg(guest_cmdline(cmdline_extra))
         .args(["--mem-mib", &MEM_MIB.to_string(), "--vcpus", "1"])
         .arg("--disk")
         .arg(format!("{},ro", disks.image.display()))
         .arg("--disk")
-        .arg(&scratch)
+        .arg(scratch)
         .arg("--disk")
         .arg(format!("{},ro", disks.agent.display()))
         .arg("--vsock-uds")
-        .arg(&uds)
+        .arg(uds);
+    command
+}
+
+/// Our `vmm` alone: process start -> the agent connects to its vsock.
+fn boot_vmm(vmm: &Path, kernel: &Path, disks: &Disks) -> Duration {
+    let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let uds = dir.path().join("v.sock");
+    let listener = agent_listener(&uds);
+    let console = dir.path().join("console");
+    let scratch = disks.scratch_copy(dir.path());
+    let started = Instant::now();
+    let child = vmm_command(vmm, kernel, disks, &scratch, &uds, "")
         .arg("--serial-log")
         .arg(&console)
         .stdout(Stdio::null())
@@ -255,32 +275,21 @@ fn boot_qemu(kernel: &Path, disks: &Disks, listener: &OwnedFd, cid: u32) -> Dura
 fn phases(vmm: &Path, kernel: &Path, disks: &Disks) -> (Vec<(String, f64)>, (f64, String)) {
     let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
     let uds = dir.path().join("v.sock");
-    let listener = UnixListener::bind(format!(
-        "{}_{}",
-        uds.display(),
-        sandbox_proto::AGENT_VSOCK_PORT
-    ))
-    .expect("bind the agent socket");
+    let listener = agent_listener(&uds);
     let scratch = disks.scratch_copy(dir.path());
     let started = Instant::now();
-    let mut child = Command::new(vmm)
-        .arg("--kernel")
-        .arg(kernel)
-        .arg("--cmdline")
-        .arg(guest_cmdline("printk.time=1 ignore_loglevel"))
-        .args(["--mem-mib", &MEM_MIB.to_string(), "--vcpus", "1"])
-        .arg("--disk")
-        .arg(format!("{},ro", disks.image.display()))
-        .arg("--disk")
-        .arg(&scratch)
-        .arg("--disk")
-        .arg(format!("{},ro", disks.agent.display()))
-        .arg("--vsock-uds")
-        .arg(&uds)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn vmm");
+    let mut child = vmm_command(
+        vmm,
+        kernel,
+        disks,
+        &scratch,
+        &uds,
+        "printk.time=1 ignore_loglevel",
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn vmm");
     let mut stdout = child.stdout.take().expect("stdout");
     let (tx, rx) = mpsc::channel();
     let reader = std::thread::spawn(move || {
