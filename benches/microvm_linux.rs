@@ -30,10 +30,10 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use common::Daemon;
-use hyper::{Method, StatusCode};
+use hyper::Method;
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, VsockAddr};
 use peers::median;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Where scripts/build-guest-kernel.sh leaves the guest kernel.
 const GUEST_KERNEL: &str = "/var/cache/sandboxd-build/kernel/current/vmlinux";
@@ -398,15 +398,7 @@ async fn daemon_create(daemon: &Daemon) -> (f64, f64) {
 async fn fork_ready(daemon: &Daemon, runs: usize) -> Vec<f64> {
     let vm = json!({"runtime": "vm", "image": "python", "memory_mib": MEM_MIB});
     let source = daemon.create(vm).await;
-    let (status, snap): (StatusCode, Value) = daemon
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{source}/snapshots"),
-            Some(json!({"kind": "memory"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{snap}");
-    let snap = snap["id"].as_str().expect("snapshot id").to_string();
+    let snap = daemon.snapshot(&source, "memory").await;
     let mut samples = Vec::new();
     for _ in 0..runs {
         let begun = Instant::now();

@@ -405,18 +405,6 @@ async fn vm_requests_that_cannot_work_say_why() {
 }
 
 /// Takes a snapshot of `kind` (asserting 201); returns its id.
-async fn snapshot(daemon: &Daemon, id: &str, kind: &str) -> String {
-    let (status, snap) = daemon
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/snapshots"),
-            Some(json!({ "kind": kind })),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{snap}\n{}", daemon.log());
-    snap["id"].as_str().expect("snapshot id").to_string()
-}
-
 async fn count(daemon: &Daemon, id: &str) -> String {
     let run = daemon.exec(id, &["count"]).await;
     assert_eq!(run.exit_code(), Some(0), "{}", run.err());
@@ -436,7 +424,7 @@ async fn a_vm_memory_snapshot_forks_into_vms_that_continue_from_it() {
         .exec(&source, &["disk-write", "1", "5", "before"])
         .await;
     assert_eq!(wrote.out(), "status=0\n");
-    let snap = snapshot(&daemon, &source, "memory").await;
+    let snap = daemon.snapshot(&source, "memory").await;
 
     // The source runs on from where it stood, and writes on.
     assert_eq!(count(&daemon, &source).await, "count=4\n");
@@ -519,7 +507,7 @@ async fn a_vm_filesystem_snapshot_becomes_an_image() {
         .exec(&source, &["disk-write", "1", "7", "keep"])
         .await;
     assert_eq!(wrote.out(), "status=0\n");
-    let snap = snapshot(&daemon, &source, "filesystem").await;
+    let snap = daemon.snapshot(&source, "filesystem").await;
     // Written after the snapshot: not in it.
     daemon
         .exec(&source, &["disk-write", "1", "7", "gone"])

@@ -362,15 +362,7 @@ async fn a_linux_guest_takes_signals_counts_usage_snapshots_its_files_and_expire
     // A filesystem snapshot: what was written before it is in it, what was
     // written after is not, and each VM started from it writes its own.
     write_note(&daemon, &source, "kept").await;
-    let (status, snap) = daemon
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{source}/snapshots"),
-            Some(json!({"kind": "filesystem"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{snap}");
-    let snap = snap["id"].as_str().expect("snapshot id").to_string();
+    let snap = daemon.snapshot(&source, "filesystem").await;
     write_note(&daemon, &source, "gone").await;
     let child = python_vm(&daemon, json!({"image": snap})).await;
     let read = daemon.exec(&child, &["cat", "/root/note"]).await;
@@ -467,15 +459,7 @@ async fn a_linux_guest_forks_from_a_memory_snapshot_into_diverging_vms() {
     for n in 1..=3 {
         assert_eq!(next_count(&daemon, &source).await.0, n);
     }
-    let (status, snap) = daemon
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{source}/snapshots"),
-            Some(json!({"kind": "memory"})),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{snap}\n{}", daemon.log());
-    let snap = snap["id"].as_str().expect("snapshot id").to_string();
+    let snap = daemon.snapshot(&source, "memory").await;
     assert_eq!(next_count(&daemon, &source).await.0, 4);
 
     let fork_a = daemon.create(json!({"from_snapshot": snap})).await;

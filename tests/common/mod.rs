@@ -446,6 +446,20 @@ impl Daemon {
         (status, value)
     }
 
+    /// Takes a snapshot of `kind` (`memory` or `filesystem`) of sandbox
+    /// `id` (asserting 201) and returns its id.
+    pub async fn snapshot(&self, id: &str, kind: &str) -> String {
+        let (status, snap) = self
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/snapshots"),
+                Some(json!({ "kind": kind })),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{snap}\n{}", self.log());
+        snap["id"].as_str().expect("snapshot id").to_string()
+    }
+
     /// Creates a sandbox (asserting 201) and returns its id.
     pub async fn create(&self, body: Value) -> String {
         let (status, value) = self.call(Method::POST, "/v1/sandboxes", Some(body)).await;
