@@ -82,11 +82,7 @@ fn disks_of(id: &str) -> Vec<PathBuf> {
 /// The kernel command line the daemon gives a Linux guest, less the RNG
 /// seed (the agent goes on without one).
 fn guest_cmdline(extra: &str) -> String {
-    format!(
-        "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init={} panic=-1 reboot=k {}=1 {extra}",
-        sandbox_proto::VM_AGENT_INIT,
-        sandbox_proto::AGENT_VM_ENV,
-    )
+    sandboxd::runtime::microvm::guest_cmdline(None, extra)
 }
 
 /// The guest's disks for one boot outside the daemon: the image and the

@@ -150,6 +150,26 @@ pub fn limits(config: &SandboxSpec, vm: &VmSpec) -> Result<VmLimits, MicrovmErro
 
 /// The VMM's command line: boot, or restore a snapshot (which carries the
 /// memory size, vCPUs and command line).
+/// The kernel command line of a Linux guest whose init is the agent: the
+/// agent disk (the third) as a read-only root, the agent as init, the flag
+/// that tells it it runs in a VM, the host's RNG seed (hex) when there is
+/// one, and the operator's `extra` words last, so they can override.
+pub fn guest_cmdline(seed_hex: Option<&str>, extra: &str) -> String {
+    let mut cmdline = format!(
+        "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init={} panic=-1 reboot=k {}=1",
+        sandbox_proto::VM_AGENT_INIT,
+        sandbox_proto::AGENT_VM_ENV,
+    );
+    if let Some(seed) = seed_hex {
+        cmdline.push_str(&format!(" {}={seed}", sandbox_proto::AGENT_RNG_SEED_ENV));
+    }
+    if !extra.trim().is_empty() {
+        cmdline.push(' ');
+        cmdline.push_str(extra.trim());
+    }
+    cmdline
+}
+
 fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
     let mut command = Command::new(&vm.vmm_path);
     match &vm.restore {
@@ -496,4 +516,23 @@ pub fn clone_disk_paused(
     });
     let resumed = control(&vm_paths, "resume");
     cloned.and(resumed.map(|_| ()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_guest_command_line_carries_the_seed_and_the_operators_words_last() {
+        assert_eq!(
+            guest_cmdline(Some("00ff"), "printk.time=1"),
+            "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init=/sandbox-agent \
+             panic=-1 reboot=k SANDBOX_AGENT_VM=1 SANDBOX_RNG_SEED=00ff printk.time=1"
+        );
+        assert_eq!(
+            guest_cmdline(None, " "),
+            "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init=/sandbox-agent \
+             panic=-1 reboot=k SANDBOX_AGENT_VM=1"
+        );
+    }
 }

@@ -279,19 +279,11 @@ impl Manager {
         // The agent runs as the guest's init; the seed is mixed into the
         // guest kernel's RNG before anything else runs.
         let seed: [u8; 32] = rand::random();
-        let cmdline = format!(
-            "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init={} panic=-1 reboot=k \
-             {}=1 {}={} {}",
-            sandbox_proto::VM_AGENT_INIT,
-            sandbox_proto::AGENT_VM_ENV,
-            sandbox_proto::AGENT_RNG_SEED_ENV,
-            hex::encode(seed),
-            vm.cmdline
-        );
+        let cmdline = crate::runtime::microvm::guest_cmdline(Some(&hex::encode(seed)), &vm.cmdline);
         Ok(crate::runtime::sandbox::VmSpec {
             vmm_path: vm.vmm_path.clone(),
             kernel,
-            cmdline: cmdline.trim_end().to_string(),
+            cmdline,
             // Whole vCPUs; the cgroup's CPU quota holds a fractional limit.
             vcpus: record.limits.cpu.ceil().clamp(1.0, 254.0) as u8,
             mem_mib: record.limits.memory_mib,
