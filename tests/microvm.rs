@@ -8,19 +8,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::{cgroup, Daemon, Reason};
+use common::{cgroup, vmm_path, Daemon, Reason};
 use hyper::{Method, StatusCode};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(30);
-
-/// The `vmm` built beside the daemon (`cargo build --bins`).
-fn vmm_path() -> PathBuf {
-    Path::new(common::DAEMON)
-        .parent()
-        .expect("target dir")
-        .join("vmm")
-}
 
 /// Builds the test guest into `dir`, or says why microVM tests cannot run.
 fn test_guest(dir: &Path) -> Result<PathBuf, (Reason, String)> {

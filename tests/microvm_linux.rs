@@ -9,64 +9,17 @@ mod common;
 #[path = "common/upstream.rs"]
 mod upstream;
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use common::{Daemon, Reason};
+use common::linux_vm::{assert_nothing_left, linux_vm_daemon};
+use common::Daemon;
 use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
 use upstream::{Upstream, BODY};
 
 /// Every wait here allows for the nested host, 10-20x slower than KVM.
 const WAIT: Duration = Duration::from_secs(120);
-
-/// What scripts/build-guest-kernel.sh leaves.
-const GUEST_KERNEL: &str = "/var/cache/sandboxd-build/kernel/current/vmlinux";
-
-fn vmm_path() -> PathBuf {
-    Path::new(common::DAEMON)
-        .parent()
-        .expect("target dir")
-        .join("vmm")
-}
-
-/// A daemon whose microVMs boot the guest kernel, or `None` (the reason
-/// recorded) where they cannot.
-fn linux_vm_daemon(extra: &[String]) -> Option<Daemon> {
-    if let Some((reason, why)) = common::skip_reason() {
-        common::note_skip!(reason, "{why}");
-        return None;
-    }
-    let kernel = std::env::var("SANDBOXD_TEST_GUEST_KERNEL").unwrap_or(GUEST_KERNEL.into());
-    if !Path::new(&kernel).is_file() {
-        common::note_skip!(
-            Reason::MissingBuild,
-            "no guest kernel at {kernel}: run scripts/build-guest-kernel.sh"
-        );
-        return None;
-    }
-    if !vmm_path().is_file() {
-        common::note_skip!(
-            Reason::MissingBuild,
-            "{} missing: run cargo build --bins",
-            vmm_path().display()
-        );
-        return None;
-    }
-    let vmm = vmm_path().display().to_string();
-    // The nested host runs guests 10-20x slower than KVM.
-    let mut flags = vec![
-        "--vm-kernel",
-        kernel.as_str(),
-        "--vmm-path",
-        vmm.as_str(),
-        "--ready-timeout-seconds",
-        "120",
-    ];
-    flags.extend(extra.iter().map(String::as_str));
-    Some(Daemon::start_with(&flags))
-}
 
 /// A microVM of the python image (asserting 201).
 async fn python_vm(daemon: &Daemon, extra: Value) -> String {
@@ -98,20 +51,6 @@ async fn sleeps_in_guest(daemon: &Daemon, id: &str) -> String {
     let run = daemon.exec(id, &["python3", "-c", count]).await;
     assert_eq!(run.exit_code(), Some(0), "{}", run.err());
     run.out()
-}
-
-/// What deleting a microVM must leave: no sandbox, no cgroup, no `vmm`.
-async fn assert_nothing_left(daemon: &Daemon, ids: &[&str]) {
-    assert!(daemon.sandboxes().await.is_empty());
-    for id in ids {
-        let group = common::cgroup::sandbox_dir("memory", id);
-        assert!(!group.exists(), "{} outlived {id}", group.display());
-    }
-    let vmms = common::processes_where(|_, argv| {
-        argv.first().is_some_and(|a| a.ends_with("/vmm"))
-            && ids.iter().any(|id| argv.iter().any(|a| a.contains(id)))
-    });
-    assert!(vmms.is_empty(), "vmm processes left: {vmms:?}");
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod cgroup;
+pub mod linux_vm;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
@@ -44,6 +45,11 @@ pub fn agent_path() -> PathBuf {
 // Not every test crate that includes this module skips.
 #[allow(unused_imports)]
 pub use sandboxd_test_support::{note_skip, skip, Reason};
+
+/// The `vmm` built beside the daemon (`cargo build --bins`).
+pub fn vmm_path() -> PathBuf {
+    Path::new(DAEMON).parent().expect("target dir").join("vmm")
+}
 
 /// Why these tests cannot run here, if they cannot.
 pub fn skip_reason() -> Option<(Reason, String)> {
