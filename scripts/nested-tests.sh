@@ -27,7 +27,7 @@ logs=${1:-$(mktemp -d /var/tmp/sandboxd-nested.XXXXXX)}
 mkdir -p "$logs"
 
 # package:test-target of every suite that needs a Linux guest on KVM
-read -ra suites <<<"${NESTED_SUITES:-vmm:linux sandboxd:microvm_linux}"
+read -ra suites <<<"${NESTED_SUITES:-vmm:linux sandboxd:microvm_linux sandboxd:containerd_shim}"
 test_args=${NESTED_TEST_ARGS---ignored}
 
 # The whole workspace's test build, as scripts/test.sh made it: asking for

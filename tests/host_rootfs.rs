@@ -125,10 +125,6 @@ async fn a_host_root_that_cannot_work_is_refused_naming_the_field() {
             json!({"host_rootfs": [dir], "image": "busybox"}),
             "without image",
         ),
-        (
-            json!({"host_rootfs": [dir], "runtime": "vm"}),
-            "container only",
-        ),
     ] {
         let (status, answer) = daemon
             .call(Method::POST, "/v1/sandboxes", Some(body.clone()))

@@ -230,6 +230,14 @@ pub fn sandbox(
     if let Some(annotations) = config.get("annotations").and_then(Value::as_object) {
         features(annotations, &mut body)?;
     }
+    if pod && body["runtime"] == "vm" {
+        // A microVM boots with one root; a pod's containers bring theirs
+        // after it started, which would need disks added to a running VM.
+        return Err(refuse(
+            annotations::RUNTIME,
+            "vm: a microVM runs one task (ctr run), not a pod's several containers yet; use container for pods",
+        ));
+    }
     Ok(body)
 }
 
@@ -445,12 +453,7 @@ fn features(annotations: &Map<String, Value>, body: &mut Value) -> Result<(), Sp
     if let Some(runtime) = get(annotations::RUNTIME) {
         match runtime {
             "container" => {}
-            "vm" => {
-                return Err(refuse(
-                    annotations::RUNTIME,
-                    "vm: microVM tasks need the root as a disk, which the shim does not make yet; use container",
-                ))
-            }
+            "vm" => body["runtime"] = json!("vm"),
             other => {
                 return Err(refuse(
                     annotations::RUNTIME,
@@ -588,6 +591,16 @@ mod tests {
         assert_eq!(p.body["argv"], json!(["sh", "-c", "echo hi"]));
         assert_eq!(p.body["env"]["A"], "b=c");
         assert_eq!(p.body["uid"], 0);
+        assert!(body.get("runtime").is_none(), "{body}");
+    }
+
+    #[test]
+    fn a_task_annotated_vm_is_a_microvm_on_its_snapshot() {
+        let mut spec = ctr_spec();
+        spec["annotations"] = json!({"sandboxd.io/runtime": "vm"});
+        let body = sandbox(&spec, &[PathBuf::from("/s/up")], "default", "t1").unwrap();
+        assert_eq!(body["runtime"], "vm");
+        assert_eq!(body["host_rootfs"], json!(["/s/up"]));
     }
 
     #[test]
@@ -602,8 +615,13 @@ mod tests {
             json!([{"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/x/hosts"}]);
         let mut bind = ctr_spec();
         bind["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
-        let mut vm = ctr_spec();
-        vm["annotations"] = json!({"sandboxd.io/runtime": "vm"});
+        let mut vm_pod = ctr_spec();
+        vm_pod["annotations"] = json!({
+            "sandboxd.io/runtime": "vm",
+            "io.kubernetes.cri.container-type": "sandbox",
+        });
+        vm_pod["linux"]["namespaces"] =
+            json!([{"type": "network", "path": "/var/run/netns/cni-1"}, {"type": "pid"}]);
         let mut bind_on_run = ctr_spec();
         bind_on_run["mounts"] = json!([{"destination": "/run", "type": "bind", "source": "/etc"}]);
         let mut readonly = ctr_spec();
@@ -622,7 +640,7 @@ mod tests {
             (pod_net, "linux.namespaces[network].path"),
             (pod_bind, "mounts[0]"),
             (bind, "mounts[0]"),
-            (vm, annotations::RUNTIME),
+            (vm_pod, annotations::RUNTIME),
             (bind_on_run, "mounts[0]"),
             (readonly, "root.readonly"),
             (hooks, "hooks"),

@@ -102,7 +102,18 @@ pub fn ensure_ext4(image_dir: &Path, id_shift: u32) -> Result<PathBuf, Ext4Error
             ),
         });
     }
-    export_at(image_dir, &out, id_shift, false, || Ok(()))
+    export_at(image_dir, &out, Owners::Shifted(id_shift), false, || Ok(()))
+}
+
+/// Whose ids a tree being exported carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Owners {
+    /// Shifted by the daemon's `id_map_base`: read in a user namespace
+    /// that maps them back to 0.
+    Shifted(u32),
+    /// Host ids as the guest is to see them (a containerd snapshot): read
+    /// by mkfs as host root.
+    Host,
 }
 
 /// Makes `out`, the read-only ext4 export of the tree at `source`, unless
@@ -112,14 +123,16 @@ pub fn ensure_ext4(image_dir: &Path, id_shift: u32) -> Result<PathBuf, Ext4Error
 pub(crate) fn export_at<G>(
     source: &Path,
     out: &Path,
-    id_shift: u32,
+    owners: Owners,
     merged: bool,
     prepare: impl FnOnce() -> Result<G, Ext4Error>,
 ) -> Result<PathBuf, Ext4Error> {
     let image_dir = source;
     let out = out.to_path_buf();
-    if id_shift == 0 || id_shift.checked_add(ID_RANGE).is_none() {
-        return Err(Ext4Error::BadShift(id_shift));
+    if let Owners::Shifted(id_shift) = owners {
+        if id_shift == 0 || id_shift.checked_add(ID_RANGE).is_none() {
+            return Err(Ext4Error::BadShift(id_shift));
+        }
     }
     let lock_path = {
         let mut p = out.as_os_str().to_owned();
@@ -144,7 +157,7 @@ pub(crate) fn export_at<G>(
         p.push(format!(".tmp{}", std::process::id()));
         PathBuf::from(p)
     };
-    let result = make_image(image_dir, &tmp, size, inode_count, id_shift)
+    let result = make_image(image_dir, &tmp, size, inode_count, owners)
         .and_then(|()| std::fs::rename(&tmp, &out).map_err(io_err("rename into place", &out)));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
@@ -176,14 +189,9 @@ fn make_image(
     tmp: &Path,
     size: u64,
     inode_count: u64,
-    shift: u32,
+    owners: Owners,
 ) -> Result<(), Ext4Error> {
     let file = create_sparse(tmp, size)?;
-    // Owned by the namespace's root while mkfs writes it: inside the namespace
-    // host root is unmapped, so a root-owned file would not be writable.
-    std::os::unix::fs::fchown(&file, Some(shift), Some(shift)).map_err(io_err("chown", tmp))?;
-
-    let target = format!("/proc/self/fd/{}", file.as_raw_fd());
     let mut command = mkfs_command("sandbox-image");
     command
         // Never written in the guest: a journal would be dead weight.
@@ -194,15 +202,34 @@ fn make_image(
         // namespace, so no directory above it needs to be searchable by the
         // mapped root.
         .args(["-d", "."])
-        .arg(&target)
         .current_dir(image_dir)
         .env_clear()
         .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
         .stdin(Stdio::null());
-    let output = run_in_shifted_userns(command, shift, file.as_raw_fd())?;
+    let output = match owners {
+        Owners::Shifted(shift) => {
+            // Owned by the namespace's root while mkfs writes it: inside the
+            // namespace host root is unmapped, so a root-owned file would
+            // not be writable.
+            std::os::unix::fs::fchown(&file, Some(shift), Some(shift))
+                .map_err(io_err("chown", tmp))?;
+            command.arg(format!("/proc/self/fd/{}", file.as_raw_fd()));
+            let output = run_in_shifted_userns(command, shift, file.as_raw_fd())?;
+            std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io_err("chown", tmp))?;
+            output
+        }
+        Owners::Host => {
+            command.arg(tmp);
+            match command.output() {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(Ext4Error::MkfsMissing)
+                }
+                other => other.map_err(io_err("run mkfs.ext4 for", tmp))?,
+            }
+        }
+    };
     mkfs_succeeded(&output, image_dir)?;
     file.sync_all().map_err(io_err("sync", tmp))?;
-    std::os::unix::fs::fchown(&file, Some(0), Some(0)).map_err(io_err("chown", tmp))?;
     file.set_permissions(std::fs::Permissions::from_mode(0o444))
         .map_err(io_err("chmod", tmp))?;
     Ok(())
@@ -354,7 +381,7 @@ fn round_up(n: u64, to: u64) -> u64 {
     n.div_ceil(to) * to
 }
 
-fn lock_file(path: &Path) -> Result<nix::fcntl::Flock<File>, Ext4Error> {
+pub(super) fn lock_file(path: &Path) -> Result<nix::fcntl::Flock<File>, Ext4Error> {
     let file = OpenOptions::new()
         .create(true)
         .truncate(false)

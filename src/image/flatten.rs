@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
-use super::ext4::{export_at, Ext4Error};
+use super::ext4::{export_at, Ext4Error, Owners};
 use super::Image;
 
 /// Where exports of layered images live, under the image cache.
@@ -42,19 +42,19 @@ pub fn ensure_layered_ext4(image: &Image, dir: &Path, id_shift: u32) -> Result<P
     let mut lowers: Vec<&Path> = image.layers.iter().map(PathBuf::as_path).collect();
     lowers.push(&image.rootfs);
     let target = merged.clone();
-    export_at(&merged, &out, id_shift, true, move || {
+    export_at(&merged, &out, Owners::Shifted(id_shift), true, move || {
         MergedView::mount(&target, &lowers)
     })
 }
 
 /// A read-only overlay of some layers, unmounted (and its mount point
 /// removed) on drop.
-struct MergedView {
+pub(super) struct MergedView {
     at: PathBuf,
 }
 
 impl MergedView {
-    fn mount(at: &Path, lowers: &[&Path]) -> Result<Self, Ext4Error> {
+    pub(super) fn mount(at: &Path, lowers: &[&Path]) -> Result<Self, Ext4Error> {
         let err = |action: &'static str| {
             let path = at.to_path_buf();
             move |source: std::io::Error| Ext4Error::Io {

@@ -24,6 +24,7 @@ mod cache;
 mod error;
 pub mod ext4;
 pub mod flatten;
+pub mod host_ext4;
 pub mod layered;
 pub mod lowerdir;
 mod mounts;

@@ -65,7 +65,8 @@ pub fn validated_limits(req: &CreateRequest, config: &Config) -> Result<Limits, 
 const MAX_HOST_ROOTFS_LAYERS: usize = 128;
 
 /// Checks a host root's directories: absolute, existing directories, not
-/// symlinks, and a container's only root (no image, spec or snapshot).
+/// symlinks, and the sandbox's only root (no image, spec or snapshot). A
+/// microVM boots them as a disk (`image::host_ext4`).
 pub fn validated_host_rootfs(req: &CreateRequest) -> Result<(), SandboxError> {
     let bad = |message: String| SandboxError::bad("invalid_host_rootfs", message);
     if req.host_rootfs.is_empty() {
@@ -74,11 +75,6 @@ pub fn validated_host_rootfs(req: &CreateRequest) -> Result<(), SandboxError> {
     if req.image.is_some() || req.image_spec.is_some() || req.from_snapshot.is_some() {
         return Err(bad(
             "host_rootfs is the sandbox's root: give it without image or from_snapshot".into(),
-        ));
-    }
-    if req.runtime == Some(crate::model::RuntimeKind::Vm) {
-        return Err(bad(
-            "host_rootfs runs as a container only (a microVM needs its root as a disk); use runtime \"container\"".into(),
         ));
     }
     validated_host_dirs("invalid_host_rootfs", "host_rootfs", &req.host_rootfs)

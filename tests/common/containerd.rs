@@ -18,6 +18,18 @@ pub const RUNTIME: &str = "io.containerd.sandboxd.v2";
 /// The image [`Containerd::import_busybox`] imports.
 pub const IMAGE: &str = "docker.io/library/sbx-busybox:test";
 
+/// Where a containerd of a test keeps its root: /var/tmp, a real file
+/// system (containerd's overlay snapshots need one under them, and /tmp
+/// may be small), unless it is an overlay itself, as in the nested host
+/// (scripts/nested-kvm.sh), whose /tmp is a tmpfs.
+fn snapshot_friendly_tmp() -> &'static str {
+    use nix::sys::statfs::{statfs, OVERLAYFS_SUPER_MAGIC};
+    match statfs("/var/tmp") {
+        Ok(fs) if fs.filesystem_type() == OVERLAYFS_SUPER_MAGIC => "/tmp",
+        _ => "/var/tmp",
+    }
+}
+
 pub fn shim_binary() -> PathBuf {
     let shim = Path::new(crate::common::DAEMON).with_file_name("containerd-shim-sandboxd-v2");
     assert!(
@@ -102,8 +114,7 @@ impl Containerd {
         namespace: &'static str,
         plugins: impl FnOnce(&Path) -> String,
     ) -> Containerd {
-        // Under /var/tmp: overlayfs snapshots need a real filesystem.
-        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let dir = tempfile::tempdir_in(snapshot_friendly_tmp()).expect("tempdir");
         std::fs::write(
             dir.path().join("config.toml"),
             format!(

@@ -260,10 +260,16 @@ impl Manager {
             .config
             .images_dir
             .join(crate::image::flatten::LAYERED_DISKS);
+        let host_owned = root.host_owned;
         let (base_disk, agent_disk) = tokio::task::spawn_blocking(move || {
             // A layered image (pulled, or built from a spec) is merged into
-            // one disk; a single tree is exported as it is.
-            let base = if image.layers.is_empty() {
+            // one disk; a single tree is exported as it is; host directories
+            // (a containerd task's root) keep their ids.
+            let base = if host_owned {
+                let mut dirs = image.layers.clone();
+                dirs.push(image.rootfs.clone());
+                crate::image::host_ext4::ensure_host_ext4(&dirs, &layered_dir)?
+            } else if image.layers.is_empty() {
                 crate::image::ext4::ensure_ext4(&image.rootfs, shift)?
             } else {
                 crate::image::flatten::ensure_layered_ext4(&image, &layered_dir, shift)?
