@@ -45,6 +45,16 @@ pub enum LinkEvent {
     Closed(String),
 }
 
+/// Where a link's request ids start: at random, not at 1. An agent
+/// restored from a snapshot (a fork, by CRIU or the VMM) may still answer
+/// a request of its parent's supervisor that timed out there; counting
+/// from 1 again, the fork's supervisor would sooner or later send a
+/// request under that id and take the stale answer for its own. Among
+/// 2^62 starts, a parent's few ids are never met.
+fn first_request_id() -> u64 {
+    (rand::random::<u64>() >> 2) + 1
+}
+
 pub struct AgentLink {
     stream: UnixStream,
     write_lock: tokio::sync::Mutex<()>,
@@ -76,7 +86,7 @@ impl AgentLink {
             write_lock: tokio::sync::Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
             gate: tokio::sync::RwLock::new(()),
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new(first_request_id()),
             closed: Mutex::new(None),
         });
         let mut decoder = FrameDecoder::new();
@@ -236,5 +246,58 @@ impl AgentLink {
             sent += n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixStream as StdStream;
+
+    /// The agent's side of a link: says hello, then returns the id of the
+    /// first request it reads.
+    fn fake_agent(mut agent: StdStream) -> std::thread::JoinHandle<u64> {
+        use std::io::{Read, Write};
+        std::thread::spawn(move || {
+            let hello = sandbox_proto::encode(&AgentMessage::Hello {
+                version: PROTOCOL_VERSION,
+            })
+            .expect("encode");
+            agent.write_all(&hello).expect("hello");
+            let mut decoder = FrameDecoder::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                if let Some(frame) = decoder.next_frame().expect("frame") {
+                    let request: Request = sandbox_proto::decode(&frame).expect("request");
+                    return request.id;
+                }
+                let n = agent.read(&mut buf).expect("read");
+                assert!(n > 0, "the link closed before a request");
+                decoder.push(&buf[..n]);
+            }
+        })
+    }
+
+    #[tokio::test]
+    async fn links_do_not_start_counting_requests_at_the_same_id() {
+        let mut firsts = Vec::new();
+        for _ in 0..2 {
+            let (host, agent) = StdStream::pair().expect("socketpair");
+            let agent = fake_agent(agent);
+            let (link, _events) =
+                AgentLink::establish(OwnedFd::from(host), Some(Duration::from_secs(5)))
+                    .await
+                    .expect("hello");
+            // Unanswered: the fake agent only reads it.
+            let _ = link
+                .call(RequestBody::Health, &[], Duration::from_millis(200))
+                .await;
+            firsts.push(agent.join().expect("fake agent"));
+        }
+        assert!(firsts.iter().all(|&id| id > 0), "{firsts:?}");
+        assert_ne!(
+            firsts[0], firsts[1],
+            "a fork's link would reuse its parent's ids"
+        );
     }
 }
