@@ -436,6 +436,11 @@ async fn a_sandbox_joins_a_given_network_namespace_with_its_egress_rules() {
             json!({"join_netns": netns, "runtime": "vm"}),
             "for containers",
         ),
+        // The daemon's own (this test shares it): never a sandbox's.
+        (
+            json!({"join_netns": "/proc/self/ns/net"}),
+            "host's own network namespace",
+        ),
     ] {
         let (status, answer) = daemon
             .call(Method::POST, "/v1/sandboxes", Some(body.clone()))

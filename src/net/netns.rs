@@ -57,20 +57,18 @@ pub fn create(path: &Path) -> Result<(), NetnsError> {
 /// Pins the existing network namespace `existing` (a CRI pod's, made by
 /// CNI) at `path` too, so the sandbox uses it like one of its own; the
 /// pin keeps it alive until [`remove`], whoever deletes the original name.
+/// The file is opened once and the pin made from that descriptor, so what
+/// was checked is what is pinned, whatever replaces the name meanwhile.
 pub fn join(existing: &Path, path: &Path) -> Result<(), NetnsError> {
     let fail = |message: String| NetnsError::Create {
         path: path.display().to_string(),
         message,
     };
-    if !is_network_namespace(existing) {
-        return Err(fail(format!(
-            "{} is not a network namespace file",
-            existing.display()
-        )));
-    }
+    let namespace = open_foreign(existing).map_err(fail)?;
     File::create(path).map_err(|e| fail(format!("mount point: {e}")))?;
+    let checked = format!("/proc/self/fd/{}", namespace.as_raw_fd());
     if let Err(e) = mount(
-        Some(existing),
+        Some(checked.as_str()),
         path,
         None::<&str>,
         MsFlags::MS_BIND,
@@ -82,13 +80,30 @@ pub fn join(existing: &Path, path: &Path) -> Result<(), NetnsError> {
     Ok(())
 }
 
-/// Whether `path` is a network namespace (an nsfs file of that type).
-pub fn is_network_namespace(path: &Path) -> bool {
+/// Opens `path` if it is a network namespace other than the one this
+/// process runs in (the host's, where the daemon and the proxies live: a
+/// sandbox never shares it); else says why not.
+pub fn open_foreign(path: &Path) -> Result<File, String> {
+    use std::os::unix::fs::MetadataExt;
+    let not = |why: &str| format!("{} is not a network namespace file: {why}", path.display());
+    let file = File::open(path).map_err(|e| not(&e.to_string()))?;
+    if !is_network_namespace_fd(&file) {
+        return Err(not("another kind of file"));
+    }
+    let ours = std::fs::metadata("/proc/self/ns/net").map_err(|e| not(&e.to_string()))?;
+    let theirs = file.metadata().map_err(|e| not(&e.to_string()))?;
+    if (ours.dev(), ours.ino()) == (theirs.dev(), theirs.ino()) {
+        return Err(format!(
+            "{} is the host's own network namespace; a sandbox joins only a pod's",
+            path.display()
+        ));
+    }
+    Ok(file)
+}
+
+fn is_network_namespace_fd(file: &File) -> bool {
     /// `NS_GET_NSTYPE`: `_IO(0xb7, 0x3)`.
     const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
-    let Ok(file) = File::open(path) else {
-        return false;
-    };
     // SAFETY: NS_GET_NSTYPE takes no argument and returns the type or -1.
     let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE) };
     kind == libc::CLONE_NEWNET
@@ -140,4 +155,41 @@ fn loopback_up() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_pod_namespace_is_pinned_and_the_hosts_own_is_refused() {
+        if !nix::unistd::geteuid().is_root() {
+            sandboxd_test_support::note_skip!(
+                sandboxd_test_support::Reason::NotRoot,
+                "needs root (namespaces, bind mounts)"
+            );
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let (pod, pin, host_pin) = (
+            dir.path().join("pod"),
+            dir.path().join("pin"),
+            dir.path().join("host"),
+        );
+        create(&pod).expect("a pod's namespace");
+        join(&pod, &pin).expect("pinned");
+        let ino = |p: &Path| std::fs::metadata(p).unwrap().ino();
+        assert_eq!(ino(&pin), ino(&pod), "the pin is the pod's namespace");
+        let refused = join(Path::new("/proc/self/ns/net"), &host_pin).unwrap_err();
+        assert!(refused.to_string().contains("host's own"), "{refused}");
+        assert!(!host_pin.exists());
+        let not_ns = join(Path::new("/etc/hostname"), &host_pin).unwrap_err();
+        assert!(
+            not_ns.to_string().contains("not a network namespace"),
+            "{not_ns}"
+        );
+        remove(&pin).unwrap();
+        remove(&pod).unwrap();
+    }
 }

@@ -97,13 +97,19 @@ pub fn validated_join_netns(req: &CreateRequest) -> Result<(), SandboxError> {
             "a fork cannot join a network namespace; create the sandbox fresh".into(),
         ));
     }
-    if !path.is_absolute() || !crate::net::netns::is_network_namespace(path) {
+    if !path.is_absolute() {
         return Err(bad(format!(
-            "join_netns: {} is not a network namespace file (such as /var/run/netns/NAME)",
+            "join_netns: {} is not an absolute path to a network namespace file (such as /var/run/netns/NAME)",
             path.display()
         )));
     }
-    Ok(())
+    crate::net::netns::open_foreign(path)
+        .map(drop)
+        .map_err(|why| {
+            bad(format!(
+                "join_netns: {why} (give a pod's, such as /var/run/netns/NAME)"
+            ))
+        })
 }
 
 /// Checks a hostname the create names: one to 63 of letters, digits, `-`
