@@ -24,9 +24,10 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, CreateContainerRequest, ExecSyncRequest, ImageSpec,
-    ImageStatusRequest, PodSandboxConfig, PodSandboxMetadata, PodSandboxStatusRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
+    CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, PodSandboxConfig,
+    PodSandboxMetadata, PodSandboxState, PodSandboxStatusRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 use upstream::Upstream;
@@ -246,6 +247,54 @@ impl Cri {
             .expect("the pod has an address")
     }
 
+    /// The states CRI reports of pod `pod` and its container `container`.
+    async fn states(&mut self, pod: &str, container: &str) -> (PodSandboxState, ContainerState) {
+        let pod = self
+            .runtime
+            .pod_sandbox_status(PodSandboxStatusRequest {
+                pod_sandbox_id: pod.into(),
+                verbose: false,
+            })
+            .await
+            .expect("PodSandboxStatus")
+            .into_inner();
+        let container = self
+            .runtime
+            .container_status(ContainerStatusRequest {
+                container_id: container.into(),
+                verbose: false,
+            })
+            .await
+            .expect("ContainerStatus")
+            .into_inner();
+        (
+            pod.status.map(|s| s.state()).unwrap_or_default(),
+            container.status.map(|s| s.state()).unwrap_or_default(),
+        )
+    }
+
+    /// Waits (CRI has no events to await) until containerd reports pod
+    /// `pod` not ready and its container `container` exited.
+    async fn await_ended(&mut self, pod: &str, container: &str) {
+        let deadline = tokio::time::Instant::now() + CALL;
+        loop {
+            let states = self.states(pod, container).await;
+            if states
+                == (
+                    PodSandboxState::SandboxNotready,
+                    ContainerState::ContainerExited,
+                )
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "pod {pod} and container {container} still {states:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     async fn remove_pod(&mut self, pod: &str) {
         tokio::time::timeout(
             CALL,
@@ -409,8 +458,29 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     );
     assert_eq!(daemon.sandboxes().await.len(), 2);
 
-    // Stopping and removing the pods leaves nothing in sandboxd, its
-    // cgroups or the host's mounts.
+    // A pod's sandbox that ends outside containerd (deleted here; a
+    // sandbox that dies on its own is the same) ends the pod for the
+    // kubelet: its sandbox container and its containers exit.
+    assert_eq!(
+        cri.states(&closed.0, &shut_in).await,
+        (
+            PodSandboxState::SandboxReady,
+            ContainerState::ContainerRunning
+        ),
+        "positive control"
+    );
+    let closed_sandbox = daemon
+        .sandboxes()
+        .await
+        .iter()
+        .find(|s| s["labels"]["containerd.io/id"] == closed.0.as_str())
+        .and_then(|s| s["id"].as_str().map(str::to_string))
+        .expect("the closed pod's sandbox");
+    daemon.delete(&closed_sandbox).await;
+    cri.await_ended(&closed.0, &shut_in).await;
+
+    // Stopping and removing the pods (the ended one too) leaves nothing
+    // in sandboxd, its cgroups or the host's mounts.
     cri.remove_pod(&web.0).await;
     cri.remove_pod(&closed.0).await;
     assert!(daemon.sandboxes().await.is_empty());

@@ -146,23 +146,81 @@ impl Backoff {
     }
 }
 
-/// The process's exit status, from sandboxd, however long it runs and
-/// across daemon restarts; 137 when sandboxd no longer knows it (its
-/// sandbox was removed under it).
-pub fn wait_exit(daemon: &Daemon, sandbox: &str, api_id: u64) -> u32 {
+/// The exit status of `process` (sandboxd's `api_id`), however long it
+/// runs and across daemon restarts; 137 when sandboxd no longer knows it
+/// (its sandbox was removed under it), or when its end was recorded
+/// otherwise while sandboxd could not answer (its sandbox failed: see
+/// [`watch_sandbox`]).
+pub fn wait_exit(daemon: &Daemon, sandbox: &str, api_id: u64, process: &Process) -> u32 {
     let path = format!("/v1/sandboxes/{sandbox}/processes/{api_id}/wait?timeout_seconds=60");
     let mut backoff = Backoff::new();
     loop {
         match daemon.call("GET", &path, None) {
-            Ok(process) if process["state"] == "running" => backoff = Backoff::new(),
-            Ok(process) => return exit_status(&process),
+            Ok(answer) if answer["state"] == "running" => backoff = Backoff::new(),
+            Ok(answer) => return exit_status(&answer),
             Err(DaemonError::Refused { status: 404, .. }) => return 137,
+            Err(_) if process.has_exited() => return 137,
             Err(e) => {
                 log::debug!("waiting for process {api_id}: {e}");
                 backoff.pause();
             }
         }
     }
+}
+
+/// Follows sandboxd's event log until sandbox `sandbox` fails (it died on
+/// its own) or is deleted, by anyone (true), or until `holder`, the
+/// process that stands for the sandbox, has ended otherwise (false). Reads
+/// the log from its start, so an end before the watch began counts, and
+/// resumes after the last event seen when a restarting daemon breaks the
+/// stream.
+pub fn watch_sandbox(daemon: &Daemon, sandbox: &str, holder: &Process) -> bool {
+    let mut cursor = 0u64;
+    let mut backoff = Backoff::new();
+    loop {
+        match daemon.stream(&format!("/v1/events?cursor={cursor}&follow=true")) {
+            Ok(body) => {
+                backoff = Backoff::new();
+                for line in BufReader::new(body).lines() {
+                    let Ok(line) = line else { break };
+                    let Ok(event) = serde_json::from_str::<Value>(&line) else {
+                        continue;
+                    };
+                    if holder.has_exited() {
+                        return false;
+                    }
+                    if event["kind"] == "events_lost" {
+                        // What was trimmed may have been the end: ask.
+                        if sandbox_gone(daemon, sandbox) {
+                            return true;
+                        }
+                        continue;
+                    }
+                    cursor = event["cursor"].as_u64().unwrap_or(cursor);
+                    let ended = matches!(event["kind"].as_str(), Some("failed" | "deleted"));
+                    if ended && event["sandbox_id"] == sandbox {
+                        return true;
+                    }
+                }
+            }
+            Err(e) => log::debug!("following sandboxd's events for {sandbox}: {e}"),
+        }
+        if holder.has_exited() {
+            return false;
+        }
+        if sandbox_gone(daemon, sandbox) {
+            return true;
+        }
+        backoff.pause();
+    }
+}
+
+/// Whether sandboxd says `sandbox` does not exist (not: cannot answer).
+fn sandbox_gone(daemon: &Daemon, sandbox: &str) -> bool {
+    matches!(
+        daemon.call("GET", &format!("/v1/sandboxes/{sandbox}"), None),
+        Err(DaemonError::Refused { status: 404, .. })
+    )
 }
 
 /// Opens containerd's FIFO for writing without blocking on a reader that

@@ -101,7 +101,7 @@ pub struct Service {
     daemon: Daemon,
     events: Events,
     exit: Arc<ExitSignal>,
-    containers: Mutex<HashMap<String, Arc<Container>>>,
+    containers: Containers,
 }
 
 impl Service {
@@ -113,12 +113,12 @@ impl Service {
                 namespace: namespace.to_string(),
             },
             exit,
-            containers: Mutex::new(HashMap::new()),
+            containers: Arc::new(Mutex::new(HashMap::new())),
         }
     }
 
     fn containers(&self) -> MutexGuard<'_, HashMap<String, Arc<Container>>> {
-        self.containers.lock().unwrap_or_else(|p| p.into_inner())
+        lock_containers(&self.containers)
     }
 
     /// The sandbox of pod sandbox container `pod`, served by this shim.
@@ -142,31 +142,46 @@ impl Service {
     /// Records the end of every process of the pod members in `sandbox`
     /// (the sandbox is gone, and they with it).
     fn record_members_ended(&self, sandbox: &str) {
-        let members: Vec<(String, Arc<Container>)> = self
-            .containers()
-            .iter()
-            .filter(|(_, c)| c.sandbox == sandbox && matches!(c.kind, Kind::PodMember { .. }))
-            .map(|(id, c)| (id.clone(), Arc::clone(c)))
-            .collect();
-        for (id, member) in members {
-            for process in std::iter::once(Arc::clone(&member.init)).chain(member.execs()) {
-                let pid = self.pid_of(&process);
-                self.events.record_exit(&id, &process, pid, 137);
-            }
-        }
+        record_members_ended(&self.containers, &self.events, sandbox);
     }
 
-    /// The pid containerd sees for a process: the shim's own for the init
-    /// (the sandbox's host processes are sandboxd's), the pid inside the
-    /// sandbox for an exec.
     fn pid_of(&self, process: &Process) -> u32 {
-        if process.exec_id.is_empty() {
-            return std::process::id();
+        pid_of(process)
+    }
+}
+
+/// The tasks this shim serves, by container id; shared with the threads
+/// that watch pod sandboxes.
+type Containers = Arc<Mutex<HashMap<String, Arc<Container>>>>;
+
+fn lock_containers(containers: &Containers) -> MutexGuard<'_, HashMap<String, Arc<Container>>> {
+    containers.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records the end of every process of the pod members in `sandbox`.
+fn record_members_ended(containers: &Containers, events: &Events, sandbox: &str) {
+    let members: Vec<(String, Arc<Container>)> = lock_containers(containers)
+        .iter()
+        .filter(|(_, c)| c.sandbox == sandbox && matches!(c.kind, Kind::PodMember { .. }))
+        .map(|(id, c)| (id.clone(), Arc::clone(c)))
+        .collect();
+    for (id, member) in members {
+        for process in std::iter::once(Arc::clone(&member.init)).chain(member.execs()) {
+            events.record_exit(&id, &process, pid_of(&process), 137);
         }
-        match process.state() {
-            State::Running { pid, .. } | State::Exited { pid, .. } => pid,
-            State::Created | State::Starting => 0,
-        }
+    }
+}
+
+/// The pid containerd sees for a process: the shim's own for the init
+/// (the sandbox's host processes are sandboxd's), the pid inside the
+/// sandbox for an exec.
+fn pid_of(process: &Process) -> u32 {
+    if process.exec_id.is_empty() {
+        return std::process::id();
+    }
+    match process.state() {
+        State::Running { pid, .. } | State::Exited { pid, .. } => pid,
+        State::Created | State::Starting => 0,
     }
 }
 
@@ -363,9 +378,25 @@ impl Task for Service {
             ));
         }
         if container.kind == Kind::PodSandbox && req.exec_id.is_empty() {
-            // The sandbox is the pod's; nothing runs for its container.
+            // The sandbox is the pod's; nothing runs for its container,
+            // which ends when it is killed, or when the sandbox ends on
+            // its own or is deleted outside containerd.
             let pid = self.pid_of(&process);
             process.set_running(0, pid);
+            let (daemon, containers, events, process, id) = (
+                self.daemon.clone(),
+                Arc::clone(&self.containers),
+                self.events.clone(),
+                Arc::clone(&process),
+                req.id.clone(),
+            );
+            let sandbox = container.sandbox.clone();
+            std::thread::spawn(move || {
+                if process::watch_sandbox(&daemon, &sandbox, &process) {
+                    record_members_ended(&containers, &events, &sandbox);
+                    events.record_exit(&id, &process, pid, 137);
+                }
+            });
             self.events.publish(
                 TASK_START_EVENT_TOPIC,
                 Box::new(TaskStart {
@@ -444,7 +475,7 @@ impl Task for Service {
             let events = self.events.clone();
             let container_id = req.id.clone();
             std::thread::spawn(move || {
-                let code = process::wait_exit(&daemon, &container.sandbox, api_id);
+                let code = process::wait_exit(&daemon, &container.sandbox, api_id, &process);
                 let _ = output_done.recv_timeout(OUTPUT_GRACE);
                 events.record_exit(&container_id, &process, pid, code);
                 if process.exec_id.is_empty() {
