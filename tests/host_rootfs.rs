@@ -374,6 +374,56 @@ async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_it
     daemon.delete(&id).await;
 }
 
+/// The sandbox's root owns its /run, where roots are attached: a symlink
+/// it puts on the way must stop the attach, not lead it elsewhere.
+#[tokio::test]
+async fn a_symlink_the_sandbox_plants_on_the_roots_path_is_refused_not_followed() {
+    require_host!();
+    let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let pause = common::root_owned_busybox(&host.path().join("pause"));
+    // The image's own /run: the sandbox's root owns it, as in most images.
+    std::fs::create_dir(pause.join("run")).unwrap();
+    let app = common::root_owned_busybox(&host.path().join("app"));
+    let daemon = Daemon::start();
+    let id = daemon
+        .create(json!({"host_rootfs": [pause.display().to_string()]}))
+        .await;
+    let roots = format!("/v1/sandboxes/{id}/roots");
+    let body = |name: &str| json!({"name": name, "host_rootfs": [app.display().to_string()]});
+
+    // Positive control: the path as the sandbox found it works.
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(body("first"))).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let (status, answer) = daemon
+        .call(Method::DELETE, &format!("{roots}/first"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
+
+    let planted = daemon
+        .sh(
+            &id,
+            "mkdir -p /tmp/elsewhere && mv /run/sandboxd /run/sandboxd.old && ln -s /tmp/elsewhere /run/sandboxd && echo planted",
+        )
+        .await;
+    assert_eq!(planted.out(), "planted\n", "{}", planted.err());
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(body("app"))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("symlink"), "{answer}");
+    assert_eq!(
+        daemon.sh(&id, "ls -A /tmp/elsewhere | wc -l").await.out(),
+        "0\n",
+        "nothing was made or mounted through the link"
+    );
+    // The name is free again once the path is sound.
+    daemon.sh(&id, "rm /run/sandboxd").await;
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(body("app"))).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let seen = sh_in_root(&daemon, &id, "app", "ls /bin/busybox").await;
+    assert_eq!(seen.out(), "/bin/busybox\n", "{}", seen.err());
+    daemon.delete(&id).await;
+}
+
 #[tokio::test]
 async fn a_sandbox_joins_a_given_network_namespace_with_its_egress_rules() {
     require_host!();

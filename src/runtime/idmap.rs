@@ -73,7 +73,7 @@ pub fn idmap_layers(
                 source,
             }
         };
-        let tree = open_tree_clone(layer).map_err(fail("open_tree"))?;
+        let tree = open_tree_clone(layer, false).map_err(fail("open_tree"))?;
         set_idmap(&tree, &userns).map_err(fail("mount_setattr"))?;
         let target = under.join(index.to_string());
         std::fs::create_dir_all(&target).map_err(fail("making its mount point"))?;
@@ -88,8 +88,15 @@ fn cstring(path: &Path) -> io::Result<std::ffi::CString> {
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))
 }
 
-pub(crate) fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+/// A detached clone of the mount at `path` (with the mounts beneath it
+/// when `recursive`).
+pub(crate) fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
     let path = cstring(path)?;
+    let recursive = if recursive {
+        libc::AT_RECURSIVE as u32
+    } else {
+        0
+    };
     // SAFETY: open_tree(2) with a NUL-terminated path that outlives the
     // call; it returns a new descriptor or -1.
     let fd = unsafe {
@@ -98,7 +105,10 @@ pub(crate) fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
             libc::AT_FDCWD,
             path.as_ptr(),
             // A symlink swapped in after validation is not followed.
-            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_SYMLINK_NOFOLLOW as u32,
+            libc::OPEN_TREE_CLONE
+                | libc::OPEN_TREE_CLOEXEC
+                | libc::AT_SYMLINK_NOFOLLOW as u32
+                | recursive,
         )
     };
     if fd < 0 {

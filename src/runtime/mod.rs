@@ -11,6 +11,7 @@
 //! start that sandboxes' shifted ids can reach their run directory and agent.
 
 pub mod agent_binary;
+pub mod beneath;
 pub mod cgroups;
 pub mod container;
 pub mod criu;

@@ -8,19 +8,22 @@
 //! sandbox's mount namespace at `sandbox_proto::container_root(name)`,
 //! with the sandbox's `/proc`, `/dev` and `/sys` and its `/etc/hosts`,
 //! `/etc/hostname` and `/etc/resolv.conf` bound in; the agent chroots
-//! spawns naming the root there. The host does the mounting because the
+//! spawns naming the root there. That tree is the sandbox's to change
+//! while the host works in it, so each step there is taken beneath a
+//! descriptor through no symlink (`super::beneath`). The host does the mounting because the
 //! sandbox cannot: its seccomp filter refuses the mount calls to all in it.
 
 use std::fs::{self, File, Permissions};
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{lchown, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::mount::{umount2, MntFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 use sandbox_proto::{container_root, CONTAINER_ROOTS_DIR};
 
+use super::beneath::{mount_onto, Dir};
 use super::idmap::{idmap_layers, open_tree_clone, IdmapError};
 use super::paths::SandboxPaths;
 use super::sandbox::SandboxSpec;
@@ -174,7 +177,7 @@ fn mount_and_clone(
     super::container::mount_overlay(target, &idmapped.paths(), upper, work)
         .map_err(fail("mounting its overlay"))?;
     make_mount_points(spec, name, target)?;
-    let clone = open_tree_clone(target).map_err(fail("cloning its overlay"))?;
+    let clone = open_tree_clone(target, false).map_err(fail("cloning its overlay"))?;
     // Its own peer group: mounts made on either side never propagate.
     set_private(&clone).map_err(fail("making its clone private"))?;
     Ok(clone)
@@ -257,50 +260,103 @@ fn set_private(tree: &OwnedFd) -> io::Result<()> {
 }
 
 /// Attaches `root` (from [`make`]) as container root `name` inside the
-/// mount namespace of the sandbox whose init is host pid `init_pid`.
+/// mount namespace of the sandbox whose init is host pid `init_pid`. The
+/// sandbox's root can change that tree at any moment, so every step is
+/// taken beneath a descriptor and through no symlink ([`super::beneath`]).
 pub fn attach(init_pid: i32, name: &str, root: &OwnedFd) -> Result<(), PodRootError> {
     in_mount_namespace(init_pid, name, || {
-        let io_err = |step: &'static str| failed(name, step);
-        let dir = Path::new(CONTAINER_ROOTS_DIR).join(name);
-        fs::create_dir_all(CONTAINER_ROOTS_DIR).map_err(io_err("making the roots directory"))?;
-        match fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-                return Err(PodRootError::Exists(name.into()))
-            }
-            Err(e) => return Err(io_err("making its directory")(e)),
+        let step = |step: &'static str| refused_or_failed(name, step);
+        let roots = Dir::root()
+            .and_then(|top| top.make_all(CONTAINER_ROOTS_DIR.trim_start_matches('/'), 0o755))
+            .map_err(step("making the roots directory"))?;
+        if !roots
+            .make(name, 0o755)
+            .map_err(step("making its directory"))?
+        {
+            return Err(PodRootError::Exists(name.into()));
         }
-        let target = PathBuf::from(container_root(name));
-        let attached = fs::create_dir(&target)
-            .map_err(io_err("making its mount point"))
-            .and_then(|()| {
-                super::idmap::move_mount(root, &target).map_err(io_err("attaching its overlay"))
+        let attached = roots
+            .open(name)
+            .and_then(|dir| {
+                dir.make("rootfs", 0o755)?;
+                dir.open("rootfs")
             })
-            .and_then(|()| bind_shared(name, &target));
+            .map_err(step("making its mount point"))
+            .and_then(|target| {
+                mount_onto(root, target.as_fd()).map_err(step("attaching its overlay"))
+            })
+            // Opened again: the name now leads to the overlay's root.
+            .and_then(|()| {
+                roots
+                    .open(&format!("{name}/rootfs"))
+                    .map_err(step("opening it"))
+            })
+            .and_then(|mounted| bind_shared(name, &mounted));
         if let Err(e) = attached {
-            let _ = umount2(&target, MntFlags::MNT_DETACH);
-            let _ = fs::remove_dir(&target);
-            let _ = fs::remove_dir(&dir);
+            if let Ok(dir) = roots.open(name) {
+                let _ = unmount_rootfs_of(&dir);
+            }
+            remove_dirs(&roots, name);
             return Err(e);
         }
         Ok(())
     })
 }
 
+/// Unmounts the `rootfs` mount of root directory `dir` (with all bound
+/// inside it), named from `dir` itself: the thread works in it (its
+/// filesystem context is its own, see [`in_mount_namespace`]) and the
+/// name is not followed if it has become a symlink.
+fn unmount_rootfs_of(dir: &Dir) -> nix::Result<()> {
+    nix::unistd::fchdir(dir.as_fd().as_raw_fd())?;
+    umount2("rootfs", MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)
+}
+
+/// Removes root `name`'s directories under `roots` once nothing is
+/// mounted there (best effort: a busy one stays).
+fn remove_dirs(roots: &Dir, name: &str) {
+    for dir in [format!("{name}/rootfs"), name.to_string()] {
+        let _ = nix::unistd::unlinkat(
+            Some(roots.as_fd().as_raw_fd()),
+            dir.as_str(),
+            nix::unistd::UnlinkatFlags::RemoveDir,
+        );
+    }
+}
+
 /// Unmounts container root `name` (and all bound inside it) in the
 /// sandbox whose init is host pid `init_pid`.
 pub fn detach(init_pid: i32, name: &str) -> Result<(), PodRootError> {
     in_mount_namespace(init_pid, name, || {
-        let target = PathBuf::from(container_root(name));
-        if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
-            return Err(PodRootError::Missing(name.into()));
-        }
-        umount2(&target, MntFlags::MNT_DETACH | MntFlags::UMOUNT_NOFOLLOW)
-            .map_err(|e| failed(name, "unmounting it")(e.into()))?;
-        let _ = fs::remove_dir(&target);
-        let _ = fs::remove_dir(Path::new(CONTAINER_ROOTS_DIR).join(name));
+        let missing = |_| PodRootError::Missing(name.into());
+        let roots = Dir::root()
+            .and_then(|top| top.open(CONTAINER_ROOTS_DIR.trim_start_matches('/')))
+            .map_err(missing)?;
+        let dir = roots.open(name).map_err(missing)?;
+        dir.open("rootfs").map_err(missing)?;
+        unmount_rootfs_of(&dir).map_err(|e| failed(name, "unmounting it")(e.into()))?;
+        remove_dirs(&roots, name);
         Ok(())
     })
+}
+
+/// A failed step of an attach: a symlink met on the way (ELOOP) or a way
+/// out of the tree (EXDEV) is the sandbox's doing, refused as unsafe.
+fn refused_or_failed<'a>(
+    name: &'a str,
+    step: &'static str,
+) -> impl Fn(io::Error) -> PodRootError + 'a {
+    move |e| match e.raw_os_error() {
+        Some(libc::ELOOP | libc::EXDEV | libc::ENOTDIR) => PodRootError::UnsafeTarget {
+            name: name.into(),
+            path: format!("{} ({step})", container_root(name)),
+        },
+        _ => PodRootError::Io {
+            name: name.into(),
+            step,
+            source: e,
+        },
+    }
 }
 
 /// Runs `work` on a thread of its own that entered the mount namespace of
@@ -333,44 +389,38 @@ fn in_mount_namespace<T: Send>(
     })
 }
 
-/// Binds the sandbox's shared directories and /etc files into `root`, on
-/// the mount points [`make_mount_points`] made. Still checked: a process
-/// of the sandbox may have replaced one since (the mount would follow a
-/// symlink elsewhere in the sandbox).
-fn bind_shared(name: &str, root: &Path) -> Result<(), PodRootError> {
-    let unsafe_target = |path: &Path| PodRootError::UnsafeTarget {
-        name: name.into(),
-        path: path.display().to_string(),
-    };
-    let bind = |source: &Path, target: &Path, flags: MsFlags| {
-        mount(
-            Some(source),
-            target,
-            None::<&str>,
-            MsFlags::MS_BIND | flags,
-            None::<&str>,
-        )
-        .map_err(|e| {
-            failed(
-                name,
-                "binding the sandbox's /proc, /dev, /sys or /etc files",
-            )(e.into())
-        })
+/// Binds the sandbox's shared directories and /etc files into `root` (the
+/// attached overlay's root), on the mount points [`make_mount_points`]
+/// made. A process of the sandbox may have replaced one since: each is
+/// looked up beneath `root` through no symlink, and the bind goes onto
+/// what was looked up.
+fn bind_shared(name: &str, root: &Dir) -> Result<(), PodRootError> {
+    let step = |step: &'static str| refused_or_failed(name, step);
+    let clone = |source: &Path, recursive: bool| {
+        open_tree_clone(source, recursive).map_err(failed(
+            name,
+            "cloning the sandbox's /proc, /dev, /sys or /etc files",
+        ))
     };
     for dir in SHARED_DIRS {
-        let target = root.join(dir);
-        if !fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
-            return Err(unsafe_target(&target));
-        }
-        bind(&Path::new("/").join(dir), &target, MsFlags::MS_REC)?;
+        let target = root.open(dir).map_err(step("opening a mount point"))?;
+        let tree = clone(&Path::new("/").join(dir), true)?;
+        mount_onto(&tree, target.as_fd()).map_err(step("binding a shared directory"))?;
     }
+    let etc = root.open("etc").map_err(step("opening /etc"))?;
     for file in SHARED_FILES {
         let source = Path::new("/etc").join(file);
-        let target = root.join("etc").join(file);
-        if !source.exists() || !fs::symlink_metadata(&target).is_ok_and(|m| m.is_file()) {
+        let Some(target) = etc
+            .regular_file(file)
+            .map_err(step("opening an /etc file"))?
+        else {
+            continue;
+        };
+        if !source.exists() {
             continue;
         }
-        bind(&source, &target, MsFlags::empty())?;
+        let tree = clone(&source, false)?;
+        mount_onto(&tree, target.as_fd()).map_err(step("binding an /etc file"))?;
     }
     Ok(())
 }

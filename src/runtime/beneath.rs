@@ -1,0 +1,147 @@
+//! Path operations done as host root inside a tree that a sandbox's own
+//! root can change (its mount namespace, seen from the supervisor): every
+//! lookup starts at a directory descriptor and follows no symlink
+//! (`openat2` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS`), and mounts go
+//! onto the descriptor that was looked up (`move_mount` with
+//! `MOVE_MOUNT_T_EMPTY_PATH`). A name swapped for a symlink in between
+//! fails the step (ELOOP) instead of leading somewhere else.
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
+
+/// A directory held open (`O_PATH`) for lookups beneath it.
+pub struct Dir(OwnedFd);
+
+impl Dir {
+    /// The root of the calling thread's mount namespace.
+    pub fn root() -> io::Result<Dir> {
+        let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC);
+        open(libc::AT_FDCWD, "/", how).map(Dir)
+    }
+
+    /// The directory at `path` (relative, any number of components)
+    /// beneath this one, through no symlink.
+    pub fn open(&self, path: &str) -> io::Result<Dir> {
+        // No O_NOFOLLOW: with it a trailing symlink would be opened
+        // itself; without it RESOLVE_NO_SYMLINKS refuses it (ELOOP).
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        open(self.0.as_raw_fd(), path, how).map(Dir)
+    }
+
+    /// Makes directory `name` here (owned by the caller, `mode`); false
+    /// when something of that name is already there.
+    pub fn make(&self, name: &str, mode: u32) -> io::Result<bool> {
+        match mkdirat(
+            Some(self.0.as_raw_fd()),
+            name,
+            Mode::from_bits_truncate(mode),
+        ) {
+            Ok(()) => Ok(true),
+            Err(nix::errno::Errno::EEXIST) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Directory `path` (relative) beneath this one, each missing
+    /// component made with `mode` on the way.
+    pub fn make_all(&self, path: &str, mode: u32) -> io::Result<Dir> {
+        let mut dir = self.open(".")?;
+        for name in path.split('/').filter(|c| !c.is_empty()) {
+            dir.make(name, mode)?;
+            dir = dir.open(name)?;
+        }
+        Ok(dir)
+    }
+
+    /// Regular file `path` (relative) beneath this one, through no
+    /// symlink, held `O_PATH`; `None` when it is not there or is
+    /// something else (a symlink too).
+    pub fn regular_file(&self, path: &str) -> io::Result<Option<OwnedFd>> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let file = match open(self.0.as_raw_fd(), path, how) {
+            Ok(file) => file,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let stat = fstat(file.as_raw_fd())?;
+        let regular = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG;
+        Ok(regular.then_some(file))
+    }
+}
+
+impl AsFd for Dir {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+fn open(dirfd: i32, path: &str, how: OpenHow) -> io::Result<OwnedFd> {
+    let fd = openat2(dirfd, path, how)?;
+    // SAFETY: openat2 just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Mounts the detached `tree` on `target`, the very file or directory the
+/// descriptor holds.
+pub fn mount_onto(tree: &OwnedFd, target: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: move_mount(2) of a detached tree onto a descriptor, both
+    // borrowed for the call, with empty paths (NUL-terminated literals).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookups_follow_no_symlink_and_stay_beneath() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("link")).unwrap();
+        std::fs::create_dir(tmp.path().join("real")).unwrap();
+        std::fs::write(tmp.path().join("real/file"), "x").unwrap();
+        std::os::unix::fs::symlink("file", tmp.path().join("real/file-link")).unwrap();
+        let top = Dir::root()
+            .unwrap()
+            .open(tmp.path().to_str().unwrap().trim_start_matches('/'))
+            .unwrap();
+
+        // Positive control: real names resolve, and make_all makes them.
+        assert!(top.open("real").is_ok());
+        assert!(top.regular_file("real/file").unwrap().is_some());
+        top.make_all("real/a/b", 0o755).unwrap();
+        assert!(tmp.path().join("real/a/b").is_dir());
+
+        let looped = |r: io::Result<Dir>| r.err().and_then(|e| e.raw_os_error());
+        assert_eq!(looped(top.open("link")), Some(libc::ELOOP));
+        assert_eq!(looped(top.make_all("link/made", 0o755)), Some(libc::ELOOP));
+        assert_eq!(looped(top.open("../")), Some(libc::EXDEV));
+        assert!(std::fs::read_dir(outside.path()).unwrap().next().is_none());
+        assert!(
+            top.regular_file("real/file-link").unwrap().is_none(),
+            "a symlink"
+        );
+        assert!(top.regular_file("real/missing").unwrap().is_none());
+        assert!(top.regular_file("real/a").unwrap().is_none(), "a directory");
+    }
+}
