@@ -26,8 +26,8 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
     CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxState, PodSandboxStatusRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+    PodSandboxMetadata, PodSandboxState, PodSandboxStatus, PodSandboxStatusRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 use upstream::Upstream;
@@ -230,18 +230,21 @@ impl Cri {
         )
     }
 
-    async fn pod_ip(&mut self, pod: &str) -> String {
-        let status = self
-            .runtime
+    async fn pod_status(&mut self, pod: &str) -> Option<PodSandboxStatus> {
+        self.runtime
             .pod_sandbox_status(PodSandboxStatusRequest {
                 pod_sandbox_id: pod.into(),
                 verbose: false,
             })
             .await
             .expect("PodSandboxStatus")
-            .into_inner();
-        status
+            .into_inner()
             .status
+    }
+
+    async fn pod_ip(&mut self, pod: &str) -> String {
+        self.pod_status(pod)
+            .await
             .and_then(|s| s.network)
             .map(|n| n.ip)
             .expect("the pod has an address")
@@ -249,15 +252,7 @@ impl Cri {
 
     /// The states CRI reports of pod `pod` and its container `container`.
     async fn states(&mut self, pod: &str, container: &str) -> (PodSandboxState, ContainerState) {
-        let pod = self
-            .runtime
-            .pod_sandbox_status(PodSandboxStatusRequest {
-                pod_sandbox_id: pod.into(),
-                verbose: false,
-            })
-            .await
-            .expect("PodSandboxStatus")
-            .into_inner();
+        let pod = self.pod_status(pod).await;
         let container = self
             .runtime
             .container_status(ContainerStatusRequest {
@@ -268,7 +263,7 @@ impl Cri {
             .expect("ContainerStatus")
             .into_inner();
         (
-            pod.status.map(|s| s.state()).unwrap_or_default(),
+            pod.map(|s| s.state()).unwrap_or_default(),
             container.status.map(|s| s.state()).unwrap_or_default(),
         )
     }

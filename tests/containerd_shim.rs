@@ -25,6 +25,35 @@ fn text(out: &Output) -> String {
     )
 }
 
+/// Spawns `ctr` (a `ctr run` of a task that prints `ready` first) and
+/// returns it once that line came.
+fn started_saying_ready(mut ctr: std::process::Command, daemon: &Daemon) -> std::process::Child {
+    ctr.stdout(Stdio::piped());
+    let mut attached = ctr.spawn().expect("ctr run");
+    let mut first = String::new();
+    BufReader::new(attached.stdout.take().expect("stdout"))
+        .read_line(&mut first)
+        .expect("read ctr's output");
+    assert_eq!(first, "ready\n", "{}", daemon.log());
+    attached
+}
+
+/// `ctr task exec` into running `task`: its output and exit code come back.
+fn assert_exec_answers(containerd: &Containerd, task: &str) {
+    let exec = containerd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e1",
+        task,
+        "sh",
+        "-c",
+        "echo from exec; exit 5",
+    ]);
+    assert_eq!(exec.status.code(), Some(5), "{}", text(&exec));
+    assert!(text(&exec).contains("from exec"), "{}", text(&exec));
+}
+
 #[tokio::test]
 async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothing_left() {
     require_host!();
@@ -61,7 +90,7 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
     // A long task: exec into it, then kill it from outside. ctr stays
     // attached, so its first line says the task runs and its exit says
     // the kill arrived.
-    let mut attached = containerd.ctr_command(&[
+    let attached = containerd.ctr_command(&[
         "run",
         "--rm",
         "--runtime",
@@ -78,13 +107,7 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         "-c",
         "echo ready; exec sleep 1000",
     ]);
-    attached.stdout(Stdio::piped());
-    let mut attached = attached.spawn().expect("ctr run");
-    let mut first = String::new();
-    BufReader::new(attached.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("read ctr's output");
-    assert_eq!(first, "ready\n");
+    let mut attached = started_saying_ready(attached, &daemon);
     let live = daemon.sandboxes().await;
     assert_eq!(live.len(), 1, "{live:?}");
     assert_eq!(live[0]["labels"]["containerd.io/id"], "t-long", "{live:?}");
@@ -102,18 +125,7 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         json!(["pypi.org", "example.com"]),
         "{live:?}"
     );
-    let exec = containerd.ctr(&[
-        "task",
-        "exec",
-        "--exec-id",
-        "e1",
-        "t-long",
-        "sh",
-        "-c",
-        "echo from exec; exit 5",
-    ]);
-    assert_eq!(exec.status.code(), Some(5), "{}", text(&exec));
-    assert!(text(&exec).contains("from exec"), "{}", text(&exec));
+    assert_exec_answers(&containerd, "t-long");
     let tasks = containerd.ctr_ok(&["task", "ls"]);
     assert!(
         tasks.contains("t-long") && tasks.contains("RUNNING"),
@@ -438,31 +450,13 @@ async fn ctr_runs_a_task_annotated_vm_as_a_linux_microvm() {
         "-c",
         "echo ready; exec sleep 1000",
     ]);
-    let mut attached = containerd.ctr_command(&long);
-    attached.stdout(Stdio::piped());
-    let mut attached = attached.spawn().expect("ctr run");
-    let mut first = String::new();
-    BufReader::new(attached.stdout.take().expect("stdout"))
-        .read_line(&mut first)
-        .expect("read ctr's output");
-    assert_eq!(first, "ready\n", "{}", daemon.log());
+    let mut attached = started_saying_ready(containerd.ctr_command(&long), &daemon);
     let live = daemon.sandboxes().await;
     assert_eq!(live.len(), 1, "{live:?}");
     assert_eq!(live[0]["runtime"], "vm", "{live:?}");
     assert_eq!(live[0]["image"], "host-rootfs", "{live:?}");
     let sandbox = live[0]["id"].as_str().expect("id").to_string();
-    let exec = containerd.ctr(&[
-        "task",
-        "exec",
-        "--exec-id",
-        "e1",
-        "t-vm-long",
-        "sh",
-        "-c",
-        "echo from exec; exit 5",
-    ]);
-    assert_eq!(exec.status.code(), Some(5), "{}", text(&exec));
-    assert!(text(&exec).contains("from exec"), "{}", text(&exec));
+    assert_exec_answers(&containerd, "t-vm-long");
     containerd.ctr_ok(&["task", "kill", "t-vm-long"]);
     let ended = attached.wait().expect("ctr run ends");
     assert_eq!(ended.code(), Some(143), "SIGTERM's status reaches ctr");
