@@ -149,6 +149,12 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         "{metrics}"
     );
 
+    let sleepers = "ps -o args | grep -c '^sleep 100[01]$'";
+    assert_eq!(
+        daemon.sh(&sandbox, sleepers).await.out(),
+        "1\n",
+        "positive control: the task's sleep is seen"
+    );
     containerd.ctr_ok(&["task", "kill", "t-long"]);
     let ended = attached.wait().expect("ctr run ends");
     assert_eq!(ended.code(), Some(143), "SIGTERM's status reaches ctr");
@@ -163,6 +169,54 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         !common::cgroup::sandbox_dir("pids", &sandbox).exists(),
         "no cgroup of the task's sandbox is left"
     );
+
+    // A task's processes end with its init, as under runc: what it left
+    // running in the background too. Detached, so the ended task stays
+    // (ctr run deletes it) for a look; an exec ends its init.
+    containerd.ctr_ok(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "t-leaves",
+        "sh",
+        "-c",
+        "sleep 1001 >/dev/null 2>&1 & echo $$ > /tmp/init; exec sleep 1000",
+    ]);
+    let mut events = containerd.ctr_command(&["events"]);
+    events.stdout(Stdio::piped());
+    let mut events = events.spawn().expect("ctr events");
+    let mut exits = BufReader::new(events.stdout.take().expect("stdout")).lines();
+    let _ = containerd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "end",
+        "t-leaves",
+        "sh",
+        "-c",
+        "until [ -s /tmp/init ]; do sleep 0.02; done; kill $(cat /tmp/init)",
+    ]);
+    // The init's exit as containerd hears of it (not the exec's).
+    let init_exit = exits
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("/tasks/exit") && l.contains(r#""id":"t-leaves""#));
+    let _ = events.kill();
+    let _ = events.wait();
+    assert!(
+        init_exit
+            .as_deref()
+            .is_some_and(|l| l.contains(r#""exit_status":143"#)),
+        "{init_exit:?}"
+    );
+    let live = daemon.sandboxes().await;
+    let stopped = live[0]["id"].as_str().expect("the ended task's sandbox");
+    assert_eq!(daemon.sh(stopped, sleepers).await.out(), "0\n");
+    containerd.ctr_ok(&["task", "rm", "t-leaves"]);
+    containerd.ctr_ok(&["containers", "rm", "t-leaves"]);
+    assert!(daemon.sandboxes().await.is_empty());
 
     // What sandboxd cannot honour is refused naming the field.
     let refused = containerd.ctr(&[

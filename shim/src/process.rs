@@ -345,6 +345,16 @@ pub fn copy_stdin(daemon: &Daemon, sandbox: &str, api_id: u64, path: &str) {
 }
 
 /// Sends sandboxd process `api_id` `signal`.
+/// SIGKILLs what is left of process `api_id`'s tree (sandboxd kills
+/// through the process's cgroup, which outlives the process itself).
+/// Best effort: a sandbox already gone has nothing left.
+pub fn kill_tree(daemon: &Daemon, sandbox: &str, api_id: u64) {
+    let path = format!("/v1/sandboxes/{sandbox}/processes/{api_id}/kill");
+    if let Err(e) = daemon.call("POST", &path, None) {
+        log::debug!("killing what process {api_id} left: {e}");
+    }
+}
+
 pub fn signal(daemon: &Daemon, sandbox: &str, api_id: u64, signal: u32) -> Result<(), DaemonError> {
     let path = format!("/v1/sandboxes/{sandbox}/processes/{api_id}/signal");
     daemon

@@ -477,10 +477,15 @@ impl Task for Service {
             std::thread::spawn(move || {
                 let code = process::wait_exit(&daemon, &container.sandbox, api_id, &process);
                 let _ = output_done.recv_timeout(OUTPUT_GRACE);
-                events.record_exit(&container_id, &process, pid, code);
                 if process.exec_id.is_empty() {
+                    // As a pid namespace's processes die with its init
+                    // under runc: the execs, and what the init left
+                    // running in the background, before containerd
+                    // hears of the exit.
                     kill_execs(&daemon, &container);
+                    process::kill_tree(&daemon, &container.sandbox, api_id);
                 }
+                events.record_exit(&container_id, &process, pid, code);
             });
         }
         if req.exec_id.is_empty() {
