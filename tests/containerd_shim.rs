@@ -38,6 +38,63 @@ fn started_saying_ready(mut ctr: std::process::Command, daemon: &Daemon) -> std:
     attached
 }
 
+/// Counts the tasks' `sleep 1000` and `sleep 1001` in a sandbox.
+const SLEEPERS: &str = "ps -o args | grep -c '^sleep 100[01]$'";
+
+/// A task's processes end with its init, as under runc: what it left
+/// running in the background too. The task runs detached (with `extra`
+/// ctr flags), so that it stays once ended (ctr run deletes it) for a
+/// look; an exec ends its init.
+async fn assert_leftovers_end_with_the_init(
+    containerd: &Containerd,
+    daemon: &Daemon,
+    extra: &[&str],
+) {
+    let mut run = vec!["run", "-d", "--runtime", RUNTIME];
+    run.extend(extra);
+    run.extend([
+        IMAGE,
+        "t-leaves",
+        "sh",
+        "-c",
+        "sleep 1001 >/dev/null 2>&1 & echo $$ > /tmp/init; exec sleep 1000",
+    ]);
+    containerd.ctr_ok(&run);
+    let mut events = containerd.ctr_command(&["events"]);
+    events.stdout(Stdio::piped());
+    let mut events = events.spawn().expect("ctr events");
+    let mut exits = BufReader::new(events.stdout.take().expect("stdout")).lines();
+    let _ = containerd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "end",
+        "t-leaves",
+        "sh",
+        "-c",
+        "until [ -s /tmp/init ]; do sleep 0.02; done; kill $(cat /tmp/init)",
+    ]);
+    // The init's exit as containerd hears of it (not the exec's).
+    let init_exit = exits
+        .by_ref()
+        .map_while(Result::ok)
+        .find(|l| l.contains("/tasks/exit") && l.contains(r#""id":"t-leaves""#));
+    let _ = events.kill();
+    let _ = events.wait();
+    assert!(
+        init_exit
+            .as_deref()
+            .is_some_and(|l| l.contains(r#""exit_status":143"#)),
+        "{init_exit:?}"
+    );
+    let live = daemon.sandboxes().await;
+    let stopped = live[0]["id"].as_str().expect("the ended task's sandbox");
+    assert_eq!(daemon.sh(stopped, SLEEPERS).await.out(), "0\n");
+    containerd.ctr_ok(&["task", "rm", "t-leaves"]);
+    containerd.ctr_ok(&["containers", "rm", "t-leaves"]);
+    assert!(daemon.sandboxes().await.is_empty());
+}
+
 /// `ctr task exec` into running `task`: its output and exit code come back.
 fn assert_exec_answers(containerd: &Containerd, task: &str) {
     let exec = containerd.ctr(&[
@@ -149,9 +206,8 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         "{metrics}"
     );
 
-    let sleepers = "ps -o args | grep -c '^sleep 100[01]$'";
     assert_eq!(
-        daemon.sh(&sandbox, sleepers).await.out(),
+        daemon.sh(&sandbox, SLEEPERS).await.out(),
         "1\n",
         "positive control: the task's sleep is seen"
     );
@@ -170,53 +226,7 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         "no cgroup of the task's sandbox is left"
     );
 
-    // A task's processes end with its init, as under runc: what it left
-    // running in the background too. Detached, so the ended task stays
-    // (ctr run deletes it) for a look; an exec ends its init.
-    containerd.ctr_ok(&[
-        "run",
-        "-d",
-        "--runtime",
-        RUNTIME,
-        IMAGE,
-        "t-leaves",
-        "sh",
-        "-c",
-        "sleep 1001 >/dev/null 2>&1 & echo $$ > /tmp/init; exec sleep 1000",
-    ]);
-    let mut events = containerd.ctr_command(&["events"]);
-    events.stdout(Stdio::piped());
-    let mut events = events.spawn().expect("ctr events");
-    let mut exits = BufReader::new(events.stdout.take().expect("stdout")).lines();
-    let _ = containerd.ctr(&[
-        "task",
-        "exec",
-        "--exec-id",
-        "end",
-        "t-leaves",
-        "sh",
-        "-c",
-        "until [ -s /tmp/init ]; do sleep 0.02; done; kill $(cat /tmp/init)",
-    ]);
-    // The init's exit as containerd hears of it (not the exec's).
-    let init_exit = exits
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains("/tasks/exit") && l.contains(r#""id":"t-leaves""#));
-    let _ = events.kill();
-    let _ = events.wait();
-    assert!(
-        init_exit
-            .as_deref()
-            .is_some_and(|l| l.contains(r#""exit_status":143"#)),
-        "{init_exit:?}"
-    );
-    let live = daemon.sandboxes().await;
-    let stopped = live[0]["id"].as_str().expect("the ended task's sandbox");
-    assert_eq!(daemon.sh(stopped, sleepers).await.out(), "0\n");
-    containerd.ctr_ok(&["task", "rm", "t-leaves"]);
-    containerd.ctr_ok(&["containers", "rm", "t-leaves"]);
-    assert!(daemon.sandboxes().await.is_empty());
+    assert_leftovers_end_with_the_init(&containerd, &daemon, &[]).await;
 
     // What sandboxd cannot honour is refused naming the field.
     let refused = containerd.ctr(&[
@@ -511,6 +521,11 @@ async fn ctr_runs_a_task_annotated_vm_as_a_linux_microvm() {
     assert_eq!(live[0]["image"], "host-rootfs", "{live:?}");
     let sandbox = live[0]["id"].as_str().expect("id").to_string();
     assert_exec_answers(&containerd, "t-vm-long");
+    assert_eq!(
+        daemon.sh(&sandbox, SLEEPERS).await.out(),
+        "1\n",
+        "positive control: the task's sleep is seen"
+    );
     containerd.ctr_ok(&["task", "kill", "t-vm-long"]);
     let ended = attached.wait().expect("ctr run ends");
     assert_eq!(ended.code(), Some(143), "SIGTERM's status reaches ctr");
@@ -518,6 +533,7 @@ async fn ctr_runs_a_task_annotated_vm_as_a_linux_microvm() {
         .ctr_ok(&["containers", "ls", "-q"])
         .contains("t-vm-long"));
     common::linux_vm::assert_nothing_left(&daemon, &[&sandbox]).await;
+    assert_leftovers_end_with_the_init(&containerd, &daemon, &vm).await;
 
     // Both tasks booted one disk of the image (their upperdirs empty).
     let disks: Vec<String> = std::fs::read_dir(common::images_dir().join("vm-disks"))

@@ -425,11 +425,28 @@ pub fn signal(agent: &Agent, proc: u64, signal: i32) -> Result<Reply, ProcError>
     if !(0..=libc::SIGRTMAX()).contains(&signal) {
         return Err(ProcError::BadSignal(signal));
     }
-    let (pid, reaped) = {
+    let found = {
         let table = agent.procs();
-        let entry = table.procs.get(&proc).ok_or(ProcError::Unknown(proc))?;
-        (entry.pid.ok_or(ProcError::Starting(proc))?, entry.reaped)
+        table
+            .procs
+            .get(&proc)
+            .map(|entry| (entry.pid, entry.reaped))
     };
+    let Some((pid, reaped)) = found else {
+        // An ended process's group outlives it while what it left in the
+        // background runs: a kill still ends that (as cgroups do for a
+        // container's processes on the host).
+        if let (libc::SIGKILL, Some(groups)) = (signal, guest_groups::get()) {
+            if groups
+                .kill(proc)
+                .map_err(|source| ProcError::Signal { proc, source })?
+            {
+                return Ok(Reply::Ok);
+            }
+        }
+        return Err(ProcError::Unknown(proc));
+    };
+    let pid = pid.ok_or(ProcError::Starting(proc))?;
     if let (libc::SIGKILL, Some(groups)) = (signal, guest_groups::get()) {
         match groups.kill(proc) {
             Ok(true) => return Ok(Reply::Ok),
