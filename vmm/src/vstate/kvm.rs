@@ -146,9 +146,12 @@ impl KvmContext {
                 return Err(KvmError::MissingCap(what));
             }
         }
-        let supported_cpuid = kvm
+        let mut supported_cpuid = kvm
             .get_supported_cpuid(KVM_MAX_CPUID_ENTRIES)
             .map_err(KvmError::SupportedCpuid)?;
+        if kvm.check_extension(Cap::TscDeadlineTimer) {
+            crate::arch::cpuid::offer_tsc_deadline_timer(&mut supported_cpuid);
+        }
         let max_vcpus = kvm.get_max_vcpus();
         Ok(KvmContext {
             kvm,

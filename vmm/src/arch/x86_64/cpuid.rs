@@ -18,6 +18,22 @@ const EBX_CLFLUSH_MASK: u32 = 0x0000_ff00;
 const EDX_HTT: u32 = 1 << 28;
 /// Leaf 1 ECX: running under a hypervisor.
 const ECX_HYPERVISOR: u32 = 1 << 31;
+/// Leaf 1 ECX: the local APIC timer has a TSC-deadline mode.
+const ECX_TSC_DEADLINE_TIMER: u32 = 1 << 24;
+
+/// Adds the TSC-deadline timer to `supported` where KVM emulates it
+/// (`KVM_CAP_TSC_DEADLINE_TIMER`): KVM_GET_SUPPORTED_CPUID leaves it out and
+/// expects the VMM to add it. Without it a Linux guest calibrates its APIC
+/// timer against the PIT at boot, waiting out a tenth of a second of ticks
+/// (`calibrate_APIC_clock`); with it, the timer counts in TSC units that
+/// kvmclock already knows.
+pub fn offer_tsc_deadline_timer(supported: &mut CpuId) {
+    for entry in supported.as_mut_slice() {
+        if entry.function == LEAF_FEATURES {
+            entry.ecx |= ECX_TSC_DEADLINE_TIMER;
+        }
+    }
+}
 
 /// The CPUID for vCPU `vcpu_id` of `vcpu_count`, derived from `supported`
 /// (KVM_GET_SUPPORTED_CPUID).
@@ -68,5 +84,27 @@ mod tests {
         assert_ne!(leaf1.ecx & ECX_HYPERVISOR, 0);
         assert_ne!(leaf1.edx & EDX_HTT, 0);
         assert_eq!(cpuid.as_slice()[1].edx, 3);
+    }
+
+    #[test]
+    fn the_tsc_deadline_timer_is_offered_in_leaf_1_only() {
+        let mut supported = CpuId::from_entries(&[
+            kvm_cpuid_entry2 {
+                function: LEAF_FEATURES,
+                ecx: 0x1,
+                ..Default::default()
+            },
+            kvm_cpuid_entry2 {
+                function: LEAF_EXT_TOPOLOGY,
+                ..Default::default()
+            },
+        ])
+        .expect("two entries fit");
+        offer_tsc_deadline_timer(&mut supported);
+        assert_eq!(supported.as_slice()[0].ecx, 0x1 | ECX_TSC_DEADLINE_TIMER);
+        assert_eq!(supported.as_slice()[1].ecx, 0);
+        // And it survives the per-vCPU patching.
+        let leaf1 = vcpu_cpuid(&supported, 0, 1).as_slice()[0];
+        assert_ne!(leaf1.ecx & ECX_TSC_DEADLINE_TIMER, 0);
     }
 }
