@@ -94,7 +94,11 @@ pub enum RequestBody {
     /// Start a process. Reply: [`Reply::Spawned`].
     Spawn(SpawnRequest),
     /// Append bytes to a process's stdin. Reply: [`Reply::Ok`] once written.
-    WriteStdin { proc: u64, data: Vec<u8> },
+    WriteStdin {
+        proc: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     /// Close a process's stdin. Reply: [`Reply::Ok`].
     CloseStdin { proc: u64 },
     /// Send a signal to a process (its process group when it has one).
@@ -107,7 +111,11 @@ pub enum RequestBody {
     /// Open a file for reading. Reply: [`Reply::Opened`] with its size.
     OpenRead { path: String },
     /// Write to a handle from [`RequestBody::OpenWrite`]. Reply: [`Reply::Ok`].
-    Write { handle: u64, data: Vec<u8> },
+    Write {
+        handle: u64,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
     /// Read up to `max` bytes (at most [`MAX_CHUNK`]). Reply: [`Reply::Data`], empty at EOF.
     Read { handle: u64, max: u32 },
     /// Close a handle. Written files are not fsynced: the writable layer does
@@ -132,7 +140,11 @@ pub enum RequestBody {
     /// neither share the snapshot's entropy nor its wall time. A container's
     /// agent refuses it (the host kernel's RNG and clock are already shared).
     /// Reply: [`Reply::Ok`].
-    Reseed { seed: Vec<u8>, unix_time_ns: u64 },
+    Reseed {
+        #[serde(with = "serde_bytes")]
+        seed: Vec<u8>,
+        unix_time_ns: u64,
+    },
     /// The TCP sockets listening in the sandbox's network namespace (the
     /// kernel's `/proc/net/tcp` and `tcp6` as the agent sees them).
     /// Reply: [`Reply::Listening`], sorted by port, then address.
@@ -175,6 +187,7 @@ pub struct SpawnRequest {
     pub argv: Vec<String>,
     /// Source code to run: the agent writes it to a private file and appends
     /// that file's path to `argv` (run-code).
+    #[serde(with = "serde_bytes")]
     pub code: Option<Vec<u8>>,
     /// The complete environment of the process.
     pub env: Vec<(String, String)>,
@@ -215,7 +228,7 @@ pub enum Reply {
         handle: u64,
         size: u64,
     },
-    Data(Vec<u8>),
+    Data(#[serde(with = "serde_bytes")] Vec<u8>),
     Stat(FileStat),
     Entries(Vec<FileStat>),
     Error(AgentError),
@@ -235,6 +248,7 @@ pub enum AgentMessage {
     Output {
         proc: u64,
         stream: Stream,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     Exit {

@@ -147,6 +147,18 @@ fn what_the_guest_reads() {
             vec![9, 2, 3, 0],
         ),
         (
+            // Byte fields are a length and the bytes, as a sequence of u8
+            // was before they were encoded as one slice.
+            Request {
+                id: 9,
+                body: RequestBody::WriteStdin {
+                    proc: 3,
+                    data: vec![7, 0xff],
+                },
+            },
+            vec![9, 2, 3, 2, 7, 0xff],
+        ),
+        (
             Request {
                 id: 9,
                 body: RequestBody::CloseStdin { proc: 3 },

@@ -68,6 +68,7 @@ pub enum SupervisorRequest {
     },
     WriteStdin {
         proc: u64,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     CloseStdin {
@@ -152,6 +153,7 @@ pub enum SupervisorRequest {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpawnSpec {
     pub argv: Vec<String>,
+    #[serde(with = "serde_bytes")]
     pub code: Option<Vec<u8>>,
     /// Added to (and overriding) the sandbox's environment.
     pub env: Vec<(String, String)>,
@@ -178,6 +180,7 @@ pub enum SupervisorReply {
     Output {
         stream: Stream,
         offset: u64,
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
     },
     Dropped {
