@@ -91,37 +91,52 @@ impl Manager {
         }
     }
 
-    /// Before a sandbox with bindings is ready: its supervisor gets the
-    /// values and leaves, and its trust bundle gets the daemon's CA.
-    pub(super) async fn install_secrets(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
-        self.install_secrets_over(record, None).await
-    }
-
     /// [`Self::install_secrets`] for a sandbox whose trust bundle is known
-    /// to be its image's, untouched (a pooled one at its claim): the
-    /// image's bundle is read on the host, not through the agent.
+    /// to be its image's, untouched (a pooled one at its claim): the bundle
+    /// it needs is made once per image on the host, not read through the
+    /// agent.
     pub(super) async fn install_secrets_fresh(
         &self,
         record: &SandboxRecord,
     ) -> Result<(), SandboxError> {
-        let image = self.image_by_digest(&record.image, &record.image_digest);
-        let roots = image.and_then(|image| {
-            let path = crate::image::Layered::of(&image).find(TRUST_BUNDLE_PATH)?;
-            std::fs::read(path).ok()
-        });
-        self.install_secrets_over(record, Some(roots)).await
-    }
-
-    /// `image_roots`: the sandbox's trust bundle now when the caller knows
-    /// it (`Some(None)`: it has none), else read through the agent.
-    async fn install_secrets_over(
-        &self,
-        record: &SandboxRecord,
-        image_roots: Option<Option<Vec<u8>>>,
-    ) -> Result<(), SandboxError> {
         if record.secrets.is_empty() {
             return Ok(());
         }
+        self.tell_secrets(record).await?;
+        let bundle = self.secrets.image_trust_bundle(&record.image_digest, || {
+            let image = self.image_by_digest(&record.image, &record.image_digest)?;
+            let path = crate::image::Layered::of(&image).find(TRUST_BUNDLE_PATH)?;
+            std::fs::read(path).ok()
+        })?;
+        match bundle {
+            Some(bundle) => self.write_trust_bundle(record, bundle.to_vec()).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Before a sandbox with bindings is ready: its supervisor gets the
+    /// values and leaves, and its trust bundle gets the daemon's CA. The
+    /// bundle is read through the agent: it may differ from its image's
+    /// (a fork).
+    pub(super) async fn install_secrets(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
+        if record.secrets.is_empty() {
+            return Ok(());
+        }
+        self.tell_secrets(record).await?;
+        let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
+            .await
+            .map_err(|e| not_running(&record.id, e))?;
+        let roots = read_file(&mut client, TRUST_BUNDLE_PATH).await;
+        if self.secrets.trusts_authority(roots.as_deref())? {
+            // A fork, or an image made from a sandbox that had secrets.
+            return Ok(());
+        }
+        let bundle = self.secrets.trust_bundle(roots)?;
+        self.write_trust_bundle(record, bundle).await
+    }
+
+    /// The sandbox's supervisor gets the values and leaves of its bindings.
+    async fn tell_secrets(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
         // A rotation or deletion while this runs pushes only to ready
         // sandboxes: tell this one again until none came in between (a
         // few times at most: a storm of rotations still leaves it with a
@@ -138,22 +153,17 @@ impl Manager {
                 break;
             }
         }
+        Ok(())
+    }
+
+    async fn write_trust_bundle(
+        &self,
+        record: &SandboxRecord,
+        bundle: Vec<u8>,
+    ) -> Result<(), SandboxError> {
         let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
             .await
             .map_err(|e| not_running(&record.id, e))?;
-        let image_roots = match image_roots {
-            Some(known) => known,
-            None => read_file(&mut client, TRUST_BUNDLE_PATH).await,
-        };
-        let ca = self.secrets.authority()?;
-        if image_roots
-            .as_deref()
-            .is_some_and(|r| String::from_utf8_lossy(r).contains(ca.cert_pem().trim()))
-        {
-            // A fork, or an image made from a sandbox that had secrets.
-            return Ok(());
-        }
-        let bundle = self.secrets.trust_bundle(image_roots)?;
         write_file(&mut client, TRUST_BUNDLE_PATH, bundle)
             .await
             .map_err(|e| {

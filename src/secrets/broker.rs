@@ -3,6 +3,7 @@
 //! on first use. A value leaves this module only opened into a
 //! [`Brokered`] for a supervisor's socket.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -120,6 +121,10 @@ pub struct SecretBroker {
     generation: std::sync::atomic::AtomicU64,
     sealer: Mutex<Option<Arc<Sealer>>>,
     authority: Mutex<Option<Arc<Authority>>>,
+    /// The trust bundle a fresh sandbox of an image needs, by image
+    /// digest (`None`: the image's own already holds the CA). The CA is
+    /// the daemon's for its whole life, so a bundle never goes stale.
+    image_bundles: Mutex<HashMap<String, Option<Arc<Vec<u8>>>>>,
 }
 
 fn now() -> String {
@@ -135,6 +140,7 @@ impl SecretBroker {
             generation: Default::default(),
             sealer: Mutex::new(None),
             authority: Mutex::new(None),
+            image_bundles: Mutex::new(HashMap::new()),
         }
     }
 
@@ -268,6 +274,10 @@ impl SecretBroker {
         if names.len() > MAX_BOUND {
             return Err(SecretError::TooManyBound { count: names.len() });
         }
+        if names.is_empty() {
+            // Most creates bind nothing: no store read for them.
+            return Ok(Vec::new());
+        }
         let stored = self.store.all_secrets::<StoredSecret>()?;
         let mut bindings: Vec<SecretBinding> = Vec::new();
         for name in names {
@@ -332,6 +342,45 @@ impl SecretBroker {
 
     /// The trust bundle a sandbox with bound secrets gets: its image's own
     /// roots (the host's when it has none), then the daemon's CA.
+    /// The bundle a sandbox of image `digest` whose trust bundle is still
+    /// the image's (`image_roots` reads it) must get, made once per image:
+    /// `None` when the image's bundle already holds the CA (an image made
+    /// from a sandbox that had secrets).
+    pub fn image_trust_bundle(
+        &self,
+        digest: &str,
+        image_roots: impl FnOnce() -> Option<Vec<u8>>,
+    ) -> Result<Option<Arc<Vec<u8>>>, SecretError> {
+        if let Some(known) = self
+            .image_bundles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(digest)
+        {
+            return Ok(known.clone());
+        }
+        let roots = image_roots();
+        let bundle = if self.trusts_authority(roots.as_deref())? {
+            None
+        } else {
+            Some(Arc::new(self.trust_bundle(roots)?))
+        };
+        self.image_bundles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(digest.to_string(), bundle.clone());
+        Ok(bundle)
+    }
+
+    /// Whether `roots` (a trust bundle) already holds the daemon's CA.
+    pub fn trusts_authority(&self, roots: Option<&[u8]>) -> Result<bool, SecretError> {
+        let Some(roots) = roots else {
+            return Ok(false);
+        };
+        let authority = self.authority()?;
+        Ok(String::from_utf8_lossy(roots).contains(authority.cert_pem().trim()))
+    }
+
     pub fn trust_bundle(&self, image_roots: Option<Vec<u8>>) -> Result<Vec<u8>, SecretError> {
         let mut bundle = image_roots
             .filter(|r| !r.is_empty())
@@ -402,6 +451,39 @@ mod tests {
         drop(broker);
         let raw = std::fs::read(dir.path().join("s.redb")).unwrap();
         assert!(!raw.windows(9).any(|w| w == b"sk-real-1"));
+    }
+
+    #[test]
+    fn an_images_trust_bundle_is_made_once_and_none_when_it_holds_the_ca() {
+        let (_dir, broker) = broker();
+        let reads = std::cell::Cell::new(0);
+        let roots = || {
+            reads.set(reads.get() + 1);
+            Some(b"-----BEGIN CERTIFICATE-----\nimage root\n-----END CERTIFICATE-----".to_vec())
+        };
+        let made = broker
+            .image_trust_bundle("sha256:a", roots)
+            .unwrap()
+            .unwrap();
+        let again = broker
+            .image_trust_bundle("sha256:a", roots)
+            .unwrap()
+            .unwrap();
+        assert_eq!(reads.get(), 1, "the image's bundle is read once");
+        assert!(Arc::ptr_eq(&made, &again));
+        let text = String::from_utf8_lossy(&made);
+        assert!(
+            text.starts_with("-----BEGIN CERTIFICATE-----\nimage root"),
+            "{text}"
+        );
+        assert!(broker.trusts_authority(Some(&made)).unwrap());
+        // An image made from a sandbox that had secrets already holds it.
+        let held = made.to_vec();
+        assert!(broker
+            .image_trust_bundle("sha256:b", || Some(held))
+            .unwrap()
+            .is_none());
+        assert!(!broker.trusts_authority(None).unwrap());
     }
 
     #[test]
