@@ -12,7 +12,8 @@
 # is shared writable at the same path (what the command leaves for the
 # caller). CMD runs as root in the current directory, with this environment;
 # its output is printed as it comes, and the script exits with its status
-# (124 when the timeout, 1800 s by default, ended the nested host first).
+# (124 when the timeout, 1800 s by default, ended the nested host first, or
+# when it hung: a CPU stuck for 120 s by its kernel's watchdog).
 # The nested host's kernel log is kept in the control directory named on
 # failure. cgroups there are v2 only.
 #
@@ -154,12 +155,30 @@ timeout --foreground "$timeout_s" qemu-system-x86_64 \
 qemu=$!
 tail -n +1 -f --pid="$qemu" "$ctl/output" &
 tailer=$!
+# QEMU's TCG sometimes stops a nested host for good (its CPUs stuck in a
+# nested guest, seen with one vCPU and with two): the kernel's watchdog
+# then reports a soft lockup that only grows. A CPU stuck for 120 s has
+# never come back, so that report ends the run at once, as the timeout
+# would much later (the caller may boot it again).
+stuck='soft lockup - CPU#[0-9]+ stuck for (1[2-9][0-9]|[2-9][0-9][0-9]|[0-9]{4,})s'
+(
+	if tail -n +1 -f --pid="$qemu" "$ctl/console.log" | grep -m1 -qE "$stuck"; then
+		: >"$ctl/hung"
+		kill "$qemu" 2>/dev/null || true
+	fi
+) &
+watcher=$!
 wait "$qemu" || status=$?
 wait "$tailer" || true
+wait "$watcher" || true
 if [[ -f $ctl/status ]]; then
 	status=$(cat "$ctl/status")
 	rm -rf "$ctl"
 	exit "$status"
+fi
+if [[ -f $ctl/hung ]]; then
+	echo "nested-kvm: the nested host hung (a CPU stuck for 120 s, stopped then); its kernel log: $ctl/console.log" >&2
+	exit 124
 fi
 if ((status == 124)); then
 	echo "nested-kvm: the nested host ran past ${timeout_s}s; its kernel log: $ctl/console.log" >&2
