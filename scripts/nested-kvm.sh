@@ -126,6 +126,8 @@ echo "$moddir" >"$ctl/modules-dir"
 printf '%s\n' "${l1_modules[@]}" >"$ctl/modules-load"
 : >"$ctl/shares"
 : >"$ctl/output"
+# Made before QEMU opens it, so the hang watcher below can follow it.
+: >"$ctl/console.log"
 virtfs=(-virtfs "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap"
 	-virtfs "local,path=$ctl,mount_tag=nestedctl,security_model=passthrough,multidevs=remap")
 for i in "${!rw[@]}"; do
@@ -162,6 +164,8 @@ tailer=$!
 # would much later (the caller may boot it again).
 stuck='soft lockup - CPU#[0-9]+ stuck for (1[2-9][0-9]|[2-9][0-9][0-9]|[0-9]{4,})s'
 (
+	# grep's status, not tail's: tail ends with EPIPE once grep has matched.
+	set +o pipefail
 	if tail -n +1 -f --pid="$qemu" "$ctl/console.log" | grep -m1 -qE "$stuck"; then
 		: >"$ctl/hung"
 		kill "$qemu" 2>/dev/null || true
