@@ -108,10 +108,13 @@ impl Manager {
             let path = crate::image::Layered::of(&image).find(TRUST_BUNDLE_PATH)?;
             std::fs::read(path).ok()
         })?;
-        match bundle {
-            Some(bundle) => self.write_trust_bundle(record, bundle.to_vec()).await,
-            None => Ok(()),
-        }
+        let Some(bundle) = bundle else {
+            return Ok(());
+        };
+        let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
+            .await
+            .map_err(|e| not_running(&record.id, e))?;
+        write_trust_bundle(&mut client, bundle.to_vec()).await
     }
 
     /// Before a sandbox with bindings is ready: its supervisor gets the
@@ -132,7 +135,7 @@ impl Manager {
             return Ok(());
         }
         let bundle = self.secrets.trust_bundle(roots)?;
-        self.write_trust_bundle(record, bundle).await
+        write_trust_bundle(&mut client, bundle).await
     }
 
     /// The sandbox's supervisor gets the values and leaves of its bindings.
@@ -155,23 +158,19 @@ impl Manager {
         }
         Ok(())
     }
+}
 
-    async fn write_trust_bundle(
-        &self,
-        record: &SandboxRecord,
-        bundle: Vec<u8>,
-    ) -> Result<(), SandboxError> {
-        let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
-            .await
-            .map_err(|e| not_running(&record.id, e))?;
-        write_file(&mut client, TRUST_BUNDLE_PATH, bundle)
-            .await
-            .map_err(|e| {
-                SandboxError::internal(format!(
-                    "writing the trust bundle {TRUST_BUNDLE_PATH} into the sandbox: {e}"
-                ))
-            })
-    }
+async fn write_trust_bundle(
+    client: &mut SupervisorClient,
+    bundle: Vec<u8>,
+) -> Result<(), SandboxError> {
+    write_file(client, TRUST_BUNDLE_PATH, bundle)
+        .await
+        .map_err(|e| {
+            SandboxError::internal(format!(
+                "writing the trust bundle {TRUST_BUNDLE_PATH} into the sandbox: {e}"
+            ))
+        })
 }
 
 /// A file in the sandbox, through its agent; `None` when it cannot be read.

@@ -340,8 +340,6 @@ impl SecretBroker {
         Ok(out)
     }
 
-    /// The trust bundle a sandbox with bound secrets gets: its image's own
-    /// roots (the host's when it has none), then the daemon's CA.
     /// The bundle a sandbox of image `digest` whose trust bundle is still
     /// the image's (`image_roots` reads it) must get, made once per image:
     /// `None` when the image's bundle already holds the CA (an image made
@@ -381,6 +379,8 @@ impl SecretBroker {
         Ok(String::from_utf8_lossy(roots).contains(authority.cert_pem().trim()))
     }
 
+    /// The trust bundle a sandbox with bound secrets gets: its image's own
+    /// roots (the host's when it has none), then the daemon's CA.
     pub fn trust_bundle(&self, image_roots: Option<Vec<u8>>) -> Result<Vec<u8>, SecretError> {
         let mut bundle = image_roots
             .filter(|r| !r.is_empty())
