@@ -157,6 +157,12 @@ pub struct ConfigOverrides {
     /// a host its own: a daemon removes groups under it that no record owns.
     #[arg(long)]
     pub cgroup_parent: Option<String>,
+    /// Remount the host's cgroup2 with `favordynmods` at start (default
+    /// true), so the cgroup move in every create does not wait out an RCU
+    /// grace period; forks and exits host-wide pay a memory barrier
+    /// instead. false leaves the mount as it is.
+    #[arg(long)]
+    pub cgroup_favor_dynmods: Option<bool>,
     /// Also serve `/metrics` over TCP on this address (e.g. 127.0.0.1:9464).
     #[arg(long)]
     pub metrics_address: Option<std::net::SocketAddr>,
@@ -361,6 +367,7 @@ pub struct Config {
     /// Where image builds fetch packages from.
     pub package_sources: crate::image::built::PackageSources,
     pub cgroup_parent: String,
+    pub cgroup_favor_dynmods: bool,
     pub log_format: LogFormat,
     pub stop_sandboxes_on_exit: bool,
     pub default_egress: crate::net::policy::DefaultEgress,
@@ -654,6 +661,7 @@ impl Config {
                 },
             },
             cgroup_parent: pick!(cgroup_parent, "/sandboxd".to_string()),
+            cgroup_favor_dynmods: pick!(cgroup_favor_dynmods, true),
             log_format: match pick!(log_format, "text".to_string()).as_str() {
                 "text" => LogFormat::Text,
                 "json" => LogFormat::Json,

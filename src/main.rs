@@ -247,12 +247,31 @@ fn lock_state_dir(config: &Config) -> anyhow::Result<Flock<std::fs::File>> {
     }
 }
 
+/// A host that refuses only costs creates time, so it is a warning.
+fn favor_cgroup_dynmods() {
+    use sandboxd::runtime::cgroup_dynmods::{favor_dynamic_modifications, DynmodsOutcome};
+    match favor_dynamic_modifications() {
+        Ok(DynmodsOutcome::TurnedOn { mount_point }) => tracing::info!(
+            "remounted {} with favordynmods: moving a sandbox into its cgroups no longer waits for an RCU grace period (cgroup_favor_dynmods = false leaves the mount alone)",
+            mount_point.display()
+        ),
+        Ok(DynmodsOutcome::AlreadyOn) => {}
+        Ok(DynmodsOutcome::NoCgroup2) => tracing::info!(
+            "no cgroup2 mount to give favordynmods: each create may wait for an RCU grace period; boot with cgroup_favordynmods=true to avoid it"
+        ),
+        Err(e) => tracing::warn!("{e}"),
+    }
+}
+
 fn run_daemon(config: Config) -> anyhow::Result<()> {
     let _lock = lock_state_dir(&config)?;
     // The daemon holds brokered secrets' values: no core dump, and no
     // ptrace but by a process with CAP_SYS_PTRACE.
     sandboxd::secrets::make_undumpable()?;
     sandboxd::runtime::agent_binary::check(&config.agent_path)?;
+    if config.cgroup_favor_dynmods {
+        favor_cgroup_dynmods();
+    }
     // Checked before anything is opened, so a refusal leaves nothing behind.
     let remote = match config.remote_api.listen {
         Some(listen) => Some(sandboxd::api::remote::PreparedRemoteApi::prepare(

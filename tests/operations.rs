@@ -2,7 +2,9 @@
 //! errors that name the field, a run dir sandboxes cannot reach refused at
 //! start, systemd units that verify, a SIGKILL of the daemon in the middle
 //! of creates that loses no ready sandbox and leaves nothing half-made, and
-//! a SIGTERM with `stop_sandboxes_on_exit` that leaves nothing at all.
+//! a SIGTERM with `stop_sandboxes_on_exit` that leaves nothing at all, and
+//! cgroup2's `favordynmods` turned on at start without losing the root's
+//! other options.
 
 mod common;
 
@@ -199,6 +201,73 @@ fn a_run_dir_under_a_closed_folder_is_refused_at_start_with_the_fix() {
     ] {
         assert!(output.contains(&part), "no {part:?} in: {output}");
     }
+}
+
+/// The host's cgroup2 mount point, its per-mount options and its root's
+/// options, from mountinfo.
+fn cgroup2_mount() -> (String, String, String) {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    mountinfo
+        .lines()
+        .find_map(|line| {
+            let (mount, fs) = line.split_once(" - ")?;
+            let fs: Vec<&str> = fs.split(' ').collect();
+            let mount: Vec<&str> = mount.split(' ').collect();
+            (fs.first() == Some(&"cgroup2")).then(|| {
+                (
+                    mount[4].to_string(),
+                    mount[5].to_string(),
+                    fs[2].to_string(),
+                )
+            })
+        })
+        .expect("this host mounts cgroup2 (hybrid or unified)")
+}
+
+/// Remounts cgroup2 with the root's options as they are but `favordynmods`.
+fn remount_cgroup2_without_favordynmods() {
+    use nix::mount::{mount, MsFlags};
+    let (point, mount_options, root_options) = cgroup2_mount();
+    let flags = mount_options
+        .split(',')
+        .fold(MsFlags::MS_REMOUNT, |f, o| match o {
+            "nosuid" => f | MsFlags::MS_NOSUID,
+            "nodev" => f | MsFlags::MS_NODEV,
+            "noexec" => f | MsFlags::MS_NOEXEC,
+            "relatime" => f | MsFlags::MS_RELATIME,
+            _ => f,
+        });
+    let data: Vec<&str> = root_options
+        .split(',')
+        .filter(|o| !["rw", "favordynmods"].contains(o))
+        .collect();
+    mount(
+        None::<&str>,
+        point.as_str(),
+        None::<&str>,
+        flags,
+        Some(data.join(",").as_str()),
+    )
+    .expect("remount cgroup2 without favordynmods");
+}
+
+#[test]
+fn the_daemon_turns_favordynmods_on_and_keeps_the_cgroup2_roots_other_options() {
+    require_host!();
+    remount_cgroup2_without_favordynmods();
+    let (point, mount_before, root_before) = cgroup2_mount();
+    assert!(
+        !root_before.split(',').any(|o| o == "favordynmods"),
+        "{point} still favours dynmods: {root_before}"
+    );
+    let _daemon = Daemon::start();
+    let (_, mount_after, root_after) = cgroup2_mount();
+    let after: BTreeSet<&str> = root_after.split(',').collect();
+    assert!(after.contains("favordynmods"), "{point}: {root_after}");
+    for option in root_before.split(',') {
+        assert!(after.contains(option), "{option} lost: {root_after}");
+    }
+    assert_eq!(mount_after, mount_before, "{point}'s own flags changed");
 }
 
 #[test]

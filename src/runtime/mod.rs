@@ -8,10 +8,12 @@
 //! is asked to make is a [`sandbox::SandboxSpec`], under the run dir's
 //! [`paths::SandboxPaths`]; [`launch`] is the one entry that starts,
 //! checkpoints and destroys a sandbox of any kind. [`traverse`] checks at
-//! start that sandboxes' shifted ids can reach their run directory and agent.
+//! start that sandboxes' shifted ids can reach their run directory and agent;
+//! [`cgroup_dynmods`] spares each create's cgroup move an RCU grace period.
 
 pub mod agent_binary;
 pub mod beneath;
+pub mod cgroup_dynmods;
 pub mod cgroups;
 pub mod container;
 pub mod criu;
