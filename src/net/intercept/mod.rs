@@ -14,7 +14,7 @@ pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use rustls::sign::CertifiedKey;
 use serde::{Deserialize, Serialize};
@@ -105,20 +105,23 @@ struct Bound {
 /// What the proxy asks about secrets, and their substitution counts.
 pub struct Interceptor {
     bound: RwLock<Arc<Bound>>,
-    /// Why there is none: intercepted hosts are then refused with the reason.
-    upstream: Result<UpstreamTls, String>,
+    /// Made at the first intercepted connection: most sandboxes never make
+    /// one, and parsing the system's trust bundle cost every create about
+    /// 2 ms. Why there is none: intercepted hosts are then refused with
+    /// the reason.
+    upstream: OnceLock<Result<UpstreamTls, String>>,
+    extra_ca: Vec<PathBuf>,
     substituted: Mutex<BTreeMap<String, u64>>,
 }
 
 impl Interceptor {
-    /// Nothing bound yet; upstream roots from the system and `extra_ca`.
+    /// Nothing bound yet; upstream roots from the system and `extra_ca`,
+    /// read when first needed.
     pub fn new(extra_ca: &[PathBuf]) -> Interceptor {
-        let upstream = tls::upstream_roots(extra_ca)
-            .and_then(UpstreamTls::new)
-            .map_err(|e| e.to_string());
         Interceptor {
             bound: RwLock::new(Arc::default()),
-            upstream,
+            upstream: OnceLock::new(),
+            extra_ca: extra_ca.to_vec(),
             substituted: Mutex::new(BTreeMap::new()),
         }
     }
@@ -199,7 +202,14 @@ impl Interceptor {
     }
 
     fn upstream_tls(&self) -> Result<&UpstreamTls, String> {
-        self.upstream.as_ref().map_err(Clone::clone)
+        self.upstream
+            .get_or_init(|| {
+                tls::upstream_roots(&self.extra_ca)
+                    .and_then(UpstreamTls::new)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
     /// Replaces the placeholders of the secrets bound to `name` in
