@@ -14,7 +14,6 @@ use std::path::Path;
 use libcontainer::container::builder::ContainerBuilder;
 use libcontainer::container::Container;
 use libcontainer::syscall::syscall::SyscallType;
-use libcontainer::workload::default::DefaultExecutor;
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use nix::mount::{mount, MsFlags};
 use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
@@ -22,6 +21,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 use super::cgroups::{Layout, SandboxCgroups};
 use super::paths::SandboxPaths;
 use super::sandbox::{SandboxSpec, Started};
+use super::seccomp_filter::{sandbox_filter, SandboxExecutor};
 use super::spec::{build_spec, enter_netns, ContainerSpecInput};
 use crate::net::netns;
 use sandbox_proto::AGENT_LINK_FD;
@@ -170,10 +170,11 @@ fn create_and_start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<i32, C
             message: e.to_string(),
         }
     };
+    let filter = sandbox_filter().map_err(ContainerError::Spec)?;
     let built = ContainerBuilder::new(config.id.clone(), SyscallType::default())
         .with_root_path(paths.container_root())
         .map_err(runtime_err("set its state directory"))?
-        .with_executor(DefaultExecutor {})
+        .with_executor(SandboxExecutor { filter })
         .with_preserved_fds(1)
         .with_stdin(null().map_err(prepare("stdio"))?)
         .with_stdout(null().map_err(prepare("stdio"))?)

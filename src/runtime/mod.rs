@@ -25,6 +25,7 @@ pub mod pod_roots;
 pub mod reaped;
 pub mod sandbox;
 pub mod seccomp;
+pub mod seccomp_filter;
 pub mod spec;
 pub mod traverse;
 pub mod virt;

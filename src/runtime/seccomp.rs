@@ -9,8 +9,9 @@
 //! mount API, keyrings, bpf, io_uring, module loading, clocks, kexec, vsock, and
 //! the other usual suspects.
 //!
-//! Encoding notes that the rules below depend on (libcontainer 0.7, checked in its
-//! source and by the kernel test at the bottom of this file):
+//! Encoding notes that the rules below depend on (libcontainer 0.7's, which
+//! [`super::seccomp_filter`] compiles alike; checked in its source and by the kernel
+//! test at the bottom of this file, which loads the filter the sandboxes get):
 //! - Several argument conditions on one rule that name the same argument are split
 //!   by libcontainer into separate rules (OR). Every rule here therefore carries a
 //!   single condition, so its meaning does not depend on that split.
@@ -570,8 +571,11 @@ mod tests {
         // process (a throwaway probe process).
         let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
         assert_eq!(rc, 0, "PR_SET_NO_NEW_PRIVS");
-        match libcontainer::seccomp::initialize_seccomp(&p) {
-            Ok(_) => println!("PROBE loaded=ok"),
+        let loaded = crate::runtime::seccomp_filter::CompiledFilter::compile(&p)
+            .map_err(|e| e.to_string())
+            .and_then(|f| f.install().map_err(|e| e.to_string()));
+        match loaded {
+            Ok(()) => println!("PROBE loaded=ok"),
             Err(e) => {
                 println!("PROBE loaded={e:?}");
                 return;

@@ -1,7 +1,9 @@
 //! The OCI runtime spec of a container sandbox: the one place that decides what
 //! libcontainer (youki 0.7) is asked to build — namespaces, id mappings, mounts,
-//! masked paths, capabilities, rlimits, cgroup limits and device rules, with the
-//! seccomp profile from [`super::seccomp`].
+//! masked paths, capabilities, rlimits, cgroup limits and device rules. The
+//! seccomp profile ([`super::seccomp`]) is left out of the spec: the init
+//! installs it precompiled ([`super::seccomp_filter`]), so libcontainer does
+//! not compile it in every create.
 //!
 //! [`build_spec`] is pure: it validates its input and returns a [`Spec`]; it touches
 //! nothing on the host. [`enter_netns`] is the one runtime helper that goes with
@@ -51,7 +53,6 @@ use oci_spec::runtime::{
     PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
 };
 
-use super::seccomp::{sandbox_seccomp, SeccompError};
 use crate::gpu::DeviceGrant;
 
 /// Where the agent binary appears inside every container sandbox.
@@ -228,8 +229,6 @@ pub enum SpecError {
         path: PathBuf,
         reason: &'static str,
     },
-    #[error(transparent)]
-    Seccomp(#[from] SeccompError),
     #[error(
         "internal error while assembling the OCI spec: {0}; this is a bug in sandboxd, \
          please report it"
@@ -350,7 +349,6 @@ pub fn build_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
                 .map(|p| (*p).to_owned())
                 .collect::<Vec<_>>(),
         )
-        .seccomp(sandbox_seccomp()?)
         .build()?;
 
     let annotations = HashMap::from([(
@@ -713,7 +711,6 @@ fn mounts(input: &ContainerSpecInput) -> Result<Vec<Mount>, SpecError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use oci_spec::runtime::{LinuxSeccompAction, LinuxSeccompOperator};
 
     fn input() -> ContainerSpecInput {
         ContainerSpecInput {
@@ -1103,25 +1100,15 @@ mod tests {
     }
 
     #[test]
-    fn seccomp_refuses_new_user_namespaces() {
+    fn the_spec_leaves_seccomp_to_the_precompiled_filter() {
+        // libcontainer would compile a profile found here in every create,
+        // on top of the one the init installs.
         let s = spec();
-        let sc = s
-            .linux()
-            .as_ref()
-            .and_then(|l| l.seccomp().as_ref())
-            .expect("seccomp");
-        assert_eq!(sc.default_action(), LinuxSeccompAction::ScmpActAllow);
-        let newuser = libc::CLONE_NEWUSER as u64;
-        let hit = sc.syscalls().iter().flatten().any(|r| {
-            r.names().iter().any(|n| n == "unshare")
-                && r.action() == LinuxSeccompAction::ScmpActErrno
-                && r.args().iter().flatten().any(|a| {
-                    a.op() == LinuxSeccompOperator::ScmpCmpMaskedEq
-                        && a.value() == newuser
-                        && a.value_two() == Some(newuser)
-                })
-        });
-        assert!(hit, "no rule refuses unshare(CLONE_NEWUSER)");
+        assert!(s.linux().as_ref().expect("linux").seccomp().is_none());
+        assert_eq!(
+            s.process().as_ref().expect("process").no_new_privileges(),
+            Some(true)
+        );
     }
 
     #[test]
@@ -1135,7 +1122,7 @@ mod tests {
         assert_eq!(v["linux"]["uidMappings"][0]["hostID"], 100_000);
         assert_eq!(v["linux"]["resources"]["memory"]["swap"], 512 << 20);
         assert_eq!(v["process"]["noNewPrivileges"], true);
-        assert_eq!(v["linux"]["seccomp"]["defaultAction"], "SCMP_ACT_ALLOW");
+        assert!(v["linux"]["seccomp"].is_null());
         assert!(json.contains("\"/proc/kcore\""));
     }
 

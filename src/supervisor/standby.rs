@@ -32,6 +32,8 @@ pub fn run_standby(run_dir: &Path, cgroup_parent: &str) -> i32 {
     if let Err(e) = crate::runtime::cgroups::join_supervisors_group(cgroup_parent) {
         tracing::warn!("a standby supervisor leaving the daemon's cgroup: {e}");
     }
+    // Work every container create needs, done while nothing waits for it.
+    crate::runtime::seccomp_filter::prepare();
     let mut line = String::new();
     match std::io::stdin().lock().read_line(&mut line) {
         Ok(0) => return 0,
