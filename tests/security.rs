@@ -6,6 +6,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::Daemon;
 use hyper::{Method, StatusCode};
 use serde_json::json;
@@ -71,6 +73,20 @@ async fn root_inside_is_an_unprivileged_uid_outside() {
                 json!({"argv": ["sh", "-c", "id -u; exec sleep 1000"], "uid": uid, "cwd": "/tmp"}),
             )
             .await;
+        // Its line is awaited: a kill before `id -u` ran would leave no
+        // output to check.
+        let printed = daemon
+            .follow_output(&id, proc)
+            .await
+            .until(Duration::from_secs(20), |e| {
+                e["type"] == "stdout" || e["type"] == "exit"
+            })
+            .await;
+        assert_eq!(
+            printed.last().map(|e| e["type"].clone()),
+            Some(json!("stdout")),
+            "{printed:?}"
+        );
         let wait = format!("/v1/sandboxes/{id}/processes/{proc}/wait?timeout_seconds=0");
         let (status, process) = daemon.call(Method::GET, &wait, None).await;
         assert_eq!(status, StatusCode::OK);
