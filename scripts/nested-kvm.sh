@@ -4,7 +4,7 @@
 # /dev/kvm that runs real Linux guests (this host's kvm_pvm cannot). Slow,
 # about 10-20x real KVM, but hardware-style.
 #
-#   scripts/nested-kvm.sh [--rw DIR]... [--timeout SECS] [--mem SIZE] [--cpus N] -- CMD [ARGS...]
+#   scripts/nested-kvm.sh [--rw DIR]... [--timeout SECS] [--silence SECS] [--mem SIZE] [--cpus N] -- CMD [ARGS...]
 #
 # The nested host's root is this host's / seen read-only through 9p, under a
 # tmpfs overlay that takes its writes (lost at the end), so CMD, the build
@@ -13,7 +13,8 @@
 # caller). CMD runs as root in the current directory, with this environment;
 # its output is printed as it comes, and the script exits with its status
 # (124 when the timeout, 1800 s by default, ended the nested host first, or
-# when it hung: a CPU stuck for 120 s by its kernel's watchdog).
+# when it hung: a CPU stuck for 120 s by its kernel's watchdog, or, with
+# --silence, neither the command nor the kernel wrote a line for that long).
 # The nested host's kernel log is kept in the control directory named on
 # failure. cgroups there are v2 only.
 #
@@ -26,16 +27,18 @@ cache=${SANDBOXD_NESTED_CACHE:-/var/cache/sandboxd-nested}
 
 rw=()
 timeout_s=1800
+silence_s=0
 mem=${NESTED_MEM:-6G}
 cpus=${NESTED_CPUS:-2}
 while (($#)); do
 	case $1 in
 	--rw) rw+=("$(realpath "$2")"); shift 2 ;;
 	--timeout) timeout_s=$2; shift 2 ;;
+	--silence) silence_s=$2; shift 2 ;;
 	--mem) mem=$2; shift 2 ;;
 	--cpus) cpus=$2; shift 2 ;;
 	--) shift; break ;;
-	*) echo "nested-kvm: unknown option $1 (usage: nested-kvm.sh [--rw DIR]... [--timeout S] [--mem SIZE] [--cpus N] -- CMD...)" >&2; exit 2 ;;
+	*) echo "nested-kvm: unknown option $1 (usage: nested-kvm.sh [--rw DIR]... [--timeout S] [--silence S] [--mem SIZE] [--cpus N] -- CMD...)" >&2; exit 2 ;;
 	esac
 done
 (($#)) || { echo "nested-kvm: no command (usage: nested-kvm.sh [options] -- CMD...)" >&2; exit 2; }
@@ -167,12 +170,28 @@ stuck='soft lockup - CPU#[0-9]+ stuck for (1[2-9][0-9]|[2-9][0-9][0-9]|[0-9]{4,}
 	# grep's status, not tail's: tail ends with EPIPE once grep has matched.
 	set +o pipefail
 	if tail -n +1 -f --pid="$qemu" "$ctl/console.log" | grep -m1 -qE "$stuck"; then
-		: >"$ctl/hung"
+		echo "a CPU stuck for 120 s" >"$ctl/hung"
 		kill "$qemu" 2>/dev/null || true
 	fi
 ) &
 watcher=$!
+# It also stops with no report at all (its console silent, QEMU still
+# spinning): with --silence, nothing written by the command or the kernel
+# for that long ends it too.
+(
+	while ((silence_s > 0)) && sleep 15; do
+		newest=$(stat -c %Y "$ctl/output" "$ctl/console.log" | sort -n | tail -n 1)
+		if (($(date +%s) - newest >= silence_s)); then
+			echo "silent for ${silence_s} s" >"$ctl/hung"
+			kill "$qemu" 2>/dev/null || true
+			break
+		fi
+	done
+) &
+silence_watcher=$!
 wait "$qemu" || status=$?
+kill "$silence_watcher" 2>/dev/null || true
+wait "$silence_watcher" 2>/dev/null || true
 wait "$tailer" || true
 wait "$watcher" || true
 if [[ -f $ctl/status ]]; then
@@ -181,7 +200,7 @@ if [[ -f $ctl/status ]]; then
 	exit "$status"
 fi
 if [[ -f $ctl/hung ]]; then
-	echo "nested-kvm: the nested host hung (a CPU stuck for 120 s, stopped then); its kernel log: $ctl/console.log" >&2
+	echo "nested-kvm: the nested host hung ($(cat "$ctl/hung"), stopped then); its kernel log: $ctl/console.log" >&2
 	exit 124
 fi
 if ((status == 124)); then
