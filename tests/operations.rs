@@ -224,37 +224,11 @@ fn cgroup2_mount() -> (String, String, String) {
         .expect("this host mounts cgroup2 (hybrid or unified)")
 }
 
-/// Remounts cgroup2 with the root's options as they are but `favordynmods`.
-fn remount_cgroup2_without_favordynmods() {
-    use nix::mount::{mount, MsFlags};
-    let (point, mount_options, root_options) = cgroup2_mount();
-    let flags = mount_options
-        .split(',')
-        .fold(MsFlags::MS_REMOUNT, |f, o| match o {
-            "nosuid" => f | MsFlags::MS_NOSUID,
-            "nodev" => f | MsFlags::MS_NODEV,
-            "noexec" => f | MsFlags::MS_NOEXEC,
-            "relatime" => f | MsFlags::MS_RELATIME,
-            _ => f,
-        });
-    let data: Vec<&str> = root_options
-        .split(',')
-        .filter(|o| !["rw", "favordynmods"].contains(o))
-        .collect();
-    mount(
-        None::<&str>,
-        point.as_str(),
-        None::<&str>,
-        flags,
-        Some(data.join(",").as_str()),
-    )
-    .expect("remount cgroup2 without favordynmods");
-}
-
 #[test]
 fn the_daemon_turns_favordynmods_on_and_keeps_the_cgroup2_roots_other_options() {
     require_host!();
-    remount_cgroup2_without_favordynmods();
+    sandboxd::runtime::cgroup_dynmods::stop_favoring_dynamic_modifications()
+        .expect("remount cgroup2 without favordynmods");
     let (point, mount_before, root_before) = cgroup2_mount();
     assert!(
         !root_before.split(',').any(|o| o == "favordynmods"),

@@ -27,7 +27,7 @@ pub mod flatten;
 pub mod host_ext4;
 pub mod layered;
 pub mod lowerdir;
-mod mounts;
+pub(crate) mod mounts;
 mod name;
 pub mod oci;
 mod progress;

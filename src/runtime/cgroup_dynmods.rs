@@ -18,6 +18,8 @@ use std::path::PathBuf;
 
 use nix::mount::{mount, MsFlags};
 
+use crate::image::mounts::unescape;
+
 const OPTION: &str = "favordynmods";
 
 #[derive(Debug, thiserror::Error)]
@@ -48,7 +50,7 @@ pub enum DynmodsOutcome {
 /// The host's cgroup2 mount as mountinfo shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Cgroup2Mount {
-    mount_point: String,
+    mount_point: PathBuf,
     /// Per-mount options (`rw,nosuid,nodev,noexec,relatime`).
     mount_options: String,
     /// The root's options (`rw,nsdelegate,memory_recursiveprot`).
@@ -80,14 +82,28 @@ impl Cgroup2Mount {
     }
 
     /// The remount's data: the root's options as they are (`rw`/`ro` are
-    /// the flags' business), plus ours.
-    fn remount_data(&self) -> String {
+    /// the flags' business), with ours or without it.
+    fn remount_data(&self, favor: bool) -> String {
         self.super_options
             .split(',')
-            .filter(|o| !o.is_empty() && *o != "rw" && *o != "ro")
-            .chain(std::iter::once(OPTION))
+            .filter(|o| !o.is_empty() && *o != "rw" && *o != "ro" && *o != OPTION)
+            .chain(favor.then_some(OPTION))
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    fn remount(&self, favor: bool) -> Result<(), DynmodsError> {
+        mount(
+            None::<&str>,
+            &self.mount_point,
+            None::<&str>,
+            self.remount_flags(),
+            Some(self.remount_data(favor).as_str()),
+        )
+        .map_err(|source| DynmodsError::Remount {
+            mount_point: self.mount_point.display().to_string(),
+            source,
+        })
     }
 }
 
@@ -112,31 +128,6 @@ fn find_cgroup2(mountinfo: &str) -> Option<Cgroup2Mount> {
     })
 }
 
-/// mountinfo writes space, tab, newline and backslash as `\ooo`.
-fn unescape(field: &str) -> String {
-    let bytes = field.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes.get(i + 1..i + 4).and_then(|d| {
-            std::str::from_utf8(d)
-                .ok()
-                .and_then(|d| u8::from_str_radix(d, 8).ok())
-        });
-        match (bytes[i], octal) {
-            (b'\\', Some(byte)) => {
-                out.push(byte);
-                i += 4;
-            }
-            (byte, _) => {
-                out.push(byte);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 fn read_cgroup2() -> Result<Option<Cgroup2Mount>, DynmodsError> {
     let mountinfo =
         std::fs::read_to_string("/proc/self/mountinfo").map_err(DynmodsError::Mountinfo)?;
@@ -152,29 +143,30 @@ pub fn favor_dynamic_modifications() -> Result<DynmodsOutcome, DynmodsError> {
     if cgroup2.favors_dynmods() {
         return Ok(DynmodsOutcome::AlreadyOn);
     }
-    let mount_point = PathBuf::from(&cgroup2.mount_point);
-    mount(
-        None::<&str>,
-        &mount_point,
-        None::<&str>,
-        cgroup2.remount_flags(),
-        Some(cgroup2.remount_data().as_str()),
-    )
-    .map_err(|source| DynmodsError::Remount {
-        mount_point: cgroup2.mount_point.clone(),
-        source,
-    })?;
+    cgroup2.remount(true)?;
     match read_cgroup2()? {
-        Some(now) if now.favors_dynmods() => Ok(DynmodsOutcome::TurnedOn { mount_point }),
-        _ => Err(DynmodsError::NotApplied {
-            mount_point: cgroup2.mount_point,
+        Some(now) if now.favors_dynmods() => Ok(DynmodsOutcome::TurnedOn {
+            mount_point: now.mount_point,
         }),
+        _ => Err(DynmodsError::NotApplied {
+            mount_point: cgroup2.mount_point.display().to_string(),
+        }),
+    }
+}
+
+/// Turns `favordynmods` off again, keeping the other options: how a test
+/// gets a host the daemon has not tuned yet.
+pub fn stop_favoring_dynamic_modifications() -> Result<(), DynmodsError> {
+    match read_cgroup2()? {
+        Some(cgroup2) => cgroup2.remount(false),
+        None => Ok(()),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     const HYBRID: &str = "\
 30 1 254:0 / / rw,relatime - ext4 /dev/vda rw
@@ -186,7 +178,7 @@ mod tests {
     #[test]
     fn the_remount_keeps_the_mounts_flags_and_the_roots_options() {
         let found = find_cgroup2(HYBRID).expect("cgroup2 found");
-        assert_eq!(found.mount_point, "/sys/fs/cgroup/unified");
+        assert_eq!(found.mount_point, Path::new("/sys/fs/cgroup/unified"));
         assert!(!found.favors_dynmods());
         assert_eq!(
             found.remount_flags(),
@@ -197,7 +189,7 @@ mod tests {
                 | MsFlags::MS_RELATIME
         );
         assert_eq!(
-            found.remount_data(),
+            found.remount_data(true),
             "nsdelegate,memory_recursiveprot,favordynmods"
         );
     }
@@ -205,7 +197,9 @@ mod tests {
     #[test]
     fn a_root_that_favors_dynmods_is_seen_as_such() {
         let on = HYBRID.replace("memory_recursiveprot", "memory_recursiveprot,favordynmods");
-        assert!(find_cgroup2(&on).expect("cgroup2").favors_dynmods());
+        let found = find_cgroup2(&on).expect("cgroup2");
+        assert!(found.favors_dynmods());
+        assert_eq!(found.remount_data(false), "nsdelegate,memory_recursiveprot");
     }
 
     #[test]
@@ -215,7 +209,7 @@ mod tests {
         let escaped = "41 35 0:38 / /sys/fs/a\\040b rw - cgroup2 cgroup2 rw\n";
         assert_eq!(
             find_cgroup2(escaped).expect("cgroup2").mount_point,
-            "/sys/fs/a b"
+            Path::new("/sys/fs/a b")
         );
     }
 }
