@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::manager::Manager;
+use super::record::SandboxRecord;
 
 impl Manager {
     /// Reads each supervisor's egress counters into the sandbox's usage
@@ -19,6 +20,7 @@ impl Manager {
             .filter(|r| r.state == SandboxState::Ready && !r.pooled)
             .map(|r| r.id.clone())
             .collect();
+        let mut egress_bytes = Vec::with_capacity(ids.len());
         for id in ids {
             let Ok(health) = self.supervisors.health(&id).await else {
                 continue;
@@ -42,17 +44,42 @@ impl Manager {
                     .secret_substituted(&secret, total.saturating_sub(before));
             }
             drop(seen);
-            let mut records = self.records();
+            egress_bytes.push((id, now.bytes));
+        }
+        self.record_usage("egress usage", egress_bytes, |record, egress| {
+            let ingress = self.links.bytes(&record.id).max(record.usage.ingress_bytes);
+            let changed =
+                record.usage.egress_bytes != egress || record.usage.ingress_bytes != ingress;
+            record.usage.egress_bytes = egress;
+            record.usage.ingress_bytes = ingress;
+            changed
+        });
+    }
+
+    /// Applies `update` to the record of each sandbox in `samples` and
+    /// stores those it changed, all in one commit (one fsync per round, not
+    /// one per sandbox) made under the records lock: a delete removes the
+    /// map entry first, so a round never brings a deleted record back.
+    fn record_usage<T>(
+        &self,
+        what: &str,
+        samples: Vec<(String, T)>,
+        mut update: impl FnMut(&mut SandboxRecord, T) -> bool,
+    ) {
+        let mut records = self.records();
+        let mut changed = Vec::new();
+        for (id, sample) in samples {
             if let Some(record) = records.get_mut(&id) {
-                let ingress = self.links.bytes(&id).max(record.usage.ingress_bytes);
-                if record.usage.egress_bytes != now.bytes || record.usage.ingress_bytes != ingress {
-                    record.usage.egress_bytes = now.bytes;
-                    record.usage.ingress_bytes = ingress;
-                    if let Err(e) = self.store.put_eventual(&id, record) {
-                        tracing::warn!(sandbox = %id, "recording egress usage: {e}");
-                    }
+                if update(record, sample) {
+                    changed.push(id);
                 }
             }
+        }
+        let batch = changed
+            .iter()
+            .filter_map(|id| records.get(id).map(|r| (id.as_str(), r)));
+        if let Err(e) = self.store.put_all(batch) {
+            tracing::warn!("recording {what} of {} sandboxes: {e}", changed.len());
         }
     }
 
@@ -111,23 +138,22 @@ impl Manager {
             .map(|r| (r.id.clone(), r.cgroups_path.clone()))
             .collect();
         let layout = crate::runtime::cgroups::Layout::detect();
+        let mut samples = Vec::with_capacity(ids.len());
         for (id, path) in ids {
             let cgroups = crate::runtime::cgroups::SandboxCgroups::new(layout, &path);
             let cpu = cgroups.cpu_seconds();
             let memory = cgroups.memory_bytes().unwrap_or(0);
             self.metrics.sandbox_usage(&id, cpu.unwrap_or(0.0), memory);
-            let mut records = self.records();
-            if let Some(record) = records.get_mut(&id) {
-                if let Some(cpu) = cpu {
-                    record.usage.cpu_seconds = cpu;
-                }
-                record.usage.memory_gib_seconds +=
-                    memory as f64 / (1u64 << 30) as f64 * interval.as_secs_f64();
-                if let Err(e) = self.store.put_eventual(&id, record) {
-                    tracing::warn!(sandbox = %id, "recording usage: {e}");
-                }
-            }
+            samples.push((id, (cpu, memory)));
         }
+        self.record_usage("usage", samples, |record, (cpu, memory)| {
+            if let Some(cpu) = cpu {
+                record.usage.cpu_seconds = cpu;
+            }
+            record.usage.memory_gib_seconds +=
+                memory as f64 / (1u64 << 30) as f64 * interval.as_secs_f64();
+            true
+        });
     }
 
     /// Ends sandboxes whose TTL has passed; sleeps until the next expiry or

@@ -33,6 +33,25 @@ pub enum EventKind {
     Deleted,
 }
 
+/// What an event says, before the log gives it a cursor and a time.
+#[derive(Debug, Clone)]
+pub struct Note {
+    pub kind: EventKind,
+    pub process_id: Option<u64>,
+    pub detail: Option<String>,
+}
+
+impl Note {
+    /// An event of `kind` with no process and no detail.
+    pub fn of(kind: EventKind) -> Self {
+        Self {
+            kind,
+            process_id: None,
+            detail: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Event {
     pub cursor: u64,
@@ -83,33 +102,71 @@ impl EventLog {
         process_id: Option<u64>,
         detail: Option<String>,
     ) {
-        let event = {
+        let note = Note {
+            kind,
+            process_id,
+            detail,
+        };
+        // The event is kept and followed even when the store refuses it: a
+        // follower hears of it now, only a restart's replay misses it.
+        let _ = self.emit_with(sandbox_id, vec![note], |events| {
+            if let Err(e) = self.store.append_events(events) {
+                tracing::warn!("event log: {e}");
+            }
+            Ok::<(), std::convert::Infallible>(())
+        });
+    }
+
+    /// Emits `notes` about `sandbox_id` once `write` has stored them: it
+    /// gets the events to write in its own commit, beside the record whose
+    /// change they announce (one fsync for both). Followers hear of them
+    /// after `write` returns (so what it also does, such as putting the
+    /// record in the manager's map, is done by then); if it fails, nothing
+    /// is emitted and its error is returned. `write` runs while the log's
+    /// lock is held, which keeps cursors in the store's order.
+    pub fn emit_with<E>(
+        &self,
+        sandbox_id: &str,
+        notes: Vec<Note>,
+        write: impl FnOnce(&[(u64, &Event)]) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if notes.is_empty() {
+            return write(&[]);
+        }
+        let last = {
             let mut recent = self.recent();
-            let cursor = recent
+            let first = recent
                 .back()
                 .map(|e| e.cursor)
                 .unwrap_or(*self.latest.borrow())
                 + 1;
-            let event = Event {
-                cursor,
-                time: humantime::format_rfc3339_millis(SystemTime::now()).to_string(),
-                time_ms: now_ms(),
-                kind,
-                sandbox_id: sandbox_id.to_string(),
-                process_id,
-                detail,
-            };
-            if let Err(e) = self.store.append_events(&[(cursor, &event)]) {
-                tracing::warn!("event log: {e}");
+            let time = SystemTime::now();
+            let events: Vec<Event> = notes
+                .into_iter()
+                .zip(first..)
+                .map(|(note, cursor)| Event {
+                    cursor,
+                    time: humantime::format_rfc3339_millis(time).to_string(),
+                    time_ms: now_ms(),
+                    kind: note.kind,
+                    sandbox_id: sandbox_id.to_string(),
+                    process_id: note.process_id,
+                    detail: note.detail,
+                })
+                .collect();
+            let keyed: Vec<(u64, &Event)> = events.iter().map(|e| (e.cursor, e)).collect();
+            write(&keyed)?;
+            for event in events {
+                tracing::debug!(sandbox = %event.sandbox_id, kind = ?event.kind, cursor = event.cursor, "event");
+                recent.push_back(event);
             }
-            recent.push_back(event.clone());
             while recent.len() > RECENT {
                 recent.pop_front();
             }
-            event
+            recent.back().map(|e| e.cursor).unwrap_or(first)
         };
-        tracing::debug!(sandbox = %event.sandbox_id, kind = ?event.kind, cursor = event.cursor, "event");
-        self.latest.send_replace(event.cursor);
+        self.latest.send_replace(last);
+        Ok(())
     }
 
     pub fn subscribe(&self) -> watch::Receiver<u64> {
@@ -172,5 +229,42 @@ mod tests {
         assert!(!lost);
         let kinds: Vec<(u64, EventKind)> = events.iter().map(|e| (e.cursor, e.kind)).collect();
         assert_eq!(kinds, vec![(2, EventKind::Ready), (3, EventKind::Deleted)]);
+    }
+
+    #[test]
+    fn events_written_with_a_record_go_out_only_once_the_commit_holds_both() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(Store::open(&dir.path().join("s.redb")).expect("store"));
+        let log = EventLog::open(Arc::clone(&store), 3600);
+        let refused: Result<(), &str> =
+            log.emit_with("sb-1", vec![Note::of(EventKind::Created)], |_| {
+                Err("refused")
+            });
+        assert_eq!(refused, Err("refused"));
+        assert!(log.after(0).0.is_empty(), "a refused write emits nothing");
+        let notes = vec![Note::of(EventKind::Created), Note::of(EventKind::Ready)];
+        log.emit_with("sb-1", notes, |events| {
+            store.put_with_events("sb-1", &"the record", events)
+        })
+        .expect("written");
+        let kinds = |log: &EventLog, after| -> Vec<(u64, EventKind)> {
+            log.after(after)
+                .0
+                .iter()
+                .map(|e| (e.cursor, e.kind))
+                .collect()
+        };
+        let expected = vec![(1, EventKind::Created), (2, EventKind::Ready)];
+        assert_eq!(kinds(&log, 0), expected, "the refused write used no cursor");
+        drop(log);
+        let log = EventLog::open(Arc::clone(&store), 3600);
+        assert_eq!(kinds(&log, 0), expected);
+        assert_eq!(store.all::<String>().expect("records"), vec!["the record"]);
+        log.emit_with("sb-1", vec![Note::of(EventKind::Deleted)], |events| {
+            store.remove_with_events("sb-1", events)
+        })
+        .expect("removed");
+        assert!(store.all::<String>().expect("records").is_empty());
+        assert_eq!(kinds(&log, 2), vec![(3, EventKind::Deleted)]);
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use super::events::{EventKind, EventLog};
+use super::events::{EventKind, EventLog, Note};
 use super::record::{expiry, SandboxRecord};
 use super::teardown::teardown;
 use super::validate::validated_ttl;
@@ -214,6 +214,23 @@ impl Manager {
             .map_err(SandboxError::internal)
     }
 
+    /// Persists `record` with the events `notes` announce in one commit (one
+    /// fsync), runs `then`, and only then lets followers hear of them.
+    pub(super) fn persist_announcing(
+        &self,
+        record: &SandboxRecord,
+        notes: Vec<Note>,
+        then: impl FnOnce(),
+    ) -> Result<(), SandboxError> {
+        self.events
+            .emit_with(&record.id, notes, |events| {
+                self.store.put_with_events(&record.id, record, events)?;
+                then();
+                Ok::<(), crate::store::StoreError>(())
+            })
+            .map_err(SandboxError::internal)
+    }
+
     pub fn capacity(&self) -> super::capacity::Capacity {
         let mut capacity = {
             let records = self.records();
@@ -238,18 +255,29 @@ impl Manager {
         let problems = teardown(&record.id, &record.cgroups_path, &paths, &self.disk).await;
         if problems.is_empty() {
             self.records().remove(&record.id);
-            let _ = self.store.remove(&record.id);
+            let mut notes = Vec::new();
+            if !record.pooled && record.state != SandboxState::Creating {
+                let mut usage = record.usage.clone();
+                usage.ingress_bytes = usage.ingress_bytes.max(ingress_bytes);
+                notes.push(Note {
+                    kind: EventKind::Deleted,
+                    process_id: None,
+                    detail: serde_json::to_string(&usage).ok(),
+                });
+            }
+            // The record goes with its `deleted` event in one commit. A
+            // store that refuses leaves a record whose sandbox is gone,
+            // which the next start's recovery removes; the event still goes out.
+            let _ = self.events.emit_with(&record.id, notes, |events| {
+                if let Err(e) = self.store.remove_with_events(&record.id, events) {
+                    tracing::warn!(sandbox = %record.id, "removing its record: {e}");
+                }
+                Ok::<(), std::convert::Infallible>(())
+            });
             self.gpus.release(&record.id);
             self.metrics.sandbox_gone(&record.id);
             if record.base_snapshot.is_some() {
                 self.collect_snapshots();
-            }
-            if !record.pooled && record.state != SandboxState::Creating {
-                let mut usage = record.usage.clone();
-                usage.ingress_bytes = usage.ingress_bytes.max(ingress_bytes);
-                let usage = serde_json::to_string(&usage).ok();
-                self.events
-                    .emit(EventKind::Deleted, &record.id, None, usage);
             }
         } else {
             for p in &problems {

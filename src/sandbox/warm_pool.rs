@@ -6,7 +6,7 @@
 //! disk quota. (The disk pool, `disk/pool.rs`, is the btrfs filesystem
 //! layers live on.)
 
-use super::events::EventKind;
+use super::events::{EventKind, Note};
 use super::record::expiry;
 use super::SandboxError;
 use super::SandboxRecord;
@@ -269,13 +269,6 @@ impl Manager {
                 }
             };
             self.metrics.pool_claim(claim.image, "hit");
-            self.events.emit(
-                EventKind::Created,
-                &id,
-                None,
-                Some("from the warm pool".into()),
-            );
-            self.events.emit(EventKind::Ready, &id, None, None);
             self.watch_supervisor(id.clone());
             self.ttl_changed.notify_one();
             self.start_refill();
@@ -324,8 +317,18 @@ impl Manager {
         record.expires_at_ms = expiry(claim.ttl_seconds);
         record.labels = claim.req.labels.clone();
         record.created_at = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
-        self.persist(&record)?;
-        self.records().insert(id.to_string(), record.clone());
+        // Announced now, with the record that makes it the caller's.
+        let notes = vec![
+            Note {
+                kind: EventKind::Created,
+                process_id: None,
+                detail: Some("from the warm pool".into()),
+            },
+            Note::of(EventKind::Ready),
+        ];
+        self.persist_announcing(&record, notes, || {
+            self.records().insert(id.to_string(), record.clone());
+        })?;
         Ok(record)
     }
 

@@ -75,7 +75,7 @@ impl Manager {
         let mut records = self.records();
         if let Some(record) = records.get_mut(id) {
             record.supervisor_events_seen = seq;
-            if let Err(e) = self.store.put_eventual(id, record) {
+            if let Err(e) = self.store.put(id, record) {
                 tracing::warn!(sandbox = %id, "recording an event cursor: {e}");
             }
         }

@@ -68,22 +68,58 @@ impl Store {
 
     /// Inserts or replaces one record, durably, before returning.
     pub fn put<T: Serialize>(&self, id: &str, record: &T) -> Result<(), StoreError> {
-        self.put_with(id, record, redb::Durability::Immediate)
+        self.put_in(SANDBOXES, id, record)
     }
 
-    /// Like [`put`](Self::put) but without fsync: for bookkeeping whose loss
-    /// in a power cut costs a duplicate, never a lost sandbox.
-    pub fn put_eventual<T: Serialize>(&self, id: &str, record: &T) -> Result<(), StoreError> {
-        self.put_with(id, record, redb::Durability::Eventual)
+    /// Inserts or replaces every `(id, record)` in one commit: one fsync for
+    /// the periodic bookkeeping of all sandboxes, however many there are.
+    pub fn put_all<'a, T: Serialize + 'a>(
+        &self,
+        records: impl IntoIterator<Item = (&'a str, &'a T)>,
+    ) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(io)?;
+        {
+            let mut table = txn.open_table(SANDBOXES).map_err(io)?;
+            for (id, record) in records {
+                let bytes = serde_json::to_vec(record).map_err(io)?;
+                table.insert(id, bytes.as_slice()).map_err(io)?;
+            }
+        }
+        txn.commit().map_err(io)
     }
 
-    fn put_with<T: Serialize>(
+    /// Inserts or replaces one record and appends `events`, in one durable
+    /// commit: a create's state change and the event that announces it cost
+    /// one fsync, not two.
+    pub fn put_with_events<T: Serialize, E: Serialize>(
         &self,
         id: &str,
         record: &T,
-        durability: redb::Durability,
+        events: &[(u64, E)],
     ) -> Result<(), StoreError> {
-        self.put_in(SANDBOXES, id, record, durability)
+        let bytes = serde_json::to_vec(record).map_err(io)?;
+        let txn = self.db.begin_write().map_err(io)?;
+        {
+            let mut table = txn.open_table(SANDBOXES).map_err(io)?;
+            table.insert(id, bytes.as_slice()).map_err(io)?;
+        }
+        insert_events(&txn, events)?;
+        txn.commit().map_err(io)
+    }
+
+    /// Removes one record and appends `events`, in one durable commit.
+    pub fn remove_with_events<E: Serialize>(
+        &self,
+        id: &str,
+        events: &[(u64, E)],
+    ) -> Result<(), StoreError> {
+        let txn = self.db.begin_write().map_err(io)?;
+        {
+            let mut table = txn.open_table(SANDBOXES).map_err(io)?;
+            table.remove(id).map_err(io)?;
+        }
+        insert_events(&txn, events)?;
+        txn.commit().map_err(io)
     }
 
     fn put_in<T: Serialize>(
@@ -91,11 +127,9 @@ impl Store {
         table: TableDefinition<&str, &[u8]>,
         key: &str,
         record: &T,
-        durability: redb::Durability,
     ) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(record).map_err(io)?;
-        let mut txn = self.db.begin_write().map_err(io)?;
-        txn.set_durability(durability);
+        let txn = self.db.begin_write().map_err(io)?;
         {
             let mut table = txn.open_table(table).map_err(io)?;
             table.insert(key, bytes.as_slice()).map_err(io)?;
@@ -122,7 +156,7 @@ impl Store {
 
     /// Inserts or replaces a brokered secret, durably.
     pub fn put_secret<T: Serialize>(&self, name: &str, record: &T) -> Result<(), StoreError> {
-        self.put_in(SECRETS, name, record, redb::Durability::Immediate)
+        self.put_in(SECRETS, name, record)
     }
 
     pub fn remove_secret(&self, name: &str) -> Result<(), StoreError> {
@@ -154,19 +188,12 @@ impl Store {
 }
 
 impl Store {
-    /// Appends events. Eventual durability: the write reaches the file before
-    /// this returns (a daemon crash loses nothing) but is not fsynced, which
-    /// keeps event logging off the create path's latency.
+    /// Appends events, durably. (redb's `Eventual` durability would not
+    /// spare the fsync: on Linux it syncs as `Immediate` does. Paths that
+    /// write a record with their events use [`Self::put_with_events`].)
     pub fn append_events<T: Serialize>(&self, events: &[(u64, T)]) -> Result<(), StoreError> {
-        let mut txn = self.db.begin_write().map_err(io)?;
-        txn.set_durability(redb::Durability::Eventual);
-        {
-            let mut table = txn.open_table(EVENTS).map_err(io)?;
-            for (cursor, event) in events {
-                let bytes = serde_json::to_vec(event).map_err(io)?;
-                table.insert(*cursor, bytes.as_slice()).map_err(io)?;
-            }
-        }
+        let txn = self.db.begin_write().map_err(io)?;
+        insert_events(&txn, events)?;
         txn.commit().map_err(io)
     }
 
@@ -189,14 +216,26 @@ impl Store {
 
     /// Drops events below `cursor`.
     pub fn prune_events(&self, below: u64) -> Result<(), StoreError> {
-        let mut txn = self.db.begin_write().map_err(io)?;
-        txn.set_durability(redb::Durability::Eventual);
+        let txn = self.db.begin_write().map_err(io)?;
         {
             let mut table = txn.open_table(EVENTS).map_err(io)?;
             table.retain_in(..below, |_, _| false).map_err(io)?;
         }
         txn.commit().map_err(io)
     }
+}
+
+/// Appends `events` to the event log inside `txn`.
+fn insert_events<T: Serialize>(
+    txn: &redb::WriteTransaction,
+    events: &[(u64, T)],
+) -> Result<(), StoreError> {
+    let mut table = txn.open_table(EVENTS).map_err(io)?;
+    for (cursor, event) in events {
+        let bytes = serde_json::to_vec(event).map_err(io)?;
+        table.insert(*cursor, bytes.as_slice()).map_err(io)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

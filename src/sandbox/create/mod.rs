@@ -541,14 +541,12 @@ impl Manager {
             records.insert(id.clone(), record.clone());
             record
         };
-        if !pooled {
-            self.events.emit(EventKind::Created, &id, None, None);
-        }
+        // `start` announces the create and its readiness with the record's
+        // writes.
         match self.start(record, &image_name).await {
             Ok(view) => {
                 self.ttl_changed.notify_one();
                 if !pooled {
-                    self.events.emit(EventKind::Ready, &id, None, None);
                     self.watch_supervisor(id.clone());
                 }
                 Ok(view)

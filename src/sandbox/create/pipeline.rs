@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::super::events::{EventKind, Note};
 use super::super::{Manager, SandboxError, SandboxRecord};
 use crate::metrics::Metrics;
 use crate::model::{RuntimeKind, SandboxState};
@@ -40,6 +41,15 @@ impl<'a> PhaseClock<'a> {
     }
 }
 
+/// The event that announces step `kind` of a create; none for a pooled
+/// sandbox, which is announced when it is claimed.
+fn announcement(record: &SandboxRecord, kind: EventKind) -> Vec<Note> {
+    match record.pooled {
+        true => Vec::new(),
+        false => vec![Note::of(kind)],
+    }
+}
+
 /// What a sandbox's processes start with and may open, beyond its root.
 pub(super) struct Grant {
     pub(super) env: Vec<(String, String)>,
@@ -54,7 +64,8 @@ impl Manager {
         image_name: &str,
     ) -> Result<SandboxRecord, SandboxError> {
         let mut clock = PhaseClock::new(&self.metrics);
-        self.persist(&record)?;
+        let created = announcement(&record, EventKind::Created);
+        self.persist_announcing(&record, created, || {})?;
         let root = self
             .resolve_root(&mut record, image_name, &mut clock)
             .await?;
@@ -91,8 +102,10 @@ impl Manager {
         clock.total();
         tracing::debug!(sandbox = %record.id, phases_us = ?ready.phases_us, "sandbox ready");
         record.state = SandboxState::Ready;
-        self.persist(&record)?;
-        self.records().insert(record.id.clone(), record.clone());
+        let ready = announcement(&record, EventKind::Ready);
+        self.persist_announcing(&record, ready, || {
+            self.records().insert(record.id.clone(), record.clone());
+        })?;
         Ok(record)
     }
 
