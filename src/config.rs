@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+use crate::model::RuntimeKind;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -128,6 +130,14 @@ pub struct ConfigOverrides {
     /// image spelled as creates name it (e.g. `busybox=2`).
     #[arg(long, value_delimiter = ',')]
     pub pools: Option<Vec<String>>,
+    /// Ready microVMs of the default image kept warm (needs `vm_kernel`); a
+    /// `runtime: "vm"` create of that image takes one when its memory and
+    /// disk are the default ones and its CPU fits the default vCPUs.
+    #[arg(long)]
+    pub vm_pool_size: Option<usize>,
+    /// Warm microVM pools of other images, as `IMAGE=SIZE` (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub vm_pools: Option<Vec<String>>,
     /// CPU cores this host admits as sandbox limits in total (default: host
     /// cores times `cpu_overcommit`).
     #[arg(long)]
@@ -351,7 +361,8 @@ pub struct Config {
     pub output_buffer_kib: u64,
     pub max_upload_mib: u64,
     pub ready_timeout_seconds: u64,
-    /// The warm pools: the default image's (`pool_size`) and `pools`.
+    /// The warm pools: containers of the default image (`pool_size`) and of
+    /// `pools`, then microVMs (`vm_pool_size`, `vm_pools`).
     pub warm_pools: Vec<WarmPoolSize>,
     pub net_slots: usize,
     pub standby_supervisors: usize,
@@ -522,11 +533,21 @@ impl Config {
             ready_timeout_seconds: pick!(ready_timeout_seconds, 30),
             net_slots: pick!(net_slots, 8),
             standby_supervisors: pick!(standby_supervisors, 4),
-            warm_pools: warm_pools(
-                &pick!(default_image, "python".to_string()),
-                pick!(pool_size, 0),
-                &pick!(pools, Vec::new()),
-            )?,
+            warm_pools: [
+                warm_pools(
+                    RuntimeKind::Container,
+                    &pick!(default_image, "python".to_string()),
+                    pick!(pool_size, 0),
+                    &pick!(pools, Vec::new()),
+                )?,
+                warm_pools(
+                    RuntimeKind::Vm,
+                    &pick!(default_image, "python".to_string()),
+                    pick!(vm_pool_size, 0),
+                    &pick!(vm_pools, Vec::new()),
+                )?,
+            ]
+            .concat(),
             default_egress: pick!(default_egress, Default::default()),
             upstream: crate::net::upstream::UpstreamConfig {
                 netns: flags
@@ -782,7 +803,14 @@ impl Config {
         if self.warm_pools.iter().map(|p| p.size).sum::<usize>() > self.max_sandboxes {
             return Err(invalid(
                 "pools",
-                "the warm pools (pool_size and pools) hold more than max_sandboxes together",
+                "the warm pools (pool_size, pools, vm_pool_size and vm_pools) hold more than max_sandboxes together",
+            ));
+        }
+        if self.vm.kernel.is_none() && self.warm_pools.iter().any(|p| p.runtime == RuntimeKind::Vm)
+        {
+            return Err(invalid(
+                "vm_pools",
+                "warm microVM pools (vm_pool_size, vm_pools) need a guest kernel: set vm_kernel",
             ));
         }
         if self.max_sandboxes == 0 {
@@ -854,23 +882,31 @@ fn cert_and_key(
     }
 }
 
-/// One warm pool: `size` ready containers of `image`.
+/// One warm pool: `size` ready sandboxes of `image`, containers or microVMs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WarmPoolSize {
+    pub runtime: RuntimeKind,
     pub image: String,
     pub size: usize,
 }
 
-/// `pool_size` for the default image, then each `IMAGE=SIZE` of `pools`;
-/// an image named twice is an error (which size would it be?).
+/// The pools of one runtime: `pool_size` of the default image, then each
+/// `IMAGE=SIZE` of `entries`; an image named twice is an error (which size
+/// would it be?).
 fn warm_pools(
+    runtime: RuntimeKind,
     default_image: &str,
     pool_size: usize,
     entries: &[String],
 ) -> Result<Vec<WarmPoolSize>, ConfigError> {
+    let (size_field, entries_field) = match runtime {
+        RuntimeKind::Container => ("pool_size", "pools"),
+        RuntimeKind::Vm => ("vm_pool_size", "vm_pools"),
+    };
     let mut pools = Vec::new();
     if pool_size > 0 {
         pools.push(WarmPoolSize {
+            runtime,
             image: default_image.to_string(),
             size: pool_size,
         });
@@ -882,19 +918,20 @@ fn warm_pools(
             .filter(|(image, size)| !image.is_empty() && *size > 0);
         let Some((image, size)) = parsed else {
             return Err(ConfigError::Invalid {
-                field: "pools",
+                field: entries_field,
                 message: format!("{entry:?} is not IMAGE=SIZE with a size of at least 1"),
             });
         };
         if pools.iter().any(|p| p.image == image) {
             return Err(ConfigError::Invalid {
-                field: "pools",
+                field: entries_field,
                 message: format!(
-                    "{image} has two warm pools (pools, or pool_size for the default image); give it one"
+                    "{image} has two warm pools ({entries_field}, or {size_field} for the default image); give it one"
                 ),
             });
         }
         pools.push(WarmPoolSize {
+            runtime,
             image: image.to_string(),
             size,
         });
@@ -1063,6 +1100,10 @@ mod tests {
                 ("registry.local:5000/app:1", 1)
             ]
         );
+        assert!(config
+            .warm_pools
+            .iter()
+            .all(|p| p.runtime == RuntimeKind::Container));
         for (bad, why) in [
             ("busybox", "IMAGE=SIZE"),
             ("busybox=0", "at least 1"),
@@ -1085,6 +1126,46 @@ mod tests {
         };
         let err = Config::merge(flags, ConfigOverrides::default()).expect_err("too many");
         assert!(err.to_string().contains("max_sandboxes"), "{err}");
+    }
+
+    #[test]
+    fn microvm_pools_are_their_own_and_need_a_guest_kernel() {
+        // The same image may have a pool of each runtime.
+        let flags = ConfigOverrides {
+            pool_size: Some(1),
+            vm_pool_size: Some(2),
+            vm_pools: Some(vec!["busybox=1".into()]),
+            vm_kernel: Some("/boot/guest".into()),
+            ..Default::default()
+        };
+        let config = Config::merge(flags, ConfigOverrides::default()).expect("valid");
+        let pools: Vec<(RuntimeKind, &str, usize)> = config
+            .warm_pools
+            .iter()
+            .map(|p| (p.runtime, p.image.as_str(), p.size))
+            .collect();
+        assert_eq!(
+            pools,
+            [
+                (RuntimeKind::Container, "python", 1),
+                (RuntimeKind::Vm, "python", 2),
+                (RuntimeKind::Vm, "busybox", 1),
+            ]
+        );
+        let twice = ConfigOverrides {
+            vm_pool_size: Some(1),
+            vm_pools: Some(vec!["python=1".into()]),
+            vm_kernel: Some("/boot/guest".into()),
+            ..Default::default()
+        };
+        let err = Config::merge(twice, ConfigOverrides::default()).expect_err("twice");
+        assert!(err.to_string().contains("vm_pools"), "{err}");
+        let no_kernel = ConfigOverrides {
+            vm_pool_size: Some(1),
+            ..Default::default()
+        };
+        let err = Config::merge(no_kernel, ConfigOverrides::default()).expect_err("no kernel");
+        assert!(err.to_string().contains("vm_kernel"), "{err}");
     }
 
     #[test]

@@ -14,6 +14,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
+use crate::model::RuntimeKind;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StateLabels {
     state: String,
@@ -32,6 +34,7 @@ struct ReasonLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PoolClaimLabels {
+    runtime: String,
     image: String,
     result: String,
 }
@@ -230,10 +233,11 @@ impl Metrics {
             .inc();
     }
 
-    /// A create of a pooled image: `hit`, `empty` or `unfit`.
-    pub fn pool_claim(&self, image: &str, result: &str) {
+    /// A create of a pooled runtime and image: `hit`, `empty` or `unfit`.
+    pub fn pool_claim(&self, runtime: RuntimeKind, image: &str, result: &str) {
         self.pool_claims
             .get_or_create(&PoolClaimLabels {
+                runtime: runtime.as_str().to_string(),
                 image: image.to_string(),
                 result: result.to_string(),
             })

@@ -51,6 +51,11 @@ fn test_guest(dir: &Path) -> Result<PathBuf, (Reason, String)> {
 /// A daemon that boots the test guest for `runtime: "vm"`, or `None` (with
 /// the reason printed) where microVMs cannot run.
 fn vm_daemon() -> Option<(Daemon, tempfile::TempDir)> {
+    vm_daemon_with(&[])
+}
+
+/// [`vm_daemon`] with more flags.
+fn vm_daemon_with(flags: &[&str]) -> Option<(Daemon, tempfile::TempDir)> {
     if let Some((reason, why)) = common::skip_reason() {
         common::note_skip!(reason, "{why}");
         return None;
@@ -63,12 +68,13 @@ fn vm_daemon() -> Option<(Daemon, tempfile::TempDir)> {
             return None;
         }
     };
-    let daemon = Daemon::start_with(&[
-        "--vm-kernel",
-        &guest.display().to_string(),
-        "--vmm-path",
-        &vmm_path().display().to_string(),
-    ]);
+    let (guest, vmm) = (
+        guest.display().to_string(),
+        vmm_path().display().to_string(),
+    );
+    let mut all = vec!["--vm-kernel", &guest, "--vmm-path", &vmm];
+    all.extend_from_slice(flags);
+    let daemon = Daemon::start_with(&all);
     Some((daemon, guest_dir))
 }
 
@@ -581,4 +587,101 @@ async fn a_vm_reaches_the_egress_proxy_through_its_tap() {
         "{entries:?}"
     );
     daemon.delete(&id).await;
+}
+
+/// A microVM pool serves `runtime: "vm"` creates of its image and size:
+/// the claim gets a VM that booted before it asked, with its own egress
+/// policy and CPU quota put in force; a create of another size boots cold.
+#[tokio::test]
+async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
+    let Some((daemon, _guest)) = vm_daemon_with(&[
+        "--vm-pool-size",
+        "1",
+        "--default-image",
+        "busybox",
+        "--default-cpu",
+        "1",
+        "--default-memory-mib",
+        "64",
+    ]) else {
+        return;
+    };
+    let health = daemon.pool_reaches(1).await;
+    assert_eq!(health["sandboxes"], 0, "{health}");
+    let mut events = daemon.follow_events(0).await;
+    // Half a CPU still boots one vCPU; an open policy instead of the
+    // pooled VM's blocked one.
+    let id = daemon
+        .create(
+            json!({"runtime": "vm", "cpu": 0.5, "block_network": false, "labels": {"team": "a"}}),
+        )
+        .await;
+    let seen = events
+        .until(WAIT, |e| {
+            e["kind"] == "ready" && e["sandbox_id"] == id.as_str()
+        })
+        .await;
+    let created: Vec<&serde_json::Value> = seen
+        .iter()
+        .filter(|e| e["kind"] == "created" && e["sandbox_id"] == id.as_str())
+        .collect();
+    assert_eq!(created.len(), 1, "{seen:?}");
+    assert_eq!(created[0]["detail"], "from the warm pool", "{seen:?}");
+    let hit = "sandboxd_pool_claims_total{runtime=\"vm\",image=\"busybox\",result=\"hit\"} ";
+    assert_eq!(daemon.metric(hit).await, 1.0);
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(view["runtime"], "vm");
+    assert_eq!(view["labels"]["team"], "a");
+    assert_eq!(daemon.exec(&id, &["vcpus"]).await.out(), "1\n");
+    assert_eq!(
+        daemon.exec(&id, &["mem"]).await.out(),
+        "mem_mib=64 top=ok\n"
+    );
+    let (quota, period) = cgroup::cpu_max(&id);
+    assert_eq!(quota.map(|q| q * 2), Some(period), "half a CPU");
+    // The claim's open policy is in force: where the pooled VM's blocked
+    // one closed every connection at once, the proxy now holds it open
+    // (waiting for a TLS or HTTP host name), then refuses the private
+    // address for what it is.
+    let run = daemon.exec(&id, &["net-connect", "10.1.2.3", "443"]).await;
+    assert_eq!(run.out(), "open to 10.1.2.3:443\n", "{}", run.err());
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let entries = daemon.egress_log(&id).await;
+        let refused: Vec<&serde_json::Value> = entries
+            .iter()
+            .filter(|e| e["verdict"] == "refused" && e["host"] == "10.1.2.3")
+            .collect();
+        if let Some(entry) = refused.first() {
+            assert_ne!(entry["reason"], "block_network is set", "{entries:?}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no refusal of 10.1.2.3: {entries:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Another memory size is not the pool's: it boots cold, and the pool
+    // (refilled behind the claim) keeps its VM.
+    daemon.pool_reaches(1).await;
+    let unfit = "sandboxd_pool_claims_total{runtime=\"vm\",image=\"busybox\",result=\"unfit\"} ";
+    let cold = daemon
+        .create(json!({"runtime": "vm", "memory_mib": 32}))
+        .await;
+    assert_eq!(daemon.metric(unfit).await, 1.0);
+    assert_eq!(
+        daemon.exec(&cold, &["mem"]).await.out(),
+        "mem_mib=32 top=ok\n"
+    );
+    let (_, health) = daemon.call(Method::GET, "/v1/health", None).await;
+    assert_eq!(health["pooled"], 1, "{health}");
+    assert_eq!(health["sandboxes"], 2, "{health}");
+    for id in [&id, &cold] {
+        daemon.delete(id).await;
+        assert!(!cgroup::sandbox_dir("memory", id).exists());
+    }
 }

@@ -149,6 +149,53 @@ async fn a_linux_guest_runs_processes_as_a_container_does() {
     assert_nothing_left(&daemon, &[&id]).await;
 }
 
+/// A warm microVM pool of the python image: a create of its size gets a
+/// Linux guest that booted before it asked, with the caller's environment
+/// and egress policy.
+#[tokio::test]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
+async fn a_pooled_linux_guest_is_handed_out_with_the_callers_env() {
+    let flags = [
+        "--vm-pool-size",
+        "1",
+        "--default-image",
+        "python",
+        "--default-memory-mib",
+        "256",
+    ]
+    .map(String::from);
+    let Some(daemon) = linux_vm_daemon(&flags) else {
+        return;
+    };
+    // The first boot also exports the image's disk.
+    daemon.pool_reaches_within(1, WAIT * 2).await;
+    let id = daemon
+        .create(
+            json!({"runtime": "vm", "env": {"GREETING": "hi from the pool"},
+            "allow_list": ["example.test"]}),
+        )
+        .await;
+    let hit = "sandboxd_pool_claims_total{runtime=\"vm\",image=\"python\",result=\"hit\"} ";
+    assert_eq!(daemon.metric(hit).await, 1.0);
+    let run = daemon
+        .exec(
+            &id,
+            &["python3", "-c", "import os; print(os.environ['GREETING'])"],
+        )
+        .await;
+    assert_eq!(run.out(), "hi from the pool\n", "{}", run.err());
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(
+        view["network"]["allow_list"],
+        json!(["example.test"]),
+        "{view}"
+    );
+    daemon.delete(&id).await;
+    assert_nothing_left(&daemon, &[&id]).await;
+}
+
 #[tokio::test]
 #[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
 async fn a_linux_guest_reports_an_oom_kill_inside_it() {

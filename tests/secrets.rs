@@ -922,7 +922,7 @@ async fn a_pooled_sandbox_takes_the_callers_secrets_policy_and_lower_limits() {
     assert!(echo.seen_at("/blocked").is_empty());
     assert_eq!(
         daemon
-            .metric("sandboxd_pool_claims_total{image=\"python\",result=\"hit\"} ")
+            .metric("sandboxd_pool_claims_total{runtime=\"container\",image=\"python\",result=\"hit\"} ")
             .await,
         2.0
     );
@@ -933,7 +933,7 @@ async fn a_pooled_sandbox_takes_the_callers_secrets_policy_and_lower_limits() {
     assert!(created_detail(&mut events, &big).await.is_null());
     assert_eq!(
         daemon
-            .metric("sandboxd_pool_claims_total{image=\"python\",result=\"unfit\"} ")
+            .metric("sandboxd_pool_claims_total{runtime=\"container\",image=\"python\",result=\"unfit\"} ")
             .await,
         1.0
     );

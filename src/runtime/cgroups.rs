@@ -199,10 +199,7 @@ impl SandboxCgroups {
                 if memsw.exists() {
                     writes.push((memsw, memory));
                 }
-                writes.push((
-                    self.dir("cpu").join("cpu.cfs_quota_us"),
-                    limits.cpu_quota_us.to_string(),
-                ));
+                writes.push(self.cpu_quota_write(limits.cpu_quota_us));
                 writes.push((
                     self.dir("pids").join("pids.max"),
                     limits.pids_max.to_string(),
@@ -211,10 +208,7 @@ impl SandboxCgroups {
             }
             Layout::V2 => vec![
                 (self.dir("").join("memory.max"), memory),
-                (
-                    self.dir("").join("cpu.max"),
-                    format!("{} {}", limits.cpu_quota_us, super::spec::CPU_PERIOD_US),
-                ),
+                self.cpu_quota_write(limits.cpu_quota_us),
                 (self.dir("").join("pids.max"), limits.pids_max.to_string()),
             ],
         };
@@ -222,6 +216,27 @@ impl SandboxCgroups {
             fs::write(&file, value).map_err(io_err(&file))?;
         }
         Ok(())
+    }
+
+    /// Sets the CFS quota (over the 100 ms period the spec set) alone: a
+    /// pooled microVM's other ceilings are its guest's size.
+    pub fn set_cpu_quota(&self, quota_us: i64) -> Result<(), CgroupError> {
+        let (file, value) = self.cpu_quota_write(quota_us);
+        fs::write(&file, value).map_err(io_err(&file))
+    }
+
+    /// The file and value that set the CFS quota.
+    fn cpu_quota_write(&self, quota_us: i64) -> (PathBuf, String) {
+        match self.layout {
+            Layout::V1 => (
+                self.dir("cpu").join("cpu.cfs_quota_us"),
+                quota_us.to_string(),
+            ),
+            Layout::V2 => (
+                self.dir("").join("cpu.max"),
+                format!("{quota_us} {}", super::spec::CPU_PERIOD_US),
+            ),
+        }
     }
 
     /// Memory charged to the sandbox now.

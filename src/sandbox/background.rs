@@ -3,7 +3,7 @@
 
 use super::events::EventKind;
 use super::record::now_ms;
-use crate::model::SandboxState;
+use crate::model::{RuntimeKind, SandboxState};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,6 +89,14 @@ impl Manager {
         tokio::spawn(Arc::clone(self).reap_expired());
         self.start_slot_maker();
         self.start_standby_maker();
+        let vm_pools = self
+            .config
+            .warm_pools
+            .iter()
+            .any(|p| p.runtime == RuntimeKind::Vm);
+        if let Some(why) = self.vm_unavailable().filter(|_| vm_pools) {
+            tracing::warn!("the microVM pools stay empty: {why}");
+        }
         self.start_refill();
         let this = Arc::clone(self);
         tokio::spawn(async move {

@@ -43,8 +43,12 @@ impl Manager {
                 }
                 (SandboxState::Ready, _) if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");
-                    let (id, pooled, image) =
-                        (record.id.clone(), record.pooled, record.image.clone());
+                    let (id, pooled, runtime, image) = (
+                        record.id.clone(),
+                        record.pooled,
+                        record.runtime,
+                        record.image.clone(),
+                    );
                     self.links.seed_bytes(&id, record.usage.ingress_bytes);
                     // Raw TCP exposures listen again on their host ports.
                     for exposed in &record.ports {
@@ -54,7 +58,7 @@ impl Manager {
                     }
                     self.records().insert(id.clone(), record);
                     if pooled {
-                        self.pool().put(&image, id);
+                        self.pool().put(runtime, &image, id);
                     } else {
                         self.watch_supervisor(id);
                     }

@@ -278,6 +278,7 @@ fn claim<'a>(
     network: &'a NetworkPolicy,
 ) -> PoolClaim<'a> {
     PoolClaim {
+        runtime: RuntimeKind::Container,
         image,
         limits,
         ttl_seconds: 60,
@@ -303,7 +304,9 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     h.manager.refilling.store(true, Ordering::Release);
     h.ready("sb-p", true);
     let image = h.manager.config.default_image.clone();
-    h.manager.pool().put(&image, "sb-p".into());
+    h.manager
+        .pool()
+        .put(RuntimeKind::Container, &image, "sb-p".into());
     h.fake.script("sb-p", SupervisorReply::Ok);
     let req = CreateRequest {
         env: BTreeMap::from([("GREETING".to_string(), "hi".to_string())]),
@@ -346,7 +349,9 @@ async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
     h.manager.refilling.store(true, Ordering::Release);
     h.ready("sb-n", true);
     let image = h.manager.config.default_image.clone();
-    h.manager.pool().put(&image, "sb-n".into());
+    h.manager
+        .pool()
+        .put(RuntimeKind::Container, &image, "sb-n".into());
     h.fake.script("sb-n", SupervisorReply::Ok);
     let limits = h.manager.template_limits();
     let req = CreateRequest::default();
@@ -375,7 +380,9 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_change_asks_no_supervisor(
     h.manager.refilling.store(true, Ordering::Release);
     h.ready("sb-q", true);
     let image = h.manager.config.default_image.clone();
-    h.manager.pool().put(&image, "sb-q".into());
+    h.manager
+        .pool()
+        .put(RuntimeKind::Container, &image, "sb-q".into());
     let limits = h.manager.template_limits();
     let req = CreateRequest::default();
     let network = open_network();
@@ -419,7 +426,7 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_change_asks_no_supervisor(
     for result in ["hit", "unfit"] {
         assert!(
             metrics.contains(&format!(
-                "sandboxd_pool_claims_total{{image=\"{image}\",result=\"{result}\"}} "
+                "sandboxd_pool_claims_total{{runtime=\"container\",image=\"{image}\",result=\"{result}\"}} "
             )),
             "{result}: {metrics}"
         );

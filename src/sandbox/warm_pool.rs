@@ -1,6 +1,7 @@
-//! The warm pools: ready containers of the pooled images (config
-//! `pool_size` for the default image, `pools` for others), made ahead of
-//! demand at the default limits, and handed to any create of that image
+//! The warm pools: ready sandboxes of the pooled images, containers
+//! (config `pool_size` for the default image, `pools` for others) and
+//! microVMs (`vm_pool_size`, `vm_pools`), made ahead of demand at the
+//! default limits, and handed to any create of that runtime and image
 //! whose limits fit: its egress policy, secrets, env, TTL and labels are
 //! put in force at the claim, and lower limits through its cgroups and
 //! disk quota. (The disk pool, `disk/pool.rs`, is the btrfs filesystem
@@ -22,28 +23,34 @@ use std::time::SystemTime;
 use super::create::{new_id, start_env, ColdCreate};
 use super::manager::Manager;
 
-/// Ids of ready, unclaimed sandboxes, per pooled image, oldest first.
+/// Which pool a sandbox belongs to: its runtime and its image, as
+/// creates spell it.
+pub(super) type PoolKey = (RuntimeKind, String);
+
+/// Ids of ready, unclaimed sandboxes, per pool, oldest first.
 #[derive(Debug, Default)]
 pub(super) struct WarmPools {
-    by_image: HashMap<String, VecDeque<String>>,
+    by_image: HashMap<PoolKey, VecDeque<String>>,
 }
 
 impl WarmPools {
-    pub(super) fn put(&mut self, image: &str, id: String) {
+    pub(super) fn put(&mut self, runtime: RuntimeKind, image: &str, id: String) {
         self.by_image
-            .entry(image.to_string())
+            .entry((runtime, image.to_string()))
             .or_default()
             .push_back(id);
     }
 
-    fn take(&mut self, image: &str) -> Option<String> {
-        self.by_image.get_mut(image)?.pop_front()
+    fn take(&mut self, runtime: RuntimeKind, image: &str) -> Option<String> {
+        self.by_image
+            .get_mut(&(runtime, image.to_string()))?
+            .pop_front()
     }
 
     /// Returns a sandbox [`Self::take`] gave out, first in line again.
-    fn put_back(&mut self, image: &str, id: String) {
+    fn put_back(&mut self, runtime: RuntimeKind, image: &str, id: String) {
         self.by_image
-            .entry(image.to_string())
+            .entry((runtime, image.to_string()))
             .or_default()
             .push_front(id);
     }
@@ -59,8 +66,10 @@ impl WarmPools {
         self.by_image.values().map(VecDeque::len).sum()
     }
 
-    fn len_of(&self, image: &str) -> usize {
-        self.by_image.get(image).map_or(0, VecDeque::len)
+    fn len_of(&self, runtime: RuntimeKind, image: &str) -> usize {
+        self.by_image
+            .get(&(runtime, image.to_string()))
+            .map_or(0, VecDeque::len)
     }
 
     fn drain(&mut self) -> Vec<String> {
@@ -83,6 +92,7 @@ impl WarmPools {
 /// A create the pools may serve, validated and with the daemon's defaults
 /// applied.
 pub(super) struct PoolClaim<'a> {
+    pub(super) runtime: RuntimeKind,
     pub(super) image: &'a str,
     pub(super) limits: &'a Limits,
     pub(super) ttl_seconds: i64,
@@ -94,11 +104,24 @@ pub(super) struct PoolClaim<'a> {
 }
 
 /// Whether a sandbox made with `pooled` limits can be lowered to `wanted`.
-fn fits(wanted: &Limits, pooled: &Limits) -> bool {
-    wanted.cpu <= pooled.cpu
+/// A microVM's memory is its guest's RAM, its disk a device of a fixed
+/// size and its vCPUs whole CPUs, all set at boot: those must be what a
+/// cold create would boot (only the CPU quota around the vCPUs can be
+/// lowered).
+fn fits(runtime: RuntimeKind, wanted: &Limits, pooled: &Limits) -> bool {
+    let lower = wanted.cpu <= pooled.cpu
         && wanted.memory_mib <= pooled.memory_mib
         && wanted.disk_mib <= pooled.disk_mib
-        && wanted.pids <= pooled.pids
+        && wanted.pids <= pooled.pids;
+    match runtime {
+        RuntimeKind::Container => lower,
+        RuntimeKind::Vm => {
+            lower
+                && wanted.memory_mib == pooled.memory_mib
+                && wanted.disk_mib == pooled.disk_mib
+                && wanted.cpu.ceil() == pooled.cpu.ceil()
+        }
+    }
 }
 
 impl Manager {
@@ -119,15 +142,19 @@ impl Manager {
         }
     }
 
-    /// The pooled image that is furthest below its size, if any is.
-    fn next_to_refill(&self) -> Option<String> {
+    /// The pool that is furthest below its size, if any is. MicroVM pools
+    /// wait while microVMs cannot run here (their refills would fail and
+    /// hold up the others).
+    fn next_to_refill(&self) -> Option<PoolKey> {
+        let vms_run = self.vm_unavailable().is_none();
         let pools = self.pool();
         self.config
             .warm_pools
             .iter()
-            .filter(|p| pools.len_of(&p.image) < p.size)
-            .max_by_key(|p| p.size - pools.len_of(&p.image))
-            .map(|p| p.image.clone())
+            .filter(|p| p.runtime == RuntimeKind::Container || vms_run)
+            .filter(|p| pools.len_of(p.runtime, &p.image) < p.size)
+            .max_by_key(|p| p.size - pools.len_of(p.runtime, &p.image))
+            .map(|p| (p.runtime, p.image.clone()))
     }
 
     /// Keeps every warm pool at its size, one sandbox at a time, and only
@@ -144,14 +171,15 @@ impl Manager {
                 if *this.stopping.borrow() {
                     break;
                 }
-                let Some(image) = this.next_to_refill() else {
+                let Some((runtime, image)) = this.next_to_refill() else {
                     break;
                 };
-                match this.create_cold(this.pooled_create(&image)).await {
-                    Ok(view) => this.pool().put(&image, view.id),
+                match this.create_cold(this.pooled_create(runtime, &image)).await {
+                    Ok(view) => this.pool().put(runtime, &image, view.id),
                     Err(e) => {
                         // No retry loop: the next claim or restart tries again.
-                        tracing::warn!(image, "refilling the warm pool: {e}");
+                        let runtime = runtime.as_str();
+                        tracing::warn!(image, runtime, "refilling the warm pool: {e}");
                         break;
                     }
                 }
@@ -161,12 +189,12 @@ impl Manager {
         });
     }
 
-    fn pooled_create(&self, image: &str) -> ColdCreate {
+    fn pooled_create(&self, runtime: RuntimeKind, image: &str) -> ColdCreate {
         ColdCreate {
             id: new_id(),
             secrets: Vec::new(),
             from_snapshot: None,
-            runtime: RuntimeKind::Container,
+            runtime,
             image_name: image.to_string(),
             limits: self.template_limits(),
             ttl_seconds: -1,
@@ -228,36 +256,39 @@ impl Manager {
         }
     }
 
-    /// Hands out a pooled sandbox of the claim's image, made the claim's
-    /// own; `None` means start one cold (no pool for the image, limits
-    /// above the pooled ones, GPUs, or none ready).
+    /// Hands out a pooled sandbox of the claim's runtime and image, made
+    /// the claim's own; `None` means start one cold (no such pool, limits
+    /// the pooled ones cannot become, GPUs, or none ready).
     pub(super) async fn claim_pooled(
         self: &Arc<Self>,
         claim: PoolClaim<'_>,
     ) -> Result<Option<SandboxRecord>, SandboxError> {
+        let (runtime, image) = (claim.runtime, claim.image);
         if !self
             .config
             .warm_pools
             .iter()
-            .any(|p| p.image == claim.image)
+            .any(|p| p.runtime == runtime && p.image == image)
         {
             return Ok(None);
         }
-        if claim.gpu || !fits(claim.limits, &self.template_limits()) {
-            self.metrics.pool_claim(claim.image, "unfit");
+        if claim.gpu || !fits(runtime, claim.limits, &self.template_limits()) {
+            self.metrics.pool_claim(runtime, image, "unfit");
             return Ok(None);
         }
         loop {
-            let Some(id) = self.pool().take(claim.image) else {
-                self.metrics.pool_claim(claim.image, "empty");
+            let Some(id) = self.pool().take(runtime, image) else {
+                self.metrics.pool_claim(runtime, image, "empty");
                 self.start_refill();
                 return Ok(None);
             };
-            if !self.memory_fits(&id, claim.limits) {
+            // A microVM's memory limit is its guest's RAM, which the claim
+            // does not change.
+            if runtime == RuntimeKind::Container && !self.memory_fits(&id, claim.limits) {
                 // Its agent alone uses more than the request allows: keep
                 // it for another claim; this one starts cold.
-                self.pool().put_back(claim.image, id);
-                self.metrics.pool_claim(claim.image, "unfit");
+                self.pool().put_back(runtime, image, id);
+                self.metrics.pool_claim(runtime, image, "unfit");
                 return Ok(None);
             }
             let record = match self.hand_over(&id, &claim).await {
@@ -268,7 +299,7 @@ impl Manager {
                     continue;
                 }
             };
-            self.metrics.pool_claim(claim.image, "hit");
+            self.metrics.pool_claim(runtime, image, "hit");
             self.watch_supervisor(id.clone());
             self.ttl_changed.notify_one();
             self.start_refill();
@@ -289,7 +320,10 @@ impl Manager {
             .cloned()
             .ok_or_else(|| SandboxError::internal("a pooled sandbox without its record"))?;
         if *claim.limits != record.limits {
-            self.lower_limits(&record, claim.limits)?;
+            match record.runtime {
+                RuntimeKind::Container => self.lower_limits(&record, claim.limits)?,
+                RuntimeKind::Vm => self.lower_vm_cpu(&record, claim.limits)?,
+            }
             record.limits = claim.limits.clone();
         }
         if *claim.network != record.network {
@@ -342,6 +376,17 @@ impl Manager {
         in_use.is_none_or(|bytes| bytes < limits.memory_mib * 1024 * 1024)
     }
 
+    /// Lowers a pooled microVM's CPU quota to `limits` (what else a claim
+    /// may differ in, [`fits`] allows only where nothing outside the guest
+    /// holds it: a pids limit, which microVMs do not enforce).
+    fn lower_vm_cpu(&self, record: &SandboxRecord, limits: &Limits) -> Result<(), SandboxError> {
+        let cpu_quota_us =
+            crate::runtime::spec::cpu_quota_us(limits.cpu).map_err(SandboxError::internal)?;
+        SandboxCgroups::new(Layout::detect(), &record.cgroups_path)
+            .set_cpu_quota(cpu_quota_us)
+            .map_err(SandboxError::internal)
+    }
+
     /// Lowers a pooled sandbox's cgroup ceilings and disk quota to `limits`.
     fn lower_limits(&self, record: &SandboxRecord, limits: &Limits) -> Result<(), SandboxError> {
         let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
@@ -357,5 +402,61 @@ impl Manager {
         self.disk
             .limit_layer(&record.id, limits.disk_mib * 1024 * 1024)
             .map_err(SandboxError::internal)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_microvm_fits_only_the_size_it_booted_with() {
+        let pooled = Limits {
+            cpu: 2.0,
+            memory_mib: 512,
+            disk_mib: 1024,
+            pids: 512,
+        };
+        let lower_cpu = Limits {
+            cpu: 1.5,
+            ..pooled.clone()
+        };
+        let fewer_vcpus = Limits {
+            cpu: 1.0,
+            ..pooled.clone()
+        };
+        let less_memory = Limits {
+            memory_mib: 256,
+            ..pooled.clone()
+        };
+        let smaller_disk = Limits {
+            disk_mib: 512,
+            ..pooled.clone()
+        };
+        let fewer_pids = Limits {
+            pids: 64,
+            ..pooled.clone()
+        };
+        for (wanted, container, vm) in [
+            (&pooled, true, true),
+            (&lower_cpu, true, true),
+            (&fewer_pids, true, true),
+            (&fewer_vcpus, true, false),
+            (&less_memory, true, false),
+            (&smaller_disk, true, false),
+        ] {
+            assert_eq!(
+                fits(RuntimeKind::Container, wanted, &pooled),
+                container,
+                "{wanted:?}"
+            );
+            assert_eq!(fits(RuntimeKind::Vm, wanted, &pooled), vm, "{wanted:?}");
+        }
+        let more = Limits {
+            cpu: 3.0,
+            ..pooled.clone()
+        };
+        assert!(!fits(RuntimeKind::Container, &more, &pooled));
+        assert!(!fits(RuntimeKind::Vm, &more, &pooled));
     }
 }

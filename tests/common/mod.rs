@@ -379,7 +379,13 @@ impl Daemon {
     /// that (a pooled sandbox is invisible until handed out), so this polls
     /// `/v1/health` until `pooled` reaches `want`, with a bounded deadline.
     pub async fn pool_reaches(&self, want: u64) -> Value {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        self.pool_reaches_within(want, Duration::from_secs(60))
+            .await
+    }
+
+    /// [`Self::pool_reaches`] with a deadline of `within`.
+    pub async fn pool_reaches_within(&self, want: u64, within: Duration) -> Value {
+        let deadline = std::time::Instant::now() + within;
         loop {
             let (_, health) = self.call(Method::GET, "/v1/health", None).await;
             if health["pooled"] == want {

@@ -344,14 +344,11 @@ impl Manager {
                 _ => {}
             }
         }
-        // The warm pools hold containers of images.
-        if runtime == RuntimeKind::Container
-            && req.host_rootfs.is_empty()
-            && req.join_netns.is_none()
-            && req.hostname.is_none()
-        {
+        // The warm pools hold containers and microVMs of images.
+        if req.host_rootfs.is_empty() && req.join_netns.is_none() && req.hostname.is_none() {
             if let Some(view) = self
                 .claim_pooled(PoolClaim {
+                    runtime,
                     image: &image_name,
                     limits: &limits,
                     ttl_seconds,
@@ -421,7 +418,7 @@ impl Manager {
     }
 
     /// Why a microVM cannot be made here, if it cannot.
-    fn vm_unavailable(&self) -> Option<String> {
+    pub(in crate::sandbox) fn vm_unavailable(&self) -> Option<String> {
         use crate::runtime::virt::Virtualization;
         if self.virtualization == Virtualization::None {
             return Some(format!(
