@@ -102,19 +102,25 @@ impl Manager {
         if record.secrets.is_empty() {
             return Ok(());
         }
-        self.tell_secrets(record).await?;
         let bundle = self.secrets.image_trust_bundle(&record.image_digest, || {
             let image = self.image_by_digest(&record.image, &record.image_digest)?;
             let path = crate::image::Layered::of(&image).find(TRUST_BUNDLE_PATH)?;
             std::fs::read(path).ok()
         })?;
-        let Some(bundle) = bundle else {
-            return Ok(());
+        // The values go to the supervisor and the bundle through the agent
+        // on two connections at once.
+        let write = async {
+            let Some(bundle) = bundle else {
+                return Ok(());
+            };
+            let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
+                .await
+                .map_err(|e| not_running(&record.id, e))?;
+            // The image holds a bundle there, so its directory is there.
+            write_trust_bundle(&mut client, bundle.to_vec(), Parent::Exists).await
         };
-        let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
-            .await
-            .map_err(|e| not_running(&record.id, e))?;
-        write_trust_bundle(&mut client, bundle.to_vec()).await
+        tokio::try_join!(self.tell_secrets(record), write)?;
+        Ok(())
     }
 
     /// Before a sandbox with bindings is ready: its supervisor gets the
@@ -134,8 +140,12 @@ impl Manager {
             // A fork, or an image made from a sandbox that had secrets.
             return Ok(());
         }
+        let parent = match roots {
+            Some(_) => Parent::Exists,
+            None => Parent::Make,
+        };
         let bundle = self.secrets.trust_bundle(roots)?;
-        write_trust_bundle(&mut client, bundle).await
+        write_trust_bundle(&mut client, bundle, parent).await
     }
 
     /// The sandbox's supervisor gets the values and leaves of its bindings.
@@ -160,11 +170,18 @@ impl Manager {
     }
 }
 
+/// Whether a file's directory must be made before the file is written.
+enum Parent {
+    Exists,
+    Make,
+}
+
 async fn write_trust_bundle(
     client: &mut SupervisorClient,
     bundle: Vec<u8>,
+    parent: Parent,
 ) -> Result<(), SandboxError> {
-    write_file(client, TRUST_BUNDLE_PATH, bundle)
+    write_file(client, TRUST_BUNDLE_PATH, bundle, parent)
         .await
         .map_err(|e| {
             SandboxError::internal(format!(
@@ -195,8 +212,10 @@ async fn write_file(
     client: &mut SupervisorClient,
     path: &str,
     bytes: Vec<u8>,
+    parent: Parent,
 ) -> Result<(), CallError> {
-    if let Some(dir) = std::path::Path::new(path).parent() {
+    let dir = std::path::Path::new(path).parent();
+    if let (Parent::Make, Some(dir)) = (parent, dir) {
         client.mkdir(dir.display().to_string(), true, 0o755).await?;
     }
     let handle = client.open_write(path.to_string(), 0o644).await?;

@@ -326,24 +326,35 @@ impl Manager {
             }
             record.limits = claim.limits.clone();
         }
-        if *claim.network != record.network {
-            self.supervisors
-                .set_policy(id, claim.network)
-                .await
-                .map_err(SandboxError::internal)?;
-            record.network = claim.network.clone();
-        }
+        let policy_differs = *claim.network != record.network;
+        record.network = claim.network.clone();
         record.secrets = claim.secrets.to_vec();
         record.env = claim.req.env.clone();
-        self.install_secrets_fresh(&record).await?;
-        if !record.env.is_empty() || !record.secrets.is_empty() {
-            let image = self.image_defaults(&record.image, &record.image_digest);
-            let env = start_env(&image, Vec::new(), &record);
-            self.supervisors
-                .set_env(id, env)
-                .await
-                .map_err(SandboxError::internal)?;
-        }
+        // The policy, the secrets (with the trust bundle, through the
+        // agent) and the environment are separate requests on separate
+        // connections to the supervisor, which serves them at once: none
+        // waits for another, and all are in force before the claim returns.
+        let policy = async {
+            if policy_differs {
+                self.supervisors
+                    .set_policy(id, claim.network)
+                    .await
+                    .map_err(SandboxError::internal)?;
+            }
+            Ok(())
+        };
+        let env = async {
+            if !record.env.is_empty() || !record.secrets.is_empty() {
+                let image = self.image_defaults(&record.image, &record.image_digest);
+                let env = start_env(&image, Vec::new(), &record);
+                self.supervisors
+                    .set_env(id, env)
+                    .await
+                    .map_err(SandboxError::internal)?;
+            }
+            Ok(())
+        };
+        tokio::try_join!(policy, self.install_secrets_fresh(&record), env)?;
         record.pooled = false;
         record.idempotency_key = claim.req.idempotency_key.clone();
         record.request_digest = claim.request_digest.map(String::from);
