@@ -267,12 +267,22 @@ fn mount_root(config: &SandboxSpec, paths: &SandboxPaths) -> Result<(), Containe
 
 /// Mounts an overlay of `lower` (top first) under `upper` at `target`,
 /// nosuid and nodev, as every sandbox root is.
+///
+/// Volatile where the kernel has it (5.10): the overlay then never syncs
+/// its upper layer, so the first write to an image's file does not wait
+/// for a btrfs fsync of the copied-up file (2.7 ms for a 220 KB trust
+/// bundle here, 0.5 ms volatile), nor does a program's fsync. Nothing is
+/// lost by it: a sandbox's files live no longer than its processes (a
+/// daemon restart keeps both; a host crash ends both), and the btrfs
+/// snapshots that snapshots and forks are made of flush the layer's dirty
+/// data before they are taken.
 pub(crate) fn mount_overlay(
     target: &Path,
     lower: &[&Path],
     upper: &Path,
     work: &Path,
 ) -> io::Result<()> {
+    clear_volatile_marker(work)?;
     // The descriptors a long stack is spelled with live until the mount is made.
     let (lower, _fds) = crate::image::lowerdir::lowerdir_value(lower)?;
     let options = format!(
@@ -280,14 +290,32 @@ pub(crate) fn mount_overlay(
         upper.display(),
         work.display()
     );
-    mount(
-        Some("overlay"),
-        target,
-        Some("overlay"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        Some(options.as_str()),
-    )
+    let mount_with = |options: &str| {
+        mount(
+            Some("overlay"),
+            target,
+            Some("overlay"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(options),
+        )
+    };
+    match mount_with(&format!("{options},volatile")) {
+        // A kernel before 5.10 does not know the option.
+        Err(nix::errno::Errno::EINVAL) => mount_with(&options),
+        other => other,
+    }
     .map_err(io::Error::from)
+}
+
+/// A volatile overlay leaves `work/incompat/volatile` in its workdir, and
+/// the kernel refuses to mount that workdir again (it cannot know whether
+/// the upper layer reached the disk). A fork's layer is a btrfs snapshot
+/// of a mounted one, flushed when it was taken, so the marker can go.
+fn clear_volatile_marker(work: &Path) -> io::Result<()> {
+    match fs::remove_dir_all(work.join("work/incompat/volatile")) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
 }
 
 fn write_etc(config: &SandboxSpec, dir: &Path) -> Result<(), ContainerError> {
