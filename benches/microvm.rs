@@ -1,21 +1,34 @@
 //! MicroVM sandboxes through a real sandboxd: create -> ready (the guest's
 //! agent has dialled in and said Hello), create -> the output of a process,
-//! memory snapshot, and fork -> ready, with the freestanding test guest as
-//! the kernel (what this kvm_pvm host can run). A container create -> ready
-//! runs in the same daemon for scale. Prints medians and writes the raw
+//! memory snapshot, fork -> ready, and claims from a warm microVM pool,
+//! with the freestanding test guest as the kernel (what this kvm_pvm host
+//! can run). A container create -> ready runs in the same daemon for scale. Prints medians and writes the raw
 //! samples to `benches/results/microvm.json`.
 //!
 //!     sudo cargo bench --bench microvm        # BENCH_RUNS=30 by default
 //!
-//! The VMM alone (process start -> first serial line, beside QEMU microvm)
-//! is `cargo bench -p vmm --bench boot`; its snapshots with 256 MiB touched
-//! are `cargo bench -p vmm --bench vm_snapshot`.
+//! The peer, interleaved run by run: our `vmm` alone booting the same guest
+//! with the same memory, disks and vsock (no tap, namespace, cgroups or
+//! jail: those are the daemon's), from process start to the guest's first
+//! serial line and to its agent connecting over vsock, which is the moment
+//! the daemon's ready waits for (only the agent's hello follows). The test
+//! guest checks every device before its agent dials out, each step a few
+//! thousand instructions that kvm_pvm may run in KVM's emulator, so the
+//! two markers are far apart here.
+//!
+//! The VMM beside QEMU microvm is `cargo bench -p vmm --bench boot`; its
+//! snapshots with 256 MiB touched are `cargo bench -p vmm --bench
+//! vm_snapshot`.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 mod peers;
 
+use std::io::Read;
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use common::Daemon;
@@ -38,25 +51,105 @@ fn test_guest(dir: &Path) -> Option<PathBuf> {
     built.status.success().then(|| dir.join("test-guest.elf"))
 }
 
+/// Our `vmm` alone, started as the daemon starts it minus what is the
+/// daemon's (see the module's documentation).
+struct Alone {
+    vmm: PathBuf,
+    guest: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl Alone {
+    /// Sparse disks of the sizes a busybox VM gets (the guest reads their
+    /// first sector and writes and flushes one of the scratch disk's).
+    fn new(vmm: &Path, guest: &Path) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for (name, mib) in [("base.img", 36), ("scratch.img", 64), ("agent.img", 19)] {
+            let disk = std::fs::File::create(dir.path().join(name)).expect("disk");
+            disk.set_len(mib << 20).expect("disk size");
+        }
+        Self {
+            vmm: vmm.to_path_buf(),
+            guest: guest.to_path_buf(),
+            dir,
+        }
+    }
+
+    /// One boot: ms from spawn to the first serial line, and to the agent's
+    /// vsock connection.
+    fn boot(&self) -> (f64, f64) {
+        let dir = self.dir.path();
+        let vsock = dir.join("vsock.sock");
+        let agent = dir.join("vsock.sock_1025");
+        let _ = std::fs::remove_file(&vsock);
+        let _ = std::fs::remove_file(&agent);
+        let listener = UnixListener::bind(&agent).expect("agent socket");
+        let disk = |name: &str, ro: bool| {
+            let path = dir.join(name).display().to_string();
+            if ro {
+                format!("{path},ro")
+            } else {
+                path
+            }
+        };
+        let begun = Instant::now();
+        let mut child = Command::new(&self.vmm)
+            .args(["--kernel", &self.guest.display().to_string()])
+            .args(["--mem-mib", "64", "--vcpus", "1", "--vsock-cid", "3"])
+            .args(["--disk", &disk("base.img", true)])
+            .args(["--disk", &disk("scratch.img", false)])
+            .args(["--disk", &disk("agent.img", true)])
+            .args(["--vsock-uds", &vsock.display().to_string()])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("vmm");
+        let mut out = child.stdout.take().expect("stdout");
+        let mut byte = [0u8; 1];
+        while out.read(&mut byte).expect("serial") == 1 && byte[0] != b'\n' {}
+        let first_line = ms(begun);
+        let mut fds = [nix::poll::PollFd::new(
+            listener.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let ready = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10_000u16));
+        let connected = ms(begun);
+        assert_eq!(ready.ok(), Some(1), "the guest's agent did not connect");
+        drop(listener.accept().expect("agent connection"));
+        let _ = child.kill();
+        let _ = child.wait();
+        (first_line, connected)
+    }
+}
+
 struct Samples {
+    alone_first_line: Vec<f64>,
+    alone_agent: Vec<f64>,
     create_ready: Vec<f64>,
     create_output: Vec<f64>,
     container_ready: Vec<f64>,
     snapshot: Vec<f64>,
     fork_ready: Vec<f64>,
+    pool_claim: Vec<f64>,
+    pool_claim_custom: Vec<f64>,
 }
 
-async fn measure(daemon: &Daemon, runs: usize) -> Samples {
+async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
     let vm = json!({"runtime": "vm", "image": "busybox", "memory_mib": 64});
     // Warm-up: the image's ext4 export and the agent disk are made once.
     let id = daemon.create(vm.clone()).await;
     daemon.delete(&id).await;
     let mut s = Samples {
+        alone_first_line: Vec::new(),
+        alone_agent: Vec::new(),
         create_ready: Vec::new(),
         create_output: Vec::new(),
         container_ready: Vec::new(),
         snapshot: Vec::new(),
         fork_ready: Vec::new(),
+        pool_claim: Vec::new(),
+        pool_claim_custom: Vec::new(),
     };
     for _ in 0..runs {
         let begun = Instant::now();
@@ -66,6 +159,10 @@ async fn measure(daemon: &Daemon, runs: usize) -> Samples {
         s.create_output.push(ms(begun));
         assert_eq!(run.out(), "hi\n");
         daemon.delete(&id).await;
+
+        let (first_line, agent) = tokio::task::block_in_place(|| alone.boot());
+        s.alone_first_line.push(first_line);
+        s.alone_agent.push(agent);
 
         let begun = Instant::now();
         let id = daemon.create(json!({"image": "busybox"})).await;
@@ -98,6 +195,33 @@ async fn measure(daemon: &Daemon, runs: usize) -> Samples {
         assert_eq!(daemon.exec(&fork, &["count"]).await.out(), "count=4\n");
         daemon.delete(&fork).await;
     }
+    // Claims from the warm microVM pool (one VM of the default size, which
+    // the 64 MiB creates above do not fit), each once the pool refilled:
+    // as it is, and with the claim's own policy, env, labels, TTL and a
+    // lower CPU quota put in force.
+    let custom = json!({"runtime": "vm", "image": "busybox", "cpu": 0.5,
+        "block_network": false, "env": {"A": "1"}, "labels": {"l": "1"}, "ttl_seconds": 600});
+    for _ in 0..runs {
+        for (body, samples) in [
+            (
+                json!({"runtime": "vm", "image": "busybox"}),
+                &mut s.pool_claim,
+            ),
+            (custom.clone(), &mut s.pool_claim_custom),
+        ] {
+            daemon.pool_reaches(1).await;
+            let begun = Instant::now();
+            let id = daemon.create(body).await;
+            samples.push(ms(begun));
+            daemon.delete(&id).await;
+        }
+    }
+    let hits = "sandboxd_pool_claims_total{runtime=\"vm\",image=\"busybox\",result=\"hit\"} ";
+    assert_eq!(
+        daemon.metric(hits).await,
+        (2 * runs) as f64,
+        "every claim a hit"
+    );
     // Where the time goes: the daemon's create phases, summed over every
     // create above (VMs, containers and forks together).
     let (_, metrics) = daemon.raw(Method::GET, "/metrics", Vec::new()).await;
@@ -148,21 +272,49 @@ fn main() {
         &guest.display().to_string(),
         "--vmm-path",
         &vmm.display().to_string(),
+        "--default-image",
+        "busybox",
+        "--default-memory-mib",
+        "96",
+        "--vm-pool-size",
+        "1",
     ]);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let s = runtime.block_on(measure(&daemon, runs));
+    let alone = Alone::new(&vmm, &guest);
+    let s = runtime.block_on(measure(&daemon, &alone, runs));
+    let ratio = |ours: &[f64], peer: &[f64]| median(ours) / median(peer);
 
     let medians = json!({
+        "vmm_alone_to_first_line_ms": median(&s.alone_first_line),
+        "vmm_alone_to_agent_ms": median(&s.alone_agent),
         "vm_create_to_ready_ms": median(&s.create_ready),
         "vm_create_to_output_ms": median(&s.create_output),
         "container_create_to_ready_ms": median(&s.container_ready),
         "vm_snapshot_ms": median(&s.snapshot),
         "vm_fork_to_ready_ms": median(&s.fork_ready),
+        "vm_pool_claim_ms": median(&s.pool_claim),
+        "vm_pool_claim_custom_ms": median(&s.pool_claim_custom),
     });
     println!("microVM sandboxes, test guest, 64 MiB ({runs} runs, medians in ms)");
     println!(
         "  VM create -> ready            {:8.1}",
         median(&s.create_ready)
+    );
+    println!(
+        "  vmm alone -> first line       {:8.1}",
+        median(&s.alone_first_line)
+    );
+    println!(
+        "  vmm alone -> agent connected  {:8.1}",
+        median(&s.alone_agent)
+    );
+    println!(
+        "  ratio create -> ready / vmm -> first line  {:6.2}",
+        ratio(&s.create_ready, &s.alone_first_line)
+    );
+    println!(
+        "  ratio create -> ready / vmm -> agent       {:6.2}",
+        ratio(&s.create_ready, &s.alone_agent)
     );
     println!(
         "  VM create -> echo output      {:8.1}",
@@ -180,14 +332,28 @@ fn main() {
         "  VM fork -> ready              {:8.1}",
         median(&s.fork_ready)
     );
+    println!(
+        "  VM pool claim -> ready        {:8.2}  ratio to VM create {:6.3}",
+        median(&s.pool_claim),
+        ratio(&s.pool_claim, &s.create_ready)
+    );
+    println!(
+        "  + policy, env, labels, TTL, CPU {:6.2}  ratio to VM create {:6.3}",
+        median(&s.pool_claim_custom),
+        ratio(&s.pool_claim_custom, &s.create_ready)
+    );
     let raw = json!({
         "runs": runs,
         "unit": "ms",
+        "vmm_alone_to_first_line": s.alone_first_line,
+        "vmm_alone_to_agent": s.alone_agent,
         "vm_create_to_ready": s.create_ready,
         "vm_create_to_output": s.create_output,
         "container_create_to_ready": s.container_ready,
         "vm_snapshot": s.snapshot,
         "vm_fork_to_ready": s.fork_ready,
+        "vm_pool_claim": s.pool_claim,
+        "vm_pool_claim_custom": s.pool_claim_custom,
         "medians": medians,
     });
     peers::write_results("microvm", &raw);
