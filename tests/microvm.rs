@@ -589,12 +589,21 @@ async fn a_vm_reaches_the_egress_proxy_through_its_tap() {
     daemon.delete(&id).await;
 }
 
+/// The sandboxes (pooled ones too) with a run directory.
+fn sandbox_dirs(daemon: &Daemon) -> Vec<String> {
+    std::fs::read_dir(daemon.run_dir().join("sandboxes"))
+        .expect("run dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|name| name.starts_with("sb-"))
+        .collect()
+}
+
 /// A microVM pool serves `runtime: "vm"` creates of its image and size:
 /// the claim gets a VM that booted before it asked, with its own egress
 /// policy and CPU quota put in force; a create of another size boots cold.
 #[tokio::test]
 async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
-    let Some((daemon, _guest)) = vm_daemon_with(&[
+    let Some((mut daemon, _guest)) = vm_daemon_with(&[
         "--vm-pool-size",
         "1",
         "--default-image",
@@ -608,6 +617,13 @@ async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
     };
     let health = daemon.pool_reaches(1).await;
     assert_eq!(health["sandboxes"], 0, "{health}");
+    // The pooled VM outlives a killed daemon and is pooled again by the
+    // next one (which then boots no other): the claim below gets it.
+    let pooled = sandbox_dirs(&daemon);
+    assert_eq!(pooled.len(), 1, "{pooled:?}");
+    daemon.kill(nix::sys::signal::Signal::SIGKILL);
+    daemon.restart();
+    daemon.pool_reaches(1).await;
     let mut events = daemon.follow_events(0).await;
     // Half a CPU still boots one vCPU; an open policy instead of the
     // pooled VM's blocked one.
@@ -627,6 +643,7 @@ async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
         .collect();
     assert_eq!(created.len(), 1, "{seen:?}");
     assert_eq!(created[0]["detail"], "from the warm pool", "{seen:?}");
+    assert_eq!(id, pooled[0], "the VM pooled before the restart");
     let hit = "sandboxd_pool_claims_total{runtime=\"vm\",image=\"busybox\",result=\"hit\"} ";
     assert_eq!(daemon.metric(hit).await, 1.0);
     let (_, view) = daemon
