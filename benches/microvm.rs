@@ -133,6 +133,38 @@ struct Samples {
     fork_ready: Vec<f64>,
     pool_claim: Vec<f64>,
     pool_claim_custom: Vec<f64>,
+    /// Mean of each create phase (ms) over the cold creates, per runtime.
+    vm_phases: Vec<(String, f64)>,
+    container_phases: Vec<(String, f64)>,
+}
+
+/// The mean of each `sandboxd_create_phase_seconds` phase of `runtime`'s
+/// creates so far, in ms, from the daemon's metrics.
+async fn phase_means(daemon: &Daemon, runtime: &str) -> Vec<(String, f64)> {
+    let (_, metrics) = daemon.raw(Method::GET, "/metrics", Vec::new()).await;
+    let text = String::from_utf8_lossy(&metrics).into_owned();
+    let sample = |kind: &str, phase: &str| {
+        let start = format!(
+            "sandboxd_create_phase_seconds_{kind}{{phase=\"{phase}\",runtime=\"{runtime}\"}} "
+        );
+        text.lines()
+            .find_map(|l| l.strip_prefix(&start))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let mut phases: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("sandboxd_create_phase_seconds_sum{phase=\""))
+        .filter(|rest| rest.contains(&format!("runtime=\"{runtime}\"")))
+        .filter_map(|rest| rest.split('"').next().map(String::from))
+        .collect();
+    phases.sort();
+    phases
+        .into_iter()
+        .filter_map(|phase| {
+            let (sum, count) = (sample("sum", &phase)?, sample("count", &phase)?);
+            (count > 0.0).then(|| (phase, sum / count * 1000.0))
+        })
+        .collect()
 }
 
 async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
@@ -150,6 +182,8 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
         fork_ready: Vec::new(),
         pool_claim: Vec::new(),
         pool_claim_custom: Vec::new(),
+        vm_phases: Vec::new(),
+        container_phases: Vec::new(),
     };
     for _ in 0..runs {
         let begun = Instant::now();
@@ -169,6 +203,10 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
         s.container_ready.push(ms(begun));
         daemon.delete(&id).await;
     }
+    // Where a cold create's time goes, before forks and claims add theirs
+    // (the pool's one fill is a cold VM create too).
+    s.vm_phases = phase_means(daemon, "vm").await;
+    s.container_phases = phase_means(daemon, "container").await;
     let source = daemon.create(vm.clone()).await;
     for _ in 0..3 {
         daemon.exec(&source, &["count"]).await;
@@ -222,15 +260,6 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
         (2 * runs) as f64,
         "every claim a hit"
     );
-    // Where the time goes: the daemon's create phases, summed over every
-    // create above (VMs, containers and forks together).
-    let (_, metrics) = daemon.raw(Method::GET, "/metrics", Vec::new()).await;
-    for line in String::from_utf8_lossy(&metrics)
-        .lines()
-        .filter(|l| l.starts_with("sandboxd_create_phase_seconds_sum"))
-    {
-        eprintln!("  {line}");
-    }
     daemon.delete(&source).await;
     for snap in snapshots {
         let _ = daemon
@@ -342,6 +371,15 @@ fn main() {
         median(&s.pool_claim_custom),
         ratio(&s.pool_claim_custom, &s.create_ready)
     );
+    println!("  cold create phases, means in ms (microVM / container):");
+    for (phase, vm) in &s.vm_phases {
+        let container = s
+            .container_phases
+            .iter()
+            .find(|(p, _)| p == phase)
+            .map_or("-".to_string(), |(_, ms)| format!("{ms:.2}"));
+        println!("    {phase:12} {vm:8.2} / {container}");
+    }
     let raw = json!({
         "runs": runs,
         "unit": "ms",
@@ -354,6 +392,8 @@ fn main() {
         "vm_fork_to_ready": s.fork_ready,
         "vm_pool_claim": s.pool_claim,
         "vm_pool_claim_custom": s.pool_claim_custom,
+        "vm_create_phase_means_ms": s.vm_phases,
+        "container_create_phase_means_ms": s.container_phases,
         "medians": medians,
     });
     peers::write_results("microvm", &raw);

@@ -25,6 +25,7 @@ struct StateLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PhaseLabels {
     phase: String,
+    runtime: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -217,10 +218,12 @@ impl Metrics {
         }
     }
 
-    pub fn observe_phase(&self, phase: &str, seconds: f64) {
+    /// One phase of a create of a sandbox of `runtime`.
+    pub fn observe_phase(&self, phase: &str, runtime: RuntimeKind, seconds: f64) {
         self.create_phase_seconds
             .get_or_create(&PhaseLabels {
                 phase: phase.to_string(),
+                runtime: runtime.as_str().to_string(),
             })
             .observe(seconds);
     }
@@ -365,7 +368,7 @@ mod tests {
     #[test]
     fn exposition_has_the_families_and_values() {
         let metrics = Metrics::new();
-        metrics.observe_phase("runtime", 0.02);
+        metrics.observe_phase("runtime", RuntimeKind::Container, 0.02);
         metrics.create_failed("image_not_found");
         metrics.process_started();
         metrics.sandbox_usage("sb-1", 1.5, 4096);
@@ -375,7 +378,9 @@ mod tests {
             "{text}"
         );
         assert!(
-            text.contains("sandboxd_create_phase_seconds_count{phase=\"runtime\"} 1"),
+            text.contains(
+                "sandboxd_create_phase_seconds_count{phase=\"runtime\",runtime=\"container\"} 1"
+            ),
             "{text}"
         );
         assert!(

@@ -11,18 +11,20 @@ use super::super::{Manager, SandboxError, SandboxRecord};
 use crate::metrics::Metrics;
 use crate::model::{RuntimeKind, SandboxState};
 
-/// Times the steps of one create.
+/// Times the steps of one create, of a container or a microVM.
 pub(super) struct PhaseClock<'a> {
     metrics: &'a Metrics,
+    runtime: RuntimeKind,
     begun: Instant,
     lap: Instant,
 }
 
 impl<'a> PhaseClock<'a> {
-    fn new(metrics: &'a Metrics) -> Self {
+    fn new(metrics: &'a Metrics, runtime: RuntimeKind) -> Self {
         let now = Instant::now();
         Self {
             metrics,
+            runtime,
             begun: now,
             lap: now,
         }
@@ -30,14 +32,17 @@ impl<'a> PhaseClock<'a> {
 
     /// Records the time since the last lap as phase `name`.
     pub(super) fn lap(&mut self, name: &str) {
-        self.metrics
-            .observe_phase(name, self.lap.elapsed().as_secs_f64());
+        self.observe(name, self.lap.elapsed().as_secs_f64());
         self.lap = Instant::now();
     }
 
+    /// Records phase `name` as measured elsewhere (by the supervisor).
+    fn observe(&self, name: &str, seconds: f64) {
+        self.metrics.observe_phase(name, self.runtime, seconds);
+    }
+
     fn total(&self) {
-        self.metrics
-            .observe_phase("total", self.begun.elapsed().as_secs_f64());
+        self.observe("total", self.begun.elapsed().as_secs_f64());
     }
 }
 
@@ -63,7 +68,7 @@ impl Manager {
         mut record: SandboxRecord,
         image_name: &str,
     ) -> Result<SandboxRecord, SandboxError> {
-        let mut clock = PhaseClock::new(&self.metrics);
+        let mut clock = PhaseClock::new(&self.metrics, record.runtime);
         let created = announcement(&record, EventKind::Created);
         self.persist_announcing(&record, created, || {})?;
         let root = self
@@ -93,11 +98,10 @@ impl Manager {
                 "rootfs_and_spec" => "rootfs",
                 other => other,
             };
-            self.metrics.observe_phase(name, *us as f64 / 1e6);
+            clock.observe(name, *us as f64 / 1e6);
         }
         if ready.ready_at_ns > 0 {
-            self.metrics
-                .observe_phase("handoff", handoff_ns as f64 / 1e9);
+            clock.observe("handoff", handoff_ns as f64 / 1e9);
         }
         clock.total();
         tracing::debug!(sandbox = %record.id, phases_us = ?ready.phases_us, "sandbox ready");
