@@ -30,26 +30,26 @@ pub(super) type PoolKey = (RuntimeKind, String);
 /// Ids of ready, unclaimed sandboxes, per pool, oldest first.
 #[derive(Debug, Default)]
 pub(super) struct WarmPools {
-    by_image: HashMap<PoolKey, VecDeque<String>>,
+    by_pool: HashMap<PoolKey, VecDeque<String>>,
 }
 
 impl WarmPools {
     pub(super) fn put(&mut self, runtime: RuntimeKind, image: &str, id: String) {
-        self.by_image
+        self.by_pool
             .entry((runtime, image.to_string()))
             .or_default()
             .push_back(id);
     }
 
     fn take(&mut self, runtime: RuntimeKind, image: &str) -> Option<String> {
-        self.by_image
+        self.by_pool
             .get_mut(&(runtime, image.to_string()))?
             .pop_front()
     }
 
     /// Returns a sandbox [`Self::take`] gave out, first in line again.
     fn put_back(&mut self, runtime: RuntimeKind, image: &str, id: String) {
-        self.by_image
+        self.by_pool
             .entry((runtime, image.to_string()))
             .or_default()
             .push_front(id);
@@ -57,23 +57,23 @@ impl WarmPools {
 
     /// Forgets `id` wherever it is (a pooled sandbox being deleted).
     pub(super) fn forget(&mut self, id: &str) {
-        for ids in self.by_image.values_mut() {
+        for ids in self.by_pool.values_mut() {
             ids.retain(|i| i != id);
         }
     }
 
     pub(super) fn len(&self) -> usize {
-        self.by_image.values().map(VecDeque::len).sum()
+        self.by_pool.values().map(VecDeque::len).sum()
     }
 
     fn len_of(&self, runtime: RuntimeKind, image: &str) -> usize {
-        self.by_image
+        self.by_pool
             .get(&(runtime, image.to_string()))
             .map_or(0, VecDeque::len)
     }
 
     fn drain(&mut self) -> Vec<String> {
-        self.by_image
+        self.by_pool
             .values_mut()
             .flat_map(|ids| ids.drain(..))
             .collect()
@@ -82,7 +82,7 @@ impl WarmPools {
     /// The newest sandbox of the fullest pool: what a caller's create that
     /// does not fit the host takes the room of.
     fn evict(&mut self) -> Option<String> {
-        self.by_image
+        self.by_pool
             .values_mut()
             .max_by_key(|ids| ids.len())?
             .pop_back()
