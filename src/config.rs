@@ -491,6 +491,7 @@ impl Config {
                     .unwrap_or_else(|| $default)
             };
         }
+        let default_image = pick!(default_image, "python".to_string());
         let host_cpus = std::thread::available_parallelism()
             .map(|n| n.get() as f64)
             .unwrap_or(1.0);
@@ -512,7 +513,7 @@ impl Config {
             state_dir,
             agent_path: absolute(pick!(agent_path, default_agent_path())),
             image_recipe_dirs: pick!(image_recipe_dirs, Vec::new()),
-            default_image: pick!(default_image, "python".to_string()),
+            default_image: default_image.clone(),
             default_ttl_seconds: pick!(default_ttl_seconds, 600),
             default_cpu: pick!(default_cpu, 1.0_f64.min(host_cpus)),
             default_memory_mib: pick!(default_memory_mib, 512),
@@ -536,13 +537,13 @@ impl Config {
             warm_pools: [
                 warm_pools(
                     RuntimeKind::Container,
-                    &pick!(default_image, "python".to_string()),
+                    &default_image,
                     pick!(pool_size, 0),
                     &pick!(pools, Vec::new()),
                 )?,
                 warm_pools(
                     RuntimeKind::Vm,
-                    &pick!(default_image, "python".to_string()),
+                    &default_image,
                     pick!(vm_pool_size, 0),
                     &pick!(vm_pools, Vec::new()),
                 )?,

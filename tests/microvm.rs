@@ -589,15 +589,6 @@ async fn a_vm_reaches_the_egress_proxy_through_its_tap() {
     daemon.delete(&id).await;
 }
 
-/// The sandboxes (pooled ones too) with a run directory.
-fn sandbox_dirs(daemon: &Daemon) -> Vec<String> {
-    std::fs::read_dir(daemon.run_dir().join("sandboxes"))
-        .expect("run dir")
-        .filter_map(|e| e.ok()?.file_name().into_string().ok())
-        .filter(|name| name.starts_with("sb-"))
-        .collect()
-}
-
 /// A microVM pool serves `runtime: "vm"` creates of its image and size:
 /// the claim gets a VM that booted before it asked, with its own egress
 /// policy and CPU quota put in force; a create of another size boots cold.
@@ -619,7 +610,7 @@ async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
     assert_eq!(health["sandboxes"], 0, "{health}");
     // The pooled VM outlives a killed daemon and is pooled again by the
     // next one (which then boots no other): the claim below gets it.
-    let pooled = sandbox_dirs(&daemon);
+    let pooled = daemon.sandbox_run_dirs();
     assert_eq!(pooled.len(), 1, "{pooled:?}");
     daemon.kill(nix::sys::signal::Signal::SIGKILL);
     daemon.restart();

@@ -140,14 +140,16 @@ impl EventLog {
                 .map(|e| e.cursor)
                 .unwrap_or(*self.latest.borrow())
                 + 1;
-            let time = SystemTime::now();
+            // One moment for the whole batch, written once.
+            let time = humantime::format_rfc3339_millis(SystemTime::now()).to_string();
+            let time_ms = now_ms();
             let events: Vec<Event> = notes
                 .into_iter()
                 .zip(first..)
                 .map(|(note, cursor)| Event {
                     cursor,
-                    time: humantime::format_rfc3339_millis(time).to_string(),
-                    time_ms: now_ms(),
+                    time: time.clone(),
+                    time_ms,
                     kind: note.kind,
                     sandbox_id: sandbox_id.to_string(),
                     process_id: note.process_id,

@@ -320,10 +320,7 @@ impl Manager {
             .cloned()
             .ok_or_else(|| SandboxError::internal("a pooled sandbox without its record"))?;
         if *claim.limits != record.limits {
-            match record.runtime {
-                RuntimeKind::Container => self.lower_limits(&record, claim.limits)?,
-                RuntimeKind::Vm => self.lower_vm_cpu(&record, claim.limits)?,
-            }
+            self.lower_limits(&record, claim.limits)?;
             record.limits = claim.limits.clone();
         }
         let policy_differs = *claim.network != record.network;
@@ -387,22 +384,19 @@ impl Manager {
         in_use.is_none_or(|bytes| bytes < limits.memory_mib * 1024 * 1024)
     }
 
-    /// Lowers a pooled microVM's CPU quota to `limits` (what else a claim
-    /// may differ in, [`fits`] allows only where nothing outside the guest
-    /// holds it: a pids limit, which microVMs do not enforce).
-    fn lower_vm_cpu(&self, record: &SandboxRecord, limits: &Limits) -> Result<(), SandboxError> {
-        let cpu_quota_us =
-            crate::runtime::spec::cpu_quota_us(limits.cpu).map_err(SandboxError::internal)?;
-        SandboxCgroups::new(Layout::detect(), &record.cgroups_path)
-            .set_cpu_quota(cpu_quota_us)
-            .map_err(SandboxError::internal)
-    }
-
     /// Lowers a pooled sandbox's cgroup ceilings and disk quota to `limits`.
+    /// A microVM's CPU quota alone: what else a claim may differ in,
+    /// [`fits`] allows only where nothing outside the guest holds it (a
+    /// pids limit, which microVMs do not enforce).
     fn lower_limits(&self, record: &SandboxRecord, limits: &Limits) -> Result<(), SandboxError> {
         let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
         let cpu_quota_us =
             crate::runtime::spec::cpu_quota_us(limits.cpu).map_err(SandboxError::internal)?;
+        if record.runtime == RuntimeKind::Vm {
+            return cgroups
+                .set_cpu_quota(cpu_quota_us)
+                .map_err(SandboxError::internal);
+        }
         cgroups
             .lower_limits(&CgroupLimits {
                 cpu_quota_us,

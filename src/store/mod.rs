@@ -78,13 +78,7 @@ impl Store {
         records: impl IntoIterator<Item = (&'a str, &'a T)>,
     ) -> Result<(), StoreError> {
         let txn = self.db.begin_write().map_err(io)?;
-        {
-            let mut table = txn.open_table(SANDBOXES).map_err(io)?;
-            for (id, record) in records {
-                let bytes = serde_json::to_vec(record).map_err(io)?;
-                table.insert(id, bytes.as_slice()).map_err(io)?;
-            }
-        }
+        insert_records(&txn, SANDBOXES, records)?;
         txn.commit().map_err(io)
     }
 
@@ -97,12 +91,8 @@ impl Store {
         record: &T,
         events: &[(u64, E)],
     ) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec(record).map_err(io)?;
         let txn = self.db.begin_write().map_err(io)?;
-        {
-            let mut table = txn.open_table(SANDBOXES).map_err(io)?;
-            table.insert(id, bytes.as_slice()).map_err(io)?;
-        }
+        insert_records(&txn, SANDBOXES, [(id, record)])?;
         insert_events(&txn, events)?;
         txn.commit().map_err(io)
     }
@@ -128,12 +118,8 @@ impl Store {
         key: &str,
         record: &T,
     ) -> Result<(), StoreError> {
-        let bytes = serde_json::to_vec(record).map_err(io)?;
         let txn = self.db.begin_write().map_err(io)?;
-        {
-            let mut table = txn.open_table(table).map_err(io)?;
-            table.insert(key, bytes.as_slice()).map_err(io)?;
-        }
+        insert_records(&txn, table, [(key, record)])?;
         txn.commit().map_err(io)
     }
 
@@ -223,6 +209,20 @@ impl Store {
         }
         txn.commit().map_err(io)
     }
+}
+
+/// Inserts or replaces each `(key, record)` of `table` inside `txn`.
+fn insert_records<'a, T: Serialize + 'a>(
+    txn: &redb::WriteTransaction,
+    table: TableDefinition<&str, &[u8]>,
+    records: impl IntoIterator<Item = (&'a str, &'a T)>,
+) -> Result<(), StoreError> {
+    let mut table = txn.open_table(table).map_err(io)?;
+    for (key, record) in records {
+        let bytes = serde_json::to_vec(record).map_err(io)?;
+        table.insert(key, bytes.as_slice()).map_err(io)?;
+    }
+    Ok(())
 }
 
 /// Appends `events` to the event log inside `txn`.
