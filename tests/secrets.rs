@@ -511,6 +511,44 @@ for path in ['/before', '/after']:
     sys.stdin.readline()
 "#;
 
+/// A sandbox with secrets trusts its image's roots (the host's where the
+/// image has none) and then the broker's CA, in a bundle its code can read,
+/// however it got there: written into a container's root from the host
+/// over the image's file (python), or made by the agent where the image
+/// has none (busybox).
+#[tokio::test]
+async fn the_trust_bundle_holds_the_images_roots_then_the_brokers_ca() {
+    require_host!();
+    let daemon = Daemon::start();
+    create_secret(&daemon, "API_KEY", VALUE, &["api.example.test"]).await;
+    let bundle = "/etc/ssl/certs/ca-certificates.crt";
+    let marker = "# sandboxd secrets broker CA";
+    let read = format!("cat {bundle}");
+    let plain = daemon.create(json!({"image": "python"})).await;
+    let image_roots = sh_ok(&daemon, &plain, &read).await;
+    assert!(image_roots.contains("BEGIN CERTIFICATE"), "{image_roots}");
+    assert!(!image_roots.contains(marker), "no CA without secrets");
+
+    for image in ["python", "busybox"] {
+        let id = daemon
+            .create(json!({"image": image, "secrets": ["API_KEY"]}))
+            .await;
+        let got = sh_ok(&daemon, &id, &read).await;
+        let (roots, ca) = got
+            .split_once(marker)
+            .unwrap_or_else(|| panic!("{image}: no broker CA in {got}"));
+        assert!(ca.trim().starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+        assert!(roots.contains("BEGIN CERTIFICATE"), "{image}: no roots");
+        if image == "python" {
+            assert_eq!(roots, image_roots, "the image's own roots, first");
+        }
+        let owner = sh_ok(&daemon, &id, &format!("stat -c '%u %a' {bundle}")).await;
+        assert_eq!(owner.trim(), "0 644", "{image}");
+    }
+    let still = sh_ok(&daemon, &plain, &read).await;
+    assert_eq!(still, image_roots, "a sandbox without secrets is untouched");
+}
+
 #[tokio::test]
 async fn rotation_deletion_forks_and_policy_changes_follow_the_secret() {
     require_host!();

@@ -22,6 +22,17 @@ impl Dir {
         open(libc::AT_FDCWD, "/", how).map(Dir)
     }
 
+    /// The host directory at `path`, which the caller trusts: symlinks on
+    /// the way to it are followed (a run dir under `/var/run`), those
+    /// beneath it never.
+    pub fn at(path: &std::path::Path) -> io::Result<Dir> {
+        let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC);
+        let path = path.to_str().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "a path that is not UTF-8")
+        })?;
+        open(libc::AT_FDCWD, path, how).map(Dir)
+    }
+
     /// The directory at `path` (relative, any number of components)
     /// beneath this one, through no symlink.
     pub fn open(&self, path: &str) -> io::Result<Dir> {
@@ -73,6 +84,38 @@ impl Dir {
         let stat = fstat(file.as_raw_fd())?;
         let regular = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG;
         Ok(regular.then_some(file))
+    }
+
+    /// Replaces the contents of regular file `path` (relative) beneath this
+    /// one with `bytes`, keeping its owner and mode; false, with nothing
+    /// written, when there is no regular file there reached through no
+    /// symlink (the caller then writes it some other way).
+    pub fn overwrite_regular_file(&self, path: &str, bytes: &[u8]) -> io::Result<bool> {
+        // O_NONBLOCK: a FIFO put there fails the open instead of blocking
+        // it; it changes nothing for a regular file.
+        let how = OpenHow::new()
+            .flags(OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let file = match open(self.0.as_raw_fd(), path, how) {
+            Ok(file) => file,
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EISDIR | libc::ENXIO)
+                ) =>
+            {
+                return Ok(false)
+            }
+            Err(e) => return Err(e),
+        };
+        let stat = fstat(file.as_raw_fd())?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Ok(false);
+        }
+        let mut file = std::fs::File::from(file);
+        file.set_len(0)?;
+        io::Write::write_all(&mut file, bytes)?;
+        Ok(true)
     }
 }
 
@@ -143,5 +186,35 @@ mod tests {
         );
         assert!(top.regular_file("real/missing").unwrap().is_none());
         assert!(top.regular_file("real/a").unwrap().is_none(), "a directory");
+    }
+
+    #[test]
+    fn a_file_is_overwritten_only_when_reached_through_no_symlink() {
+        let tmp = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("bundle"), "host's").unwrap();
+        std::os::unix::fs::symlink(outside.path(), tmp.path().join("link")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("bundle"), tmp.path().join("file-link"))
+            .unwrap();
+        std::fs::write(tmp.path().join("bundle"), "a longer old text").unwrap();
+        std::fs::create_dir(tmp.path().join("dir")).unwrap();
+        nix::unistd::mkfifo(&tmp.path().join("fifo"), Mode::from_bits_truncate(0o644)).unwrap();
+        let top = Dir::at(tmp.path()).unwrap();
+
+        // Positive control: the plain file takes the new bytes, all of them.
+        assert!(top.overwrite_regular_file("bundle", b"new").unwrap());
+        assert_eq!(std::fs::read(tmp.path().join("bundle")).unwrap(), b"new");
+
+        for refused in ["link/bundle", "file-link", "missing", "fifo", "dir"] {
+            assert!(
+                !top.overwrite_regular_file(refused, b"x").unwrap(),
+                "{refused}"
+            );
+        }
+        assert_eq!(
+            std::fs::read(outside.path().join("bundle")).unwrap(),
+            b"host's",
+            "nothing outside was written"
+        );
     }
 }

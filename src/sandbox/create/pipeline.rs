@@ -84,12 +84,17 @@ impl Manager {
         let layer_dir = self.make_layer(&record).await?;
         clock.lap("disk");
         let grant = self.grant_devices(&record, &root.image.defaults)?;
+        let images_own_root = root.is_the_images_own() && record.base_snapshot.is_none();
         let ready = self.launch(&mut record, root, layer_dir, grant, vm).await?;
         // From the supervisor's ready line to here: the pipe and the wakeup.
         let handoff_ns = crate::supervisor::monotonic_ns().saturating_sub(ready.ready_at_ns);
         clock.lap("supervisor");
         if !record.secrets.is_empty() {
-            self.install_secrets(&record).await?;
+            if images_own_root {
+                self.install_secrets_fresh(&record).await?;
+            } else {
+                self.install_secrets(&record).await?;
+            }
             clock.lap("secrets");
         }
         for (name, us) in &ready.phases_us {

@@ -25,6 +25,18 @@ pub(super) struct Root {
     pub(super) host_owned: bool,
 }
 
+impl Root {
+    /// Whether the root is its image as cached, nothing above it but the
+    /// image's own layers: not a snapshot's, a fork's or a host directory.
+    pub(super) fn is_the_images_own(&self) -> bool {
+        self.layers == self.image.layers
+            && self.restore.is_none()
+            && self.vm_restore.is_none()
+            && self.vm_scratch.is_none()
+            && !self.host_owned
+    }
+}
+
 impl Manager {
     /// The image `name` names: a registry reference (pulled on first use),
     /// a declarative image built before (`built-<hex>`), or a built-in or
