@@ -144,6 +144,7 @@ fn error_kind_tag(kind: SupervisorErrorKind) -> u8 {
         SupervisorErrorKind::Internal => 4,
         SupervisorErrorKind::Refused => 5,
         SupervisorErrorKind::UnknownRoot => 6,
+        SupervisorErrorKind::AgentTimeout => 7,
     }
 }
 
@@ -459,7 +460,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 04 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 05 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (
@@ -479,6 +480,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
         (SupervisorErrorKind::Internal, "04"),
         (SupervisorErrorKind::Refused, "05"),
         (SupervisorErrorKind::UnknownRoot, "06"),
+        (SupervisorErrorKind::AgentTimeout, "07"),
     ] {
         cases.push((
             SupervisorReply::Error(SupervisorError::new(kind, "m")),
@@ -490,7 +492,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 4, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 5, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -602,13 +604,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 5 with a rest this build cannot decode.
-    let v5 = bytes("0c 05 ff ff ff");
-    let mismatch = check_supervisor_version(&v5).expect_err("v5 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(5));
+    // Version 6 with a rest this build cannot decode.
+    let v6 = bytes("0c 06 ff ff ff");
+    let mismatch = check_supervisor_version(&v6).expect_err("v6 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(6));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v5, this daemon v4"),
+        text.contains("supervisor protocol v6, this daemon v5"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

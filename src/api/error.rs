@@ -43,6 +43,7 @@ impl ApiError {
             SandboxError::Unavailable { resource, .. } => {
                 (StatusCode::SERVICE_UNAVAILABLE, Some(resource.to_string()))
             }
+            SandboxError::Timeout { .. } => (StatusCode::GATEWAY_TIMEOUT, None),
             SandboxError::Internal(message) => {
                 tracing::error!("internal error: {message}");
                 (StatusCode::INTERNAL_SERVER_ERROR, None)
@@ -108,6 +109,24 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> ApiResult<T> {
 mod tests {
     use super::*;
     use crate::api::types::CreateSandbox;
+
+    #[test]
+    fn a_slow_agent_is_a_504_that_says_the_sandbox_runs() {
+        use crate::supervisor::protocol::{SupervisorError, SupervisorErrorKind};
+        let slow = SupervisorError::new(
+            SupervisorErrorKind::AgentTimeout,
+            "the sandbox agent did not answer within 30s",
+        );
+        let (status, detail) = ApiError(slow.into()).status_and_detail();
+        assert_eq!(status, StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(detail.code, "agent_timeout");
+        assert!(detail.message.contains("running"), "{}", detail.message);
+        // Positive control: a gone agent is still the sandbox's state.
+        let gone = SupervisorError::new(SupervisorErrorKind::AgentGone, "eof");
+        let (status, detail) = ApiError(gone.into()).status_and_detail();
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert_eq!(detail.code, "sandbox_not_running");
+    }
 
     #[test]
     fn a_negative_unsigned_field_is_named() {

@@ -1,5 +1,5 @@
 //! The sandbox manager's errors, each already in the terms of the API's
-//! error table (400 / 404 / 409 / 503 / 500).
+//! error table (400 / 404 / 409 / 503 / 504 / 500).
 
 use crate::gpu::{AllocError, GrantError, RequestError};
 use crate::supervisor::client::CallError;
@@ -41,6 +41,10 @@ pub enum SandboxError {
         resource: &'static str,
         message: String,
     },
+    /// 504: the sandbox did not answer in time; it still runs, and the
+    /// request may be retried.
+    #[error("{message}")]
+    Timeout { code: &'static str, message: String },
     /// 500: our fault; logged with details.
     #[error("{0}")]
     Internal(String),
@@ -141,7 +145,8 @@ impl SandboxError {
             | Self::Conflict { code, .. }
             | Self::Forbidden { code, .. }
             | Self::BadGateway { code, .. }
-            | Self::Unprocessable { code, .. } => code,
+            | Self::Unprocessable { code, .. }
+            | Self::Timeout { code, .. } => code,
             Self::TooLarge { .. } => "too_large",
             Self::Unavailable { .. } => "insufficient_capacity",
             Self::Internal(_) => "internal",
@@ -217,6 +222,14 @@ impl From<crate::supervisor::protocol::SupervisorError> for SandboxError {
             K::AgentGone => Self::Conflict {
                 code: "sandbox_not_running",
                 message: format!("the sandbox is no longer running: {}", e.message),
+            },
+            K::AgentTimeout => Self::Timeout {
+                code: "agent_timeout",
+                message: format!(
+                    "the sandbox is running but its agent did not answer in time ({}): \
+                     it may be starved by its CPU or memory limits; retry, or raise them",
+                    e.message
+                ),
             },
             K::UnknownRoot => Self::NotFound {
                 code: "root_not_found",

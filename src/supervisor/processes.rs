@@ -13,7 +13,7 @@ use sandbox_proto::{ErrorKind, ExitStatus, Reply, RequestBody, SpawnRequest, Str
 use tokio::sync::{mpsc, watch};
 
 use super::config::SupervisorConfig;
-use super::link::{AgentLink, LinkEvent};
+use super::link::{AgentLink, LinkError, LinkEvent};
 use super::output::{OutputItem, OutputLog};
 use super::protocol::{
     SpawnSpec, SupervisorError, SupervisorErrorKind, SupervisorEvent, SupervisorHealth,
@@ -84,6 +84,16 @@ fn now_rfc3339() -> String {
 
 fn err(kind: SupervisorErrorKind, message: impl Into<String>) -> SupervisorError {
     SupervisorError::new(kind, message)
+}
+
+/// A call the link could not complete: a slow agent (a sandbox starved by
+/// its own limits, a big file) is not a gone one.
+fn link_failure(e: LinkError) -> SupervisorError {
+    let kind = match e {
+        LinkError::Timeout(_) => SupervisorErrorKind::AgentTimeout,
+        LinkError::Closed(_) | LinkError::Protocol(_) => SupervisorErrorKind::AgentGone,
+    };
+    err(kind, e.to_string())
 }
 
 impl Supervisor {
@@ -608,7 +618,7 @@ impl Supervisor {
             }
             Err(e) => {
                 self.procs().remove(&proc);
-                return Err(err(SupervisorErrorKind::AgentGone, e.to_string()));
+                return Err(link_failure(e));
             }
         };
         let info = {
@@ -738,7 +748,7 @@ impl Supervisor {
         self.link
             .call(body, &[], AGENT_DEADLINE)
             .await
-            .map_err(|e| err(SupervisorErrorKind::AgentGone, e.to_string()))
+            .map_err(link_failure)
     }
 
     /// A process request to the agent that expects a plain `Ok`.
@@ -1266,6 +1276,19 @@ mod tests {
             kind_of(h.sup.process_call(p.id, close).await),
             SupervisorErrorKind::Conflict
         );
+    }
+
+    #[test]
+    fn a_slow_agent_is_told_apart_from_a_gone_one() {
+        let slow = link_failure(LinkError::Timeout(AGENT_DEADLINE));
+        assert_eq!(slow.kind, SupervisorErrorKind::AgentTimeout);
+        assert!(slow.message.contains("did not answer within 30s"), "{slow}");
+        for gone in [
+            LinkError::Closed("eof".into()),
+            LinkError::Protocol("bad frame".into()),
+        ] {
+            assert_eq!(link_failure(gone).kind, SupervisorErrorKind::AgentGone);
+        }
     }
 
     #[tokio::test]

@@ -47,7 +47,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// `ListeningPorts` and the error kind `Refused`.
 ///
 /// 4 added `SpawnSpec::root`, `AttachRoot` and `DetachRoot`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 4;
+///
+/// 5 added the error kind `AgentTimeout`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 5;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -240,13 +242,15 @@ pub enum SupervisorErrorKind {
     InvalidInput,
     /// The process exists but the request does not fit its state.
     Conflict,
-    /// The agent is gone or did not answer in time.
+    /// The agent is gone.
     AgentGone,
     Internal,
     /// Nothing accepted the connection (the app does not listen yet).
     Refused,
     /// No pod container root of that name is attached.
     UnknownRoot,
+    /// The agent did not answer in time; the sandbox still runs.
+    AgentTimeout,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, thiserror::Error)]
