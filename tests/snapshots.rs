@@ -317,7 +317,9 @@ async fn a_memory_snapshot_forks_running_processes() {
         .await;
     let first = ask(&daemon, &source).await;
     assert_eq!(first.counter, 0);
-    let run = daemon.sh(&source, "echo kept > /before").await;
+    let run = daemon
+        .sh(&source, "echo kept > /before; echo shared > /dev/shm/kept")
+        .await;
     assert_eq!(run.exit_code(), Some(0));
 
     let (status, snap) = snapshot(&daemon, &source, "memory").await;
@@ -351,6 +353,22 @@ async fn a_memory_snapshot_forks_running_processes() {
         forks.push(fork);
     }
     assert_eq!(randoms.len(), 10, "forks read the same kernel randomness");
+    // The empty read-only placeholder over /sys is not restored through
+    // CRIU (a directory of the fork's stands in for it) but looks the
+    // same; a tmpfs with something in it (/dev/shm) keeps it.
+    let run = daemon
+        .sh(
+            &forks[0],
+            "ls -A /sys; stat -c '%u %a' /sys; touch /sys/x 2>/dev/null && echo writable; cat /dev/shm/kept",
+        )
+        .await;
+    assert_eq!(run.out(), "0 555\nshared\n", "{}", run.err());
+    let placeholder = daemon
+        .run_dir()
+        .join("sandboxes")
+        .join(&forks[0])
+        .join("placeholder");
+    assert!(placeholder.is_dir(), "{} is missing", placeholder.display());
     // Each fork has its own groups and nothing more: a restore must not
     // copy other groups of a hierarchy under the fork's.
     for hierarchy in common::cgroup::hierarchies_or_fail() {

@@ -435,11 +435,12 @@ fn replies() -> Vec<(SupervisorReply, String)> {
                 checkpoint: Checkpoint {
                     link_inode: 300,
                     external_mounts: vec!["/m".into()],
+                    empty_mounts: vec!["/s".into()],
                 },
                 next_proc: 4,
                 processes: vec![running()],
             },
-            format!("0b ac 02 01 02 2f 6d 04 01 {RUNNING}"),
+            format!("0b ac 02 01 02 2f 6d 01 02 2f 73 04 01 {RUNNING}"),
         ),
         (
             SupervisorReply::Health(SupervisorHealth {

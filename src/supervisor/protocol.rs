@@ -48,7 +48,7 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 4 added `SpawnSpec::root`, `AttachRoot` and `DetachRoot`.
 ///
-/// 5 added the error kind `AgentTimeout`.
+/// 5 added the error kind `AgentTimeout` and `Checkpoint::empty_mounts`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 5;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
