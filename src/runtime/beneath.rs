@@ -89,34 +89,64 @@ impl Dir {
     /// Replaces the contents of regular file `path` (relative) beneath this
     /// one with `bytes`, keeping its owner and mode; false, with nothing
     /// written, when there is no regular file there reached through no
-    /// symlink (the caller then writes it some other way).
+    /// symlink, or it cannot be opened for writing (the caller then writes
+    /// it some other way).
     pub fn overwrite_regular_file(&self, path: &str, bytes: &[u8]) -> io::Result<bool> {
-        // O_NONBLOCK: a FIFO put there fails the open instead of blocking
-        // it; it changes nothing for a regular file.
-        let how = OpenHow::new()
-            .flags(OFlag::O_WRONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)
-            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-        let file = match open(self.0.as_raw_fd(), path, how) {
+        let file = match self.regular_file(path) {
+            Ok(Some(file)) => file,
+            Ok(None) => return Ok(false),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ELOOP | libc::ENOTDIR)) => {
+                return Ok(false)
+            }
+            Err(e) => return Err(e),
+        };
+        let mut file = match reopen(&file, std::fs::OpenOptions::new().write(true)) {
             Ok(file) => file,
             Err(e)
                 if matches!(
                     e.raw_os_error(),
-                    Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR | libc::EISDIR | libc::ENXIO)
+                    Some(libc::EACCES | libc::EPERM | libc::EROFS | libc::ETXTBSY)
                 ) =>
             {
                 return Ok(false)
             }
             Err(e) => return Err(e),
         };
-        let stat = fstat(file.as_raw_fd())?;
-        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
-            return Ok(false);
-        }
-        let mut file = std::fs::File::from(file);
         file.set_len(0)?;
         io::Write::write_all(&mut file, bytes)?;
         Ok(true)
     }
+
+    /// The contents of regular file `path` (relative) beneath this one,
+    /// reached through no symlink; `None` when nothing is there. Anything
+    /// else there (a symlink on the way, a FIFO, a file over `max` bytes)
+    /// is an error, and nothing but a regular file is ever opened.
+    pub fn read_regular_file(&self, path: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
+        let how = OpenHow::new()
+            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
+            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+        let file = match open(self.0.as_raw_fd(), path, how) {
+            Ok(file) => file,
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let stat = fstat(file.as_raw_fd())?;
+        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+            return Err(io::Error::other(format!("{path} is not a regular file")));
+        }
+        if u64::try_from(stat.st_size).unwrap_or(u64::MAX) > max {
+            return Err(io::Error::other(format!("{path} is over {max} bytes")));
+        }
+        let file = reopen(&file, std::fs::OpenOptions::new().read(true))?;
+        let mut bytes = Vec::new();
+        io::Read::read_to_end(&mut io::Read::take(file, max), &mut bytes)?;
+        Ok(Some(bytes))
+    }
+}
+
+/// Opens the very file an `O_PATH` descriptor holds, with `options`.
+fn reopen(file: &OwnedFd, options: &std::fs::OpenOptions) -> io::Result<std::fs::File> {
+    options.open(format!("/proc/self/fd/{}", file.as_raw_fd()))
 }
 
 impl AsFd for Dir {
@@ -211,6 +241,18 @@ mod tests {
                 "{refused}"
             );
         }
+        assert_eq!(
+            top.read_regular_file("bundle", 16).unwrap(),
+            Some(b"new".to_vec())
+        );
+        assert_eq!(top.read_regular_file("missing", 16).unwrap(), None);
+        for refused in ["link/bundle", "file-link", "fifo", "dir"] {
+            assert!(top.read_regular_file(refused, 16).is_err(), "{refused}");
+        }
+        assert!(
+            top.read_regular_file("bundle", 2).is_err(),
+            "over the bound"
+        );
         assert_eq!(
             std::fs::read(outside.path().join("bundle")).unwrap(),
             b"host's",

@@ -327,8 +327,8 @@ impl Manager {
         record.network = claim.network.clone();
         record.secrets = claim.secrets.to_vec();
         record.env = claim.req.env.clone();
-        // The policy, the secrets (with the trust bundle, through the
-        // agent) and the environment are separate requests on separate
+        // The policy, the secrets (with the trust bundle) and the
+        // environment are separate requests on separate
         // connections to the supervisor, which serves them at once: none
         // waits for another, and all are in force before the claim returns.
         let policy = async {

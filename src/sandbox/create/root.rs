@@ -27,7 +27,9 @@ pub(super) struct Root {
 
 impl Root {
     /// Whether the root is its image as cached, nothing above it but the
-    /// image's own layers: not a snapshot's, a fork's or a host directory.
+    /// image's own layers: not a fork's or a host directory. A filesystem
+    /// snapshot used as the image passes; the record's `base_snapshot`
+    /// tells it apart.
     pub(super) fn is_the_images_own(&self) -> bool {
         self.layers == self.image.layers
             && self.restore.is_none()
