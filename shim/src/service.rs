@@ -46,6 +46,7 @@ fn from_daemon(e: DaemonError) -> ttrpc::Error {
         } => Code::INVALID_ARGUMENT,
         DaemonError::Refused { status: 409, .. } => Code::FAILED_PRECONDITION,
         DaemonError::Refused { status: 503, .. } => Code::RESOURCE_EXHAUSTED,
+        DaemonError::Refused { status: 504, .. } => Code::DEADLINE_EXCEEDED,
         _ => Code::UNAVAILABLE,
     };
     status(code, e.to_string())

@@ -227,7 +227,9 @@ impl From<crate::supervisor::protocol::SupervisorError> for SandboxError {
                 code: "agent_timeout",
                 message: format!(
                     "the sandbox is running but its agent did not answer in time ({}): \
-                     it may be starved by its CPU or memory limits; retry, or raise them",
+                     it may be starved by its CPU or memory limits. A request that starts \
+                     a process may have started it late: list the sandbox's processes \
+                     before retrying",
                     e.message
                 ),
             },

@@ -211,39 +211,67 @@ impl AgentLink {
         if let Ok(mut pending) = self.pending.lock() {
             pending.insert(id, tx);
         }
-        let exchange = async {
-            self.write_frame(&frame, fds)
-                .await
-                .map_err(|e| LinkError::Closed(e.to_string()))?;
-            rx.await
-                .map_err(|_| LinkError::Closed("the link closed before the reply".into()))
-        };
-        let result = tokio::time::timeout(deadline, exchange).await;
+        let until = tokio::time::Instant::now() + deadline;
+        let result = async {
+            self.write_frame(&frame, fds, until, deadline).await?;
+            match tokio::time::timeout_at(until, rx).await {
+                Ok(reply) => {
+                    reply.map_err(|_| LinkError::Closed("the link closed before the reply".into()))
+                }
+                Err(_) => Err(LinkError::Timeout(deadline)),
+            }
+        }
+        .await;
         if let Ok(mut pending) = self.pending.lock() {
             pending.remove(&id);
         }
-        result.map_err(|_| LinkError::Timeout(deadline))?
+        result
     }
 
-    async fn write_frame(&self, frame: &[u8], fds: &[RawFd]) -> io::Result<()> {
-        let _guard = self.write_lock.lock().await;
+    /// Writes one frame by `until`. A frame the deadline cuts off after its
+    /// first byte leaves the agent reading the next request's bytes as the
+    /// rest of this one, so the link is shut down instead (its reader then
+    /// reports it closed, and the sandbox fails); one that never started is
+    /// only late.
+    async fn write_frame(
+        &self,
+        frame: &[u8],
+        fds: &[RawFd],
+        until: tokio::time::Instant,
+        deadline: Duration,
+    ) -> Result<(), LinkError> {
+        let _guard = tokio::time::timeout_at(until, self.write_lock.lock())
+            .await
+            .map_err(|_| LinkError::Timeout(deadline))?;
         let raw = self.stream.as_raw_fd();
         let mut sent = 0;
         while sent < frame.len() {
             let rest = &frame[sent..];
             // Descriptors ride on the first byte of the frame only.
             let with_fds = sent == 0 && !fds.is_empty();
-            let n = self
-                .stream
-                .async_io(Interest::WRITABLE, || {
-                    let iov = [IoSlice::new(rest)];
-                    let cmsg = [ControlMessage::ScmRights(fds)];
-                    let cmsgs: &[ControlMessage] = if with_fds { &cmsg } else { &[] };
-                    sendmsg::<()>(raw, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
-                        .map_err(io::Error::from)
-                })
-                .await?;
-            sent += n;
+            let write = self.stream.async_io(Interest::WRITABLE, || {
+                let iov = [IoSlice::new(rest)];
+                let cmsg = [ControlMessage::ScmRights(fds)];
+                let cmsgs: &[ControlMessage] = if with_fds { &cmsg } else { &[] };
+                sendmsg::<()>(raw, &iov, cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+                    .map_err(io::Error::from)
+            });
+            match tokio::time::timeout_at(until, write).await {
+                Ok(Ok(n)) => sent += n,
+                Ok(Err(e)) => return Err(LinkError::Closed(e.to_string())),
+                Err(_) if sent == 0 => return Err(LinkError::Timeout(deadline)),
+                Err(_) => {
+                    let reason = format!(
+                        "a request was cut off after {sent} of its {} bytes by its {deadline:?} deadline",
+                        frame.len()
+                    );
+                    if let Ok(mut closed) = self.closed.lock() {
+                        *closed = Some(reason.clone());
+                    }
+                    let _ = nix::sys::socket::shutdown(raw, nix::sys::socket::Shutdown::Both);
+                    return Err(LinkError::Closed(reason));
+                }
+            }
         }
         Ok(())
     }
@@ -276,6 +304,42 @@ mod tests {
                 decoder.push(&buf[..n]);
             }
         })
+    }
+
+    #[tokio::test]
+    async fn a_request_cut_off_by_its_deadline_closes_the_link() {
+        use std::io::Write;
+        let (host, mut agent) = StdStream::pair().expect("socketpair");
+        let hello = sandbox_proto::encode(&AgentMessage::Hello {
+            version: PROTOCOL_VERSION,
+        })
+        .expect("encode");
+        agent.write_all(&hello).expect("hello");
+        let (link, _events) =
+            AgentLink::establish(OwnedFd::from(host), Some(Duration::from_secs(5)))
+                .await
+                .expect("hello");
+        // Positive control: an unanswered small request is only late.
+        let late = link
+            .call(RequestBody::Health, &[], Duration::from_millis(50))
+            .await;
+        assert!(matches!(late, Err(LinkError::Timeout(_))), "{late:?}");
+        // The agent reads nothing, so a frame larger than the socket's
+        // buffers stops part way.
+        let big = RequestBody::Write {
+            handle: 1,
+            data: vec![0; 900 << 10],
+        };
+        let cut = link.call(big, &[], Duration::from_millis(200)).await;
+        let Err(LinkError::Closed(reason)) = cut else {
+            panic!("a cut-off frame left the link open: {cut:?}");
+        };
+        assert!(reason.contains("cut off"), "{reason}");
+        let after = link
+            .call(RequestBody::Health, &[], Duration::from_millis(50))
+            .await;
+        assert!(matches!(after, Err(LinkError::Closed(_))), "{after:?}");
+        drop(agent);
     }
 
     #[tokio::test]
