@@ -369,6 +369,21 @@ async fn a_memory_snapshot_forks_running_processes() {
         .join(&forks[0])
         .join("placeholder");
     assert!(placeholder.is_dir(), "{} is missing", placeholder.display());
+    // A fork's own memory snapshot forks again (its /sys is a bind of that
+    // directory now, which the next checkpoint must also leave to the fork).
+    let (status, second) = snapshot(&daemon, &forks[0], "memory").await;
+    assert_eq!(status, StatusCode::CREATED, "{second}\n{}", daemon.log());
+    let second_id = second["id"].as_str().expect("id").to_string();
+    let grandchild = daemon.create(json!({"from_snapshot": second_id})).await;
+    let run = daemon
+        .sh(&grandchild, "ls -A /sys; cat /dev/shm/kept")
+        .await;
+    assert_eq!(run.out(), "shared\n", "{}", run.err());
+    daemon.delete(&grandchild).await;
+    let (status, _) = daemon
+        .call(Method::DELETE, &format!("/v1/snapshots/{second_id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
     // Each fork has its own groups and nothing more: a restore must not
     // copy other groups of a hierarchy under the fork's.
     for hierarchy in common::cgroup::hierarchies_or_fail() {

@@ -55,12 +55,17 @@ fn mount_key(mount_point: &str) -> String {
 struct ExternalMounts {
     /// Bind mounts over something other than a directory (host files).
     files: Vec<String>,
-    /// Empty read-only tmpfs placeholders (`/sys`, masked `/proc`
-    /// directories). CRIU would save and restore each through `tar` and
-    /// `gzip`, four processes per fork and snapshot (~3 ms each way here);
-    /// a fork gets an empty read-only directory instead.
+    /// Empty read-only directory mounts: the tmpfs placeholders (`/sys`,
+    /// masked `/proc` directories), which CRIU would save and restore each
+    /// through `tar` and `gzip`, four processes per fork and snapshot (~3
+    /// ms each way here), and in a fork the binds that stand for them. A
+    /// fork gets an empty read-only directory of its own there.
     empty: Vec<String>,
 }
+
+/// Mounts that show the kernel's state rather than files, which CRIU
+/// remakes itself, empty or not.
+const KERNEL_VIEWS: &[&str] = &["proc", "sysfs", "cgroup", "cgroup2", "mqueue", "devpts"];
 
 /// Reads [`ExternalMounts`] from the mount namespace of `init_pid`.
 fn external_mounts(init_pid: i32) -> Result<ExternalMounts, CriuError> {
@@ -82,8 +87,8 @@ fn external_mounts(init_pid: i32) -> Result<ExternalMounts, CriuError> {
             .unwrap_or(true);
         if !is_dir {
             found.files.push(mount.point.to_string());
-        } else if mount.fstype == "tmpfs"
-            && mount.read_only
+        } else if mount.read_only
+            && !KERNEL_VIEWS.contains(&mount.fstype)
             && fs::read_dir(&inside).is_ok_and(|mut entries| entries.next().is_none())
         {
             found.empty.push(mount.point.to_string());

@@ -142,8 +142,8 @@ pub struct Checkpoint {
     pub link_inode: u64,
     /// Mount points of the file bind mounts marked external.
     pub external_mounts: Vec<String>,
-    /// Mount points of the empty read-only tmpfs placeholders marked
-    /// external (none in checkpoints made before they were).
+    /// Mount points of the empty read-only directory mounts (placeholders)
+    /// marked external (none in checkpoints made before they were).
     #[serde(default)]
     pub empty_mounts: Vec<String>,
 }
