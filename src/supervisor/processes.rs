@@ -618,6 +618,7 @@ impl Supervisor {
             }
             Err(e) => {
                 self.procs().remove(&proc);
+                self.abandon_process_group(proc).await;
                 return Err(link_failure(e));
             }
         };
@@ -749,6 +750,29 @@ impl Supervisor {
             .call(body, &[], AGENT_DEADLINE)
             .await
             .map_err(link_failure)
+    }
+
+    /// After a spawn the agent did not answer: it may still start the
+    /// process, which nothing here would list or end. Whatever is in its
+    /// group is killed and the group removed, so a late child's move into it
+    /// fails and it never execs. A microVM's groups are its guest's; a late
+    /// process there lives until the sandbox ends.
+    async fn abandon_process_group(&self, proc: u64) {
+        if self.process_control() != ProcessControl::HostCgroups {
+            return;
+        }
+        let cgroups = self.cgroups.clone();
+        let abandoned = tokio::task::spawn_blocking(move || {
+            let killed = cgroups.kill_process_group(proc);
+            cgroups.remove_process_group(proc);
+            killed
+        })
+        .await;
+        match abandoned {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("process {proc}'s group after its spawn failed: {e}"),
+            Err(e) => tracing::warn!("process {proc}'s group after its spawn failed: {e}"),
+        }
     }
 
     /// A process request to the agent that expects a plain `Ok`.
@@ -1107,6 +1131,32 @@ mod tests {
         let listed: Vec<(u64, i32)> = h.sup.list().iter().map(|p| (p.id, p.pid)).collect();
         assert_eq!(listed, [(1, 100), (2, 101), (4, 102)]);
         assert!(h.sup.events_after(0).is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spawn_the_agent_never_answers_is_late_and_its_group_is_killed() {
+        let mut h = harness(RuntimeSpec::Container).await;
+        let next = h.sup.next_proc.load(Ordering::Relaxed);
+        let proc_group = h.group.join(format!("p{next}"));
+        std::fs::create_dir_all(&proc_group).expect("process group");
+        std::fs::write(proc_group.join("cgroup.procs"), "").expect("cgroup.procs");
+        // The agent reads the request and never answers; paused time runs
+        // out the deadline at once.
+        let Harness { sup, agent, .. } = &mut h;
+        let (late, request) = tokio::join!(sup.spawn(spawn_spec(&["sleep", "9"])), agent.request());
+        assert!(matches!(request.body, RequestBody::Spawn(_)));
+        assert_eq!(kind_of(late), SupervisorErrorKind::AgentTimeout);
+        assert_eq!(
+            kind_of(h.sup.get(next)),
+            SupervisorErrorKind::UnknownProcess
+        );
+        assert_eq!(
+            std::fs::read_to_string(proc_group.join("cgroup.kill"))
+                .ok()
+                .as_deref(),
+            Some("1"),
+            "the group of a process the agent may still start is killed"
+        );
     }
 
     #[tokio::test]
