@@ -10,7 +10,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
+use nix::sys::stat::{fstat, mkdirat, FileStat, Mode, SFlag};
 
 /// A directory held open (`O_PATH`) for lookups beneath it.
 pub struct Dir(OwnedFd);
@@ -73,6 +73,15 @@ impl Dir {
     /// symlink, held `O_PATH`; `None` when it is not there or is
     /// something else (a symlink too).
     pub fn regular_file(&self, path: &str) -> io::Result<Option<OwnedFd>> {
+        Ok(self
+            .entry(path)?
+            .and_then(|(file, stat)| is_regular(&stat).then_some(file)))
+    }
+
+    /// Whatever is at `path` (relative) beneath this one, through no
+    /// symlink (a trailing one is held itself), held `O_PATH`, with its
+    /// status; `None` when nothing is there.
+    fn entry(&self, path: &str) -> io::Result<Option<(OwnedFd, FileStat)>> {
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
@@ -82,8 +91,7 @@ impl Dir {
             Err(e) => return Err(e),
         };
         let stat = fstat(file.as_raw_fd())?;
-        let regular = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG;
-        Ok(regular.then_some(file))
+        Ok(Some((file, stat)))
     }
 
     /// Replaces the contents of regular file `path` (relative) beneath this
@@ -122,16 +130,10 @@ impl Dir {
     /// else there (a symlink on the way, a FIFO, a file over `max` bytes)
     /// is an error, and nothing but a regular file is ever opened.
     pub fn read_regular_file(&self, path: &str, max: u64) -> io::Result<Option<Vec<u8>>> {
-        let how = OpenHow::new()
-            .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
-            .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
-        let file = match open(self.0.as_raw_fd(), path, how) {
-            Ok(file) => file,
-            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => return Ok(None),
-            Err(e) => return Err(e),
+        let Some((file, stat)) = self.entry(path)? else {
+            return Ok(None);
         };
-        let stat = fstat(file.as_raw_fd())?;
-        if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        if !is_regular(&stat) {
             return Err(io::Error::other(format!("{path} is not a regular file")));
         }
         if u64::try_from(stat.st_size).unwrap_or(u64::MAX) > max {
@@ -142,6 +144,10 @@ impl Dir {
         io::Read::read_to_end(&mut io::Read::take(file, max), &mut bytes)?;
         Ok(Some(bytes))
     }
+}
+
+fn is_regular(stat: &FileStat) -> bool {
+    SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG
 }
 
 /// Opens the very file an `O_PATH` descriptor holds, with `options`.
