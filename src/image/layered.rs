@@ -11,7 +11,10 @@ use std::io::Read;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Component, Path, PathBuf};
 
+use nix::sys::stat::SFlag;
+
 use crate::image::Image;
+use crate::runtime::beneath::Dir;
 
 /// Files read here are small; a larger one is not what it claims to be.
 const MAX_READ: u64 = 256 << 10;
@@ -40,21 +43,38 @@ impl Layered {
 
     /// The path of `/rel` in the topmost layer that has it, symlinks
     /// followed within the image; `None` when absent or deleted above.
+    /// Each component is looked up on its own, beneath its layer and
+    /// through no symlink (a layer comes from an image, so its links may
+    /// point anywhere on the host): a link found on the way is resolved
+    /// against the image's root and the lookup starts again.
     pub fn find(&self, rel: &str) -> Option<PathBuf> {
         let mut wanted = normalize(Path::new(rel))?;
-        for _ in 0..MAX_HOPS {
-            let found = self.top_entry(&wanted)?;
-            let meta = fs::symlink_metadata(&found).ok()?;
-            if !meta.file_type().is_symlink() {
-                return Some(found);
+        'hop: for _ in 0..MAX_HOPS {
+            let parts: Vec<Component> = wanted.components().collect();
+            let mut prefix = PathBuf::new();
+            for (i, part) in parts.iter().enumerate() {
+                prefix.push(part);
+                let found = self.top_entry(&prefix)?;
+                let meta = fs::symlink_metadata(&found).ok()?;
+                if meta.file_type().is_symlink() {
+                    let target = fs::read_link(&found).ok()?;
+                    let base = if target.is_absolute() {
+                        target
+                    } else {
+                        prefix.parent().unwrap_or(Path::new("")).join(target)
+                    };
+                    let rest: PathBuf = parts[i + 1..].iter().collect();
+                    wanted = normalize(&base.join(rest))?;
+                    continue 'hop;
+                }
+                if i + 1 == parts.len() {
+                    return Some(found);
+                }
+                if !meta.is_dir() {
+                    return None;
+                }
             }
-            let target = fs::read_link(&found).ok()?;
-            let joined = if target.is_absolute() {
-                target
-            } else {
-                wanted.parent().unwrap_or(Path::new("")).join(target)
-            };
-            wanted = normalize(&joined)?;
+            return None;
         }
         None
     }
@@ -62,6 +82,10 @@ impl Layered {
     /// The text of `/rel`, if the image has it as a small file.
     pub fn read(&self, rel: &str) -> Option<String> {
         let path = self.find(rel)?;
+        // Only a regular file is opened: a FIFO would block the reader.
+        if !fs::symlink_metadata(&path).ok()?.is_file() {
+            return None;
+        }
         let mut text = String::new();
         fs::File::open(path)
             .ok()?
@@ -79,7 +103,17 @@ impl Layered {
         };
         let mut seen = BTreeSet::new();
         let mut names = BTreeSet::new();
+        let Some(dir) = self.find(&dir.to_string_lossy()).and_then(|top| {
+            let inside = top.strip_prefix(self.layer_of(&top)?).ok()?;
+            Some(inside.to_path_buf())
+        }) else {
+            return Vec::new();
+        };
         for layer in &self.dirs {
+            // Only a layer where the directory is reached through no symlink.
+            if !self.entry_in(layer, &dir).is_some_and(|(_, is_dir)| is_dir) {
+                continue;
+            }
             for entry in fs::read_dir(layer.join(&dir))
                 .into_iter()
                 .flatten()
@@ -170,17 +204,34 @@ impl Layered {
     }
 
     /// The topmost layer's entry for `rel` (normalised, relative), unless
-    /// a whiteout there deletes it.
+    /// a whiteout there deletes it. A layer where `rel` is not reached
+    /// through directories alone (a link or a file on the way) holds none:
+    /// overlayfs merges a lower layer's directory only under a directory.
     fn top_entry(&self, rel: &Path) -> Option<PathBuf> {
         for layer in &self.dirs {
-            let path = layer.join(rel);
-            match fs::symlink_metadata(&path) {
-                Ok(meta) if meta.file_type().is_char_device() => return None,
-                Ok(_) => return Some(path),
-                Err(_) => continue,
+            match self.entry_in(layer, rel) {
+                Some((true, _)) => return None,
+                Some((false, _)) => return Some(layer.join(rel)),
+                None => continue,
             }
         }
         None
+    }
+
+    /// Whether `rel` in `layer`, looked up beneath it through no symlink
+    /// (a trailing one is the entry), is there: (a whiteout, a directory).
+    fn entry_in(&self, layer: &Path, rel: &Path) -> Option<(bool, bool)> {
+        let (_, stat) = Dir::at(layer).ok()?.entry(rel.to_str()?).ok()??;
+        let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
+        Some((kind == SFlag::S_IFCHR, kind == SFlag::S_IFDIR))
+    }
+
+    /// The layer `path` (from [`Self::find`]) lies in.
+    fn layer_of(&self, path: &Path) -> Option<&Path> {
+        self.dirs
+            .iter()
+            .find(|layer| path.starts_with(layer))
+            .map(PathBuf::as_path)
     }
 }
 
@@ -233,6 +284,43 @@ mod tests {
         let release = Layered::of(&image(&[&top], &root)).os_release().unwrap();
         assert_eq!(release.id, "debian");
         assert_eq!(release.codename.as_deref(), Some("trixie"));
+    }
+
+    #[test]
+    fn links_on_the_way_resolve_inside_the_image_and_fifos_are_not_read() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (root, top, host) = (
+            tmp.path().join("root"),
+            tmp.path().join("top"),
+            tmp.path().join("host"),
+        );
+        for dir in [root.join("usr/etc"), top.clone(), host.clone()] {
+            fs::create_dir_all(dir).unwrap();
+        }
+        fs::write(host.join("passwd"), "root:x:0:0:host:/root:/bin/sh\n").unwrap();
+        fs::write(root.join("usr/etc/group"), "staff:x:50:\n").unwrap();
+        // The top layer's etc points at a host directory by its absolute
+        // path: inside the image that is /<host path>, which it lacks.
+        symlink(&host, top.join("etc")).unwrap();
+        let image = image(&[&top], &root);
+        let layered = Layered::of(&image);
+        assert_eq!(
+            layered.read("etc/passwd"),
+            None,
+            "read through the host's link"
+        );
+        // Positive control: a relative link on the way resolves inside.
+        fs::remove_file(top.join("etc")).unwrap();
+        symlink("usr/etc", top.join("etc")).unwrap();
+        assert_eq!(layered.read("etc/group").as_deref(), Some("staff:x:50:\n"));
+        assert_eq!(layered.list("etc"), ["group"]);
+        // A FIFO is not opened (it would block).
+        nix::unistd::mkfifo(
+            &root.join("usr/etc/os-release"),
+            nix::sys::stat::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        assert_eq!(layered.read("etc/os-release"), None);
     }
 
     #[test]

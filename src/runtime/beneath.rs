@@ -81,7 +81,7 @@ impl Dir {
     /// Whatever is at `path` (relative) beneath this one, through no
     /// symlink (a trailing one is held itself), held `O_PATH`, with its
     /// status; `None` when nothing is there.
-    fn entry(&self, path: &str) -> io::Result<Option<(OwnedFd, FileStat)>> {
+    pub fn entry(&self, path: &str) -> io::Result<Option<(OwnedFd, FileStat)>> {
         let how = OpenHow::new()
             .flags(OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC)
             .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
