@@ -97,10 +97,11 @@ impl Manager {
 
     /// [`Self::install_secrets`] for a sandbox whose trust bundle is known
     /// to be its image's, untouched (a pooled one at its claim, or a new
-    /// one of an image). A container's root is mounted on the host: its
-    /// bundle is read there (beneath the root, through no symlink, only a
-    /// regular file of at most [`MAX_TRUST_BUNDLE`]), the bundle it needs is
-    /// made once per image, and it is written straight back. Anything else
+    /// one of an image). A container's root is mounted on the host: the
+    /// first such sandbox of an image has the image's bundle read there
+    /// (beneath the root, through no symlink, only a regular file of at
+    /// most [`MAX_TRUST_BUNDLE`]) and the bundle it needs made, once per
+    /// image, and each has it written straight back. Anything else
     /// there (and a microVM, whose root only its guest reads) goes through
     /// the agent.
     pub(super) async fn install_secrets_fresh(
@@ -114,19 +115,24 @@ impl Manager {
             return self.install_secrets(record).await;
         }
         let rootfs = self.paths(&record.id).rootfs();
-        let root = rootfs.clone();
-        let roots = tokio::task::spawn_blocking(move || {
-            Dir::at(&root)?.read_regular_file(TRUST_BUNDLE_RELATIVE, MAX_TRUST_BUNDLE)
-        })
-        .await
-        .map_err(SandboxError::internal)?;
-        let Ok(roots) = roots else {
-            // A symlink on the way, or not a plain file: read inside.
-            return self.install_secrets(record).await;
+        let bundle = match self.secrets.known_image_bundle(&record.image_digest) {
+            Some(known) => known,
+            None => {
+                let root = rootfs.clone();
+                let roots = tokio::task::spawn_blocking(move || {
+                    Dir::at(&root)?.read_regular_file(TRUST_BUNDLE_RELATIVE, MAX_TRUST_BUNDLE)
+                })
+                .await
+                .map_err(SandboxError::internal)?;
+                let Ok(roots) = roots else {
+                    // A symlink on the way, or not a plain file: read
+                    // inside, and nothing is kept for the image.
+                    return self.install_secrets(record).await;
+                };
+                self.secrets
+                    .image_trust_bundle(&record.image_digest, || roots)?
+            }
         };
-        let bundle = self
-            .secrets
-            .image_trust_bundle(&record.image_digest, || roots)?;
         // The values go to the supervisor while the bundle is written.
         let write = async {
             let Some(bundle) = bundle else {

@@ -340,6 +340,17 @@ impl SecretBroker {
         Ok(out)
     }
 
+    /// What [`Self::image_trust_bundle`] made for image `digest` already,
+    /// if it did: a caller whose read of the image's bundle can fail asks
+    /// first, and reads only when it must.
+    pub fn known_image_bundle(&self, digest: &str) -> Option<Option<Arc<Vec<u8>>>> {
+        self.image_bundles
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(digest)
+            .cloned()
+    }
+
     /// The bundle a sandbox of image `digest` whose trust bundle is still
     /// the image's (`image_roots` reads it) must get, made once per image:
     /// `None` when the image's bundle already holds the CA (an image made
@@ -349,13 +360,8 @@ impl SecretBroker {
         digest: &str,
         image_roots: impl FnOnce() -> Option<Vec<u8>>,
     ) -> Result<Option<Arc<Vec<u8>>>, SecretError> {
-        if let Some(known) = self
-            .image_bundles
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(digest)
-        {
-            return Ok(known.clone());
+        if let Some(known) = self.known_image_bundle(digest) {
+            return Ok(known);
         }
         let roots = image_roots();
         let bundle = if self.trusts_authority(roots.as_deref())? {
@@ -470,6 +476,10 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(reads.get(), 1, "the image's bundle is read once");
+        assert!(broker
+            .known_image_bundle("sha256:a")
+            .is_some_and(|b| b.is_some()));
+        assert!(broker.known_image_bundle("sha256:c").is_none());
         assert!(Arc::ptr_eq(&made, &again));
         let text = String::from_utf8_lossy(&made);
         assert!(
