@@ -43,21 +43,25 @@ impl Layered {
 
     /// The path of `/rel` in the topmost layer that has it, symlinks
     /// followed within the image; `None` when absent or deleted above.
-    /// Each component is looked up on its own, beneath its layer and
-    /// through no symlink (a layer comes from an image, so its links may
-    /// point anywhere on the host): a link found on the way is resolved
-    /// against the image's root and the lookup starts again.
     pub fn find(&self, rel: &str) -> Option<PathBuf> {
+        self.resolve(rel).map(|found| found.path)
+    }
+
+    /// [`Self::find`], with where inside the image the entry was found and
+    /// what it is. Each component is looked up on its own, beneath its
+    /// layer and through no symlink (a layer comes from an image, so its
+    /// links may point anywhere on the host): a link found on the way is
+    /// resolved against the image's root and the lookup starts again.
+    fn resolve(&self, rel: &str) -> Option<Found> {
         let mut wanted = normalize(Path::new(rel))?;
         'hop: for _ in 0..MAX_HOPS {
             let parts: Vec<Component> = wanted.components().collect();
             let mut prefix = PathBuf::new();
             for (i, part) in parts.iter().enumerate() {
                 prefix.push(part);
-                let found = self.top_entry(&prefix)?;
-                let meta = fs::symlink_metadata(&found).ok()?;
-                if meta.file_type().is_symlink() {
-                    let target = fs::read_link(&found).ok()?;
+                let (path, kind) = self.top_entry(&prefix)?;
+                if kind == SFlag::S_IFLNK {
+                    let target = fs::read_link(&path).ok()?;
                     let base = if target.is_absolute() {
                         target
                     } else {
@@ -68,9 +72,13 @@ impl Layered {
                     continue 'hop;
                 }
                 if i + 1 == parts.len() {
-                    return Some(found);
+                    return Some(Found {
+                        path,
+                        rel: prefix,
+                        kind,
+                    });
                 }
-                if !meta.is_dir() {
+                if kind != SFlag::S_IFDIR {
                     return None;
                 }
             }
@@ -81,13 +89,13 @@ impl Layered {
 
     /// The text of `/rel`, if the image has it as a small file.
     pub fn read(&self, rel: &str) -> Option<String> {
-        let path = self.find(rel)?;
+        let found = self.resolve(rel)?;
         // Only a regular file is opened: a FIFO would block the reader.
-        if !fs::symlink_metadata(&path).ok()?.is_file() {
+        if found.kind != SFlag::S_IFREG {
             return None;
         }
         let mut text = String::new();
-        fs::File::open(path)
+        fs::File::open(found.path)
             .ok()?
             .take(MAX_READ)
             .read_to_string(&mut text)
@@ -98,20 +106,18 @@ impl Layered {
     /// The names in directory `/rel` across all layers (a whiteout above
     /// hides a name below).
     pub fn list(&self, rel: &str) -> Vec<String> {
-        let Some(dir) = normalize(Path::new(rel)) else {
+        let Some(dir) = self
+            .resolve(rel)
+            .filter(|found| found.kind == SFlag::S_IFDIR)
+            .map(|found| found.rel)
+        else {
             return Vec::new();
         };
         let mut seen = BTreeSet::new();
         let mut names = BTreeSet::new();
-        let Some(dir) = self.find(&dir.to_string_lossy()).and_then(|top| {
-            let inside = top.strip_prefix(self.layer_of(&top)?).ok()?;
-            Some(inside.to_path_buf())
-        }) else {
-            return Vec::new();
-        };
         for layer in &self.dirs {
             // Only a layer where the directory is reached through no symlink.
-            if !self.entry_in(layer, &dir).is_some_and(|(_, is_dir)| is_dir) {
+            if kind_in(layer, &dir) != Some(SFlag::S_IFDIR) {
                 continue;
             }
             for entry in fs::read_dir(layer.join(&dir))
@@ -203,36 +209,36 @@ impl Layered {
         Ok((uid, gid))
     }
 
-    /// The topmost layer's entry for `rel` (normalised, relative), unless
-    /// a whiteout there deletes it. A layer where `rel` is not reached
-    /// through directories alone (a link or a file on the way) holds none:
-    /// overlayfs merges a lower layer's directory only under a directory.
-    fn top_entry(&self, rel: &Path) -> Option<PathBuf> {
+    /// The topmost layer's entry for `rel` (normalised, relative) and its
+    /// type, unless a whiteout there deletes it. A layer where `rel` is not
+    /// reached through directories alone (a link or a file on the way)
+    /// holds none: overlayfs merges a lower layer's directory only under a
+    /// directory.
+    fn top_entry(&self, rel: &Path) -> Option<(PathBuf, SFlag)> {
         for layer in &self.dirs {
-            match self.entry_in(layer, rel) {
-                Some((true, _)) => return None,
-                Some((false, _)) => return Some(layer.join(rel)),
+            match kind_in(layer, rel) {
+                Some(SFlag::S_IFCHR) => return None,
+                Some(kind) => return Some((layer.join(rel), kind)),
                 None => continue,
             }
         }
         None
     }
+}
 
-    /// Whether `rel` in `layer`, looked up beneath it through no symlink
-    /// (a trailing one is the entry), is there: (a whiteout, a directory).
-    fn entry_in(&self, layer: &Path, rel: &Path) -> Option<(bool, bool)> {
-        let (_, stat) = Dir::at(layer).ok()?.entry(rel.to_str()?).ok()??;
-        let kind = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT;
-        Some((kind == SFlag::S_IFCHR, kind == SFlag::S_IFDIR))
-    }
+/// An entry of the image: its path on the host, the path inside the image
+/// it was found at (links resolved), and its type.
+struct Found {
+    path: PathBuf,
+    rel: PathBuf,
+    kind: SFlag,
+}
 
-    /// The layer `path` (from [`Self::find`]) lies in.
-    fn layer_of(&self, path: &Path) -> Option<&Path> {
-        self.dirs
-            .iter()
-            .find(|layer| path.starts_with(layer))
-            .map(PathBuf::as_path)
-    }
+/// The type of `rel` in `layer`, looked up beneath it through no symlink
+/// (a trailing one is the entry); `None` when it is not reached so.
+fn kind_in(layer: &Path, rel: &Path) -> Option<SFlag> {
+    let (_, stat) = Dir::at(layer).ok()?.entry(rel.to_str()?).ok()??;
+    Some(SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT)
 }
 
 /// `rel` relative to the image root with `.` and `..` resolved, never
