@@ -282,16 +282,30 @@ mod tests {
     use super::*;
     use std::os::unix::net::UnixStream as StdStream;
 
+    /// What an agent says first on its link.
+    fn say_hello(agent: &mut StdStream) {
+        use std::io::Write;
+        let hello = sandbox_proto::encode(&AgentMessage::Hello {
+            version: PROTOCOL_VERSION,
+        })
+        .expect("encode");
+        agent.write_all(&hello).expect("hello");
+    }
+
+    /// The host's side of a link whose agent said hello, and its events
+    /// (kept by the caller: the reader stops once nobody listens).
+    async fn link_over(host: StdStream) -> (Arc<AgentLink>, mpsc::Receiver<LinkEvent>) {
+        AgentLink::establish(OwnedFd::from(host), Some(Duration::from_secs(5)))
+            .await
+            .expect("hello")
+    }
+
     /// The agent's side of a link: says hello, then returns the id of the
     /// first request it reads.
     fn fake_agent(mut agent: StdStream) -> std::thread::JoinHandle<u64> {
-        use std::io::{Read, Write};
+        use std::io::Read;
         std::thread::spawn(move || {
-            let hello = sandbox_proto::encode(&AgentMessage::Hello {
-                version: PROTOCOL_VERSION,
-            })
-            .expect("encode");
-            agent.write_all(&hello).expect("hello");
+            say_hello(&mut agent);
             let mut decoder = FrameDecoder::new();
             let mut buf = [0u8; 4096];
             loop {
@@ -308,17 +322,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_request_cut_off_by_its_deadline_closes_the_link() {
-        use std::io::Write;
         let (host, mut agent) = StdStream::pair().expect("socketpair");
-        let hello = sandbox_proto::encode(&AgentMessage::Hello {
-            version: PROTOCOL_VERSION,
-        })
-        .expect("encode");
-        agent.write_all(&hello).expect("hello");
-        let (link, _events) =
-            AgentLink::establish(OwnedFd::from(host), Some(Duration::from_secs(5)))
-                .await
-                .expect("hello");
+        say_hello(&mut agent);
+        let (link, _events) = link_over(host).await;
         // Positive control: an unanswered small request is only late.
         let late = link
             .call(RequestBody::Health, &[], Duration::from_millis(50))
@@ -348,10 +354,7 @@ mod tests {
         for _ in 0..2 {
             let (host, agent) = StdStream::pair().expect("socketpair");
             let agent = fake_agent(agent);
-            let (link, _events) =
-                AgentLink::establish(OwnedFd::from(host), Some(Duration::from_secs(5)))
-                    .await
-                    .expect("hello");
+            let (link, _events) = link_over(host).await;
             // Unanswered: the fake agent only reads it.
             let _ = link
                 .call(RequestBody::Health, &[], Duration::from_millis(200))
