@@ -53,6 +53,31 @@ async fn sleeps_in_guest(daemon: &Daemon, id: &str) -> String {
     run.out()
 }
 
+/// How many children a Python process in the guest could fork (each
+/// sleeping, all alive at once) before a fork failed, and that failure's
+/// errno; at most 64 are tried.
+async fn forks_until_refused(daemon: &Daemon, id: &str) -> String {
+    let forks = "import os, time\n\
+        children, refused = [], None\n\
+        for _ in range(64):\n\
+        \x20   try:\n\
+        \x20       pid = os.fork()\n\
+        \x20   except OSError as e:\n\
+        \x20       refused = e.errno\n\
+        \x20       break\n\
+        \x20   if pid == 0:\n\
+        \x20       time.sleep(60)\n\
+        \x20       os._exit(0)\n\
+        \x20   children.append(pid)\n\
+        for pid in children:\n\
+        \x20   os.kill(pid, 9)\n\
+        \x20   os.waitpid(pid, 0)\n\
+        print(len(children), refused)";
+    let run = daemon.exec(id, &["python3", "-c", forks]).await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
+    run.out()
+}
+
 #[tokio::test]
 #[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
 async fn a_linux_guest_runs_processes_as_a_container_does() {
@@ -154,7 +179,7 @@ async fn a_linux_guest_runs_processes_as_a_container_does() {
 /// and egress policy.
 #[tokio::test]
 #[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
-async fn a_pooled_linux_guest_is_handed_out_with_the_callers_env() {
+async fn a_pooled_linux_guest_is_handed_out_with_the_callers_env_and_fewer_pids() {
     let flags = [
         "--vm-pool-size",
         "1",
@@ -172,7 +197,7 @@ async fn a_pooled_linux_guest_is_handed_out_with_the_callers_env() {
     let id = daemon
         .create(
             json!({"runtime": "vm", "env": {"GREETING": "hi from the pool"},
-            "allow_list": ["example.test"]}),
+            "allow_list": ["example.test"], "pids": 16}),
         )
         .await;
     let hit = "sandboxd_pool_claims_total{runtime=\"vm\",image=\"python\",result=\"hit\"} ";
@@ -192,17 +217,27 @@ async fn a_pooled_linux_guest_is_handed_out_with_the_callers_env() {
         json!(["example.test"]),
         "{view}"
     );
+    // The pool booted the VM with the default pids limit; the claim's
+    // lower one holds inside the guest: the Python process and 15
+    // children, then EAGAIN (11).
+    assert_eq!(view["limits"]["pids"], 16, "{view}");
+    assert_eq!(forks_until_refused(&daemon, &id).await, "15 11\n");
     daemon.delete(&id).await;
     assert_nothing_left(&daemon, &[&id]).await;
 }
 
 #[tokio::test]
 #[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
-async fn a_linux_guest_reports_an_oom_kill_inside_it() {
+async fn a_linux_guest_keeps_its_pids_limit_and_reports_an_oom_kill_inside_it() {
     let Some(daemon) = linux_vm_daemon(&[]) else {
         return;
     };
-    let id = python_vm(&daemon, json!({})).await;
+    let id = python_vm(&daemon, json!({"pids": 24})).await;
+    // The limit counts every process the agent started (the Python
+    // process, then its children) and not the agent: 1 + 23, then EAGAIN.
+    assert_eq!(forks_until_refused(&daemon, &id).await, "23 11\n");
+    // The children are gone, so the limit leaves room again.
+    assert_eq!(forks_until_refused(&daemon, &id).await, "23 11\n");
     // An allocation past the guest's memory is OOM-killed inside it, and
     // reported as such; the sandbox lives on.
     let hog = daemon

@@ -103,6 +103,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::ListeningPorts => 21,
         SupervisorRequest::AttachRoot { .. } => 22,
         SupervisorRequest::DetachRoot { .. } => 23,
+        SupervisorRequest::LimitGuestPids { .. } => 24,
     }
 }
 
@@ -347,6 +348,11 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             SupervisorRequest::DetachRoot { name: "c1".into() },
             "17 02 63 31".into(),
         ),
+        // max (varint).
+        (
+            SupervisorRequest::LimitGuestPids { max: 300 },
+            "18 ac 02".into(),
+        ),
     ]
 }
 
@@ -461,7 +467,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 05 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 06 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (
@@ -493,7 +499,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 5, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 6, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -605,13 +611,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 6 with a rest this build cannot decode.
-    let v6 = bytes("0c 06 ff ff ff");
-    let mismatch = check_supervisor_version(&v6).expect_err("v6 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(6));
+    // Version 7 with a rest this build cannot decode.
+    let v7 = bytes("0c 07 ff ff ff");
+    let mismatch = check_supervisor_version(&v7).expect_err("v7 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(7));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v6, this daemon v5"),
+        text.contains("supervisor protocol v7, this daemon v6"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

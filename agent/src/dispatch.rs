@@ -80,6 +80,11 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         })),
         RequestBody::Signal { proc, signal } => Some(process::signal(agent, *proc, *signal)),
         RequestBody::ResizePty { proc, size } => Some(process::resize(agent, *proc, *size)),
+        RequestBody::LimitPids { max } => {
+            let reply = limit_pids(*max);
+            let _ = agent.outbox.reply(id, reply).await;
+            return;
+        }
         _ => None,
     };
     if let RequestBody::Reseed { seed, unix_time_ns } = &body {
@@ -108,7 +113,8 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         RequestBody::Health
         | RequestBody::Signal { .. }
         | RequestBody::ResizePty { .. }
-        | RequestBody::Reseed { .. } => {}
+        | RequestBody::Reseed { .. }
+        | RequestBody::LimitPids { .. } => {}
         RequestBody::Spawn(spawn) => {
             let claimed = claimed.unwrap_or_else(|| Ok(Vec::new()));
             tokio::spawn(process::spawn(agent.clone(), id, spawn, claimed, permit));
@@ -175,4 +181,22 @@ where
         let _ = outbox.reply(id, reply).await;
         drop(permit);
     });
+}
+
+/// A microVM's pids limit, on the group above every process group; a
+/// container's is its cgroup's, which only the host sets.
+fn limit_pids(max: u64) -> Reply {
+    let Some(groups) = crate::guest_groups::get() else {
+        return Reply::Error(AgentError::new(
+            ErrorKind::InvalidInput,
+            "a container's pids limit is set by the host on its cgroup, not by the agent",
+        ));
+    };
+    match groups.limit_pids(max) {
+        Ok(()) => Reply::Ok,
+        Err(e) => Reply::Error(AgentError::new(
+            ErrorKind::Other,
+            format!("setting the guest's pids limit to {max}: {e}"),
+        )),
+    }
 }

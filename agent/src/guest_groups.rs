@@ -1,10 +1,12 @@
 //! A microVM guest's process groups: there the agent is the whole runtime,
 //! so it gives each process it starts a cgroup v2 group of its own,
-//! `/sys/fs/cgroup/p<proc>`, as a container's supervisor does on the host.
-//! A kill through `cgroup.kill` ends the whole tree (children that called
-//! setsid, which a process-group kill misses), and `memory.events` tells an
-//! OOM kill inside the guest from any other SIGKILL. In a container the
-//! supervisor hands the agent its groups instead, and this is not set up.
+//! `/sys/fs/cgroup/workload/p<proc>`, as a container's supervisor does on
+//! the host. A kill through `cgroup.kill` ends the whole tree (children that
+//! called setsid, which a process-group kill misses), and `memory.events`
+//! tells an OOM kill inside the guest from any other SIGKILL. The parent
+//! `workload` group holds the sandbox's pids limit, over all of them
+//! together and not over the agent. In a container the supervisor hands the
+//! agent its groups instead, and this is not set up.
 
 use std::fs::{self, OpenOptions};
 use std::io;
@@ -18,9 +20,13 @@ static GROUPS: OnceLock<GuestGroups> = OnceLock::new();
 /// Where the guest's cgroup2 hierarchy is mounted.
 pub const MOUNT_POINT: &str = "/sys/fs/cgroup";
 
+/// The group under the hierarchy's root that holds every process group.
+const WORKLOAD: &str = "workload";
+
 #[derive(Debug)]
 pub struct GuestGroups {
-    root: PathBuf,
+    /// The `workload` group: the process groups are its children.
+    workload: PathBuf,
 }
 
 /// The guest's groups, when this agent is a microVM's init.
@@ -29,18 +35,40 @@ pub fn get() -> Option<&'static GuestGroups> {
 }
 
 /// Makes `root` (a mounted cgroup2 hierarchy) the home of the process
-/// groups: memory and pids accounting are turned on for its children.
-pub fn install(root: &Path) -> io::Result<()> {
-    fs::write(root.join("cgroup.subtree_control"), "+memory +pids")?;
-    let _ = GROUPS.set(GuestGroups {
-        root: root.to_path_buf(),
-    });
+/// groups, under a `workload` group limited to `pids_max` tasks when given:
+/// memory and pids accounting are turned on at both levels.
+pub fn install(root: &Path, pids_max: Option<u64>) -> io::Result<()> {
+    let groups = GuestGroups::make(root, pids_max)?;
+    let _ = GROUPS.set(groups);
     Ok(())
 }
 
 impl GuestGroups {
+    fn make(root: &Path, pids_max: Option<u64>) -> io::Result<Self> {
+        const CONTROLLERS: &str = "+memory +pids";
+        fs::write(root.join("cgroup.subtree_control"), CONTROLLERS)?;
+        let workload = root.join(WORKLOAD);
+        match fs::create_dir(&workload) {
+            // A restored snapshot's guest already has it.
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+        let groups = Self { workload };
+        if let Some(max) = pids_max {
+            groups.limit_pids(max)?;
+        }
+        fs::write(groups.workload.join("cgroup.subtree_control"), CONTROLLERS)?;
+        Ok(groups)
+    }
+
     fn dir(&self, proc: u64) -> PathBuf {
-        self.root.join(format!("p{proc}"))
+        self.workload.join(format!("p{proc}"))
+    }
+
+    /// At most `max` tasks in all process groups together; ones that
+    /// already run past it are left to end, new forks fail with EAGAIN.
+    pub fn limit_pids(&self, max: u64) -> io::Result<()> {
+        fs::write(self.workload.join("pids.max"), max.to_string())
     }
 
     /// Makes `proc`'s group and opens its `cgroup.procs` for the child to
@@ -112,9 +140,28 @@ mod tests {
         // kernel would offer.
         let root = std::env::temp_dir().join(format!("guest-groups-{}", std::process::id()));
         fs::create_dir_all(&root).expect("root");
-        let groups = GuestGroups { root: root.clone() };
+        let groups = GuestGroups::make(&root, Some(16)).expect("groups");
+        let workload = root.join(WORKLOAD);
+        for (group, controllers) in [(&root, "+memory +pids"), (&workload, "+memory +pids")] {
+            assert_eq!(
+                fs::read_to_string(group.join("cgroup.subtree_control")).expect("controllers"),
+                controllers
+            );
+        }
+        assert_eq!(
+            fs::read_to_string(workload.join("pids.max")).expect("limit"),
+            "16",
+            "the limit covers every process group together"
+        );
+        groups.limit_pids(8).expect("lower");
+        assert_eq!(
+            fs::read_to_string(workload.join("pids.max")).expect("limit"),
+            "8"
+        );
+        let again = GuestGroups::make(&root, None).expect("a restored guest's groups");
+        assert_eq!(again.workload, workload);
         assert!(!groups.kill(4).expect("kill"), "no group yet");
-        let dir = root.join("p4");
+        let dir = workload.join("p4");
         fs::create_dir(&dir).expect("group");
         fs::write(dir.join("cgroup.procs"), "").expect("procs");
         drop(groups.create(4).expect("an existing group is reused"));

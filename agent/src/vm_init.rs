@@ -14,8 +14,8 @@
 //! 4. moves /proc, /sys and /dev into it and makes it the root (pivot_root,
 //!    then detaches the agent disk);
 //! 5. mounts devpts, /dev/shm and the cgroup2 hierarchy that holds a group
-//!    per process (guest_groups.rs), brings up `lo` and, when the VMM offers
-//!    a network card, eth0;
+//!    per process (guest_groups.rs) under one limited to `SANDBOX_PIDS_MAX`
+//!    tasks, brings up `lo` and, when the VMM offers a network card, eth0;
 //! 6. connects to the host over AF_VSOCK (CID 2, [`AGENT_VSOCK_PORT`]) and
 //!    returns that stream as the link, served exactly like a container's.
 //!
@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, VsockAddr};
-use sandbox_proto::{AGENT_RNG_SEED_ENV, AGENT_VM_ENV, AGENT_VSOCK_PORT, MAX_RNG_SEED};
+use sandbox_proto::{
+    AGENT_PIDS_MAX_ENV, AGENT_RNG_SEED_ENV, AGENT_VM_ENV, AGENT_VSOCK_PORT, MAX_RNG_SEED,
+};
 
 /// `VMADDR_CID_HOST`: the host end of every guest's vsock.
 const HOST_CID: u32 = 2;
@@ -91,6 +93,8 @@ pub enum VmInitError {
     },
     #[error("{AGENT_RNG_SEED_ENV} is not usable: {0}; pass an even number of hex digits, at most {MAX_RNG_SEED} bytes")]
     BadSeed(&'static str),
+    #[error("{AGENT_PIDS_MAX_ENV} is not usable: {0:?} is not a whole number of at least 1")]
+    BadPidsMax(String),
     #[error("seeding the kernel RNG: {0}")]
     Seed(io::Error),
     #[error("the VMM offers a virtio-net device but the guest has no eth0; the guest kernel needs CONFIG_VIRTIO_NET (rootfs/kernel/config.fragment)")]
@@ -271,6 +275,10 @@ fn mount_dev_extras() -> Result<(), VmInitError> {
 /// The guest's cgroup2 hierarchy, home of one group per process
 /// (guest_groups.rs): tree kills and OOM reports need it.
 fn mount_process_groups() -> Result<(), VmInitError> {
+    let pids_max = match std::env::var_os(AGENT_PIDS_MAX_ENV) {
+        Some(value) => Some(parse_pids_max(value.as_bytes())?),
+        None => None,
+    };
     let at = crate::guest_groups::MOUNT_POINT;
     do_mount(
         "cgroup2",
@@ -279,7 +287,15 @@ fn mount_process_groups() -> Result<(), VmInitError> {
         MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
         None,
     )?;
-    crate::guest_groups::install(Path::new(at)).map_err(VmInitError::ProcessGroups)
+    crate::guest_groups::install(Path::new(at), pids_max).map_err(VmInitError::ProcessGroups)
+}
+
+fn parse_pids_max(value: &[u8]) -> Result<u64, VmInitError> {
+    std::str::from_utf8(value)
+        .ok()
+        .and_then(|text| text.parse::<u64>().ok())
+        .filter(|max| *max > 0)
+        .ok_or_else(|| VmInitError::BadPidsMax(String::from_utf8_lossy(value).into_owned()))
 }
 
 fn do_mount(
@@ -633,6 +649,15 @@ mod tests {
         assert!(!flag_set(Some(b"0")));
         assert!(flag_set(Some(b"1")));
         assert!(flag_set(Some(b"yes")));
+    }
+
+    #[test]
+    fn pids_max_is_a_positive_whole_number() {
+        assert_eq!(parse_pids_max(b"1024").expect("valid"), 1024);
+        for bad in [&b""[..], b"0", b"-1", b"12k", b"max", b"\xff"] {
+            let error = parse_pids_max(bad).expect_err("refused").to_string();
+            assert!(error.contains(AGENT_PIDS_MAX_ENV), "{error}");
+        }
     }
 
     #[test]

@@ -67,6 +67,14 @@ pub const AGENT_VM_ENV: &str = "SANDBOX_AGENT_VM";
 /// in the guest's /proc/cmdline, so it is entropy, not a secret.
 pub const AGENT_RNG_SEED_ENV: &str = "SANDBOX_RNG_SEED";
 
+/// Optional command-line word `SANDBOX_PIDS_MAX=<n>`: the sandbox's pids
+/// limit, which a microVM's agent puts on the cgroup that holds every
+/// process it starts (the agent itself and kernel threads are outside it).
+/// Root inside the guest can raise it, as it can do anything there: the
+/// limit keeps a runaway process tree from starving the agent, and the VM
+/// boundary, not this, is what holds hostile code.
+pub const AGENT_PIDS_MAX_ENV: &str = "SANDBOX_PIDS_MAX";
+
 /// Largest seed the agent accepts in [`AGENT_RNG_SEED_ENV`], in bytes.
 pub const MAX_RNG_SEED: usize = 256;
 
@@ -149,6 +157,13 @@ pub enum RequestBody {
     /// kernel's `/proc/net/tcp` and `tcp6` as the agent sees them).
     /// Reply: [`Reply::Listening`], sorted by port, then address.
     ListeningPorts,
+    /// A microVM only: make `max` the most tasks that the processes the
+    /// agent starts may hold at once, all of them together (what a
+    /// container's pids cgroup does on the host). Sent when a pooled VM is
+    /// claimed with a lower limit than it booted with
+    /// ([`AGENT_PIDS_MAX_ENV`]). A container's agent refuses it: there the
+    /// host sets the limit. Reply: [`Reply::Ok`].
+    LimitPids { max: u64 },
 }
 
 /// Where the host attaches the roots of a pod's containers inside the

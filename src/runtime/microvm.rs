@@ -152,9 +152,10 @@ pub fn limits(config: &SandboxSpec, vm: &VmSpec) -> Result<VmLimits, MicrovmErro
 /// memory size, vCPUs and command line).
 /// The kernel command line of a Linux guest whose init is the agent: the
 /// agent disk (the third) as a read-only root, the agent as init, the flag
-/// that tells it it runs in a VM, the host's RNG seed (hex) when there is
-/// one, and the operator's `extra` words last, so they can override.
-pub fn guest_cmdline(seed_hex: Option<&str>, extra: &str) -> String {
+/// that tells it it runs in a VM, the host's RNG seed (hex) and the
+/// sandbox's pids limit when there are, and the operator's `extra` words
+/// last, so they can override.
+pub fn guest_cmdline(seed_hex: Option<&str>, pids_max: Option<u64>, extra: &str) -> String {
     let mut cmdline = format!(
         "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init={} panic=-1 reboot=k {}=1",
         sandbox_proto::VM_AGENT_INIT,
@@ -162,6 +163,9 @@ pub fn guest_cmdline(seed_hex: Option<&str>, extra: &str) -> String {
     );
     if let Some(seed) = seed_hex {
         cmdline.push_str(&format!(" {}={seed}", sandbox_proto::AGENT_RNG_SEED_ENV));
+    }
+    if let Some(max) = pids_max {
+        cmdline.push_str(&format!(" {}={max}", sandbox_proto::AGENT_PIDS_MAX_ENV));
     }
     if !extra.trim().is_empty() {
         cmdline.push(' ');
@@ -523,14 +527,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_guest_command_line_carries_the_seed_and_the_operators_words_last() {
+    fn the_guest_command_line_carries_the_seed_the_pids_limit_and_the_operators_words_last() {
         assert_eq!(
-            guest_cmdline(Some("00ff"), "printk.time=1"),
+            guest_cmdline(Some("00ff"), Some(64), "printk.time=1"),
             "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init=/sandbox-agent \
-             panic=-1 reboot=k SANDBOX_AGENT_VM=1 SANDBOX_RNG_SEED=00ff printk.time=1"
+             panic=-1 reboot=k SANDBOX_AGENT_VM=1 SANDBOX_RNG_SEED=00ff SANDBOX_PIDS_MAX=64 \
+             printk.time=1"
         );
         assert_eq!(
-            guest_cmdline(None, " "),
+            guest_cmdline(None, None, " "),
             "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init=/sandbox-agent \
              panic=-1 reboot=k SANDBOX_AGENT_VM=1"
         );

@@ -26,8 +26,14 @@ struct Harness {
 }
 
 fn harness(pool_size: usize) -> Harness {
+    harness_with(pool_size, |_| {})
+}
+
+/// A harness whose config `adjust` changes after it is loaded (to have
+/// what a flag could not give without a kernel or images, say).
+fn harness_with(pool_size: usize, adjust: impl FnOnce(&mut Config)) -> Harness {
     let dir = tempfile::tempdir().expect("temp dir");
-    let config = Config::load(
+    let mut config = Config::load(
         None,
         ConfigOverrides {
             state_dir: Some(dir.path().join("state")),
@@ -37,6 +43,7 @@ fn harness(pool_size: usize) -> Harness {
         },
     )
     .expect("config");
+    adjust(&mut config);
     std::fs::create_dir_all(&config.state_dir).expect("state dir");
     let store = crate::store::Store::open(&dir.path().join("store.redb")).expect("store");
     let images =
@@ -341,6 +348,49 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     assert!(env.iter().any(|(k, _)| k == "PATH"));
     let kinds: Vec<EventKind> = h.events("sb-p").into_iter().map(|e| e.0).collect();
     assert_eq!(kinds, vec![EventKind::Created, EventKind::Ready]);
+}
+
+#[tokio::test]
+async fn a_pooled_microvm_claimed_with_fewer_pids_has_its_agent_lower_them() {
+    let h = harness_with(0, |config| {
+        config.warm_pools.push(crate::config::WarmPoolSize {
+            runtime: RuntimeKind::Vm,
+            image: config.default_image.clone(),
+            size: 1,
+        })
+    });
+    h.manager.refilling.store(true, Ordering::Release);
+    let mut record = h.ready("vm-p", true);
+    record.runtime = RuntimeKind::Vm;
+    h.manager.persist(&record).expect("persist");
+    h.manager.records().insert("vm-p".into(), record.clone());
+    h.manager
+        .pool()
+        .put(RuntimeKind::Vm, &record.image, "vm-p".into());
+    h.fake.script("vm-p", SupervisorReply::Ok);
+    let fewer = Limits {
+        pids: 64,
+        ..record.limits.clone()
+    };
+    assert!(fewer.pids < record.limits.pids, "the test lowers the limit");
+    let req = CreateRequest::default();
+    let network = open_network();
+    let claimed = h
+        .manager
+        .claim_pooled(PoolClaim {
+            runtime: RuntimeKind::Vm,
+            ..claim(&record.image, &fewer, &req, &network)
+        })
+        .await
+        .expect("claim")
+        .expect("a pooled microVM");
+    assert_eq!(claimed.limits.pids, 64);
+    assert_eq!(h.stored("vm-p").map(|r| r.limits.pids), Some(64));
+    assert_eq!(
+        h.fake.calls(),
+        vec![Call::LimitGuestPids("vm-p".into(), 64)],
+        "the guest's agent holds a microVM's pids limit"
+    );
 }
 
 #[tokio::test]

@@ -319,6 +319,10 @@ impl Manager {
             .get(id)
             .cloned()
             .ok_or_else(|| SandboxError::internal("a pooled sandbox without its record"))?;
+        // A microVM's pids limit is kept inside its guest, by its agent.
+        let guest_pids = (record.runtime == RuntimeKind::Vm
+            && claim.limits.pids < record.limits.pids)
+            .then_some(claim.limits.pids);
         if *claim.limits != record.limits {
             self.lower_limits(&record, claim.limits)?;
             record.limits = claim.limits.clone();
@@ -327,8 +331,8 @@ impl Manager {
         record.network = claim.network.clone();
         record.secrets = claim.secrets.to_vec();
         record.env = claim.req.env.clone();
-        // The policy, the secrets (with the trust bundle) and the
-        // environment are separate requests on separate
+        // The policy, the secrets (with the trust bundle), the environment
+        // and a microVM's pids limit are separate requests on separate
         // connections to the supervisor, which serves them at once: none
         // waits for another, and all are in force before the claim returns.
         let policy = async {
@@ -351,7 +355,16 @@ impl Manager {
             }
             Ok(())
         };
-        tokio::try_join!(policy, self.install_secrets_fresh(&record), env)?;
+        let pids = async {
+            if let Some(max) = guest_pids {
+                self.supervisors
+                    .limit_guest_pids(id, max)
+                    .await
+                    .map_err(SandboxError::internal)?;
+            }
+            Ok(())
+        };
+        tokio::try_join!(policy, self.install_secrets_fresh(&record), env, pids)?;
         record.pooled = false;
         record.idempotency_key = claim.req.idempotency_key.clone();
         record.request_digest = claim.request_digest.map(String::from);
@@ -386,13 +399,16 @@ impl Manager {
 
     /// Lowers a pooled sandbox's cgroup ceilings and disk quota to `limits`.
     /// A microVM's CPU quota alone: what else a claim may differ in,
-    /// [`fits`] allows only where nothing outside the guest holds it (a
-    /// pids limit, which microVMs do not enforce).
+    /// [`fits`] allows only where nothing outside the guest holds it (the
+    /// pids limit, which its agent lowers in [`Self::hand_over`]).
     fn lower_limits(&self, record: &SandboxRecord, limits: &Limits) -> Result<(), SandboxError> {
         let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
         let cpu_quota_us =
             crate::runtime::spec::cpu_quota_us(limits.cpu).map_err(SandboxError::internal)?;
         if record.runtime == RuntimeKind::Vm {
+            if limits.cpu == record.limits.cpu {
+                return Ok(());
+            }
             return cgroups
                 .set_cpu_quota(cpu_quota_us)
                 .map_err(SandboxError::internal);

@@ -339,6 +339,14 @@ impl SupervisorClient {
         expect::ok("SetEnv", reply)
     }
 
+    /// Lowers a microVM's pids limit inside its guest.
+    pub async fn limit_guest_pids(&mut self, max: u64) -> Result<(), CallError> {
+        let reply = self
+            .call(&SupervisorRequest::LimitGuestPids { max }, CONTROL_DEADLINE)
+            .await?;
+        expect::ok("LimitGuestPids", reply)
+    }
+
     /// Puts `policy` (validated, the daemon's default applied) in force.
     pub async fn set_policy(&mut self, policy: &NetworkPolicy) -> Result<(), CallError> {
         let request = SupervisorRequest::SetPolicy {
@@ -573,6 +581,7 @@ pub trait Supervisors: Send + Sync {
         id: &'a str,
         brokered: crate::net::intercept::Brokered,
     ) -> CallFuture<'a, ()>;
+    fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()>;
 }
 
 /// The real supervisors, at `<run dir>/<id>/shim.sock`.
@@ -611,6 +620,10 @@ impl Supervisors for SocketSupervisors {
     ) -> CallFuture<'a, ()> {
         Box::pin(async move { self.client(id).await?.set_secrets(brokered).await })
     }
+
+    fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()> {
+        Box::pin(async move { self.client(id).await?.limit_guest_pids(max).await })
+    }
 }
 
 /// A recording fake of [`Supervisors`] for unit tests of the orchestration:
@@ -631,6 +644,7 @@ pub mod fake {
         SetPolicy(String, NetworkPolicy),
         /// The names of the secrets (never their values).
         SetSecrets(String, Vec<String>),
+        LimitGuestPids(String, u64),
     }
 
     #[derive(Default)]
@@ -697,6 +711,11 @@ pub mod fake {
             let names = brokered.secrets.iter().map(|s| s.name.clone()).collect();
             let reply = self.answer(id, Call::SetSecrets(id.into(), names));
             Box::pin(async move { expect::ok("SetSecrets", reply?) })
+        }
+
+        fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()> {
+            let reply = self.answer(id, Call::LimitGuestPids(id.into(), max));
+            Box::pin(async move { expect::ok("LimitGuestPids", reply?) })
         }
     }
 }

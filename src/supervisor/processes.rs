@@ -752,6 +752,31 @@ impl Supervisor {
             .map_err(link_failure)
     }
 
+    /// A microVM's pids limit, kept by its agent on the guest's cgroup
+    /// over every process it starts.
+    pub async fn limit_guest_pids(&self, max: u64) -> Result<(), SupervisorError> {
+        if self.process_control() == ProcessControl::HostCgroups {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "a container's pids limit is its cgroup's, which the daemon sets".to_string(),
+            ));
+        }
+        match self.agent(RequestBody::LimitPids { max }).await? {
+            Reply::Ok => Ok(()),
+            Reply::Error(e) => Err(err(
+                SupervisorErrorKind::Internal,
+                format!(
+                    "the guest agent refused the pids limit {max}: {}",
+                    e.message
+                ),
+            )),
+            other => Err(err(
+                SupervisorErrorKind::Internal,
+                format!("the guest agent answered the pids limit with {other:?}"),
+            )),
+        }
+    }
+
     /// After a spawn the agent did not answer: it may still start the
     /// process, which nothing here would list or end. Whatever is in its
     /// group is killed and the group removed, so a late child's move into it

@@ -49,7 +49,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// 4 added `SpawnSpec::root`, `AttachRoot` and `DetachRoot`.
 ///
 /// 5 added the error kind `AgentTimeout` and `Checkpoint::empty_mounts`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 5;
+///
+/// 6 added `LimitGuestPids` and the agent's `RequestBody::LimitPids`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 6;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -149,6 +151,13 @@ pub enum SupervisorRequest {
     /// it and remove its writable layer. Reply: [`SupervisorReply::Ok`].
     DetachRoot {
         name: String,
+    },
+    /// A microVM only: lower the pids limit over every process its agent
+    /// starts (a pool claim that asks for fewer than the VM booted with).
+    /// A container's is its host cgroup's, which the daemon writes itself.
+    /// Reply: [`SupervisorReply::Ok`].
+    LimitGuestPids {
+        max: u64,
     },
 }
 

@@ -228,6 +228,12 @@ async fn answer(
                 .await
                 .map(|()| SupervisorReply::Ok),
         ),
+        SupervisorRequest::LimitGuestPids { max } => reply_of(
+            supervisor
+                .limit_guest_pids(max)
+                .await
+                .map(|()| SupervisorReply::Ok),
+        ),
         SupervisorRequest::Attach { .. }
         | SupervisorRequest::Watch { .. }
         | SupervisorRequest::Dial { .. }

@@ -297,9 +297,14 @@ impl Manager {
         .map_err(SandboxError::internal)?
         .map_err(SandboxError::internal)?;
         // The agent runs as the guest's init; the seed is mixed into the
-        // guest kernel's RNG before anything else runs.
+        // guest kernel's RNG before anything else runs, and the pids limit
+        // put on the group of everything it starts.
         let seed: [u8; 32] = rand::random();
-        let cmdline = crate::runtime::microvm::guest_cmdline(Some(&hex::encode(seed)), &vm.cmdline);
+        let cmdline = crate::runtime::microvm::guest_cmdline(
+            Some(&hex::encode(seed)),
+            Some(record.limits.pids),
+            &vm.cmdline,
+        );
         Ok(crate::runtime::sandbox::VmSpec {
             vmm_path: vm.vmm_path.clone(),
             kernel,
