@@ -80,6 +80,7 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         })),
         RequestBody::Signal { proc, signal } => Some(process::signal(agent, *proc, *signal)),
         RequestBody::ResizePty { proc, size } => Some(process::resize(agent, *proc, *size)),
+        RequestBody::Abandon { proc } => Some(process::abandon(agent, *proc)),
         RequestBody::LimitPids { max } => {
             let reply = limit_pids(*max);
             let _ = agent.outbox.reply(id, reply).await;
@@ -114,7 +115,8 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         | RequestBody::Signal { .. }
         | RequestBody::ResizePty { .. }
         | RequestBody::Reseed { .. }
-        | RequestBody::LimitPids { .. } => {}
+        | RequestBody::LimitPids { .. }
+        | RequestBody::Abandon { .. } => {}
         RequestBody::Spawn(spawn) => {
             let claimed = claimed.unwrap_or_else(|| Ok(Vec::new()));
             tokio::spawn(process::spawn(agent.clone(), id, spawn, claimed, permit));

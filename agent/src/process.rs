@@ -2,7 +2,7 @@
 //! (reserve the id, launch, reply, start output and stdin), each process's
 //! supervisor that sends Exit once its output is done, and Signal/ResizePty.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
@@ -71,6 +71,8 @@ pub enum ProcError {
     Signal { proc: u64, source: io::Error },
     #[error("resizing the terminal of process {proc}: {source}")]
     Resize { proc: u64, source: io::Error },
+    #[error("the host gave up waiting for process {0} to start")]
+    Abandoned(u64),
     #[error("spawn failed: {0}")]
     Internal(String),
 }
@@ -94,9 +96,10 @@ impl From<ProcError> for AgentError {
             | ProcError::Pty(source)
             | ProcError::Prepare(source)
             | ProcError::GuestGroup(source) => io_kind(source),
-            ProcError::TooMany | ProcError::Starting(_) | ProcError::Internal(_) => {
-                ErrorKind::Other
-            }
+            ProcError::TooMany
+            | ProcError::Starting(_)
+            | ProcError::Abandoned(_)
+            | ProcError::Internal(_) => ErrorKind::Other,
         };
         AgentError::new(kind, err.to_string())
     }
@@ -113,16 +116,34 @@ struct Entry {
     _gone: Option<watch::Sender<()>>,
     /// A duplicate of the PTY master, for ResizePty.
     pty: Option<OwnedFd>,
+    /// The host gave up on it while it was starting: it must not run.
+    abandoned: bool,
+}
+
+/// Where an abandoned process stood (see [`ProcTable::abandon`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Abandoned {
+    /// Its spawn has not reached the agent yet: it will fail.
+    NotStarted,
+    /// Being started: it is killed before it is registered.
+    Starting,
+    /// It runs: the caller kills its tree.
+    Running,
 }
 
 #[derive(Default)]
 pub struct ProcTable {
     procs: HashMap<u64, Entry>,
     by_pid: HashMap<i32, u64>,
+    /// Ids the host abandoned before their spawn arrived.
+    abandoned: HashSet<u64>,
 }
 
 impl ProcTable {
     fn reserve(&mut self, proc: u64, with_stdin: bool) -> Result<Option<StdinQueue>, ProcError> {
+        if self.abandoned.remove(&proc) {
+            return Err(ProcError::Abandoned(proc));
+        }
         if self.procs.contains_key(&proc) {
             return Err(ProcError::DuplicateId(proc));
         }
@@ -144,9 +165,29 @@ impl ProcTable {
                 stdin,
                 _gone: gone,
                 pty: None,
+                abandoned: false,
             },
         );
         Ok(queue)
+    }
+
+    /// Marks `proc` as one the host no longer knows (its spawn timed out
+    /// there). An id the agent has not seen is remembered until its spawn
+    /// comes, which then fails; the host sends this only for a spawn it
+    /// wrote, so the set holds only late spawns. An id that already ended
+    /// is remembered to no effect: the host never reuses ids.
+    pub fn abandon(&mut self, proc: u64) -> Abandoned {
+        match self.procs.get_mut(&proc) {
+            Some(entry) if entry.pid.is_some() => Abandoned::Running,
+            Some(entry) => {
+                entry.abandoned = true;
+                Abandoned::Starting
+            }
+            None => {
+                self.abandoned.insert(proc);
+                Abandoned::NotStarted
+            }
+        }
     }
 
     /// Records a forked process. Called while holding the spawn gate, so the
@@ -156,14 +197,20 @@ impl ProcTable {
         proc: u64,
         pid: i32,
         pty: Option<OwnedFd>,
-    ) -> Option<oneshot::Receiver<ExitStatus>> {
-        let entry = self.procs.get_mut(&proc)?;
+    ) -> Result<oneshot::Receiver<ExitStatus>, ProcError> {
+        let entry = self
+            .procs
+            .get_mut(&proc)
+            .ok_or_else(|| ProcError::Internal("the agent is shutting down".into()))?;
+        if entry.abandoned {
+            return Err(ProcError::Abandoned(proc));
+        }
         let (tx, rx) = oneshot::channel();
         entry.pid = Some(pid);
         entry.exit = Some(tx);
         entry.pty = pty;
         self.by_pid.insert(pid, proc);
-        Some(rx)
+        Ok(rx)
     }
 
     /// Called by the reaper for every child it collects; orphans are ignored.
@@ -270,10 +317,6 @@ async fn start(
     let mut cgroup_fds = fds?;
     validate(&request)?;
     let proc = request.proc;
-    // A microVM's agent keeps the groups itself; a container's are handed over.
-    if let (true, Some(groups)) = (cgroup_fds.is_empty(), guest_groups::get()) {
-        cgroup_fds.push(groups.create(proc).map_err(ProcError::GuestGroup)?);
-    }
     let wants_stdin = request.stdin || request.pty.is_some();
     let queue = agent.procs().reserve(proc, wants_stdin)?;
     let mut reservation = Reservation {
@@ -286,13 +329,29 @@ async fn start(
         // Held until the pid is registered: the reaper waits for it, so a child
         // that dies at once (or std reaping a failed exec) cannot race it.
         let _gate = gate_agent.spawn_gate.blocking_read();
-        let mut launched = launch(request, cgroup_fds)?;
+        // A microVM's agent keeps the groups itself; a container's are
+        // handed over. Made once the id is reserved, so a refused spawn
+        // leaves none.
+        let guest_group = guest_groups::get().filter(|_| cgroup_fds.is_empty());
+        if let Some(groups) = guest_group {
+            cgroup_fds.push(groups.create(proc).map_err(ProcError::GuestGroup)?);
+        }
+        let mut launched = launch(request, cgroup_fds).inspect_err(|_| {
+            if let Some(groups) = guest_group {
+                groups.remove(proc);
+            }
+        })?;
         let pty = launched.pty_dup.take();
-        match gate_agent.procs().register(proc, launched.pid, pty) {
-            Some(exit) => Ok((launched, exit)),
-            None => {
+        let registered = gate_agent.procs().register(proc, launched.pid, pty);
+        match registered {
+            Ok(exit) => Ok((launched, exit)),
+            Err(e) => {
                 launched.kill();
-                Err(ProcError::Internal("the agent is shutting down".into()))
+                // What it may have started already, in a microVM.
+                if let Some(groups) = guest_group {
+                    let _ = groups.kill(proc);
+                }
+                Err(e)
             }
         }
     });
@@ -421,6 +480,22 @@ fn validate(request: &SpawnRequest) -> Result<(), ProcError> {
 /// the process alone if the group is gone. A process that has already gone
 /// entirely is not an error. In a microVM, SIGKILL goes to the process's
 /// cgroup: the whole tree, sessions of its own included.
+/// Handles Abandon: a process the host gave up on while it started never
+/// runs, and one already running is killed with its tree.
+pub fn abandon(agent: &Agent, proc: u64) -> Result<Reply, ProcError> {
+    let state = agent.procs().abandon(proc);
+    if state == Abandoned::Running {
+        match signal(agent, proc, libc::SIGKILL) {
+            // It ended on its own meanwhile.
+            Err(ProcError::Unknown(_)) => {}
+            other => {
+                other?;
+            }
+        }
+    }
+    Ok(Reply::Ok)
+}
+
 pub fn signal(agent: &Agent, proc: u64, signal: i32) -> Result<Reply, ProcError> {
     if !(0..=libc::SIGRTMAX()).contains(&signal) {
         return Err(ProcError::BadSignal(signal));
@@ -483,4 +558,33 @@ pub fn resize(agent: &Agent, proc: u64, size: PtySize) -> Result<Reply, ProcErro
     let master = entry.pty.as_ref().ok_or(ProcError::NoPty(proc))?;
     pty::resize(master.as_fd(), size).map_err(|source| ProcError::Resize { proc, source })?;
     Ok(Reply::Ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_the_host_abandoned_never_registers() {
+        let mut table = ProcTable::default();
+        // Before its spawn came: the spawn fails once it does.
+        assert_eq!(table.abandon(1), Abandoned::NotStarted);
+        assert!(matches!(
+            table.reserve(1, false),
+            Err(ProcError::Abandoned(1))
+        ));
+        // While it started: its registration is refused.
+        table.reserve(2, false).expect("reserve");
+        assert_eq!(table.abandon(2), Abandoned::Starting);
+        assert!(matches!(
+            table.register(2, 4242, None),
+            Err(ProcError::Abandoned(2))
+        ));
+        // Control: one nobody abandoned registers, and once it runs an
+        // abandon says so (the caller kills it).
+        table.reserve(3, false).expect("reserve");
+        table.register(3, 4343, None).expect("register");
+        assert_eq!(table.abandon(3), Abandoned::Running);
+        assert!(table.abandoned.is_empty(), "only unseen ids are remembered");
+    }
 }

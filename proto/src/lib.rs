@@ -164,6 +164,11 @@ pub enum RequestBody {
     /// ([`AGENT_PIDS_MAX_ENV`]). A container's agent refuses it: there the
     /// host sets the limit. Reply: [`Reply::Ok`].
     LimitPids { max: u64 },
+    /// The host gave up on the spawn of `proc` (its reply did not come in
+    /// time) and lists no such process: kill its tree if it runs, and make
+    /// the spawn fail if it has not started yet, so nothing runs that the
+    /// host cannot see or end. Reply: [`Reply::Ok`].
+    Abandon { proc: u64 },
 }
 
 /// Where the host attaches the roots of a pod's containers inside the

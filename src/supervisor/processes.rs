@@ -618,7 +618,7 @@ impl Supervisor {
             }
             Err(e) => {
                 self.procs().remove(&proc);
-                self.abandon_process_group(proc).await;
+                self.abandon_spawn(proc).await;
                 return Err(link_failure(e));
             }
         };
@@ -780,10 +780,22 @@ impl Supervisor {
     /// After a spawn the agent did not answer: it may still start the
     /// process, which nothing here would list or end. Whatever is in its
     /// group is killed and the group removed, so a late child's move into it
-    /// fails and it never execs. A microVM's groups are its guest's; a late
-    /// process there lives until the sandbox ends.
-    async fn abandon_process_group(&self, proc: u64) {
+    /// fails and it never execs. A microVM's groups are its guest's: its
+    /// agent is told to abandon the process (kill it, or fail its spawn
+    /// when that comes), without holding up the caller's error.
+    async fn abandon_spawn(&self, proc: u64) {
         if self.process_control() != ProcessControl::HostCgroups {
+            let link = Arc::clone(&self.link);
+            tokio::spawn(async move {
+                let abandoned = link
+                    .call(RequestBody::Abandon { proc }, &[], AGENT_DEADLINE)
+                    .await;
+                if !matches!(abandoned, Ok(Reply::Ok)) {
+                    tracing::warn!(
+                        "process {proc}, whose spawn went unanswered, could not be abandoned in the guest ({abandoned:?}); it may run unlisted until the sandbox ends"
+                    );
+                }
+            });
             return;
         }
         let cgroups = self.cgroups.clone();
@@ -1182,6 +1194,24 @@ mod tests {
             Some("1"),
             "the group of a process the agent may still start is killed"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_microvm_spawn_the_agent_never_answers_is_abandoned_in_the_guest() {
+        let mut h = harness(vm()).await;
+        let next = h.sup.next_proc.load(Ordering::Relaxed);
+        let Harness { sup, agent, .. } = &mut h;
+        let (late, request) = tokio::join!(sup.spawn(spawn_spec(&["sleep", "9"])), agent.request());
+        assert!(matches!(request.body, RequestBody::Spawn(_)));
+        assert_eq!(kind_of(late), SupervisorErrorKind::AgentTimeout);
+        assert_eq!(
+            kind_of(h.sup.get(next)),
+            SupervisorErrorKind::UnknownProcess
+        );
+        // No host cgroup reaches into the guest: its agent is told.
+        let abandon = h.agent.request().await;
+        assert_eq!(abandon.body, RequestBody::Abandon { proc: next });
+        h.agent.reply(abandon.id, Reply::Ok).await;
     }
 
     #[tokio::test]

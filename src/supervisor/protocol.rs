@@ -50,7 +50,8 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 5 added the error kind `AgentTimeout` and `Checkpoint::empty_mounts`.
 ///
-/// 6 added `LimitGuestPids` and the agent's `RequestBody::LimitPids`.
+/// 6 added `LimitGuestPids` and the agent's `RequestBody::LimitPids` and
+/// `RequestBody::Abandon`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 6;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
