@@ -48,11 +48,7 @@ impl GuestGroups {
         const CONTROLLERS: &str = "+memory +pids";
         fs::write(root.join("cgroup.subtree_control"), CONTROLLERS)?;
         let workload = root.join(WORKLOAD);
-        match fs::create_dir(&workload) {
-            // A restored snapshot's guest already has it.
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-            _ => {}
-        }
+        fs::create_dir(&workload)?;
         let groups = Self { workload };
         if let Some(max) = pids_max {
             groups.limit_pids(max)?;
@@ -65,10 +61,19 @@ impl GuestGroups {
         self.workload.join(format!("p{proc}"))
     }
 
-    /// At most `max` tasks in all process groups together; ones that
-    /// already run past it are left to end, new forks fail with EAGAIN.
+    /// At most `max` tasks from forks in all process groups together: a
+    /// fork past it fails with EAGAIN, tasks already past it are left to
+    /// end. The agent's own moves of a new process into its group are not
+    /// counted against it (cgroup v2 limits forks, not migrations), so a
+    /// `kill` can still be started while a fork bomb fills the limit. A
+    /// limit the kernel cannot hold (its PID_MAX_LIMIT or more) is none.
     pub fn limit_pids(&self, max: u64) -> io::Result<()> {
-        fs::write(self.workload.join("pids.max"), max.to_string())
+        const PID_MAX_LIMIT: u64 = 4 * 1024 * 1024;
+        let value = match max {
+            max if max >= PID_MAX_LIMIT => "max".to_string(),
+            max => max.to_string(),
+        };
+        fs::write(self.workload.join("pids.max"), value)
     }
 
     /// Makes `proc`'s group and opens its `cgroup.procs` for the child to
@@ -158,8 +163,12 @@ mod tests {
             fs::read_to_string(workload.join("pids.max")).expect("limit"),
             "8"
         );
-        let again = GuestGroups::make(&root, None).expect("a restored guest's groups");
-        assert_eq!(again.workload, workload);
+        groups.limit_pids(1 << 40).expect("unlimited");
+        assert_eq!(
+            fs::read_to_string(workload.join("pids.max")).expect("limit"),
+            "max",
+            "past the kernel's PID_MAX_LIMIT is no limit"
+        );
         assert!(!groups.kill(4).expect("kill"), "no group yet");
         let dir = workload.join("p4");
         fs::create_dir(&dir).expect("group");

@@ -2,7 +2,7 @@
 //! (reserve the id, launch, reply, start output and stdin), each process's
 //! supervisor that sends Exit once its output is done, and Signal/ResizePty.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::PathBuf;
@@ -123,9 +123,10 @@ struct Entry {
 /// Where an abandoned process stood (see [`ProcTable::abandon`]).
 #[derive(Debug, PartialEq, Eq)]
 pub enum Abandoned {
-    /// Its spawn has not reached the agent yet: it will fail.
-    NotStarted,
-    /// Being started: it is killed before it is registered.
+    /// Not in the table: its spawn has not come yet (and will fail), or it
+    /// has already ended (what it left running is the caller's to kill).
+    NotInTable,
+    /// Being started: it is not launched, or killed as it registers.
     Starting,
     /// It runs: the caller kills its tree.
     Running,
@@ -135,8 +136,9 @@ pub enum Abandoned {
 pub struct ProcTable {
     procs: HashMap<u64, Entry>,
     by_pid: HashMap<i32, u64>,
-    /// Ids the host abandoned before their spawn arrived.
-    abandoned: HashSet<u64>,
+    /// Ids the host abandoned that were not in the table, at most
+    /// [`MAX_PROCS`] (the oldest, the smallest ids, go first).
+    abandoned: BTreeSet<u64>,
 }
 
 impl ProcTable {
@@ -171,11 +173,11 @@ impl ProcTable {
         Ok(queue)
     }
 
-    /// Marks `proc` as one the host no longer knows (its spawn timed out
-    /// there). An id the agent has not seen is remembered until its spawn
-    /// comes, which then fails; the host sends this only for a spawn it
-    /// wrote, so the set holds only late spawns. An id that already ended
-    /// is remembered to no effect: the host never reuses ids.
+    /// Marks `proc` as one the host no longer knows (its spawn was
+    /// written but not answered in time). An id not in the table is
+    /// remembered, so that its spawn fails if it comes later; one that
+    /// already ended stays remembered to no effect (the host never reuses
+    /// ids) until [`Self::forget_abandoned`] or the cap drops it.
     pub fn abandon(&mut self, proc: u64) -> Abandoned {
         match self.procs.get_mut(&proc) {
             Some(entry) if entry.pid.is_some() => Abandoned::Running,
@@ -185,32 +187,41 @@ impl ProcTable {
             }
             None => {
                 self.abandoned.insert(proc);
-                Abandoned::NotStarted
+                while self.abandoned.len() > MAX_PROCS {
+                    self.abandoned.pop_first();
+                }
+                Abandoned::NotInTable
             }
         }
     }
 
+    /// `proc` was found to have run and ended: no spawn of it will come.
+    pub fn forget_abandoned(&mut self, proc: u64) {
+        self.abandoned.remove(&proc);
+    }
+
+    /// Whether the host abandoned `proc` while it was being started.
+    fn is_abandoned(&self, proc: u64) -> bool {
+        self.procs.get(&proc).is_some_and(|entry| entry.abandoned)
+    }
+
     /// Records a forked process. Called while holding the spawn gate, so the
-    /// reaper cannot have collected `pid` yet.
+    /// reaper cannot have collected `pid` yet. Also says whether the host
+    /// abandoned it meanwhile: the caller then kills it, and it ends as
+    /// any process does (its group, code file and entry cleaned up).
     fn register(
         &mut self,
         proc: u64,
         pid: i32,
         pty: Option<OwnedFd>,
-    ) -> Result<oneshot::Receiver<ExitStatus>, ProcError> {
-        let entry = self
-            .procs
-            .get_mut(&proc)
-            .ok_or_else(|| ProcError::Internal("the agent is shutting down".into()))?;
-        if entry.abandoned {
-            return Err(ProcError::Abandoned(proc));
-        }
+    ) -> Option<(oneshot::Receiver<ExitStatus>, bool)> {
+        let entry = self.procs.get_mut(&proc)?;
         let (tx, rx) = oneshot::channel();
         entry.pid = Some(pid);
         entry.exit = Some(tx);
         entry.pty = pty;
         self.by_pid.insert(pid, proc);
-        Ok(rx)
+        Some((rx, entry.abandoned))
     }
 
     /// Called by the reaper for every child it collects; orphans are ignored.
@@ -329,6 +340,11 @@ async fn start(
         // Held until the pid is registered: the reaper waits for it, so a child
         // that dies at once (or std reaping a failed exec) cannot race it.
         let _gate = gate_agent.spawn_gate.blocking_read();
+        // A late spawn waits here (for a pooled thread, or the gate): the
+        // host may have given up on it meanwhile.
+        if gate_agent.procs().is_abandoned(proc) {
+            return Err(ProcError::Abandoned(proc));
+        }
         // A microVM's agent keeps the groups itself; a container's are
         // handed over. Made once the id is reserved, so a refused spawn
         // leaves none.
@@ -343,15 +359,23 @@ async fn start(
         })?;
         let pty = launched.pty_dup.take();
         let registered = gate_agent.procs().register(proc, launched.pid, pty);
+        let kill = |launched: &crate::launch::Launched| {
+            launched.kill();
+            // What it may have started already, in a microVM.
+            if let Some(groups) = guest_group {
+                let _ = groups.kill(proc);
+            }
+        };
         match registered {
-            Ok(exit) => Ok((launched, exit)),
-            Err(e) => {
-                launched.kill();
-                // What it may have started already, in a microVM.
-                if let Some(groups) = guest_group {
-                    let _ = groups.kill(proc);
+            Some((exit, abandoned)) => {
+                if abandoned {
+                    kill(&launched);
                 }
-                Err(e)
+                Ok((launched, exit))
+            }
+            None => {
+                kill(&launched);
+                Err(ProcError::Internal("the agent is shutting down".into()))
             }
         }
     });
@@ -476,26 +500,39 @@ fn validate(request: &SpawnRequest) -> Result<(), ProcError> {
     Ok(())
 }
 
-/// Sends a signal to the process's group (every process leads its own), or to
-/// the process alone if the group is gone. A process that has already gone
-/// entirely is not an error. In a microVM, SIGKILL goes to the process's
-/// cgroup: the whole tree, sessions of its own included.
 /// Handles Abandon: a process the host gave up on while it started never
-/// runs, and one already running is killed with its tree.
+/// runs (or is killed as it registers), one already running is killed
+/// with its tree, and one that already ended has what it left running
+/// killed through its group, which outlives it (in a microVM).
 pub fn abandon(agent: &Agent, proc: u64) -> Result<Reply, ProcError> {
     let state = agent.procs().abandon(proc);
-    if state == Abandoned::Running {
-        match signal(agent, proc, libc::SIGKILL) {
+    match state {
+        Abandoned::Running => match signal(agent, proc, libc::SIGKILL) {
             // It ended on its own meanwhile.
             Err(ProcError::Unknown(_)) => {}
             other => {
                 other?;
             }
+        },
+        Abandoned::NotInTable => {
+            if let Some(groups) = guest_groups::get() {
+                let ran = groups
+                    .kill(proc)
+                    .map_err(|source| ProcError::Signal { proc, source })?;
+                if ran {
+                    agent.procs().forget_abandoned(proc);
+                }
+            }
         }
+        Abandoned::Starting => {}
     }
     Ok(Reply::Ok)
 }
 
+/// Sends a signal to the process's group (every process leads its own), or to
+/// the process alone if the group is gone. A process that has already gone
+/// entirely is not an error. In a microVM, SIGKILL goes to the process's
+/// cgroup: the whole tree, sessions of its own included.
 pub fn signal(agent: &Agent, proc: u64, signal: i32) -> Result<Reply, ProcError> {
     if !(0..=libc::SIGRTMAX()).contains(&signal) {
         return Err(ProcError::BadSignal(signal));
@@ -565,26 +602,42 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_process_the_host_abandoned_never_registers() {
+    fn a_process_the_host_abandoned_does_not_run_or_is_killed_as_it_registers() {
         let mut table = ProcTable::default();
         // Before its spawn came: the spawn fails once it does.
-        assert_eq!(table.abandon(1), Abandoned::NotStarted);
+        assert_eq!(table.abandon(1), Abandoned::NotInTable);
         assert!(matches!(
             table.reserve(1, false),
             Err(ProcError::Abandoned(1))
         ));
-        // While it started: its registration is refused.
+        assert!(table.abandoned.is_empty(), "a late spawn uses up its mark");
+        // Reserved but not launched: the launch is skipped.
         table.reserve(2, false).expect("reserve");
+        assert!(!table.is_abandoned(2));
         assert_eq!(table.abandon(2), Abandoned::Starting);
-        assert!(matches!(
-            table.register(2, 4242, None),
-            Err(ProcError::Abandoned(2))
-        ));
-        // Control: one nobody abandoned registers, and once it runs an
-        // abandon says so (the caller kills it).
+        assert!(table.is_abandoned(2));
+        // Launched meanwhile: it registers, told to kill it.
+        let (_, kill) = table.register(2, 4242, None).expect("register");
+        assert!(kill);
+        // Control: one nobody abandoned registers to run, and once it runs
+        // an abandon says so (the caller kills it).
         table.reserve(3, false).expect("reserve");
-        table.register(3, 4343, None).expect("register");
+        let (_, kill) = table.register(3, 4343, None).expect("register");
+        assert!(!kill);
         assert_eq!(table.abandon(3), Abandoned::Running);
-        assert!(table.abandoned.is_empty(), "only unseen ids are remembered");
+        // An id that ran and ended is forgotten once that is known.
+        assert_eq!(table.abandon(9), Abandoned::NotInTable);
+        table.forget_abandoned(9);
+        assert!(table.abandoned.is_empty());
+    }
+
+    #[test]
+    fn abandoned_ids_not_in_the_table_are_capped_oldest_first() {
+        let mut table = ProcTable::default();
+        for proc in 1..=(MAX_PROCS as u64 + 5) {
+            table.abandon(proc);
+        }
+        assert_eq!(table.abandoned.len(), MAX_PROCS);
+        assert_eq!(table.abandoned.first(), Some(&6));
     }
 }

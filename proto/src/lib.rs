@@ -160,14 +160,14 @@ pub enum RequestBody {
     /// A microVM only: make `max` the most tasks that the processes the
     /// agent starts may hold at once, all of them together (what a
     /// container's pids cgroup does on the host). Sent when a pooled VM is
-    /// claimed with a lower limit than it booted with
+    /// claimed with another limit than it booted with
     /// ([`AGENT_PIDS_MAX_ENV`]). A container's agent refuses it: there the
     /// host sets the limit. Reply: [`Reply::Ok`].
     LimitPids { max: u64 },
-    /// The host gave up on the spawn of `proc` (its reply did not come in
-    /// time) and lists no such process: kill its tree if it runs, and make
-    /// the spawn fail if it has not started yet, so nothing runs that the
-    /// host cannot see or end. Reply: [`Reply::Ok`].
+    /// The host gave up on the spawn of `proc` (written, but its reply did
+    /// not come in time) and lists no such process: kill its tree if it
+    /// runs or has run, and make the spawn fail if it has not started yet,
+    /// so nothing runs that the host cannot see or end. Reply: [`Reply::Ok`].
     Abandon { proc: u64 },
 }
 

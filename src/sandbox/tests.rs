@@ -394,6 +394,61 @@ async fn a_pooled_microvm_claimed_with_fewer_pids_has_its_agent_lower_them() {
 }
 
 #[tokio::test]
+async fn a_pooled_microvm_whose_agent_refuses_the_pids_limit_is_not_handed_out() {
+    let h = harness_with(0, |config| {
+        config.warm_pools.push(crate::config::WarmPoolSize {
+            runtime: RuntimeKind::Vm,
+            image: config.default_image.clone(),
+            size: 1,
+        })
+    });
+    h.manager.refilling.store(true, Ordering::Release);
+    let mut record = h.ready("vm-r", true);
+    record.runtime = RuntimeKind::Vm;
+    h.manager.persist(&record).expect("persist");
+    h.manager.records().insert("vm-r".into(), record.clone());
+    h.manager
+        .pool()
+        .put(RuntimeKind::Vm, &record.image, "vm-r".into());
+    h.fake.script(
+        "vm-r",
+        SupervisorReply::Error(SupervisorError::new(
+            SupervisorErrorKind::Internal,
+            "the guest agent refused the pids limit",
+        )),
+    );
+    let fewer = Limits {
+        pids: 64,
+        ..record.limits.clone()
+    };
+    let req = CreateRequest::default();
+    let network = open_network();
+    let claimed = h
+        .manager
+        .claim_pooled(PoolClaim {
+            runtime: RuntimeKind::Vm,
+            ..claim(&record.image, &fewer, &req, &network)
+        })
+        .await
+        .expect("claim");
+    assert!(claimed.is_none(), "the create starts cold instead");
+    // It is torn down (here, without a real sandbox, the teardown keeps it
+    // as failed): never handed out, nor recorded with the claim's limit.
+    let stored = h.stored("vm-r");
+    assert!(
+        stored
+            .as_ref()
+            .is_none_or(|r| r.state == SandboxState::Failed && r.limits.pids == record.limits.pids),
+        "{stored:?}"
+    );
+    assert_eq!(h.manager.pooled(), 0);
+    assert_eq!(
+        h.fake.calls(),
+        vec![Call::LimitGuestPids("vm-r".into(), 64)]
+    );
+}
+
+#[tokio::test]
 async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
     let h = harness(1);
     h.manager.refilling.store(true, Ordering::Release);

@@ -319,9 +319,11 @@ impl Manager {
             .get(id)
             .cloned()
             .ok_or_else(|| SandboxError::internal("a pooled sandbox without its record"))?;
-        // A microVM's pids limit is kept inside its guest, by its agent.
+        // A microVM's pids limit is kept inside its guest, by its agent
+        // (set whenever it differs: a pooled VM recovered after the
+        // operator raised the default has the lower limit it booted with).
         let guest_pids = (record.runtime == RuntimeKind::Vm
-            && claim.limits.pids < record.limits.pids)
+            && claim.limits.pids != record.limits.pids)
             .then_some(claim.limits.pids);
         if *claim.limits != record.limits {
             self.lower_limits(&record, claim.limits)?;

@@ -23,8 +23,13 @@ use tokio::sync::{mpsc, oneshot};
 pub enum LinkError {
     #[error("the sandbox agent is gone: {0}")]
     Closed(String),
+    /// The request reached the agent, which did not answer in time.
     #[error("the sandbox agent did not answer within {0:?}")]
     Timeout(Duration),
+    /// The link stayed busy (other requests being written) until the
+    /// deadline: this request was never sent.
+    #[error("the link to the sandbox agent stayed busy for {0:?}; the request was not sent")]
+    NotSent(Duration),
     #[error("the sandbox agent broke the protocol: {0}")]
     Protocol(String),
 }
@@ -242,7 +247,7 @@ impl AgentLink {
     ) -> Result<(), LinkError> {
         let _guard = tokio::time::timeout_at(until, self.write_lock.lock())
             .await
-            .map_err(|_| LinkError::Timeout(deadline))?;
+            .map_err(|_| LinkError::NotSent(deadline))?;
         let raw = self.stream.as_raw_fd();
         let mut sent = 0;
         while sent < frame.len() {
@@ -259,7 +264,7 @@ impl AgentLink {
             match tokio::time::timeout_at(until, write).await {
                 Ok(Ok(n)) => sent += n,
                 Ok(Err(e)) => return Err(LinkError::Closed(e.to_string())),
-                Err(_) if sent == 0 => return Err(LinkError::Timeout(deadline)),
+                Err(_) if sent == 0 => return Err(LinkError::NotSent(deadline)),
                 Err(_) => {
                     let reason = format!(
                         "a request was cut off after {sent} of its {} bytes by its {deadline:?} deadline",

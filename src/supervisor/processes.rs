@@ -90,7 +90,7 @@ fn err(kind: SupervisorErrorKind, message: impl Into<String>) -> SupervisorError
 /// its own limits, a big file) is not a gone one.
 fn link_failure(e: LinkError) -> SupervisorError {
     let kind = match e {
-        LinkError::Timeout(_) => SupervisorErrorKind::AgentTimeout,
+        LinkError::Timeout(_) | LinkError::NotSent(_) => SupervisorErrorKind::AgentTimeout,
         LinkError::Closed(_) | LinkError::Protocol(_) => SupervisorErrorKind::AgentGone,
     };
     err(kind, e.to_string())
@@ -618,7 +618,10 @@ impl Supervisor {
             }
             Err(e) => {
                 self.procs().remove(&proc);
-                self.abandon_spawn(proc).await;
+                // Only a spawn the agent received can start late.
+                if matches!(e, LinkError::Timeout(_)) {
+                    self.abandon_spawn(proc).await;
+                }
                 return Err(link_failure(e));
             }
         };
@@ -782,7 +785,10 @@ impl Supervisor {
     /// group is killed and the group removed, so a late child's move into it
     /// fails and it never execs. A microVM's groups are its guest's: its
     /// agent is told to abandon the process (kill it, or fail its spawn
-    /// when that comes), without holding up the caller's error.
+    /// when that comes), without holding up the caller's error. (A memory
+    /// snapshot taken before the agent hears of it would keep the late
+    /// process in every fork: the abandon waits behind the checkpoint's
+    /// hold on the link, like any request.)
     async fn abandon_spawn(&self, proc: u64) {
         if self.process_control() != ProcessControl::HostCgroups {
             let link = Arc::clone(&self.link);
