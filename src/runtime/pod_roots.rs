@@ -132,6 +132,12 @@ static STAGING_SERIAL: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU
 /// that removes the run directory never walks into a mounted tree.
 pub fn unmount_staging(paths: &SandboxPaths) -> Vec<String> {
     let dir = paths.pod_roots();
+    // Only a pod's sandbox has the directory (made by its first attach):
+    // every other teardown skips reading the host's whole mount table,
+    // which grows with the sandboxes on it.
+    if !dir.exists() {
+        return Vec::new();
+    }
     let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
         return Vec::new();
     };
