@@ -173,6 +173,23 @@ fn rules_are_loaded_inside_the_namespace_only() {
 }
 
 #[test]
+fn both_veth_ends_are_made_with_one_queue_each_way() {
+    root_only!();
+    let ns = Ns::sandbox();
+    for end in [plumbing::SANDBOX_IF, plumbing::PEER_IF] {
+        let shown: Value =
+            serde_json::from_str(&run_in(&ns.path, &["ip", "-d", "-j", "link", "show", end]))
+                .unwrap();
+        let link = &shown[0];
+        assert_eq!(link["ifname"], end, "{shown}");
+        // Made with more and cut down, a veth costs an RCU grace period
+        // under the host-wide RTNL lock (see plumbing::add_veth).
+        assert_eq!(link["num_tx_queues"], 1, "{shown}");
+        assert_eq!(link["num_rx_queues"], 1, "{shown}");
+    }
+}
+
+#[test]
 fn tcp_to_a_public_address_reaches_the_proxy_with_its_original_destination() {
     root_only!();
     let ns = Ns::sandbox();

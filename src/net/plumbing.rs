@@ -256,13 +256,21 @@ impl Netlink {
         }
     }
 
+    /// Each end is made with one queue each way. Left to the kernel, a
+    /// veth gets one per possible CPU and is then cut down to one, and that
+    /// cut waits for an RCU grace period (`synchronize_net`) while holding
+    /// the host-wide RTNL lock: under a burst of creates, every other
+    /// namespace's link, address and route change queued behind it.
     fn add_veth(&mut self, name: &str, peer: &str) -> Result<(), PlumbingError> {
+        let one_queue_each_way = [LinkAttribute::NumTxQueues(1), LinkAttribute::NumRxQueues(1)];
         let mut peer_msg = LinkMessage::default();
         peer_msg
             .attributes
             .push(LinkAttribute::IfName(peer.to_string()));
+        peer_msg.attributes.extend(one_queue_each_way.clone());
         let mut msg = LinkMessage::default();
         msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes.extend(one_queue_each_way);
         msg.attributes.push(LinkAttribute::LinkInfo(vec![
             LinkInfo::Kind(InfoKind::Veth),
             LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer_msg))),
