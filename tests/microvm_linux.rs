@@ -238,6 +238,40 @@ async fn a_linux_guest_keeps_its_pids_limit_and_reports_an_oom_kill_inside_it() 
     assert_eq!(forks_until_refused(&daemon, &id).await, "23 11\n");
     // The children are gone, so the limit leaves room again.
     assert_eq!(forks_until_refused(&daemon, &id).await, "23 11\n");
+    // A tree that holds the whole limit does not keep the agent from
+    // starting or killing anything: the agent is outside the limited group,
+    // and moving a new process into it is not a fork there.
+    let fill = "import os, time\n\
+        n = 0\n\
+        while True:\n\
+        \x20   try:\n\
+        \x20       if os.fork() == 0:\n\
+        \x20           time.sleep(600)\n\
+        \x20           os._exit(0)\n\
+        \x20   except OSError:\n\
+        \x20       break\n\
+        \x20   n += 1\n\
+        print('full', n, flush=True)\n\
+        time.sleep(600)";
+    let bomb = daemon
+        .start_process(&id, json!({"argv": ["python3", "-c", fill]}))
+        .await;
+    let mut stream = daemon.follow_output(&id, bomb).await;
+    let full = stream.next(WAIT).await.expect("the limit filled");
+    assert_eq!(decode(&full), "full 23\n", "{full}");
+    let run = daemon
+        .exec(&id, &["python3", "-c", "print('still served')"])
+        .await;
+    assert_eq!(run.out(), "still served\n", "{}", run.err());
+    let (status, _) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/processes/{bomb}/kill"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    assert_eq!(daemon.output(&id, bomb).await.process["signal"], 9);
     // An allocation past the guest's memory is OOM-killed inside it, and
     // reported as such; the sandbox lives on.
     let hog = daemon
