@@ -18,6 +18,11 @@ use crate::fds;
 pub const READ_CHUNK: usize = 64 * 1024;
 const _: () = assert!(READ_CHUNK <= MAX_CHUNK);
 
+/// What a stopped reader still forwards of what is already in its pipe:
+/// the most a pipe can hold (Linux's default `pipe-max-size`), so a writer
+/// that never stops cannot keep it going.
+const DRAIN_LIMIT: usize = 1024 * 1024;
+
 /// Starts forwarding `fd`. The task ends at EOF, when the link is gone, or when
 /// `stop` turns true (a descendant kept the pipe open after the process exited).
 pub fn start(
@@ -49,18 +54,16 @@ async fn forward(
         let read = tokio::select! {
             // Checked first so a pipe that never runs dry still stops.
             biased;
-            _ = stop.wait_for(|stop| *stop) => return Ok(()),
-            read = fd.async_io(Interest::READABLE, |fd| read(fd.as_raw_fd(), &mut buf)) => read,
+            _ = stop.wait_for(|stop| *stop) => None,
+            read = fd.async_io(Interest::READABLE, |fd| read(fd.as_raw_fd(), &mut buf)) => Some(read),
+        };
+        let Some(read) = read else {
+            return drain(agent, proc, stream, fd.get_ref().as_raw_fd(), &mut buf).await;
         };
         match read {
             Ok(0) => return Ok(()),
             Ok(n) => {
-                let message = AgentMessage::Output {
-                    proc,
-                    stream,
-                    data: buf[..n].to_vec(),
-                };
-                if agent.outbox.send(&message).await.is_err() {
+                if !send(agent, proc, stream, &buf[..n]).await {
                     return Ok(());
                 }
             }
@@ -70,6 +73,46 @@ async fn forward(
             Err(e) => return Err(e),
         }
     }
+}
+
+/// Forwards one chunk; false once the link is gone.
+async fn send(agent: &Agent, proc: u64, stream: Stream, data: &[u8]) -> bool {
+    let message = AgentMessage::Output {
+        proc,
+        stream,
+        data: data.to_vec(),
+    };
+    agent.outbox.send(&message).await.is_ok()
+}
+
+/// After a stop: what the process wrote before it ended may still sit in
+/// the pipe, unread only because this task had not run yet (a busy or slow
+/// guest); it is forwarded, up to [`DRAIN_LIMIT`], without waiting for more.
+async fn drain(
+    agent: &Agent,
+    proc: u64,
+    stream: Stream,
+    fd: i32,
+    buf: &mut [u8],
+) -> io::Result<()> {
+    let mut drained = 0;
+    while drained < DRAIN_LIMIT {
+        // The descriptor is non-blocking: an empty pipe is EAGAIN.
+        match read(fd, buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => {
+                drained += n;
+                if !send(agent, proc, stream, &buf[..n]).await {
+                    return Ok(());
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EIO) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn read(fd: i32, buf: &mut [u8]) -> io::Result<usize> {

@@ -447,6 +447,32 @@ fn exit_is_not_held_up_by_a_descendant_keeping_the_pipes() {
 }
 
 #[test]
+fn output_still_in_the_pipe_when_the_exit_grace_ends_is_forwarded() {
+    let mut host = Host::start();
+    // A floods the link while the host reads nothing, so the readers'
+    // sends wait; B writes more than one read takes and exits, leaving the
+    // rest in its pipe until well after its exit grace has run out.
+    host.spawn(spawn_request(1, &["head", "-c", "4000000", "/dev/zero"]));
+    // Once the host has stopped reading, two writes of 60000 bytes: the
+    // reader takes the first (then waits to send it), the second fits the
+    // pipe, and B exits.
+    host.spawn(spawn_request(
+        2,
+        &[
+            "sh",
+            "-c",
+            "sleep 0.3; dd if=/dev/zero bs=60000 count=2 status=none",
+        ],
+    ));
+    std::thread::sleep(Duration::from_millis(800));
+    let b = host.wait_exit(2);
+    assert_eq!(b.status, exited(0));
+    assert_eq!(b.stdout.len(), 120_000, "all of what B wrote");
+    let a = host.wait_exit(1);
+    assert_eq!(a.stdout.len(), 4_000_000);
+}
+
+#[test]
 fn cgroup_descriptors_are_written_by_the_child() {
     let mut host = Host::start();
     let dir = tempfile::tempdir().expect("tempdir");
