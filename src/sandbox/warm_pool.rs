@@ -27,65 +27,72 @@ use super::manager::Manager;
 /// creates spell it.
 pub(super) type PoolKey = (RuntimeKind, String);
 
-/// Ids of ready, unclaimed sandboxes, per pool, oldest first.
+/// Ids of ready, unclaimed sandboxes, per pool, oldest first. Keyed by
+/// runtime, then image, so a claim looks its image up by `&str` without
+/// allocating a key.
 #[derive(Debug, Default)]
 pub(super) struct WarmPools {
-    by_pool: HashMap<PoolKey, VecDeque<String>>,
+    by_pool: HashMap<RuntimeKind, HashMap<String, VecDeque<String>>>,
 }
 
 impl WarmPools {
-    pub(super) fn put(&mut self, runtime: RuntimeKind, image: &str, id: String) {
+    /// The queue of a pool, made if need be (a refill's put or a put back
+    /// may allocate; a claim's lookups do not).
+    fn queue(&mut self, runtime: RuntimeKind, image: &str) -> &mut VecDeque<String> {
         self.by_pool
-            .entry((runtime, image.to_string()))
+            .entry(runtime)
             .or_default()
-            .push_back(id);
+            .entry(image.to_string())
+            .or_default()
+    }
+
+    pub(super) fn put(&mut self, runtime: RuntimeKind, image: &str, id: String) {
+        self.queue(runtime, image).push_back(id);
     }
 
     fn take(&mut self, runtime: RuntimeKind, image: &str) -> Option<String> {
-        self.by_pool
-            .get_mut(&(runtime, image.to_string()))?
-            .pop_front()
+        self.by_pool.get_mut(&runtime)?.get_mut(image)?.pop_front()
     }
 
     /// Returns a sandbox [`Self::take`] gave out, first in line again.
     fn put_back(&mut self, runtime: RuntimeKind, image: &str, id: String) {
-        self.by_pool
-            .entry((runtime, image.to_string()))
-            .or_default()
-            .push_front(id);
+        self.queue(runtime, image).push_front(id);
     }
 
     /// Forgets `id` wherever it is (a pooled sandbox being deleted).
     pub(super) fn forget(&mut self, id: &str) {
-        for ids in self.by_pool.values_mut() {
+        for ids in self.queues_mut() {
             ids.retain(|i| i != id);
         }
     }
 
+    fn queues_mut(&mut self) -> impl Iterator<Item = &mut VecDeque<String>> {
+        self.by_pool.values_mut().flat_map(HashMap::values_mut)
+    }
+
     pub(super) fn len(&self) -> usize {
-        self.by_pool.values().map(VecDeque::len).sum()
+        self.by_pool
+            .values()
+            .flat_map(HashMap::values)
+            .map(VecDeque::len)
+            .sum()
     }
 
     fn len_of(&self, runtime: RuntimeKind, image: &str) -> usize {
         self.by_pool
-            .get(&(runtime, image.to_string()))
+            .get(&runtime)
+            .and_then(|images| images.get(image))
             .map_or(0, VecDeque::len)
     }
 
     fn drain(&mut self) -> Vec<String> {
-        self.by_pool
-            .values_mut()
-            .flat_map(|ids| ids.drain(..))
-            .collect()
+        self.queues_mut().flat_map(|ids| ids.drain(..)).collect()
     }
 
     /// The newest sandbox of the fullest pool: what a caller's create that
     /// does not fit the host takes the room of.
     fn evict(&mut self) -> Option<String> {
-        self.by_pool
-            .values_mut()
-            .max_by_key(|ids| ids.len())?
-            .pop_back()
+        self.queues_mut().max_by_key(|ids| ids.len())?.pop_back()
     }
 }
 
