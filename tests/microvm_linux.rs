@@ -31,8 +31,11 @@ async fn python_vm(daemon: &Daemon, extra: Value) -> String {
 }
 
 fn decode(event: &Value) -> String {
+    let data = event["data"]
+        .as_str()
+        .unwrap_or_else(|| panic!("an output event with data, got {event}"));
     let bytes = base64::engine::general_purpose::STANDARD
-        .decode(event["data"].as_str().expect("data"))
+        .decode(data)
         .expect("base64");
     String::from_utf8(bytes).expect("utf-8")
 }
@@ -168,7 +171,13 @@ async fn a_linux_guest_runs_processes_as_a_container_does() {
             ],
         )
         .await;
-    assert_eq!(run.out(), format!("{}\n", 10 << 20));
+    assert_eq!(
+        run.out(),
+        format!("{}\n", 10 << 20),
+        "{} {}",
+        run.process,
+        run.err()
+    );
 
     daemon.delete(&id).await;
     assert_nothing_left(&daemon, &[&id]).await;
@@ -263,6 +272,17 @@ async fn a_linux_guest_keeps_its_pids_limit_and_reports_an_oom_kill_inside_it() 
         .exec(&id, &["python3", "-c", "print('still served')"])
         .await;
     assert_eq!(run.out(), "still served\n", "{}", run.err());
+    // The stats count the guest's tasks (the host group holds the VMM's
+    // threads): the tree that holds the limit, all of it.
+    let (status, stats) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}/stats"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    assert_eq!(
+        (stats["pids"].as_u64(), stats["pids_limit"].as_u64()),
+        (Some(24), Some(24)),
+        "{stats}"
+    );
     let (status, _) = daemon
         .call(
             Method::POST,

@@ -104,6 +104,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::AttachRoot { .. } => 22,
         SupervisorRequest::DetachRoot { .. } => 23,
         SupervisorRequest::LimitGuestPids { .. } => 24,
+        SupervisorRequest::GuestPids => 25,
     }
 }
 
@@ -353,6 +354,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             SupervisorRequest::LimitGuestPids { max: 300 },
             "18 ac 02".into(),
         ),
+        (SupervisorRequest::GuestPids, "19".into()),
     ]
 }
 
@@ -477,6 +479,11 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }])),
             // Reply::Listening, one socket (port, address).
             "08 08 01 c0 3e 02 3a 3a".into(),
+        ),
+        (
+            SupervisorReply::Agent(Reply::Pids { current: 24 }),
+            // Reply::Pids, current.
+            "08 09 18".into(),
         ),
     ];
     for (kind, tag) in [

@@ -86,6 +86,10 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             let _ = agent.outbox.reply(id, reply).await;
             return;
         }
+        RequestBody::GuestPids => {
+            let _ = agent.outbox.reply(id, guest_pids()).await;
+            return;
+        }
         _ => None,
     };
     if let RequestBody::Reseed { seed, unix_time_ns } = &body {
@@ -116,7 +120,8 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         | RequestBody::ResizePty { .. }
         | RequestBody::Reseed { .. }
         | RequestBody::LimitPids { .. }
-        | RequestBody::Abandon { .. } => {}
+        | RequestBody::Abandon { .. }
+        | RequestBody::GuestPids => {}
         RequestBody::Spawn(spawn) => {
             let claimed = claimed.unwrap_or_else(|| Ok(Vec::new()));
             tokio::spawn(process::spawn(agent.clone(), id, spawn, claimed, permit));
@@ -183,6 +188,24 @@ where
         let _ = outbox.reply(id, reply).await;
         drop(permit);
     });
+}
+
+/// What a microVM's processes hold against its pids limit; a container's
+/// count is its cgroup's, read by the host.
+fn guest_pids() -> Reply {
+    let Some(groups) = crate::guest_groups::get() else {
+        return Reply::Error(AgentError::new(
+            ErrorKind::InvalidInput,
+            "a container's tasks are counted by the host on its cgroup, not by the agent",
+        ));
+    };
+    match groups.pids_current() {
+        Ok(current) => Reply::Pids { current },
+        Err(e) => Reply::Error(AgentError::new(
+            ErrorKind::Other,
+            format!("reading the guest's pids count: {e}"),
+        )),
+    }
 }
 
 /// A microVM's pids limit, on the group above every process group; a

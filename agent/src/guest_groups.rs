@@ -57,6 +57,14 @@ impl GuestGroups {
         Ok(groups)
     }
 
+    /// Tasks in all process groups together now (`pids.current`).
+    pub fn pids_current(&self) -> io::Result<u64> {
+        let text = fs::read_to_string(self.workload.join("pids.current"))?;
+        text.trim()
+            .parse()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{text:?}: {e}")))
+    }
+
     fn dir(&self, proc: u64) -> PathBuf {
         self.workload.join(format!("p{proc}"))
     }
@@ -158,6 +166,8 @@ mod tests {
             "16",
             "the limit covers every process group together"
         );
+        fs::write(workload.join("pids.current"), "5\n").expect("count");
+        assert_eq!(groups.pids_current().expect("count"), 5);
         groups.limit_pids(8).expect("lower");
         assert_eq!(
             fs::read_to_string(workload.join("pids.max")).expect("limit"),

@@ -169,6 +169,10 @@ pub enum RequestBody {
     /// runs or has run, and make the spawn fail if it has not started yet,
     /// so nothing runs that the host cannot see or end. Reply: [`Reply::Ok`].
     Abandon { proc: u64 },
+    /// A microVM only: how many tasks the processes the agent started hold
+    /// now, all together (what [`RequestBody::LimitPids`] limits). A
+    /// container's are counted by the host. Reply: [`Reply::Pids`].
+    GuestPids,
 }
 
 /// Where the host attaches the roots of a pod's containers inside the
@@ -253,6 +257,9 @@ pub enum Reply {
     Entries(Vec<FileStat>),
     Error(AgentError),
     Listening(Vec<ListeningSocket>),
+    Pids {
+        current: u64,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -122,7 +122,7 @@ pub async fn stats(
     State(manager): State<Arc<Manager>>,
     Path(id): Path<String>,
 ) -> ApiResult<Json<crate::model::SandboxStats>> {
-    Ok(Json(manager.stats(&id)?))
+    Ok(Json(manager.stats(&id).await?))
 }
 
 pub async fn delete(

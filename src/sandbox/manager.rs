@@ -18,7 +18,7 @@ use crate::config::Config;
 use crate::disk::DiskPool;
 use crate::gpu::GpuService;
 use crate::image::ImageCache;
-use crate::model::SandboxState;
+use crate::model::{RuntimeKind, SandboxState};
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
 use crate::runtime::paths::SandboxPaths;
 use crate::store::Store;
@@ -310,18 +310,23 @@ impl Manager {
     }
 
     /// Sandbox `id`'s resource use now, from its cgroups (409 when it is
-    /// not ready).
-    pub fn stats(&self, id: &str) -> Result<crate::model::SandboxStats, SandboxError> {
+    /// not ready). A microVM's tasks are its guest's, counted by its agent:
+    /// its host group holds only the VMM's threads.
+    pub async fn stats(&self, id: &str) -> Result<crate::model::SandboxStats, SandboxError> {
         let record = self.ready(id)?;
         let cgroups = crate::runtime::cgroups::SandboxCgroups::new(
             crate::runtime::cgroups::Layout::detect(),
             &record.cgroups_path,
         );
+        let pids = match record.runtime {
+            RuntimeKind::Container => cgroups.pids_current().unwrap_or(0),
+            RuntimeKind::Vm => self.supervisors.guest_pids(id).await?,
+        };
         Ok(crate::model::SandboxStats {
             cpu_seconds: cgroups.cpu_seconds().unwrap_or(0.0),
             memory_bytes: cgroups.memory_bytes().unwrap_or(0),
             memory_limit_bytes: record.limits.memory_mib * 1024 * 1024,
-            pids: cgroups.pids_current().unwrap_or(0),
+            pids,
             pids_limit: record.limits.pids,
             oom_kills: cgroups.oom_kills(),
         })

@@ -339,7 +339,18 @@ impl SupervisorClient {
         expect::ok("SetEnv", reply)
     }
 
-    /// Lowers a microVM's pids limit inside its guest.
+    /// The tasks a microVM's guest processes hold.
+    pub async fn guest_pids(&mut self) -> Result<u64, CallError> {
+        let reply = self
+            .call(&SupervisorRequest::GuestPids, FILE_DEADLINE)
+            .await?;
+        expect::file("GuestPids", reply, |r| match r {
+            Reply::Pids { current } => Ok(current),
+            other => Err(other),
+        })
+    }
+
+    /// Sets a microVM's pids limit inside its guest.
     pub async fn limit_guest_pids(&mut self, max: u64) -> Result<(), CallError> {
         let reply = self
             .call(&SupervisorRequest::LimitGuestPids { max }, CONTROL_DEADLINE)
@@ -582,6 +593,7 @@ pub trait Supervisors: Send + Sync {
         brokered: crate::net::intercept::Brokered,
     ) -> CallFuture<'a, ()>;
     fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()>;
+    fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64>;
 }
 
 /// The real supervisors, at `<run dir>/<id>/shim.sock`.
@@ -624,6 +636,10 @@ impl Supervisors for SocketSupervisors {
     fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()> {
         Box::pin(async move { self.client(id).await?.limit_guest_pids(max).await })
     }
+
+    fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64> {
+        Box::pin(async move { self.client(id).await?.guest_pids().await })
+    }
 }
 
 /// A recording fake of [`Supervisors`] for unit tests of the orchestration:
@@ -645,6 +661,7 @@ pub mod fake {
         /// The names of the secrets (never their values).
         SetSecrets(String, Vec<String>),
         LimitGuestPids(String, u64),
+        GuestPids(String),
     }
 
     #[derive(Default)]
@@ -716,6 +733,16 @@ pub mod fake {
         fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()> {
             let reply = self.answer(id, Call::LimitGuestPids(id.into(), max));
             Box::pin(async move { expect::ok("LimitGuestPids", reply?) })
+        }
+
+        fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64> {
+            let reply = self.answer(id, Call::GuestPids(id.into()));
+            Box::pin(async move {
+                expect::file("GuestPids", reply?, |r| match r {
+                    Reply::Pids { current } => Ok(current),
+                    other => Err(other),
+                })
+            })
         }
     }
 }

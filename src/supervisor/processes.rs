@@ -780,6 +780,27 @@ impl Supervisor {
         }
     }
 
+    /// The tasks a microVM's guest processes hold, counted by its agent.
+    pub async fn guest_pids(&self) -> Result<u64, SupervisorError> {
+        if self.process_control() == ProcessControl::HostCgroups {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "a container's tasks are counted on its cgroup, which the daemon reads".to_string(),
+            ));
+        }
+        match self.agent(RequestBody::GuestPids).await? {
+            Reply::Pids { current } => Ok(current),
+            Reply::Error(e) => Err(err(
+                SupervisorErrorKind::Internal,
+                format!("the guest agent could not count its tasks: {}", e.message),
+            )),
+            other => Err(err(
+                SupervisorErrorKind::Internal,
+                format!("the guest agent answered a task count with {other:?}"),
+            )),
+        }
+    }
+
     /// After a spawn the agent did not answer: it may still start the
     /// process, which nothing here would list or end. Whatever is in its
     /// group is killed and the group removed, so a late child's move into it

@@ -50,8 +50,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 5 added the error kind `AgentTimeout` and `Checkpoint::empty_mounts`.
 ///
-/// 6 added `LimitGuestPids` and the agent's `RequestBody::LimitPids` and
-/// `RequestBody::Abandon`.
+/// 6 added `LimitGuestPids`, `GuestPids`, the agent's
+/// `RequestBody::LimitPids`, `RequestBody::Abandon` and
+/// `RequestBody::GuestPids`, and its `Reply::Pids`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 6;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
@@ -160,6 +161,9 @@ pub enum SupervisorRequest {
     LimitGuestPids {
         max: u64,
     },
+    /// A microVM only: the tasks its guest's processes hold (the agent
+    /// counts them). Reply: [`SupervisorReply::Agent`] with `Reply::Pids`.
+    GuestPids,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -228,6 +228,12 @@ async fn answer(
                 .await
                 .map(|()| SupervisorReply::Ok),
         ),
+        SupervisorRequest::GuestPids => reply_of(
+            supervisor
+                .guest_pids()
+                .await
+                .map(|current| SupervisorReply::Agent(Reply::Pids { current })),
+        ),
         SupervisorRequest::LimitGuestPids { max } => reply_of(
             supervisor
                 .limit_guest_pids(max)
