@@ -326,6 +326,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_the_busy_link_never_wrote_is_not_sent_not_late() {
+        let (host, mut agent) = StdStream::pair().expect("socketpair");
+        say_hello(&mut agent);
+        let (link, _events) = link_over(host).await;
+        // Another request holds the writer past this one's deadline.
+        let writing = link.write_lock.lock().await;
+        let queued = link
+            .call(RequestBody::Health, &[], Duration::from_millis(50))
+            .await;
+        assert!(matches!(queued, Err(LinkError::NotSent(_))), "{queued:?}");
+        drop(writing);
+        // Control: written and unanswered is late.
+        let late = link
+            .call(RequestBody::Health, &[], Duration::from_millis(50))
+            .await;
+        assert!(matches!(late, Err(LinkError::Timeout(_))), "{late:?}");
+    }
+
+    #[tokio::test]
     async fn a_request_cut_off_by_its_deadline_closes_the_link() {
         let (host, mut agent) = StdStream::pair().expect("socketpair");
         say_hello(&mut agent);

@@ -619,9 +619,8 @@ impl Supervisor {
             Err(e) => {
                 self.procs().remove(&proc);
                 // Only a spawn the agent received can start late.
-                if matches!(e, LinkError::Timeout(_)) {
-                    self.abandon_spawn(proc).await;
-                }
+                let sent = matches!(e, LinkError::Timeout(_));
+                self.abandon_spawn(proc, sent).await;
                 return Err(link_failure(e));
             }
         };
@@ -809,9 +808,13 @@ impl Supervisor {
     /// when that comes), without holding up the caller's error. (A memory
     /// snapshot taken before the agent hears of it would keep the late
     /// process in every fork: the abandon waits behind the checkpoint's
-    /// hold on the link, like any request.)
-    async fn abandon_spawn(&self, proc: u64) {
+    /// hold on the link, like any request.) A spawn never `sent` only has
+    /// its host group removed: no agent can start it.
+    async fn abandon_spawn(&self, proc: u64, sent: bool) {
         if self.process_control() != ProcessControl::HostCgroups {
+            if !sent {
+                return;
+            }
             let link = Arc::clone(&self.link);
             tokio::spawn(async move {
                 let abandoned = link
