@@ -19,8 +19,9 @@ pub const READ_CHUNK: usize = 64 * 1024;
 const _: () = assert!(READ_CHUNK <= MAX_CHUNK);
 
 /// What a stopped reader still forwards of what is already in its pipe:
-/// the most a pipe can hold (Linux's default `pipe-max-size`), so a writer
-/// that never stops cannot keep it going.
+/// the most an unprivileged process can make a pipe hold (Linux's default
+/// `pipe-max-size`), so a writer that never stops cannot keep it going.
+/// (Root in a microVM guest may grow its pipe past it; the rest is cut.)
 const DRAIN_LIMIT: usize = 1024 * 1024;
 
 /// Starts forwarding `fd`. The task ends at EOF, when the link is gone, or when

@@ -311,8 +311,12 @@ impl Manager {
 
     /// Sandbox `id`'s resource use now, from its cgroups (409 when it is
     /// not ready). A microVM's tasks are its guest's, counted by its agent:
-    /// its host group holds only the VMM's threads.
+    /// its host group holds only the VMM's threads. Like every other figure
+    /// here, a count that cannot be had at once is 0, not an error: a busy
+    /// or stalled guest (a fork bomb) is when metrics are wanted most.
     pub async fn stats(&self, id: &str) -> Result<crate::model::SandboxStats, SandboxError> {
+        /// How long the agent may take to count its guest's tasks.
+        const GUEST_COUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
         let record = self.ready(id)?;
         let cgroups = crate::runtime::cgroups::SandboxCgroups::new(
             crate::runtime::cgroups::Layout::detect(),
@@ -320,7 +324,20 @@ impl Manager {
         );
         let pids = match record.runtime {
             RuntimeKind::Container => cgroups.pids_current().unwrap_or(0),
-            RuntimeKind::Vm => self.supervisors.guest_pids(id).await?,
+            RuntimeKind::Vm => {
+                match tokio::time::timeout(GUEST_COUNT_WAIT, self.supervisors.guest_pids(id)).await
+                {
+                    Ok(Ok(count)) => count,
+                    Ok(Err(e)) => {
+                        tracing::warn!(sandbox = %id, "counting the guest's tasks: {e}");
+                        0
+                    }
+                    Err(_) => {
+                        tracing::warn!(sandbox = %id, "the guest's agent did not count its tasks within {GUEST_COUNT_WAIT:?}");
+                        0
+                    }
+                }
+            }
         };
         Ok(crate::model::SandboxStats {
             cpu_seconds: cgroups.cpu_seconds().unwrap_or(0.0),

@@ -394,6 +394,73 @@ async fn a_pooled_microvm_claimed_with_fewer_pids_has_its_agent_lower_them() {
 }
 
 #[tokio::test]
+async fn a_pooled_microvm_booted_before_a_raised_default_has_its_pids_limit_raised() {
+    let h = harness_with(0, |config| {
+        config.warm_pools.push(crate::config::WarmPoolSize {
+            runtime: RuntimeKind::Vm,
+            image: config.default_image.clone(),
+            size: 1,
+        })
+    });
+    h.manager.refilling.store(true, Ordering::Release);
+    let mut record = h.ready("vm-o", true);
+    record.runtime = RuntimeKind::Vm;
+    let wanted = record.limits.clone();
+    // Made by a daemon whose default was lower, recovered by this one.
+    record.limits.pids = wanted.pids / 2;
+    h.manager.persist(&record).expect("persist");
+    h.manager.records().insert("vm-o".into(), record.clone());
+    h.manager
+        .pool()
+        .put(RuntimeKind::Vm, &record.image, "vm-o".into());
+    h.fake.script("vm-o", SupervisorReply::Ok);
+    let req = CreateRequest::default();
+    let network = open_network();
+    let claimed = h
+        .manager
+        .claim_pooled(PoolClaim {
+            runtime: RuntimeKind::Vm,
+            ..claim(&record.image, &wanted, &req, &network)
+        })
+        .await
+        .expect("claim")
+        .expect("a pooled microVM");
+    assert_eq!(claimed.limits.pids, wanted.pids);
+    assert_eq!(
+        h.fake.calls(),
+        vec![Call::LimitGuestPids("vm-o".into(), wanted.pids)],
+        "the record's limit is the one in force"
+    );
+}
+
+#[tokio::test]
+async fn a_microvms_stats_count_its_guests_tasks_or_zero_when_its_agent_cannot() {
+    let h = harness(0);
+    let mut record = h.ready("vm-s", false);
+    record.runtime = RuntimeKind::Vm;
+    h.manager.persist(&record).expect("persist");
+    h.manager.records().insert("vm-s".into(), record.clone());
+    h.fake.script(
+        "vm-s",
+        SupervisorReply::Agent(sandbox_proto::Reply::Pids { current: 7 }),
+    );
+    let stats = h.manager.stats("vm-s").await.expect("stats");
+    assert_eq!((stats.pids, stats.pids_limit), (7, record.limits.pids));
+    assert_eq!(h.fake.calls(), vec![Call::GuestPids("vm-s".into())]);
+    // An agent that cannot count (a fork of an older build's snapshot)
+    // leaves the other figures standing.
+    h.fake.script(
+        "vm-s",
+        SupervisorReply::Error(SupervisorError::new(
+            SupervisorErrorKind::InvalidInput,
+            "unknown request",
+        )),
+    );
+    let stats = h.manager.stats("vm-s").await.expect("stats");
+    assert_eq!(stats.pids, 0);
+}
+
+#[tokio::test]
 async fn a_pooled_microvm_whose_agent_refuses_the_pids_limit_is_not_handed_out() {
     let h = harness_with(0, |config| {
         config.warm_pools.push(crate::config::WarmPoolSize {

@@ -342,7 +342,7 @@ impl SupervisorClient {
     /// The tasks a microVM's guest processes hold.
     pub async fn guest_pids(&mut self) -> Result<u64, CallError> {
         let reply = self
-            .call(&SupervisorRequest::GuestPids, FILE_DEADLINE)
+            .call(&SupervisorRequest::GuestPids, CONTROL_DEADLINE)
             .await?;
         expect::file("GuestPids", reply, |r| match r {
             Reply::Pids { current } => Ok(current),
