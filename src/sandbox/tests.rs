@@ -61,7 +61,45 @@ fn harness_with(pool_size: usize, adjust: impl FnOnce(&mut Config)) -> Harness {
     }
 }
 
+/// A harness with a warm pool of one microVM of the default image.
+fn vm_pool_harness() -> Harness {
+    let h = harness_with(0, |config| {
+        config.warm_pools.push(crate::config::WarmPoolSize {
+            runtime: RuntimeKind::Vm,
+            image: config.default_image.clone(),
+            size: 1,
+        })
+    });
+    // A refill would make real sandboxes: mark one as already running.
+    h.manager.refilling.store(true, Ordering::Release);
+    h
+}
+
 impl Harness {
+    /// [`Self::ready`] for a microVM, after `adjust` changes its record.
+    fn ready_vm(
+        &self,
+        id: &str,
+        pooled: bool,
+        adjust: impl FnOnce(&mut SandboxRecord),
+    ) -> SandboxRecord {
+        let mut record = self.ready(id, pooled);
+        record.runtime = RuntimeKind::Vm;
+        adjust(&mut record);
+        self.manager.persist(&record).expect("persist");
+        self.manager.records().insert(id.into(), record.clone());
+        record
+    }
+
+    /// A ready microVM `id` waiting in its pool.
+    fn pooled_vm(&self, id: &str, adjust: impl FnOnce(&mut SandboxRecord)) -> SandboxRecord {
+        let record = self.ready_vm(id, true, adjust);
+        self.manager
+            .pool()
+            .put(RuntimeKind::Vm, &record.image, id.into());
+        record
+    }
+
     /// Puts a ready sandbox `id` in the records and the store.
     fn ready(&self, id: &str, pooled: bool) -> SandboxRecord {
         let record = SandboxRecord {
@@ -297,6 +335,19 @@ fn claim<'a>(
     }
 }
 
+/// A default request for a pooled microVM of `image` with `limits`.
+async fn claim_pooled_vm(h: &Harness, image: &str, limits: &Limits) -> Option<SandboxRecord> {
+    let req = CreateRequest::default();
+    let network = open_network();
+    h.manager
+        .claim_pooled(PoolClaim {
+            runtime: RuntimeKind::Vm,
+            ..claim(image, limits, &req, &network)
+        })
+        .await
+        .expect("claim")
+}
+
 fn open_network() -> NetworkPolicy {
     NetworkPolicy {
         block_network: Some(false),
@@ -352,37 +403,16 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
 
 #[tokio::test]
 async fn a_pooled_microvm_claimed_with_fewer_pids_has_its_agent_lower_them() {
-    let h = harness_with(0, |config| {
-        config.warm_pools.push(crate::config::WarmPoolSize {
-            runtime: RuntimeKind::Vm,
-            image: config.default_image.clone(),
-            size: 1,
-        })
-    });
-    h.manager.refilling.store(true, Ordering::Release);
-    let mut record = h.ready("vm-p", true);
-    record.runtime = RuntimeKind::Vm;
-    h.manager.persist(&record).expect("persist");
-    h.manager.records().insert("vm-p".into(), record.clone());
-    h.manager
-        .pool()
-        .put(RuntimeKind::Vm, &record.image, "vm-p".into());
+    let h = vm_pool_harness();
+    let record = h.pooled_vm("vm-p", |_| {});
     h.fake.script("vm-p", SupervisorReply::Ok);
     let fewer = Limits {
         pids: 64,
         ..record.limits.clone()
     };
     assert!(fewer.pids < record.limits.pids, "the test lowers the limit");
-    let req = CreateRequest::default();
-    let network = open_network();
-    let claimed = h
-        .manager
-        .claim_pooled(PoolClaim {
-            runtime: RuntimeKind::Vm,
-            ..claim(&record.image, &fewer, &req, &network)
-        })
+    let claimed = claim_pooled_vm(&h, &record.image, &fewer)
         .await
-        .expect("claim")
         .expect("a pooled microVM");
     assert_eq!(claimed.limits.pids, 64);
     assert_eq!(h.stored("vm-p").map(|r| r.limits.pids), Some(64));
@@ -395,35 +425,13 @@ async fn a_pooled_microvm_claimed_with_fewer_pids_has_its_agent_lower_them() {
 
 #[tokio::test]
 async fn a_pooled_microvm_booted_before_a_raised_default_has_its_pids_limit_raised() {
-    let h = harness_with(0, |config| {
-        config.warm_pools.push(crate::config::WarmPoolSize {
-            runtime: RuntimeKind::Vm,
-            image: config.default_image.clone(),
-            size: 1,
-        })
-    });
-    h.manager.refilling.store(true, Ordering::Release);
-    let mut record = h.ready("vm-o", true);
-    record.runtime = RuntimeKind::Vm;
-    let wanted = record.limits.clone();
+    let h = vm_pool_harness();
+    let wanted = h.manager.template_limits();
     // Made by a daemon whose default was lower, recovered by this one.
-    record.limits.pids = wanted.pids / 2;
-    h.manager.persist(&record).expect("persist");
-    h.manager.records().insert("vm-o".into(), record.clone());
-    h.manager
-        .pool()
-        .put(RuntimeKind::Vm, &record.image, "vm-o".into());
+    let record = h.pooled_vm("vm-o", |record| record.limits.pids = wanted.pids / 2);
     h.fake.script("vm-o", SupervisorReply::Ok);
-    let req = CreateRequest::default();
-    let network = open_network();
-    let claimed = h
-        .manager
-        .claim_pooled(PoolClaim {
-            runtime: RuntimeKind::Vm,
-            ..claim(&record.image, &wanted, &req, &network)
-        })
+    let claimed = claim_pooled_vm(&h, &record.image, &wanted)
         .await
-        .expect("claim")
         .expect("a pooled microVM");
     assert_eq!(claimed.limits.pids, wanted.pids);
     assert_eq!(
@@ -436,10 +444,7 @@ async fn a_pooled_microvm_booted_before_a_raised_default_has_its_pids_limit_rais
 #[tokio::test]
 async fn a_microvms_stats_count_its_guests_tasks_or_zero_when_its_agent_cannot() {
     let h = harness(0);
-    let mut record = h.ready("vm-s", false);
-    record.runtime = RuntimeKind::Vm;
-    h.manager.persist(&record).expect("persist");
-    h.manager.records().insert("vm-s".into(), record.clone());
+    let record = h.ready_vm("vm-s", false, |_| {});
     h.fake.script(
         "vm-s",
         SupervisorReply::Agent(sandbox_proto::Reply::Pids { current: 7 }),
@@ -462,21 +467,8 @@ async fn a_microvms_stats_count_its_guests_tasks_or_zero_when_its_agent_cannot()
 
 #[tokio::test]
 async fn a_pooled_microvm_whose_agent_refuses_the_pids_limit_is_not_handed_out() {
-    let h = harness_with(0, |config| {
-        config.warm_pools.push(crate::config::WarmPoolSize {
-            runtime: RuntimeKind::Vm,
-            image: config.default_image.clone(),
-            size: 1,
-        })
-    });
-    h.manager.refilling.store(true, Ordering::Release);
-    let mut record = h.ready("vm-r", true);
-    record.runtime = RuntimeKind::Vm;
-    h.manager.persist(&record).expect("persist");
-    h.manager.records().insert("vm-r".into(), record.clone());
-    h.manager
-        .pool()
-        .put(RuntimeKind::Vm, &record.image, "vm-r".into());
+    let h = vm_pool_harness();
+    let record = h.pooled_vm("vm-r", |_| {});
     h.fake.script(
         "vm-r",
         SupervisorReply::Error(SupervisorError::new(
@@ -488,16 +480,7 @@ async fn a_pooled_microvm_whose_agent_refuses_the_pids_limit_is_not_handed_out()
         pids: 64,
         ..record.limits.clone()
     };
-    let req = CreateRequest::default();
-    let network = open_network();
-    let claimed = h
-        .manager
-        .claim_pooled(PoolClaim {
-            runtime: RuntimeKind::Vm,
-            ..claim(&record.image, &fewer, &req, &network)
-        })
-        .await
-        .expect("claim");
+    let claimed = claim_pooled_vm(&h, &record.image, &fewer).await;
     assert!(claimed.is_none(), "the create starts cold instead");
     // It is torn down (here, without a real sandbox, the teardown keeps it
     // as failed): never handed out, nor recorded with the claim's limit.

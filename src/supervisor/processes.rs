@@ -1200,16 +1200,11 @@ mod tests {
         assert!(h.sup.events_after(0).is_empty());
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_spawn_the_agent_never_answers_is_late_and_its_group_is_killed() {
-        let mut h = harness(RuntimeSpec::Container).await;
-        let next = h.sup.next_proc.load(Ordering::Relaxed);
-        let proc_group = h.group.join(format!("p{next}"));
-        std::fs::create_dir_all(&proc_group).expect("process group");
-        std::fs::write(proc_group.join("cgroup.procs"), "").expect("cgroup.procs");
-        // The agent reads the request and never answers; paused time runs
-        // out the deadline at once.
-        let Harness { sup, agent, .. } = &mut h;
+    /// A spawn (process `next`) whose request the agent reads and never
+    /// answers: paused time runs out the deadline at once, and the process
+    /// is not listed.
+    async fn spawn_unanswered(h: &mut Harness, next: u64) {
+        let Harness { sup, agent, .. } = h;
         let (late, request) = tokio::join!(sup.spawn(spawn_spec(&["sleep", "9"])), agent.request());
         assert!(matches!(request.body, RequestBody::Spawn(_)));
         assert_eq!(kind_of(late), SupervisorErrorKind::AgentTimeout);
@@ -1217,6 +1212,16 @@ mod tests {
             kind_of(h.sup.get(next)),
             SupervisorErrorKind::UnknownProcess
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_spawn_the_agent_never_answers_is_late_and_its_group_is_killed() {
+        let mut h = harness(RuntimeSpec::Container).await;
+        let next = h.sup.next_proc.load(Ordering::Relaxed);
+        let proc_group = h.group.join(format!("p{next}"));
+        std::fs::create_dir_all(&proc_group).expect("process group");
+        std::fs::write(proc_group.join("cgroup.procs"), "").expect("cgroup.procs");
+        spawn_unanswered(&mut h, next).await;
         assert_eq!(
             std::fs::read_to_string(proc_group.join("cgroup.kill"))
                 .ok()
@@ -1230,14 +1235,7 @@ mod tests {
     async fn a_microvm_spawn_the_agent_never_answers_is_abandoned_in_the_guest() {
         let mut h = harness(vm()).await;
         let next = h.sup.next_proc.load(Ordering::Relaxed);
-        let Harness { sup, agent, .. } = &mut h;
-        let (late, request) = tokio::join!(sup.spawn(spawn_spec(&["sleep", "9"])), agent.request());
-        assert!(matches!(request.body, RequestBody::Spawn(_)));
-        assert_eq!(kind_of(late), SupervisorErrorKind::AgentTimeout);
-        assert_eq!(
-            kind_of(h.sup.get(next)),
-            SupervisorErrorKind::UnknownProcess
-        );
+        spawn_unanswered(&mut h, next).await;
         // No host cgroup reaches into the guest: its agent is told.
         let abandon = h.agent.request().await;
         assert_eq!(abandon.body, RequestBody::Abandon { proc: next });
