@@ -3,6 +3,7 @@
 //! request never holds up the next. Per-process stdin and per-handle file
 //! operations go to queues that keep their order.
 
+use std::io;
 use std::sync::Arc;
 
 use sandbox_proto::{
@@ -12,6 +13,7 @@ use tokio::sync::OwnedSemaphorePermit;
 
 use crate::agent::{Agent, MAX_IN_FLIGHT};
 use crate::files;
+use crate::guest_groups::GuestGroups;
 use crate::handles::{self, HandleOp};
 use crate::link::{FdQueue, Link, LinkError};
 use crate::process;
@@ -190,38 +192,32 @@ where
     });
 }
 
-/// What a microVM's processes hold against its pids limit; a container's
-/// count is its cgroup's, read by the host.
-fn guest_pids() -> Reply {
+/// Runs `f` on a microVM's process groups. A container's agent has none
+/// (its cgroup is the host's), so it refuses `what` there.
+fn on_guest_groups(what: &str, f: impl FnOnce(&GuestGroups) -> io::Result<Reply>) -> Reply {
     let Some(groups) = crate::guest_groups::get() else {
         return Reply::Error(AgentError::new(
             ErrorKind::InvalidInput,
-            "a container's tasks are counted by the host on its cgroup, not by the agent",
+            format!("{what} of a container is kept by the host on its cgroup, not by the agent"),
         ));
     };
-    match groups.pids_current() {
-        Ok(current) => Reply::Pids { current },
-        Err(e) => Reply::Error(AgentError::new(
-            ErrorKind::Other,
-            format!("reading the guest's pids count: {e}"),
-        )),
-    }
+    f(groups)
+        .unwrap_or_else(|e| Reply::Error(AgentError::new(ErrorKind::Other, format!("{what}: {e}"))))
 }
 
-/// A microVM's pids limit, on the group above every process group; a
-/// container's is its cgroup's, which only the host sets.
+/// What a microVM's processes hold against its pids limit.
+fn guest_pids() -> Reply {
+    on_guest_groups("the guest's task count", |groups| {
+        Ok(Reply::Pids {
+            current: groups.pids_current()?,
+        })
+    })
+}
+
+/// A microVM's pids limit, on the group above every process group.
 fn limit_pids(max: u64) -> Reply {
-    let Some(groups) = crate::guest_groups::get() else {
-        return Reply::Error(AgentError::new(
-            ErrorKind::InvalidInput,
-            "a container's pids limit is set by the host on its cgroup, not by the agent",
-        ));
-    };
-    match groups.limit_pids(max) {
-        Ok(()) => Reply::Ok,
-        Err(e) => Reply::Error(AgentError::new(
-            ErrorKind::Other,
-            format!("setting the guest's pids limit to {max}: {e}"),
-        )),
-    }
+    on_guest_groups(&format!("the guest's pids limit of {max}"), |groups| {
+        groups.limit_pids(max)?;
+        Ok(Reply::Ok)
+    })
 }

@@ -160,6 +160,14 @@ mod expect {
         pick(agent(reply)?).map_err(|other| unexpected(request, SupervisorReply::Agent(other)))
     }
 
+    /// A microVM's guest task count (`GuestPids`).
+    pub(super) fn guest_pids(reply: SupervisorReply) -> Result<u64, CallError> {
+        file("GuestPids", reply, |r| match r {
+            Reply::Pids { current } => Ok(current),
+            other => Err(other),
+        })
+    }
+
     pub(super) fn checkpointed(reply: SupervisorReply) -> Result<Checkpointed, CallError> {
         match answered(reply)? {
             SupervisorReply::Checkpointed {
@@ -344,10 +352,7 @@ impl SupervisorClient {
         let reply = self
             .call(&SupervisorRequest::GuestPids, CONTROL_DEADLINE)
             .await?;
-        expect::file("GuestPids", reply, |r| match r {
-            Reply::Pids { current } => Ok(current),
-            other => Err(other),
-        })
+        expect::guest_pids(reply)
     }
 
     /// Sets a microVM's pids limit inside its guest.
@@ -737,12 +742,7 @@ pub mod fake {
 
         fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64> {
             let reply = self.answer(id, Call::GuestPids(id.into()));
-            Box::pin(async move {
-                expect::file("GuestPids", reply?, |r| match r {
-                    Reply::Pids { current } => Ok(current),
-                    other => Err(other),
-                })
-            })
+            Box::pin(async move { expect::guest_pids(reply?) })
         }
     }
 }

@@ -86,6 +86,13 @@ fn err(kind: SupervisorErrorKind, message: impl Into<String>) -> SupervisorError
     SupervisorError::new(kind, message)
 }
 
+fn unexpected_guest_reply(what: &str, reply: Reply) -> SupervisorError {
+    err(
+        SupervisorErrorKind::Internal,
+        format!("the guest agent answered {what} with {reply:?}"),
+    )
+}
+
 /// A call the link could not complete: a slow agent (a sandbox starved by
 /// its own limits, a big file) is not a gone one.
 fn link_failure(e: LinkError) -> SupervisorError {
@@ -754,49 +761,44 @@ impl Supervisor {
             .map_err(link_failure)
     }
 
-    /// A microVM's pids limit, kept by its agent on the guest's cgroup
-    /// over every process it starts.
-    pub async fn limit_guest_pids(&self, max: u64) -> Result<(), SupervisorError> {
+    /// A request only a microVM's agent serves, about its guest's own
+    /// cgroup: refused for a container, whose cgroup the daemon handles on
+    /// the host; the agent's refusal is an internal error about `what`.
+    async fn guest_call(&self, what: &str, body: RequestBody) -> Result<Reply, SupervisorError> {
         if self.process_control() == ProcessControl::HostCgroups {
             return Err(err(
                 SupervisorErrorKind::InvalidInput,
-                "a container's pids limit is its cgroup's, which the daemon sets".to_string(),
+                format!("{what} of a container is its cgroup's, which the daemon handles"),
             ));
         }
-        match self.agent(RequestBody::LimitPids { max }).await? {
-            Reply::Ok => Ok(()),
+        match self.agent(body).await? {
             Reply::Error(e) => Err(err(
                 SupervisorErrorKind::Internal,
-                format!(
-                    "the guest agent refused the pids limit {max}: {}",
-                    e.message
-                ),
+                format!("the guest agent refused {what}: {}", e.message),
             )),
-            other => Err(err(
-                SupervisorErrorKind::Internal,
-                format!("the guest agent answered the pids limit with {other:?}"),
-            )),
+            reply => Ok(reply),
+        }
+    }
+
+    /// A microVM's pids limit, kept by its agent on the guest's cgroup
+    /// over every process it starts.
+    pub async fn limit_guest_pids(&self, max: u64) -> Result<(), SupervisorError> {
+        let what = format!("the pids limit {max}");
+        match self
+            .guest_call(&what, RequestBody::LimitPids { max })
+            .await?
+        {
+            Reply::Ok => Ok(()),
+            other => Err(unexpected_guest_reply(&what, other)),
         }
     }
 
     /// The tasks a microVM's guest processes hold, counted by its agent.
     pub async fn guest_pids(&self) -> Result<u64, SupervisorError> {
-        if self.process_control() == ProcessControl::HostCgroups {
-            return Err(err(
-                SupervisorErrorKind::InvalidInput,
-                "a container's tasks are counted on its cgroup, which the daemon reads".to_string(),
-            ));
-        }
-        match self.agent(RequestBody::GuestPids).await? {
+        let what = "the task count";
+        match self.guest_call(what, RequestBody::GuestPids).await? {
             Reply::Pids { current } => Ok(current),
-            Reply::Error(e) => Err(err(
-                SupervisorErrorKind::Internal,
-                format!("the guest agent could not count its tasks: {}", e.message),
-            )),
-            other => Err(err(
-                SupervisorErrorKind::Internal,
-                format!("the guest agent answered a task count with {other:?}"),
-            )),
+            other => Err(unexpected_guest_reply(what, other)),
         }
     }
 
