@@ -506,25 +506,20 @@ fn validate(request: &SpawnRequest) -> Result<(), ProcError> {
 /// killed through its group, which outlives it (in a microVM).
 pub fn abandon(agent: &Agent, proc: u64) -> Result<Reply, ProcError> {
     let state = agent.procs().abandon(proc);
-    match state {
-        Abandoned::Running => match signal(agent, proc, libc::SIGKILL) {
-            // It ended on its own meanwhile.
-            Err(ProcError::Unknown(_)) => {}
-            other => {
-                other?;
-            }
-        },
-        Abandoned::NotInTable => {
-            if let Some(groups) = guest_groups::get() {
-                let ran = groups
-                    .kill(proc)
-                    .map_err(|source| ProcError::Signal { proc, source })?;
-                if ran {
-                    agent.procs().forget_abandoned(proc);
-                }
-            }
+    if state == Abandoned::Starting {
+        return Ok(Reply::Ok);
+    }
+    // A SIGKILL is the tree kill a caller's kill is: it reaches an ended
+    // process's group too, while what it left runs there.
+    match signal(agent, proc, libc::SIGKILL) {
+        Ok(_) if state == Abandoned::NotInTable => {
+            // It ran and ended: no spawn of it will come.
+            agent.procs().forget_abandoned(proc);
         }
-        Abandoned::Starting => {}
+        Ok(_) => {}
+        // Ended with nothing left, or its spawn has not come yet.
+        Err(ProcError::Unknown(_)) => {}
+        Err(e) => return Err(e),
     }
     Ok(Reply::Ok)
 }
