@@ -61,7 +61,7 @@ runner=$logs/run-nested-tests.sh
 {
 	echo "status=0"
 	for exe in "${binaries[@]}"; do
-		printf '%q %s --test-threads=1 || status=1\n' "$exe" "$test_args"
+		printf 'scripts/nested-suite.sh %q %q %s --test-threads=1 || status=1\n' "$logs" "$exe" "$test_args"
 	done
 	echo 'exit $status'
 } >"$runner"
