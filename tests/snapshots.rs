@@ -8,6 +8,14 @@ use common::Daemon;
 use hyper::{Method, StatusCode};
 use serde_json::{json, Value};
 
+/// What a sandbox's `/dev` looks like from inside: each entry's type, mode
+/// and owner, the links, and the mounts of /dev and /dev/shm (point,
+/// options, type, filesystem options). Not /dev/mqueue's root: CRIU
+/// remakes that kernel view itself, owned by the sandbox's root.
+const DEV_VIEW: &str = "stat -c '%n %F %a %u %g' $(ls -d /dev /dev/* | grep -v mqueue) 2>&1; \
+    readlink /dev/fd /dev/ptmx /dev/stdin; \
+    awk '$5 == \"/dev\" || $5 == \"/dev/shm\" { print $5, $6, $(NF-2), $NF }' /proc/self/mountinfo";
+
 async fn snapshot(daemon: &Daemon, id: &str, kind: &str) -> (StatusCode, Value) {
     daemon
         .call(
@@ -16,6 +24,16 @@ async fn snapshot(daemon: &Daemon, id: &str, kind: &str) -> (StatusCode, Value) 
             Some(json!({ "kind": kind })),
         )
         .await
+}
+
+/// How many tmpfs mounts CRIU saved with tar in a memory snapshot.
+fn tar_saved_tmpfs(daemon: &Daemon, snapshot: &str) -> usize {
+    let images = daemon.state_dir().join("snapshot-images").join(snapshot);
+    std::fs::read_dir(&images)
+        .unwrap_or_else(|e| panic!("{}: {e}", images.display()))
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("tmpfs-dev-"))
+        .count()
 }
 
 fn snapshot_dirs(daemon: &Daemon) -> Vec<String> {
@@ -321,11 +339,21 @@ async fn a_memory_snapshot_forks_running_processes() {
         .sh(&source, "echo kept > /before; echo shared > /dev/shm/kept")
         .await;
     assert_eq!(run.exit_code(), Some(0));
+    let source_dev = daemon.sh(&source, DEV_VIEW).await;
+    assert!(
+        source_dev
+            .out()
+            .contains("/dev/null character special file"),
+        "{}",
+        source_dev.err()
+    );
 
     let (status, snap) = snapshot(&daemon, &source, "memory").await;
     assert_eq!(status, StatusCode::CREATED, "{snap}\n{}", daemon.log());
     let snap_id = snap["id"].as_str().expect("id").to_string();
     assert_eq!(snap["kind"], "memory");
+    // /dev/shm holds a file, so CRIU keeps it (tar); /dev is listed instead.
+    assert_eq!(tar_saved_tmpfs(&daemon, &snap_id), 1);
     // The source keeps running where it was.
     assert_eq!(ask(&daemon, &source).await.counter, 1);
 
@@ -369,16 +397,53 @@ async fn a_memory_snapshot_forks_running_processes() {
         .join(&forks[0])
         .join("placeholder");
     assert!(placeholder.is_dir(), "{} is missing", placeholder.display());
+    // The tmpfs made for its /dev left the host's mount table once CRIU
+    // bound it (its root overlay, still mounted there, shows the scan sees
+    // the fork's mounts).
+    let fork_dir = daemon.run_dir().join("sandboxes").join(&forks[0]);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let under = |dir: &str| {
+        let prefix = format!("{}/{dir}", fork_dir.display());
+        mounts
+            .lines()
+            .any(|l| l.split(' ').nth(4).is_some_and(|p| p.starts_with(&prefix)))
+    };
+    assert!(
+        under("rootfs"),
+        "no mount of {} seen:\n{mounts}",
+        fork_dir.display()
+    );
+    assert!(
+        !under("fresh"),
+        "a fork's fresh tmpfs is still mounted on the host:\n{mounts}"
+    );
+    // /dev holds only mount points and links, so a fork gets it made
+    // afresh (not through CRIU's tar) and sees it as the source did.
+    assert_eq!(daemon.sh(&forks[0], DEV_VIEW).await.out(), source_dev.out());
     // A fork's own memory snapshot forks again (its /sys is a bind of that
-    // directory now, which the next checkpoint must also leave to the fork).
+    // directory now, which the next checkpoint must also leave to the fork;
+    // its /dev a bind of the tmpfs made for it). With /dev/shm emptied, the
+    // grandchild gets that made afresh too: empty, writable, as mounted.
+    let run = daemon.sh(&forks[0], "rm /dev/shm/kept").await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
     let (status, second) = snapshot(&daemon, &forks[0], "memory").await;
     assert_eq!(status, StatusCode::CREATED, "{second}\n{}", daemon.log());
     let second_id = second["id"].as_str().expect("id").to_string();
+    assert_eq!(tar_saved_tmpfs(&daemon, &second_id), 0);
     let grandchild = daemon.create(json!({"from_snapshot": second_id})).await;
     let run = daemon
-        .sh(&grandchild, "ls -A /sys; cat /dev/shm/kept")
+        .sh(
+            &grandchild,
+            "ls -A /sys; ls -A /dev/shm | wc -l; echo new > /dev/shm/x && cat /dev/shm/x",
+        )
         .await;
-    assert_eq!(run.out(), "shared\n", "{}", run.err());
+    assert_eq!(run.out(), "0\nnew\n", "{}", run.err());
+    let run = daemon.sh(&grandchild, "rm /dev/shm/x").await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
+    assert_eq!(
+        daemon.sh(&grandchild, DEV_VIEW).await.out(),
+        source_dev.out()
+    );
     daemon.delete(&grandchild).await;
     let (status, _) = daemon
         .call(Method::DELETE, &format!("/v1/snapshots/{second_id}"), None)

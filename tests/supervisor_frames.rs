@@ -13,6 +13,7 @@ use sandbox_proto::{AgentError, ErrorKind, PtySize, Reply, RequestBody, Stream};
 use sandboxd::model::{Process, ProcessState};
 use sandboxd::net::intercept::{Brokered, BrokeredSecret, LeafCert};
 use sandboxd::net::proxy::{EgressCounters, EgressLogEntry, LoggedRequest};
+use sandboxd::runtime::fresh_tmpfs::{Entry, EntryKind, FreshTmpfs};
 use sandboxd::runtime::sandbox::Checkpoint;
 use sandboxd::runtime::CheckpointTarget;
 use sandboxd::supervisor::protocol::{
@@ -444,11 +445,36 @@ fn replies() -> Vec<(SupervisorReply, String)> {
                     link_inode: 300,
                     external_mounts: vec!["/m".into()],
                     empty_mounts: vec!["/s".into()],
+                    fresh_tmpfs: vec![FreshTmpfs {
+                        point: "/d".into(),
+                        options: "o".into(),
+                        flags: vec!["f".into()],
+                        entries: vec![
+                            Entry {
+                                path: "".into(),
+                                kind: EntryKind::Dir,
+                                mode: 0o755,
+                                uid: 0,
+                                gid: 1,
+                            },
+                            Entry {
+                                path: "l".into(),
+                                kind: EntryKind::Symlink { target: "t".into() },
+                                mode: 0o777,
+                                uid: 2,
+                                gid: 3,
+                            },
+                        ],
+                    }],
                 },
                 next_proc: 4,
                 processes: vec![running()],
             },
-            format!("0b ac 02 01 02 2f 6d 01 02 2f 73 04 01 {RUNNING}"),
+            format!(
+                "0b ac 02 01 02 2f 6d 01 02 2f 73 \
+                 01 02 2f 64 01 6f 01 01 66 02 00 00 ed 03 00 01 01 6c 02 01 74 ff 03 02 03 \
+                 04 01 {RUNNING}"
+            ),
         ),
         (
             SupervisorReply::Health(SupervisorHealth {
@@ -469,7 +495,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 06 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 07 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (
@@ -506,7 +532,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 6, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 7, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -618,13 +644,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 7 with a rest this build cannot decode.
-    let v7 = bytes("0c 07 ff ff ff");
-    let mismatch = check_supervisor_version(&v7).expect_err("v7 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(7));
+    // Version 8 with a rest this build cannot decode.
+    let v8 = bytes("0c 08 ff ff ff");
+    let mismatch = check_supervisor_version(&v8).expect_err("v8 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(8));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v7, this daemon v6"),
+        text.contains("supervisor protocol v8, this daemon v7"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

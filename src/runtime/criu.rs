@@ -18,6 +18,7 @@ use std::process::{Command, Stdio};
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 
 use super::container::{agent_link_pair, ContainerError};
+use super::fresh_tmpfs::{self, FreshTmpfs};
 use super::paths::SandboxPaths;
 use super::sandbox::{Checkpoint, RestoreSpec, SandboxSpec, Started};
 use super::spec::AGENT_PATH_IN_SANDBOX;
@@ -61,6 +62,8 @@ struct ExternalMounts {
     /// ms each way here), and in a fork the binds that stand for them. A
     /// fork gets an empty read-only directory of its own there.
     empty: Vec<String>,
+    /// Writable tmpfs mounts a fork gets made afresh from a listing.
+    fresh: Vec<FreshTmpfs>,
 }
 
 /// Mounts that show the kernel's state rather than files, which CRIU
@@ -87,6 +90,13 @@ fn external_mounts(init_pid: i32) -> Result<ExternalMounts, CriuError> {
             .unwrap_or(true);
         if !is_dir {
             found.files.push(mount.point.to_string());
+        } else if mount.fstype == "tmpfs" && !mount.read_only {
+            found.fresh.extend(FreshTmpfs::read(
+                mount.point,
+                &inside,
+                mount.options,
+                mount.super_options,
+            ));
         } else if mount.read_only
             && !KERNEL_VIEWS.contains(&mount.fstype)
             && fs::read_dir(&inside).is_ok_and(|mut entries| entries.next().is_none())
@@ -101,7 +111,11 @@ fn external_mounts(init_pid: i32) -> Result<ExternalMounts, CriuError> {
 struct MountLine<'a> {
     point: &'a str,
     read_only: bool,
+    /// The mount's own options (ro, nosuid...).
+    options: &'a str,
     fstype: &'a str,
+    /// The filesystem's options (a tmpfs's size, mode...).
+    super_options: &'a str,
 }
 
 impl<'a> MountLine<'a> {
@@ -110,12 +124,17 @@ impl<'a> MountLine<'a> {
         let (mine, theirs) = line.split_once(" - ")?;
         let mut fields = mine.split(' ');
         let point = fields.nth(4)?;
-        let read_only = fields.next()?.split(',').any(|o| o == "ro");
-        let fstype = theirs.split(' ').next()?;
+        let options = fields.next()?;
+        let read_only = options.split(',').any(|o| o == "ro");
+        let mut theirs = theirs.split(' ');
+        let fstype = theirs.next()?;
+        let super_options = theirs.nth(1).unwrap_or("");
         Some(Self {
             point,
             read_only,
+            options,
             fstype,
+            super_options,
         })
     }
 }
@@ -269,7 +288,13 @@ pub fn dump(
         "--external".into(),
         format!("unix[{link_inode}]"),
     ];
-    for point in external.files.iter().chain(&external.empty) {
+    let fresh_points = external.fresh.iter().map(|t| &t.point);
+    for point in external
+        .files
+        .iter()
+        .chain(&external.empty)
+        .chain(fresh_points)
+    {
         args.push("--external".into());
         args.push(format!("mnt[{point}]:{}", mount_key(point)));
     }
@@ -295,6 +320,7 @@ pub fn dump(
         link_inode,
         external_mounts: external.files,
         empty_mounts: external.empty,
+        fresh_tmpfs: external.fresh,
     })
 }
 
@@ -365,16 +391,21 @@ pub fn restore(
             args.push(format!("mnt[{}]:{}", mount_key(point), empty.display()));
         }
     }
+    let fresh = make_fresh_tmpfs(&spec.checkpoint.fresh_tmpfs, paths, &mut args)?;
     lap("rootfs_and_spec", &mut phases);
-    run_in_netns(
+    let restored = run_in_netns(
         &spec.criu,
         "restore",
         &args,
         &paths.netns(),
         Some(&child),
         &work_dir.join("restore.log"),
-    )
-    .map_err(|e| ContainerError::Runtime {
+    );
+    // The fork holds its binds of them; the host's table keeps none.
+    for at in &fresh {
+        fresh_tmpfs::unmount(at);
+    }
+    restored.map_err(|e| ContainerError::Runtime {
         step: "restore the checkpoint",
         message: e.to_string(),
     })?;
@@ -404,6 +435,33 @@ pub fn restore(
         egress: made,
         phases,
     })
+}
+
+/// Makes each listed tmpfs under the fork's run directory and names it as
+/// its mount's external source; returns where they are mounted.
+fn make_fresh_tmpfs(
+    listed: &[FreshTmpfs],
+    paths: &SandboxPaths,
+    args: &mut Vec<String>,
+) -> Result<Vec<PathBuf>, ContainerError> {
+    let mut made: Vec<PathBuf> = Vec::new();
+    for tmpfs in listed {
+        let key = mount_key(&tmpfs.point);
+        let at = paths.dir.join("fresh").join(&key);
+        if let Err(e) = tmpfs.make(&at) {
+            for at in &made {
+                fresh_tmpfs::unmount(at);
+            }
+            return Err(ContainerError::Runtime {
+                step: "remake the fork's tmpfs mounts",
+                message: e.to_string(),
+            });
+        }
+        args.push("--external".into());
+        args.push(format!("mnt[{key}]:{}", at.display()));
+        made.push(at);
+    }
+    Ok(made)
 }
 
 /// Gives the restored tree's UTS namespace (the source's name) the fork's.
@@ -442,6 +500,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!((shm.point, shm.read_only), ("/dev/shm", false));
+        assert_eq!(
+            (shm.options, shm.super_options),
+            ("rw,nosuid,nodev,noexec", "ro,size=65536k")
+        );
         assert!(MountLine::parse("garbage").is_none());
     }
 

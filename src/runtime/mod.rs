@@ -17,6 +17,7 @@ pub mod cgroup_dynmods;
 pub mod cgroups;
 pub mod container;
 pub mod criu;
+pub mod fresh_tmpfs;
 pub mod idmap;
 pub mod launch;
 pub mod microvm;

@@ -146,6 +146,10 @@ pub struct Checkpoint {
     /// marked external (none in checkpoints made before they were).
     #[serde(default)]
     pub empty_mounts: Vec<String>,
+    /// The small tmpfs mounts (`/dev`, an unused `/dev/shm`) marked
+    /// external and made afresh in a fork (none in older checkpoints).
+    #[serde(default)]
+    pub fresh_tmpfs: Vec<super::fresh_tmpfs::FreshTmpfs>,
 }
 
 /// What a fork's supervisor needs to restore a checkpoint.

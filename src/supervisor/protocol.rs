@@ -53,7 +53,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// 6 added `LimitGuestPids`, `GuestPids`, the agent's
 /// `RequestBody::LimitPids`, `RequestBody::Abandon` and
 /// `RequestBody::GuestPids`, and its `Reply::Pids`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 6;
+///
+/// 7 added `Checkpoint::fresh_tmpfs`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 7;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
