@@ -75,11 +75,9 @@ fn external_mounts(init_pid: i32) -> Result<ExternalMounts, CriuError> {
     let info = fs::read_to_string(format!("/proc/{init_pid}/mountinfo"))
         .map_err(io_err("reading the sandbox's mounts"))?;
     let root = PathBuf::from(format!("/proc/{init_pid}/root"));
+    let mounts: Vec<MountLine> = info.lines().filter_map(MountLine::parse).collect();
     let mut found = ExternalMounts::default();
-    for line in info.lines() {
-        let Some(mount) = MountLine::parse(line) else {
-            continue;
-        };
+    for mount in &mounts {
         // mountinfo escapes spaces and the like as octal; ours have none.
         if mount.point == "/" || mount.point.contains('\\') {
             continue;
@@ -90,7 +88,13 @@ fn external_mounts(init_pid: i32) -> Result<ExternalMounts, CriuError> {
             .unwrap_or(true);
         if !is_dir {
             found.files.push(mount.point.to_string());
-        } else if mount.fstype == "tmpfs" && !mount.read_only {
+        } else if mount.fstype == "tmpfs"
+            && !mount.read_only
+            && mount.root == "/"
+            // Mounted once: a pod's container roots bind the sandbox's
+            // /dev and /dev/shm, which must stay one filesystem in a fork.
+            && mounts.iter().filter(|m| m.device == mount.device).count() == 1
+        {
             found.fresh.extend(FreshTmpfs::read(
                 mount.point,
                 &inside,
@@ -109,6 +113,10 @@ fn external_mounts(init_pid: i32) -> Result<ExternalMounts, CriuError> {
 
 /// What [`external_mounts`] needs of a mountinfo line.
 struct MountLine<'a> {
+    /// `major:minor` of the filesystem: the same in every bind of it.
+    device: &'a str,
+    /// The directory of the filesystem this mount shows (`/`: all of it).
+    root: &'a str,
     point: &'a str,
     read_only: bool,
     /// The mount's own options (ro, nosuid...).
@@ -123,13 +131,17 @@ impl<'a> MountLine<'a> {
     fn parse(line: &'a str) -> Option<Self> {
         let (mine, theirs) = line.split_once(" - ")?;
         let mut fields = mine.split(' ');
-        let point = fields.nth(4)?;
+        let device = fields.nth(2)?;
+        let root = fields.next()?;
+        let point = fields.next()?;
         let options = fields.next()?;
         let read_only = options.split(',').any(|o| o == "ro");
         let mut theirs = theirs.split(' ');
         let fstype = theirs.next()?;
         let super_options = theirs.nth(1).unwrap_or("");
         Some(Self {
+            device,
+            root,
             point,
             read_only,
             options,
@@ -491,8 +503,8 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            (sys.point, sys.read_only, sys.fstype),
-            ("/sys", true, "tmpfs")
+            (sys.device, sys.root, sys.point, sys.read_only, sys.fstype),
+            ("0:181", "/", "/sys", true, "tmpfs")
         );
         // Positive control for the flag: the superblock's "ro" is not the mount's.
         let shm = MountLine::parse(

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 /// is left to CRIU.
 const MAX_ENTRIES: usize = 128;
 
+/// The longest relative path listed; deeper trees are left to CRIU.
+const MAX_PATH_LEN: usize = 1024;
+
 /// A tmpfs as a fork gets it: mounted with the checkpointed options, then
 /// its entries made with their modes and owners.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,6 +93,10 @@ impl FreshTmpfs {
         mount_options: &str,
         super_options: &str,
     ) -> Option<Self> {
+        // A read-only filesystem would come back writable.
+        if super_options.split(',').any(|o| o == "ro") {
+            return None;
+        }
         let root = fs::symlink_metadata(inside).ok()?;
         if !root.is_dir() {
             return None;
@@ -97,8 +104,11 @@ impl FreshTmpfs {
         let mut entries = vec![entry(String::new(), EntryKind::Dir, &root)];
         let mut pending = vec![String::new()];
         while let Some(dir) = pending.pop() {
+            // Never more than the cap is read: a directory of millions of
+            // files costs no more than one of the cap's size.
             let mut names: Vec<_> = fs::read_dir(inside.join(&dir))
                 .ok()?
+                .take(MAX_ENTRIES + 1)
                 .map(|e| e.map(|e| e.file_name()))
                 .collect::<Result<_, _>>()
                 .ok()?;
@@ -110,6 +120,10 @@ impl FreshTmpfs {
                 } else {
                     format!("{dir}/{name}")
                 };
+                // Made again under a longer host path than it is read from.
+                if path.len() > MAX_PATH_LEN {
+                    return None;
+                }
                 let meta = fs::symlink_metadata(inside.join(&path)).ok()?;
                 let own = meta.dev() == root.dev();
                 let kind = if meta.file_type().is_symlink() {
@@ -186,8 +200,22 @@ impl FreshTmpfs {
             flags,
             Some(self.options.as_str()),
         )
-        .map_err(|e| fail("mount")(e.into()))?;
-        let made = self.fill(at);
+        .map_err(|e| {
+            let _ = fs::remove_dir(at);
+            fail("mount")(e.into())
+        })?;
+        // Not a peer of the run directory's mount: nothing made here
+        // propagates to other namespaces before it is detached.
+        let private = mount(
+            None::<&str>,
+            at,
+            None::<&str>,
+            MsFlags::MS_PRIVATE,
+            None::<&str>,
+        );
+        let made = private
+            .map_err(|e| fail("make it private")(e.into()))
+            .and_then(|()| self.fill(at));
         if made.is_err() {
             unmount(at);
         }
@@ -334,6 +362,19 @@ mod tests {
         assert!(FreshTmpfs::read("/dev/shm", dir.path(), "rw", "rw").is_none());
         fs::remove_file(dir.path().join("pts/data")).unwrap();
         nix::unistd::mkfifo(&dir.path().join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        assert!(FreshTmpfs::read("/dev/shm", dir.path(), "rw", "rw").is_none());
+    }
+
+    #[test]
+    fn a_read_only_filesystem_or_a_deep_path_is_left_to_criu() {
+        let dir = tree();
+        assert!(FreshTmpfs::read("/dev/shm", dir.path(), "rw", "rw,size=1m").is_some());
+        assert!(FreshTmpfs::read("/dev/shm", dir.path(), "rw", "ro,size=1m").is_none());
+        let mut deep = dir.path().join("pts");
+        for _ in 0..(MAX_PATH_LEN / 100 + 1) {
+            deep.push("d".repeat(99));
+        }
+        fs::create_dir_all(&deep).unwrap();
         assert!(FreshTmpfs::read("/dev/shm", dir.path(), "rw", "rw").is_none());
     }
 

@@ -124,6 +124,15 @@ fn remove_run_dir(dir: &Path) -> Result<(), String> {
     let Ok(top) = std::fs::symlink_metadata(dir) else {
         return Ok(());
     };
+    // A fork's fresh tmpfs (runtime::fresh_tmpfs) is detached once CRIU is
+    // done with it; one is left only by a supervisor that died meanwhile.
+    if let Ok(entries) = std::fs::read_dir(dir.join("fresh")) {
+        for entry in entries.flatten() {
+            if entry.metadata().is_ok_and(|m| m.dev() != top.dev()) {
+                crate::runtime::fresh_tmpfs::unmount(&entry.path());
+            }
+        }
+    }
     let rootfs = dir.join("rootfs");
     if let Ok(meta) = std::fs::symlink_metadata(&rootfs) {
         if meta.dev() != top.dev() {
