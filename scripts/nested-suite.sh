@@ -21,7 +21,10 @@ shift 2
 stall='rcu_(sched|preempt) detected stalls|rcu: INFO: .*detected stalls|soft lockup - CPU#'
 
 out=$logs/$(basename "$exe").out
-kernel_before=$(dmesg 2>/dev/null | wc -l)
+# The kernel's log from here on: after this marker (a line count would miss
+# new lines once the ring buffer is full).
+marker="nested-suite: $(basename "$exe") started, $$ $(date +%s%N)"
+echo "$marker" >/dev/kmsg || echo "nested-suite: cannot mark the kernel log; its stalls go unseen" >&2
 status=0
 "$exe" "$@" 2>&1 | tee "$out" || status=$?
 ((status == 0)) && exit 0
@@ -31,7 +34,7 @@ mapfile -t failed < <(awk '
 	/^failures:$/ { list++; next }
 	list == 2 && /^    [^ ]/ { sub(/^ +/, ""); print; next }
 	list == 2 && /^$/ { exit }' "$out")
-kernel_stall=$(dmesg 2>/dev/null | tail -n +"$((kernel_before + 1))" | grep -m1 -E "$stall" || true)
+kernel_stall=$(dmesg | awk -v m="$marker" 'index($0, m) { seen = 1; next } seen' | grep -m1 -E "$stall" || true)
 guest_stall=$(grep -m1 -E "$stall" "$out" || true)
 if ((${#failed[@]} == 0)) || [[ -z $kernel_stall && -z $guest_stall ]]; then
 	exit "$status"

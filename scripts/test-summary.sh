@@ -24,9 +24,12 @@ nested=${3:-}
 results_of() {
 	awk '
 	/^nested-tests: the nested host hung/ { p = 0; f = 0; g = 0; n = 0 }
-	/^nested-suite: retried [0-9]+ failed/ { f -= $3 }
+	/^nested-suite: retried [0-9]+ failed/ { pending = $3; next }
 	/^test result: / {
 		n++
+		# A retry that printed its result replaces the first run'"'"'s
+		# failures; one that never did (crashed, hung) leaves them.
+		f -= pending; pending = 0
 		for (i = 1; i <= NF; i++) {
 			w = $(i + 1); sub(/[;,]$/, "", w)
 			if (w == "passed") p += $i
