@@ -170,14 +170,7 @@ impl FreshTmpfs {
     /// Mounts a new tmpfs at `at` (made here) and fills it with the
     /// entries; symlinks come last, so nothing made follows one.
     pub fn make(&self, at: &Path) -> Result<(), FreshTmpfsError> {
-        let fail = |step| {
-            let point = self.point.clone();
-            move |source| FreshTmpfsError {
-                point,
-                step,
-                source,
-            }
-        };
+        let fail = |step| self.error(step);
         // Searchable by the sandbox's root: CRIU opens it from inside the
         // sandbox's user namespace.
         fs::DirBuilder::new()
@@ -222,15 +215,17 @@ impl FreshTmpfs {
         made
     }
 
+    fn error(&self, step: &'static str) -> impl FnOnce(io::Error) -> FreshTmpfsError {
+        let point = self.point.clone();
+        move |source| FreshTmpfsError {
+            point,
+            step,
+            source,
+        }
+    }
+
     fn fill(&self, at: &Path) -> Result<(), FreshTmpfsError> {
-        let fail = |step| {
-            let point = self.point.clone();
-            move |source| FreshTmpfsError {
-                point,
-                step,
-                source,
-            }
-        };
+        let fail = |step| self.error(step);
         let (links, others): (Vec<_>, Vec<_>) = self
             .entries
             .iter()
