@@ -315,8 +315,11 @@ impl Manager {
     /// here, a count that cannot be had at once is 0, not an error: a busy
     /// or stalled guest (a fork bomb) is when metrics are wanted most.
     pub async fn stats(&self, id: &str) -> Result<crate::model::SandboxStats, SandboxError> {
-        /// How long the agent may take to count its guest's tasks.
-        const GUEST_COUNT_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+        /// How long the agent may take to count its guest's tasks (the
+        /// supervisor's own bound, and a little for the round trip).
+        const GUEST_COUNT_WAIT: std::time::Duration =
+            crate::supervisor::processes::GUEST_COUNT_DEADLINE
+                .saturating_add(std::time::Duration::from_millis(500));
         let record = self.ready(id)?;
         let cgroups = crate::runtime::cgroups::SandboxCgroups::new(
             crate::runtime::cgroups::Layout::detect(),

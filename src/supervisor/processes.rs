@@ -25,6 +25,12 @@ use crate::runtime::sandbox::ProcessControl;
 
 /// Bound on agent calls; file chunks and spawns answer in well under this.
 pub const AGENT_DEADLINE: Duration = Duration::from_secs(30);
+/// Bound on a microVM agent's count of its guest's tasks. A stats read
+/// waits no longer for it, so neither does this side: a count the agent of
+/// a stalled guest (a fork bomb) never gives would otherwise hold the link
+/// for [`AGENT_DEADLINE`], and a snapshot, which waits for no request to be
+/// in flight, would be refused all that time.
+pub const GUEST_COUNT_DEADLINE: Duration = Duration::from_secs(2);
 /// Ended processes kept for inspection; older ones are forgotten first.
 const MAX_ENDED_PROCESSES: usize = 1024;
 /// Processes running at once (the agent enforces the same bound).
@@ -752,11 +758,19 @@ impl Supervisor {
 
     /// Forwards a request to the agent and maps its errors.
     pub async fn agent(&self, body: RequestBody) -> Result<Reply, SupervisorError> {
+        self.agent_within(body, AGENT_DEADLINE).await
+    }
+
+    async fn agent_within(
+        &self,
+        body: RequestBody,
+        deadline: Duration,
+    ) -> Result<Reply, SupervisorError> {
         if let Some(reason) = self.failure() {
             return Err(err(SupervisorErrorKind::AgentGone, reason));
         }
         self.link
-            .call(body, &[], AGENT_DEADLINE)
+            .call(body, &[], deadline)
             .await
             .map_err(link_failure)
     }
@@ -764,14 +778,19 @@ impl Supervisor {
     /// A request only a microVM's agent serves, about its guest's own
     /// cgroup: refused for a container, whose cgroup the daemon handles on
     /// the host; the agent's refusal is an internal error about `what`.
-    async fn guest_call(&self, what: &str, body: RequestBody) -> Result<Reply, SupervisorError> {
+    async fn guest_call(
+        &self,
+        what: &str,
+        body: RequestBody,
+        deadline: Duration,
+    ) -> Result<Reply, SupervisorError> {
         if self.process_control() == ProcessControl::HostCgroups {
             return Err(err(
                 SupervisorErrorKind::InvalidInput,
                 format!("{what} of a container is its cgroup's, which the daemon handles"),
             ));
         }
-        match self.agent(body).await? {
+        match self.agent_within(body, deadline).await? {
             Reply::Error(e) => Err(err(
                 SupervisorErrorKind::Internal,
                 format!("the guest agent refused {what}: {}", e.message),
@@ -785,7 +804,7 @@ impl Supervisor {
     pub async fn limit_guest_pids(&self, max: u64) -> Result<(), SupervisorError> {
         let what = format!("the pids limit {max}");
         match self
-            .guest_call(&what, RequestBody::LimitPids { max })
+            .guest_call(&what, RequestBody::LimitPids { max }, AGENT_DEADLINE)
             .await?
         {
             Reply::Ok => Ok(()),
@@ -796,7 +815,10 @@ impl Supervisor {
     /// The tasks a microVM's guest processes hold, counted by its agent.
     pub async fn guest_pids(&self) -> Result<u64, SupervisorError> {
         let what = "the task count";
-        match self.guest_call(what, RequestBody::GuestPids).await? {
+        match self
+            .guest_call(what, RequestBody::GuestPids, GUEST_COUNT_DEADLINE)
+            .await?
+        {
             Reply::Pids { current } => Ok(current),
             other => Err(unexpected_guest_reply(what, other)),
         }
@@ -1242,6 +1264,25 @@ mod tests {
         let abandon = h.agent.request().await;
         assert_eq!(abandon.body, RequestBody::Abandon { proc: next });
         h.agent.reply(abandon.id, Reply::Ok).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_guest_count_the_agent_never_gives_frees_the_link_for_a_snapshot_soon() {
+        let mut h = harness(vm()).await;
+        let begun = tokio::time::Instant::now();
+        let Harness { sup, agent, .. } = &mut h;
+        let (count, request) = tokio::join!(sup.guest_pids(), agent.request());
+        assert_eq!(request.body, RequestBody::GuestPids);
+        assert_eq!(kind_of(count), SupervisorErrorKind::AgentTimeout);
+        let waited = begun.elapsed();
+        assert!(
+            (GUEST_COUNT_DEADLINE..AGENT_DEADLINE).contains(&waited),
+            "gave up after {waited:?}"
+        );
+        assert!(
+            h.sup.link.try_pause().is_some(),
+            "a checkpoint can pause the link once the count gave up"
+        );
     }
 
     #[tokio::test]
