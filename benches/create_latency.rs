@@ -7,6 +7,11 @@
 //!
 //!     sudo cargo bench --bench create_latency            # BENCH_RUNS=50 by default
 //!
+//! `BENCH_CREATE_GAP_MS=N` waits N ms before each measured create, as a
+//! caller creating one sandbox now and then does: the daemon's work made
+//! ahead of creates (network slots, standby supervisors) then runs between
+//! them rather than beside the next one.
+//!
 //! crun 1.8 refuses this hybrid cgroup host while a cgroup2 mount is visible,
 //! so the whole benchmark (daemon, runc, crun) runs in a private mount
 //! namespace without `/sys/fs/cgroup/unified`: same conditions for everyone.
@@ -238,9 +243,16 @@ async fn measure(
     // Warm-up: page cache, image lookup.
     let id = create(&socket, body).await;
     delete(&socket, &id).await;
+    let gap = std::env::var("BENCH_CREATE_GAP_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+        .map(Duration::from_millis);
     for _ in 0..runs {
         if let Some(size) = pool {
             pool_full(&socket, size).await;
+        }
+        if let Some(gap) = gap {
+            tokio::time::sleep(gap).await;
         }
         let start = Instant::now();
         let id = create(&socket, body).await;
@@ -248,6 +260,9 @@ async fn measure(
         delete(&socket, &id).await;
         if let Some(size) = pool {
             pool_full(&socket, size).await;
+        }
+        if let Some(gap) = gap {
+            tokio::time::sleep(gap).await;
         }
         let start = Instant::now();
         let id = create(&socket, body).await;

@@ -78,6 +78,11 @@ impl NetSlots {
         self.ready().len() < self.size
     }
 
+    /// Half or fewer of the slots are ready.
+    pub fn low(&self) -> bool {
+        self.ready().len() * 2 <= self.size
+    }
+
     /// Makes one slot and adds it to the ready ones. Blocking (a few ms:
     /// a namespace, a veth pair, addresses, routes, an `nft` run), at a
     /// lower CPU priority than creates (see [`BACKGROUND_NICE`]).

@@ -19,6 +19,15 @@ use super::manager::Manager;
 /// instead, so that bursts of creates still find them.)
 const AFTER_CREATE_QUIET: Duration = Duration::from_millis(100);
 
+/// How long after a caller's create network slots and standby supervisors
+/// wait before one is made again, while more than half of them are left:
+/// the caller's first process (most often its next request) then has the
+/// host to itself. On the 2-core dev host, making a slot and a standby
+/// right after a create cost that create's first process about 3 ms (a
+/// lower CPU priority did not help: they contend in the kernel, not for
+/// CPU time). At half or fewer left (a burst), they are made at once.
+const MADE_AHEAD_QUIET: Duration = Duration::from_millis(30);
+
 /// Counts a caller's create as in flight while it lives.
 pub(super) struct CreateInFlight(Arc<Manager>);
 
@@ -57,15 +66,24 @@ impl Manager {
     /// Resolves once no caller's create is in flight, nor ended within
     /// [`AFTER_CREATE_QUIET`]: when a whole sandbox is to be made.
     pub(super) async fn creates_quiet(&self) {
+        self.creates_quiet_for(AFTER_CREATE_QUIET, || false).await
+    }
+
+    /// Resolves once no caller's create is in flight, and either none ended
+    /// within `quiet` or `urgent` says the work cannot wait.
+    async fn creates_quiet_for(&self, quiet: Duration, urgent: impl Fn() -> bool) {
         loop {
             self.creates_settled().await;
+            if urgent() {
+                return;
+            }
             let ended = *self
                 .last_create_ended
                 .lock()
                 .unwrap_or_else(|p| p.into_inner());
             match ended.map(|at| at.elapsed()) {
-                Some(elapsed) if elapsed < AFTER_CREATE_QUIET => {
-                    tokio::time::sleep(AFTER_CREATE_QUIET - elapsed).await;
+                Some(elapsed) if elapsed < quiet => {
+                    tokio::time::sleep(quiet - elapsed).await;
                 }
                 _ => return,
             }
@@ -73,14 +91,16 @@ impl Manager {
     }
 
     /// Starts the task that keeps `what` made ahead: `make` one at a time,
-    /// each once no caller's create is in flight, while `wanted` says more
-    /// are; then it waits for `taken` (a launch took one) or the stop. A
-    /// failed `make` waits for the next take (launches make their own
-    /// meanwhile).
+    /// each once no caller's create is in flight (nor ended within
+    /// [`MADE_AHEAD_QUIET`] unless `low` says half or fewer are left),
+    /// while `wanted` says more are; then it waits for `taken` (a launch
+    /// took one) or the stop. A failed `make` waits for the next take
+    /// (launches make their own meanwhile).
     pub(super) fn keep_made_ahead<F, Fut>(
         self: &Arc<Self>,
         what: &'static str,
         wanted: fn(&Manager) -> bool,
+        low: fn(&Manager) -> bool,
         taken: fn(&Manager) -> &Notify,
         make: F,
     ) where
@@ -94,7 +114,8 @@ impl Manager {
         tokio::spawn(async move {
             loop {
                 while wanted(&this) {
-                    this.creates_settled().await;
+                    this.creates_quiet_for(MADE_AHEAD_QUIET, || low(&this))
+                        .await;
                     if *this.stopping.borrow() {
                         return;
                     }

@@ -13,6 +13,7 @@ impl Manager {
         self.keep_made_ahead(
             "a network slot",
             |m| m.net_slots.wanted(),
+            |m| m.net_slots.low(),
             |m| &m.slot_taken,
             |m| async move {
                 let slots = Arc::clone(&m.net_slots);

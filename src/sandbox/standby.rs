@@ -35,12 +35,17 @@ impl Manager {
         self.standbys().len() < self.config.standby_supervisors
     }
 
+    fn standbys_low(&self) -> bool {
+        self.standbys().len() * 2 <= self.config.standby_supervisors
+    }
+
     /// The task that keeps `standby_supervisors` started
     /// ([`Manager::keep_made_ahead`]).
     pub(super) fn start_standby_maker(self: &Arc<Self>) {
         self.keep_made_ahead(
             "a standby supervisor",
             Manager::standbys_wanted,
+            Manager::standbys_low,
             |m| &m.standby_taken,
             |m| async move {
                 let standby = m.spawn_standby().map_err(|e| e.to_string())?;
