@@ -243,10 +243,12 @@ async fn measure(
     // Warm-up: page cache, image lookup.
     let id = create(&socket, body).await;
     delete(&socket, &id).await;
-    let gap = std::env::var("BENCH_CREATE_GAP_MS")
-        .ok()
-        .and_then(|ms| ms.parse().ok())
-        .map(Duration::from_millis);
+    let gap = std::env::var("BENCH_CREATE_GAP_MS").ok().map(|ms| {
+        Duration::from_millis(
+            ms.parse()
+                .unwrap_or_else(|_| panic!("BENCH_CREATE_GAP_MS={ms:?} is not a number of ms")),
+        )
+    });
     for _ in 0..runs {
         if let Some(size) = pool {
             pool_full(&socket, size).await;

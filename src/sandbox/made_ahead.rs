@@ -15,17 +15,17 @@ use super::manager::Manager;
 /// the caller's next request (most often its first process) does not share
 /// this host's CPUs with the making of a whole sandbox: on the 2-core dev
 /// host that cost a pooled create's first process about 3 ms. (Network
-/// slots and standbys, much cheaper, are made at a lower CPU priority
-/// instead, so that bursts of creates still find them.)
+/// slots and standbys, much cheaper, wait less: [`MADE_AHEAD_QUIET`].)
 const AFTER_CREATE_QUIET: Duration = Duration::from_millis(100);
 
 /// How long after a caller's create network slots and standby supervisors
 /// wait before one is made again, while more than half of them are left:
 /// the caller's first process (most often its next request) then has the
 /// host to itself. On the 2-core dev host, making a slot and a standby
-/// right after a create cost that create's first process about 3 ms (a
-/// lower CPU priority did not help: they contend in the kernel, not for
-/// CPU time). At half or fewer left (a burst), they are made at once.
+/// right after a create cost a cold create's first `print(1)` about 5 ms
+/// (a lower CPU priority did not help: they contend in the kernel, not for
+/// CPU time). At half or fewer left (a burst), they are made at once, so
+/// bursts of creates still find them.
 const MADE_AHEAD_QUIET: Duration = Duration::from_millis(30);
 
 /// Counts a caller's create as in flight while it lives.
