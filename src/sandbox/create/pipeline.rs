@@ -107,7 +107,16 @@ impl Manager {
         }
         .await;
         if let Some(commit) = created_commit {
-            commit.await.map_err(SandboxError::internal)??;
+            let committed = commit.await.map_err(SandboxError::internal).and_then(|c| c);
+            if let Err(e) = committed {
+                // The making's own error (a missing image...) is the one the
+                // caller can act on.
+                if made.is_err() {
+                    tracing::warn!(sandbox = %record.id, "writing the created record: {e}");
+                } else {
+                    return Err(e);
+                }
+            }
         }
         let (ready, images_own_root) = made?;
         // From the supervisor's ready line to here: the pipe and the wakeup.
