@@ -435,12 +435,7 @@ impl Manager {
                 .filter(|r| !r.pooled)
                 .ok_or_else(|| SandboxError::sandbox_not_found(id))?;
             if record.state == SandboxState::Creating {
-                return Err(SandboxError::Conflict {
-                    code: "sandbox_creating",
-                    message: format!(
-                        "sandbox {id} is still being created; delete it once create returns"
-                    ),
-                });
+                return Err(still_creating(id, "delete it"));
             }
             record.state = SandboxState::Deleting;
             record.clone()
@@ -463,6 +458,11 @@ impl Manager {
                 .get_mut(id)
                 .filter(|r| !r.pooled)
                 .ok_or_else(|| SandboxError::sandbox_not_found(id))?;
+            // The create's Ready commit writes its own copy of the record:
+            // a TTL set now would be lost.
+            if record.state == SandboxState::Creating {
+                return Err(still_creating(id, "set its TTL"));
+            }
             record.ttl_seconds = ttl_seconds;
             record.expires_at_ms = expiry(ttl_seconds);
             record.clone()
@@ -475,5 +475,13 @@ impl Manager {
     /// The host's GPUs and who holds them.
     pub fn gpus(&self) -> Arc<GpuService> {
         Arc::clone(&self.gpus)
+    }
+}
+
+/// The answer to a change of a sandbox whose create has not returned yet.
+fn still_creating(id: &str, what: &str) -> SandboxError {
+    SandboxError::Conflict {
+        code: "sandbox_creating",
+        message: format!("sandbox {id} is still being created; {what} once create returns"),
     }
 }

@@ -45,8 +45,12 @@ impl Manager {
         self.secrets.delete(name)?;
         let unbound: Vec<SandboxRecord> = {
             let mut records = self.records();
+            // A create in progress is left alone: its Ready commit would
+            // write its own copy over this one. It unbinds what was deleted
+            // itself, once ready (`unbind_deleted_secrets`).
             records
                 .values_mut()
+                .filter(|r| r.state != SandboxState::Creating)
                 .filter(|r| r.secrets.iter().any(|b| b.name == name))
                 .map(|r| {
                     r.secrets.retain(|b| b.name != name);
@@ -61,6 +65,33 @@ impl Manager {
             self.push_secrets(record).await;
         }
         Ok(())
+    }
+
+    /// Unbinds from a just-made sandbox the secrets deleted while it was
+    /// being created, and tells its supervisor. Called after the Ready
+    /// commit: a delete that ran before that commit skipped the record, and
+    /// one after it sees the sandbox ready and unbinds it itself.
+    pub(super) async fn unbind_deleted_secrets(&self, id: &str) {
+        let record = {
+            let mut records = self.records();
+            let Some(record) = records.get_mut(id) else {
+                return;
+            };
+            let before = record.secrets.len();
+            // A store that cannot answer keeps the binding: the sandbox
+            // keeps what it was made with, as after any unreadable store.
+            record
+                .secrets
+                .retain(|b| self.secrets.exists(&b.name).unwrap_or(true));
+            if record.secrets.len() == before {
+                return;
+            }
+            record.clone()
+        };
+        if let Err(e) = self.persist(&record) {
+            tracing::warn!(sandbox = %id, "recording that deleted secrets are unbound: {e}");
+        }
+        self.push_secrets(&record).await;
     }
 
     /// Sends the current secrets to each ready sandbox bound to `name`.

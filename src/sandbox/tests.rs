@@ -622,3 +622,66 @@ fn a_busy_supervisor_refuses_a_snapshot_with_a_409_and_other_refusals_say_what_f
         "{failed:?}"
     );
 }
+
+#[tokio::test]
+async fn a_ttl_set_while_the_sandbox_is_created_is_refused_not_lost() {
+    let h = harness(0);
+    let mut record = h.ready("sb-c", false);
+    record.state = SandboxState::Creating;
+    h.manager.records().insert("sb-c".into(), record);
+    let set = h.manager.set_ttl("sb-c", 60);
+    assert!(matches!(set, Err(SandboxError::Conflict { code, .. }) if code == "sandbox_creating"));
+    assert_eq!(h.manager.records()["sb-c"].ttl_seconds, -1);
+    // The positive control: once ready, the same call takes.
+    h.manager.records().get_mut("sb-c").expect("record").state = SandboxState::Ready;
+    assert_eq!(h.manager.set_ttl("sb-c", 60).expect("set").ttl_seconds, 60);
+    assert_eq!(h.stored("sb-c").expect("stored").ttl_seconds, 60);
+}
+
+#[tokio::test]
+async fn a_secret_deleted_during_a_create_is_unbound_once_the_sandbox_is_ready() {
+    let h = harness(0);
+    for name in ["gone", "kept"] {
+        h.manager
+            .secrets
+            .create(crate::secrets::NewSecret {
+                name: name.into(),
+                value: zeroize::Zeroizing::new(b"value".to_vec()),
+                hosts: vec!["api.example.test".into()],
+                allow_wildcards: false,
+            })
+            .expect("secret");
+    }
+    let bindings = h
+        .manager
+        .secrets
+        .bind(&["gone".into(), "kept".into()])
+        .expect("bind");
+    let mut record = h.ready("sb-c", false);
+    record.state = SandboxState::Creating;
+    record.secrets = bindings;
+    h.manager.persist(&record).expect("persist");
+    h.manager.records().insert("sb-c".into(), record.clone());
+
+    h.manager.delete_secret("gone").await.expect("delete");
+    // The create's record is left for its own Ready commit to write.
+    assert_eq!(h.manager.records()["sb-c"].secrets.len(), 2);
+    assert_eq!(
+        h.stored("sb-c").expect("stored").state,
+        SandboxState::Creating
+    );
+
+    // The Ready commit, then what the create does after it.
+    record.state = SandboxState::Ready;
+    h.manager.persist(&record).expect("persist");
+    h.manager.records().insert("sb-c".into(), record);
+    h.manager.unbind_deleted_secrets("sb-c").await;
+    let names = |r: &SandboxRecord| r.secrets.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&h.manager.records()["sb-c"]), ["kept"]);
+    assert_eq!(names(&h.stored("sb-c").expect("stored")), ["kept"]);
+    assert_eq!(h.stored("sb-c").expect("stored").state, SandboxState::Ready);
+    assert!(h
+        .fake
+        .calls()
+        .contains(&Call::SetSecrets("sb-c".into(), vec!["kept".into()])));
+}
