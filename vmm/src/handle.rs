@@ -1,5 +1,5 @@
 //! [`MachineHandle`]: control of a running [`crate::Machine`] from another
-//! thread (the control socket, tests): pause, resume, snapshot. Operations
+//! thread (the control socket, tests): pause, resume, snapshot, stop. Operations
 //! are serialised; a snapshot leaves the VM paused so the caller decides
 //! what happens next (resume it, or stop it and keep the snapshot).
 
@@ -14,6 +14,7 @@ use crate::devices::virtio::lock;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::snapshot::state::SavedConfig;
 use crate::snapshot::{self, PausedVm, SnapshotError, SnapshotReport};
+use crate::stop::{StopLatch, StopReason};
 use crate::vstate::pause::RunControl;
 use crate::vstate::vm::Vm;
 
@@ -29,9 +30,18 @@ pub struct MachineHandle {
     pub(crate) vcpus: u8,
     /// Serialises pause/resume/snapshot; holds whether devices are paused.
     pub(crate) op: Arc<Mutex<bool>>,
+    pub(crate) latch: Arc<StopLatch>,
 }
 
 impl MachineHandle {
+    /// Ends the run where the guest is: [`crate::Machine::run`] returns
+    /// [`crate::RunError::Stopped`]. For an owner that gives up on a guest
+    /// before its time limit (a test that sees a stalled CPU in its log).
+    /// Returns false when the VM had already stopped.
+    pub fn stop(&self) -> bool {
+        self.latch.stop(StopReason::Requested)
+    }
+
     /// Parks every vCPU and stops every device worker, so guest memory and
     /// device state stay still. A no-op on a paused VM.
     pub fn pause(&self) -> Result<(), SnapshotError> {

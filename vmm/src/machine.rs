@@ -78,6 +78,10 @@ pub enum RunError {
          emulated, so it also runs slowly)"
     )]
     TimedOut(Duration, u64),
+    /// Its owner ended the run ([`crate::MachineHandle::stop`]) before the
+    /// guest finished.
+    #[error("the VM was stopped by its owner before the guest finished")]
+    Stopped,
 }
 
 /// What a finished run reports.
@@ -208,6 +212,7 @@ impl Machine {
             mem_mib: self.shape.mem_mib,
             vcpus: self.shape.vcpus,
             op: self.devices_paused.clone(),
+            latch: self.io.latch.clone(),
         }
     }
 
@@ -318,6 +323,7 @@ impl Machine {
                 })
             }
             Some(StopReason::Panicked { vcpu }) => return Err(RunError::VcpuPanicked { vcpu }),
+            Some(StopReason::Requested) => return Err(RunError::Stopped),
             Some(StopReason::TimedOut) => {
                 return Err(RunError::TimedOut(
                     self.timeout.unwrap_or_default(),

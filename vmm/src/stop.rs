@@ -44,6 +44,8 @@ pub enum StopReason {
     },
     /// The run's time limit passed.
     TimedOut,
+    /// Its owner stopped it ([`crate::MachineHandle::stop`]).
+    Requested,
     /// The VMM gave up before the guest finished (e.g. a vCPU thread could
     /// not be started); the caller has the error.
     Aborted,

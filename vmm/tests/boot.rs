@@ -118,6 +118,27 @@ fn guest_exit_code_reset_and_triple_fault_are_reported() {
 }
 
 #[test]
+fn a_hung_guest_is_stopped_by_its_handle_at_a_watched_line() {
+    let Some(kernel) = guest() else { return };
+    let config = VmConfig {
+        timeout: Some(Duration::from_secs(120)),
+        ..config(&kernel, 16, 2, "hang")
+    };
+    let serial = Captured::default();
+    let watch = common::StopOnLine::new(serial.clone(), &["guest: hang"]);
+    let machine = vmm::build(&config, Box::new(watch.clone())).expect("build");
+    watch.arm(machine.handle());
+    let result = machine.run();
+    // Stopped, not timed out: the stop ended the run.
+    assert!(matches!(result, Err(RunError::Stopped)), "{result:?}");
+    assert_eq!(watch.seen().as_deref(), Some("guest: hang"));
+    assert_eq!(
+        serial.lines().last().map(String::as_str),
+        Some("guest: hang")
+    );
+}
+
+#[test]
 fn a_hung_guest_is_stopped_by_the_timeout() {
     let Some(kernel) = guest() else { return };
     let config = VmConfig {

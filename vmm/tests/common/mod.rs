@@ -1,11 +1,12 @@
-//! What the KVM tests share: the test guest (or why it cannot run here) and
-//! a serial sink the test reads after the run.
+//! What the KVM tests share: the test guest (or why it cannot run here), a
+//! serial sink the test reads after the run, and one that stops the VM at a
+//! line it watches for.
 
 #![allow(dead_code)]
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 // Not every test crate that includes this module skips.
 #[allow(unused_imports)]
@@ -61,6 +62,66 @@ impl Captured {
             .lines()
             .map(str::to_owned)
             .collect()
+    }
+}
+
+/// A serial sink that keeps everything as [`Captured`] does and stops the
+/// VM, through the handle given to [`Self::arm`], at the first line that
+/// holds one of its needles. The stop happens on the vCPU thread that
+/// wrote the line, so the run ends there and then.
+#[derive(Clone)]
+pub struct StopOnLine {
+    captured: Captured,
+    needles: &'static [&'static str],
+    handle: Arc<OnceLock<vmm::MachineHandle>>,
+    partial: Arc<Mutex<Vec<u8>>>,
+    seen: Arc<Mutex<Option<String>>>,
+}
+
+impl StopOnLine {
+    pub fn new(captured: Captured, needles: &'static [&'static str]) -> Self {
+        Self {
+            captured,
+            needles,
+            handle: Arc::default(),
+            partial: Arc::default(),
+            seen: Arc::default(),
+        }
+    }
+
+    /// Gives the sink the machine to stop (before it runs).
+    pub fn arm(&self, handle: vmm::MachineHandle) {
+        let _ = self.handle.set(handle);
+    }
+
+    /// The line that stopped the VM, if one did.
+    pub fn seen(&self) -> Option<String> {
+        self.seen.lock().expect("lock").clone()
+    }
+}
+
+impl Write for StopOnLine {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.captured.write(buf)?;
+        let mut partial = self.partial.lock().expect("lock");
+        partial.extend_from_slice(buf);
+        while let Some(end) = partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = partial.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line).trim_end().to_owned();
+            if self.needles.iter().any(|n| line.contains(n)) {
+                let mut seen = self.seen.lock().expect("lock");
+                if seen.is_none() {
+                    *seen = Some(line);
+                    if let Some(handle) = self.handle.get() {
+                        handle.stop();
+                    }
+                }
+            }
+        }
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
