@@ -25,9 +25,10 @@ use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
-    CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, PodSandboxConfig,
-    PodSandboxMetadata, PodSandboxState, PodSandboxStatus, PodSandboxStatusRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+    CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, LinuxContainerConfig,
+    LinuxContainerResources, PodSandboxConfig, PodSandboxMetadata, PodSandboxState,
+    PodSandboxStatus, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 use upstream::Upstream;
@@ -174,6 +175,18 @@ impl Cri {
         name: &str,
         command: &[&str],
     ) -> String {
+        self.start_limited_container(pod, name, command, None).await
+    }
+
+    /// [`Self::start_container`] with the container's own `resources`, as
+    /// the kubelet sets them from its `resources.limits`.
+    async fn start_limited_container(
+        &mut self,
+        pod: &(String, PodSandboxConfig),
+        name: &str,
+        command: &[&str],
+        resources: Option<LinuxContainerResources>,
+    ) -> String {
         let created = tokio::time::timeout(
             CALL,
             self.runtime.create_container(CreateContainerRequest {
@@ -185,6 +198,10 @@ impl Cri {
                     }),
                     image: Some(image_spec(IMAGE)),
                     command: command.iter().map(|s| s.to_string()).collect(),
+                    linux: resources.map(|resources| LinuxContainerConfig {
+                        resources: Some(resources),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 }),
                 sandbox_config: Some(pod.1.clone()),
@@ -389,6 +406,44 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
         )
         .await;
     assert_eq!((code, said.trim()), (0, "served-in-the-pod"), "{said}");
+    // A container with limits of its own (the kubelet's from
+    // `resources.limits`) runs in a group of them under the pod's: 64 MiB
+    // is over its 32 and fine for the client, which has none.
+    let limited = cri
+        .start_limited_container(
+            &web,
+            "limited",
+            &["sleep", "3600"],
+            Some(LinuxContainerResources {
+                memory_limit_in_bytes: 32 << 20,
+                cpu_period: 100_000,
+                cpu_quota: 50_000,
+                cpu_shares: 512,
+                ..Default::default()
+            }),
+        )
+        .await;
+    let group = common::cgroup::sandbox_dir("memory", &sandbox).join(format!("root-{limited}"));
+    let ceiling = match common::cgroup::version() {
+        common::cgroup::Version::V1 => "memory.limit_in_bytes",
+        common::cgroup::Version::V2 => "memory.max",
+    };
+    assert_eq!(
+        std::fs::read_to_string(group.join(ceiling))
+            .unwrap_or_else(|e| panic!("{}: {e}", group.display()))
+            .trim(),
+        (32u64 << 20).to_string()
+    );
+    let fill = "dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null; echo rc=$?";
+    let (code, said) = cri.exec(&client, fill).await;
+    assert_eq!((code, said.trim()), (0, "rc=0"), "{said}");
+    let (code, said) = cri.exec(&limited, fill).await;
+    assert_eq!(
+        (code, said.trim()),
+        (0, "rc=137"),
+        "killed at its own ceiling: {said}"
+    );
+
     // sandboxd restarts under the pod: its containers keep running and
     // answering, each in its own root.
     daemon.restart();

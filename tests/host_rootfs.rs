@@ -504,3 +504,139 @@ async fn a_sandbox_joins_a_given_network_namespace_with_its_egress_rules() {
         .args(["netns", "del", &name])
         .status();
 }
+
+/// A pod container root with limits of its own: its processes run in a
+/// group under the sandbox's with those ceilings, an OOM kill there ends
+/// only its process, and a root without limits (the control) runs in the
+/// sandbox's. Its group goes with it.
+#[tokio::test]
+async fn a_pod_containers_own_limits_bind_it_alone() {
+    require_host!();
+    let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let app = common::root_owned_busybox(&host.path().join("app"));
+    let free = common::root_owned_busybox(&host.path().join("free"));
+    let daemon = Daemon::start();
+    // An image's root, not host directories: it can be snapshotted.
+    let id = daemon
+        .create(json!({"image": "busybox", "memory_mib": 256}))
+        .await;
+    let roots = format!("/v1/sandboxes/{id}/roots");
+    let limited = json!({
+        "name": "app",
+        "host_rootfs": [app.display().to_string()],
+        "limits": {"memory_mib": 24, "cpu": 0.5, "pids": 12}
+    });
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(limited)).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert_eq!(answer["limits"]["memory_mib"], 24, "{answer}");
+    let plain = json!({"name": "free", "host_rootfs": [free.display().to_string()]});
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(plain)).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let bad = json!({
+        "name": "tiny",
+        "host_rootfs": [free.display().to_string()],
+        "limits": {"memory_mib": 1}
+    });
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(bad)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["code"], "invalid_memory", "{answer}");
+
+    // The ceilings, as the host's cgroups hold them.
+    let group = |controller: &str| common::cgroup::sandbox_dir(controller, &id).join("root-app");
+    let read = |controller: &str, file: &str| {
+        let path = group(controller).join(file);
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .trim()
+            .to_string()
+    };
+    match common::cgroup::version() {
+        common::cgroup::Version::V1 => {
+            assert_eq!(
+                read("memory", "memory.limit_in_bytes"),
+                (24u64 << 20).to_string()
+            );
+            assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
+        }
+        common::cgroup::Version::V2 => {
+            assert_eq!(read("memory", "memory.max"), (24u64 << 20).to_string());
+            assert_eq!(read("cpu", "cpu.max"), "50000 100000");
+        }
+    }
+    assert_eq!(read("pids", "pids.max"), "12");
+
+    // Its processes are in its group; the control root's are not.
+    let placed = |root: &'static str| {
+        let daemon = &daemon;
+        let id = id.clone();
+        async move {
+            sh_in_root(
+                daemon,
+                &id,
+                root,
+                "grep -c root-app /proc/self/cgroup || true",
+            )
+            .await
+            .out()
+        }
+    };
+    assert_ne!(placed("app").await, "0\n", "a process of the limited root");
+    assert_eq!(placed("free").await, "0\n");
+
+    // 64 MiB is over the root's 24 and under the sandbox's 256: killed in
+    // the limited root only.
+    let fill = "dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null; echo rc=$?";
+    let in_free = sh_in_root(&daemon, &id, "free", fill).await;
+    assert_eq!(in_free.out(), "rc=0\n", "{}", in_free.err());
+    let proc = daemon
+        .start_process(
+            &id,
+            json!({"argv": ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"], "root": "app"}),
+        )
+        .await;
+    let killed = daemon.output(&id, proc).await;
+    assert_eq!(killed.process["oom_killed"], true, "{}", killed.process);
+    assert_eq!(
+        daemon.sh(&id, "echo alive").await.out(),
+        "alive\n",
+        "the sandbox outlives its container's OOM kill"
+    );
+
+    // A snapshot could not keep the root's group: refused, by name.
+    let (status, answer) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert!(
+        answer["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("limits of its own")),
+        "{answer}"
+    );
+
+    // The root's group goes with the root; then the pod can be snapshotted.
+    assert!(
+        group("pids").exists(),
+        "the group is there before the delete"
+    );
+    let (status, answer) = daemon
+        .call(Method::DELETE, &format!("{roots}/app"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
+    for controller in ["pids", "memory", "cpu"] {
+        assert!(!group(controller).exists(), "{controller} group left");
+    }
+    let (status, answer) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    daemon.delete(&id).await;
+}

@@ -342,9 +342,24 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             SupervisorRequest::AttachRoot {
                 name: "c1".into(),
                 layers: vec!["/a".into()],
+                limits: None,
             },
-            // name, layers (one path).
-            "16 02 63 31 01 02 2f 61".into(),
+            // name, layers (one path), no limits.
+            "16 02 63 31 01 02 2f 61 00".into(),
+        ),
+        (
+            SupervisorRequest::AttachRoot {
+                name: "c1".into(),
+                layers: vec![],
+                limits: Some(sandboxd::runtime::cgroups::RootLimits {
+                    cpu_quota_us: Some(50_000),
+                    memory_bytes: None,
+                    pids_max: Some(-1),
+                }),
+            },
+            // name, no layers, limits: quota (zigzag varint), no memory,
+            // pids (zigzag).
+            "16 02 63 31 00 01 01 a0 8d 06 00 01 01".into(),
         ),
         (
             SupervisorRequest::DetachRoot { name: "c1".into() },
@@ -495,7 +510,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 07 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 08 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (
@@ -532,7 +547,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 7, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 8, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -644,13 +659,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 8 with a rest this build cannot decode.
-    let v8 = bytes("0c 08 ff ff ff");
-    let mismatch = check_supervisor_version(&v8).expect_err("v8 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(8));
+    // Version 9 with a rest this build cannot decode.
+    let v9 = bytes("0c 09 ff ff ff");
+    let mismatch = check_supervisor_version(&v9).expect_err("v9 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(9));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v8, this daemon v7"),
+        text.contains("supervisor protocol v9, this daemon v8"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

@@ -291,9 +291,12 @@ impl Task for Service {
         let mut init = spec::process(&config["process"], "process").map_err(from_spec)?;
         let (sandbox, kind) = match role {
             spec::Role::PodMember { pod } => {
-                spec::member(&config).map_err(from_spec)?;
+                let own_limits = spec::member(&config).map_err(from_spec)?;
                 let sandbox = self.pod_sandbox(&pod)?;
-                let body = serde_json::json!({"name": req.id, "host_rootfs": host_rootfs});
+                let mut body = serde_json::json!({"name": req.id, "host_rootfs": host_rootfs});
+                if let Some(limits) = own_limits {
+                    body["limits"] = limits;
+                }
                 self.daemon
                     .call(
                         "POST",

@@ -243,8 +243,10 @@ pub fn sandbox(
 
 /// Checks the refusals of a pod's container (its root and process come
 /// from [`host_rootfs`] and [`process`]): it shares the pod sandbox's
-/// namespaces and limits, so what it would set for itself alone is refused.
-pub fn member(config: &Value) -> Result<(), SpecError> {
+/// namespaces, so what it would set for itself alone there is refused.
+/// Returns its own ceilings from `linux.resources` (the root's `limits`),
+/// if it has any: they apply to it alone, under the pod's.
+pub fn member(config: &Value) -> Result<Option<Value>, SpecError> {
     let linux = config.get("linux").unwrap_or(&Value::Null);
     if linux
         .get("namespaces")
@@ -260,27 +262,14 @@ pub fn member(config: &Value) -> Result<(), SpecError> {
     }
     check_refused(config, linux, &Role::PodMember { pod: String::new() })?;
     check_mounts(config, true)?;
-    let resources = linux.get("resources").unwrap_or(&Value::Null);
-    let per_container = [
-        (
-            "linux.resources.memory.limit",
-            resources.pointer("/memory/limit"),
-        ),
-        ("linux.resources.cpu.quota", resources.pointer("/cpu/quota")),
-        (
-            "linux.resources.pids.limit",
-            resources.pointer("/pids/limit"),
-        ),
-    ];
-    for (field, value) in per_container {
-        if value.and_then(Value::as_i64).is_some_and(|v| v > 0) {
-            return Err(refuse(
-                field,
-                "a container of a pod shares its sandbox's limits; sandboxd does not limit one container of a pod apart yet",
-            ));
-        }
+    let mut own = json!({});
+    if let Some(resources) = linux.get("resources") {
+        limits(resources, &mut own)?;
     }
-    Ok(())
+    Ok(own
+        .as_object()
+        .is_some_and(|o| !o.is_empty())
+        .then_some(own))
 }
 
 /// Checks the namespaces; returns the network namespace to join (a CRI
@@ -722,17 +711,24 @@ mod tests {
     }
 
     #[test]
-    fn a_cri_pod_member_shares_its_pod_and_refuses_limits_of_its_own() {
+    fn a_cri_pod_member_shares_its_pod_and_keeps_limits_of_its_own() {
         let spec = cri_spec("container");
         assert_eq!(role(&spec).unwrap(), Role::PodMember { pod: "pod1".into() });
         assert_eq!(grouping(&spec, "c1"), "pod1");
-        member(&spec).unwrap();
+        assert_eq!(member(&spec).unwrap(), None);
         let mut limited = cri_spec("container");
-        limited["linux"]["resources"] = json!({"memory": {"limit": 1 << 28}});
+        limited["linux"]["resources"] = json!({
+            "memory": {"limit": 1 << 28},
+            "cpu": {"quota": 25000, "period": 100000, "shares": 256},
+            "pids": {"limit": 64}
+        });
         assert_eq!(
-            member(&limited).unwrap_err().field,
-            "linux.resources.memory.limit"
+            member(&limited).unwrap(),
+            Some(json!({"memory_mib": 256, "cpu": 0.25, "pids": 64}))
         );
+        // Shares alone set no ceiling.
+        limited["linux"]["resources"] = json!({"cpu": {"shares": 2}});
+        assert_eq!(member(&limited).unwrap(), None);
         let mut volume = cri_spec("container");
         volume["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
         assert_eq!(member(&volume).unwrap_err().field, "mounts[0]");

@@ -31,7 +31,12 @@ pub async fn attach(
     }
     let body: AttachRoot = parse_json(&body)?;
     manager
-        .attach_root(&id, &body.name, body.host_rootfs.clone())
+        .attach_root(
+            &id,
+            &body.name,
+            body.host_rootfs.clone(),
+            body.limits.as_ref(),
+        )
         .await?;
     Ok((StatusCode::CREATED, Json(body)))
 }

@@ -293,6 +293,9 @@ pub struct SetTtl {
 pub struct AttachRoot {
     pub name: String,
     pub host_rootfs: Vec<std::path::PathBuf>,
+    /// Ceilings of this container alone, within the sandbox's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<crate::model::RootLimits>,
 }
 
 /// `POST /v1/sandboxes/{id}/processes`: give `argv`, or `code` (+ `language`).

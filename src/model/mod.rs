@@ -15,5 +15,5 @@ pub use create::{CreateRequest, HOST_ROOTFS_IMAGE};
 pub use ports::{ExposedPort, PortAuth, PortProtocol, PortRequest};
 pub use process::{Process, ProcessState};
 pub use sandbox::{
-    Limits, RuntimeKind, SandboxState, SandboxStats, UnknownRuntime, Usage, ID_MAP_SIZE,
+    Limits, RootLimits, RuntimeKind, SandboxState, SandboxStats, UnknownRuntime, Usage, ID_MAP_SIZE,
 };

@@ -1,9 +1,15 @@
 //! Host-side cgroup work that libcontainer does not do for us: one child
 //! cgroup per sandbox process (so a timeout or kill ends the whole tree, even
-//! descendants that called setsid), OOM counters, and final removal.
+//! descendants that called setsid), a limited group per pod container root
+//! that has limits of its own, OOM counters, and final removal.
 //!
 //! Works on cgroup v1 (separate hierarchies; per-process groups live in the
 //! `pids` and `freezer` hierarchies) and on the v2 unified hierarchy.
+//!
+//! The layout under a sandbox's group: `p<N>` per process; with a limited
+//! root, `root-<name>` holding that root's `p<N>` (and, on v1, its memory and
+//! cpu group); on v2, once a root is limited, `init` holding the agent, as a
+//! group that hands controllers to children may hold no process itself.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
@@ -71,6 +77,29 @@ pub const V1_SANDBOX_CONTROLLERS: [&str; 8] = [
 /// own, but where a CRIU restore may still make groups for a fork.
 const V1_NAMED_HIERARCHIES: [&str; 2] = ["systemd", "unified"];
 
+/// The ceilings of one pod container root, as its group spells them;
+/// `None` leaves that one to the sandbox's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RootLimits {
+    pub cpu_quota_us: Option<i64>,
+    pub memory_bytes: Option<u64>,
+    pub pids_max: Option<i64>,
+}
+
+/// v1 hierarchies where a limited root has a group beside its processes'
+/// (which are in [`V1_PROCESS_HIERARCHIES`]).
+const V1_ROOT_LIMIT_HIERARCHIES: [&str; 2] = ["memory", "cpu"];
+/// The v2 controllers a limited root's group sets.
+const V2_ROOT_CONTROLLERS: &str = "+cpu +memory +pids";
+/// The v2 group the agent moves to when the sandbox's group starts handing
+/// controllers to limited roots.
+const V2_INIT_GROUP: &str = "init";
+
+/// The group of pod container root `name` under a sandbox's.
+fn root_group(name: &str) -> String {
+    format!("root-{name}")
+}
+
 /// A sandbox's ceilings as its cgroups spell them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CgroupLimits {
@@ -103,25 +132,51 @@ impl SandboxCgroups {
         }
     }
 
-    fn process_dirs(&self, proc: u64) -> Vec<PathBuf> {
+    /// Where process groups sit: the sandbox's group, or limited root
+    /// `root`'s.
+    fn parent_dir(&self, hierarchy: &str, root: Option<&str>) -> PathBuf {
+        match root {
+            Some(name) => self.dir(hierarchy).join(root_group(name)),
+            None => self.dir(hierarchy),
+        }
+    }
+
+    /// The groups of process `proc`, started in limited root `root` if any.
+    fn process_dirs(&self, proc: u64, root: Option<&str>) -> Vec<PathBuf> {
         let name = format!("p{proc}");
         match self.layout {
             Layout::V1 => V1_PROCESS_HIERARCHIES
                 .iter()
-                .map(|h| self.dir(h).join(&name))
+                .map(|h| self.parent_dir(h, root).join(&name))
                 .collect(),
-            Layout::V2 => vec![self.dir("").join(name)],
+            Layout::V2 => vec![self.parent_dir("", root).join(name)],
         }
     }
 
-    /// Makes the child group(s) of process `proc` and opens their
-    /// `cgroup.procs` for writing. The agent's child writes `0` into each
-    /// before it execs; the open-time credentials (ours) authorise the move.
-    pub fn create_process_group(&self, proc: u64) -> Result<Vec<File>, CgroupError> {
+    /// Makes the child group(s) of process `proc` (under limited root
+    /// `root`'s group if given) and opens their `cgroup.procs` for writing,
+    /// with, on v1, those of the root's memory and cpu groups. The agent's
+    /// child writes `0` into each before it execs; the open-time
+    /// credentials (ours) authorise the move.
+    pub fn create_process_group(
+        &self,
+        proc: u64,
+        root: Option<&str>,
+    ) -> Result<Vec<File>, CgroupError> {
         let mut files = Vec::new();
-        for dir in self.process_dirs(proc) {
+        let mut procs_files: Vec<PathBuf> = Vec::new();
+        for dir in self.process_dirs(proc, root) {
             fs::create_dir_all(&dir).map_err(io_err(&dir))?;
-            let procs = dir.join("cgroup.procs");
+            procs_files.push(dir.join("cgroup.procs"));
+        }
+        if let (Some(_), Layout::V1) = (root, self.layout) {
+            procs_files.extend(
+                V1_ROOT_LIMIT_HIERARCHIES
+                    .iter()
+                    .map(|h| self.parent_dir(h, root).join("cgroup.procs")),
+            );
+        }
+        for procs in procs_files {
             files.push(
                 OpenOptions::new()
                     .write(true)
@@ -133,8 +188,8 @@ impl SandboxCgroups {
     }
 
     /// Kills every process in the group and waits until it is empty.
-    pub fn kill_process_group(&self, proc: u64) -> Result<(), CgroupError> {
-        let dirs = self.process_dirs(proc);
+    pub fn kill_process_group(&self, proc: u64, root: Option<&str>) -> Result<(), CgroupError> {
+        let dirs = self.process_dirs(proc, root);
         match self.layout {
             Layout::V2 => kill_v2(&dirs[0]),
             Layout::V1 => kill_v1(&dirs[0], &dirs[1]),
@@ -142,9 +197,120 @@ impl SandboxCgroups {
     }
 
     /// Removes the (empty) group of an ended process.
-    pub fn remove_process_group(&self, proc: u64) {
-        for dir in self.process_dirs(proc) {
+    pub fn remove_process_group(&self, proc: u64, root: Option<&str>) {
+        for dir in self.process_dirs(proc, root) {
             let _ = fs::remove_dir(dir);
+        }
+    }
+
+    /// The groups of limited root `name`, in every hierarchy it has one.
+    fn root_dirs(&self, name: &str) -> Vec<PathBuf> {
+        match self.layout {
+            Layout::V1 => V1_PROCESS_HIERARCHIES
+                .iter()
+                .chain(V1_ROOT_LIMIT_HIERARCHIES.iter())
+                .map(|h| self.parent_dir(h, Some(name)))
+                .collect(),
+            Layout::V2 => vec![self.parent_dir("", Some(name))],
+        }
+    }
+
+    /// Makes the group of pod container root `name` with its own ceilings,
+    /// under (and so within) the sandbox's. Processes started in the root
+    /// afterwards are placed in it ([`Self::create_process_group`]).
+    pub fn create_root_group(&self, name: &str, limits: &RootLimits) -> Result<(), CgroupError> {
+        if self.layout == Layout::V2 {
+            self.hand_controllers_to_children()?;
+        }
+        let made = self.write_root_group(name, limits);
+        if made.is_err() {
+            self.remove_root_group(name);
+        }
+        made
+    }
+
+    fn write_root_group(&self, name: &str, limits: &RootLimits) -> Result<(), CgroupError> {
+        for dir in self.root_dirs(name) {
+            fs::create_dir(&dir).map_err(io_err(&dir))?;
+        }
+        let dir = |hierarchy: &str| self.parent_dir(hierarchy, Some(name));
+        let mut writes: Vec<(PathBuf, String)> = Vec::new();
+        if let Some(bytes) = limits.memory_bytes {
+            match self.layout {
+                Layout::V1 => {
+                    writes.push((
+                        dir("memory").join("memory.limit_in_bytes"),
+                        bytes.to_string(),
+                    ));
+                    // Absent where the kernel does no swap accounting; after
+                    // the memory limit, which it may never be below.
+                    let memsw = dir("memory").join("memory.memsw.limit_in_bytes");
+                    if memsw.exists() {
+                        writes.push((memsw, bytes.to_string()));
+                    }
+                }
+                Layout::V2 => writes.push((dir("").join("memory.max"), bytes.to_string())),
+            }
+        }
+        if let Some(quota) = limits.cpu_quota_us {
+            writes.push(match self.layout {
+                Layout::V1 => (dir("cpu").join("cpu.cfs_quota_us"), quota.to_string()),
+                Layout::V2 => (
+                    dir("").join("cpu.max"),
+                    format!("{quota} {}", super::spec::CPU_PERIOD_US),
+                ),
+            });
+        }
+        if let Some(max) = limits.pids_max {
+            let hierarchy = match self.layout {
+                Layout::V1 => "pids",
+                Layout::V2 => "",
+            };
+            writes.push((dir(hierarchy).join("pids.max"), max.to_string()));
+        }
+        for (file, value) in writes {
+            fs::write(&file, value).map_err(io_err(&file))?;
+        }
+        Ok(())
+    }
+
+    /// v2 only: moves the sandbox's own tasks (its agent) into [`V2_INIT_GROUP`]
+    /// and has the sandbox's group hand its cpu, memory and pids controllers
+    /// to its children, which v2 allows only to a group with no task of its
+    /// own. Done once; the sandbox's totals still count every child.
+    fn hand_controllers_to_children(&self) -> Result<(), CgroupError> {
+        let top = self.dir("");
+        let control = top.join("cgroup.subtree_control");
+        let enabled = fs::read_to_string(&control).map_err(io_err(&control))?;
+        if ["cpu", "memory", "pids"]
+            .iter()
+            .all(|c| enabled.split_whitespace().any(|e| e == *c))
+        {
+            return Ok(());
+        }
+        let init = top.join(V2_INIT_GROUP);
+        match fs::create_dir(&init) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(&init)(e)),
+        }
+        let moved = init.join("cgroup.procs");
+        for pid in read_pids(&top) {
+            match fs::write(&moved, pid.to_string()) {
+                Ok(()) => {}
+                // It ended since the read.
+                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+                Err(e) => return Err(io_err(&moved)(e)),
+            }
+        }
+        fs::write(&control, V2_ROOT_CONTROLLERS).map_err(io_err(&control))
+    }
+
+    /// Removes limited root `name`'s groups (empty by then: its processes
+    /// were killed and their groups removed).
+    pub fn remove_root_group(&self, name: &str) {
+        for dir in self.root_dirs(name) {
+            remove_tree(&dir);
         }
     }
 
@@ -257,13 +423,27 @@ impl SandboxCgroups {
         fs::read_to_string(file).ok()?.trim().parse().ok()
     }
 
-    /// OOM kills counted for the whole sandbox.
+    /// OOM kills counted for the whole sandbox, its limited roots' included.
     pub fn oom_kills(&self) -> u64 {
-        let (file, key) = match self.layout {
-            Layout::V1 => (self.dir("memory").join("memory.oom_control"), "oom_kill"),
-            Layout::V2 => (self.dir("").join("memory.events"), "oom_kill"),
-        };
-        read_key(&file, key).unwrap_or(0)
+        match self.layout {
+            // v2's `memory.events` counts the group's descendants too.
+            Layout::V2 => read_key(&self.dir("").join("memory.events"), "oom_kill").unwrap_or(0),
+            // v1's counter is the group's own: a limited root's kills are
+            // in its group's.
+            Layout::V1 => {
+                let top = self.dir("memory");
+                let roots = fs::read_dir(&top)
+                    .into_iter()
+                    .flatten()
+                    .flatten()
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("root-"))
+                    .map(|e| e.path());
+                std::iter::once(top.clone())
+                    .chain(roots)
+                    .map(|dir| read_key(&dir.join("memory.oom_control"), "oom_kill").unwrap_or(0))
+                    .sum()
+            }
+        }
     }
 
     fn tops(&self) -> Vec<PathBuf> {
@@ -561,7 +741,7 @@ mod tests {
     fn process_groups_live_under_the_sandbox_in_each_hierarchy() {
         let v1 = SandboxCgroups::new(Layout::V1, "/sandboxd/abc");
         assert_eq!(
-            v1.process_dirs(7),
+            v1.process_dirs(7, None),
             vec![
                 PathBuf::from("/sys/fs/cgroup/pids/sandboxd/abc/p7"),
                 PathBuf::from("/sys/fs/cgroup/freezer/sandboxd/abc/p7"),
@@ -569,8 +749,79 @@ mod tests {
         );
         let v2 = SandboxCgroups::new(Layout::V2, "sandboxd/abc");
         assert_eq!(
-            v2.process_dirs(7),
+            v2.process_dirs(7, None),
             vec![PathBuf::from("/sys/fs/cgroup/sandboxd/abc/p7")]
+        );
+    }
+
+    #[test]
+    fn a_limited_roots_processes_live_under_its_group() {
+        let v1 = SandboxCgroups::new(Layout::V1, "/sandboxd/abc");
+        assert_eq!(
+            v1.process_dirs(7, Some("app")),
+            vec![
+                PathBuf::from("/sys/fs/cgroup/pids/sandboxd/abc/root-app/p7"),
+                PathBuf::from("/sys/fs/cgroup/freezer/sandboxd/abc/root-app/p7"),
+            ]
+        );
+        assert_eq!(
+            v1.root_dirs("app"),
+            ["pids", "freezer", "memory", "cpu"]
+                .map(|h| PathBuf::from(format!("/sys/fs/cgroup/{h}/sandboxd/abc/root-app")))
+        );
+        let v2 = SandboxCgroups::new(Layout::V2, "sandboxd/abc");
+        assert_eq!(
+            v2.process_dirs(7, Some("app")),
+            vec![PathBuf::from("/sys/fs/cgroup/sandboxd/abc/root-app/p7")]
+        );
+    }
+
+    /// A plain directory stands in for cgroupfs: the files the kernel would
+    /// make are made by hand, and what the module writes is read back.
+    #[test]
+    fn a_v2_root_group_moves_the_agent_out_and_sets_its_ceilings() {
+        let fake = tempfile::tempdir().expect("tempdir");
+        let top = fake.path().join("sandboxd/abc");
+        fs::create_dir_all(top.join(V2_INIT_GROUP)).expect("dirs");
+        fs::write(top.join("cgroup.subtree_control"), "").expect("control");
+        fs::write(top.join("cgroup.procs"), "").expect("procs");
+        let cgroups = SandboxCgroups::under(fake.path(), Layout::V2, "sandboxd/abc");
+        let limits = RootLimits {
+            cpu_quota_us: Some(50_000),
+            memory_bytes: Some(64 << 20),
+            pids_max: Some(32),
+        };
+        cgroups
+            .create_root_group("app", &limits)
+            .expect("root group");
+        assert_eq!(
+            fs::read_to_string(top.join("cgroup.subtree_control")).unwrap(),
+            V2_ROOT_CONTROLLERS
+        );
+        let group = top.join("root-app");
+        assert_eq!(
+            fs::read_to_string(group.join("memory.max")).unwrap(),
+            "67108864"
+        );
+        assert_eq!(
+            fs::read_to_string(group.join("cpu.max")).unwrap(),
+            "50000 100000"
+        );
+        assert_eq!(fs::read_to_string(group.join("pids.max")).unwrap(), "32");
+        // Only what was asked for is written.
+        cgroups
+            .create_root_group(
+                "small",
+                &RootLimits {
+                    pids_max: Some(8),
+                    ..Default::default()
+                },
+            )
+            .expect("root group");
+        assert!(!top.join("root-small/memory.max").exists());
+        assert_eq!(
+            fs::read_to_string(top.join("root-small/pids.max")).unwrap(),
+            "8"
         );
     }
 }

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use super::manager::not_running;
 use super::validate::validated_host_dirs;
 use super::{Manager, SandboxError};
-use crate::model::RuntimeKind;
+use crate::config::Config;
+use crate::model::{RootLimits, RuntimeKind};
+use crate::runtime::cgroups::RootLimits as RootCgroupLimits;
 use crate::supervisor::client::CallError;
 use crate::supervisor::protocol::SupervisorErrorKind;
 
@@ -24,14 +26,81 @@ pub fn validated_root_name(name: &str) -> Result<(), SandboxError> {
     }
 }
 
+/// The smallest memory ceiling of one container of a pod.
+const MIN_ROOT_MEMORY_MIB: u64 = 4;
+
+/// Checks a root's own ceilings against what the daemon allows one
+/// sandbox, and spells them as its cgroup does. They may be above the
+/// sandbox's own, as a Kubernetes container's may be above what its pod
+/// got: the root's group sits under the sandbox's, whose ceilings still
+/// bound the whole pod.
+pub fn validated_root_limits(
+    limits: &RootLimits,
+    config: &Config,
+) -> Result<RootCgroupLimits, SandboxError> {
+    let cpu_quota_us = match limits.cpu {
+        None => None,
+        Some(cpu) if cpu.is_finite() && cpu >= 0.01 && cpu <= config.max_cpu => Some(
+            crate::runtime::spec::cpu_quota_us(cpu)
+                .map_err(|e| SandboxError::bad("invalid_cpu", e.to_string()))?,
+        ),
+        Some(cpu) => {
+            return Err(SandboxError::bad(
+                "invalid_cpu",
+                format!(
+                    "limits.cpu must be between 0.01 and {} cores, got {cpu}",
+                    config.max_cpu
+                ),
+            ))
+        }
+    };
+    let memory_bytes = match limits.memory_mib {
+        None => None,
+        Some(mib) if (MIN_ROOT_MEMORY_MIB..=config.max_memory_mib).contains(&mib) => {
+            Some(mib << 20)
+        }
+        Some(mib) => {
+            return Err(SandboxError::bad(
+                "invalid_memory",
+                format!(
+                    "limits.memory_mib must be between {MIN_ROOT_MEMORY_MIB} and {}, got {mib}",
+                    config.max_memory_mib
+                ),
+            ))
+        }
+    };
+    let pids_max = match limits.pids {
+        None => None,
+        Some(pids) if (1..=config.max_pids).contains(&pids) => {
+            Some(i64::try_from(pids).unwrap_or(i64::MAX))
+        }
+        Some(pids) => {
+            return Err(SandboxError::bad(
+                "invalid_pids",
+                format!(
+                    "limits.pids must be between 1 and {}, got {pids}",
+                    config.max_pids
+                ),
+            ))
+        }
+    };
+    Ok(RootCgroupLimits {
+        cpu_quota_us,
+        memory_bytes,
+        pids_max,
+    })
+}
+
 impl Manager {
     /// Makes root `name` of sandbox `id` on the host directories `layers`
-    /// (top first), owned by host ids and shown idmapped.
+    /// (top first), owned by host ids and shown idmapped, with ceilings of
+    /// its own (under the sandbox's) when `limits` are given.
     pub async fn attach_root(
         &self,
         id: &str,
         name: &str,
         layers: Vec<PathBuf>,
+        limits: Option<&RootLimits>,
     ) -> Result<(), SandboxError> {
         validated_root_name(name)?;
         if layers.is_empty() {
@@ -48,8 +117,11 @@ impl Manager {
                 "separate roots are for container sandboxes; a microVM has one root",
             ));
         }
+        let limits = limits
+            .map(|l| validated_root_limits(l, &self.config))
+            .transpose()?;
         let mut client = self.connect(id).await?;
-        match client.attach_root(name, layers).await {
+        match client.attach_root(name, layers, limits).await {
             Ok(()) => Ok(()),
             Err(CallError::Connect(e)) => Err(not_running(id, e)),
             Err(CallError::Refused(e)) if e.kind == SupervisorErrorKind::Conflict => {
@@ -77,5 +149,57 @@ impl Manager {
             }
             Err(e) => Err(e.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigOverrides;
+
+    #[test]
+    fn a_roots_limits_are_checked_and_spelled_as_its_cgroup_does() {
+        let config = Config::load(None, ConfigOverrides::default()).expect("config");
+        let limits = RootLimits {
+            cpu: Some(0.5),
+            memory_mib: Some(64),
+            pids: Some(32),
+        };
+        assert_eq!(
+            validated_root_limits(&limits, &config).expect("valid"),
+            RootCgroupLimits {
+                cpu_quota_us: Some(50_000),
+                memory_bytes: Some(64 << 20),
+                pids_max: Some(32),
+            }
+        );
+        assert_eq!(
+            validated_root_limits(&RootLimits::default(), &config).expect("valid"),
+            RootCgroupLimits::default()
+        );
+        let refused = |limits: RootLimits| match validated_root_limits(&limits, &config) {
+            Err(SandboxError::BadRequest { code, .. }) => code,
+            other => panic!("{other:?}"),
+        };
+        let memory = |mib| RootLimits {
+            memory_mib: Some(mib),
+            ..Default::default()
+        };
+        assert_eq!(refused(memory(3)), "invalid_memory");
+        assert_eq!(refused(memory(config.max_memory_mib + 1)), "invalid_memory");
+        assert_eq!(
+            refused(RootLimits {
+                cpu: Some(f64::NAN),
+                ..Default::default()
+            }),
+            "invalid_cpu"
+        );
+        assert_eq!(
+            refused(RootLimits {
+                pids: Some(0),
+                ..Default::default()
+            }),
+            "invalid_pids"
+        );
     }
 }

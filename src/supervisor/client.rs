@@ -372,11 +372,18 @@ impl SupervisorClient {
         expect::ok("SetPolicy", self.call(&request, CONTROL_DEADLINE).await?)
     }
 
-    /// Makes pod container root `name` on `layers` (top first).
-    pub async fn attach_root(&mut self, name: &str, layers: Vec<PathBuf>) -> Result<(), CallError> {
+    /// Makes pod container root `name` on `layers` (top first), with
+    /// `limits` of its own within the sandbox's if given.
+    pub async fn attach_root(
+        &mut self,
+        name: &str,
+        layers: Vec<PathBuf>,
+        limits: Option<crate::runtime::cgroups::RootLimits>,
+    ) -> Result<(), CallError> {
         let request = SupervisorRequest::AttachRoot {
             name: name.to_string(),
             layers,
+            limits,
         };
         expect::ok("AttachRoot", self.call(&request, PROCESS_DEADLINE).await?)
     }

@@ -46,6 +46,16 @@ struct Entry {
     killed_by_supervisor: bool,
     /// The pod container root it was started in, if any.
     root: Option<String>,
+    /// Whether that root has limits of its own, so the process's group is
+    /// under the root's.
+    limited: bool,
+}
+
+impl Entry {
+    /// The limited root whose group holds this process's, if any.
+    fn group_root(&self) -> Option<String> {
+        self.root.clone().filter(|_| self.limited)
+    }
 }
 
 /// One read of a process's output log.
@@ -82,6 +92,9 @@ pub struct Supervisor {
     /// teardown: a teardown never sweeps the run directory while an
     /// attach has layers mounted there.
     roots: tokio::sync::Mutex<()>,
+    /// Pod container roots with limits of their own (a group under the
+    /// sandbox's holding their processes').
+    limited_roots: Mutex<std::collections::HashSet<String>>,
 }
 
 fn now_rfc3339() -> String {
@@ -136,6 +149,7 @@ impl Supervisor {
                     oom_at_start: oom_now,
                     killed_by_supervisor: false,
                     root: None,
+                    limited: false,
                 };
                 (p.id, entry)
             })
@@ -160,6 +174,7 @@ impl Supervisor {
             egress: std::sync::OnceLock::new(),
             dialer: std::sync::OnceLock::new(),
             roots: tokio::sync::Mutex::new(()),
+            limited_roots: Mutex::default(),
         })
     }
 
@@ -250,12 +265,20 @@ impl Supervisor {
         Ok(held)
     }
 
-    /// Makes pod container root `name` on `layers` and attaches it inside
-    /// the sandbox (see `runtime::pod_roots`).
+    fn limited_roots(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.limited_roots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes pod container root `name` on `layers`, with its own group under
+    /// the sandbox's when it has `limits`, and attaches it inside the
+    /// sandbox (see `runtime::pod_roots`).
     pub async fn attach_root(
         &self,
         name: String,
         layers: Vec<std::path::PathBuf>,
+        limits: Option<crate::runtime::cgroups::RootLimits>,
     ) -> Result<(), SupervisorError> {
         let _roots = self.roots_held().await?;
         let (spec, paths, made_name) = (self.config.spec.clone(), self.paths.clone(), name.clone());
@@ -275,6 +298,27 @@ impl Supervisor {
             }
             e => err(SupervisorErrorKind::Internal, e.to_string()),
         })?;
+        if let Some(limits) = limits {
+            let (cgroups, group_name) = (self.cgroups.clone(), name.clone());
+            let grouped = tokio::task::spawn_blocking(move || {
+                cgroups.create_root_group(&group_name, &limits)
+            })
+            .await
+            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))
+            .and_then(|made| {
+                made.map_err(|e| {
+                    err(
+                        SupervisorErrorKind::Internal,
+                        format!("making the root's limited cgroup: {e}"),
+                    )
+                })
+            });
+            if let Err(e) = grouped {
+                let _ = crate::runtime::pod_roots::remove(&self.config.spec, &name);
+                return Err(e);
+            }
+            self.limited_roots().insert(name.clone());
+        }
         let (init_pid, attach_name) = (self.init_pid, name.clone());
         let attached = tokio::task::spawn_blocking(move || {
             crate::runtime::pod_roots::attach(init_pid, &attach_name, &mount)
@@ -294,6 +338,9 @@ impl Supervisor {
         };
         // The writable layer was this attach's own (make claimed the name).
         let _ = crate::runtime::pod_roots::remove(&self.config.spec, &name);
+        if self.limited_roots().remove(&name) {
+            self.cgroups.remove_root_group(&name);
+        }
         Err(refused)
     }
 
@@ -317,14 +364,22 @@ impl Supervisor {
             self.kill(proc).await?;
         }
         let cgroups = self.cgroups.clone();
+        let limited = self.limited_roots().contains(&name);
+        let group_name = name.clone();
         tokio::task::spawn_blocking(move || {
+            let group_root = limited.then_some(group_name.as_str());
             for proc in ended {
                 // A group already gone has nothing left to kill.
-                let _ = cgroups.kill_process_group(proc);
+                let _ = cgroups.kill_process_group(proc, group_root);
+            }
+            // Empty now; its processes' groups go with it.
+            if limited {
+                cgroups.remove_root_group(&group_name);
             }
         })
         .await
         .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
+        self.limited_roots().remove(&name);
         let (init_pid, spec) = (self.init_pid, self.config.spec.clone());
         tokio::task::spawn_blocking(move || {
             let detached = crate::runtime::pod_roots::detach(init_pid, &name);
@@ -350,6 +405,14 @@ impl Supervisor {
         &self,
         target: crate::runtime::CheckpointTarget,
     ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
+        if let Some(root) = self.limited_roots().iter().next() {
+            // CRIU would have to remake those groups and their ceilings in
+            // a fork; not built.
+            return Err(err(
+                SupervisorErrorKind::Conflict,
+                format!("pod container root {root:?} has limits of its own, which a snapshot cannot keep yet; snapshot a pod whose containers share the sandbox's limits"),
+            ));
+        }
         let Some(_paused) = self.link.try_pause() else {
             return Err(err(
                 SupervisorErrorKind::Conflict,
@@ -506,13 +569,15 @@ impl Supervisor {
                 && (status.oom_killed || oom_now > entry.oom_at_start);
             entry.changed.send_modify(|v| *v += 1);
             let ended = entry.info.clone();
+            let group_root = entry.group_root();
             self.forget_old(&mut procs);
             drop(procs);
             self.publish(SupervisorEvent::ProcessExited(ended));
+            // Descendants the process left running keep its group busy;
+            // then the group stays until the sandbox (or its root) goes.
+            self.cgroups
+                .remove_process_group(proc, group_root.as_deref());
         }
-        // Descendants the process left running keep its group busy; then the
-        // group stays until the sandbox goes.
-        self.cgroups.remove_process_group(proc);
     }
 
     fn forget_old(&self, procs: &mut BTreeMap<u64, Entry>) {
@@ -533,14 +598,20 @@ impl Supervisor {
             return Err(err(SupervisorErrorKind::AgentGone, reason));
         }
         let proc = self.next_proc.fetch_add(1, Ordering::Relaxed);
+        let group_root = spec
+            .root
+            .clone()
+            .filter(|root| self.limited_roots().contains(root));
         let cgroup_files = match self.process_control() {
             ProcessControl::GuestAgent => Vec::new(),
             ProcessControl::HostCgroups => {
-                let cgroups = self.cgroups.clone();
-                tokio::task::spawn_blocking(move || cgroups.create_process_group(proc))
-                    .await
-                    .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
-                    .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+                let (cgroups, group_root) = (self.cgroups.clone(), group_root.clone());
+                tokio::task::spawn_blocking(move || {
+                    cgroups.create_process_group(proc, group_root.as_deref())
+                })
+                .await
+                .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+                .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
             }
         };
         let base = self.env.lock().map(|e| e.clone()).unwrap_or_default();
@@ -597,6 +668,7 @@ impl Supervisor {
                     oom_at_start: self.cgroups.oom_kills(),
                     killed_by_supervisor: false,
                     root: spec.root,
+                    limited: group_root.is_some(),
                 },
             );
         }
@@ -613,7 +685,8 @@ impl Supervisor {
             Ok(Reply::Spawned { pid }) => pid,
             Ok(Reply::Error(e)) => {
                 self.procs().remove(&proc);
-                self.cgroups.remove_process_group(proc);
+                self.cgroups
+                    .remove_process_group(proc, group_root.as_deref());
                 let kind = match e.kind {
                     ErrorKind::NotFound | ErrorKind::PermissionDenied | ErrorKind::InvalidInput => {
                         SupervisorErrorKind::InvalidInput
@@ -633,7 +706,7 @@ impl Supervisor {
                 self.procs().remove(&proc);
                 // Only a spawn the agent received can start late.
                 let sent = matches!(e, LinkError::Timeout(_));
-                self.abandon_spawn(proc, sent).await;
+                self.abandon_spawn(proc, group_root, sent).await;
                 return Err(link_failure(e));
             }
         };
@@ -698,11 +771,12 @@ impl Supervisor {
     /// a microVM the guest's agent does it (its process group); an agent
     /// that does not answer fails the sandbox, which ends the VM.
     pub async fn kill(&self, proc: u64) -> Result<(), SupervisorError> {
-        {
+        let group_root = {
             let mut procs = self.procs();
             let entry = procs.get_mut(&proc).ok_or_else(|| unknown(proc))?;
             entry.killed_by_supervisor = true;
-        }
+            entry.group_root()
+        };
         if self.process_control() == ProcessControl::GuestAgent {
             let signal = RequestBody::Signal {
                 proc,
@@ -719,7 +793,7 @@ impl Supervisor {
             };
         }
         let cgroups = self.cgroups.clone();
-        tokio::task::spawn_blocking(move || cgroups.kill_process_group(proc))
+        tokio::task::spawn_blocking(move || cgroups.kill_process_group(proc, group_root.as_deref()))
             .await
             .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
             .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))
@@ -834,7 +908,7 @@ impl Supervisor {
     /// process in every fork: the abandon waits behind the checkpoint's
     /// hold on the link, like any request.) A spawn never `sent` only has
     /// its host group removed: no agent can start it.
-    async fn abandon_spawn(&self, proc: u64, sent: bool) {
+    async fn abandon_spawn(&self, proc: u64, group_root: Option<String>, sent: bool) {
         if self.process_control() != ProcessControl::HostCgroups {
             if !sent {
                 return;
@@ -854,8 +928,8 @@ impl Supervisor {
         }
         let cgroups = self.cgroups.clone();
         let abandoned = tokio::task::spawn_blocking(move || {
-            let killed = cgroups.kill_process_group(proc);
-            cgroups.remove_process_group(proc);
+            let killed = cgroups.kill_process_group(proc, group_root.as_deref());
+            cgroups.remove_process_group(proc, group_root.as_deref());
             killed
         })
         .await;

@@ -55,7 +55,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// `RequestBody::GuestPids`, and its `Reply::Pids`.
 ///
 /// 7 added `Checkpoint::fresh_tmpfs`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 7;
+///
+/// 8 added `AttachRoot::limits`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 8;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -146,10 +148,12 @@ pub enum SupervisorRequest {
     ListeningPorts,
     /// A container sandbox only: make a pod container's root on `layers`
     /// (host directories, top first) and have the agent attach it as
-    /// `name` (see `runtime::pod_roots`). Reply: [`SupervisorReply::Ok`].
+    /// `name` (see `runtime::pod_roots`), in a group of its own under the
+    /// sandbox's when it has `limits`. Reply: [`SupervisorReply::Ok`].
     AttachRoot {
         name: String,
         layers: Vec<std::path::PathBuf>,
+        limits: Option<crate::runtime::cgroups::RootLimits>,
     },
     /// Kill the processes started in root `name`, have the agent unmount
     /// it and remove its writable layer. Reply: [`SupervisorReply::Ok`].

@@ -216,9 +216,13 @@ async fn answer(
                     other => SupervisorReply::Agent(other),
                 }),
         ),
-        SupervisorRequest::AttachRoot { name, layers } => reply_of(
+        SupervisorRequest::AttachRoot {
+            name,
+            layers,
+            limits,
+        } => reply_of(
             supervisor
-                .attach_root(name, layers)
+                .attach_root(name, layers, limits)
                 .await
                 .map(|()| SupervisorReply::Ok),
         ),
