@@ -611,6 +611,7 @@ async fn a_pod_containers_own_limits_bind_it_alone() {
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert_eq!(answer["error"]["code"], "snapshot_unsupported", "{answer}");
     assert!(
         answer["error"]["message"]
             .as_str()

@@ -64,6 +64,10 @@ pub struct SandboxCgroups {
     /// Where the hierarchies are mounted: [`CGROUP_ROOT`], except in unit
     /// tests, which stand a plain directory in for cgroupfs.
     root: PathBuf,
+    /// v1 OOM kills of limited roots since removed: v1 counts a kill in
+    /// the killing group only, so a removed root's would drop out of the
+    /// sandbox's total (v2's counts descendants, removed ones included).
+    retired_oom_kills: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// v1 hierarchies that hold per-process groups: `pids` lists and counts the
@@ -90,7 +94,7 @@ pub struct RootLimits {
 /// (which are in [`V1_PROCESS_HIERARCHIES`]).
 const V1_ROOT_LIMIT_HIERARCHIES: [&str; 2] = ["memory", "cpu"];
 /// The v2 controllers a limited root's group sets.
-const V2_ROOT_CONTROLLERS: &str = "+cpu +memory +pids";
+const V2_ROOT_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 /// The v2 group the agent moves to when the sandbox's group starts handing
 /// controllers to limited roots.
 const V2_INIT_GROUP: &str = "init";
@@ -122,6 +126,7 @@ impl SandboxCgroups {
             layout,
             path: path.trim_start_matches('/').to_string(),
             root: root.to_path_buf(),
+            retired_oom_kills: Default::default(),
         }
     }
 
@@ -166,7 +171,13 @@ impl SandboxCgroups {
         let mut files = Vec::new();
         let mut procs_files: Vec<PathBuf> = Vec::new();
         for dir in self.process_dirs(proc, root) {
-            fs::create_dir_all(&dir).map_err(io_err(&dir))?;
+            // Under a root, its group must exist: a root removed since the
+            // caller chose it is an error, not a new group without limits.
+            let made = match root {
+                Some(_) => fs::create_dir(&dir),
+                None => fs::create_dir_all(&dir),
+            };
+            made.map_err(io_err(&dir))?;
             procs_files.push(dir.join("cgroup.procs"));
         }
         if let (Some(_), Layout::V1) = (root, self.layout) {
@@ -254,7 +265,16 @@ impl SandboxCgroups {
         }
         if let Some(quota) = limits.cpu_quota_us {
             writes.push(match self.layout {
-                Layout::V1 => (dir("cpu").join("cpu.cfs_quota_us"), quota.to_string()),
+                // v1 refuses a child's quota above its parent's (v2 takes
+                // the lower of the two); the parent's is the ceiling anyway.
+                Layout::V1 => {
+                    let parent = fs::read_to_string(self.dir("cpu").join("cpu.cfs_quota_us"))
+                        .ok()
+                        .and_then(|q| q.trim().parse::<i64>().ok())
+                        .filter(|q| *q > 0);
+                    let quota = parent.map_or(quota, |p| quota.min(p));
+                    (dir("cpu").join("cpu.cfs_quota_us"), quota.to_string())
+                }
                 Layout::V2 => (
                     dir("").join("cpu.max"),
                     format!("{quota} {}", super::spec::CPU_PERIOD_US),
@@ -281,10 +301,11 @@ impl SandboxCgroups {
     fn hand_controllers_to_children(&self) -> Result<(), CgroupError> {
         let top = self.dir("");
         let control = top.join("cgroup.subtree_control");
+        let wanted = self.v2_root_controllers()?;
         let enabled = fs::read_to_string(&control).map_err(io_err(&control))?;
-        if ["cpu", "memory", "pids"]
+        if wanted
             .iter()
-            .all(|c| enabled.split_whitespace().any(|e| e == *c))
+            .all(|c| enabled.split_whitespace().any(|e| e == c))
         {
             return Ok(());
         }
@@ -294,21 +315,95 @@ impl SandboxCgroups {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io_err(&init)(e)),
         }
-        let moved = init.join("cgroup.procs");
-        for pid in read_pids(&top) {
-            match fs::write(&moved, pid.to_string()) {
-                Ok(()) => {}
-                // It ended since the read.
-                Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
-                Err(e) => return Err(io_err(&moved)(e)),
+        let value = wanted
+            .iter()
+            .map(|c| format!("+{c}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        // A child the agent forked a moment ago is in the top group until
+        // it moves itself into its own: moved again until none is left.
+        let mut attempts = 0;
+        loop {
+            move_tasks(&top, &init)?;
+            match fs::write(&control, &value) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempts < 10 => {
+                    attempts += 1;
+                }
+                Err(e) => return Err(io_err(&control)(e)),
             }
         }
-        fs::write(&control, V2_ROOT_CONTROLLERS).map_err(io_err(&control))
+    }
+
+    /// The controllers a v2 root group sets that the sandbox's group has.
+    fn v2_root_controllers(&self) -> Result<Vec<String>, CgroupError> {
+        let available = self.dir("").join("cgroup.controllers");
+        let text = fs::read_to_string(&available).map_err(io_err(&available))?;
+        Ok(V2_ROOT_CONTROLLERS
+            .iter()
+            .filter(|c| text.split_whitespace().any(|a| a == **c))
+            .map(|c| c.to_string())
+            .collect())
+    }
+
+    /// v2 only, once no limited root is left: the sandbox's group stops
+    /// handing controllers down and takes its agent back, so the layout is
+    /// the one every other sandbox has (what a snapshot's CRIU dump sees).
+    pub fn take_controllers_back(&self) -> Result<(), CgroupError> {
+        if self.layout != Layout::V2 {
+            return Ok(());
+        }
+        let top = self.dir("");
+        let init = top.join(V2_INIT_GROUP);
+        if !init.exists() {
+            return Ok(());
+        }
+        let control = top.join("cgroup.subtree_control");
+        let value = self
+            .v2_root_controllers()?
+            .iter()
+            .map(|c| format!("-{c}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        fs::write(&control, value).map_err(io_err(&control))?;
+        move_tasks(&init, &top)?;
+        fs::remove_dir(&init).map_err(io_err(&init))
+    }
+
+    /// Kills every process of limited root `name` (those of processes
+    /// already forgotten included) and removes its groups; an error when
+    /// one stays.
+    pub fn kill_root_group(&self, name: &str) -> Result<(), CgroupError> {
+        match self.layout {
+            Layout::V2 => kill_v2(&self.parent_dir("", Some(name)))?,
+            Layout::V1 => kill_v1(
+                &self.parent_dir("pids", Some(name)),
+                &self.parent_dir("freezer", Some(name)),
+            )?,
+        }
+        self.remove_root_group(name);
+        match self.root_dirs(name).into_iter().find(|d| d.exists()) {
+            Some(left) => Err(CgroupError::Io {
+                path: left.display().to_string(),
+                source: io::Error::other("the root's group could not be removed"),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Removes limited root `name`'s groups (empty by then: its processes
-    /// were killed and their groups removed).
+    /// were killed and their groups removed), keeping its OOM kills in the
+    /// sandbox's count.
     pub fn remove_root_group(&self, name: &str) {
+        if self.layout == Layout::V1 {
+            let counter = self
+                .parent_dir("memory", Some(name))
+                .join("memory.oom_control");
+            if let Some(kills) = read_key(&counter, "oom_kill") {
+                self.retired_oom_kills
+                    .fetch_add(kills, std::sync::atomic::Ordering::Relaxed);
+            }
+        }
         for dir in self.root_dirs(name) {
             remove_tree(&dir);
         }
@@ -438,10 +533,13 @@ impl SandboxCgroups {
                     .flatten()
                     .filter(|e| e.file_name().to_string_lossy().starts_with("root-"))
                     .map(|e| e.path());
-                std::iter::once(top.clone())
+                let live: u64 = std::iter::once(top.clone())
                     .chain(roots)
                     .map(|dir| read_key(&dir.join("memory.oom_control"), "oom_kill").unwrap_or(0))
-                    .sum()
+                    .sum();
+                live + self
+                    .retired_oom_kills
+                    .load(std::sync::atomic::Ordering::Relaxed)
             }
         }
     }
@@ -627,6 +725,20 @@ pub fn sandbox_group_ids(parent: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Moves every task of group `from` into group `to` (v2); one that ended
+/// meanwhile is skipped.
+fn move_tasks(from: &Path, to: &Path) -> Result<(), CgroupError> {
+    let procs = to.join("cgroup.procs");
+    for pid in read_pids(from) {
+        match fs::write(&procs, pid.to_string()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}
+            Err(e) => return Err(io_err(&procs)(e)),
+        }
+    }
+    Ok(())
+}
+
 fn read_pids(dir: &Path) -> Vec<i32> {
     fs::read_to_string(dir.join("cgroup.procs"))
         .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
@@ -784,6 +896,8 @@ mod tests {
         let top = fake.path().join("sandboxd/abc");
         fs::create_dir_all(top.join(V2_INIT_GROUP)).expect("dirs");
         fs::write(top.join("cgroup.subtree_control"), "").expect("control");
+        fs::write(top.join("cgroup.controllers"), "cpuset cpu io memory pids")
+            .expect("controllers");
         fs::write(top.join("cgroup.procs"), "").expect("procs");
         let cgroups = SandboxCgroups::under(fake.path(), Layout::V2, "sandboxd/abc");
         let limits = RootLimits {
@@ -796,7 +910,7 @@ mod tests {
             .expect("root group");
         assert_eq!(
             fs::read_to_string(top.join("cgroup.subtree_control")).unwrap(),
-            V2_ROOT_CONTROLLERS
+            "+cpu +memory +pids"
         );
         let group = top.join("root-app");
         assert_eq!(

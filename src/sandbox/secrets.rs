@@ -67,31 +67,40 @@ impl Manager {
         Ok(())
     }
 
-    /// Unbinds from a just-made sandbox the secrets deleted while it was
-    /// being created, and tells its supervisor. Called after the Ready
-    /// commit: a delete that ran before that commit skipped the record, and
-    /// one after it sees the sandbox ready and unbinds it itself.
-    pub(super) async fn unbind_deleted_secrets(&self, id: &str) {
-        let record = {
+    /// Unbinds from a just-made (or just-claimed) sandbox the secrets
+    /// deleted while it was being made, tells its supervisor, and leaves
+    /// `record` as stored. Called after the Ready commit: a delete that ran
+    /// before that commit skipped the record, and one after it sees the
+    /// sandbox ready and unbinds it itself.
+    pub(super) async fn unbind_deleted_secrets(&self, record: &mut SandboxRecord) {
+        if record.secrets.is_empty() {
+            return;
+        }
+        // A store that cannot answer keeps the binding: the sandbox keeps
+        // what it was made with, as after any unreadable store. Read
+        // outside the records lock.
+        let gone: Vec<String> = record
+            .secrets
+            .iter()
+            .filter(|b| !self.secrets.exists(&b.name).unwrap_or(true))
+            .map(|b| b.name.clone())
+            .collect();
+        if gone.is_empty() {
+            return;
+        }
+        let updated = {
             let mut records = self.records();
-            let Some(record) = records.get_mut(id) else {
+            let Some(current) = records.get_mut(&record.id) else {
                 return;
             };
-            let before = record.secrets.len();
-            // A store that cannot answer keeps the binding: the sandbox
-            // keeps what it was made with, as after any unreadable store.
-            record
-                .secrets
-                .retain(|b| self.secrets.exists(&b.name).unwrap_or(true));
-            if record.secrets.len() == before {
-                return;
-            }
-            record.clone()
+            current.secrets.retain(|b| !gone.contains(&b.name));
+            current.clone()
         };
-        if let Err(e) = self.persist(&record) {
-            tracing::warn!(sandbox = %id, "recording that deleted secrets are unbound: {e}");
+        if let Err(e) = self.persist(&updated) {
+            tracing::warn!(sandbox = %updated.id, "recording that deleted secrets are unbound: {e}");
         }
-        self.push_secrets(&record).await;
+        self.push_secrets(&updated).await;
+        record.secrets = updated.secrets;
     }
 
     /// Sends the current secrets to each ready sandbox bound to `name`.

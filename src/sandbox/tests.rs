@@ -674,9 +674,10 @@ async fn a_secret_deleted_during_a_create_is_unbound_once_the_sandbox_is_ready()
     // The Ready commit, then what the create does after it.
     record.state = SandboxState::Ready;
     h.manager.persist(&record).expect("persist");
-    h.manager.records().insert("sb-c".into(), record);
-    h.manager.unbind_deleted_secrets("sb-c").await;
+    h.manager.records().insert("sb-c".into(), record.clone());
+    h.manager.unbind_deleted_secrets(&mut record).await;
     let names = |r: &SandboxRecord| r.secrets.iter().map(|b| b.name.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&record), ["kept"]);
     assert_eq!(names(&h.manager.records()["sb-c"]), ["kept"]);
     assert_eq!(names(&h.stored("sb-c").expect("stored")), ["kept"]);
     assert_eq!(h.stored("sb-c").expect("stored").state, SandboxState::Ready);

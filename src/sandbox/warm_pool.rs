@@ -393,6 +393,9 @@ impl Manager {
         self.persist_announcing(&record, notes, || {
             self.records().insert(id.to_string(), record.clone());
         })?;
+        // A secret deleted during the claim skipped the record, still pooled
+        // and bound to nothing then.
+        self.unbind_deleted_secrets(&mut record).await;
         Ok(record)
     }
 

@@ -271,6 +271,24 @@ impl Supervisor {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Removes limited root `name`'s (empty) group; once none is left, a v2
+    /// sandbox's group takes its controllers and agent back.
+    fn forget_limited_root(&self, name: &str) {
+        let none_left = {
+            let mut limited = self.limited_roots();
+            if !limited.remove(name) {
+                return;
+            }
+            limited.is_empty()
+        };
+        self.cgroups.remove_root_group(name);
+        if none_left {
+            if let Err(e) = self.cgroups.take_controllers_back() {
+                tracing::warn!("the sandbox's cgroup keeps handing controllers down: {e}");
+            }
+        }
+    }
+
     /// Makes pod container root `name` on `layers`, with its own group under
     /// the sandbox's when it has `limits`, and attaches it inside the
     /// sandbox (see `runtime::pod_roots`).
@@ -338,9 +356,7 @@ impl Supervisor {
         };
         // The writable layer was this attach's own (make claimed the name).
         let _ = crate::runtime::pod_roots::remove(&self.config.spec, &name);
-        if self.limited_roots().remove(&name) {
-            self.cgroups.remove_root_group(&name);
-        }
+        self.forget_limited_root(&name);
         Err(refused)
     }
 
@@ -367,19 +383,26 @@ impl Supervisor {
         let limited = self.limited_roots().contains(&name);
         let group_name = name.clone();
         tokio::task::spawn_blocking(move || {
-            let group_root = limited.then_some(group_name.as_str());
+            if limited {
+                // The whole group: what processes forgotten since left
+                // running there too.
+                return cgroups.kill_root_group(&group_name);
+            }
             for proc in ended {
                 // A group already gone has nothing left to kill.
-                let _ = cgroups.kill_process_group(proc, group_root);
+                let _ = cgroups.kill_process_group(proc, None);
             }
-            // Empty now; its processes' groups go with it.
-            if limited {
-                cgroups.remove_root_group(&group_name);
-            }
+            Ok(())
         })
         .await
-        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
-        self.limited_roots().remove(&name);
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+        .map_err(|e| {
+            err(
+                SupervisorErrorKind::Internal,
+                format!("ending the root's processes: {e}"),
+            )
+        })?;
+        self.forget_limited_root(&name);
         let (init_pid, spec) = (self.init_pid, self.config.spec.clone());
         tokio::task::spawn_blocking(move || {
             let detached = crate::runtime::pod_roots::detach(init_pid, &name);
@@ -405,11 +428,14 @@ impl Supervisor {
         &self,
         target: crate::runtime::CheckpointTarget,
     ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
+        // No root is attached or detached (and no limited group made) while
+        // CRIU dumps.
+        let _roots = self.roots.lock().await;
         if let Some(root) = self.limited_roots().iter().next() {
             // CRIU would have to remake those groups and their ceilings in
             // a fork; not built.
             return Err(err(
-                SupervisorErrorKind::Conflict,
+                SupervisorErrorKind::InvalidInput,
                 format!("pod container root {root:?} has limits of its own, which a snapshot cannot keep yet; snapshot a pod whose containers share the sandbox's limits"),
             ));
         }
@@ -598,6 +624,14 @@ impl Supervisor {
             return Err(err(SupervisorErrorKind::AgentGone, reason));
         }
         let proc = self.next_proc.fetch_add(1, Ordering::Relaxed);
+        // A process in a pod container root is placed under the roots lock:
+        // a detach running at once either sees its entry (and kills it) or
+        // has removed the root's group first (and this spawn fails), never
+        // a group remade without the root's limits.
+        let roots_held = match &spec.root {
+            Some(_) => Some(self.roots.lock().await),
+            None => None,
+        };
         let group_root = spec
             .root
             .clone()
@@ -672,6 +706,7 @@ impl Supervisor {
                 },
             );
         }
+        drop(roots_held);
         let fds: Vec<i32> = cgroup_files
             .iter()
             .map(std::os::fd::AsRawFd::as_raw_fd)

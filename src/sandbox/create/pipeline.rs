@@ -148,12 +148,7 @@ impl Manager {
         self.persist_announcing(&record, ready, || {
             self.records().insert(record.id.clone(), record.clone());
         })?;
-        if !record.secrets.is_empty() {
-            self.unbind_deleted_secrets(&record.id).await;
-            if let Some(current) = self.records().get(&record.id) {
-                record.secrets = current.secrets.clone();
-            }
-        }
+        self.unbind_deleted_secrets(&mut record).await;
         Ok(record)
     }
 

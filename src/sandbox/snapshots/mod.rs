@@ -40,13 +40,21 @@ type Taken = (
 );
 
 /// A snapshot request's failure. The supervisor's refusals: with calls to
-/// the agent in flight, a 409 `sandbox_busy`; any other, an internal error
-/// saying `what` failed.
+/// the agent in flight, a 409 `sandbox_busy` (try again); of a sandbox it
+/// cannot snapshot as it is (a pod container root with limits of its own),
+/// a 409 `snapshot_unsupported`; any other, an internal error saying `what`
+/// failed.
 pub(super) fn refused(what: &str, e: CallError) -> SandboxError {
     match e {
         CallError::Refused(e) if e.kind == SupervisorErrorKind::Conflict => {
             SandboxError::Conflict {
                 code: "sandbox_busy",
+                message: e.message,
+            }
+        }
+        CallError::Refused(e) if e.kind == SupervisorErrorKind::InvalidInput => {
+            SandboxError::Conflict {
+                code: "snapshot_unsupported",
                 message: e.message,
             }
         }
