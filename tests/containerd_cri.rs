@@ -24,11 +24,11 @@ use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatusRequest,
-    CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest, LinuxContainerConfig,
-    LinuxContainerResources, PodSandboxConfig, PodSandboxMetadata, PodSandboxState,
-    PodSandboxStatus, PodSandboxStatusRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopPodSandboxRequest,
+    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatsRequest,
+    ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest,
+    LinuxContainerConfig, LinuxContainerResources, PodSandboxConfig, PodSandboxMetadata,
+    PodSandboxState, PodSandboxStatus, PodSandboxStatusRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 use upstream::Upstream;
@@ -221,6 +221,27 @@ impl Cri {
         .expect("StartContainer in time")
         .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
         id
+    }
+
+    /// The memory container `id` is charged for, as CRI's container stats
+    /// say (what the kubelet's eviction and `kubectl top` read).
+    async fn memory_usage(&mut self, id: &str) -> u64 {
+        let reply = tokio::time::timeout(
+            CALL,
+            self.runtime.container_stats(ContainerStatsRequest {
+                container_id: id.into(),
+            }),
+        )
+        .await
+        .expect("ContainerStats in time")
+        .unwrap_or_else(|e| panic!("ContainerStats {id}: {e}"))
+        .into_inner();
+        reply
+            .stats
+            .and_then(|s| s.memory)
+            .and_then(|m| m.usage_bytes)
+            .map(|v| v.value)
+            .unwrap_or_else(|| panic!("no memory usage in the stats of {id}"))
     }
 
     /// Runs `script` with sh in container `id`; (exit code, stdout+stderr).
@@ -443,6 +464,13 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
         (0, "rc=137"),
         "killed at its own ceiling: {said}"
     );
+    // Its stats are its own group's; the client's, which has no limits of
+    // its own, are the whole pod's, the limited container's included.
+    let own = cri.memory_usage(&limited).await;
+    let pod = cri.memory_usage(&client).await;
+    eprintln!("info: memory charged, limited container {own}, pod {pod}");
+    // A fraction of it (here ~350 KB of ~2.7 MB), not the pod's read twice.
+    assert!(own > 0 && own * 4 < pod, "limited {own} vs pod {pod}");
 
     // sandboxd restarts under the pod: its containers keep running and
     // answering, each in its own root.

@@ -602,6 +602,29 @@ async fn a_pod_containers_own_limits_bind_it_alone() {
         "the sandbox outlives its container's OOM kill"
     );
 
+    // The root's own use and ceilings; a root without limits has none of
+    // its own (its use is the sandbox's).
+    let (status, own) = daemon
+        .call(Method::GET, &format!("{roots}/app/stats"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{own}");
+    assert_eq!(own["memory_limit_bytes"], 24u64 << 20, "{own}");
+    assert_eq!(own["pids_limit"], 12, "{own}");
+    assert_eq!(own["oom_kills"], 1, "{own}");
+    let (status, answer) = daemon
+        .call(Method::GET, &format!("{roots}/free/stats"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+    assert_eq!(answer["error"]["code"], "root_not_limited", "{answer}");
+    let (_, whole) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}/stats"), None)
+        .await;
+    assert_eq!(whole["memory_limit_bytes"], 256u64 << 20, "{whole}");
+    assert_eq!(
+        whole["oom_kills"], 1,
+        "the sandbox counts its root's kill: {whole}"
+    );
+
     // A snapshot could not keep the root's group: refused, by name.
     let (status, answer) = daemon
         .call(

@@ -802,21 +802,30 @@ impl Task for Service {
 
     /// The sandbox's stats as cgroup v1 metrics, the shape `ctr task
     /// metrics` and CRI's container stats decode, whichever cgroup version
-    /// the host runs (sandboxd reads either).
+    /// the host runs (sandboxd reads either). A pod's container with limits
+    /// of its own has its own root's (its own group's); one without counts
+    /// in its pod's.
     fn stats(
         &self,
         _ctx: &TtrpcContext,
         req: api::StatsRequest,
     ) -> TtrpcResult<api::StatsResponse> {
         let container = self.container(&req.id)?;
-        let stats = self
-            .daemon
-            .call(
+        let sandbox_stats = format!("/v1/sandboxes/{}/stats", container.sandbox);
+        let stats = match &container.kind {
+            Kind::PodMember { root } => match self.daemon.call(
                 "GET",
-                &format!("/v1/sandboxes/{}/stats", container.sandbox),
+                &format!("/v1/sandboxes/{}/roots/{root}/stats", container.sandbox),
                 None,
-            )
-            .map_err(from_daemon)?;
+            ) {
+                Err(DaemonError::Refused { code, .. }) if code == "root_not_limited" => {
+                    self.daemon.call("GET", &sandbox_stats, None)
+                }
+                own => own,
+            },
+            _ => self.daemon.call("GET", &sandbox_stats, None),
+        }
+        .map_err(from_daemon)?;
         let metrics = crate::metrics::from_stats(&stats);
         let value = metrics
             .write_to_bytes()

@@ -1,6 +1,7 @@
 //! Pod container roots: `POST /v1/sandboxes/{id}/roots` makes a separate
 //! root from host directories, `DELETE /v1/sandboxes/{id}/roots/{name}`
-//! removes it; processes name it in `root`. Only root on the Unix socket
+//! removes it, `GET .../roots/{name}/stats` reads a limited one's use;
+//! processes name it in `root`. Only root on the Unix socket
 //! may name host directories, as for `host_rootfs` at create.
 
 use std::sync::Arc;
@@ -39,6 +40,14 @@ pub async fn attach(
         )
         .await?;
     Ok((StatusCode::CREATED, Json(body)))
+}
+
+/// `GET /v1/sandboxes/{id}/roots/{name}/stats`: a limited root's own use.
+pub async fn stats(
+    State(manager): State<Arc<Manager>>,
+    Path((id, name)): Path<(String, String)>,
+) -> ApiResult<Json<crate::model::SandboxStats>> {
+    Ok(Json(manager.root_stats(&id, &name)?))
 }
 
 pub async fn detach(

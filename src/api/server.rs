@@ -50,6 +50,7 @@ api_routes! {
     "/v1/sandboxes/{id}/ports/{port}/token" => post ports::rotate_token;
     "/v1/sandboxes/{id}/roots" => post roots::attach;
     "/v1/sandboxes/{id}/roots/{name}" => delete roots::detach;
+    "/v1/sandboxes/{id}/roots/{name}/stats" => get roots::stats;
     "/v1/sandboxes/{id}/processes" => post processes::start, get processes::list;
     "/v1/sandboxes/{id}/processes/{proc}" => get processes::get;
     "/v1/sandboxes/{id}/processes/{proc}/output" => get processes::output;

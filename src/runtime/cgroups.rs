@@ -100,7 +100,7 @@ const V2_ROOT_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 const V2_INIT_GROUP: &str = "init";
 
 /// The group of pod container root `name` under a sandbox's.
-fn root_group(name: &str) -> String {
+pub fn root_group(name: &str) -> String {
     format!("root-{name}")
 }
 
@@ -498,6 +498,38 @@ impl SandboxCgroups {
                 format!("{quota_us} {}", super::spec::CPU_PERIOD_US),
             ),
         }
+    }
+
+    /// Whether the group exists (a limited root's, say, until it goes).
+    pub fn exists(&self) -> bool {
+        match self.layout {
+            Layout::V1 => self.dir("pids").is_dir(),
+            Layout::V2 => self.dir("").is_dir(),
+        }
+    }
+
+    /// The group's own memory ceiling, if it has one.
+    pub fn memory_limit_bytes(&self) -> Option<u64> {
+        let file = match self.layout {
+            Layout::V1 => self.dir("memory").join("memory.limit_in_bytes"),
+            Layout::V2 => self.dir("").join("memory.max"),
+        };
+        // "max" (v2) does not parse; v1's "unlimited" is near i64::MAX.
+        fs::read_to_string(file)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+            .filter(|b| *b < (i64::MAX as u64 & !4095))
+    }
+
+    /// The group's own pids ceiling, if it has one.
+    pub fn pids_max(&self) -> Option<u64> {
+        let file = match self.layout {
+            Layout::V1 => self.dir("pids").join("pids.max"),
+            Layout::V2 => self.dir("").join("pids.max"),
+        };
+        fs::read_to_string(file).ok()?.trim().parse().ok()
     }
 
     /// Memory charged to the sandbox now.

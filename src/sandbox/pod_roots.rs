@@ -9,8 +9,8 @@ use super::manager::not_running;
 use super::validate::validated_host_dirs;
 use super::{Manager, SandboxError};
 use crate::config::Config;
-use crate::model::{RootLimits, RuntimeKind};
-use crate::runtime::cgroups::RootLimits as RootCgroupLimits;
+use crate::model::{RootLimits, RuntimeKind, SandboxStats};
+use crate::runtime::cgroups::{self, Layout, RootLimits as RootCgroupLimits, SandboxCgroups};
 use crate::supervisor::client::CallError;
 use crate::supervisor::protocol::SupervisorErrorKind;
 
@@ -132,6 +132,41 @@ impl Manager {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// What limited root `name` of sandbox `id` uses now, read from its own
+    /// group; its limits are the lower of its own and the sandbox's. A
+    /// root without limits has no group: 404 `root_not_limited`.
+    pub fn root_stats(&self, id: &str, name: &str) -> Result<SandboxStats, SandboxError> {
+        validated_root_name(name)?;
+        let record = self.ready(id)?;
+        let group = format!(
+            "{}/{}",
+            record.cgroups_path.trim_end_matches('/'),
+            cgroups::root_group(name)
+        );
+        let cgroups = SandboxCgroups::new(Layout::detect(), &group);
+        if record.runtime != RuntimeKind::Container || !cgroups.exists() {
+            return Err(SandboxError::NotFound {
+                code: "root_not_limited",
+                message: format!(
+                    "sandbox {id} has no root {name:?} with limits of its own; a root without them counts in the sandbox's stats"
+                ),
+            });
+        }
+        let sandbox_memory = record.limits.memory_mib * 1024 * 1024;
+        Ok(SandboxStats {
+            cpu_seconds: cgroups.cpu_seconds().unwrap_or(0.0),
+            memory_bytes: cgroups.memory_bytes().unwrap_or(0),
+            memory_limit_bytes: cgroups
+                .memory_limit_bytes()
+                .map_or(sandbox_memory, |own| own.min(sandbox_memory)),
+            pids: cgroups.pids_current().unwrap_or(0),
+            pids_limit: cgroups
+                .pids_max()
+                .map_or(record.limits.pids, |own| own.min(record.limits.pids)),
+            oom_kills: cgroups.oom_kills(),
+        })
     }
 
     /// Kills what runs in root `name` of sandbox `id` and removes it.
