@@ -12,6 +12,15 @@ use common::Daemon;
 use hyper::{Method, StatusCode};
 use serde_json::json;
 
+/// A directory for host trees the tests hand over as roots: under
+/// `SANDBOXD_TEST_HOST_TREES` if set, else /var/tmp. Their filesystem must
+/// take idmapped mounts; the nested host's /var/tmp (an overlay on tmpfs)
+/// cannot on its 6.1 kernel, so scripts/nested-tests.sh gives a btrfs there.
+fn host_trees() -> tempfile::TempDir {
+    let base = std::env::var("SANDBOXD_TEST_HOST_TREES").unwrap_or_else(|_| "/var/tmp".into());
+    tempfile::tempdir_in(&base).unwrap_or_else(|e| panic!("a directory under {base}: {e}"))
+}
+
 /// The mount points at or below `dir`.
 fn mounts_under(dir: &Path) -> Vec<String> {
     std::fs::read_to_string("/proc/self/mountinfo")
@@ -27,7 +36,7 @@ fn mounts_under(dir: &Path) -> Vec<String> {
 async fn host_owned_layers_are_the_root_under_the_sandbox_ids_and_stay_unchanged() {
     require_host!();
     // Under /var/tmp: the idmapped mounts need ext4, xfs or btrfs.
-    let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let host = host_trees();
     let lower = common::root_owned_busybox(host.path());
     let upper = host.path().join("upper");
     std::fs::create_dir_all(upper.join("etc")).unwrap();
@@ -103,7 +112,7 @@ async fn host_owned_layers_are_the_root_under_the_sandbox_ids_and_stay_unchanged
 #[tokio::test]
 async fn a_host_root_that_cannot_work_is_refused_naming_the_field() {
     require_host!();
-    let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let host = host_trees();
     let file = host.path().join("file");
     std::fs::write(&file, "x").unwrap();
     let dir = host.path().display().to_string();
@@ -237,7 +246,7 @@ async fn sh_in_root(daemon: &Daemon, id: &str, root: &str, script: &str) -> comm
 #[tokio::test]
 async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_its_processes() {
     require_host!();
-    let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let host = host_trees();
     let pause = common::root_owned_busybox(&host.path().join("pause"));
     let app = common::root_owned_busybox(&host.path().join("app"));
     std::fs::write(app.join("etc/motd"), "the app's image\n").unwrap();
@@ -379,7 +388,7 @@ async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_it
 #[tokio::test]
 async fn a_symlink_the_sandbox_plants_on_the_roots_path_is_refused_not_followed() {
     require_host!();
-    let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    let host = host_trees();
     let pause = common::root_owned_busybox(&host.path().join("pause"));
     // The image's own /run: the sandbox's root owns it, as in most images.
     std::fs::create_dir(pause.join("run")).unwrap();
@@ -512,7 +521,22 @@ async fn a_sandbox_joins_a_given_network_namespace_with_its_egress_rules() {
 #[tokio::test]
 async fn a_pod_containers_own_limits_bind_it_alone() {
     require_host!();
-    let host = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+    own_limits_bind_a_pod_container_alone().await;
+}
+
+/// The same on the nested host's cgroup v2 (its only cgroups; this host's
+/// are v1): the sandbox's agent moves aside so its group can hand
+/// controllers down, and comes back for the snapshot after the root goes.
+#[tokio::test]
+#[ignore = "cgroup v2: scripts/nested-tests.sh runs it in the nested host, whose cgroups are v2 only"]
+async fn a_pod_containers_own_limits_bind_it_alone_in_the_nested_host() {
+    require_host!();
+    eprintln!("info: cgroup {:?}", common::cgroup::version());
+    own_limits_bind_a_pod_container_alone().await;
+}
+
+async fn own_limits_bind_a_pod_container_alone() {
+    let host = host_trees();
     let app = common::root_owned_busybox(&host.path().join("app"));
     let free = common::root_owned_busybox(&host.path().join("free"));
     let daemon = Daemon::start();
