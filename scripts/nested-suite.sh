@@ -18,8 +18,10 @@ set -uo pipefail
 logs=${1:?usage: nested-suite.sh LOG-DIR TEST-BINARY [ARGS...]}
 exe=${2:?usage: nested-suite.sh LOG-DIR TEST-BINARY [ARGS...]}
 shift 2
-# The same lines vmm/tests/linux.rs stops a guest at (its STALLED).
-stall='detected stall|soft lockup - CPU#'
+# The same lines vmm/tests/linux.rs stops a guest at (its STALLED), and
+# its report of a guest gone silent (a one-vCPU guest's stalled CPU has no
+# other CPU to report it).
+stall='detected stall|soft lockup - CPU#|the guest went silent'
 
 out=$logs/$(basename "$exe").out
 # The kernel's log from here on: after this marker (a line count would miss

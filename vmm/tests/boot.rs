@@ -139,6 +139,31 @@ fn a_hung_guest_is_stopped_by_its_handle_at_a_watched_line() {
 }
 
 #[test]
+fn a_guest_that_goes_silent_is_stopped_by_the_silence_watch() {
+    let Some(kernel) = guest() else { return };
+    let config = VmConfig {
+        timeout: Some(Duration::from_secs(120)),
+        ..config(&kernel, 16, 1, "hang")
+    };
+    let serial = Captured::default();
+    let watch = common::StopOnLine::new(serial.clone(), &[]);
+    let machine = vmm::build(&config, Box::new(watch.clone())).expect("build");
+    watch.arm(machine.handle());
+    watch.stop_after_silence(Duration::from_millis(300));
+    let result = machine.run();
+    watch.disarm();
+    assert!(matches!(result, Err(RunError::Stopped)), "{result:?}");
+    assert_eq!(
+        watch.seen().as_deref(),
+        Some("the guest went silent for 300ms")
+    );
+    assert_eq!(
+        serial.lines().last().map(String::as_str),
+        Some("guest: hang")
+    );
+}
+
+#[test]
 fn a_hung_guest_is_stopped_by_the_timeout() {
     let Some(kernel) = guest() else { return };
     let config = VmConfig {

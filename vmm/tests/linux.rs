@@ -125,9 +125,22 @@ fn linux_config(kernel: &Path, vcpus: u8, initrd: Option<PathBuf>) -> VmConfig {
 /// `scripts/nested-suite.sh` retries the test on that line.
 const STALLED: &[&str] = &["detected stall", "soft lockup - CPU#"];
 
-/// A serial sink that ends the boot at a stalled-CPU report.
+/// How long a booting guest may write nothing. A guest with one vCPU
+/// whose CPU stalls has no other CPU to report it: it goes silent (seen in
+/// CI mid-boot, then the 300 s timeout). A healthy boot's longest quiet
+/// stretch in the nested host is about 1 s; a snapshot's pause, a few.
+const SILENCE: Duration = Duration::from_secs(60);
+
+/// A serial sink that ends the boot at a stalled-CPU report or a silence
+/// of [`SILENCE`], once armed.
 fn stall_watch(serial: &Captured) -> common::StopOnLine {
     common::StopOnLine::new(serial.clone(), STALLED)
+}
+
+/// Arms `watch` for the machine of `handle`, silence included.
+fn arm(watch: &common::StopOnLine, handle: vmm::MachineHandle) {
+    watch.arm(handle);
+    watch.stop_after_silence(SILENCE);
 }
 
 /// Boots `config`; returns the exit and the serial lines, printing the
@@ -138,8 +151,10 @@ fn boot(config: &VmConfig) -> (GuestExit, Vec<String>) {
     let started = Instant::now();
     let machine =
         vmm::build(config, Box::new(watch.clone())).unwrap_or_else(|e| panic!("build: {e}"));
-    watch.arm(machine.handle());
-    let report = machine.run().unwrap_or_else(|e| {
+    arm(&watch, machine.handle());
+    let run = machine.run();
+    watch.disarm();
+    let report = run.unwrap_or_else(|e| {
         panic!(
             "run: {e}{}\n{}",
             watch
@@ -499,7 +514,7 @@ fn a_snapshot_of_a_sleeping_linux_guest_goes_on_in_a_fork() {
     )
     .unwrap_or_else(|e| panic!("build: {e}"));
     let handle = machine.handle();
-    watch.arm(handle.clone());
+    arm(&watch, handle.clone());
     let source = std::thread::spawn(move || machine.run());
 
     // The serial sink has no event to wait on; it is read until the ticker
@@ -531,7 +546,17 @@ fn a_snapshot_of_a_sleeping_linux_guest_goes_on_in_a_fork() {
         .output()
         .expect("run vmm --restore");
     let fork_log = std::fs::read_to_string(&log).unwrap_or_default();
-    let source_report = source.join().expect("join").expect("source run");
+    let source_run = source.join().expect("join");
+    watch.disarm();
+    let source_report = source_run.unwrap_or_else(|e| {
+        panic!(
+            "source run: {e}{}",
+            watch
+                .seen()
+                .map(|l| format!(" (a guest CPU stalled: {l})"))
+                .unwrap_or_default()
+        )
+    });
     let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&fork.stderr);
     eprintln!("info: snapshot at tick {at_snapshot}; fork stderr: {stderr}");

@@ -68,7 +68,9 @@ impl Captured {
 /// A serial sink that keeps everything as [`Captured`] does and stops the
 /// VM, through the handle given to [`Self::arm`], at the first line that
 /// holds one of its needles. The stop happens on the vCPU thread that
-/// wrote the line, so the run ends there and then.
+/// wrote the line, so the run ends there and then. With
+/// [`Self::stop_after_silence`] it also stops a guest that writes no line
+/// for that long.
 #[derive(Clone)]
 pub struct StopOnLine {
     captured: Captured,
@@ -76,6 +78,8 @@ pub struct StopOnLine {
     handle: Arc<OnceLock<vmm::MachineHandle>>,
     partial: Arc<Mutex<Vec<u8>>>,
     seen: Arc<Mutex<Option<String>>>,
+    /// Told of every line, while a silence watch runs.
+    lines: Arc<Mutex<Option<std::sync::mpsc::Sender<()>>>>,
 }
 
 impl StopOnLine {
@@ -86,7 +90,37 @@ impl StopOnLine {
             handle: Arc::default(),
             partial: Arc::default(),
             seen: Arc::default(),
+            lines: Arc::default(),
         }
+    }
+
+    /// Stops the armed VM once it has written no line for `limit`; the
+    /// reason then reads `the guest went silent for ...`. Ends at
+    /// [`Self::disarm`].
+    pub fn stop_after_silence(&self, limit: std::time::Duration) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        *self.lines.lock().expect("lock") = Some(tx);
+        let (handle, seen) = (Arc::clone(&self.handle), Arc::clone(&self.seen));
+        std::thread::spawn(move || loop {
+            match rx.recv_timeout(limit) {
+                Ok(()) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    // Held across the stop, so whoever reads the reason
+                    // after the run ended finds it.
+                    let mut seen = seen.lock().expect("lock");
+                    if seen.is_none() && handle.get().is_some_and(|h| h.stop()) {
+                        *seen = Some(format!("the guest went silent for {limit:?}"));
+                    }
+                    return;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return,
+            }
+        });
+    }
+
+    /// Ends the silence watch (the run is over).
+    pub fn disarm(&self) {
+        self.lines.lock().expect("lock").take();
     }
 
     /// Gives the sink the machine to stop (before it runs).
@@ -108,6 +142,9 @@ impl Write for StopOnLine {
         while let Some(end) = partial.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = partial.drain(..=end).collect();
             let line = String::from_utf8_lossy(&line).trim_end().to_owned();
+            if let Some(lines) = self.lines.lock().expect("lock").as_ref() {
+                let _ = lines.send(());
+            }
             if self.needles.iter().any(|n| line.contains(n)) {
                 let mut seen = self.seen.lock().expect("lock");
                 if seen.is_none() {
