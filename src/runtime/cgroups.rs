@@ -315,11 +315,7 @@ impl SandboxCgroups {
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(io_err(&init)(e)),
         }
-        let value = wanted
-            .iter()
-            .map(|c| format!("+{c}"))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let value = subtree_control_value('+', &wanted);
         // A child the agent forked a moment ago is in the top group until
         // it moves itself into its own: moved again until none is left.
         let mut attempts = 0;
@@ -359,12 +355,7 @@ impl SandboxCgroups {
             return Ok(());
         }
         let control = top.join("cgroup.subtree_control");
-        let value = self
-            .v2_root_controllers()?
-            .iter()
-            .map(|c| format!("-{c}"))
-            .collect::<Vec<_>>()
-            .join(" ");
+        let value = subtree_control_value('-', &self.v2_root_controllers()?);
         fs::write(&control, value).map_err(io_err(&control))?;
         move_tasks(&init, &top)?;
         fs::remove_dir(&init).map_err(io_err(&init))
@@ -755,6 +746,16 @@ pub fn sandbox_group_ids(parent: &str) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// What enables (`+`) or disables (`-`) `controllers` in a v2
+/// `cgroup.subtree_control`.
+fn subtree_control_value(sign: char, controllers: &[String]) -> String {
+    controllers
+        .iter()
+        .map(|c| format!("{sign}{c}"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Moves every task of group `from` into group `to` (v2); one that ended

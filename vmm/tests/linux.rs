@@ -137,6 +137,14 @@ fn stall_watch(serial: &Captured) -> common::StopOnLine {
     common::StopOnLine::new(serial.clone(), STALLED)
 }
 
+/// What a failed run's message adds when `watch` stopped the guest.
+fn stall_note(watch: &common::StopOnLine) -> String {
+    watch
+        .seen()
+        .map(|l| format!(" (a guest CPU stalled: {l})"))
+        .unwrap_or_default()
+}
+
 /// Arms `watch` for the machine of `handle`, silence included.
 fn arm(watch: &common::StopOnLine, handle: vmm::MachineHandle) {
     watch.arm(handle);
@@ -157,10 +165,7 @@ fn boot(config: &VmConfig) -> (GuestExit, Vec<String>) {
     let report = run.unwrap_or_else(|e| {
         panic!(
             "run: {e}{}\n{}",
-            watch
-                .seen()
-                .map(|l| format!(" (a guest CPU stalled: {l})"))
-                .unwrap_or_default(),
+            stall_note(&watch),
             serial.lines().join("\n")
         )
     });
@@ -548,15 +553,8 @@ fn a_snapshot_of_a_sleeping_linux_guest_goes_on_in_a_fork() {
     let fork_log = std::fs::read_to_string(&log).unwrap_or_default();
     let source_run = source.join().expect("join");
     watch.disarm();
-    let source_report = source_run.unwrap_or_else(|e| {
-        panic!(
-            "source run: {e}{}",
-            watch
-                .seen()
-                .map(|l| format!(" (a guest CPU stalled: {l})"))
-                .unwrap_or_default()
-        )
-    });
+    let source_report =
+        source_run.unwrap_or_else(|e| panic!("source run: {e}{}", stall_note(&watch)));
     let _ = std::fs::remove_dir_all(&dir);
     let stderr = String::from_utf8_lossy(&fork.stderr);
     eprintln!("info: snapshot at tick {at_snapshot}; fork stderr: {stderr}");
