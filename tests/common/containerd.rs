@@ -5,9 +5,11 @@
 
 #![allow(dead_code)]
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 
@@ -49,11 +51,22 @@ pub struct Containerd {
     child: Option<Child>,
     /// The namespace `ctr` works in: CRI keeps its images and pods in `k8s.io`.
     namespace: &'static str,
+    /// The last lines containerd (and the shims, through it) logged, which
+    /// a failed test prints.
+    log_tail: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl Drop for Containerd {
     fn drop(&mut self) {
         self.stop();
+        if std::thread::panicking() {
+            let tail = self.log_tail.lock().unwrap_or_else(|e| e.into_inner());
+            let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
+            eprintln!(
+                "--- the end of this test's containerd log (shims included) ---\n{}",
+                lines.join("\n")
+            );
+        }
         // Shims outlive containerd by design: end this test's.
         let address = self.socket().display().to_string();
         for pid in crate::common::processes_where(|_, argv| argv.contains(&address.as_str())) {
@@ -132,6 +145,7 @@ impl Containerd {
             sandboxd_socket: daemon.socket.clone(),
             child: None,
             namespace,
+            log_tail: Arc::default(),
         };
         containerd.spawn();
         containerd
@@ -188,7 +202,16 @@ impl Containerd {
                 _ => panic!("containerd exited before it served:\n{}", seen.join("\n")),
             }
         }
-        std::thread::spawn(move || for _ in lines {});
+        let tail = Arc::clone(&self.log_tail);
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
+                if tail.len() == crate::common::FAILURE_LOG_LINES {
+                    tail.pop_front();
+                }
+                tail.push_back(line);
+            }
+        });
         self.child = Some(child);
     }
 

@@ -581,6 +581,14 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
+        // A failed test shows what the daemon was doing: a hang or a flake
+        // in CI leaves nothing else to read once its temp dir is gone.
+        if std::thread::panicking() {
+            eprintln!(
+                "--- the end of this test's sandboxd log ---\n{}",
+                last_lines(&self.log(), FAILURE_LOG_LINES)
+            );
+        }
         // Delete what the test left, through the daemon (the real teardown path).
         let socket = self.socket.clone();
         if self.child.is_some() {
@@ -611,6 +619,15 @@ impl Drop for Daemon {
         let pool = self.state_dir().join("disk");
         let _ = nix::mount::umount2(&pool, nix::mount::MntFlags::MNT_DETACH);
     }
+}
+
+/// How much of a daemon's (or containerd's) log a failed test prints.
+pub const FAILURE_LOG_LINES: usize = 200;
+
+/// The last `n` lines of `text`.
+pub fn last_lines(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// A busybox tree at `<dir>/busybox`, built by the image recipe as root:
