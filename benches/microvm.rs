@@ -16,6 +16,13 @@
 //! thousand instructions that kvm_pvm may run in KVM's emulator, so the
 //! two markers are far apart here.
 //!
+//! The fork's peer, interleaved too: our `vmm` alone restoring the very
+//! snapshot the forks come from, with the same disks (its scratch disk a
+//! reflink of the snapshot's, as the daemon makes it) and a tap in a
+//! namespace of the benchmark's own, from process start to the restored
+//! guest's agent dialling in again, which is what a fork's ready waits for
+//! (the fork's Reseed round trip follows).
+//!
 //! The VMM beside QEMU microvm is `cargo bench -p vmm --bench boot`; its
 //! snapshots with 256 MiB touched are `cargo bench -p vmm --bench
 //! vm_snapshot`.
@@ -57,6 +64,27 @@ struct Alone {
     vmm: PathBuf,
     guest: PathBuf,
     dir: tempfile::TempDir,
+    /// A network namespace of the benchmark's own holding the `tap0` a
+    /// restored VM's net device needs (a snapshot keeps its devices).
+    netns: String,
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.netns])
+            .status();
+    }
+}
+
+/// Runs `ip ARGS`, failing the benchmark with its message.
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 impl Alone {
@@ -68,10 +96,15 @@ impl Alone {
             let disk = std::fs::File::create(dir.path().join(name)).expect("disk");
             disk.set_len(mib << 20).expect("disk size");
         }
+        let netns = format!("sbxbench-{}", std::process::id());
+        ip(&["netns", "add", &netns]);
+        ip(&["-n", &netns, "tuntap", "add", "tap0", "mode", "tap"]);
+        ip(&["-n", &netns, "link", "set", "tap0", "up"]);
         Self {
             vmm: vmm.to_path_buf(),
             guest: guest.to_path_buf(),
             dir,
+            netns,
         }
     }
 
@@ -121,6 +154,92 @@ impl Alone {
         let _ = child.wait();
         (first_line, connected)
     }
+
+    /// One restore of the snapshot in `images` with `disks` (the daemon's,
+    /// in order; the writable one is copied from `scratch` first, by
+    /// reflink, into `work` on the same btrfs): ms from spawn to the
+    /// restored guest's agent dialling in.
+    fn restore(&self, images: &Path, disks: &[String], scratch: &Path, work: &Path) -> f64 {
+        use std::os::unix::process::CommandExt;
+        std::fs::create_dir_all(work).expect("work dir");
+        let copy = work.join("scratch.ext4");
+        let vsock = work.join("vsock.sock");
+        let agent = work.join("vsock.sock_1025");
+        for stale in [&copy, &vsock, &agent] {
+            let _ = std::fs::remove_file(stale);
+        }
+        let copied = Command::new("cp")
+            .arg("--reflink=always")
+            .arg(scratch)
+            .arg(&copy)
+            .status();
+        assert!(
+            copied.is_ok_and(|s| s.success()),
+            "reflink the scratch disk"
+        );
+        let listener = UnixListener::bind(&agent).expect("agent socket");
+        let netns = std::fs::File::open(format!("/var/run/netns/{}", self.netns)).expect("netns");
+        let mut command = Command::new(&self.vmm);
+        command.arg("--restore").arg(images);
+        for disk in disks {
+            let disk = if disk.ends_with(",ro") {
+                disk.clone()
+            } else {
+                copy.display().to_string()
+            };
+            command.args(["--disk", &disk]);
+        }
+        command
+            .args(["--vsock-uds", &vsock.display().to_string(), "--net", "tap0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: setns is async-signal-safe, on a descriptor this process
+        // keeps open until spawn returns.
+        unsafe {
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&netns);
+            command.pre_exec(move || {
+                if libc::setns(fd, libc::CLONE_NEWNET) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let begun = Instant::now();
+        let mut child = command.spawn().expect("vmm --restore");
+        let mut fds = [nix::poll::PollFd::new(
+            listener.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
+        let ready = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(10_000u16));
+        let redialled = ms(begun);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            ready.ok(),
+            Some(1),
+            "the restored guest's agent did not dial in"
+        );
+        redialled
+    }
+}
+
+/// The disks sandbox `id`'s VMM was given, in order, as its command line
+/// says (`PATH` or `PATH,ro`).
+fn vmm_disks_of(id: &str) -> Vec<String> {
+    let pids = common::processes_where(|_, argv| {
+        argv.first().is_some_and(|a| a.ends_with("/vmm")) && argv.iter().any(|a| a.contains(id))
+    });
+    let pid = *pids.first().expect("the source sandbox's vmm");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("its command line");
+    let args: Vec<String> = String::from_utf8_lossy(&cmdline)
+        .split('\0')
+        .map(String::from)
+        .collect();
+    args.windows(2)
+        .filter(|w| w[0] == "--disk")
+        .map(|w| w[1].clone())
+        .collect()
 }
 
 struct Samples {
@@ -131,16 +250,19 @@ struct Samples {
     container_ready: Vec<f64>,
     snapshot: Vec<f64>,
     fork_ready: Vec<f64>,
+    alone_restore: Vec<f64>,
     pool_claim: Vec<f64>,
     pool_claim_custom: Vec<f64>,
-    /// Mean of each create phase (ms) over the cold creates, per runtime.
+    /// Mean of each create phase (ms) over the cold creates, per runtime,
+    /// and over the microVM forks.
     vm_phases: Vec<(String, f64)>,
     container_phases: Vec<(String, f64)>,
+    fork_phases: Vec<(String, f64)>,
 }
 
-/// The mean of each `sandboxd_create_phase_seconds` phase of `runtime`'s
-/// creates so far, in ms, from the daemon's metrics.
-async fn phase_means(daemon: &Daemon, runtime: &str) -> Vec<(String, f64)> {
+/// The sum (s) and count of each `sandboxd_create_phase_seconds` phase of
+/// `runtime`'s creates so far, from the daemon's metrics.
+async fn phase_totals(daemon: &Daemon, runtime: &str) -> Vec<(String, f64, f64)> {
     let (_, metrics) = daemon.raw(Method::GET, "/metrics", Vec::new()).await;
     let text = String::from_utf8_lossy(&metrics).into_owned();
     let sample = |kind: &str, phase: &str| {
@@ -162,7 +284,23 @@ async fn phase_means(daemon: &Daemon, runtime: &str) -> Vec<(String, f64)> {
         .into_iter()
         .filter_map(|phase| {
             let (sum, count) = (sample("sum", &phase)?, sample("count", &phase)?);
-            (count > 0.0).then(|| (phase, sum / count * 1000.0))
+            Some((phase, sum, count))
+        })
+        .collect()
+}
+
+/// The mean of each phase (ms) over the creates between totals `before`
+/// and `after` (see [`phase_totals`]).
+fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .filter_map(|(phase, sum, count)| {
+            let (sum0, count0) = before
+                .iter()
+                .find(|(p, _, _)| p == phase)
+                .map_or((0.0, 0.0), |(_, s, c)| (*s, *c));
+            let n = count - count0;
+            (n > 0.0).then(|| (phase.clone(), (sum - sum0) / n * 1000.0))
         })
         .collect()
 }
@@ -180,10 +318,12 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
         container_ready: Vec::new(),
         snapshot: Vec::new(),
         fork_ready: Vec::new(),
+        alone_restore: Vec::new(),
         pool_claim: Vec::new(),
         pool_claim_custom: Vec::new(),
         vm_phases: Vec::new(),
         container_phases: Vec::new(),
+        fork_phases: Vec::new(),
     };
     for _ in 0..runs {
         let begun = Instant::now();
@@ -205,8 +345,10 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
     }
     // Where a cold create's time goes, before forks and claims add theirs
     // (the pool's one fill is a cold VM create too).
-    s.vm_phases = phase_means(daemon, "vm").await;
-    s.container_phases = phase_means(daemon, "container").await;
+    let none = Vec::new();
+    let vm_totals = phase_totals(daemon, "vm").await;
+    s.vm_phases = phase_means(&none, &vm_totals);
+    s.container_phases = phase_means(&none, &phase_totals(daemon, "container").await);
     let source = daemon.create(vm.clone()).await;
     for _ in 0..3 {
         daemon.exec(&source, &["count"]).await;
@@ -226,13 +368,30 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
         snapshots.push(snap["id"].as_str().expect("id").to_string());
     }
     let snap = snapshots[0].clone();
+    let disks = vmm_disks_of(&source);
+    let state = daemon.state_dir();
+    let (images, scratch) = (
+        state.join("snapshot-images").join(&snap),
+        state
+            .join("disk/snapshots")
+            .join(&snap)
+            .join("scratch.ext4"),
+    );
+    let work = state.join("disk/bench-alone");
+    let before_forks = phase_totals(daemon, "vm").await;
     for _ in 0..runs {
         let begun = Instant::now();
         let fork = daemon.create(json!({"from_snapshot": snap})).await;
         s.fork_ready.push(ms(begun));
         assert_eq!(daemon.exec(&fork, &["count"]).await.out(), "count=4\n");
         daemon.delete(&fork).await;
+
+        s.alone_restore.push(tokio::task::block_in_place(|| {
+            alone.restore(&images, &disks, &scratch, &work)
+        }));
     }
+    s.fork_phases = phase_means(&before_forks, &phase_totals(daemon, "vm").await);
+    let _ = std::fs::remove_dir_all(&work);
     // Claims from the warm microVM pool (one VM of the default size, which
     // the 64 MiB creates above do not fit), each once the pool refilled:
     // as it is, and with the claim's own policy, env, labels, TTL and a
@@ -321,6 +480,7 @@ fn main() {
         "container_create_to_ready_ms": median(&s.container_ready),
         "vm_snapshot_ms": median(&s.snapshot),
         "vm_fork_to_ready_ms": median(&s.fork_ready),
+        "vmm_alone_restore_to_agent_ms": median(&s.alone_restore),
         "vm_pool_claim_ms": median(&s.pool_claim),
         "vm_pool_claim_custom_ms": median(&s.pool_claim_custom),
     });
@@ -362,6 +522,14 @@ fn main() {
         median(&s.fork_ready)
     );
     println!(
+        "  vmm alone restore -> agent    {:8.1}",
+        median(&s.alone_restore)
+    );
+    println!(
+        "  ratio fork -> ready / vmm restore -> agent  {:5.2}",
+        ratio(&s.fork_ready, &s.alone_restore)
+    );
+    println!(
         "  VM pool claim -> ready        {:8.2}  ratio to VM create {:6.3}",
         median(&s.pool_claim),
         ratio(&s.pool_claim, &s.create_ready)
@@ -371,14 +539,28 @@ fn main() {
         median(&s.pool_claim_custom),
         ratio(&s.pool_claim_custom, &s.create_ready)
     );
-    println!("  cold create phases, means in ms (microVM / container):");
-    for (phase, vm) in &s.vm_phases {
-        let container = s
-            .container_phases
+    println!("  create phases, means in ms (microVM cold / container cold / microVM fork):");
+    let of = |phases: &[(String, f64)], phase: &str| {
+        phases
             .iter()
             .find(|(p, _)| p == phase)
-            .map_or("-".to_string(), |(_, ms)| format!("{ms:.2}"));
-        println!("    {phase:12} {vm:8.2} / {container}");
+            .map_or("-".to_string(), |(_, ms)| format!("{ms:.2}"))
+    };
+    let mut names: Vec<&String> = s
+        .vm_phases
+        .iter()
+        .chain(&s.fork_phases)
+        .map(|(p, _)| p)
+        .collect();
+    names.sort();
+    names.dedup();
+    for phase in names {
+        println!(
+            "    {phase:12} {:>8} / {:>8} / {:>8}",
+            of(&s.vm_phases, phase),
+            of(&s.container_phases, phase),
+            of(&s.fork_phases, phase)
+        );
     }
     let raw = json!({
         "runs": runs,
@@ -390,10 +572,12 @@ fn main() {
         "container_create_to_ready": s.container_ready,
         "vm_snapshot": s.snapshot,
         "vm_fork_to_ready": s.fork_ready,
+        "vmm_alone_restore_to_agent": s.alone_restore,
         "vm_pool_claim": s.pool_claim,
         "vm_pool_claim_custom": s.pool_claim_custom,
         "vm_create_phase_means_ms": s.vm_phases,
         "container_create_phase_means_ms": s.container_phases,
+        "vm_fork_phase_means_ms": s.fork_phases,
         "medians": medians,
     });
     peers::write_results("microvm", &raw);
