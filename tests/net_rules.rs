@@ -63,7 +63,7 @@ impl Ns {
     fn sandbox() -> Ns {
         let ns = Ns::new();
         plumbing::setup(&ns.path).unwrap();
-        rules::apply(&ns.path, PROXY_PORT, DNS_PORT).unwrap();
+        rules::apply(rules::Loader::preferred(), &ns.path, PROXY_PORT, DNS_PORT).unwrap();
         ns
     }
 }
@@ -114,7 +114,7 @@ fn rules_are_loaded_inside_the_namespace_only() {
     root_only!();
     let ns = Ns::sandbox();
     // Applying twice replaces, not duplicates.
-    rules::apply(&ns.path, PROXY_PORT, DNS_PORT).unwrap();
+    rules::apply(rules::Loader::preferred(), &ns.path, PROXY_PORT, DNS_PORT).unwrap();
     let listing = rules::list(&ns.path).unwrap();
 
     let nat = rules::chain_rules(&listing, "nat_output");
@@ -170,6 +170,84 @@ fn rules_are_loaded_inside_the_namespace_only() {
     );
     let routes6 = run_in(&ns.path, &["ip", "-6", "route"]);
     assert!(routes6.contains("default dev eth0"), "{routes6}");
+}
+
+/// A listing without the kernel's handles, which differ between namespaces.
+fn without_handles(listing: &Value) -> Vec<Value> {
+    listing["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|item| item.get("metainfo").is_none())
+        .map(|item| {
+            let mut item = item.clone();
+            if let Some(object) = item.as_object_mut().and_then(|o| o.values_mut().next()) {
+                if let Some(fields) = object.as_object_mut() {
+                    fields.remove("handle");
+                }
+            }
+            item
+        })
+        .collect()
+}
+
+#[test]
+fn the_library_and_the_nft_binary_load_and_list_the_same_ruleset() {
+    root_only!();
+    // install-deps installs nftables, whose nft runs on libnftables1: the
+    // daemon loads rules in-process here, not through the fallback.
+    assert_eq!(rules::Loader::preferred(), rules::Loader::Library);
+    let (by_library, by_binary) = (Ns::new(), Ns::new());
+    rules::apply(
+        rules::Loader::Library,
+        &by_library.path,
+        PROXY_PORT,
+        DNS_PORT,
+    )
+    .unwrap();
+    rules::apply(rules::Loader::Binary, &by_binary.path, PROXY_PORT, DNS_PORT).unwrap();
+    let listed = |ns: &Ns, loader| rules::list_with(loader, &ns.path).unwrap();
+    let reference = without_handles(&listed(&by_binary, rules::Loader::Binary));
+    // The positive control: the binary's listing holds the whole ruleset.
+    assert_eq!(
+        rules::chain_rules(&listed(&by_binary, rules::Loader::Binary), "nat_output").len(),
+        4
+    );
+    for (ns, loader) in [
+        (&by_library, rules::Loader::Binary),
+        (&by_library, rules::Loader::Library),
+        (&by_binary, rules::Loader::Library),
+    ] {
+        assert_eq!(
+            without_handles(&listed(ns, loader)),
+            reference,
+            "{loader:?}"
+        );
+    }
+    // Loading again replaces, through either loader.
+    rules::apply(
+        rules::Loader::Library,
+        &by_binary.path,
+        PROXY_PORT,
+        DNS_PORT,
+    )
+    .unwrap();
+    assert_eq!(
+        without_handles(&listed(&by_binary, rules::Loader::Binary)),
+        reference
+    );
+    // The host's namespace, where the test runs, is untouched.
+    let host = Command::new("nft")
+        .args(["-j", "list", "tables"])
+        .output()
+        .unwrap();
+    let host: Value = serde_json::from_slice(&host.stdout).unwrap_or(json!({}));
+    assert!(
+        !host["nftables"]
+            .as_array()
+            .is_some_and(|a| a.iter().any(|o| o["table"]["name"] == rules::TABLE)),
+        "{host}"
+    );
 }
 
 #[test]

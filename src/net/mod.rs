@@ -1,6 +1,6 @@
 //! Sandbox networking. Each sandbox gets its own network namespace
 //! ([`netns`]) with a veth pair inside it ([`plumbing`]) and nftables rules
-//! ([`rules`]) that send every TCP connection to the daemon's egress proxy
+//! ([`rules`], loaded in-process through [`libnftables`]) that send every TCP connection to the daemon's egress proxy
 //! and every DNS query to its DNS responder ([`dns`]). The egress policy
 //! ([`policy`]), the fixed deny list ([`deny`]), the spelling of hosts and
 //! addresses that both read ([`host`]),
@@ -17,6 +17,7 @@ pub mod dns;
 pub mod host;
 pub mod http;
 pub mod intercept;
+pub mod libnftables;
 pub mod limits;
 pub mod netns;
 pub mod origdst;

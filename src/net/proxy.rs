@@ -85,26 +85,27 @@ pub struct Sockets {
     dns_tcp: std::net::TcpListener,
 }
 
-/// Plumbs the namespace at `netns`, loads its rules, and opens the proxy and
-/// DNS sockets inside it (dual-stack, on every address). Blocking.
-pub fn prepare(netns: &Path) -> Result<Sockets, EgressError> {
-    prepare_network(netns)?;
+/// Plumbs the namespace at `netns`, loads its rules (with `loader`: see
+/// [`rules::Loader::preferred`]), and opens the proxy and DNS sockets
+/// inside it (dual-stack, on every address). Blocking.
+pub fn prepare(netns: &Path, loader: rules::Loader) -> Result<Sockets, EgressError> {
+    prepare_network(netns, loader)?;
     open_sockets(netns)
 }
 
 /// The interfaces and rules of a sandbox's namespace: the same in every
 /// sandbox, so they can be made ahead of any (`net::slots`).
-pub fn prepare_network(netns: &Path) -> Result<(), EgressError> {
+pub fn prepare_network(netns: &Path, loader: rules::Loader) -> Result<(), EgressError> {
     plumbing::setup(netns)?;
-    rules::apply(netns, PROXY_PORT, DNS_PORT)?;
+    rules::apply(loader, netns, PROXY_PORT, DNS_PORT)?;
     Ok(())
 }
 
 /// Loads a CRI pod's rules into the namespace at `netns` (joined, not
 /// made: CNI gave it its interfaces) and opens the proxy and DNS sockets
 /// inside it. Blocking.
-pub fn prepare_pod(netns: &Path) -> Result<Sockets, EgressError> {
-    rules::apply_pod(netns, PROXY_PORT, DNS_PORT)?;
+pub fn prepare_pod(netns: &Path, loader: rules::Loader) -> Result<Sockets, EgressError> {
+    rules::apply_pod(loader, netns, PROXY_PORT, DNS_PORT)?;
     open_sockets(netns)
 }
 

@@ -102,7 +102,12 @@ impl NetSlots {
         std::fs::create_dir_all(&making).map_err(dir_err(&making))?;
         let made = netns::create(&making.join("netns"))
             .map_err(SlotError::from)
-            .and_then(|()| Ok(proxy::prepare_network(&making.join("netns"))?))
+            .and_then(|()| {
+                Ok(proxy::prepare_network(
+                    &making.join("netns"),
+                    crate::net::rules::Loader::preferred(),
+                )?)
+            })
             .and_then(|()| std::fs::rename(&making, &slot).map_err(dir_err(&slot)));
         if let Err(e) = made {
             discard(&making);

@@ -131,15 +131,16 @@ pub(crate) fn prepare_root(
         fs::create_dir_all(&dir).map_err(prepare("run directory"))?;
     }
     // A namespace made ahead (a network slot, moved in with the run
-    // directory) has its interfaces and rules already.
+    // directory) has its interfaces and rules already. The supervisor
+    // loads rules with the nft binary (see `rules::Loader::preferred`).
     let egress = if let Some(pod_netns) = &config.joined_netns {
         netns::join(pod_netns, &paths.netns())?;
-        crate::net::proxy::prepare_pod(&paths.netns())?
+        crate::net::proxy::prepare_pod(&paths.netns(), crate::net::rules::Loader::Binary)?
     } else if config.netns_ready {
         crate::net::proxy::open_sockets(&paths.netns())?
     } else {
         netns::create(&paths.netns())?;
-        crate::net::proxy::prepare(&paths.netns())?
+        crate::net::proxy::prepare(&paths.netns(), crate::net::rules::Loader::Binary)?
     };
     mount_root(config, paths)?;
     write_etc(config, &paths.etc())?;

@@ -249,7 +249,8 @@ pub fn start(
         .map_err(prepare("run directory"))?;
     if !config.netns_ready {
         netns::create(&paths.netns())?;
-        crate::net::proxy::prepare_network(&paths.netns())?;
+        // The supervisor's own namespace: the nft binary (see `Loader`).
+        crate::net::proxy::prepare_network(&paths.netns(), crate::net::rules::Loader::Binary)?;
     }
     crate::net::plumbing::setup_vm_tap(&paths.netns())?;
     let egress =
