@@ -35,9 +35,9 @@ pub struct Library {
     get_output_buffer: GetBuffer,
     get_error_buffer: GetBuffer,
     run_cmd_from_buffer: RunCmd,
-    /// One run at a time: a context is never shared, but the library's
-    /// start-up keeps some process-wide state that no release documents as
-    /// safe to initialise from two threads at once.
+    /// One run at a time: a context is never shared, but every run fills
+    /// and releases process-wide state of the library's (its interface
+    /// cache, among others).
     runs: Mutex<()>,
     /// Keeps the entry points above mapped.
     _lib: libloading::Library,
@@ -50,11 +50,17 @@ pub enum LibraryError {
     Setns(std::io::Error),
     #[error("the nft document holds a NUL byte")]
     Nul,
-    #[error("libnftables could not make a context")]
+    #[error("making the thread that enters the namespace: {0}")]
+    Thread(std::io::Error),
+    #[error("giving the thread a descriptor table of its own: {0}")]
+    Unshare(std::io::Error),
+    #[error("no netlink socket can be opened (the library would exit the process): {0}")]
+    Netlink(std::io::Error),
+    #[error("could not make a context or its output buffers")]
     Context,
-    #[error("libnftables refused the document: {0}")]
+    #[error("the document was refused: {0}")]
     Refused(String),
-    #[error("the thread running libnftables panicked")]
+    #[error("the thread running it panicked")]
     Panicked,
 }
 
@@ -99,23 +105,35 @@ impl Library {
 
     /// Runs `document` (nft JSON, or a command such as `list ruleset`)
     /// inside the network namespace `netns`; returns what nft printed, as
-    /// JSON. The run happens on a thread of its own that enters the
-    /// namespace (its netlink socket is opened there) and then ends, so no
-    /// other thread of the process changes namespace.
-    pub fn run_in(&'static self, netns: &File, document: &str) -> Result<String, LibraryError> {
+    /// JSON. The run happens on a thread of its own that first takes a
+    /// descriptor table of its own (the library opens its netlink sockets
+    /// without close-on-exec, and a process another thread spawns meanwhile
+    /// must not inherit a root-owned socket into a namespace that becomes a
+    /// sandbox's), then enters the namespace (its sockets are opened there)
+    /// and ends, so no other thread changes namespace or sees its sockets.
+    pub fn run_in(&self, netns: &File, document: &str) -> Result<String, LibraryError> {
         let document = CString::new(document).map_err(|_| LibraryError::Nul)?;
-        let netns = netns.try_clone().map_err(LibraryError::Setns)?;
+        let netns = netns.as_raw_fd();
         std::thread::scope(|scope| {
-            scope
-                .spawn(move || {
-                    // SAFETY: setns takes a namespace descriptor this
-                    // thread owns (`netns`) and changes only this thread's
-                    // network namespace.
-                    if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            std::thread::Builder::new()
+                .name("libnftables".into())
+                .spawn_scoped(scope, || {
+                    // SAFETY: unshare(CLONE_FILES) gives this thread a copy
+                    // of the descriptor table, which every descriptor the
+                    // rest of the process owns keeps its own entry in.
+                    if unsafe { libc::unshare(libc::CLONE_FILES) } != 0 {
+                        return Err(LibraryError::Unshare(std::io::Error::last_os_error()));
+                    }
+                    // SAFETY: `netns` is the caller's namespace descriptor,
+                    // open for the whole scope (and copied into this
+                    // thread's table); setns changes this thread alone.
+                    if unsafe { libc::setns(netns, libc::CLONE_NEWNET) } != 0 {
                         return Err(LibraryError::Setns(std::io::Error::last_os_error()));
                     }
+                    netlink_available()?;
                     self.run(&document)
                 })
+                .map_err(LibraryError::Thread)?
                 .join()
                 .unwrap_or(Err(LibraryError::Panicked))
         })
@@ -132,8 +150,11 @@ impl Library {
                 return Err(LibraryError::Context);
             }
             (self.output_set_flags)(ctx, NFT_CTX_OUTPUT_JSON);
-            (self.buffer_output)(ctx);
-            (self.buffer_error)(ctx);
+            // Unbuffered, it would print to the daemon's own stdout.
+            if (self.buffer_output)(ctx) != 0 || (self.buffer_error)(ctx) != 0 {
+                (self.ctx_free)(ctx);
+                return Err(LibraryError::Context);
+            }
             let status = (self.run_cmd_from_buffer)(ctx, document.as_ptr());
             let text = |buffer: *const c_char| {
                 if buffer.is_null() {
@@ -153,4 +174,28 @@ impl Library {
             result
         }
     }
+}
+
+/// Whether this thread can open the netlink sockets a run needs: the
+/// library exits the process when it cannot (1.0.x `netlink_init_error`).
+/// The thread's descriptor table is its own, so what succeeds here still
+/// succeeds when the library opens the same sockets.
+fn netlink_available() -> Result<(), LibraryError> {
+    for protocol in [libc::NETLINK_NETFILTER, libc::NETLINK_ROUTE] {
+        // SAFETY: socket takes plain integers and returns a new descriptor
+        // or -1; the descriptor is closed at once.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                protocol,
+            )
+        };
+        if fd < 0 {
+            return Err(LibraryError::Netlink(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just opened here and nothing else holds it.
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
 }

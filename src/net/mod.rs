@@ -1,7 +1,8 @@
 //! Sandbox networking. Each sandbox gets its own network namespace
 //! ([`netns`]) with a veth pair inside it ([`plumbing`]) and nftables rules
-//! ([`rules`], loaded in-process through [`libnftables`]) that send every TCP connection to the daemon's egress proxy
-//! and every DNS query to its DNS responder ([`dns`]). The egress policy
+//! ([`rules`], loaded in the daemon through [`libnftables`]) that send
+//! every TCP connection to the daemon's egress proxy and every DNS query to
+//! its DNS responder ([`dns`]). The egress policy
 //! ([`policy`]), the fixed deny list ([`deny`]), the spelling of hosts and
 //! addresses that both read ([`host`]),
 //! and what the proxy uses to learn where a connection goes ([`origdst`],

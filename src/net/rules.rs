@@ -56,7 +56,7 @@ pub enum RulesError {
     Nft { status: String, stderr: String },
     #[error("nft printed JSON we could not read: {0}")]
     Output(String),
-    #[error("libnftables: {0}")]
+    #[error("loading rules through libnftables: {0}")]
     Library(#[from] super::libnftables::LibraryError),
 }
 

@@ -84,7 +84,7 @@ impl NetSlots {
     }
 
     /// Makes one slot and adds it to the ready ones. Blocking (a few ms:
-    /// a namespace, a veth pair, addresses, routes, an `nft` run), at a
+    /// a namespace, a veth pair, addresses, routes, its rules), at a
     /// lower CPU priority than creates (see [`BACKGROUND_NICE`]).
     pub fn make_one(&self) -> Result<(), SlotError> {
         let _nice = NicedThread::new();
@@ -158,7 +158,8 @@ impl NetSlots {
 pub const BACKGROUND_NICE: libc::c_int = 10;
 
 /// Lowers the calling thread's CPU priority (nice is per thread on Linux,
-/// and the `nft` it starts inherits it) until dropped.
+/// and the thread or `nft` process it starts for the rules inherits it)
+/// until dropped.
 struct NicedThread;
 
 impl NicedThread {
