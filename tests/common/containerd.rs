@@ -32,6 +32,15 @@ fn snapshot_friendly_tmp() -> &'static str {
     }
 }
 
+/// The next line of `reader`, invalid UTF-8 replaced; `None` at its end.
+fn read_line_lossy(reader: &mut impl BufRead) -> Option<String> {
+    let mut line = Vec::new();
+    match reader.read_until(b'\n', &mut line) {
+        Ok(0) | Err(_) => None,
+        Ok(_) => Some(String::from_utf8_lossy(&line).trim_end().to_string()),
+    }
+}
+
 pub fn shim_binary() -> PathBuf {
     let shim = Path::new(crate::common::DAEMON).with_file_name("containerd-shim-sandboxd-v2");
     assert!(
@@ -58,7 +67,7 @@ pub struct Containerd {
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        self.stop();
+        // What it logged up to the failure, before its shutdown's lines.
         if std::thread::panicking() {
             let tail = self.log_tail.lock().unwrap_or_else(|e| e.into_inner());
             let lines: Vec<&str> = tail.iter().map(String::as_str).collect();
@@ -67,6 +76,7 @@ impl Drop for Containerd {
                 lines.join("\n")
             );
         }
+        self.stop();
         // Shims outlive containerd by design: end this test's.
         let address = self.socket().display().to_string();
         for pid in crate::common::processes_where(|_, argv| argv.contains(&address.as_str())) {
@@ -186,25 +196,26 @@ impl Containerd {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start containerd (install-deps installs it)");
-        // Its log says when it serves; keep draining it after that.
-        let stderr = child.stderr.take().expect("stderr");
-        let mut lines = BufReader::new(stderr).lines();
+        // Its log says when it serves; keep draining it after that, to its
+        // end whatever it holds: a stopped reader would block containerd
+        // (and the shims' logs) on a full pipe.
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
         let mut seen = Vec::new();
         loop {
-            match lines.next() {
-                Some(Ok(line)) => {
+            match read_line_lossy(&mut stderr) {
+                Some(line) => {
                     let booted = line.contains("containerd successfully booted");
                     seen.push(line);
                     if booted {
                         break;
                     }
                 }
-                _ => panic!("containerd exited before it served:\n{}", seen.join("\n")),
+                None => panic!("containerd exited before it served:\n{}", seen.join("\n")),
             }
         }
         let tail = Arc::clone(&self.log_tail);
         std::thread::spawn(move || {
-            for line in lines.map_while(Result::ok) {
+            while let Some(line) = read_line_lossy(&mut stderr) {
                 let mut tail = tail.lock().unwrap_or_else(|e| e.into_inner());
                 if tail.len() == crate::common::FAILURE_LOG_LINES {
                     tail.pop_front();

@@ -247,7 +247,9 @@ impl Daemon {
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("daemon.log")).unwrap_or_default()
+        std::fs::read(self.dir.path().join("daemon.log"))
+            .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+            .unwrap_or_default()
     }
 
     /// This daemon's own cgroup parent, so concurrent test daemons never
