@@ -77,16 +77,6 @@ impl Drop for Alone {
     }
 }
 
-/// Runs `ip ARGS`, failing the benchmark with its message.
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 impl Alone {
     /// Sparse disks of the sizes a busybox VM gets (the guest reads their
     /// first sector and writes and flushes one of the scratch disk's).
@@ -97,9 +87,9 @@ impl Alone {
             disk.set_len(mib << 20).expect("disk size");
         }
         let netns = format!("sbxbench-{}", std::process::id());
-        ip(&["netns", "add", &netns]);
-        ip(&["-n", &netns, "tuntap", "add", "tap0", "mode", "tap"]);
-        ip(&["-n", &netns, "link", "set", "tap0", "up"]);
+        common::ip(&["netns", "add", &netns]);
+        common::ip(&["-n", &netns, "tuntap", "add", "tap0", "mode", "tap"]);
+        common::ip(&["-n", &netns, "link", "set", "tap0", "up"]);
         Self {
             vmm: vmm.to_path_buf(),
             guest: guest.to_path_buf(),
@@ -345,10 +335,8 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
     }
     // Where a cold create's time goes, before forks and claims add theirs
     // (the pool's one fill is a cold VM create too).
-    let none = Vec::new();
-    let vm_totals = phase_totals(daemon, "vm").await;
-    s.vm_phases = phase_means(&none, &vm_totals);
-    s.container_phases = phase_means(&none, &phase_totals(daemon, "container").await);
+    s.vm_phases = phase_means(&[], &phase_totals(daemon, "vm").await);
+    s.container_phases = phase_means(&[], &phase_totals(daemon, "container").await);
     let source = daemon.create(vm.clone()).await;
     for _ in 0..3 {
         daemon.exec(&source, &["count"]).await;

@@ -623,6 +623,20 @@ impl Drop for Daemon {
     }
 }
 
+/// Runs `ip ARGS` (test plumbing: namespaces, links), failing the caller
+/// with its message.
+pub fn ip(args: &[&str]) {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("run ip");
+    assert!(
+        out.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// How much of a daemon's (or containerd's) log a failed test prints.
 pub const FAILURE_LOG_LINES: usize = 200;
 

@@ -21,6 +21,8 @@ use hickory_proto::rr::rdata::A;
 use hickory_proto::rr::{RData, Record, RecordType};
 use sandboxd::net::plumbing::in_netns;
 
+use crate::common::ip;
+
 /// The upstream namespace's own address on the link to the servers.
 pub const UPSTREAM_IP: &str = "203.0.113.1";
 /// The servers' addresses; names resolve to the first unless said.
@@ -71,15 +73,6 @@ const TLS_NAMES: [&str; 3] = [
 ];
 
 static NEXT: AtomicUsize = AtomicUsize::new(0);
-
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("ip");
-    assert!(
-        out.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 /// One accepted connection: who dialled, and which server address.
 #[derive(Debug, Clone, Copy)]
