@@ -312,6 +312,12 @@ pub struct ConfigOverrides {
     /// itself (page tables, device buffers, the binary), in MiB.
     #[arg(long)]
     pub vm_memory_overhead_mib: Option<u64>,
+    /// Fork microVM creates from boot templates (default true): after a
+    /// create boots an image at a size for the first time, the daemon boots
+    /// one more while idle and keeps a memory snapshot of it, and later
+    /// creates of that image and size restore it instead of booting.
+    #[arg(long)]
+    pub vm_boot_templates: Option<bool>,
 }
 
 fn parse_default_egress(s: &str) -> Result<crate::net::policy::DefaultEgress, String> {
@@ -395,6 +401,8 @@ pub struct VmSettings {
     pub vmm_path: PathBuf,
     pub cmdline: String,
     pub memory_overhead_mib: u64,
+    /// Creates fork from boot templates (`vm_boot_templates`).
+    pub boot_templates: bool,
 }
 
 /// The optional TCP + TLS listener of the API and its tokens.
@@ -577,6 +585,7 @@ impl Config {
                     .unwrap_or_else(|_| default_vmm_path()),
                 cmdline: pick!(vm_cmdline, String::new()),
                 memory_overhead_mib: pick!(vm_memory_overhead_mib, 32),
+                boot_templates: pick!(vm_boot_templates, true),
             },
             egress_limits: {
                 let defaults = crate::net::limits::EgressLimits::default();

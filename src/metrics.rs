@@ -61,6 +61,11 @@ struct SandboxLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TemplateCreateLabels {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StatusLabels {
     status: String,
 }
@@ -83,6 +88,8 @@ pub struct Metrics {
     create_phase_seconds: PhaseHistograms,
     create_failures: Family<ReasonLabels, Counter>,
     pool_claims: Family<PoolClaimLabels, Counter>,
+    boot_template_creates: Family<TemplateCreateLabels, Counter>,
+    boot_templates: Gauge,
     oom_kills: Counter,
     ttl_expiries: Counter,
     process_starts: Counter,
@@ -130,6 +137,18 @@ impl Metrics {
             "pool_claims",
             "Creates of a warm-pooled image, by result: hit (served from the pool), empty (none ready), unfit (limits above the pooled ones, or GPUs)",
             pool_claims.clone(),
+        );
+        let boot_template_creates = Family::<TemplateCreateLabels, Counter>::default();
+        registry.register(
+            "vm_boot_template_creates",
+            "MicroVM creates a boot template could serve, by result: hit (forked from the template), miss (none yet: booted, and a template made after), failed (the fork failed: the template was dropped and the VM booted)",
+            boot_template_creates.clone(),
+        );
+        let boot_templates = Gauge::default();
+        registry.register(
+            "vm_boot_templates",
+            "MicroVM boot templates ready to fork",
+            boot_templates.clone(),
         );
         let oom_kills = Counter::default();
         registry.register(
@@ -205,6 +224,8 @@ impl Metrics {
             create_phase_seconds,
             create_failures,
             pool_claims,
+            boot_template_creates,
+            boot_templates,
             oom_kills,
             ttl_expiries,
             process_starts,
@@ -245,6 +266,22 @@ impl Metrics {
                 result: result.to_string(),
             })
             .inc();
+    }
+
+    /// A microVM create a boot template could serve: `hit`, `miss` or
+    /// `failed`.
+    pub fn boot_template_create(&self, result: &str) {
+        self.boot_template_creates
+            .get_or_create(&TemplateCreateLabels {
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// How many boot templates are ready now.
+    pub fn boot_templates_ready(&self, count: usize) {
+        self.boot_templates
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
     /// One request (or raw TCP connection) through the ingress, by its

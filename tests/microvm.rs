@@ -73,6 +73,11 @@ fn vm_daemon_with(flags: &[&str]) -> Option<(Daemon, tempfile::TempDir)> {
         vmm_path().display().to_string(),
     );
     let mut all = vec!["--vm-kernel", &guest, "--vmm-path", &vmm];
+    // A boot template made in the background would outlive the tests'
+    // "nothing left" checks: the tests of templates ask for them.
+    if !flags.contains(&"--vm-boot-templates") {
+        all.extend(["--vm-boot-templates", "false"]);
+    }
     all.extend_from_slice(flags);
     let daemon = Daemon::start_with(&all);
     Some((daemon, guest_dir))
@@ -493,6 +498,196 @@ async fn a_vm_memory_snapshot_forks_into_vms_that_continue_from_it() {
         "{} outlived its last fork",
         images.display()
     );
+}
+
+/// The ids of the snapshots whose memory the daemon keeps (boot templates
+/// and the API's alike).
+fn memory_snapshot_ids(daemon: &Daemon) -> Vec<String> {
+    let dir = daemon.state_dir().join("snapshot-images");
+    let mut ids: Vec<String> = std::fs::read_dir(&dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    ids.sort();
+    ids
+}
+
+/// The ids `GET /v1/snapshots` lists.
+async fn listed_snapshots(daemon: &Daemon) -> Vec<String> {
+    let (status, list) = daemon.call(Method::GET, "/v1/snapshots", None).await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    list["snapshots"]
+        .as_array()
+        .expect("a list")
+        .iter()
+        .map(|s| s["id"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// After a create boots an image at a size for the first time, the daemon
+/// makes a boot template of it while idle; later creates of that image
+/// and size are forks of it, each with its own seed, counter, CPU quota and
+/// egress policy. The template is not the API's snapshot; a template whose
+/// fork fails is dropped and the create boots; a clean stop removes it.
+#[tokio::test]
+async fn vm_creates_fork_from_a_boot_template_of_their_image_and_size() {
+    let Some((mut daemon, _guest)) = vm_daemon_with(&[
+        "--vm-boot-templates",
+        "true",
+        "--default-image",
+        "busybox",
+        "--default-memory-mib",
+        "32",
+    ]) else {
+        return;
+    };
+    let metric =
+        |result: &str| format!("sandboxd_vm_boot_template_creates_total{{result=\"{result}\"}} ");
+    let templates_ready = "sandboxd_vm_boot_templates ";
+    let first = daemon.create(json!({"runtime": "vm"})).await;
+    assert_eq!(daemon.metric(&metric("miss")).await, 1.0);
+    // Booted, not forked: its agent never took a fork's seed.
+    assert_eq!(daemon.exec(&first, &["seed"]).await.out(), "none\n");
+    daemon.await_metric(templates_ready).await;
+    let templates = memory_snapshot_ids(&daemon);
+    assert_eq!(templates.len(), 1, "{templates:?}");
+    let template = &templates[0];
+    assert!(listed_snapshots(&daemon).await.is_empty());
+    let (status, body) = daemon
+        .call(Method::GET, &format!("/v1/snapshots/{template}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, body) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(json!({"from_snapshot": template})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    let mut events = daemon.follow_events(0).await;
+    // Half a CPU boots one vCPU, as the template did; an open policy where
+    // the default blocks.
+    let a = daemon
+        .create(
+            json!({"runtime": "vm", "cpu": 0.5, "block_network": false, "labels": {"team": "a"}}),
+        )
+        .await;
+    let b = daemon.create(json!({"runtime": "vm"})).await;
+    let seen = events
+        .until(WAIT, |e| {
+            e["kind"] == "ready" && e["sandbox_id"] == b.as_str()
+        })
+        .await;
+    for id in [&a, &b] {
+        let created: Vec<&serde_json::Value> = seen
+            .iter()
+            .filter(|e| e["kind"] == "created" && e["sandbox_id"] == id.as_str())
+            .collect();
+        assert_eq!(created.len(), 1, "{seen:?}");
+        assert_eq!(created[0]["detail"], "from a boot template", "{seen:?}");
+    }
+    assert_eq!(daemon.metric(&metric("hit")).await, 2.0);
+    // Each fork starts from the template's idle guest and goes its own way.
+    assert_eq!(count(&daemon, &a).await, "count=1\n");
+    assert_eq!(count(&daemon, &a).await, "count=2\n");
+    assert_eq!(count(&daemon, &b).await, "count=1\n");
+    let seed_a = daemon.exec(&a, &["seed"]).await.out();
+    let seed_b = daemon.exec(&b, &["seed"]).await.out();
+    assert_eq!(seed_a.len(), 33, "{seed_a:?}");
+    assert_ne!(seed_a, seed_b);
+    assert_eq!(daemon.exec(&a, &["vcpus"]).await.out(), "1\n");
+    assert_eq!(daemon.exec(&a, &["mem"]).await.out(), "mem_mib=32 top=ok\n");
+    let (quota, period) = cgroup::cpu_max(&a);
+    assert_eq!(quota.map(|q| q * 2), Some(period), "half a CPU");
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{a}"), None)
+        .await;
+    assert_eq!(view["labels"]["team"], "a", "{view}");
+    // The fork's open policy: the proxy holds the connection open.
+    let run = daemon.exec(&a, &["net-connect", "10.1.2.3", "443"]).await;
+    assert_eq!(run.out(), "open to 10.1.2.3:443\n", "{}", run.err());
+
+    // A snapshot of a fork stacks on the template; it alone is listed,
+    // and forks of it continue from it.
+    let snap = daemon.snapshot(&a, "memory").await;
+    assert_eq!(listed_snapshots(&daemon).await, vec![snap.clone()]);
+    let grandchild = daemon.create(json!({"from_snapshot": snap})).await;
+    assert_eq!(count(&daemon, &grandchild).await, "count=3\n");
+
+    for id in [&a, &b, &grandchild] {
+        daemon.delete(id).await;
+    }
+    let (status, _) = daemon
+        .call(Method::DELETE, &format!("/v1/snapshots/{snap}"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+
+    // A template whose fork fails (its memory file altered) is dropped,
+    // and the create boots instead, under another id than the failure's.
+    let memory = daemon
+        .state_dir()
+        .join("snapshot-images")
+        .join(template)
+        .join("memory");
+    {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&memory)
+            .expect("open the template's memory");
+        file.write_all_at(b"altered", 4096).expect("alter it");
+    }
+    let mut events = daemon.follow_events(0).await;
+    let booted = daemon.create(json!({"runtime": "vm"})).await;
+    assert_eq!(daemon.metric(&metric("failed")).await, 1.0);
+    assert_eq!(daemon.exec(&booted, &["seed"]).await.out(), "none\n");
+    assert_eq!(daemon.metric(templates_ready).await, 0.0);
+    assert_eq!(memory_snapshot_ids(&daemon), Vec::<String>::new());
+    let seen = events
+        .until(WAIT, |e| {
+            e["kind"] == "ready" && e["sandbox_id"] == booted.as_str()
+        })
+        .await;
+    let failed: Vec<&serde_json::Value> = seen.iter().filter(|e| e["kind"] == "failed").collect();
+    assert_eq!(failed.len(), 1, "{seen:?}");
+    assert_ne!(failed[0]["sandbox_id"], booted.as_str(), "{seen:?}");
+
+    // Another size is another template, made after its first boot.
+    let other = daemon
+        .create(json!({"runtime": "vm", "memory_mib": 64}))
+        .await;
+    assert_eq!(daemon.metric(&metric("miss")).await, 2.0);
+    assert_eq!(
+        daemon.exec(&other, &["mem"]).await.out(),
+        "mem_mib=64 top=ok\n"
+    );
+    daemon.await_metric(templates_ready).await;
+    assert_eq!(memory_snapshot_ids(&daemon).len(), 1);
+    // A daemon that did not stop cleanly left it: the next drops it as it
+    // starts (it may boot another kernel or agent), and adopts the VMs.
+    daemon.kill(nix::sys::signal::Signal::SIGKILL);
+    daemon.restart();
+    assert_eq!(memory_snapshot_ids(&daemon), Vec::<String>::new());
+    assert_eq!(count(&daemon, &other).await, "count=1\n");
+    // A clean stop drops the templates too: the restarted daemon makes
+    // the 64 MiB one again after its next boot, and stops.
+    let again = daemon
+        .create(json!({"runtime": "vm", "memory_mib": 64}))
+        .await;
+    assert_eq!(daemon.exec(&again, &["seed"]).await.out(), "none\n");
+    daemon.await_metric(templates_ready).await;
+    assert_eq!(memory_snapshot_ids(&daemon).len(), 1);
+    for id in [&first, &booted, &other, &again] {
+        daemon.delete(id).await;
+    }
+    daemon.stop(nix::sys::signal::Signal::SIGTERM);
+    assert_eq!(memory_snapshot_ids(&daemon), Vec::<String>::new());
 }
 
 #[tokio::test]

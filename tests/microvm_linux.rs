@@ -235,6 +235,70 @@ async fn a_pooled_linux_guest_is_handed_out_with_the_callers_env_and_fewer_pids(
     assert_nothing_left(&daemon, &[&id]).await;
 }
 
+/// A create of an image and size booted before is a fork of the boot
+/// template the daemon made of it meanwhile: the caller's environment and
+/// pids limit hold inside the guest, and the first random bytes differ
+/// between two forks.
+#[tokio::test]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
+async fn a_linux_guest_forks_from_its_boot_template_with_the_callers_env_pids_and_entropy() {
+    let flags = ["--vm-boot-templates", "true"].map(String::from);
+    let Some(daemon) = linux_vm_daemon(&flags) else {
+        return;
+    };
+    let first = python_vm(&daemon, json!({})).await;
+    daemon
+        .await_metric_within("sandboxd_vm_boot_templates ", WAIT * 2)
+        .await;
+    let mut events = daemon.follow_events(0).await;
+    let a = python_vm(
+        &daemon,
+        json!({"env": {"GREETING": "hi from the template"}, "pids": 16}),
+    )
+    .await;
+    let b = python_vm(&daemon, json!({})).await;
+    let seen = events
+        .until(WAIT, |e| {
+            e["kind"] == "ready" && e["sandbox_id"] == b.as_str()
+        })
+        .await;
+    for id in [&a, &b] {
+        assert!(
+            seen.iter().any(|e| e["kind"] == "created"
+                && e["sandbox_id"] == id.as_str()
+                && e["detail"] == "from a boot template"),
+            "{id}: {seen:?}"
+        );
+    }
+    // The first random bytes each fork's first process draws differ: the
+    // guest's CRNG was reseeded before the fork was ready.
+    let draw = ["python3", "-c", "import os; print(os.urandom(16).hex())"];
+    let (a_hex, b_hex) = (
+        daemon.exec(&a, &draw).await.out(),
+        daemon.exec(&b, &draw).await.out(),
+    );
+    assert_eq!(a_hex.len(), 33, "{a_hex:?}");
+    assert_ne!(a_hex, b_hex, "two forks drew the same os.urandom(16)");
+    let hit = "sandboxd_vm_boot_template_creates_total{result=\"hit\"} ";
+    assert_eq!(daemon.metric(hit).await, 2.0);
+    let run = daemon
+        .exec(
+            &a,
+            &["python3", "-c", "import os; print(os.environ['GREETING'])"],
+        )
+        .await;
+    assert_eq!(run.out(), "hi from the template\n", "{}", run.err());
+    // The template booted with the default pids limit; the fork's lower
+    // one holds inside its guest.
+    assert_eq!(forks_until_refused(&daemon, &a).await, "15 11\n");
+    let run = daemon.exec(&b, &["python3", "-c", "print(6*7)"]).await;
+    assert_eq!(run.out(), "42\n", "{}", run.err());
+    for id in [&first, &a, &b] {
+        daemon.delete(id).await;
+    }
+    assert_nothing_left(&daemon, &[&first, &a, &b]).await;
+}
+
 #[tokio::test]
 #[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
 async fn a_linux_guest_keeps_its_pids_limit_and_reports_an_oom_kill_inside_it() {

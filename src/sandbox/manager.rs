@@ -43,6 +43,8 @@ pub struct Manager {
     pub(super) ttl_changed: Notify,
     /// Ids of ready sandboxes of the pooled images, not yet handed out.
     pub(super) pool: Mutex<super::warm_pool::WarmPools>,
+    /// MicroVM boot templates, ready and wanted.
+    pub(super) boot_templates: Mutex<super::boot_templates::BootTemplates>,
     /// Network namespaces made ahead of creates.
     pub(super) net_slots: Arc<crate::net::slots::NetSlots>,
     /// Supervisors started ahead of launches.
@@ -140,6 +142,7 @@ impl Manager {
             records: Mutex::new(HashMap::new()),
             ttl_changed: Notify::new(),
             pool: Mutex::new(Default::default()),
+            boot_templates: Mutex::new(Default::default()),
             creates_in_flight: Default::default(),
             net_slots,
             slot_taken: Notify::new(),
@@ -406,6 +409,17 @@ impl Manager {
         SupervisorClient::connect(&self.paths(id).socket())
             .await
             .map_err(|e| not_running(id, e))
+    }
+
+    /// The supervisor of `record`, which the caller found ready (a pooled
+    /// one too: the daemon's own work on it).
+    pub(super) async fn connect_to(
+        &self,
+        record: &SandboxRecord,
+    ) -> Result<SupervisorClient, SandboxError> {
+        SupervisorClient::connect(&self.paths(&record.id).socket())
+            .await
+            .map_err(|e| not_running(&record.id, e))
     }
 
     /// A caller's sandbox that is ready (409 when it is not).

@@ -3,6 +3,7 @@
 //! sandboxes. Everything inside a sandbox goes through its supervisor.
 
 mod background;
+mod boot_templates;
 pub mod builds;
 pub mod capacity;
 mod create;

@@ -41,6 +41,12 @@ impl Manager {
                         self.keep_foreign(record, mismatch);
                     }
                 }
+                (SandboxState::Ready, _)
+                    if alive && record.pooled && !self.still_pooled(&record) =>
+                {
+                    tracing::info!(sandbox = %record.id, "removing a pooled sandbox no pool of this daemon holds (its pools changed, or it was a boot template's)");
+                    self.remove_everything(&record).await;
+                }
                 (SandboxState::Ready, _) if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");
                     let (id, pooled, runtime, image) = (
@@ -89,6 +95,8 @@ impl Manager {
             }
         }
         self.sweep_unowned().await;
+        // A new daemon may boot another kernel, agent or VMM.
+        self.drop_boot_templates();
         // A sandbox holds its GPUs until it is removed, whatever its state.
         let holders: Vec<(String, Vec<String>)> = self
             .records()

@@ -108,7 +108,7 @@ impl Harness {
             runtime: RuntimeKind::Container,
             image: self.manager.config.default_image.clone(),
             image_digest: "sha256-test".into(),
-            limits: self.manager.template_limits(),
+            limits: self.manager.pooled_limits(),
             ttl_seconds: -1,
             expires_at_ms: None,
             created_at: "2026-01-01T00:00:00.000Z".into(),
@@ -340,7 +340,7 @@ async fn claim_pooled_vm(h: &Harness, image: &str, limits: &Limits) -> Option<Sa
     let req = CreateRequest::default();
     let network = open_network();
     h.manager
-        .claim_pooled(PoolClaim {
+        .claim_pooled(&PoolClaim {
             runtime: RuntimeKind::Vm,
             ..claim(image, limits, &req, &network)
         })
@@ -371,11 +371,11 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
         labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
         ..Default::default()
     };
-    let limits = h.manager.template_limits();
+    let limits = h.manager.pooled_limits();
     let network = open_network();
     let claimed = h
         .manager
-        .claim_pooled(claim(&image, &limits, &req, &network))
+        .claim_pooled(&claim(&image, &limits, &req, &network))
         .await
         .expect("claim")
         .expect("a pooled sandbox");
@@ -426,7 +426,7 @@ async fn a_pooled_microvm_claimed_with_fewer_pids_has_its_agent_lower_them() {
 #[tokio::test]
 async fn a_pooled_microvm_booted_before_a_raised_default_has_its_pids_limit_raised() {
     let h = vm_pool_harness();
-    let wanted = h.manager.template_limits();
+    let wanted = h.manager.pooled_limits();
     // Made by a daemon whose default was lower, recovered by this one.
     let record = h.pooled_vm("vm-o", |record| record.limits.pids = wanted.pids / 2);
     h.fake.script("vm-o", SupervisorReply::Ok);
@@ -508,7 +508,7 @@ async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
         .pool()
         .put(RuntimeKind::Container, &image, "sb-n".into());
     h.fake.script("sb-n", SupervisorReply::Ok);
-    let limits = h.manager.template_limits();
+    let limits = h.manager.pooled_limits();
     let req = CreateRequest::default();
     let blocked = NetworkPolicy {
         block_network: Some(true),
@@ -516,7 +516,7 @@ async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
     };
     let claimed = h
         .manager
-        .claim_pooled(claim(&image, &limits, &req, &blocked))
+        .claim_pooled(&claim(&image, &limits, &req, &blocked))
         .await
         .expect("claim")
         .expect("a pooled sandbox");
@@ -538,12 +538,12 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_change_asks_no_supervisor(
     h.manager
         .pool()
         .put(RuntimeKind::Container, &image, "sb-q".into());
-    let limits = h.manager.template_limits();
+    let limits = h.manager.pooled_limits();
     let req = CreateRequest::default();
     let network = open_network();
     let other = h
         .manager
-        .claim_pooled(claim("not-pooled", &limits, &req, &network))
+        .claim_pooled(&claim("not-pooled", &limits, &req, &network))
         .await
         .expect("claim");
     assert!(other.is_none());
@@ -553,7 +553,7 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_change_asks_no_supervisor(
     };
     let unfit = h
         .manager
-        .claim_pooled(claim(&image, &more, &req, &network))
+        .claim_pooled(&claim(&image, &more, &req, &network))
         .await
         .expect("claim");
     assert!(
@@ -562,7 +562,7 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_change_asks_no_supervisor(
     );
     let gpu = h
         .manager
-        .claim_pooled(PoolClaim {
+        .claim_pooled(&PoolClaim {
             gpu: true,
             ..claim(&image, &limits, &req, &network)
         })
@@ -572,7 +572,7 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_change_asks_no_supervisor(
     assert_eq!(h.manager.pooled(), 1);
     let plain = h
         .manager
-        .claim_pooled(claim(&image, &limits, &req, &network))
+        .claim_pooled(&claim(&image, &limits, &req, &network))
         .await
         .expect("claim");
     assert_eq!(plain.map(|r| r.id).as_deref(), Some("sb-q"));

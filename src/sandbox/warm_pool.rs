@@ -96,8 +96,8 @@ impl WarmPools {
     }
 }
 
-/// A create the pools may serve, validated and with the daemon's defaults
-/// applied.
+/// A create the pools (or a microVM's boot template) may serve, validated
+/// and with the daemon's defaults applied.
 pub(super) struct PoolClaim<'a> {
     pub(super) runtime: RuntimeKind,
     pub(super) image: &'a str,
@@ -140,7 +140,7 @@ impl Manager {
         self.pool().len()
     }
 
-    pub(super) fn template_limits(&self) -> Limits {
+    pub(super) fn pooled_limits(&self) -> Limits {
         Limits {
             cpu: self.config.default_cpu,
             memory_mib: self.config.default_memory_mib,
@@ -164,46 +164,63 @@ impl Manager {
             .map(|p| (p.runtime, p.image.clone()))
     }
 
-    /// Keeps every warm pool at its size, one sandbox at a time, and only
-    /// while no caller's create is in flight: a refill never competes with
-    /// real work for the host's CPUs.
+    /// Keeps every warm pool at its size, then makes the boot templates
+    /// wanted, one sandbox at a time, and only while no caller's create is
+    /// in flight: a refill never competes with real work for the host's
+    /// CPUs.
     pub(super) fn start_refill(self: &Arc<Self>) {
-        if self.config.warm_pools.is_empty() || self.refilling.swap(true, Ordering::AcqRel) {
+        if (self.config.warm_pools.is_empty() && !self.boot_template_wanted())
+            || self.refilling.swap(true, Ordering::AcqRel)
+        {
             return;
         }
         let this = Arc::clone(self);
         tokio::spawn(async move {
+            // A pool whose refill failed is not retried by this task (the
+            // next claim or restart tries again); templates still are made.
+            let mut pools_failed = false;
             loop {
                 this.creates_quiet().await;
                 if *this.stopping.borrow() {
                     break;
                 }
-                let Some((runtime, image)) = this.next_to_refill() else {
+                let refill = match pools_failed {
+                    true => None,
+                    false => this.next_to_refill(),
+                };
+                let Some((runtime, image)) = refill else {
+                    // The pools are full: then boot templates.
+                    if this.make_next_boot_template().await {
+                        continue;
+                    }
                     break;
                 };
                 match this.create_cold(this.pooled_create(runtime, &image)).await {
                     Ok(view) => this.pool().put(runtime, &image, view.id),
                     Err(e) => {
-                        // No retry loop: the next claim or restart tries again.
                         let runtime = runtime.as_str();
                         tracing::warn!(image, runtime, "refilling the warm pool: {e}");
-                        break;
+                        pools_failed = true;
                     }
                 }
             }
             this.refilling.store(false, Ordering::Release);
             this.refill_done.notify_waiters();
+            // A template wanted after this task last looked.
+            if !*this.stopping.borrow() && this.boot_template_wanted() {
+                this.start_refill();
+            }
         });
     }
 
-    fn pooled_create(&self, runtime: RuntimeKind, image: &str) -> ColdCreate {
+    pub(super) fn pooled_create(&self, runtime: RuntimeKind, image: &str) -> ColdCreate {
         ColdCreate {
             id: new_id(),
             secrets: Vec::new(),
             from_snapshot: None,
             runtime,
             image_name: image.to_string(),
-            limits: self.template_limits(),
+            limits: self.pooled_limits(),
             ttl_seconds: -1,
             labels: BTreeMap::new(),
             env: BTreeMap::new(),
@@ -219,11 +236,23 @@ impl Manager {
     }
 
     /// The egress policy pooled sandboxes are made with: the default.
-    fn pooled_network(&self) -> NetworkPolicy {
+    pub(super) fn pooled_network(&self) -> NetworkPolicy {
         NetworkPolicy {
             block_network: Some(self.config.default_egress == DefaultEgress::Block),
             allow_list: None,
         }
+    }
+
+    /// Whether a pooled sandbox an earlier daemon made belongs in one of
+    /// this daemon's pools: its runtime and image are pooled, at the
+    /// limits this daemon pools them with.
+    pub(super) fn still_pooled(&self, record: &SandboxRecord) -> bool {
+        record.limits == self.pooled_limits()
+            && self
+                .config
+                .warm_pools
+                .iter()
+                .any(|p| p.runtime == record.runtime && p.image == record.image)
     }
 
     /// Tears down the warm pools (on a clean stop: nobody can see or use
@@ -243,6 +272,7 @@ impl Manager {
         for id in ids {
             self.remove_pooled(&id).await;
         }
+        self.drop_boot_templates();
     }
 
     /// Removes one pooled sandbox to make room for a caller's create that
@@ -256,7 +286,7 @@ impl Manager {
         true
     }
 
-    async fn remove_pooled(&self, id: &str) {
+    pub(super) async fn remove_pooled(&self, id: &str) {
         let record = self.records().get(id).cloned();
         if let Some(record) = record {
             self.remove_everything(&record).await;
@@ -268,7 +298,7 @@ impl Manager {
     /// the pooled ones cannot become, GPUs, or none ready).
     pub(super) async fn claim_pooled(
         self: &Arc<Self>,
-        claim: PoolClaim<'_>,
+        claim: &PoolClaim<'_>,
     ) -> Result<Option<SandboxRecord>, SandboxError> {
         let (runtime, image) = (claim.runtime, claim.image);
         if !self
@@ -279,7 +309,7 @@ impl Manager {
         {
             return Ok(None);
         }
-        if claim.gpu || !fits(runtime, claim.limits, &self.template_limits()) {
+        if claim.gpu || !fits(runtime, claim.limits, &self.pooled_limits()) {
             self.metrics.pool_claim(runtime, image, "unfit");
             return Ok(None);
         }
@@ -298,7 +328,7 @@ impl Manager {
                 self.metrics.pool_claim(runtime, image, "unfit");
                 return Ok(None);
             }
-            let record = match self.hand_over(&id, &claim).await {
+            let record = match self.hand_over(&id, claim).await {
                 Ok(record) => record,
                 Err(e) => {
                     tracing::warn!(sandbox = %id, "pooled sandbox could not be handed out ({e}); removing it");
@@ -326,9 +356,7 @@ impl Manager {
             .get(id)
             .cloned()
             .ok_or_else(|| SandboxError::internal("a pooled sandbox without its record"))?;
-        // A microVM's pids limit is kept inside its guest, by its agent
-        // (set whenever it differs: a pooled VM recovered after the
-        // operator raised the default has the lower limit it booted with).
+        // A microVM's pids limit is kept inside its guest, by its agent.
         let guest_pids = (record.runtime == RuntimeKind::Vm
             && claim.limits.pids != record.limits.pids)
             .then_some(claim.limits.pids);

@@ -416,7 +416,13 @@ impl Daemon {
     /// `line_start` (name, labels, space) is above zero: the daemon samples
     /// its proxies every few seconds (and on each scrape).
     pub async fn await_metric(&self, line_start: &str) -> f64 {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        self.await_metric_within(line_start, Duration::from_secs(30))
+            .await
+    }
+
+    /// [`Self::await_metric`] allowing `within`.
+    pub async fn await_metric_within(&self, line_start: &str, within: Duration) -> f64 {
+        let deadline = std::time::Instant::now() + within;
         loop {
             let value = self.metric(line_start).await;
             if value > 0.0 {

@@ -18,6 +18,7 @@ use std::time::{Instant, SystemTime};
 
 use idempotency::Admission;
 
+use super::boot_templates::FromTemplate;
 use super::events::EventKind;
 use super::made_ahead::CreateInFlight;
 use super::record::{expiry, SandboxRecord};
@@ -174,7 +175,7 @@ impl Manager {
         if let Some(meta) = req
             .from_snapshot
             .as_deref()
-            .and_then(|s| self.snapshots.get(s))
+            .and_then(|s| self.snapshots.visible(s))
         {
             for exposed in meta.memory.iter().flat_map(|m| &m.ports) {
                 let inherited = crate::model::PortRequest {
@@ -316,7 +317,7 @@ impl Manager {
                 )
                 .await;
         }
-        let id = new_id();
+        let mut id = new_id();
         let image_name = match &req.image_spec {
             Some(spec) => self.built_image_name(&id, spec).await?,
             None if !req.host_rootfs.is_empty() => crate::model::HOST_ROOTFS_IMAGE.to_string(),
@@ -344,45 +345,61 @@ impl Manager {
                 _ => {}
             }
         }
-        // The warm pools hold containers and microVMs of images.
-        if req.host_rootfs.is_empty() && req.join_netns.is_none() && req.hostname.is_none() {
-            if let Some(view) = self
-                .claim_pooled(PoolClaim {
-                    runtime,
-                    image: &image_name,
-                    limits: &limits,
-                    ttl_seconds,
-                    req: &req,
-                    request_digest: request_digest.as_deref(),
-                    network: &network,
-                    secrets: &secrets,
-                    gpu: gpu.is_some(),
-                })
-                .await?
-            {
+        // The warm pools hold containers and microVMs of images; then
+        // microVMs fork from their image's boot template.
+        let claim = PoolClaim {
+            runtime,
+            image: &image_name,
+            limits: &limits,
+            ttl_seconds,
+            req: &req,
+            request_digest: request_digest.as_deref(),
+            network: &network,
+            secrets: &secrets,
+            gpu: gpu.is_some(),
+        };
+        let of_an_image =
+            req.host_rootfs.is_empty() && req.join_netns.is_none() && req.hostname.is_none();
+        if of_an_image {
+            if let Some(view) = self.claim_pooled(&claim).await? {
                 return Ok(view);
             }
         }
-        self.create_cold(ColdCreate {
-            id,
-            image_name,
-            limits,
-            ttl_seconds,
-            labels: req.labels,
-            env: req.env,
-            pooled: false,
-            gpu,
-            request_digest,
-            idempotency_key: req.idempotency_key,
-            network,
-            from_snapshot: None,
-            runtime,
-            secrets,
-            host_rootfs: req.host_rootfs,
-            join_netns: req.join_netns,
-            hostname: req.hostname,
-        })
-        .await
+        let mut template_wanted = None;
+        if runtime == RuntimeKind::Vm && of_an_image && gpu.is_none() {
+            match self.create_from_boot_template(&id, &claim).await? {
+                FromTemplate::Forked(record) => return Ok(*record),
+                FromTemplate::Boot(wanted) => template_wanted = wanted,
+                // Its failure was told under the id: the boot is another.
+                FromTemplate::Failed => id = new_id(),
+            }
+        }
+        let record = self
+            .create_cold(ColdCreate {
+                id,
+                image_name,
+                limits,
+                ttl_seconds,
+                labels: req.labels,
+                env: req.env,
+                pooled: false,
+                gpu,
+                request_digest,
+                idempotency_key: req.idempotency_key,
+                network,
+                from_snapshot: None,
+                runtime,
+                secrets,
+                host_rootfs: req.host_rootfs,
+                join_netns: req.join_netns,
+                hostname: req.hostname,
+            })
+            .await?;
+        // The first boot of its image and size: the next is a fork.
+        if let Some(wanted) = template_wanted {
+            self.want_boot_template(wanted);
+        }
+        Ok(record)
     }
 
     /// The name of `spec`'s built image, built first when needed; a build

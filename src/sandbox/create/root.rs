@@ -143,11 +143,22 @@ impl Manager {
         image_name: &str,
         clock: &mut PhaseClock<'_>,
     ) -> Result<Root, SandboxError> {
-        let fork = record
-            .base_snapshot
-            .as_deref()
-            .and_then(|b| self.snapshots.get(b))
-            .filter(|m| m.memory.is_some());
+        // Held even if deleted since the create began: the record keeps its
+        // data (a boot template dropped meanwhile, a snapshot deleted).
+        let fork = match record.base_snapshot.as_deref() {
+            Some(base) => {
+                Some(
+                    self.snapshots
+                        .held(base)
+                        .ok_or_else(|| SandboxError::NotFound {
+                            code: "snapshot_not_found",
+                            message: format!("the snapshot {base} this sandbox forks is gone"),
+                        })?,
+                )
+            }
+            None => None,
+        }
+        .filter(|m| m.memory.is_some());
         let mut restore = None;
         let mut vm_restore = None;
         let mut vm_scratch = None;

@@ -62,6 +62,10 @@ pub struct SnapshotMeta {
     /// sandboxes made from it start with (its `layers` are empty).
     #[serde(default)]
     pub vm_scratch: Option<PathBuf>,
+    /// A microVM boot template (`sandbox/boot_templates.rs`): the daemon's
+    /// own, never shown to the API, dropped when the daemon stops or starts.
+    #[serde(default)]
+    pub template: bool,
 }
 
 /// What a memory snapshot holds beyond its layer, and what its forks get.
@@ -178,9 +182,20 @@ impl SnapshotIndex {
         self.by_id.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A snapshot the API may show (not deleted).
+    /// A snapshot not deleted (a boot template too).
     pub fn get(&self, id: &str) -> Option<SnapshotMeta> {
         self.lock().get(id).filter(|m| !m.deleted).cloned()
+    }
+
+    /// A snapshot the API may show: not deleted, not a boot template.
+    pub fn visible(&self, id: &str) -> Option<SnapshotMeta> {
+        self.get(id).filter(|m| !m.template)
+    }
+
+    /// A snapshot whose data is still kept, deleted or not: what a sandbox
+    /// that holds it (its `base_snapshot`) is made from.
+    pub fn held(&self, id: &str) -> Option<SnapshotMeta> {
+        self.lock().get(id).cloned()
     }
 
     /// Writes `meta` into its directory (atomically) and indexes it.

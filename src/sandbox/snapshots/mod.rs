@@ -89,6 +89,17 @@ impl Manager {
         kind: SnapshotKind,
     ) -> Result<SnapshotView, SandboxError> {
         let record = self.record(id)?;
+        Ok(self.snapshot_of(record, kind).await?.view())
+    }
+
+    /// [`Self::snapshot`] of `record`, which may be pooled (a boot
+    /// template's).
+    pub(super) async fn snapshot_of(
+        self: &Arc<Self>,
+        record: super::record::SandboxRecord,
+        kind: SnapshotKind,
+    ) -> Result<SnapshotMeta, SandboxError> {
+        let id = record.id.as_str();
         if record.state != SandboxState::Ready {
             return Err(SandboxError::Conflict {
                 code: "sandbox_not_running",
@@ -146,7 +157,7 @@ impl Manager {
         {
             Ok(meta) => {
                 tracing::info!(sandbox = %record.id, snapshot = %snapshot_id, ?kind, size_bytes = meta.size_bytes, "snapshot taken");
-                Ok(meta.view())
+                Ok(meta)
             }
             Err(e) => {
                 if let Err(undo) = self.remove_snapshot_data(&snapshot_id) {
@@ -293,6 +304,9 @@ impl Manager {
             deleted: false,
             memory: captured.memory,
             vm_scratch: captured.vm_scratch,
+            // Nobody can snapshot a pooled sandbox through the API: the
+            // daemon snapshots one only to make a boot template of it.
+            template: record.pooled,
         };
         self.snapshots
             .save(&self.disk, &meta)
@@ -312,7 +326,7 @@ impl Manager {
         base: SnapshotBase,
     ) -> Result<SnapshotMeta, SandboxError> {
         let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
-        self.connect(&record.id)
+        self.connect_to(record)
             .await?
             .clone_disk(scratch.clone())
             .await
@@ -446,7 +460,7 @@ impl Manager {
             work_dir: dir.to_path_buf(),
         };
         let checkpointed = self
-            .connect(&record.id)
+            .connect_to(record)
             .await?
             .checkpoint(target)
             .await
@@ -508,7 +522,7 @@ impl Manager {
         } = admitted;
         let meta = self
             .snapshots
-            .get(snapshot)
+            .visible(snapshot)
             .ok_or_else(|| snapshot_not_found(snapshot))?;
         let Some(memory) = meta.memory.clone() else {
             return Err(SandboxError::bad(
@@ -595,7 +609,7 @@ impl Manager {
             .snapshots
             .lock()
             .values()
-            .filter(|m| !m.deleted)
+            .filter(|m| !m.deleted && !m.template)
             .map(SnapshotMeta::view)
             .collect();
         views.sort_by(|a, b| a.created_at.cmp(&b.created_at));
@@ -604,7 +618,7 @@ impl Manager {
 
     pub fn get_snapshot(&self, id: &str) -> Result<SnapshotView, SandboxError> {
         self.snapshots
-            .get(id)
+            .visible(id)
             .map(|m| m.view())
             .ok_or_else(|| snapshot_not_found(id))
     }
@@ -614,7 +628,7 @@ impl Manager {
     pub fn delete_snapshot(&self, id: &str) -> Result<(), SandboxError> {
         let mut meta = self
             .snapshots
-            .get(id)
+            .visible(id)
             .ok_or_else(|| snapshot_not_found(id))?;
         meta.deleted = true;
         self.snapshots
@@ -629,7 +643,7 @@ impl Manager {
         if !name.starts_with("snap-") {
             return Ok(None);
         }
-        match self.snapshots.get(name) {
+        match self.snapshots.visible(name) {
             Some(meta) if meta.kind == SnapshotKind::Filesystem => Ok(Some(meta)),
             Some(_) => Err(SandboxError::bad(
                 "invalid_image",
@@ -646,6 +660,8 @@ impl Manager {
             .values()
             .filter_map(|r| r.base_snapshot.clone())
             .collect();
+        // Boot templates a create is forking before its record holds them.
+        in_use.extend(self.pinned_boot_templates());
         // A base's own parents are listed in its meta, which stays while
         // the base is used.
         for meta in self.snapshots.lock().values() {
