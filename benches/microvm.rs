@@ -454,6 +454,9 @@ fn main() {
         "96",
         "--vm-pool-size",
         "1",
+        // Its creates are cold boots; forks are measured as forks.
+        "--vm-boot-templates",
+        "false",
     ]);
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let alone = Alone::new(&vmm, &guest);

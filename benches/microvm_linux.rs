@@ -1,10 +1,13 @@
 //! Linux guests in microVMs, beside QEMU: create -> agent ready and create
-//! -> python output through a real sandboxd, the same guest booted by our
-//! `vmm` alone, and QEMU `-M microvm -accel kvm` booting the same kernel
-//! with the same disks and the same agent as init to the same marker (the
-//! agent dialling its host over vsock), interleaved run by run; then fork
-//! -> ready of a Linux guest, and one boot with the kernel's log
-//! timestamped for the phase table and its longest silence.
+//! -> python output through a real sandboxd, booting (a daemon with boot
+//! templates off) and forked from the image's boot template (a daemon with
+//! them on, its template made before the runs), the same guest booted by
+//! our `vmm` alone, and QEMU `-M microvm -accel kvm` booting the same
+//! kernel with the same disks and the same agent as init to the same
+//! marker (the agent dialling its host over vsock), interleaved run by
+//! run; then fork -> ready of a Linux guest from a snapshot of a running
+//! one, and one boot with the kernel's log timestamped for the phase table
+//! and its longest silence.
 //!
 //! It needs VMX/SVM, which this host's kvm_pvm lacks, so it runs in the
 //! nested host: `benches/nested-linux-vm.sh` builds it and runs it there
@@ -374,6 +377,8 @@ fn phases(vmm: &Path, kernel: &Path, disks: &Disks) -> (Vec<(String, f64)>, (f64
 struct Samples {
     daemon_ready: Vec<f64>,
     daemon_output: Vec<f64>,
+    template_ready: Vec<f64>,
+    template_output: Vec<f64>,
     vmm_connect: Vec<f64>,
     qemu_connect: Vec<f64>,
     fork_ready: Vec<f64>,
@@ -473,15 +478,30 @@ fn main() {
     }
     let qemu = Command::new(QEMU).arg("--version").output().is_ok();
     let runs = peers::bench_runs(7);
-    let daemon = Daemon::start_with(&[
-        "--vm-kernel",
-        &kernel.display().to_string(),
-        "--vmm-path",
-        &vmm.display().to_string(),
-        "--ready-timeout-seconds",
-        "120",
-    ]);
+    let start = |templates: &str| {
+        Daemon::start_with(&[
+            "--vm-kernel",
+            &kernel.display().to_string(),
+            "--vmm-path",
+            &vmm.display().to_string(),
+            "--ready-timeout-seconds",
+            "120",
+            "--vm-boot-templates",
+            templates,
+        ])
+    };
+    let daemon = start("false");
+    let templated = start("true");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    // The templated daemon's first create boots and asks for the template,
+    // made before the runs so that it never shares the CPUs with them.
+    runtime.block_on(async {
+        let (ready, _) = daemon_create(&templated).await;
+        eprintln!("  templated daemon's first (booted) create: ready {ready:.0} ms");
+        templated
+            .await_metric_within("sandboxd_vm_boot_templates ", BOOT_LIMIT * 2)
+            .await;
+    });
 
     // Warm-up: the image's ext4 export and the agent disk are made once,
     // and a running VM names them.
@@ -518,6 +538,8 @@ fn main() {
     let mut s = Samples {
         daemon_ready: Vec::new(),
         daemon_output: Vec::new(),
+        template_ready: Vec::new(),
+        template_output: Vec::new(),
         vmm_connect: Vec::new(),
         qemu_connect: Vec::new(),
         fork_ready: Vec::new(),
@@ -526,13 +548,16 @@ fn main() {
         let (ready, output) = runtime.block_on(daemon_create(&daemon));
         s.daemon_ready.push(ready);
         s.daemon_output.push(output);
+        let (forked, forked_output) = runtime.block_on(daemon_create(&templated));
+        s.template_ready.push(forked);
+        s.template_output.push(forked_output);
         s.vmm_connect.push(ms(boot_vmm(&vmm, &kernel, &disks)));
         if let Some(listener) = &vsock {
             s.qemu_connect
                 .push(ms(boot_qemu(&kernel, &disks, listener, 100 + run as u32)));
         }
         eprintln!(
-            "  run {run}: daemon ready {ready:.0} ms, output {output:.0} ms; vmm {:.0} ms; qemu {}",
+            "  run {run}: daemon ready {ready:.0} ms, output {output:.0} ms; from the template {forked:.0} / {forked_output:.0} ms; vmm {:.0} ms; qemu {}",
             s.vmm_connect.last().copied().unwrap_or(f64::NAN),
             s.qemu_connect
                 .last()
@@ -553,26 +578,37 @@ fn main() {
     };
     println!("Linux guest microVMs, python image, {MEM_MIB} MiB, 1 vCPU ({runs} runs, medians in ms; ratio = ours / QEMU)");
     println!(
-        "  daemon create -> agent ready       {:9.1}  {}",
+        "  daemon create -> agent ready (boot)       {:9.1}  {}",
         median(&s.daemon_ready),
         ratio(median(&s.daemon_ready))
     );
     println!(
-        "  daemon create -> python output     {:9.1}",
-        median(&s.daemon_output)
+        "  daemon create -> agent ready (template)   {:9.1}  {}",
+        median(&s.template_ready),
+        ratio(median(&s.template_ready))
     );
     println!(
-        "  vmm alone start -> agent connected {:9.1}  {}",
+        "  daemon create -> python output (boot)     {:9.1}  {}",
+        median(&s.daemon_output),
+        ratio(median(&s.daemon_output))
+    );
+    println!(
+        "  daemon create -> python output (template) {:9.1}  {}",
+        median(&s.template_output),
+        ratio(median(&s.template_output))
+    );
+    println!(
+        "  vmm alone start -> agent connected       {:9.1}  {}",
         median(&s.vmm_connect),
         ratio(median(&s.vmm_connect))
     );
     if qemu {
-        println!("  QEMU microvm -> agent connected    {qemu_median:9.1}");
+        println!("  QEMU microvm -> agent connected          {qemu_median:9.1}");
     } else {
         println!("  QEMU microvm: {QEMU} not found, not measured");
     }
     println!(
-        "  daemon fork -> ready               {:9.1}",
+        "  daemon fork of a snapshot -> ready       {:9.1}",
         median(&s.fork_ready)
     );
     println!("Boot phases of one vmm boot with the kernel log on (ms since the vmm started):");
@@ -592,6 +628,8 @@ fn main() {
         "unit": "ms",
         "daemon_create_to_ready": s.daemon_ready,
         "daemon_create_to_output": s.daemon_output,
+        "template_create_to_ready": s.template_ready,
+        "template_create_to_output": s.template_output,
         "vmm_start_to_agent_connected": s.vmm_connect,
         "qemu_start_to_agent_connected": s.qemu_connect,
         "daemon_fork_to_ready": s.fork_ready,
@@ -602,6 +640,8 @@ fn main() {
         "medians": {
             "daemon_create_to_ready": median(&s.daemon_ready),
             "daemon_create_to_output": median(&s.daemon_output),
+            "template_create_to_ready": median(&s.template_ready),
+            "template_create_to_output": median(&s.template_output),
             "vmm_start_to_agent_connected": median(&s.vmm_connect),
             "qemu_start_to_agent_connected": qemu_median,
             "daemon_fork_to_ready": median(&s.fork_ready),
