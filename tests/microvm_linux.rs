@@ -270,6 +270,12 @@ async fn a_linux_guest_forks_from_its_boot_template_with_the_callers_env_pids_an
             "{id}: {seen:?}"
         );
     }
+    // The template ran python3 once (its files then sit in the guest's
+    // page cache), which its forks do not list as theirs.
+    let (_, list) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{a}/processes"), None)
+        .await;
+    assert_eq!(list["processes"], json!([]), "{list}");
     // The first random bytes each fork's first process draws differ: the
     // guest's CRNG was reseeded before the fork was ready.
     let draw = ["python3", "-c", "import os; print(os.urandom(16).hex())"];

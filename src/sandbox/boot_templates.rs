@@ -21,10 +21,14 @@ use super::snapshots::index::SnapshotKind;
 use super::warm_pool::PoolClaim;
 use super::{SandboxError, SandboxRecord};
 use crate::model::{Limits, RuntimeKind};
+use crate::supervisor::protocol::SpawnSpec;
 
 /// Templates kept at once: each is a memory file about as large as what its
 /// guest touched while booting, and a scratch disk clone.
 const MAX_TEMPLATES: usize = 8;
+
+/// How long a template's warm-up run of its interpreter may take.
+const WARM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What a template fixes: the image as booted (by digest: a moved tag or a
 /// changed recipe is another template) and what a guest boots with and
@@ -324,6 +328,7 @@ impl Manager {
                 ..self.pooled_create(RuntimeKind::Vm, &wanted.image)
             })
             .await?;
+        self.warm_interpreter(&booted).await;
         let taken = self.snapshot_of(booted.clone(), SnapshotKind::Memory).await;
         self.remove_everything(&booted).await;
         let meta = taken?;
@@ -336,6 +341,43 @@ impl Manager {
             )));
         }
         Ok(meta.id)
+    }
+
+    /// Runs the image's `python3` once, where it has one, so that forks
+    /// find its files in their guest's page cache (Python is run_code's
+    /// default language; a fork's first run otherwise reads them through
+    /// its disk). Failing only leaves the template colder.
+    async fn warm_interpreter(&self, record: &SandboxRecord) {
+        let (uid, gid) = record.process_user.unwrap_or((0, 0));
+        let spec = SpawnSpec {
+            argv: ["python3", "-c", "pass"].map(String::from).to_vec(),
+            code: None,
+            env: Vec::new(),
+            cwd: None,
+            uid,
+            gid,
+            stdin: false,
+            pty: None,
+            timeout_ms: Some(WARM_TIMEOUT.as_millis() as u64),
+            root: None,
+        };
+        let ran = async {
+            let mut client = self.connect_to(record).await?;
+            let process = client.spawn(spec).await.map_err(SandboxError::from)?;
+            client
+                .wait(process.id, WARM_TIMEOUT)
+                .await
+                .map_err(SandboxError::from)
+        }
+        .await;
+        match ran {
+            Ok(process) => {
+                tracing::debug!(sandbox = %record.id, exit = ?process.exit_code, "warmed python3 in a boot template")
+            }
+            Err(e) => {
+                tracing::debug!(sandbox = %record.id, "no python3 warmed in a boot template: {e}")
+            }
+        }
     }
 
     /// Deletes template snapshots; their data goes once no fork holds it.

@@ -369,9 +369,13 @@ impl Manager {
             .await?;
         let Checkpointed {
             next_proc,
-            processes,
+            mut processes,
             ..
         } = checkpointed;
+        // A boot template's forks list none of the daemon's own warm-up.
+        if record.pooled {
+            processes.clear();
+        }
         let scratch = dir.join(crate::runtime::microvm::SNAPSHOT_DISK);
         let measured = images_dir.clone();
         let size_bytes = tokio::task::spawn_blocking(move || crate::image::tree_bytes(&measured))
