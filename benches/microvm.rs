@@ -1,9 +1,11 @@
 //! MicroVM sandboxes through a real sandboxd: create -> ready (the guest's
 //! agent has dialled in and said Hello), create -> the output of a process,
-//! memory snapshot, fork -> ready, and claims from a warm microVM pool,
-//! with the freestanding test guest as the kernel (what this kvm_pvm host
-//! can run). A container create -> ready runs in the same daemon for scale. Prints medians and writes the raw
-//! samples to `benches/results/microvm.json`.
+//! memory snapshot, fork -> ready, claims from a warm microVM pool, and
+//! (in a second daemon, alone on the host) creates forked from the image's
+//! boot template, with the freestanding test guest as the kernel (what
+//! this kvm_pvm host can run). A container create -> ready runs in the
+//! same daemon for scale. Prints medians and writes the raw samples to
+//! `benches/results/microvm.json`.
 //!
 //!     sudo cargo bench --bench microvm        # BENCH_RUNS=30 by default
 //!
@@ -416,6 +418,46 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
     s
 }
 
+/// Creates forked from the image's boot template (made before the runs),
+/// each beside the VMM alone booting the guest.
+struct TemplateSamples {
+    ready: Vec<f64>,
+    output: Vec<f64>,
+    alone_first_line: Vec<f64>,
+}
+
+async fn measure_templates(daemon: &Daemon, alone: &Alone, runs: usize) -> TemplateSamples {
+    let vm = json!({"runtime": "vm", "image": "busybox", "memory_mib": 64});
+    // The first create of the image and size boots and asks for the
+    // template, which the daemon makes once it is idle.
+    let first = daemon.create(vm.clone()).await;
+    daemon.delete(&first).await;
+    daemon.await_metric("sandboxd_vm_boot_templates ").await;
+    let mut t = TemplateSamples {
+        ready: Vec::new(),
+        output: Vec::new(),
+        alone_first_line: Vec::new(),
+    };
+    for _ in 0..runs {
+        let begun = Instant::now();
+        let id = daemon.create(vm.clone()).await;
+        t.ready.push(ms(begun));
+        let run = daemon.exec(&id, &["echo", "hi"]).await;
+        t.output.push(ms(begun));
+        assert_eq!(run.out(), "hi\n");
+        daemon.delete(&id).await;
+        let (first_line, _) = tokio::task::block_in_place(|| alone.boot());
+        t.alone_first_line.push(first_line);
+    }
+    let hits = "sandboxd_vm_boot_template_creates_total{result=\"hit\"} ";
+    assert_eq!(
+        daemon.metric(hits).await,
+        runs as f64,
+        "every create a fork"
+    );
+    t
+}
+
 fn main() {
     if let Some((_, why)) = common::skip_reason() {
         println!("microvm benchmark skipped: {why}");
@@ -443,24 +485,32 @@ fn main() {
         return;
     };
     let runs = peers::bench_runs(30);
-    let daemon = Daemon::start_with(&[
-        "--vm-kernel",
-        &guest.display().to_string(),
-        "--vmm-path",
-        &vmm.display().to_string(),
-        "--default-image",
-        "busybox",
-        "--default-memory-mib",
-        "96",
-        "--vm-pool-size",
-        "1",
-        // Its creates are cold boots; forks are measured as forks.
-        "--vm-boot-templates",
-        "false",
-    ]);
+    let (guest, vmm) = (guest.display().to_string(), vmm.display().to_string());
+    let start = |templates: &str, pool: &str| {
+        Daemon::start_with(&[
+            "--vm-kernel",
+            &guest,
+            "--vmm-path",
+            &vmm,
+            "--default-image",
+            "busybox",
+            "--default-memory-mib",
+            "96",
+            "--vm-pool-size",
+            pool,
+            "--vm-boot-templates",
+            templates,
+        ])
+    };
+    // Its creates are cold boots; forks are measured as forks.
+    let daemon = start("false", "1");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
-    let alone = Alone::new(&vmm, &guest);
+    let alone = Alone::new(Path::new(&vmm), Path::new(&guest));
     let s = runtime.block_on(measure(&daemon, &alone, runs));
+    // Then, alone on the host, a daemon whose creates fork from a template.
+    drop(daemon);
+    let templated = start("true", "0");
+    let t = runtime.block_on(measure_templates(&templated, &alone, runs));
     let ratio = |ours: &[f64], peer: &[f64]| median(ours) / median(peer);
 
     let medians = json!({
@@ -474,6 +524,9 @@ fn main() {
         "vmm_alone_restore_to_agent_ms": median(&s.alone_restore),
         "vm_pool_claim_ms": median(&s.pool_claim),
         "vm_pool_claim_custom_ms": median(&s.pool_claim_custom),
+        "vm_template_create_to_ready_ms": median(&t.ready),
+        "vm_template_create_to_output_ms": median(&t.output),
+        "vmm_alone_to_first_line_beside_templates_ms": median(&t.alone_first_line),
     });
     println!("microVM sandboxes, test guest, 64 MiB ({runs} runs, medians in ms)");
     println!(
@@ -530,6 +583,16 @@ fn main() {
         median(&s.pool_claim_custom),
         ratio(&s.pool_claim_custom, &s.create_ready)
     );
+    println!(
+        "  VM create from a boot template -> ready  {:8.1}  vmm alone -> first line (beside it) {:6.1}  ratio {:5.2}",
+        median(&t.ready),
+        median(&t.alone_first_line),
+        ratio(&t.ready, &t.alone_first_line)
+    );
+    println!(
+        "  VM create from a boot template -> echo output {:8.1}",
+        median(&t.output)
+    );
     println!("  create phases, means in ms (microVM cold / container cold / microVM fork):");
     let of = |phases: &[(String, f64)], phase: &str| {
         phases
@@ -566,6 +629,9 @@ fn main() {
         "vmm_alone_restore_to_agent": s.alone_restore,
         "vm_pool_claim": s.pool_claim,
         "vm_pool_claim_custom": s.pool_claim_custom,
+        "vm_template_create_to_ready": t.ready,
+        "vm_template_create_to_output": t.output,
+        "vmm_alone_to_first_line_beside_templates": t.alone_first_line,
         "vm_create_phase_means_ms": s.vm_phases,
         "container_create_phase_means_ms": s.container_phases,
         "vm_fork_phase_means_ms": s.fork_phases,
