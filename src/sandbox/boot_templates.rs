@@ -27,7 +27,9 @@ use crate::supervisor::protocol::SpawnSpec;
 /// guest touched while booting, and a scratch disk clone.
 const MAX_TEMPLATES: usize = 8;
 
-/// How long a template's warm-up run of its interpreter may take.
+/// What a template runs before its snapshot (see
+/// [`Manager::warm_interpreters`]), and how long each may take.
+const WARM_UPS: &[&[&str]] = &[&["python3", "-c", "pass"], &["node", "-e", "0"]];
 const WARM_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What a template fixes: the image as booted (by digest: a moved tag or a
@@ -328,7 +330,7 @@ impl Manager {
                 ..self.pooled_create(RuntimeKind::Vm, &wanted.image)
             })
             .await?;
-        self.warm_interpreter(&booted).await;
+        self.warm_interpreters(&booted).await;
         let taken = self.snapshot_of(booted.clone(), SnapshotKind::Memory).await;
         self.remove_everything(&booted).await;
         let meta = taken?;
@@ -343,14 +345,33 @@ impl Manager {
         Ok(meta.id)
     }
 
-    /// Runs the image's `python3` once, where it has one, so that forks
-    /// find its files in their guest's page cache (Python is run_code's
-    /// default language; a fork's first run otherwise reads them through
-    /// its disk). Failing only leaves the template colder.
-    async fn warm_interpreter(&self, record: &SandboxRecord) {
+    /// Runs each of run_code's interpreters the image has once (Python,
+    /// its default language, and Node), so that forks find their files in
+    /// their guest's page cache instead of reading them through its disk
+    /// on their first run. Failing only leaves the template colder.
+    async fn warm_interpreters(&self, record: &SandboxRecord) {
+        for argv in WARM_UPS {
+            let program = argv[0];
+            match self.run_once(record, argv).await {
+                Ok(process) => {
+                    tracing::debug!(sandbox = %record.id, program, exit = ?process.exit_code, "warmed in a boot template")
+                }
+                Err(e) => {
+                    tracing::debug!(sandbox = %record.id, program, "not warmed in a boot template: {e}")
+                }
+            }
+        }
+    }
+
+    /// Runs `argv` in `record` as its processes run, to its end.
+    async fn run_once(
+        &self,
+        record: &SandboxRecord,
+        argv: &[&str],
+    ) -> Result<crate::model::Process, SandboxError> {
         let (uid, gid) = record.process_user.unwrap_or((0, 0));
         let spec = SpawnSpec {
-            argv: ["python3", "-c", "pass"].map(String::from).to_vec(),
+            argv: argv.iter().map(|a| a.to_string()).collect(),
             code: None,
             env: Vec::new(),
             cwd: None,
@@ -361,23 +382,9 @@ impl Manager {
             timeout_ms: Some(WARM_TIMEOUT.as_millis() as u64),
             root: None,
         };
-        let ran = async {
-            let mut client = self.connect_to(record).await?;
-            let process = client.spawn(spec).await.map_err(SandboxError::from)?;
-            client
-                .wait(process.id, WARM_TIMEOUT)
-                .await
-                .map_err(SandboxError::from)
-        }
-        .await;
-        match ran {
-            Ok(process) => {
-                tracing::debug!(sandbox = %record.id, exit = ?process.exit_code, "warmed python3 in a boot template")
-            }
-            Err(e) => {
-                tracing::debug!(sandbox = %record.id, "no python3 warmed in a boot template: {e}")
-            }
-        }
+        let mut client = self.connect_to(record).await?;
+        let process = client.spawn(spec).await?;
+        Ok(client.wait(process.id, WARM_TIMEOUT).await?)
     }
 
     /// Deletes template snapshots; their data goes once no fork holds it.

@@ -33,8 +33,11 @@ impl Manager {
     /// and their layers, built trees no recipe names any more and
     /// forced-rebuild leftovers. In use is what a mounted overlay stacks
     /// (every daemon's sandboxes), what a sandbox record or a snapshot
-    /// stacks, and the base of a built image that stays.
+    /// stacks, and the base of a built image that stays. Boot templates are
+    /// a cache of the daemon's own: dropped first (a template that a fork
+    /// still holds keeps its image), and made again after the next boot.
     pub async fn prune_images(&self) -> Result<crate::image::PruneReport, SandboxError> {
+        self.drop_boot_templates();
         let mut in_use = crate::image::mounted_lower_layers();
         // Images by the digest records and snapshots were made from.
         let mut keep = HashSet::new();
