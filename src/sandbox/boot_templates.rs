@@ -15,6 +15,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, MutexGuard};
 
+use super::capacity::{capacity, Capacity};
 use super::create::ColdCreate;
 use super::manager::Manager;
 use super::snapshots::index::SnapshotKind;
@@ -57,6 +58,17 @@ impl TemplateKey {
 /// The whole vCPUs a CPU limit boots (as `vm_spec` counts them).
 fn vcpus(cpu: f64) -> u64 {
     cpu.ceil().clamp(1.0, 254.0) as u64
+}
+
+/// Whether the host can hold a template's VM while it is made and still
+/// take a caller's create of the same limits: a template never takes the
+/// room of real work (a caller's create cannot evict it, as it does a
+/// pooled sandbox).
+fn leaves_room(now: &Capacity, limits: &Limits) -> bool {
+    now.sandboxes.free >= 2.0
+        && now.cpu.free + 1e-9 >= 2.0 * limits.cpu
+        && now.memory_mib.free >= 2.0 * limits.memory_mib as f64
+        && now.disk_mib.free >= 2.0 * limits.disk_mib as f64
 }
 
 /// A template to make: its key, the image name to boot and the limits.
@@ -301,7 +313,18 @@ impl Manager {
         let Some(wanted) = self.boot_templates().next() else {
             return false;
         };
-        let made = self.make_boot_template(&wanted).await;
+        let room = {
+            let records = self.records();
+            let all: Vec<&SandboxRecord> = records.values().collect();
+            leaves_room(&capacity(&self.config, &all), &wanted.limits)
+        };
+        let made = match room {
+            true => self.make_boot_template(&wanted).await,
+            false => Err(SandboxError::Unavailable {
+                resource: "capacity",
+                message: "the host has no room for it beside a create of its size".into(),
+            }),
+        };
         let (dropped, ready) = {
             let mut templates = self.boot_templates();
             templates.making = None;
@@ -433,6 +456,22 @@ mod tests {
             disk_mib: 1024,
             pids: 256,
         }
+    }
+
+    #[test]
+    fn a_template_is_made_only_with_room_for_a_create_of_its_size_beside_it() {
+        let now = |cpu, memory, sandboxes| Capacity {
+            cpu: crate::sandbox::capacity::Amount::new(cpu, 0.0),
+            memory_mib: crate::sandbox::capacity::Amount::new(memory, 0.0),
+            disk_mib: crate::sandbox::capacity::Amount::new(1e6, 0.0),
+            sandboxes: crate::sandbox::capacity::Amount::new(sandboxes, 0.0),
+            gpus: Default::default(),
+        };
+        let wanted = limits(1.0, 256);
+        assert!(leaves_room(&now(2.0, 512.0, 2.0), &wanted));
+        assert!(!leaves_room(&now(1.5, 512.0, 2.0), &wanted));
+        assert!(!leaves_room(&now(2.0, 511.0, 2.0), &wanted));
+        assert!(!leaves_room(&now(2.0, 512.0, 1.0), &wanted));
     }
 
     #[test]
