@@ -21,7 +21,7 @@ use super::manager::Manager;
 use super::snapshots::index::SnapshotKind;
 use super::warm_pool::PoolClaim;
 use super::{SandboxError, SandboxRecord};
-use crate::model::{Limits, RuntimeKind};
+use crate::model::{Limits, ProcessState, RuntimeKind};
 use crate::supervisor::protocol::SpawnSpec;
 
 /// Templates kept at once: each is a memory file about as large as what its
@@ -91,6 +91,9 @@ pub(super) struct BootTemplates {
     pinned: HashMap<String, usize>,
     /// Bumped on every use, for least-recently-used eviction.
     clock: u64,
+    /// Bumped when every template is dropped: one made across a drop is
+    /// dropped too.
+    generation: u64,
 }
 
 struct Ready {
@@ -134,11 +137,12 @@ impl BootTemplates {
         self.wanted.push_back(wanted);
     }
 
-    /// The next template to make, now being made.
-    fn next(&mut self) -> Option<Wanted> {
+    /// The next template to make, now being made, with the generation
+    /// it is made in.
+    fn next(&mut self) -> Option<(Wanted, u64)> {
         let wanted = self.wanted.pop_front()?;
         self.making = Some(wanted.key.clone());
-        Some(wanted)
+        Some((wanted, self.generation))
     }
 
     /// Keeps `snapshot` as `key`'s template; returns the snapshots that
@@ -179,6 +183,7 @@ impl BootTemplates {
 
     /// Forgets every template and wish; returns the templates' snapshots.
     fn clear(&mut self) -> Vec<String> {
+        self.generation += 1;
         self.wanted.clear();
         self.ready.drain().map(|(_, r)| r.snapshot).collect()
     }
@@ -252,7 +257,15 @@ impl Manager {
             })
             .await;
         // The record (made, or removed with everything) holds it from here.
-        self.boot_templates().unpin(&snapshot);
+        let dropped = {
+            let mut templates = self.boot_templates();
+            templates.unpin(&snapshot);
+            !templates.ready.values().any(|r| r.snapshot == snapshot)
+        };
+        // Dropped while pinned, and this fork failed: nothing holds it now.
+        if dropped && forked.is_err() {
+            self.collect_snapshots();
+        }
         match forked {
             Ok(record) => {
                 self.metrics.boot_template_create("hit");
@@ -310,7 +323,7 @@ impl Manager {
     /// (invisible, the default egress, no caller's env or secrets), takes a
     /// memory snapshot of it and removes it. False when none was wanted.
     pub(super) async fn make_next_boot_template(self: &Arc<Self>) -> bool {
-        let Some(wanted) = self.boot_templates().next() else {
+        let Some((wanted, generation)) = self.boot_templates().next() else {
             return false;
         };
         let room = {
@@ -329,6 +342,9 @@ impl Manager {
             let mut templates = self.boot_templates();
             templates.making = None;
             let dropped = match made {
+                // Every template was dropped while this one was made (an
+                // image prune): so is this one.
+                Ok(snapshot) if templates.generation != generation => vec![snapshot],
                 Ok(snapshot) => {
                     tracing::info!(image = %wanted.image, %snapshot, "boot template made");
                     templates.insert(wanted.key, snapshot)
@@ -353,8 +369,7 @@ impl Manager {
                 ..self.pooled_create(RuntimeKind::Vm, &wanted.image)
             })
             .await?;
-        self.warm_interpreters(&booted).await;
-        let taken = self.snapshot_of(booted.clone(), SnapshotKind::Memory).await;
+        let taken = self.warm_and_snapshot(&booted).await;
         self.remove_everything(&booted).await;
         let meta = taken?;
         // The image the key was asked for may have moved on since.
@@ -368,14 +383,38 @@ impl Manager {
         Ok(meta.id)
     }
 
+    /// Warms a template's VM and takes its memory snapshot. A stopping
+    /// daemon waits for the task that makes templates: it stops here
+    /// rather than after the warm-ups and the snapshot.
+    async fn warm_and_snapshot(
+        self: &Arc<Self>,
+        booted: &SandboxRecord,
+    ) -> Result<super::snapshots::index::SnapshotMeta, SandboxError> {
+        let not_stopping = || match *self.stopping.borrow() {
+            true => Err(SandboxError::internal("the daemon is stopping")),
+            false => Ok(()),
+        };
+        not_stopping()?;
+        self.warm_interpreters(booted).await?;
+        not_stopping()?;
+        self.snapshot_of(booted.clone(), SnapshotKind::Memory).await
+    }
+
     /// Runs each of run_code's interpreters the image has once (Python,
     /// its default language, and Node), so that forks find their files in
     /// their guest's page cache instead of reading them through its disk
-    /// on their first run. Failing only leaves the template colder.
-    async fn warm_interpreters(&self, record: &SandboxRecord) {
+    /// on their first run. One the image lacks is skipped; one that does
+    /// not end fails the template.
+    async fn warm_interpreters(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
         for argv in WARM_UPS {
             let program = argv[0];
             match self.run_once(record, argv).await {
+                // Still running: every fork would run it on, unlisted.
+                Ok(process) if process.state != ProcessState::Exited => {
+                    return Err(SandboxError::internal(format!(
+                        "{program} did not end within {WARM_TIMEOUT:?}"
+                    )));
+                }
                 Ok(process) => {
                     tracing::debug!(sandbox = %record.id, program, exit = ?process.exit_code, "warmed in a boot template")
                 }
@@ -384,6 +423,7 @@ impl Manager {
                 }
             }
         }
+        Ok(())
     }
 
     /// Runs `argv` in `record` as its processes run, to its end.
@@ -496,7 +536,8 @@ mod tests {
         templates.want(wish(1));
         assert_eq!(templates.wanted.len(), 1);
         // Nor while it is being made.
-        let making = templates.next().expect("a wish");
+        let (making, generation) = templates.next().expect("a wish");
+        assert_eq!(generation, 0);
         templates.want(wish(1));
         assert!(templates.wanted.is_empty());
         assert_eq!(templates.making, Some(making.key));
@@ -529,5 +570,7 @@ mod tests {
         left.sort();
         assert_eq!(left.len(), MAX_TEMPLATES - 1);
         assert!(templates.wanted.is_empty());
+        // A template made across the drop is made in an older generation.
+        assert_eq!(templates.generation, 1);
     }
 }
