@@ -11,6 +11,9 @@ use std::sync::Arc;
 
 use super::manager::Manager;
 
+/// How long a start waits for a supervisor it SIGKILLed to exit.
+const KILLED_SUPERVISOR_EXIT: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Manager {
     /// Loads the store after a (re)start: sandboxes whose supervisor answers
     /// are kept as they are; half-made or half-deleted ones are finished off;
@@ -27,7 +30,7 @@ impl Manager {
             .filter(|r| !matches!(r.state, SandboxState::Creating | SandboxState::Deleting))
             .map(|r| (r.id.as_str(), r.supervisor_pid))
             .collect();
-        self.kill_supervisors_except(&finished);
+        self.kill_supervisors_except(&finished).await;
         for mut record in stored {
             // The version is checked before anything else is said to it.
             let health = self.supervisors.health(&record.id).await;
@@ -128,8 +131,12 @@ impl Manager {
     /// `sandboxd supervise <run dir>/<id>` (`shim` before the subcommand
     /// was renamed, for supervisors of earlier builds); its sandbox's
     /// processes live in the sandbox's cgroup and go with its teardown.
-    fn kill_supervisors_except(&self, keep: &std::collections::HashMap<&str, i32>) {
+    /// Returns once they have exited: one killed in the middle of a mount
+    /// finishes that mount first, and a teardown that ran before it ended
+    /// would leave the mount behind.
+    async fn kill_supervisors_except(&self, keep: &std::collections::HashMap<&str, i32>) {
         let run_dir = self.config.sandboxes_run_dir();
+        let mut killed = Vec::new();
         for pid in crate::runtime::cgroups::supervisor_pids(&self.config.cgroup_parent) {
             let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
                 continue;
@@ -145,6 +152,7 @@ impl Manager {
                         nix::unistd::Pid::from_raw(pid),
                         nix::sys::signal::Signal::SIGKILL,
                     );
+                    killed.push(pid);
                 }
                 continue;
             }
@@ -170,6 +178,15 @@ impl Manager {
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
+            killed.push(pid);
+        }
+        let exits = killed
+            .iter()
+            .map(|pid| super::teardown::exited(*pid, KILLED_SUPERVISOR_EXIT));
+        for (pid, gone) in killed.iter().zip(futures::future::join_all(exits).await) {
+            if !gone {
+                tracing::warn!(pid, "a killed supervisor has not exited after {KILLED_SUPERVISOR_EXIT:?}; tearing its sandbox down anyway");
+            }
         }
     }
 
@@ -182,7 +199,8 @@ impl Manager {
             .values()
             .map(|r| (r.id.clone(), r.supervisor_pid))
             .collect();
-        self.kill_supervisors_except(&known.iter().map(|(id, pid)| (id.as_str(), *pid)).collect());
+        self.kill_supervisors_except(&known.iter().map(|(id, pid)| (id.as_str(), *pid)).collect())
+            .await;
         let mut unowned: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
         if let Ok(entries) = std::fs::read_dir(self.config.sandboxes_run_dir()) {
             unowned.extend(

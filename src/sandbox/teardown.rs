@@ -94,7 +94,7 @@ async fn finish(
 
 /// Waits (on a pidfd, no polling) until process `pid` has exited; `true`
 /// when it has, or when it cannot be watched because it is already gone.
-async fn exited(pid: i32, deadline: Duration) -> bool {
+pub(super) async fn exited(pid: i32, deadline: Duration) -> bool {
     // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
     let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if raw < 0 {
