@@ -28,18 +28,12 @@ const MAX_ARGV_BYTES: usize = 1 << 20;
 const MAX_TIMEOUT_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
 
 fn interpreter(language: &str) -> ApiResult<Vec<String>> {
-    let argv: &[&str] = match language {
-        "python" | "python3" => &["python3", "-u"],
-        "bash" => &["bash"],
-        "sh" => &["sh"],
-        "node" | "javascript" => &["node"],
-        other => {
-            return Err(ApiError::bad(
-                "invalid_language",
-                format!("language {other:?} is not supported; use python, bash, sh or node"),
-            ))
-        }
-    };
+    let argv = crate::model::interpreter_argv(language).ok_or_else(|| {
+        ApiError::bad(
+            "invalid_language",
+            format!("language {language:?} is not supported; use python, bash, sh or node"),
+        )
+    })?;
     Ok(argv.iter().map(|s| s.to_string()).collect())
 }
 

@@ -13,7 +13,7 @@ mod sandbox;
 
 pub use create::{CreateRequest, HOST_ROOTFS_IMAGE};
 pub use ports::{ExposedPort, PortAuth, PortProtocol, PortRequest};
-pub use process::{Process, ProcessState};
+pub use process::{interpreter_argv, Process, ProcessState, PYTHON_ARGV};
 pub use sandbox::{
     Limits, RootLimits, RuntimeKind, SandboxState, SandboxStats, UnknownRuntime, Usage, ID_MAP_SIZE,
 };

@@ -1,4 +1,5 @@
-//! A process started in a sandbox, as the supervisor tracks it.
+//! A process started in a sandbox, as the supervisor tracks it, and the
+//! interpreters run-code starts.
 
 use serde::{Deserialize, Serialize};
 
@@ -28,3 +29,18 @@ pub struct Process {
     pub started_at: String,
     pub ended_at: Option<String>,
 }
+
+/// How run-code starts the interpreter of `language` (its code file's
+/// path is appended); None for a language it does not run.
+pub fn interpreter_argv(language: &str) -> Option<&'static [&'static str]> {
+    Some(match language {
+        "python" | "python3" => PYTHON_ARGV,
+        "bash" => &["bash"],
+        "sh" => &["sh"],
+        "node" | "javascript" => &["node"],
+        _ => return None,
+    })
+}
+
+/// Python's run-code interpreter, unbuffered so output streams as printed.
+pub const PYTHON_ARGV: &[&str] = &["python3", "-u"];
