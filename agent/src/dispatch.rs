@@ -166,6 +166,29 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         RequestBody::ListeningPorts => blocking(agent, id, permit, move || {
             crate::listening::sockets().map(Reply::Listening)
         }),
+        RequestBody::WarmInterpreter {
+            argv,
+            env,
+            uid,
+            gid,
+        } => {
+            let agent = agent.clone();
+            tokio::spawn(async move {
+                let starter = agent.clone();
+                let started = tokio::task::spawn_blocking(move || {
+                    crate::warm::start(&starter, argv, env, uid, gid)
+                })
+                .await;
+                let reply = match started {
+                    Ok(Ok(())) => Reply::Ok,
+                    Ok(Err(crate::warm::WarmError::Start(e))) => Reply::Error(e.into()),
+                    Ok(Err(e)) => Reply::Error(AgentError::new(ErrorKind::Other, e.to_string())),
+                    Err(e) => Reply::Error(AgentError::new(ErrorKind::Other, e.to_string())),
+                };
+                let _ = agent.outbox.reply(id, reply).await;
+                drop(permit);
+            });
+        }
     }
 }
 

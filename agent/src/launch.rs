@@ -14,6 +14,7 @@ use sandbox_proto::SpawnRequest;
 use crate::codefile;
 use crate::process::ProcError;
 use crate::pty;
+use crate::warm;
 
 /// What a successful fork+exec leaves in the agent.
 pub struct Launched {
@@ -33,8 +34,9 @@ impl Launched {
     }
 }
 
-/// Writes the run-code file if any, then forks and execs. Blocks until the
-/// exec has happened or failed.
+/// Writes the run-code file if any, then has the warm interpreter run it
+/// (when it can serve the request) or forks and execs. Blocks until the
+/// process runs or its start failed.
 pub fn launch(request: SpawnRequest, cgroup_fds: Vec<OwnedFd>) -> Result<Launched, ProcError> {
     if request.root.is_some() && request.code.is_some() {
         // The code file lives in the sandbox's /tmp, out of a container root's sight.
@@ -49,7 +51,13 @@ pub fn launch(request: SpawnRequest, cgroup_fds: Vec<OwnedFd>) -> Result<Launche
         ),
         None => None,
     };
-    let launched = fork_exec(&request, code_path.as_deref(), &cgroup_fds);
+    let launched = match code_path
+        .as_deref()
+        .and_then(|path| warm::launch(&request, path, &cgroup_fds))
+    {
+        Some(served) => served,
+        None => fork_exec(&request, code_path.as_deref(), &cgroup_fds),
+    };
     match launched {
         Ok(mut launched) => {
             launched.code_path = code_path;
@@ -64,112 +72,38 @@ pub fn launch(request: SpawnRequest, cgroup_fds: Vec<OwnedFd>) -> Result<Launche
     }
 }
 
+/// Forks and execs `request` with the stdio it asks for: pipes, or a PTY.
 fn fork_exec(
     request: &SpawnRequest,
     code_path: Option<&Path>,
     cgroup_fds: &[OwnedFd],
 ) -> Result<Launched, ProcError> {
-    let Some((program, args)) = request.argv.split_first() else {
-        return Err(ProcError::Invalid("argv is empty".into()));
-    };
-    let program = program.clone();
-    let mut command = Command::new(&program);
-    command.args(args);
-    if let Some(path) = code_path {
-        command.arg(path);
-    }
-    command.env_clear();
-    command.envs(request.env.iter().map(|(k, v)| (k, v)));
-
     let pty = request
         .pty
         .map(pty::open)
         .transpose()
         .map_err(ProcError::Pty)?;
-    match &pty {
+    let stdio = match &pty {
         Some(pty) => {
-            let slave = |pty: &pty::Pty| {
+            let slave = || {
                 pty.slave
                     .try_clone()
                     .map(Stdio::from)
                     .map_err(ProcError::Pty)
             };
-            command
-                .stdin(slave(pty)?)
-                .stdout(slave(pty)?)
-                .stderr(slave(pty)?);
+            [slave()?, slave()?, slave()?]
         }
-        None => {
-            command
-                .stdin(if request.stdin {
-                    Stdio::piped()
-                } else {
-                    Stdio::null()
-                })
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-        }
-    }
-
-    let (report_read, report_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-        .map_err(|e| ProcError::Prepare(e.into()))?;
-    let cwd = if request.cwd.is_empty() {
-        "/"
-    } else {
-        request.cwd.as_str()
+        None => [
+            if request.stdin {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            },
+            Stdio::piped(),
+            Stdio::piped(),
+        ],
     };
-    let root = match &request.root {
-        Some(name) => {
-            if !sandbox_proto::valid_root_name(name) {
-                return Err(ProcError::Invalid(format!(
-                    "{name:?} is not a container root name"
-                )));
-            }
-            let path = sandbox_proto::container_root(name);
-            if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
-                return Err(ProcError::NoRoot(name.clone()));
-            }
-            Some(CString::new(path).map_err(|_| {
-                ProcError::Invalid("container root path contains a NUL byte".into())
-            })?)
-        }
-        None => None,
-    };
-    let setup = ChildSetup {
-        root,
-        cgroup_fds: cgroup_fds.iter().map(AsRawFd::as_raw_fd).collect(),
-        controlling_tty: pty.is_some(),
-        // SAFETY: geteuid has no preconditions.
-        drop_groups: unsafe { libc::geteuid() } == 0,
-        uid: request.uid,
-        gid: request.gid,
-        cwd: CString::new(cwd).map_err(|_| ProcError::Invalid("cwd contains a NUL byte".into()))?,
-        report: report_write.as_raw_fd(),
-    };
-    // SAFETY: the closure runs in the forked child before exec and only makes
-    // async-signal-safe system calls on data prepared before the fork (see ChildSetup::run).
-    unsafe {
-        command.pre_exec(move || setup.run());
-    }
-    let spawned = command.spawn();
-    // The Command holds the PTY slave copies; the child has its own now.
-    drop(command);
-    drop(report_write);
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(source) => {
-            return Err(match failed_step(&report_read) {
-                Some(step) => ProcError::Setup {
-                    step: step.describe(cwd),
-                    source,
-                },
-                None => ProcError::Exec { program, source },
-            })
-        }
-    };
-    // Dropping `child` below neither waits nor kills: the reaper owns that.
-    let pid =
-        i32::try_from(child.id()).map_err(|_| ProcError::Internal("pid out of range".into()))?;
+    let (pid, mut child) = spawn(request, code_path, cgroup_fds, stdio, pty.is_some())?;
     let launched = match pty {
         Some(pty) => {
             let dup = |fd: &OwnedFd| fd.try_clone();
@@ -210,9 +144,102 @@ fn fork_exec(
     Ok(launched)
 }
 
+/// Starts the warm interpreter's server: `request`'s program with
+/// `control` as its stdin and nothing for output (it writes none, and its
+/// forks get their own). Returns its pid.
+pub fn spawn_server(request: &SpawnRequest, control: OwnedFd) -> Result<i32, ProcError> {
+    let stdio = [Stdio::from(control), Stdio::null(), Stdio::null()];
+    spawn(request, None, &[], stdio, false).map(|(pid, _)| pid)
+}
+
+/// Forks `request`'s program with `stdio` (stdin, stdout, stderr), runs
+/// [`ChildSetup`] in the child and execs; returns once the exec happened.
+/// Dropping the returned `Child` neither waits nor kills: the reaper owns that.
+fn spawn(
+    request: &SpawnRequest,
+    code_path: Option<&Path>,
+    cgroup_fds: &[OwnedFd],
+    stdio: [Stdio; 3],
+    controlling_tty: bool,
+) -> Result<(i32, std::process::Child), ProcError> {
+    let Some((program, args)) = request.argv.split_first() else {
+        return Err(ProcError::Invalid("argv is empty".into()));
+    };
+    let program = program.clone();
+    let mut command = Command::new(&program);
+    command.args(args);
+    if let Some(path) = code_path {
+        command.arg(path);
+    }
+    command.env_clear();
+    command.envs(request.env.iter().map(|(k, v)| (k, v)));
+    let [stdin, stdout, stderr] = stdio;
+    command.stdin(stdin).stdout(stdout).stderr(stderr);
+
+    let (report_read, report_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| ProcError::Prepare(e.into()))?;
+    let cwd = if request.cwd.is_empty() {
+        "/"
+    } else {
+        request.cwd.as_str()
+    };
+    let root = match &request.root {
+        Some(name) => {
+            if !sandbox_proto::valid_root_name(name) {
+                return Err(ProcError::Invalid(format!(
+                    "{name:?} is not a container root name"
+                )));
+            }
+            let path = sandbox_proto::container_root(name);
+            if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                return Err(ProcError::NoRoot(name.clone()));
+            }
+            Some(CString::new(path).map_err(|_| {
+                ProcError::Invalid("container root path contains a NUL byte".into())
+            })?)
+        }
+        None => None,
+    };
+    let setup = ChildSetup {
+        root,
+        cgroup_fds: cgroup_fds.iter().map(AsRawFd::as_raw_fd).collect(),
+        controlling_tty,
+        // SAFETY: geteuid has no preconditions.
+        drop_groups: unsafe { libc::geteuid() } == 0,
+        uid: request.uid,
+        gid: request.gid,
+        cwd: CString::new(cwd).map_err(|_| ProcError::Invalid("cwd contains a NUL byte".into()))?,
+        report: report_write.as_raw_fd(),
+    };
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls on data prepared before the fork (see ChildSetup::run).
+    unsafe {
+        command.pre_exec(move || setup.run());
+    }
+    let spawned = command.spawn();
+    // The Command holds the PTY slave copies; the child has its own now.
+    drop(command);
+    drop(report_write);
+    let child = match spawned {
+        Ok(child) => child,
+        Err(source) => {
+            return Err(match failed_step(&report_read) {
+                Some(step) => ProcError::Setup {
+                    step: step.describe(cwd),
+                    source,
+                },
+                None => ProcError::Exec { program, source },
+            })
+        }
+    };
+    let pid =
+        i32::try_from(child.id()).map_err(|_| ProcError::Internal("pid out of range".into()))?;
+    Ok((pid, child))
+}
+
 /// The in-child steps, in order; the failing one reports its index through a pipe.
 #[derive(Clone, Copy)]
-enum Step {
+pub enum Step {
     Cgroup,
     Session,
     Terminal,
@@ -235,7 +262,7 @@ impl Step {
         Step::Cwd,
     ];
 
-    fn describe(self, cwd: &str) -> String {
+    pub fn describe(self, cwd: &str) -> String {
         match self {
             Step::Cgroup => "moving into the process cgroup".into(),
             Step::Session => "starting a new session".into(),

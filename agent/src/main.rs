@@ -34,6 +34,7 @@ mod pty;
 mod reaper;
 mod stdin;
 mod vm_init;
+mod warm;
 
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};

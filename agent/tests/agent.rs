@@ -770,3 +770,227 @@ fn host_closing_the_link_ends_the_agent_and_its_processes() {
     let status = host.agent.wait().expect("wait agent");
     assert!(status.success());
 }
+
+/// Starts the warm interpreter `python3 -u` with `spawn_request`'s environment.
+fn warm_python(host: &mut Host) {
+    let base = spawn_request(0, &["python3", "-u"]);
+    host.ok(RequestBody::WarmInterpreter {
+        argv: base.argv,
+        env: base.env,
+        uid: base.uid,
+        gid: base.gid,
+    });
+}
+
+fn run_python(proc: u64, code: &str) -> SpawnRequest {
+    SpawnRequest {
+        code: Some(code.as_bytes().to_vec()),
+        ..spawn_request(proc, &["python3", "-u"])
+    }
+}
+
+/// Whether the process ran in a fork of the warm interpreter, whose
+/// command line holds the fork server.
+const FORKED_FROM_WARM: &str =
+    "print('warm' if b'_socket' in open('/proc/self/cmdline', 'rb').read() else 'fresh')";
+
+#[test]
+fn run_code_runs_in_a_fork_of_the_warm_interpreter_as_a_fresh_start_would() {
+    let mut host = Host::start();
+    warm_python(&mut host);
+    let code = format!(
+        "import os, sys\n{FORKED_FROM_WARM}\nprint(sys.argv[0])\nprint(__name__, __file__ == sys.argv[0])\n\
+         print(os.environ.get('CALLER'), os.getcwd(), sys.path[0])\n\
+         print(os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid())\n\
+         print(input())\nprint('to stderr', file=sys.stderr)\nprint(type(__builtins__).__name__)\n"
+    );
+    let mut request = run_python(901, &code);
+    request.env.push(("CALLER".into(), "the caller".into()));
+    request.cwd = "/tmp".into();
+    request.stdin = true;
+    let pid = host.spawn(request);
+    host.ok(RequestBody::WriteStdin {
+        proc: 901,
+        data: b"from stdin\n".to_vec(),
+    });
+    host.ok(RequestBody::CloseStdin { proc: 901 });
+    let done = host.wait_exit(901);
+    let text = String::from_utf8(done.stdout).expect("utf8");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "warm", "{text}");
+    assert!(lines[1].starts_with("/tmp/.sandbox-code/"), "{text}");
+    assert_eq!(lines[2], "__main__ True", "{text}");
+    assert_eq!(lines[3], "the caller /tmp /tmp/.sandbox-code", "{text}");
+    assert_eq!(lines[4], "True True", "{text}");
+    assert_eq!(lines[5], "from stdin", "{text}");
+    assert_eq!(lines[6], "module", "{text}");
+    assert_eq!(done.stderr, b"to stderr\n");
+    assert_eq!(done.status, exited(0));
+    assert!(pid > 1);
+
+    // Exit codes, exceptions and syntax errors read as a fresh run's.
+    host.spawn(run_python(902, "import sys\nsys.exit(3)\n"));
+    assert_eq!(host.wait_exit(902).status, exited(3));
+    host.spawn(run_python(
+        903,
+        "def f():\n    raise ValueError('boom')\nf()\n",
+    ));
+    let done = host.wait_exit(903);
+    assert_eq!(done.status, exited(1));
+    let trace = String::from_utf8(done.stderr).expect("utf8");
+    let files: Vec<&str> = trace.lines().filter(|l| l.contains("File ")).collect();
+    assert_eq!(files.len(), 2, "{trace}");
+    assert!(
+        files.iter().all(|l| l.contains("/tmp/.sandbox-code/903")),
+        "{trace}"
+    );
+    assert!(trace.ends_with("ValueError: boom\n"), "{trace}");
+    host.spawn(run_python(904, "print(\n"));
+    let done = host.wait_exit(904);
+    assert_eq!(done.status, exited(1));
+    let trace = String::from_utf8(done.stderr).expect("utf8");
+    assert!(trace.contains("SyntaxError"), "{trace}");
+    assert!(!trace.contains("Traceback"), "{trace}");
+
+    // A request whose start-up environment differs starts fresh.
+    let mut other = run_python(905, FORKED_FROM_WARM);
+    other
+        .env
+        .push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+    host.spawn(other);
+    assert_eq!(host.wait_exit(905).stdout, b"fresh\n");
+}
+
+#[test]
+fn a_warm_fork_is_killed_as_a_group_and_placed_in_its_cgroups_by_the_agent() {
+    let mut host = Host::start();
+    warm_python(&mut host);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let target = dir.path().join("cgroup.procs");
+    let fd = OwnedFd::from(std::fs::File::create(&target).expect("create"));
+    let code = format!(
+        "import subprocess, sys\n{FORKED_FROM_WARM}\n\
+         subprocess.Popen(['sleep', '60'])\nprint('started')\nsys.stdin.read()\n"
+    );
+    let id = host.send_with_fds(
+        RequestBody::Spawn(SpawnRequest {
+            cgroup_fds: 1,
+            stdin: true,
+            ..run_python(911, &code)
+        }),
+        &[&fd],
+    );
+    let pid = match host.reply_to(id) {
+        Reply::Spawned { pid } => pid,
+        other => panic!("spawn failed: {other:?}"),
+    };
+    // The agent wrote the fork's pid, which only it knows, not the child's "0".
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("read"),
+        pid.to_string()
+    );
+    let mut said = Vec::new();
+    while !said.ends_with(b"started\n") {
+        match host.next_message().expect("output") {
+            AgentMessage::Output {
+                proc: 911, data, ..
+            } => said.extend(data),
+            other => host.backlog.push_back(other),
+        }
+    }
+    assert_eq!(said, b"warm\nstarted\n");
+    host.ok(RequestBody::Signal {
+        proc: 911,
+        signal: libc::SIGKILL,
+    });
+    // The sleep shares the fork's group: the pipe closes and Exit comes.
+    assert_eq!(host.wait_exit(911).status, killed(libc::SIGKILL));
+}
+
+#[test]
+fn run_code_starts_fresh_once_the_warm_interpreter_is_gone() {
+    let mut host = Host::start();
+    warm_python(&mut host);
+    host.spawn(run_python(921, FORKED_FROM_WARM));
+    assert_eq!(host.wait_exit(921).stdout, b"warm\n", "positive control");
+    let agent = host.agent.id();
+    let servers = interpreters_of(agent);
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    // SAFETY: kill takes plain integers.
+    assert_eq!(unsafe { libc::kill(servers[0], libc::SIGKILL) }, 0);
+    host.spawn(run_python(922, FORKED_FROM_WARM));
+    let done = host.wait_exit(922);
+    assert_eq!(done.stdout, b"fresh\n");
+    assert_eq!(done.status, exited(0));
+}
+
+/// The warm interpreters (fork servers) among `agent`'s children.
+fn interpreters_of(agent: u32) -> Vec<i32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let status = std::fs::read_to_string(entry.path().join("status")).unwrap_or_default();
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let child = status.lines().any(|l| l == format!("PPid:\t{agent}"));
+        let server = cmdline.windows(7).any(|w| w == b"_socket");
+        if child && server {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn a_warm_interpreter_whose_start_read_what_changed_since_is_dropped() {
+    let mut host = Host::start();
+    // A directory first in PATH that has no python3 yet.
+    let bin = tempfile::tempdir().expect("tempdir");
+    let path = format!("{}:/usr/local/bin:/usr/bin:/bin", bin.path().display());
+    let with_path = |mut request: SpawnRequest| {
+        request.env = vec![("PATH".into(), path.clone())];
+        request
+    };
+    let base = with_path(spawn_request(0, &["python3", "-u"]));
+    host.ok(RequestBody::WarmInterpreter {
+        argv: base.argv,
+        env: base.env,
+        uid: base.uid,
+        gid: base.gid,
+    });
+    host.spawn(with_path(run_python(931, FORKED_FROM_WARM)));
+    assert_eq!(host.wait_exit(931).stdout, b"warm\n", "positive control");
+    let servers = interpreters_of(host.agent.id());
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    // SAFETY: pidfd_open takes a pid and flags; it returns a new descriptor or -1.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, servers[0], 0) } as i32;
+    assert!(
+        pidfd >= 0,
+        "pidfd_open: {}",
+        std::io::Error::last_os_error()
+    );
+    // A python3 that PATH now finds first would run in a fresh start.
+    let python = std::fs::canonicalize("/usr/bin/python3").expect("python3");
+    std::os::unix::fs::symlink(python, bin.path().join("python3")).expect("symlink");
+    host.spawn(with_path(run_python(932, FORKED_FROM_WARM)));
+    let done = host.wait_exit(932);
+    assert_eq!(
+        done.stdout,
+        b"fresh\n",
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert_eq!(done.status, exited(0));
+    // The stale server ends (its pidfd turns readable), not left running.
+    let mut ended = libc::pollfd {
+        fd: pidfd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: poll reads and writes the one pollfd passed.
+    let ready = unsafe { libc::poll(&mut ended, 1, 10_000) };
+    // SAFETY: the descriptor is ours and unused after this.
+    unsafe { libc::close(pidfd) };
+    assert_eq!(ready, 1, "the stale interpreter still runs");
+}

@@ -173,6 +173,19 @@ pub enum RequestBody {
     /// now, all together (what [`RequestBody::LimitPids`] limits). A
     /// container's are counted by the host. Reply: [`Reply::Pids`].
     GuestPids,
+    /// Start `argv` (an interpreter as run-code starts it, `python3 -u`)
+    /// with `env` as `uid`:`gid` and keep it ready: later run-code of that
+    /// interpreter runs in a fork of it rather than a fresh start, where
+    /// the agent finds that the fork runs it as a fresh start would (the
+    /// same user and start-up environment). Sent to a pooled sandbox
+    /// before it joins its pool; replaces an interpreter started before.
+    /// Reply: [`Reply::Ok`] once it is ready to serve.
+    WarmInterpreter {
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        uid: u32,
+        gid: u32,
+    },
 }
 
 /// Where the host attaches the roots of a pod's containers inside the

@@ -1,0 +1,184 @@
+# The warm interpreter's fork server (agent/src/warm/mod.rs starts it as
+# `python3 -u -c <this file>`, its control socket on fd 0, stdout and
+# stderr on /dev/null). It waits, fully started, for run-code requests; for
+# each it forks twice, so the code runs in a fresh copy of this process that
+# the agent (PID 1) adopts, waits for and kills like any process it started.
+# It imports nothing beyond what a bare interpreter has loaded except
+# `_socket` and `gc` (built in), so the code finds the modules a fresh
+# `python3 FILE` would. A copy is only as fresh as what the interpreter read
+# while starting: once any of that changed on disk (see `_inputs`), it
+# answers `S` and exits, and the agent starts processes fresh.
+import os
+import sys
+import _socket
+
+
+def _stat(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _inputs():
+    """What this interpreter's start read from disk, as it stands now: which
+    `python3` PATH finds (a new one earlier in PATH would run instead), the
+    interpreter, the site directories (their .pth files, a user site made
+    since) and the import path's entries."""
+    name = os.path.basename(getattr(sys, "orig_argv", ["python3"])[0])
+    found = []
+    for directory in os.environ.get("PATH", "").split(os.pathsep):
+        candidate = os.path.join(directory or ".", name)
+        found.append(_stat(candidate))
+        if found[-1] is not None:
+            break
+    site = sys.modules.get("site")
+    sites = []
+    if site is not None:
+        sites = site.getsitepackages() + [site.getusersitepackages()]
+    return (
+        found,
+        _stat(sys.executable),
+        [_stat(p) for p in sites],
+        # Not path[0], the start's working directory: each run replaces it.
+        [_stat(p) for p in sys.path[1:]],
+    )
+
+
+def _is_binary(path):
+    """A script (`#!`: a pyenv or asdf shim) may run another interpreter per
+    directory or setting: only a real executable is kept warm."""
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"\x7fELF"
+    except OSError:
+        return False
+
+
+def _serve():
+    control = _socket.socket(fileno=0)
+    started = _inputs()
+    if not _is_binary(os.path.realpath(sys.executable)):
+        control.send(b"Nnot an executable binary")
+        os._exit(0)
+    # Out of the collector's sight: a fork's collections then neither scan
+    # nor write (copy) the interpreter's own objects.
+    import gc
+
+    gc.freeze()
+    # One buffer, zeroed after each fork: no request's environment (its
+    # secrets) lingers in the memory later forks start from.
+    buffer = bytearray(1 << 21)
+    control.send(b"R")
+    while True:
+        size, ancillary, flags, _addr = control.recvmsg_into(
+            [buffer], _socket.CMSG_SPACE(4 * 4)
+        )
+        if not size and not ancillary:
+            os._exit(0)
+        fds = []
+        for level, kind, data in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds += [
+                    int.from_bytes(data[i : i + 4], sys.byteorder)
+                    for i in range(0, len(data) - len(data) % 4, 4)
+                ]
+        answer = b"D"
+        if len(fds) != 4 or flags & (_socket.MSG_TRUNC | _socket.MSG_CTRUNC):
+            answer = b"Fbad request"
+        elif _inputs() != started:
+            answer = b"S"
+        else:
+            try:
+                middle = os.fork()
+            except OSError as error:
+                answer = b"F%d" % error.errno
+            else:
+                if middle == 0:
+                    try:
+                        grandchild = os.fork()
+                    except OSError as error:
+                        os._exit(error.errno or 1)
+                    if grandchild == 0:
+                        control.detach()
+                        return bytes(buffer[:size]), fds
+                    os._exit(0)
+                # The grandchild is the agent's child once the middle is reaped.
+                status = os.waitpid(middle, 0)[1]
+                if status != 0:
+                    answer = b"F%d" % os.waitstatus_to_exitcode(status)
+        buffer[:size] = bytes(size)
+        for fd in fds:
+            os.close(fd)
+        control.send(answer)
+        if answer == b"S":
+            os._exit(0)
+
+
+def _become(message, fds):
+    """Turns the forked copy into the requested process; returns its code file."""
+    stdin, stdout, stderr, report = fds
+    path, cwd, *env = message.split(b"\0")
+    os.write(report, b"P%d" % os.getpid())
+    if os.read(report, 1) != b"G":
+        os._exit(127)
+    step = b"session"
+    try:
+        os.setsid()
+        step = b"cwd"
+        os.chdir(cwd)
+    except OSError as error:
+        os.write(report, b"E%s:%d" % (step, error.errno))
+        os._exit(127)
+    for target, fd in ((0, stdin), (1, stdout), (2, stderr)):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.write(report, b"K")
+    os.close(report)
+    os.environ.clear()
+    for entry in env:
+        key, _, value = entry.partition(b"=")
+        os.environb[key] = value
+    # Directories are listed afresh: packages installed since the start,
+    # and import path entries made since, are found.
+    sys.path_importer_cache.clear()
+    return os.fsdecode(path)
+
+
+def _run(path):
+    """Runs `path` as `python3 FILE` would: a fresh __main__, argv, path[0]."""
+    main = type(sys)("__main__")
+    main.__file__ = path
+    main.__cached__ = None
+    main.__builtins__ = sys.modules["builtins"]
+    main.__loader__ = sys.modules["_frozen_importlib_external"].SourceFileLoader(
+        "__main__", path
+    )
+    sys.modules["__main__"] = main
+    sys.argv[:] = [path]
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[0] = os.path.dirname(os.path.realpath(path))
+    with open(path, "rb") as file:
+        source = file.read()
+    exec(compile(source, path, "exec"), main.__dict__)
+
+
+_path = _become(*_serve())
+try:
+    _run(_path)
+except SystemExit:
+    raise
+except BaseException as error:
+    # The traceback starts at the code's own file, as a fresh run's does.
+    trace = error.__traceback__
+    while trace is not None and trace.tb_frame.f_code.co_filename != _path:
+        trace = trace.tb_next
+    error.__traceback__ = trace
+    sys.excepthook(type(error), error, trace)
+    if isinstance(error, KeyboardInterrupt):
+        import signal
+
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(1)
