@@ -138,6 +138,13 @@ pub struct ConfigOverrides {
     /// Warm microVM pools of other images, as `IMAGE=SIZE` (comma-separated).
     #[arg(long, value_delimiter = ',')]
     pub vm_pools: Option<Vec<String>>,
+    /// Pooled container sandboxes keep a Python interpreter started
+    /// (default true): their Python run-code runs in a fork of it rather
+    /// than a fresh interpreter wherever the fork runs as a fresh one
+    /// would (the same user and start-up environment). It holds a few MiB
+    /// of the sandbox's memory and one of its pids.
+    #[arg(long)]
+    pub pool_warm_python: Option<bool>,
     /// CPU cores this host admits as sandbox limits in total (default: host
     /// cores times `cpu_overcommit`).
     #[arg(long)]
@@ -370,6 +377,8 @@ pub struct Config {
     /// The warm pools: containers of the default image (`pool_size`) and of
     /// `pools`, then microVMs (`vm_pool_size`, `vm_pools`).
     pub warm_pools: Vec<WarmPoolSize>,
+    /// Pooled containers keep a warm Python interpreter (`pool_warm_python`).
+    pub pool_warm_python: bool,
     pub net_slots: usize,
     pub standby_supervisors: usize,
     pub event_retention_seconds: u64,
@@ -557,6 +566,7 @@ impl Config {
                 )?,
             ]
             .concat(),
+            pool_warm_python: pick!(pool_warm_python, true),
             default_egress: pick!(default_egress, Default::default()),
             upstream: crate::net::upstream::UpstreamConfig {
                 netns: flags

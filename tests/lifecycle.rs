@@ -79,6 +79,41 @@ async fn pooled_sandbox_is_handed_out_with_the_callers_env_and_ttl() {
     daemon.delete(&id).await;
 }
 
+/// A pooled container keeps Python started: run-code after the claim runs
+/// in a fork of it, with the caller's environment and a fresh run's exit
+/// codes, while a command naming `python3` is still a fresh exec.
+#[tokio::test]
+async fn python_run_code_in_a_pooled_sandbox_forks_its_warm_interpreter() {
+    require_host!();
+    let daemon = Daemon::start_with(&["--pool-size", "1", "--default-image", "python"]);
+    daemon.pool_reaches(1).await;
+    let id = daemon.create(json!({"env": {"GREETING": "hi"}})).await;
+    // The fork server's source is on a warm fork's command line; spelled
+    // in two halves so that `python3 -c` of this check does not find it.
+    let origin =
+        "'warm' if b'_soc' + b'ket' in open('/proc/self/cmdline', 'rb').read() else 'fresh'";
+    let code = format!(
+        "import os, sys\nprint({origin}, os.environ['GREETING'], sys.argv[0])\nsys.exit(4)\n"
+    );
+    let proc = daemon
+        .start_process(&id, json!({"code": code, "language": "python"}))
+        .await;
+    let run = daemon.output(&id, proc).await;
+    assert!(
+        run.out().starts_with("warm hi /tmp/.sandbox-code/"),
+        "{} {}",
+        run.out(),
+        run.err()
+    );
+    assert_eq!(run.exit_code(), Some(4));
+    // The control: the same check in a fresh interpreter says so.
+    let fresh = daemon
+        .exec(&id, &["python3", "-c", &format!("print({origin})")])
+        .await;
+    assert_eq!(fresh.out(), "fresh\n", "{}", fresh.err());
+    daemon.delete(&id).await;
+}
+
 /// A sandbox's root is a volatile overlay (its upper layer is never
 /// synced; nothing outlives the sandbox that would need it), yet what is
 /// written there is all in a filesystem snapshot taken right after: the

@@ -24,4 +24,17 @@ pub struct SupervisorConfig {
     /// The egress proxy's caps.
     #[serde(default)]
     pub egress_limits: crate::net::limits::EgressLimits,
+    /// An interpreter the agent starts before the sandbox is reported
+    /// ready (a pooled sandbox's), for run-code to fork from.
+    #[serde(default)]
+    pub warm_interpreter: Option<WarmInterpreter>,
+}
+
+/// An interpreter kept started in the sandbox, as run-code starts it
+/// (`python3 -u`), run as the sandbox's process user with its environment.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmInterpreter {
+    pub argv: Vec<String>,
+    pub uid: u32,
+    pub gid: u32,
 }

@@ -343,6 +343,30 @@ async fn serve(
         }
     }
     clock.lap("agent");
+    if let Some(warm) = &config.warm_interpreter {
+        // Ready only once it is: a claim may run code at once. An image
+        // without the interpreter is ready all the same.
+        let started = link
+            .call(
+                sandbox_proto::RequestBody::WarmInterpreter {
+                    argv: warm.argv.clone(),
+                    env: processes::process_env(&config.spec.env, &[]),
+                    uid: warm.uid,
+                    gid: warm.gid,
+                },
+                &[],
+                deadline,
+            )
+            .await;
+        match started {
+            Ok(sandbox_proto::Reply::Ok) => {}
+            Ok(other) => {
+                tracing::info!(sandbox = %config.spec.id, "no warm interpreter: {other:?}")
+            }
+            Err(e) => tracing::info!(sandbox = %config.spec.id, "no warm interpreter: {e}"),
+        }
+        clock.lap("warm");
+    }
     let _ = std::fs::remove_file(paths.socket());
     let listener = match UnixListener::bind(paths.socket()) {
         Ok(l) => l,

@@ -649,10 +649,7 @@ impl Supervisor {
             }
         };
         let base = self.env.lock().map(|e| e.clone()).unwrap_or_default();
-        let mut env: HashMap<String, String> = base.into_iter().collect();
-        env.extend(spec.env.iter().cloned());
-        let mut env: Vec<(String, String)> = env.into_iter().collect();
-        env.sort();
+        let env = process_env(&base, &spec.env);
         let request = SpawnRequest {
             proc,
             argv: spec.argv.clone(),
@@ -1006,6 +1003,21 @@ impl Supervisor {
     }
 }
 
+/// A process's whole environment: the sandbox's, overridden by the
+/// process's own; a name given twice counts once, as its last value.
+pub fn process_env(
+    sandbox: &[(String, String)],
+    own: &[(String, String)],
+) -> Vec<(String, String)> {
+    let env: HashMap<&String, &String> = sandbox.iter().chain(own).map(|(k, v)| (k, v)).collect();
+    let mut env: Vec<(String, String)> = env
+        .into_iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    env.sort();
+    env
+}
+
 fn unknown(proc: u64) -> SupervisorError {
     err(
         SupervisorErrorKind::UnknownProcess,
@@ -1118,6 +1130,7 @@ mod tests {
             network: Default::default(),
             upstream: Default::default(),
             egress_limits: Default::default(),
+            warm_interpreter: None,
         }
     }
 

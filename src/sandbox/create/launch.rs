@@ -11,10 +11,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use super::super::{Manager, SandboxError, SandboxRecord};
 use super::pipeline::Grant;
 use super::root::Root;
-use crate::model::ID_MAP_SIZE;
+use crate::model::{ID_MAP_SIZE, PYTHON_ARGV};
 use crate::runtime::paths::SandboxPaths;
 use crate::runtime::sandbox::{RuntimeSpec, SandboxSpec};
-use crate::supervisor::config::SupervisorConfig;
+use crate::supervisor::config::{SupervisorConfig, WarmInterpreter};
 use crate::supervisor::ReadyLine;
 
 impl Manager {
@@ -35,6 +35,20 @@ impl Manager {
         if !netns_ready {
             std::fs::create_dir_all(&paths.dir).map_err(SandboxError::internal)?;
         }
+        // A pooled container waits for its claim: Python run-code after the
+        // claim then forks an interpreter started now.
+        let warm_python = (record.pooled
+            && self.config.pool_warm_python
+            && vm.is_none()
+            && root.restore.is_none())
+        .then(|| {
+            let (uid, gid) = record.process_user.unwrap_or((0, 0));
+            WarmInterpreter {
+                argv: PYTHON_ARGV.iter().map(|s| s.to_string()).collect(),
+                uid,
+                gid,
+            }
+        });
         let supervisor_config = SupervisorConfig {
             spec: SandboxSpec {
                 id: record.id.clone(),
@@ -70,6 +84,7 @@ impl Manager {
             network: record.network.clone(),
             upstream: self.config.upstream.clone(),
             egress_limits: self.config.egress_limits,
+            warm_interpreter: warm_python,
         };
         let json = serde_json::to_vec(&supervisor_config).map_err(SandboxError::internal)?;
         std::fs::write(paths.config(), json).map_err(SandboxError::internal)?;
