@@ -111,7 +111,18 @@ async fn python_run_code_in_a_pooled_sandbox_forks_its_warm_interpreter() {
         .exec(&id, &["python3", "-c", &format!("print({origin})")])
         .await;
     assert_eq!(fresh.out(), "fresh\n", "{}", fresh.err());
-    daemon.delete(&id).await;
+    // A memory snapshot holds the server too; its fork runs Python code.
+    let snap = daemon.snapshot(&id, "memory").await;
+    let fork = daemon.create(json!({"from_snapshot": snap})).await;
+    let proc = daemon
+        .start_process(&fork, json!({"code": "print(6 * 7)", "language": "python"}))
+        .await;
+    let run = daemon.output(&fork, proc).await;
+    assert_eq!(run.out(), "42\n", "{}", run.err());
+    assert_eq!(run.exit_code(), Some(0));
+    for id in [&id, &fork] {
+        daemon.delete(id).await;
+    }
 }
 
 /// A sandbox's root is a volatile overlay (its upper layer is never
