@@ -70,13 +70,18 @@ impl Manager {
     ) -> Result<SandboxRecord, SandboxError> {
         let mut clock = PhaseClock::new(&self.metrics, record.runtime);
         let mut created = announcement(&record, EventKind::Created);
-        // The fork of a boot template that stands for a booted microVM.
-        let template = record
+        // Looked up once: the root, the template's pids and the created
+        // event read the same one.
+        let base = record
             .base_snapshot
             .as_deref()
-            .and_then(|b| self.snapshots.held(b))
-            .filter(|m| m.template);
-        if template.is_some() {
+            .and_then(|b| self.snapshots.held(b));
+        // The fork of a boot template that stands for a booted microVM.
+        let template_pids = base
+            .as_ref()
+            .filter(|m| m.template)
+            .map(|m| m.memory.as_ref().map(|memory| memory.limits.pids));
+        if template_pids.is_some() {
             for note in &mut created {
                 note.detail = Some("from a boot template".into());
             }
@@ -100,7 +105,7 @@ impl Manager {
         };
         let made = async {
             let root = self
-                .resolve_root(&mut record, image_name, &mut clock)
+                .resolve_root(&mut record, base, image_name, &mut clock)
                 .await?;
             record.image_digest = root.image.digest.clone();
             record.process_user = self.image_user(&root.image).await?;
@@ -134,11 +139,10 @@ impl Manager {
         let handoff_ns = crate::supervisor::monotonic_ns().saturating_sub(ready.ready_at_ns);
         clock.lap("supervisor");
         // A template booted with the default pids limit inside its guest.
-        let template_pids = template
-            .as_ref()
-            .and_then(|m| m.memory.as_ref())
-            .map(|m| m.limits.pids);
-        if template_pids.is_some_and(|pids| pids != record.limits.pids) {
+        if template_pids
+            .flatten()
+            .is_some_and(|pids| pids != record.limits.pids)
+        {
             self.supervisors
                 .limit_guest_pids(&record.id, record.limits.pids)
                 .await

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use super::super::{Manager, SandboxError, SandboxRecord};
 use super::pipeline::PhaseClock;
+use crate::sandbox::snapshots::index::SnapshotMeta;
 
 /// What the sandbox's root is made of.
 pub(super) struct Root {
@@ -134,29 +135,27 @@ impl Manager {
             .unwrap_or_default()
     }
 
-    /// Resolves the root of `record`: its fork snapshot, else the image
-    /// `image_name` (a filesystem snapshot, which the record then holds, or
-    /// a cached image).
+    /// Resolves the root of `record`: its fork snapshot (`base`, as the
+    /// index held it when the create began), else the image `image_name` (a
+    /// filesystem snapshot, which the record then holds, or a cached image).
     pub(super) async fn resolve_root(
         &self,
         record: &mut SandboxRecord,
+        base: Option<SnapshotMeta>,
         image_name: &str,
         clock: &mut PhaseClock<'_>,
     ) -> Result<Root, SandboxError> {
         // Held even if deleted since the create began: the record keeps its
         // data (a boot template dropped meanwhile, a snapshot deleted).
-        let fork = match record.base_snapshot.as_deref() {
-            Some(base) => {
-                Some(
-                    self.snapshots
-                        .held(base)
-                        .ok_or_else(|| SandboxError::NotFound {
-                            code: "snapshot_not_found",
-                            message: format!("the snapshot {base} this sandbox forks is gone"),
-                        })?,
-                )
+        let fork = match (record.base_snapshot.as_deref(), base) {
+            (Some(_), Some(meta)) => Some(meta),
+            (Some(id), None) => {
+                return Err(SandboxError::NotFound {
+                    code: "snapshot_not_found",
+                    message: format!("the snapshot {id} this sandbox forks is gone"),
+                })
             }
-            None => None,
+            (None, _) => None,
         }
         .filter(|m| m.memory.is_some());
         let mut restore = None;
