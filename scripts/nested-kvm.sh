@@ -14,7 +14,8 @@
 # its output is printed as it comes, and the script exits with its status
 # (124 when the timeout, 1800 s by default, ended the nested host first, or
 # when it hung: a CPU stuck for 120 s by its kernel's watchdog, or, with
-# --silence, neither the command nor the kernel wrote a line for that long).
+# --silence, neither the command nor the kernel wrote a line for that long;
+# 125 when its kernel panicked).
 # The nested host's kernel log is kept in the control directory named on
 # failure. cgroups there are v2 only.
 #
@@ -206,6 +207,12 @@ fi
 if ((status == 124)); then
 	echo "nested-kvm: the nested host ran past ${timeout_s}s; its kernel log: $ctl/console.log" >&2
 	exit 124
+fi
+# panic=-1 with -no-reboot: a panicked kernel ends QEMU with status 0.
+if panic=$(grep -m1 -E 'Kernel panic' "$ctl/console.log"); then
+	echo "nested-kvm: the nested host's kernel panicked ($panic); its kernel log: $ctl/console.log" >&2
+	tail -n 40 "$ctl/console.log" >&2
+	exit 125
 fi
 echo "nested-kvm: the nested host ended without the command's status (QEMU exit $status)." >&2
 echo "nested-kvm: QEMU said: $(tail -n 5 "$ctl/qemu.log")" >&2
