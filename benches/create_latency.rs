@@ -1,9 +1,12 @@
-//! Create -> ready and create -> output of `python3 -c 'print(1)'` through a
-//! real sandboxd (cold; from the warm pool as is; from the pool with a
-//! request's own egress policy, env, labels, TTL, lower limits, and a
-//! secret), beside `runc run` and `crun run` of the same command in the
-//! same image and `crun run /bin/true`, all in one run. Prints medians and ratios and writes the raw
-//! samples to `benches/results/create_latency.json`.
+//! Create -> ready, create -> output of `python3 -c 'print(1)'` and create
+//! -> output of run-code `print(1)` (Python) through a real sandboxd (cold;
+//! from the warm pool as is; from the pool with a request's own egress
+//! policy, env, labels, TTL, lower limits, and a secret), beside `runc run`
+//! and `crun run` of the same command in the same image and `crun run
+//! /bin/true`, all in one run. A pooled sandbox's run-code forks its warm
+//! interpreter; a command naming `python3` is always a fresh exec. Prints
+//! medians and ratios and writes the raw samples to
+//! `benches/results/create_latency.json`.
 //!
 //!     sudo cargo bench --bench create_latency            # BENCH_RUNS=50 by default
 //!
@@ -145,10 +148,18 @@ async fn create(socket: &Path, body: &Value) -> String {
     value["id"].as_str().expect("id").to_string()
 }
 
-async fn python_print(socket: &Path, id: &str) {
-    let body = json!({"argv": ["python3", "-c", "print(1)"]})
-        .to_string()
-        .into_bytes();
+/// The command: a fresh `python3` exec.
+fn exec_print() -> Value {
+    json!({"argv": ["python3", "-c", "print(1)"]})
+}
+
+/// Run-code: a pooled sandbox's warm interpreter forks for it.
+fn run_code_print() -> Value {
+    json!({"code": "print(1)", "language": "python"})
+}
+
+async fn python_print(socket: &Path, id: &str, process: &Value) {
+    let body = process.to_string().into_bytes();
     let (status, bytes) = http(
         socket,
         Method::POST,
@@ -166,12 +177,26 @@ async fn python_print(socket: &Path, id: &str) {
         Vec::new(),
     )
     .await;
-    // "MQo=" is base64 of "1\n".
-    assert!(
-        String::from_utf8_lossy(&out).contains("MQo="),
-        "{}",
-        String::from_utf8_lossy(&out)
-    );
+    assert_eq!(stdout(&out), b"1\n", "{}", String::from_utf8_lossy(&out));
+}
+
+/// The stdout of an output stream (NDJSON events, base64 data); an
+/// unbuffered interpreter writes `print`'s text and newline apart.
+fn stdout(stream: &[u8]) -> Vec<u8> {
+    use base64::Engine;
+    let mut out = Vec::new();
+    for line in stream.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+        let event: Value = serde_json::from_slice(line).expect("output event");
+        if event["type"] == "stdout" {
+            let data = event["data"].as_str().expect("data");
+            out.extend(
+                base64::engine::general_purpose::STANDARD
+                    .decode(data)
+                    .expect("base64"),
+            );
+        }
+    }
+    out
 }
 
 async fn delete(socket: &Path, id: &str) {
@@ -227,7 +252,7 @@ async fn measure(
     flags: &[&str],
     pool: Option<u64>,
     body: &Value,
-) -> (Vec<f64>, Vec<f64>) {
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
     let daemon = Daemon::start(flags);
     let socket = daemon.socket();
     let secret = json!({"name": "BENCH_KEY", "value": "bench-value", "hosts": ["api.example.com"]});
@@ -239,7 +264,7 @@ async fn measure(
     )
     .await;
     assert_eq!(status, 201);
-    let (mut ready, mut output) = (Vec::new(), Vec::new());
+    let (mut ready, mut output, mut code_output) = (Vec::new(), Vec::new(), Vec::new());
     // Warm-up: page cache, image lookup.
     let id = create(&socket, body).await;
     delete(&socket, &id).await;
@@ -260,19 +285,24 @@ async fn measure(
         let id = create(&socket, body).await;
         ready.push(start.elapsed().as_secs_f64() * 1000.0);
         delete(&socket, &id).await;
-        if let Some(size) = pool {
-            pool_full(&socket, size).await;
+        for (process, samples) in [
+            (exec_print(), &mut output),
+            (run_code_print(), &mut code_output),
+        ] {
+            if let Some(size) = pool {
+                pool_full(&socket, size).await;
+            }
+            if let Some(gap) = gap {
+                tokio::time::sleep(gap).await;
+            }
+            let start = Instant::now();
+            let id = create(&socket, body).await;
+            python_print(&socket, &id, &process).await;
+            samples.push(start.elapsed().as_secs_f64() * 1000.0);
+            delete(&socket, &id).await;
         }
-        if let Some(gap) = gap {
-            tokio::time::sleep(gap).await;
-        }
-        let start = Instant::now();
-        let id = create(&socket, body).await;
-        python_print(&socket, &id).await;
-        output.push(start.elapsed().as_secs_f64() * 1000.0);
-        delete(&socket, &id).await;
     }
-    (ready, output)
+    (ready, output, code_output)
 }
 
 /// `runtime run` of `bundle` as run `i`'s container ([`peers::time_runtime_run`]).
@@ -294,12 +324,13 @@ fn main() {
         .build()
         .expect("runtime");
     let plain = json!({"image": "python"});
-    let (ready, output) = runtime.block_on(measure(runs, &[], None, &plain));
+    let (ready, output, code) = runtime.block_on(measure(runs, &[], None, &plain));
     let pool = ["--pool-size", "2"];
-    let (pooled_ready, pooled_output) = runtime.block_on(measure(runs, &pool, Some(2), &plain));
-    let (custom_ready, custom_output) =
+    let (pooled_ready, pooled_output, pooled_code) =
+        runtime.block_on(measure(runs, &pool, Some(2), &plain));
+    let (custom_ready, custom_output, custom_code) =
         runtime.block_on(measure(runs, &pool, Some(2), &custom_request(false)));
-    let (secret_ready, secret_output) =
+    let (secret_ready, secret_output, secret_code) =
         runtime.block_on(measure(runs, &pool, Some(2), &custom_request(true)));
 
     let scratch = tempfile::tempdir_in("/var/tmp").expect("tempdir");
@@ -318,6 +349,10 @@ fn main() {
         "unit": "ms",
         "sandboxd_create_to_ready_cold": ready,
         "sandboxd_create_to_python_output_cold": output,
+        "sandboxd_create_to_run_code_output_cold": code,
+        "sandboxd_create_to_run_code_output_pooled": pooled_code,
+        "sandboxd_create_to_run_code_output_pooled_custom": custom_code,
+        "sandboxd_create_to_run_code_output_pooled_custom_secret": secret_code,
         "sandboxd_create_to_ready_pooled": pooled_ready,
         "sandboxd_create_to_python_output_pooled": pooled_output,
         "sandboxd_create_to_ready_pooled_custom": custom_ready,
@@ -333,6 +368,8 @@ fn main() {
     let (c_ready, c_out) = (median(&custom_ready), median(&custom_output));
     let (s_ready, s_out) = (median(&secret_ready), median(&secret_output));
     let (m_runc, m_crun, m_true) = (median(&runc), median(&crun), median(&crun_true));
+    let (m_code, p_code) = (median(&code), median(&pooled_code));
+    let (c_code, s_code) = (median(&custom_code), median(&secret_code));
     println!("create_latency ({runs} runs each, medians in ms)");
     println!("  sandboxd create -> ready (cold)                  {m_ready:8.2}");
     println!("  sandboxd create -> python output (cold)          {m_out:8.2}");
@@ -342,12 +379,19 @@ fn main() {
     println!("  sandboxd create -> python output (pooled, custom){c_out:8.2}");
     println!("  sandboxd create -> ready (pooled, + secret)      {s_ready:8.2}");
     println!("  sandboxd create -> python output (pooled, + secret){s_out:6.2}");
+    println!("  sandboxd create -> run-code output (cold)        {m_code:8.2}");
+    println!("  sandboxd create -> run-code output (pooled)      {p_code:8.2}");
+    println!("  sandboxd create -> run-code output (pooled, custom){c_code:6.2}");
+    println!("  sandboxd create -> run-code output (pooled, + secret){s_code:4.2}");
     println!("  runc run python3 -c 'print(1)'                   {m_runc:8.2}");
     println!("  crun run python3 -c 'print(1)'                   {m_crun:8.2}");
     println!("  crun run /bin/true                               {m_true:8.2}");
     for (what, ratio) in [
         ("output / crun (cold)", m_out / m_crun),
         ("output / crun (pooled)", p_out / m_crun),
+        ("run-code output / crun (cold)", m_code / m_crun),
+        ("run-code output / crun (pooled)", p_code / m_crun),
+        ("run-code output / crun (pooled, custom)", c_code / m_crun),
         ("output / runc (cold)", m_out / m_runc),
         ("ready (cold) / crun /bin/true", m_ready / m_true),
         ("ready pooled / ready cold", p_ready / m_ready),

@@ -1,7 +1,8 @@
 //! Many sandboxes at once: N concurrent creates through the API (N=100 by
 //! default), each followed by one `python3 -c 'print(1)'`, from a warm pool
 //! sized for them and all cold, beside N concurrent `crun run` of the same
-//! command in the same image. Per sandbox: create -> output latency (p50,
+//! command in the same image; and from the pool with run-code `print(1)`
+//! instead, which forks each pooled sandbox's warm interpreter. Per sandbox: create -> output latency (p50,
 //! p99); per burst: the time until the last output. Then the memory an idle
 //! sandbox costs beyond its workload: the PSS of its supervisor (which holds
 //! the egress proxy) and of everything in its cgroups (the agent, its init),
@@ -56,13 +57,29 @@ struct Burst {
     total: f64,
 }
 
+/// How each sandbox of a burst prints.
+#[derive(Clone, Copy)]
+enum Print {
+    /// `python3 -c 'print(1)'`, a fresh exec.
+    Exec,
+    /// Run-code `print(1)` in Python.
+    RunCode,
+}
+
 /// N creates at once, each running `print(1)` once ready; all deleted after.
-async fn burst(daemon: &Daemon, n: usize) -> Burst {
+async fn burst(daemon: &Daemon, n: usize, print: Print) -> Burst {
     let begun = Instant::now();
     let runs = (0..n).map(|_| async {
         let start = Instant::now();
         let id = daemon.create(json!({"image": "python"})).await;
-        let out = daemon.exec(&id, &["python3", "-c", "print(1)"]).await;
+        let out = match print {
+            Print::Exec => daemon.exec(&id, &["python3", "-c", "print(1)"]).await,
+            Print::RunCode => {
+                let code = json!({"code": "print(1)", "language": "python"});
+                let proc = daemon.start_process(&id, code).await;
+                daemon.output(&id, proc).await
+            }
+        };
         assert_eq!(out.out(), "1\n", "{}", out.err());
         (id, ms(start))
     });
@@ -295,10 +312,10 @@ fn main() {
     let (cold, pooled, idle) = runtime.block_on(async {
         let daemon = Daemon::start_with(&ROOMY);
         // Warm-up: page cache, image lookup.
-        burst(&daemon, 2).await;
+        burst(&daemon, 2, Print::Exec).await;
         let mut cold = Vec::new();
         for _ in 0..rounds {
-            cold.push(burst(&daemon, n).await);
+            cold.push(burst(&daemon, n, Print::Exec).await);
         }
         let idle = idle_pss(&daemon, 50).await;
         drop(daemon);
@@ -306,13 +323,16 @@ fn main() {
         let mut flags = ROOMY.to_vec();
         flags.extend(["--pool-size", size.as_str()]);
         let daemon = Daemon::start_with(&flags);
-        let mut pooled = Vec::new();
+        let (mut pooled, mut pooled_code) = (Vec::new(), Vec::new());
         for _ in 0..rounds {
             daemon.pool_reaches(n as u64).await;
-            pooled.push(burst(&daemon, n).await);
+            pooled.push(burst(&daemon, n, Print::Exec).await);
+            daemon.pool_reaches(n as u64).await;
+            pooled_code.push(burst(&daemon, n, Print::RunCode).await);
         }
-        (cold, pooled, idle)
+        (cold, (pooled, pooled_code), idle)
     });
+    let (pooled, pooled_code) = pooled;
     let crun: Vec<Burst> = (0..rounds).map(|r| crun_burst(&bundle, n, r)).collect();
     let shim_kib = Containerd::start().idle_shims(&rootfs, 50);
 
@@ -323,6 +343,7 @@ fn main() {
         "unit": "ms",
         "sandboxd_cold": summary("sandboxd cold", &cold),
         "sandboxd_pooled": summary("sandboxd pooled", &pooled),
+        "sandboxd_pooled_run_code": summary("sandboxd pooled, run-code", &pooled_code),
         "crun_run": summary("crun run", &crun),
         "idle_sandbox_pss_kib": {"supervisor": idle.0, "sandbox_cgroup": idle.1},
         "idle_containerd_shim_pss_kib": shim_kib,
@@ -335,6 +356,10 @@ fn main() {
     println!(
         "  ratio all done, pooled / crun    {:8.2}",
         totals(&pooled) / totals(&crun)
+    );
+    println!(
+        "  ratio all done, pooled run-code / crun {:8.2}",
+        totals(&pooled_code) / totals(&crun)
     );
     println!(
         "  idle sandbox PSS, mean of 50: supervisor {:.0} KiB + agent {:.0} KiB = {:.0} KiB",
