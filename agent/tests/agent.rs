@@ -859,6 +859,18 @@ fn run_code_runs_in_a_fork_of_the_warm_interpreter_as_a_fresh_start_would() {
         .push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
     host.spawn(other);
     assert_eq!(host.wait_exit(905).stdout, b"fresh\n");
+    // So does one too large for the server's buffer, and the server stays.
+    let mut large = run_python(906, FORKED_FROM_WARM);
+    // (Each under exec's 128 KiB limit on one string.)
+    for i in 0..3 {
+        large
+            .env
+            .push((format!("LARGE{i}"), "x".repeat(100 * 1024)));
+    }
+    host.spawn(large);
+    assert_eq!(host.wait_exit(906).stdout, b"fresh\n");
+    host.spawn(run_python(907, FORKED_FROM_WARM));
+    assert_eq!(host.wait_exit(907).stdout, b"warm\n");
 }
 
 #[test]

@@ -36,6 +36,10 @@ use crate::process::ProcError;
 /// reaper waits), so a stopped interpreter must not hold it for long.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// Largest request sent (the server's buffer); a larger one (a huge
+/// environment) starts fresh.
+const MAX_MESSAGE: usize = 1 << 18;
+
 /// Largest answer read; every valid one is far shorter.
 const MAX_ANSWER: usize = 64;
 
@@ -57,7 +61,9 @@ pub fn run(
     code_path: &Path,
     cgroup_fds: &[OwnedFd],
 ) -> Result<Launched, Failure> {
-    let message = message(request, code_path).ok_or(Failure::NotServed)?;
+    let message = message(request, code_path)
+        .filter(|m| m.len() <= MAX_MESSAGE)
+        .ok_or(Failure::NotServed)?;
     let prepare = |e: nix::Error| Failure::Refused(ProcError::Prepare(e.into()));
     let (stdin, stdin_theirs) = if request.stdin {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(prepare)?;

@@ -69,7 +69,7 @@ def _serve():
     gc.freeze()
     # One buffer, zeroed after each fork: no request's environment (its
     # secrets) lingers in the memory later forks start from.
-    buffer = bytearray(1 << 21)
+    buffer = bytearray(1 << 18)  # exchange.rs MAX_MESSAGE
     control.send(b"R")
     while True:
         size, ancillary, flags, _addr = control.recvmsg_into(
