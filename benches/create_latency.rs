@@ -274,13 +274,17 @@ async fn measure(
                 .unwrap_or_else(|_| panic!("BENCH_CREATE_GAP_MS={ms:?} is not a number of ms")),
         )
     });
-    for _ in 0..runs {
+    // Before each measured create: the pool full again, and the gap.
+    let settle = || async {
         if let Some(size) = pool {
             pool_full(&socket, size).await;
         }
         if let Some(gap) = gap {
             tokio::time::sleep(gap).await;
         }
+    };
+    for _ in 0..runs {
+        settle().await;
         let start = Instant::now();
         let id = create(&socket, body).await;
         ready.push(start.elapsed().as_secs_f64() * 1000.0);
@@ -289,12 +293,7 @@ async fn measure(
             (exec_print(), &mut output),
             (run_code_print(), &mut code_output),
         ] {
-            if let Some(size) = pool {
-                pool_full(&socket, size).await;
-            }
-            if let Some(gap) = gap {
-                tokio::time::sleep(gap).await;
-            }
+            settle().await;
             let start = Instant::now();
             let id = create(&socket, body).await;
             python_print(&socket, &id, &process).await;
