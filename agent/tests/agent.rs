@@ -852,6 +852,14 @@ fn run_code_runs_in_a_fork_of_the_warm_interpreter_as_a_fresh_start_would() {
     assert!(trace.contains("SyntaxError"), "{trace}");
     assert!(!trace.contains("Traceback"), "{trace}");
 
+    // An uncaught KeyboardInterrupt: exit work done, then death by SIGINT.
+    host.spawn(run_python(
+        908,
+        "import atexit\natexit.register(print, 'exit work')\nraise KeyboardInterrupt\n",
+    ));
+    let done = host.wait_exit(908);
+    assert_eq!(done.stdout, b"exit work\n");
+    assert_eq!(done.status, killed(libc::SIGINT));
     // A request whose start-up environment differs starts fresh.
     let mut other = run_python(905, FORKED_FROM_WARM);
     other

@@ -177,8 +177,13 @@ except BaseException as error:
     error.__traceback__ = trace
     sys.excepthook(type(error), error, trace)
     if isinstance(error, KeyboardInterrupt):
+        # As CPython ends then: its exit work first, then death by SIGINT.
+        import atexit
         import signal
 
+        atexit._run_exitfuncs()
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     sys.exit(1)
