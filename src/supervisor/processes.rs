@@ -4,7 +4,7 @@
 //! keep a process alive; in a microVM the guest's agent kills them (the
 //! runtime's [`ProcessControl`] says which).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
@@ -1009,13 +1009,10 @@ pub fn process_env(
     sandbox: &[(String, String)],
     own: &[(String, String)],
 ) -> Vec<(String, String)> {
-    let env: HashMap<&String, &String> = sandbox.iter().chain(own).map(|(k, v)| (k, v)).collect();
-    let mut env: Vec<(String, String)> = env
-        .into_iter()
+    let env: BTreeMap<&String, &String> = sandbox.iter().chain(own).map(|(k, v)| (k, v)).collect();
+    env.into_iter()
         .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    env.sort();
-    env
+        .collect()
 }
 
 fn unknown(proc: u64) -> SupervisorError {

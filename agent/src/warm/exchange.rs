@@ -64,21 +64,17 @@ pub fn run(
     let message = message(request, code_path)
         .filter(|m| m.len() <= MAX_MESSAGE)
         .ok_or(Failure::NotServed)?;
+    if let Some(unasked) = pending(control) {
+        return Err(Failure::Broken(unasked));
+    }
     let prepare = |e: nix::Error| Failure::Refused(ProcError::Prepare(e.into()));
     let (stdin, stdin_theirs) = if request.stdin {
         let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(prepare)?;
         (Some(write), read)
     } else {
-        let null = nix::fcntl::open(
-            "/dev/null",
-            OFlag::O_RDONLY | OFlag::O_CLOEXEC,
-            nix::sys::stat::Mode::empty(),
-        )
-        .map_err(prepare)?;
-        // SAFETY: open returned a fresh descriptor that nothing else owns.
-        (None, unsafe {
-            <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(null)
-        })
+        let null = std::fs::File::open("/dev/null")
+            .map_err(|e| Failure::Refused(ProcError::Prepare(e)))?;
+        (None, OwnedFd::from(null))
     };
     let (stdout, stdout_theirs) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(prepare)?;
     let (stderr, stderr_theirs) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(prepare)?;
@@ -95,9 +91,6 @@ pub fn run(
         stderr_theirs.as_raw_fd(),
         report_theirs.as_raw_fd(),
     ];
-    if let Some(unasked) = pending(control) {
-        return Err(Failure::Broken(unasked));
-    }
     // Never blocking: a server that stopped reading is broken, and the
     // spawn gate is held.
     match socket::sendmsg::<()>(

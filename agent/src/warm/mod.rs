@@ -162,7 +162,7 @@ pub fn start(
     {
         return Err(WarmError::Nul);
     }
-    // The one it replaces ends when its control socket closes.
+    // The one it replaces is killed (dropped).
     lock().take();
     let (control, theirs) = socketpair(
         AddressFamily::Unix,
