@@ -927,6 +927,103 @@ fn a_warm_fork_is_killed_as_a_group_and_placed_in_its_cgroups_by_the_agent() {
     assert_eq!(host.wait_exit(911).status, killed(libc::SIGKILL));
 }
 
+/// Exit work a fresh run does: joins a thread, runs an atexit callback,
+/// finalizes an object and flushes an unclosed file in `__main__`, and one
+/// in a module of the run's own (in `dir`).
+fn exit_work(dir: &std::path::Path, tag: &str) -> String {
+    let module = dir.join(format!("leftopen_{tag}.py"));
+    std::fs::write(
+        &module,
+        format!(
+            "f = open({:?}, 'w')\nf.write('module file')\n",
+            dir.join(format!("module_{tag}")).display().to_string()
+        ),
+    )
+    .expect("module");
+    format!(
+        "import atexit, sys, threading, time\n{FORKED_FROM_WARM}\n\
+         sys.path.insert(0, {dir:?})\nimport leftopen_{tag}\n\
+         out = open({main:?}, 'w')\nout.write('main file')\n\
+         class Bye:\n    def __del__(self):\n        print('finalized in main')\nbye = Bye()\n\
+         def late():\n    time.sleep(0.1)\n    print('thread done')\n\
+         threading.Thread(target=late).start()\n\
+         atexit.register(print, 'atexit')\nsys.exit(4)\n",
+        dir = dir.display().to_string(),
+        main = dir.join(format!("main_{tag}")).display().to_string(),
+    )
+}
+
+#[test]
+fn a_warm_fork_ends_as_a_fresh_run_ends() {
+    let mut host = Host::start();
+    warm_python(&mut host);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut outputs = Vec::new();
+    for (proc, tag, fresh) in [(941, "warm", false), (942, "fresh", true)] {
+        let mut request = run_python(proc, &exit_work(dir.path(), tag));
+        if fresh {
+            request
+                .env
+                .push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+        }
+        host.spawn(request);
+        let done = host.wait_exit(proc);
+        assert_eq!(
+            done.status,
+            exited(4),
+            "{}",
+            String::from_utf8_lossy(&done.stderr)
+        );
+        assert_eq!(done.stderr, b"");
+        let text = String::from_utf8(done.stdout).expect("utf8");
+        let (first, rest) = text.split_once('\n').expect("lines");
+        assert_eq!(first, tag, "{text}");
+        outputs.push(rest.to_string());
+        for (file, content) in [("main", "main file"), ("module", "module file")] {
+            let path = dir.path().join(format!("{file}_{tag}"));
+            assert_eq!(
+                std::fs::read_to_string(&path).expect("written"),
+                content,
+                "{tag} {file}"
+            );
+        }
+    }
+    assert_eq!(outputs[0], "thread done\natexit\nfinalized in main\n");
+    assert_eq!(outputs[0], outputs[1], "warm and fresh differ");
+
+    // A code CPython prints is printed, as a fresh run's.
+    host.spawn(run_python(946, "import sys\nsys.exit('bye')\n"));
+    let done = host.wait_exit(946);
+    assert_eq!((done.stderr, done.status), (b"bye\n".to_vec(), exited(1)));
+
+    // C code of the run's own takes the C library's exit: C stdio's buffer
+    // (a pipe's is full-buffered) reaches the output.
+    host.spawn(run_python(
+        943,
+        &format!("{FORKED_FROM_WARM}\nimport ctypes\nctypes.CDLL(None).printf(b'from C\\n')\n"),
+    ));
+    let done = host.wait_exit(943);
+    assert_eq!(done.stdout, b"warm\nfrom C\n");
+    assert_eq!(done.status, exited(0));
+
+    // What a fork does not finalize: an object left in the interpreter's
+    // own modules. A fresh run's exit clears `builtins` and prints.
+    let kept = "import builtins, os\nclass Kept:\n    def __del__(self, write=os.write):\n        \
+                write(1, b'finalized\\n')\nbuiltins.kept = Kept()\n";
+    host.spawn(run_python(944, kept));
+    assert_eq!(
+        host.wait_exit(944).stdout,
+        b"",
+        "the fast way out was taken"
+    );
+    let mut fresh = run_python(945, kept);
+    fresh
+        .env
+        .push(("PYTHONDONTWRITEBYTECODE".into(), "1".into()));
+    host.spawn(fresh);
+    assert_eq!(host.wait_exit(945).stdout, b"finalized\n");
+}
+
 #[test]
 fn run_code_starts_fresh_once_the_warm_interpreter_is_gone() {
     let mut host = Host::start();

@@ -164,11 +164,123 @@ def _run(path):
     exec(compile(source, path, "exec"), main.__dict__)
 
 
+def _exit_status(code):
+    """A SystemExit's code as the status CPython exits with; None where
+    CPython prints the code instead (not an int) or cannot take it."""
+    if code is None:
+        return 0
+    if isinstance(code, int) and -(1 << 31) <= code < (1 << 31):
+        return int(code)
+    return None
+
+
+def _flushed():
+    """Whether stdout and stderr flushed, as Py_FinalizeEx flushes them."""
+    for stream in (getattr(sys, "stdout", None), getattr(sys, "stderr", None)):
+        if stream is None or getattr(stream, "closed", False):
+            continue
+        try:
+            stream.flush()
+        except Exception:
+            return False
+    return True
+
+
+def _run_modules(own):
+    """The modules the run loaded, its __main__ among them, in sys.modules'
+    order; None when any module loaded, the interpreter's own included, has
+    C code that may have exit work of its own (C atexit, buffered C stdio)
+    needing the C library's exit. Only the standard library's extension
+    modules, less ctypes, are known to have none."""
+    import _imp
+
+    suffixes = tuple(_imp.extension_suffixes())
+    made = []
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        origin = getattr(spec, "origin", None) or getattr(module, "__file__", None)
+        if isinstance(origin, str) and origin.endswith(suffixes):
+            if name == "_ctypes" or os.path.dirname(origin) not in _DYNLOAD:
+                return None
+        if own.get(name) is not module and isinstance(module, type(sys)):
+            made.append((name, module))
+    return made
+
+
+def _clear(made):
+    """Finalizes what the run made: out of sys.modules, then each module's
+    names set to None as Py_FinalizeEx clears a module it finds alive, the
+    last imported first, then a collection for what is left in cycles.
+    Cleared rather than left to the collector, so that an unclosed file is
+    flushed before its descriptor is closed, as in a fresh run's exit."""
+    import gc
+
+    for name in ("last_type", "last_value", "last_traceback"):
+        if hasattr(sys, name):
+            setattr(sys, name, None)
+    module = names = keys = None
+    for name, module in made:
+        if sys.modules.get(name) is module:
+            del sys.modules[name]
+    for _, module in reversed(made):
+        names = module.__dict__
+        keys = [k for k in names if isinstance(k, str)]
+        for key in [k for k in keys if k[:1] == "_" and k[1:2] != "_"]:
+            names[key] = None
+        for key in [k for k in keys if k != "__builtins__"]:
+            names[key] = None
+    made.clear()
+    del module, names, keys
+    gc.collect()
+
+
+def _leave(status, own):
+    """Ends the run as a fresh one ends: non-daemon threads joined, atexit
+    callbacks run, stdout and stderr flushed, what the run made finalized.
+    It then leaves with os._exit instead of tearing down the interpreter's
+    own state, which writes to (and so copies) nearly every page this copy
+    shares with the server: half of a short run's cost. Objects the run
+    left in the interpreter's own modules (sys, builtins) are therefore not
+    finalized, which Python does not promise anyway. Where C code may have
+    exit work, or stdout or stderr cannot be flushed, it takes the normal
+    way out, which does what is left (and exits 120 on a failed flush)."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException as error:
+            # As Py_FinalizeEx reports it (a ^C while waiting), and goes on.
+            try:
+                sys.stderr.write("Exception ignored in: %r\n" % (threading,))
+                sys.excepthook(type(error), error, error.__traceback__)
+            except BaseException:
+                pass
+            del error
+    import atexit
+
+    atexit._run_exitfuncs()
+    made = _run_modules(own)
+    if made is not None and _flushed():
+        _clear(made)
+        if _flushed():
+            _exit(status)
+    raise SystemExit(status)
+
+
+# Bound before any run can replace them.
+_exit = os._exit
+_DYNLOAD = frozenset(p for p in sys.path if os.path.basename(p) == "lib-dynload")
 _path = _become(*_serve())
+# What the copy holds before the run: the interpreter's own modules.
+_own = dict(sys.modules)
+_status = 1
 try:
     _run(_path)
-except SystemExit:
-    raise
+    _status = 0
+except SystemExit as stop:
+    _status = _exit_status(stop.code)
+    if _status is None:
+        raise
 except BaseException as error:
     # The traceback starts at the code's own file, as a fresh run's does.
     trace = error.__traceback__
@@ -186,4 +298,5 @@ except BaseException as error:
             stream.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
-    sys.exit(1)
+    del error, trace
+_leave(_status, _own)
