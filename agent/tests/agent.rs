@@ -927,9 +927,11 @@ fn a_warm_fork_is_killed_as_a_group_and_placed_in_its_cgroups_by_the_agent() {
     assert_eq!(host.wait_exit(911).status, killed(libc::SIGKILL));
 }
 
-/// Exit work a fresh run does: joins a thread, runs an atexit callback,
-/// finalizes an object and flushes an unclosed file in `__main__`, and one
-/// in a module of the run's own (in `dir`).
+/// Exit work a fresh run does: joins a thread, runs an atexit callback
+/// (through the stdout the run put in), puts the original stdout back,
+/// finalizes an object whose `__del__` still finds the globals it uses,
+/// and flushes an unclosed file in `__main__` and one in a module of the
+/// run's own (in `dir`).
 fn exit_work(dir: &std::path::Path, tag: &str) -> String {
     let module = dir.join(format!("leftopen_{tag}.py"));
     std::fs::write(
@@ -944,10 +946,13 @@ fn exit_work(dir: &std::path::Path, tag: &str) -> String {
         "import atexit, sys, threading, time\n{FORKED_FROM_WARM}\n\
          sys.path.insert(0, {dir:?})\nimport leftopen_{tag}\n\
          out = open({main:?}, 'w')\nout.write('main file')\n\
-         class Bye:\n    def __del__(self):\n        print('finalized in main')\nbye = Bye()\n\
+         import json\nclass Bye:\n    def __del__(self):\n        print('finalized in main', json.dumps(1))\n\
+         bye = Bye()\n\
          def late():\n    time.sleep(0.1)\n    print('thread done')\n\
          threading.Thread(target=late).start()\n\
-         atexit.register(print, 'atexit')\nsys.exit(4)\n",
+         class Shout:\n    def write(self, s):\n        return sys.__stdout__.write(s.upper())\n\
+         \x20   def flush(self):\n        sys.__stdout__.flush()\n\
+         atexit.register(print, 'atexit')\nsys.stdout = Shout()\nsys.exit(4)\n",
         dir = dir.display().to_string(),
         main = dir.join(format!("main_{tag}")).display().to_string(),
     )
@@ -988,7 +993,7 @@ fn a_warm_fork_ends_as_a_fresh_run_ends() {
             );
         }
     }
-    assert_eq!(outputs[0], "thread done\natexit\nfinalized in main\n");
+    assert_eq!(outputs[0], "THREAD DONE\nATEXIT\nfinalized in main 1\n");
     assert_eq!(outputs[0], outputs[1], "warm and fresh differ");
 
     // A code CPython prints is printed, as a fresh run's.
@@ -996,20 +1001,28 @@ fn a_warm_fork_ends_as_a_fresh_run_ends() {
     let done = host.wait_exit(946);
     assert_eq!((done.stderr, done.status), (b"bye\n".to_vec(), exited(1)));
 
-    // C code of the run's own takes the C library's exit: C stdio's buffer
-    // (a pipe's is full-buffered) reaches the output.
+    // C code of the run's own may have exit work that only the C library's
+    // exit does: a C stream left open is flushed all the same.
+    let c_file = dir.path().join("from_c");
     host.spawn(run_python(
         943,
-        &format!("{FORKED_FROM_WARM}\nimport ctypes\nctypes.CDLL(None).printf(b'from C\\n')\n"),
+        &format!(
+            "{FORKED_FROM_WARM}\nimport ctypes\nlibc = ctypes.CDLL(None)\n\
+             libc.fopen.restype = ctypes.c_void_p\n\
+             libc.fputs.argtypes = [ctypes.c_char_p, ctypes.c_void_p]\n\
+             libc.fputs(b'from C', libc.fopen({:?}.encode(), b'w'))\n",
+            c_file.display().to_string()
+        ),
     ));
     let done = host.wait_exit(943);
-    assert_eq!(done.stdout, b"warm\nfrom C\n");
+    assert_eq!(done.stdout, b"warm\n");
     assert_eq!(done.status, exited(0));
+    assert_eq!(std::fs::read_to_string(&c_file).expect("C file"), "from C");
 
-    // What a fork does not finalize: an object left in the interpreter's
-    // own modules. A fresh run's exit clears `builtins` and prints.
-    let kept = "import builtins, os\nclass Kept:\n    def __del__(self, write=os.write):\n        \
-                write(1, b'finalized\\n')\nbuiltins.kept = Kept()\n";
+    // What a fork does not finalize: an object the run left in a module
+    // loaded before it. A fresh run's exit clears `os` and prints.
+    let kept = "import os\nclass Kept:\n    def __del__(self, write=os.write):\n        \
+                write(1, b'finalized\\n')\nos.kept = Kept()\n";
     host.spawn(run_python(944, kept));
     assert_eq!(
         host.wait_exit(944).stdout,

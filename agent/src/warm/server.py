@@ -7,7 +7,8 @@
 # `_socket` and `gc` (built in), so the code finds the modules a fresh
 # `python3 FILE` would. A copy is only as fresh as what the interpreter read
 # while starting: once any of that changed on disk (see `_inputs`), it
-# answers `S` and exits, and the agent starts processes fresh.
+# answers `S` and exits, and the agent starts processes fresh. A copy ends
+# as a fresh run ends, but without tearing down the interpreter (`_end`).
 import os
 import sys
 import _socket
@@ -169,8 +170,11 @@ def _exit_status(code):
     CPython prints the code instead (not an int) or cannot take it."""
     if code is None:
         return 0
-    if isinstance(code, int) and -(1 << 31) <= code < (1 << 31):
-        return int(code)
+    if isinstance(code, int):
+        # The int's own value, as C reads it, whatever an __int__ says.
+        value = int.__index__(code)
+        if -(1 << 31) <= value < (1 << 31):
+            return value
     return None
 
 
@@ -186,101 +190,130 @@ def _flushed():
     return True
 
 
-def _run_modules(own):
-    """The modules the run loaded, its __main__ among them, in sys.modules'
-    order; None when any module loaded, the interpreter's own included, has
-    C code that may have exit work of its own (C atexit, buffered C stdio)
-    needing the C library's exit. Only the standard library's extension
-    modules, less ctypes, are known to have none."""
+def _namespace(module):
+    """A module's own attributes, read without running a lazy module's load."""
+    try:
+        return object.__getattribute__(module, "__dict__")
+    except Exception:
+        return {}
+
+
+def _c_exit_work_possible():
+    """Whether a loaded module (the interpreter's own included) has C code
+    that may have exit work of its own, such as C atexit handlers or C
+    streams left open, which only the C library's exit does. The standard
+    library's extension modules, less ctypes, have none."""
     import _imp
 
     suffixes = tuple(_imp.extension_suffixes())
-    made = []
     for name, module in list(sys.modules.items()):
-        spec = getattr(module, "__spec__", None)
-        origin = getattr(spec, "origin", None) or getattr(module, "__file__", None)
+        names = _namespace(module)
+        origin = getattr(names.get("__spec__"), "origin", None) or names.get("__file__")
         if isinstance(origin, str) and origin.endswith(suffixes):
             if name == "_ctypes" or os.path.dirname(origin) not in _DYNLOAD:
-                return None
-        if own.get(name) is not module and isinstance(module, type(sys)):
-            made.append((name, module))
-    return made
+                return True
+    return False
 
 
-def _clear(made):
-    """Finalizes what the run made: out of sys.modules, then each module's
-    names set to None as Py_FinalizeEx clears a module it finds alive, the
-    last imported first, then a collection for what is left in cycles.
-    Cleared rather than left to the collector, so that an unclosed file is
-    flushed before its descriptor is closed, as in a fresh run's exit."""
+def _finalize(own):
+    """What Py_FinalizeEx does to modules, for what the run made: a
+    collection while all still live; sys's special names reset (the
+    standard streams back to the originals); builtins back to the
+    interpreter's start; the run's entries out of sys.modules and a
+    collection; then the names of those modules still alive set to None,
+    the last imported first; a last collection. Same steps, same order, so
+    that `__del__` and unclosed files end as in a fresh run's exit."""
+    import _weakref
+    import builtins
     import gc
 
-    for name in ("last_type", "last_value", "last_traceback"):
+    if gc.isenabled():
+        gc.collect()
+    for name in _SYS_DELETED:
         if hasattr(sys, name):
             setattr(sys, name, None)
-    module = names = keys = None
-    for name, module in made:
-        if sys.modules.get(name) is module:
-            del sys.modules[name]
-    for _, module in reversed(made):
-        names = module.__dict__
+    for name in ("stdin", "stdout", "stderr"):
+        setattr(sys, name, getattr(sys, "__%s__" % name, None))
+    builtins.__dict__.clear()
+    builtins.__dict__.update(_BUILTINS)
+    made = [name for name, entry in sys.modules.items() if own.get(name) is not entry]
+    alive = []
+    for name in made:
+        try:
+            alive.append(_weakref.ref(sys.modules[name]))
+        except TypeError:
+            pass
+        del sys.modules[name]
+    del made
+    gc.collect()
+    for ref in reversed(alive):
+        names = _namespace(ref())
         keys = [k for k in names if isinstance(k, str)]
         for key in [k for k in keys if k[:1] == "_" and k[1:2] != "_"]:
             names[key] = None
         for key in [k for k in keys if k != "__builtins__"]:
             names[key] = None
-    made.clear()
-    del module, names, keys
+        del names, keys
     gc.collect()
 
 
-def _leave(status, own):
-    """Ends the run as a fresh one ends: non-daemon threads joined, atexit
-    callbacks run, stdout and stderr flushed, what the run made finalized.
-    It then leaves with os._exit instead of tearing down the interpreter's
-    own state, which writes to (and so copies) nearly every page this copy
-    shares with the server: half of a short run's cost. Objects the run
-    left in the interpreter's own modules (sys, builtins) are therefore not
-    finalized, which Python does not promise anyway. Where C code may have
-    exit work, or stdout or stderr cannot be flushed, it takes the normal
-    way out, which does what is left (and exits 120 on a failed flush)."""
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        try:
-            threading._shutdown()
-        except BaseException as error:
-            # As Py_FinalizeEx reports it (a ^C while waiting), and goes on.
-            try:
-                sys.stderr.write("Exception ignored in: %r\n" % (threading,))
-                sys.excepthook(type(error), error, error.__traceback__)
-            except BaseException:
-                pass
-            del error
-    import atexit
+def _end():
+    """Registered before the run, so that atexit calls it last, once
+    CPython's own exit work is done (non-daemon threads joined, the run's
+    atexit callbacks run, each reported as a fresh run reports it). It
+    finalizes what the run made, flushes stdout and stderr, and leaves by
+    os._exit (or SIGINT, as CPython after an uncaught KeyboardInterrupt)
+    instead of tearing down the interpreter's own state, which writes to,
+    and so copies, nearly every page this copy shares with the server:
+    half of a short run's cost. What the run left in the modules loaded
+    before it (os, io, codecs...) and in C state is therefore not
+    finalized, which Python does not promise anyway. Where the status is
+    CPython's to say, a daemon thread still runs, C code may have exit
+    work, or a flush fails, it returns, and CPython's normal exit does the
+    rest (and exits 120 on a failed flush)."""
+    import _thread
 
-    atexit._run_exitfuncs()
-    made = _run_modules(own)
-    if made is not None and _flushed():
-        _clear(made)
-        if _flushed():
-            _exit(status)
-    raise SystemExit(status)
+    if _status is None or not _flushed():
+        return
+    threads = _thread._count()
+    if _interrupted:
+        if not threads:
+            _finalize(_own)
+            _flushed()
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        os.kill(os.getpid(), _signal.SIGINT)
+        return
+    if threads or _c_exit_work_possible():
+        return
+    _finalize(_own)
+    if _flushed():
+        _exit(_status)
 
 
-# Bound before any run can replace them.
+# Taken before any run can replace or add to them.
 _exit = os._exit
+_signal = sys.modules["_signal"]
+_BUILTINS = dict(sys.modules["builtins"].__dict__)
 _DYNLOAD = frozenset(p for p in sys.path if os.path.basename(p) == "lib-dynload")
+# The sys names Py_FinalizeEx sets to None before it clears modules.
+_SYS_DELETED = (
+    "path", "argv", "ps1", "ps2", "last_type", "last_value", "last_traceback",
+    "last_exc", "path_hooks", "path_importer_cache", "meta_path",
+    "__interactivehook__",
+)
 _path = _become(*_serve())
 # What the copy holds before the run: the interpreter's own modules.
 _own = dict(sys.modules)
-_status = 1
+_status, _interrupted = None, False
+import atexit
+
+atexit.register(_end)
 try:
     _run(_path)
     _status = 0
 except SystemExit as stop:
     _status = _exit_status(stop.code)
-    if _status is None:
-        raise
+    raise
 except BaseException as error:
     # The traceback starts at the code's own file, as a fresh run's does.
     trace = error.__traceback__
@@ -288,15 +321,8 @@ except BaseException as error:
         trace = trace.tb_next
     error.__traceback__ = trace
     sys.excepthook(type(error), error, trace)
-    if isinstance(error, KeyboardInterrupt):
-        # As CPython ends then: its exit work first, then death by SIGINT.
-        import atexit
-        import signal
-
-        atexit._run_exitfuncs()
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+    # CPython then does its exit work and, after a KeyboardInterrupt, dies
+    # by SIGINT (see _end).
+    _status, _interrupted = 1, isinstance(error, KeyboardInterrupt)
     del error, trace
-_leave(_status, _own)
+    raise SystemExit(1)
