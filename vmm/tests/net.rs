@@ -378,7 +378,19 @@ fn a_snapshot_restores_onto_the_tap_named_again() {
 
     let fork_agent =
         UnixListener::bind(format!("{}_{AGENT_VSOCK_PORT}", fork_uds.display())).expect("listen");
-    let child = restore(&["--net", "tap0"]).spawn().expect("spawn fork");
+    let mut child = restore(&["--net", "tap0"]).spawn().expect("spawn fork");
+    let dial = Duration::from_secs(30);
+    if !common::connects_within(&fork_agent, dial) {
+        // What the fork's VMM said is all there is to read about why.
+        let _ = child.kill();
+        let out = child.wait_with_output().expect("fork's output");
+        panic!(
+            "the fork's agent did not dial within {dial:?}; the fork's VMM ({}) said:\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let mut agent = Agent::accept(
         &fork_agent,
         Duration::from_secs(30),

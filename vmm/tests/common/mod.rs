@@ -359,6 +359,18 @@ pub fn accept_within(
     deadline: std::time::Duration,
     what: &str,
 ) -> std::os::unix::net::UnixStream {
+    assert!(
+        connects_within(listener, deadline),
+        "{what}: nothing connected within {deadline:?}"
+    );
+    listener.accept().expect(what).0
+}
+
+/// Whether a connection waits on `listener` within `deadline`.
+pub fn connects_within(
+    listener: &std::os::unix::net::UnixListener,
+    deadline: std::time::Duration,
+) -> bool {
     use std::os::fd::AsRawFd;
     let mut fd = libc::pollfd {
         fd: listener.as_raw_fd(),
@@ -367,7 +379,5 @@ pub fn accept_within(
     };
     let ms = libc::c_int::try_from(deadline.as_millis()).unwrap_or(libc::c_int::MAX);
     // SAFETY: poll(2) on one pollfd this function owns, for its length 1.
-    let ready = unsafe { libc::poll(&mut fd, 1, ms) };
-    assert!(ready > 0, "{what}: nothing connected within {deadline:?}");
-    listener.accept().expect(what).0
+    unsafe { libc::poll(&mut fd, 1, ms) > 0 }
 }
