@@ -510,7 +510,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 08 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 09 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (
@@ -547,7 +547,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 8, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 9, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -659,13 +659,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 9 with a rest this build cannot decode.
-    let v9 = bytes("0c 09 ff ff ff");
-    let mismatch = check_supervisor_version(&v9).expect_err("v9 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(9));
+    // Version 10 with a rest this build cannot decode.
+    let v10 = bytes("0c 0a ff ff ff");
+    let mismatch = check_supervisor_version(&v10).expect_err("v10 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(10));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v9, this daemon v8"),
+        text.contains("supervisor protocol v10, this daemon v9"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

@@ -57,7 +57,10 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// 7 added `Checkpoint::fresh_tmpfs`.
 ///
 /// 8 added `AttachRoot::limits`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 8;
+///
+/// 9 counts the agent's `RequestBody::WarmInterpreter`, added with warm
+/// Python while the version stayed 8 (`File` frames carry a `RequestBody`).
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 9;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
