@@ -4,7 +4,8 @@
 # each it forks twice, so the code runs in a fresh copy of this process that
 # the agent (PID 1) adopts, waits for and kills like any process it started.
 # It imports nothing beyond what a bare interpreter has loaded except
-# `_socket` and `gc` (built in), so the code finds the modules a fresh
+# built-in modules (`_socket`, `gc`, `_imp`, `_thread`, `_weakref`,
+# `atexit`), so the code finds the modules a fresh
 # `python3 FILE` would. A copy is only as fresh as what the interpreter read
 # while starting: once any of that changed on disk (see `_inputs`), it
 # answers `S` and exits, and the agent starts processes fresh. A copy ends
@@ -153,6 +154,8 @@ def _run(path):
     main.__file__ = path
     main.__cached__ = None
     main.__builtins__ = sys.modules["builtins"]
+    if "__annotations__" in vars(sys.modules["__main__"]):
+        main.__annotations__ = {}
     main.__loader__ = sys.modules["_frozen_importlib_external"].SourceFileLoader(
         "__main__", path
     )
@@ -171,7 +174,7 @@ def _exit_status(code):
     if code is None:
         return 0
     if isinstance(code, int):
-        # The int's own value, as C reads it, whatever an __int__ says.
+        # The int's own value, as C reads it, whatever an __index__ says.
         value = int.__index__(code)
         if -(1 << 31) <= value < (1 << 31):
             return value
@@ -179,10 +182,16 @@ def _exit_status(code):
 
 
 def _flushed():
-    """Whether stdout and stderr flushed, as Py_FinalizeEx flushes them."""
+    """Whether stdout and stderr flushed, as Py_FinalizeEx flushes them (a
+    stream whose `closed` cannot be read counts as open)."""
     for stream in (getattr(sys, "stdout", None), getattr(sys, "stderr", None)):
-        if stream is None or getattr(stream, "closed", False):
+        if stream is None:
             continue
+        try:
+            if stream.closed:
+                continue
+        except Exception:
+            pass
         try:
             stream.flush()
         except Exception:
@@ -203,49 +212,61 @@ def _c_exit_work_possible():
     that may have exit work of its own, such as C atexit handlers or C
     streams left open, which only the C library's exit does. The standard
     library's extension modules, less ctypes, have none."""
-    import _imp
-
     suffixes = tuple(_imp.extension_suffixes())
     for name, module in list(sys.modules.items()):
+        if not isinstance(module, _Module):
+            continue
         names = _namespace(module)
-        origin = getattr(names.get("__spec__"), "origin", None) or names.get("__file__")
+        try:
+            origin = getattr(names.get("__spec__"), "origin", None) or names.get("__file__")
+        except Exception:
+            return True
         if isinstance(origin, str) and origin.endswith(suffixes):
-            if name == "_ctypes" or os.path.dirname(origin) not in _DYNLOAD:
+            if name == "_ctypes" or _dirname(origin) not in _DYNLOAD:
                 return True
     return False
 
 
 def _finalize(own):
-    """What Py_FinalizeEx does to modules, for what the run made: a
-    collection while all still live; sys's special names reset (the
-    standard streams back to the originals); builtins back to the
-    interpreter's start; the run's entries out of sys.modules and a
-    collection; then the names of those modules still alive set to None,
-    the last imported first; a last collection. Same steps, same order, so
-    that `__del__` and unclosed files end as in a fresh run's exit."""
-    import _weakref
-    import builtins
-    import gc
-
-    if gc.isenabled():
-        gc.collect()
+    """What Py_FinalizeEx does to Python state after the atexit callbacks,
+    in its order, short of tearing down the interpreter's own objects:
+    Python signal handlers dropped; a collection while every module still
+    lives; sys's special names set to None and the standard streams put
+    back; every sys.modules entry set to None, then none left; builtins
+    back to the interpreter's start (less what io and site add, as
+    CPython's copy is taken before them); a collection; the names of the
+    run's modules still alive set to None, the last imported first; what
+    the run changed in sys set to None; a last collection. So `__del__`,
+    weak references and unclosed files end as in a fresh run's exit."""
+    for number in _signal.valid_signals():
+        try:
+            if callable(_signal.getsignal(number)):
+                _signal.signal(number, _signal.SIG_DFL)
+        except (OSError, ValueError):
+            pass
+    if _gc.isenabled():
+        _gc.collect()
     for name in _SYS_DELETED:
-        if hasattr(sys, name):
-            setattr(sys, name, None)
+        setattr(sys, name, None)
     for name in ("stdin", "stdout", "stderr"):
         setattr(sys, name, getattr(sys, "__%s__" % name, None))
-    builtins.__dict__.clear()
-    builtins.__dict__.update(_BUILTINS)
-    made = [name for name, entry in sys.modules.items() if own.get(name) is not entry]
+    modules = sys.modules
     alive = []
-    for name in made:
-        try:
-            alive.append(_weakref.ref(sys.modules[name]))
-        except TypeError:
-            pass
-        del sys.modules[name]
-    del made
-    gc.collect()
+    entry = None
+    for name, entry in list(modules.items()):
+        if isinstance(entry, _Module):
+            if own.get(name) is not entry:
+                alive.append(_weakref.ref(entry))
+            modules[name] = None
+    del entry
+    modules.clear()
+    # Replaced, then dropped: what a run left in builtins goes while the
+    # real builtins are back, so its `__del__` still finds them.
+    left = dict(_builtins.__dict__)
+    _builtins.__dict__.clear()
+    _builtins.__dict__.update(_BUILTINS)
+    del left
+    _gc.collect()
     for ref in reversed(alive):
         names = _namespace(ref())
         keys = [k for k in names if isinstance(k, str)]
@@ -254,46 +275,95 @@ def _finalize(own):
         for key in [k for k in keys if k != "__builtins__"]:
             names[key] = None
         del names, keys
-    gc.collect()
+    streams = ("stdout", "stderr", "__stdout__", "__stderr__")
+    for key, value in list(sys.__dict__.items()):
+        if _SYS.get(key, _SYS) is not value and key not in streams:
+            sys.__dict__[key] = None
+    del key, value
+    _gc.collect()
 
 
 def _end():
     """Registered before the run, so that atexit calls it last, once
     CPython's own exit work is done (non-daemon threads joined, the run's
     atexit callbacks run, each reported as a fresh run reports it). It
-    finalizes what the run made, flushes stdout and stderr, and leaves by
-    os._exit (or SIGINT, as CPython after an uncaught KeyboardInterrupt)
-    instead of tearing down the interpreter's own state, which writes to,
-    and so copies, nearly every page this copy shares with the server:
-    half of a short run's cost. What the run left in the modules loaded
-    before it (os, io, codecs...) and in C state is therefore not
-    finalized, which Python does not promise anyway. Where the status is
-    CPython's to say, a daemon thread still runs, C code may have exit
-    work, or a flush fails, it returns, and CPython's normal exit does the
-    rest (and exits 120 on a failed flush)."""
-    import _thread
-
+    finalizes what the run made (`_finalize`), flushes stdout and stderr,
+    and leaves by os._exit (or SIGINT, as CPython after an uncaught
+    KeyboardInterrupt) instead of tearing down the interpreter's own state,
+    which writes to, and so copies, nearly every page this copy shares with
+    the server: half of a short run's cost. What the run left in the
+    modules loaded before it (os, io, codecs...) or in C state is therefore
+    not finalized, which Python does not promise anyway. Where the status
+    is CPython's to say, a daemon thread still runs, C code may have exit
+    work, or the first flush fails, it returns, and CPython's normal exit
+    does the rest (and exits 120 on a failed flush)."""
     if _status is None or not _flushed():
         return
-    threads = _thread._count()
-    if _interrupted:
-        if not threads:
-            _finalize(_own)
-            _flushed()
-        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
-        os.kill(os.getpid(), _signal.SIGINT)
+    if _thread._count():
         return
-    if threads or _c_exit_work_possible():
+    if _interrupted:
+        _finalize(_own)
+        _flushed()
+        _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+        _signal.raise_signal(_signal.SIGINT)
+        # As CPython's exit_sigint where the signal did not end it.
+        _exit(130)
+    if _c_exit_work_possible():
         return
     _finalize(_own)
-    if _flushed():
-        _exit(_status)
+    # Only what __del__ wrote since: a fresh run's second flush finds
+    # sys already cleared, so a failure here counts for nothing.
+    _flushed()
+    _exit(_status)
 
 
-# Taken before any run can replace or add to them.
+def _report(error):
+    """Prints an uncaught exception as PyErr_Print does, its traceback
+    starting at the code's own file, and keeps it in sys.last_* (whose
+    frames CPython keeps alive until it finalizes)."""
+    trace = error.__traceback__
+    while trace is not None and trace.tb_frame.f_code.co_filename != _path:
+        trace = trace.tb_next
+    error.__traceback__ = trace
+    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, trace
+    if sys.version_info >= (3, 12):
+        sys.last_exc = error
+    hook = sys.__dict__.get("excepthook")
+    if hook is None:
+        sys.stderr.write("sys.excepthook is missing\n")
+        sys.__excepthook__(type(error), error, trace)
+        return
+    try:
+        hook(type(error), error, trace)
+    except BaseException as failure:
+        # Without this frame, and not as raised while handling `error`.
+        failure.__traceback__ = failure.__traceback__.tb_next
+        failure.__suppress_context__ = True
+        sys.stderr.write("Error in sys.excepthook:\n")
+        sys.__excepthook__(type(failure), failure, failure.__traceback__)
+        sys.stderr.write("\nOriginal exception was:\n")
+        sys.__excepthook__(type(error), error, trace)
+
+
+# Bound before any run can replace them. All are loaded in a bare
+# interpreter already (gc by `_serve`).
+import _imp
+import _thread
+import _weakref
+import builtins as _builtins
+import gc as _gc
+
+_Module = type(sys)
+_dirname = os.path.dirname
 _exit = os._exit
 _signal = sys.modules["_signal"]
-_BUILTINS = dict(sys.modules["builtins"].__dict__)
+# CPython's copy of builtins is taken before io adds `open` and site its
+# helpers (exit, quit, help, copyright, credits, license).
+_BUILTINS = {
+    k: v
+    for k, v in vars(_builtins).items()
+    if k != "open" and type(v).__module__ != "_sitebuiltins"
+}
 _DYNLOAD = frozenset(p for p in sys.path if os.path.basename(p) == "lib-dynload")
 # The sys names Py_FinalizeEx sets to None before it clears modules.
 _SYS_DELETED = (
@@ -302,8 +372,9 @@ _SYS_DELETED = (
     "__interactivehook__",
 )
 _path = _become(*_serve())
-# What the copy holds before the run: the interpreter's own modules.
+# What the copy holds before the run: the interpreter's own modules and sys.
 _own = dict(sys.modules)
+_SYS = dict(sys.__dict__)
 _status, _interrupted = None, False
 import atexit
 
@@ -315,14 +386,25 @@ except SystemExit as stop:
     _status = _exit_status(stop.code)
     raise
 except BaseException as error:
-    # The traceback starts at the code's own file, as a fresh run's does.
-    trace = error.__traceback__
-    while trace is not None and trace.tb_frame.f_code.co_filename != _path:
-        trace = trace.tb_next
-    error.__traceback__ = trace
-    sys.excepthook(type(error), error, trace)
-    # CPython then does its exit work and, after a KeyboardInterrupt, dies
-    # by SIGINT (see _end).
+    _report(error)
     _status, _interrupted = 1, isinstance(error, KeyboardInterrupt)
-    del error, trace
-    raise SystemExit(1)
+    if _interrupted:
+        # CPython dies by SIGINT after its exit work only when the run
+        # itself ends in a KeyboardInterrupt: one is raised again, and the
+        # report it makes is swallowed once, as the one above was made.
+        _hook = sys.__dict__.get("excepthook")
+
+        def _quiet(*_args, _error=error):
+            if _hook is None:
+                sys.__dict__.pop("excepthook", None)
+            else:
+                sys.excepthook = _hook
+            sys.last_type, sys.last_value = type(_error), _error
+            sys.last_traceback = _error.__traceback__
+            if sys.version_info >= (3, 12):
+                sys.last_exc = _error
+
+        sys.excepthook = _quiet
+        raise KeyboardInterrupt from None
+    del error
+    raise SystemExit(1) from None
