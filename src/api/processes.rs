@@ -181,10 +181,11 @@ pub async fn output(
     // An unknown process is a 404 at once. The stream itself starts without
     // waiting for the first output: a client that attaches before it writes
     // the stdin that makes the output would otherwise never get the headers.
-    manager.connect(&id).await?.get(proc).await?;
-    let output = manager
-        .connect(&id)
-        .await?
+    // The supervisor answers a connection's requests in order, so the
+    // lookup and the attach share one.
+    let mut supervisor = manager.connect(&id).await?;
+    supervisor.get(proc).await?;
+    let output = supervisor
         .attach(proc, query.stdout_offset, query.stderr_offset)
         .await?;
     let stream = futures::stream::unfold(Some(output), move |output| {
