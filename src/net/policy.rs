@@ -154,6 +154,12 @@ pub fn parse_entry(raw: &str) -> Result<AllowEntry, PolicyError> {
             ));
         }
         let suffix = normalize_host(suffix).map_err(|e| fail(e.to_string()))?;
+        if !suffix.contains('.') {
+            return Err(fail(
+                "a wildcard must sit below a name with a dot (*.example.com): *.com would open a whole top-level domain; list its hosts instead"
+                    .into(),
+            ));
+        }
         if suffix.len() + 2 > MAX_NAME_LEN {
             return Err(fail(NameError::TooLong.to_string()));
         }
@@ -474,6 +480,8 @@ mod tests {
             "",
             "*",
             "*.",
+            "*.com",
+            "*.bücher",
             "a.*.com",
             "*example.com",
             "*.*.example.com",

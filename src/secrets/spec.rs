@@ -91,15 +91,8 @@ impl BoundHost {
         };
         match parse_entry(raw).map_err(|e| fail(e.to_string()))? {
             AllowEntry::Host(h) => Ok(BoundHost::Exact(h)),
-            AllowEntry::Wildcard(suffix) if allow_wildcards => {
-                if !suffix.contains('.') {
-                    return Err(fail(
-                        "a wildcard must sit below a registrable name (*.example.com, not *.com)"
-                            .into(),
-                    ));
-                }
-                Ok(BoundHost::Below(suffix))
-            }
+            // parse_entry has refused a wildcard over a whole top-level domain.
+            AllowEntry::Wildcard(suffix) if allow_wildcards => Ok(BoundHost::Below(suffix)),
             AllowEntry::Wildcard(_) => Err(fail(
                 "a wildcard sends the value to any subdomain, including ones someone else registers; \
                  set \"allow_wildcards\": true to bind it anyway"
