@@ -2,7 +2,9 @@
 //! [`ROUTES`](super::server::ROUTES) is documented with its method and
 //! nothing else is, and every documented object schema names exactly the
 //! fields its Rust type reads or writes. A route or field added without
-//! its documentation fails here.
+//! its documentation fails here. The host-name patterns admit every name
+//! the daemon accepts (a request the document calls invalid must not
+//! succeed).
 
 use std::collections::BTreeSet;
 
@@ -208,4 +210,70 @@ fn every_schema_names_exactly_its_types_fields() {
         "api/openapi.json drifted:\n{}",
         wrong.join("\n")
     );
+}
+
+/// The `pattern` at `pointer` in the document, compiled as JSON Schema's
+/// ECMA-262 regexes read it (no implicit anchoring; these are anchored).
+fn pattern_at(doc: &Value, pointer: &str) -> regex::Regex {
+    let pattern = doc
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or_else(|| panic!("no pattern at {pointer}"));
+    regex::Regex::new(pattern).unwrap_or_else(|e| panic!("{pointer}: {e}"))
+}
+
+#[test]
+fn host_name_patterns_admit_every_name_the_daemon_accepts() {
+    let doc = document();
+    let allow_list = pattern_at(
+        &doc,
+        "/components/schemas/NetworkPolicy/properties/allow_list/items/anyOf/0/pattern",
+    );
+    let create_allow_list = pattern_at(
+        &doc,
+        "/components/schemas/CreateSandbox/properties/allow_list/items/anyOf/0/pattern",
+    );
+    let secret_hosts = pattern_at(
+        &doc,
+        "/components/schemas/CreateSecret/properties/hosts/items/pattern",
+    );
+    let names = [
+        "example.com",
+        "Example.COM",
+        "x.1com",
+        "_acme.x.test",
+        "a-b.c",
+        "xn--bcher-kva.de",
+        "bücher.de",
+        "BÜCHER.de",
+        "ｅｘａｍｐｌｅ。ｃｏｍ",
+        "*.bücher.de",
+        "*.example.com",
+    ];
+    for name in names {
+        let accepted = crate::net::policy::parse_entry(name);
+        assert!(accepted.is_ok(), "{name}: {accepted:?}");
+        assert!(
+            allow_list.is_match(name),
+            "allow_list pattern refuses {name}"
+        );
+        assert!(
+            create_allow_list.is_match(name),
+            "create's allow_list pattern refuses {name}"
+        );
+        let bound = crate::secrets::spec::validate_hosts(&[name], true);
+        assert!(bound.is_ok(), "{name}: {bound:?}");
+        assert!(
+            secret_hosts.is_match(name),
+            "secret hosts pattern refuses {name}"
+        );
+    }
+    // The control: what the daemon refuses, the patterns refuse too.
+    for name in ["a..b", "-a.com", "a.b-", "a b", "*.com", "*.bücher"] {
+        assert!(crate::net::policy::parse_entry(name).is_err(), "{name}");
+        assert!(
+            !allow_list.is_match(name),
+            "allow_list pattern admits {name}"
+        );
+    }
 }
