@@ -317,6 +317,14 @@ def _end():
     _exit(_status)
 
 
+def _keep_last(error):
+    """Keeps an uncaught exception in sys.last_*, as PyErr_Print does."""
+    sys.last_type, sys.last_value = type(error), error
+    sys.last_traceback = error.__traceback__
+    if sys.version_info >= (3, 12):
+        sys.last_exc = error
+
+
 def _report(error):
     """Prints an uncaught exception as PyErr_Print does, its traceback
     starting at the code's own file, and keeps it in sys.last_* (whose
@@ -325,9 +333,7 @@ def _report(error):
     while trace is not None and trace.tb_frame.f_code.co_filename != _path:
         trace = trace.tb_next
     error.__traceback__ = trace
-    sys.last_type, sys.last_value, sys.last_traceback = type(error), error, trace
-    if sys.version_info >= (3, 12):
-        sys.last_exc = error
+    _keep_last(error)
     hook = sys.__dict__.get("excepthook")
     if hook is None:
         sys.stderr.write("sys.excepthook is missing\n")
@@ -399,10 +405,7 @@ except BaseException as error:
                 sys.__dict__.pop("excepthook", None)
             else:
                 sys.excepthook = _hook
-            sys.last_type, sys.last_value = type(_error), _error
-            sys.last_traceback = _error.__traceback__
-            if sys.version_info >= (3, 12):
-                sys.last_exc = _error
+            _keep_last(_error)
 
         sys.excepthook = _quiet
         raise KeyboardInterrupt from None
