@@ -67,6 +67,38 @@ async fn sigkill_restart_keeps_sandboxes_and_processes() {
     daemon.delete(&id).await;
 }
 
+/// A claim from the warm pool returns once the store's journal holds it,
+/// before its commit: a daemon SIGKILLed right after still finds the
+/// sandbox the caller's (never pooled again, never handed to another), and
+/// its refill makes a new one.
+#[tokio::test]
+async fn a_pool_claim_stays_the_callers_across_a_sigkill_right_after_it() {
+    require_host!();
+    let mut daemon = Daemon::start_with(&["--pool-size", "1", "--default-image", "busybox"]);
+    daemon.pool_reaches(1).await;
+    let id = daemon
+        .create(json!({"labels": {"team": "a"}, "ttl_seconds": 77}))
+        .await;
+    daemon.kill(Signal::SIGKILL);
+    daemon.restart();
+
+    let (status, sandbox) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{sandbox}");
+    assert_eq!(sandbox["state"], "ready");
+    assert_eq!(sandbox["labels"]["team"], "a");
+    assert_eq!(sandbox["ttl_seconds"], 77);
+    let health = daemon.pool_reaches(1).await;
+    assert_eq!(health["sandboxes"], 1, "{health}");
+    let second = daemon.create(json!({})).await;
+    assert_ne!(second, id, "a claimed sandbox was handed out again");
+    let run = daemon.sh(&id, "echo mine").await;
+    assert_eq!(run.out(), "mine\n");
+    daemon.delete(&second).await;
+    daemon.delete(&id).await;
+}
+
 #[tokio::test]
 async fn second_daemon_on_same_state_dir_refuses_to_start() {
     require_host!();

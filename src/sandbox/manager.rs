@@ -21,7 +21,7 @@ use crate::image::ImageCache;
 use crate::model::{RuntimeKind, SandboxState};
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
 use crate::runtime::paths::SandboxPaths;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 use crate::supervisor::client::{SocketSupervisors, SupervisorClient, Supervisors};
 
 pub struct Manager {
@@ -225,11 +225,39 @@ impl Manager {
         notes: Vec<Note>,
         then: impl FnOnce(),
     ) -> Result<(), SandboxError> {
+        self.announce_stored(record, notes, then, false)
+    }
+
+    /// [`Self::persist_announcing`] through the store's journal: for the
+    /// last write of a create or a claim, whose sandbox runs by then, so a
+    /// crash of the machine before the commit loses nothing it would not
+    /// lose anyway ([`Store::put_with_events_journaled`]).
+    pub(super) fn persist_announcing_journaled(
+        &self,
+        record: &SandboxRecord,
+        notes: Vec<Note>,
+        then: impl FnOnce(),
+    ) -> Result<(), SandboxError> {
+        self.announce_stored(record, notes, then, true)
+    }
+
+    fn announce_stored(
+        &self,
+        record: &SandboxRecord,
+        notes: Vec<Note>,
+        then: impl FnOnce(),
+        journaled: bool,
+    ) -> Result<(), SandboxError> {
         self.events
             .emit_with(&record.id, notes, |events| {
-                self.store.put_with_events(&record.id, record, events)?;
+                if journaled {
+                    self.store
+                        .put_with_events_journaled(&record.id, record, events)?;
+                } else {
+                    self.store.put_with_events(&record.id, record, events)?;
+                }
                 then();
-                Ok::<(), crate::store::StoreError>(())
+                Ok::<(), StoreError>(())
             })
             .map_err(SandboxError::internal)
     }

@@ -418,7 +418,9 @@ impl Manager {
             },
             Note::of(EventKind::Ready),
         ];
-        self.persist_announcing(&record, notes, || {
+        // Journaled: the sandbox is the caller's from here, and a daemon
+        // killed before the commit finds it so in the journal.
+        self.persist_announcing_journaled(&record, notes, || {
             self.records().insert(id.to_string(), record.clone());
         })?;
         // A secret deleted during the claim skipped the record, still pooled

@@ -2,17 +2,33 @@
 //! records every sandbox the daemon owns, so a restart (even after SIGKILL)
 //! finds each one again and nothing is leaked; the event log; and the
 //! brokered secrets, whose values come here already sealed.
+//!
+//! Most writes are durable when they return (a commit and its fsync). The
+//! few on a create's critical path ([`Store::put_with_events_journaled`])
+//! return once in the write-behind [`journal`], and a committer thread
+//! brings them into the database: they survive the daemon, not the
+//! machine, as the sandboxes they describe do.
+
+mod journal;
 
 use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
-use redb::{Database, ReadableTable, TableDefinition};
+use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
 use serde::{de::DeserializeOwned, Serialize};
+
+use journal::{Entry, Journal};
 
 const SANDBOXES: TableDefinition<&str, &[u8]> = TableDefinition::new("sandboxes");
 /// The event log, keyed by cursor.
 const EVENTS: TableDefinition<u64, &[u8]> = TableDefinition::new("events");
 /// Brokered secrets keyed by name (their values sealed by `secrets::seal`).
 const SECRETS: TableDefinition<&str, &[u8]> = TableDefinition::new("secrets");
+/// The store's own bookkeeping.
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The last journal entry the database took in (see [`Entry::seq`]).
+const JOURNAL_APPLIED: &str = "journal_applied_seq";
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -28,17 +44,52 @@ fn io<E: std::fmt::Display>(e: E) -> StoreError {
     StoreError::Io(e.to_string())
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// How long an open waits for a lock a dead process's child still holds.
-const LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+const LOCK_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How long the committer waits before trying again after a failed commit
+/// (a full disk): the journal keeps the writes meanwhile.
+const COMMIT_RETRY: Duration = Duration::from_millis(500);
 
 /// Records keyed by sandbox id; values are JSON so a record stays readable by
 /// a newer daemon that added fields.
 pub struct Store {
+    shared: Arc<Shared>,
+    committer: Option<std::thread::JoinHandle<()>>,
+}
+
+struct Shared {
     db: Database,
+    /// Held through each commit, so commits take the journal's entries in
+    /// the order they were written.
+    commits: Mutex<()>,
+    queue: Mutex<Queue>,
+    /// Wakes the committer: an entry was journaled, or the store closes.
+    wake: Condvar,
+}
+
+struct Queue {
+    journal: Journal,
+    next_seq: u64,
+    /// Journaled entries the database does not hold yet, oldest first.
+    pending: Vec<Entry>,
+    closing: bool,
 }
 
 impl Store {
     pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, true)
+    }
+
+    fn open_with(path: &Path, start_committer: bool) -> Result<Self, StoreError> {
+        let open_error = |message: String| StoreError::Open {
+            path: path.display().to_string(),
+            message,
+        };
         // A daemon killed while it started a process leaves that child,
         // between its fork and its exec, holding the database's lock for a
         // moment: wait that out before calling the store taken.
@@ -48,22 +99,63 @@ impl Store {
                 Err(redb::DatabaseError::DatabaseAlreadyOpen)
                     if std::time::Instant::now() < deadline =>
                 {
-                    std::thread::sleep(std::time::Duration::from_millis(20));
+                    std::thread::sleep(Duration::from_millis(20));
                 }
-                opened => {
-                    break opened.map_err(|e| StoreError::Open {
-                        path: path.display().to_string(),
-                        message: e.to_string(),
-                    })?
-                }
+                opened => break opened.map_err(|e| open_error(e.to_string()))?,
             }
         };
+        // Opened under the database's lock: no other daemon writes it.
+        let journal_path = path.with_extension("journal");
+        let mut journal = Journal::open(&journal_path)
+            .map_err(|e| open_error(format!("{}: {e}", journal_path.display())))?;
+        let entries = journal
+            .read_all()
+            .map_err(|e| open_error(format!("{}: {e}", journal_path.display())))?;
         let txn = db.begin_write().map_err(io)?;
         txn.open_table(SANDBOXES).map_err(io)?;
         txn.open_table(EVENTS).map_err(io)?;
         txn.open_table(SECRETS).map_err(io)?;
+        let applied = txn
+            .open_table(META)
+            .map_err(io)?
+            .get(JOURNAL_APPLIED)
+            .map_err(io)?
+            .map(|v| v.value())
+            .unwrap_or(0);
+        // What the last daemon journaled and did not live to commit.
+        let replay: Vec<Entry> = entries.into_iter().filter(|e| e.seq > applied).collect();
+        take_in(&txn, &replay)?;
         txn.commit().map_err(io)?;
-        Ok(Self { db })
+        journal.clear().map_err(io)?;
+        if !replay.is_empty() {
+            tracing::info!(
+                "state store: took in {} writes the last daemon journaled",
+                replay.len()
+            );
+        }
+        let last = replay.last().map_or(applied, |e| e.seq);
+        let shared = Arc::new(Shared {
+            db,
+            commits: Mutex::new(()),
+            queue: Mutex::new(Queue {
+                journal,
+                next_seq: last + 1,
+                pending: Vec::new(),
+                closing: false,
+            }),
+            wake: Condvar::new(),
+        });
+        let committer = if start_committer {
+            let shared = Arc::clone(&shared);
+            let spawned = std::thread::Builder::new()
+                .name("store-commit".into())
+                .spawn(move || shared.run_committer())
+                .map_err(|e| open_error(format!("starting its committer: {e}")))?;
+            Some(spawned)
+        } else {
+            None
+        };
+        Ok(Self { shared, committer })
     }
 
     /// Inserts or replaces one record, durably, before returning.
@@ -77,9 +169,8 @@ impl Store {
         &self,
         records: impl IntoIterator<Item = (&'a str, &'a T)>,
     ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(io)?;
-        insert_records(&txn, SANDBOXES, records)?;
-        txn.commit().map_err(io)
+        self.shared
+            .commit(|txn| insert_records(txn, SANDBOXES, records))
     }
 
     /// Inserts or replaces one record and appends `events`, in one durable
@@ -91,10 +182,48 @@ impl Store {
         record: &T,
         events: &[(u64, E)],
     ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(io)?;
-        insert_records(&txn, SANDBOXES, [(id, record)])?;
-        insert_events(&txn, events)?;
-        txn.commit().map_err(io)
+        self.shared.commit(|txn| {
+            insert_records(txn, SANDBOXES, [(id, record)])?;
+            insert_events(txn, events)
+        })
+    }
+
+    /// [`Self::put_with_events`] for a sandbox that is running when this
+    /// returns: the write is in the journal, which outlives the daemon but
+    /// not the machine, and the committer brings it into the database.
+    /// A crash of the machine before then loses it, and the sandbox with it:
+    /// the record keeps its last durable state (a create's `creating`, a
+    /// pooled sandbox's claim), which recovery tears down. A write read or
+    /// made through the store after this one sees it or comes after it.
+    pub fn put_with_events_journaled<T: Serialize, E: Serialize>(
+        &self,
+        id: &str,
+        record: &T,
+        events: &[(u64, E)],
+    ) -> Result<(), StoreError> {
+        let value = serde_json::to_vec(record).map_err(io)?;
+        let events = events
+            .iter()
+            .map(|(cursor, event)| Ok((*cursor, serde_json::to_vec(event).map_err(io)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        let mut queue = lock(&self.shared.queue);
+        let entry = Entry {
+            seq: queue.next_seq,
+            key: id.to_string(),
+            value,
+            events,
+        };
+        if let Err(e) = queue.journal.append(&entry) {
+            drop(queue);
+            tracing::warn!("state store journal: {e}; committing at once");
+            return self
+                .shared
+                .commit(|txn| take_in(txn, std::slice::from_ref(&entry)));
+        }
+        queue.next_seq += 1;
+        queue.pending.push(entry);
+        self.shared.wake.notify_one();
+        Ok(())
     }
 
     /// Removes one record and appends `events`, in one durable commit.
@@ -103,13 +232,13 @@ impl Store {
         id: &str,
         events: &[(u64, E)],
     ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(io)?;
-        {
-            let mut table = txn.open_table(SANDBOXES).map_err(io)?;
-            table.remove(id).map_err(io)?;
-        }
-        insert_events(&txn, events)?;
-        txn.commit().map_err(io)
+        self.shared.commit(|txn| {
+            {
+                let mut table = txn.open_table(SANDBOXES).map_err(io)?;
+                table.remove(id).map_err(io)?;
+            }
+            insert_events(txn, events)
+        })
     }
 
     fn put_in<T: Serialize>(
@@ -118,9 +247,8 @@ impl Store {
         key: &str,
         record: &T,
     ) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(io)?;
-        insert_records(&txn, table, [(key, record)])?;
-        txn.commit().map_err(io)
+        self.shared
+            .commit(|txn| insert_records(txn, table, [(key, record)]))
     }
 
     pub fn remove(&self, id: &str) -> Result<(), StoreError> {
@@ -128,15 +256,17 @@ impl Store {
     }
 
     fn remove_in(&self, table: TableDefinition<&str, &[u8]>, key: &str) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(io)?;
-        {
+        self.shared.commit(|txn| {
             let mut table = txn.open_table(table).map_err(io)?;
             table.remove(key).map_err(io)?;
-        }
-        txn.commit().map_err(io)
+            Ok(())
+        })
     }
 
     pub fn all<T: DeserializeOwned>(&self) -> Result<Vec<T>, StoreError> {
+        // Only records and events are ever journaled: other reads need no
+        // commit first.
+        self.shared.settle()?;
         self.all_in(SANDBOXES)
     }
 
@@ -157,7 +287,7 @@ impl Store {
         &self,
         table: TableDefinition<&str, &[u8]>,
     ) -> Result<Vec<T>, StoreError> {
-        let txn = self.db.begin_read().map_err(io)?;
+        let txn = self.shared.db.begin_read().map_err(io)?;
         let table = txn.open_table(table).map_err(io)?;
         let mut out = Vec::new();
         for entry in table.iter().map_err(io)? {
@@ -174,18 +304,15 @@ impl Store {
 }
 
 impl Store {
-    /// Appends events, durably. (redb's `Eventual` durability would not
-    /// spare the fsync: on Linux it syncs as `Immediate` does. Paths that
-    /// write a record with their events use [`Self::put_with_events`].)
+    /// Appends events, durably.
     pub fn append_events<T: Serialize>(&self, events: &[(u64, T)]) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(io)?;
-        insert_events(&txn, events)?;
-        txn.commit().map_err(io)
+        self.shared.commit(|txn| insert_events(txn, events))
     }
 
     /// Events with a cursor at or above `from`, in order.
     pub fn events_from<T: DeserializeOwned>(&self, from: u64) -> Result<Vec<T>, StoreError> {
-        let txn = self.db.begin_read().map_err(io)?;
+        self.shared.settle()?;
+        let txn = self.shared.db.begin_read().map_err(io)?;
         let table = txn.open_table(EVENTS).map_err(io)?;
         let mut out = Vec::new();
         for entry in table.range(from..).map_err(io)? {
@@ -202,18 +329,129 @@ impl Store {
 
     /// Drops events below `cursor`.
     pub fn prune_events(&self, below: u64) -> Result<(), StoreError> {
-        let txn = self.db.begin_write().map_err(io)?;
-        {
+        self.shared.commit(|txn| {
             let mut table = txn.open_table(EVENTS).map_err(io)?;
             table.retain_in(..below, |_, _| false).map_err(io)?;
-        }
-        txn.commit().map_err(io)
+            Ok(())
+        })
     }
+}
+
+impl Drop for Store {
+    /// Commits what is journaled before the database closes.
+    fn drop(&mut self) {
+        lock(&self.shared.queue).closing = true;
+        self.shared.wake.notify_all();
+        if let Some(committer) = self.committer.take() {
+            let _ = committer.join();
+        }
+    }
+}
+
+impl Shared {
+    /// One durable commit of the journaled entries not yet in the database,
+    /// then `own`'s writes. On failure the entries stay pending (and in the
+    /// journal) for the next commit.
+    fn commit(
+        &self,
+        own: impl FnOnce(&WriteTransaction) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        self.commit_holding(lock(&self.commits), own)
+    }
+
+    /// [`Self::commit`] under the commit lock the caller took.
+    fn commit_holding(
+        &self,
+        _in_order: MutexGuard<'_, ()>,
+        own: impl FnOnce(&WriteTransaction) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let taken = std::mem::take(&mut lock(&self.queue).pending);
+        let committed = (|| {
+            let txn = self.db.begin_write().map_err(io)?;
+            take_in(&txn, &taken)?;
+            own(&txn)?;
+            txn.commit().map_err(io)
+        })();
+        let mut queue = lock(&self.queue);
+        match &committed {
+            // Entries journaled meanwhile keep the journal for their commit.
+            Ok(()) if queue.pending.is_empty() => {
+                if let Err(e) = queue.journal.clear() {
+                    // Harmless: a replay skips what the database holds.
+                    tracing::warn!("state store journal: emptying it: {e}");
+                }
+            }
+            Ok(()) => {}
+            Err(_) => {
+                let later = std::mem::replace(&mut queue.pending, taken);
+                queue.pending.extend(later);
+            }
+        }
+        committed
+    }
+
+    /// Commits the journaled entries, if any, so a read sees them: also
+    /// those the committer has taken and not yet committed, which the
+    /// commit lock waits for.
+    fn settle(&self) -> Result<(), StoreError> {
+        let in_order = lock(&self.commits);
+        if lock(&self.queue).pending.is_empty() {
+            return Ok(());
+        }
+        self.commit_holding(in_order, |_| Ok(()))
+    }
+
+    /// Brings journaled entries into the database as they come, many to a
+    /// commit when they come faster than an fsync; at close, the rest.
+    fn run_committer(&self) {
+        loop {
+            {
+                let mut queue = lock(&self.queue);
+                while queue.pending.is_empty() && !queue.closing {
+                    queue = self.wake.wait(queue).unwrap_or_else(|p| p.into_inner());
+                }
+                if queue.pending.is_empty() {
+                    return;
+                }
+            }
+            if let Err(e) = self.commit(|_| Ok(())) {
+                tracing::warn!("state store: committing journaled writes: {e}; trying again");
+                let queue = lock(&self.queue);
+                if queue.closing {
+                    // The journal keeps them for the next open.
+                    return;
+                }
+                let _ = self.wake.wait_timeout(queue, COMMIT_RETRY);
+            }
+        }
+    }
+}
+
+/// Writes journaled `entries` inside `txn`, and notes the last as taken in.
+fn take_in(txn: &WriteTransaction, entries: &[Entry]) -> Result<(), StoreError> {
+    let Some(last) = entries.last() else {
+        return Ok(());
+    };
+    {
+        let mut records = txn.open_table(SANDBOXES).map_err(io)?;
+        let mut events = txn.open_table(EVENTS).map_err(io)?;
+        for entry in entries {
+            records
+                .insert(entry.key.as_str(), entry.value.as_slice())
+                .map_err(io)?;
+            for (cursor, event) in &entry.events {
+                events.insert(*cursor, event.as_slice()).map_err(io)?;
+            }
+        }
+    }
+    let mut meta = txn.open_table(META).map_err(io)?;
+    meta.insert(JOURNAL_APPLIED, last.seq).map_err(io)?;
+    Ok(())
 }
 
 /// Inserts or replaces each `(key, record)` of `table` inside `txn`.
 fn insert_records<'a, T: Serialize + 'a>(
-    txn: &redb::WriteTransaction,
+    txn: &WriteTransaction,
     table: TableDefinition<&str, &[u8]>,
     records: impl IntoIterator<Item = (&'a str, &'a T)>,
 ) -> Result<(), StoreError> {
@@ -227,7 +465,7 @@ fn insert_records<'a, T: Serialize + 'a>(
 
 /// Appends `events` to the event log inside `txn`.
 fn insert_events<T: Serialize>(
-    txn: &redb::WriteTransaction,
+    txn: &WriteTransaction,
     events: &[(u64, T)],
 ) -> Result<(), StoreError> {
     let mut table = txn.open_table(EVENTS).map_err(io)?;
@@ -270,5 +508,113 @@ mod tests {
         );
         store.prune_events(3).expect("prune");
         assert_eq!(store.events_from::<String>(0).expect("all"), vec!["c"]);
+    }
+
+    /// `f`'s store, opened without a committer: what it journals stays in
+    /// the journal, as when a daemon dies before its committer runs.
+    fn with_stalled_store(path: &Path, f: impl FnOnce(&Store)) {
+        let store = Store::open_with(path, false).expect("open");
+        f(&store);
+    }
+
+    fn journal_len(path: &Path) -> u64 {
+        std::fs::metadata(path.with_extension("journal"))
+            .expect("journal")
+            .len()
+    }
+
+    #[test]
+    fn a_journaled_write_outlives_a_daemon_that_never_committed_it() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        with_stalled_store(&path, |store| {
+            store.put("a", &"creating").expect("put");
+            store
+                .put_with_events_journaled("a", &"ready", &[(1, "created"), (2, "ready")])
+                .expect("journal");
+        });
+        assert!(journal_len(&path) > 0, "nothing was journaled");
+        let store = Store::open(&path).expect("reopen");
+        assert_eq!(store.all::<String>().expect("all"), vec!["ready"]);
+        assert_eq!(
+            store.events_from::<String>(0).expect("events"),
+            vec!["created", "ready"]
+        );
+        assert_eq!(journal_len(&path), 0, "the replayed journal was kept");
+    }
+
+    #[test]
+    fn a_durable_write_after_a_journaled_one_lands_after_it_even_replayed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        let mut journaled = Vec::new();
+        with_stalled_store(&path, |store| {
+            store
+                .put_with_events_journaled("a", &"claimed", &[(1, "created")])
+                .expect("journal");
+            journaled = std::fs::read(path.with_extension("journal")).expect("read");
+            assert!(!journaled.is_empty(), "nothing was journaled");
+            // A delete commits the claim first, then removes it.
+            store
+                .remove_with_events("a", &[(2, "deleted")])
+                .expect("remove");
+            assert_eq!(journal_len(&path), 0, "a committed journal was kept");
+        });
+        // Even a journal that outlived its commit replays nothing twice:
+        // the deleted record stays deleted.
+        std::fs::write(path.with_extension("journal"), &journaled).expect("restore");
+        let store = Store::open(&path).expect("reopen");
+        assert!(store.all::<String>().expect("all").is_empty());
+        assert_eq!(
+            store.events_from::<String>(0).expect("events"),
+            vec!["created", "deleted"]
+        );
+    }
+
+    #[test]
+    fn a_journal_cut_short_keeps_its_whole_entries() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        with_stalled_store(&path, |store| {
+            store
+                .put_with_events_journaled("a", &"ready", &[] as &[(u64, &str)])
+                .expect("journal");
+            store
+                .put_with_events_journaled("b", &"ready", &[] as &[(u64, &str)])
+                .expect("journal");
+        });
+        let journal = path.with_extension("journal");
+        let bytes = std::fs::read(&journal).expect("read");
+        std::fs::write(&journal, &bytes[..bytes.len() - 3]).expect("cut");
+        let store = Store::open(&path).expect("reopen");
+        assert_eq!(store.all::<String>().expect("all"), vec!["ready"]);
+        // Journaling goes on after the replay, numbered after it.
+        store
+            .put_with_events_journaled("c", &"ready", &[] as &[(u64, &str)])
+            .expect("journal");
+        drop(store);
+        let store = Store::open(&path).expect("reopen");
+        assert_eq!(store.all::<String>().expect("all").len(), 2);
+    }
+
+    #[test]
+    fn the_committer_brings_journaled_writes_in_and_empties_the_journal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        let store = Store::open(&path).expect("open");
+        for i in 0..50 {
+            store
+                .put_with_events_journaled(&format!("sb-{i:02}"), &i, &[(i, i)])
+                .expect("journal");
+        }
+        // A read sees every write made before it.
+        assert_eq!(
+            store.all::<u64>().expect("all"),
+            (0..50).collect::<Vec<_>>()
+        );
+        drop(store);
+        assert_eq!(journal_len(&path), 0);
+        let store = Store::open_with(&path, false).expect("reopen");
+        assert_eq!(store.events_from::<u64>(0).expect("events").len(), 50);
     }
 }

@@ -172,7 +172,9 @@ impl Manager {
         tracing::debug!(sandbox = %record.id, phases_us = ?ready.phases_us, "sandbox ready");
         record.state = SandboxState::Ready;
         let ready = announcement(&record, EventKind::Ready);
-        self.persist_announcing(&record, ready, || {
+        // Journaled: a crash of the machine before the commit leaves the
+        // record `creating`, which recovery tears down with the sandbox.
+        self.persist_announcing_journaled(&record, ready, || {
             self.records().insert(record.id.clone(), record.clone());
         })?;
         self.unbind_deleted_secrets(&mut record).await;
