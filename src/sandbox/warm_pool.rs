@@ -11,6 +11,7 @@ use super::events::{EventKind, Note};
 use super::record::expiry;
 use super::SandboxError;
 use super::SandboxRecord;
+use crate::disk::DiskPool;
 use crate::model::{CreateRequest, Limits, RuntimeKind};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
 use crate::runtime::cgroups::{CgroupLimits, Layout, SandboxCgroups};
@@ -360,10 +361,14 @@ impl Manager {
         let guest_pids = (record.runtime == RuntimeKind::Vm
             && claim.limits.pids != record.limits.pids)
             .then_some(claim.limits.pids);
-        if *claim.limits != record.limits {
-            self.lower_limits(&record, claim.limits)?;
-            record.limits = claim.limits.clone();
-        }
+        // Cgroup writes and a quota ioctl: on a blocking thread, beside
+        // the supervisor's requests below.
+        let lowered = (*claim.limits != record.limits).then(|| {
+            let (disk, pooled, limits) =
+                (Arc::clone(&self.disk), record.clone(), claim.limits.clone());
+            tokio::task::spawn_blocking(move || lower_limits(&disk, &pooled, &limits))
+        });
+        record.limits = claim.limits.clone();
         let policy_differs = *claim.network != record.network;
         record.network = claim.network.clone();
         record.secrets = claim.secrets.to_vec();
@@ -401,7 +406,19 @@ impl Manager {
             }
             Ok(())
         };
-        tokio::try_join!(policy, self.install_secrets_fresh(&record), env, pids)?;
+        let limits = async {
+            match lowered {
+                Some(lowering) => lowering.await.map_err(SandboxError::internal)?,
+                None => Ok(()),
+            }
+        };
+        tokio::try_join!(
+            limits,
+            policy,
+            self.install_secrets_fresh(&record),
+            env,
+            pids
+        )?;
         record.pooled = false;
         record.idempotency_key = claim.req.idempotency_key.clone();
         record.request_digest = claim.request_digest.map(String::from);
@@ -438,34 +455,37 @@ impl Manager {
         let in_use = SandboxCgroups::new(Layout::detect(), &path).memory_bytes();
         in_use.is_none_or(|bytes| bytes < limits.memory_mib * 1024 * 1024)
     }
+}
 
-    /// Lowers a pooled sandbox's cgroup ceilings and disk quota to `limits`.
-    /// A microVM's CPU quota alone: what else a claim may differ in,
-    /// [`fits`] allows only where nothing outside the guest holds it (the
-    /// pids limit, which its agent lowers in [`Self::hand_over`]).
-    fn lower_limits(&self, record: &SandboxRecord, limits: &Limits) -> Result<(), SandboxError> {
-        let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
-        let cpu_quota_us =
-            crate::runtime::spec::cpu_quota_us(limits.cpu).map_err(SandboxError::internal)?;
-        if record.runtime == RuntimeKind::Vm {
-            if limits.cpu == record.limits.cpu {
-                return Ok(());
-            }
-            return cgroups
-                .set_cpu_quota(cpu_quota_us)
-                .map_err(SandboxError::internal);
+/// Lowers a pooled sandbox's cgroup ceilings and disk quota to `limits`.
+/// A microVM's CPU quota alone: what else a claim may differ in,
+/// [`fits`] allows only where nothing outside the guest holds it (the
+/// pids limit, which its agent lowers at the claim).
+fn lower_limits(
+    disk: &DiskPool,
+    record: &SandboxRecord,
+    limits: &Limits,
+) -> Result<(), SandboxError> {
+    let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
+    let cpu_quota_us =
+        crate::runtime::spec::cpu_quota_us(limits.cpu).map_err(SandboxError::internal)?;
+    if record.runtime == RuntimeKind::Vm {
+        if limits.cpu == record.limits.cpu {
+            return Ok(());
         }
-        cgroups
-            .lower_limits(&CgroupLimits {
-                cpu_quota_us,
-                memory_bytes: limits.memory_mib * 1024 * 1024,
-                pids_max: i64::try_from(limits.pids).unwrap_or(i64::MAX),
-            })
-            .map_err(SandboxError::internal)?;
-        self.disk
-            .limit_layer(&record.id, limits.disk_mib * 1024 * 1024)
-            .map_err(SandboxError::internal)
+        return cgroups
+            .set_cpu_quota(cpu_quota_us)
+            .map_err(SandboxError::internal);
     }
+    cgroups
+        .lower_limits(&CgroupLimits {
+            cpu_quota_us,
+            memory_bytes: limits.memory_mib * 1024 * 1024,
+            pids_max: i64::try_from(limits.pids).unwrap_or(i64::MAX),
+        })
+        .map_err(SandboxError::internal)?;
+    disk.limit_layer(&record.id, limits.disk_mib * 1024 * 1024)
+        .map_err(SandboxError::internal)
 }
 
 #[cfg(test)]
