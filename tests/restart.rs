@@ -8,6 +8,7 @@ use common::Daemon;
 use hyper::{Method, StatusCode};
 use nix::sys::signal::Signal;
 use serde_json::json;
+use std::time::Duration;
 
 #[tokio::test]
 async fn sigkill_restart_keeps_sandboxes_and_processes() {
@@ -82,6 +83,22 @@ async fn a_pool_claim_stays_the_callers_across_a_sigkill_right_after_it() {
     daemon.kill(Signal::SIGKILL);
     daemon.restart();
 
+    // It was a claim, and its events outlived the kill with it.
+    let seen = daemon
+        .follow_events(0)
+        .await
+        .until(Duration::from_secs(30), |e| {
+            e["kind"] == "ready" && e["sandbox_id"] == id.as_str()
+        })
+        .await;
+    let created = seen
+        .iter()
+        .find(|e| e["kind"] == "created" && e["sandbox_id"] == id.as_str());
+    assert_eq!(
+        created.map(|e| e["detail"].clone()),
+        Some(json!("from the warm pool")),
+        "{seen:?}"
+    );
     let (status, sandbox) = daemon
         .call(Method::GET, &format!("/v1/sandboxes/{id}"), None)
         .await;

@@ -76,6 +76,12 @@ impl Manager {
                     tracing::info!(sandbox = %record.id, "finishing an interrupted create/delete");
                     self.remove_everything(&record).await;
                 }
+                // Nobody's sandbox (a reboot, or a claim the machine lost
+                // before its commit): nothing to show as failed.
+                _ if record.pooled => {
+                    tracing::info!(sandbox = %record.id, "removing a pooled sandbox whose supervisor is gone");
+                    self.remove_everything(&record).await;
+                }
                 _ => {
                     let problems = teardown(
                         &record.id,

@@ -1,7 +1,7 @@
 //! The store's write-behind journal: a file beside the database that holds
 //! the writes a caller did not wait an fsync for, from the moment they are
-//! made until the database has them. An append is one `write(2)` into the
-//! page cache, which outlives the daemon (a SIGKILL, a panic); the next
+//! made until the database has them. An append is a write into the page
+//! cache, which outlives the daemon (a SIGKILL, a panic); the next
 //! open replays what the database lacks. It does not outlive the machine,
 //! and need not: what it holds describes running sandboxes, none of which
 //! outlive the machine either.
@@ -33,6 +33,13 @@ pub(super) struct Journal {
     /// Bytes of whole frames in the file: where a failed append is cut
     /// back to, so no torn frame hides the ones written after it.
     len: u64,
+    /// A failed append could not be cut back: a torn frame may sit at the
+    /// end, which would hide any frame after it. Appends are refused (the
+    /// store commits at once instead) until the journal is emptied.
+    torn: bool,
+    /// Makes appends fail, as on a full disk.
+    #[cfg(test)]
+    pub(super) fail_appends: bool,
 }
 
 impl Journal {
@@ -44,7 +51,13 @@ impl Journal {
             .mode(0o600)
             .open(path)?;
         let len = file.metadata()?.len();
-        Ok(Self { file, len })
+        Ok(Self {
+            file,
+            len,
+            torn: false,
+            #[cfg(test)]
+            fail_appends: false,
+        })
     }
 
     /// Every whole entry, oldest first.
@@ -60,10 +73,19 @@ impl Journal {
         Ok(entries)
     }
 
-    /// Writes `entry` in one `write(2)`: it is in the page cache, where a
-    /// daemon's death cannot take it, when this returns.
+    /// Writes `entry`: it is in the page cache, where a daemon's death
+    /// cannot take it, when this returns.
     pub fn append(&mut self, entry: &Entry) -> std::io::Result<()> {
+        if self.torn {
+            return Err(std::io::Error::other(
+                "an earlier append left a torn frame that could not be cut off",
+            ));
+        }
         let frame = frame(entry);
+        #[cfg(test)]
+        if self.fail_appends {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
         match self.file.write_all(&frame) {
             Ok(()) => {
                 self.len += frame.len() as u64;
@@ -71,7 +93,9 @@ impl Journal {
             }
             Err(e) => {
                 // A disk that filled mid-frame: drop the part written.
-                let _ = self.file.set_len(self.len);
+                if self.file.set_len(self.len).is_err() {
+                    self.torn = true;
+                }
                 Err(e)
             }
         }
@@ -79,9 +103,10 @@ impl Journal {
 
     /// Empties the journal once the database holds all it held.
     pub fn clear(&mut self) -> std::io::Result<()> {
-        if self.len > 0 {
+        if self.len > 0 || self.torn {
             self.file.set_len(0)?;
             self.len = 0;
+            self.torn = false;
         }
         Ok(())
     }
