@@ -17,9 +17,9 @@ use sandboxd::runtime::fresh_tmpfs::{Entry, EntryKind, FreshTmpfs};
 use sandboxd::runtime::sandbox::Checkpoint;
 use sandboxd::runtime::CheckpointTarget;
 use sandboxd::supervisor::protocol::{
-    check_supervisor_version, SpawnSpec, SupervisorError, SupervisorErrorKind, SupervisorEvent,
-    SupervisorHealth, SupervisorReply, SupervisorRequest, VersionMismatch, HEALTH_REPLY_TAG,
-    SUPERVISOR_PROTOCOL_VERSION,
+    check_supervisor_version, HandOver, PolicyFields, SpawnSpec, SupervisorError,
+    SupervisorErrorKind, SupervisorEvent, SupervisorHealth, SupervisorReply, SupervisorRequest,
+    VersionMismatch, HEALTH_REPLY_TAG, SUPERVISOR_PROTOCOL_VERSION,
 };
 
 const BUMP: &str = "the encoding of a supervisor frame changed: bump \
@@ -106,6 +106,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::DetachRoot { .. } => 23,
         SupervisorRequest::LimitGuestPids { .. } => 24,
         SupervisorRequest::GuestPids => 25,
+        SupervisorRequest::HandOver(_) => 26,
     }
 }
 
@@ -371,6 +372,28 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             "18 ac 02".into(),
         ),
         (SupervisorRequest::GuestPids, "19".into()),
+        // policy: block_network, allow_list ["a.b"]; no secrets; env
+        // [("K", "v")]; guest pids 300 (varint).
+        (
+            SupervisorRequest::HandOver(HandOver {
+                policy: Some(PolicyFields {
+                    block_network: Some(true),
+                    allow_list: Some(vec!["a.b".into()]),
+                }),
+                secrets: None,
+                env: Some(vec![("K".into(), "v".into())]),
+                guest_pids: Some(300),
+            }),
+            "1a 01 01 01 01 01 03 61 2e 62 00 01 01 01 4b 01 76 01 ac 02".into(),
+        ),
+        // Every part absent but the secrets: no secrets, no leaves.
+        (
+            SupervisorRequest::HandOver(HandOver {
+                secrets: Some(Brokered::default()),
+                ..HandOver::default()
+            }),
+            "1a 00 01 00 00 00 00".into(),
+        ),
     ]
 }
 
@@ -510,7 +533,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 09 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 0a a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (
@@ -547,7 +570,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 9, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 10, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -659,13 +682,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 10 with a rest this build cannot decode.
-    let v10 = bytes("0c 0a ff ff ff");
-    let mismatch = check_supervisor_version(&v10).expect_err("v10 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(10));
+    // Version 11 with a rest this build cannot decode.
+    let v11 = bytes("0c 0b ff ff ff");
+    let mismatch = check_supervisor_version(&v11).expect_err("v11 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(11));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v10, this daemon v9"),
+        text.contains("supervisor protocol v11, this daemon v10"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

@@ -148,11 +148,25 @@ impl Manager {
         &self,
         record: &SandboxRecord,
     ) -> Result<(), SandboxError> {
+        // The values go to the supervisor while the bundle is written.
+        tokio::try_join!(
+            self.tell_secrets(record),
+            self.install_trust_bundle_fresh(record)
+        )?;
+        Ok(())
+    }
+
+    /// The trust bundle half of [`Self::install_secrets_fresh`]: nothing
+    /// for a sandbox without bindings.
+    pub(super) async fn install_trust_bundle_fresh(
+        &self,
+        record: &SandboxRecord,
+    ) -> Result<(), SandboxError> {
         if record.secrets.is_empty() {
             return Ok(());
         }
         if record.runtime != RuntimeKind::Container {
-            return self.install_secrets(record).await;
+            return self.install_trust_bundle(record).await;
         }
         let rootfs = self.paths(&record.id).rootfs();
         let bundle = match self.secrets.known_image_bundle(&record.image_digest) {
@@ -173,22 +187,17 @@ impl Manager {
                     .image_trust_bundle(&record.image_digest, || roots)?
             }
         };
-        // The values go to the supervisor while the bundle is written.
-        let write = async {
-            let Some(bundle) = bundle else {
-                return Ok(());
-            };
-            if overwrite_in_root(rootfs, Arc::clone(&bundle)).await? {
-                return Ok(());
-            }
-            let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
-                .await
-                .map_err(|e| not_running(&record.id, e))?;
-            // No file there to overwrite: perhaps no directory either.
-            write_trust_bundle(&mut client, bundle.to_vec(), Parent::Make).await
+        let Some(bundle) = bundle else {
+            return Ok(());
         };
-        tokio::try_join!(self.tell_secrets(record), write)?;
-        Ok(())
+        if overwrite_in_root(rootfs, Arc::clone(&bundle)).await? {
+            return Ok(());
+        }
+        let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
+            .await
+            .map_err(|e| not_running(&record.id, e))?;
+        // No file there to overwrite: perhaps no directory either.
+        write_trust_bundle(&mut client, bundle.to_vec(), Parent::Make).await
     }
 
     /// Before a sandbox with bindings is ready: its supervisor gets the
@@ -200,6 +209,12 @@ impl Manager {
             return Ok(());
         }
         self.tell_secrets(record).await?;
+        self.install_trust_bundle(record).await
+    }
+
+    /// The trust bundle half of [`Self::install_secrets`], read and
+    /// written through the agent.
+    async fn install_trust_bundle(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
         let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
             .await
             .map_err(|e| not_running(&record.id, e))?;
@@ -217,7 +232,7 @@ impl Manager {
     }
 
     /// The sandbox's supervisor gets the values and leaves of its bindings.
-    async fn tell_secrets(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
+    pub(super) async fn tell_secrets(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
         // A rotation or deletion while this runs pushes only to ready
         // sandboxes: tell this one again until none came in between (a
         // few times at most: a storm of rotations still leaves it with a

@@ -388,8 +388,15 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     assert_eq!(h.manager.pooled(), 0);
     // The supervisor got the default environment with the caller's on top.
     let calls = h.fake.calls();
-    let [Call::SetEnv(id, env)] = calls.as_slice() else {
-        panic!("one SetEnv expected, got {calls:?}");
+    let [Call::HandOver {
+        id,
+        policy: None,
+        secrets: None,
+        env: Some(env),
+        guest_pids: None,
+    }] = calls.as_slice()
+    else {
+        panic!("one HandOver with the environment alone expected, got {calls:?}");
     };
     assert_eq!(id, "sb-p");
     assert_eq!(
@@ -399,6 +406,17 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     assert!(env.iter().any(|(k, _)| k == "PATH"));
     let kinds: Vec<EventKind> = h.events("sb-p").into_iter().map(|e| e.0).collect();
     assert_eq!(kinds, vec![EventKind::Created, EventKind::Ready]);
+}
+
+/// The hand-over of a claim that changes a microVM's pids limit alone.
+fn guest_pids_alone(id: &str, max: u64) -> Call {
+    Call::HandOver {
+        id: id.into(),
+        policy: None,
+        secrets: None,
+        env: None,
+        guest_pids: Some(max),
+    }
 }
 
 #[tokio::test]
@@ -418,7 +436,7 @@ async fn a_pooled_microvm_claimed_with_fewer_pids_has_its_agent_lower_them() {
     assert_eq!(h.stored("vm-p").map(|r| r.limits.pids), Some(64));
     assert_eq!(
         h.fake.calls(),
-        vec![Call::LimitGuestPids("vm-p".into(), 64)],
+        vec![guest_pids_alone("vm-p", 64)],
         "the guest's agent holds a microVM's pids limit"
     );
 }
@@ -436,7 +454,7 @@ async fn a_pooled_microvm_booted_before_a_raised_default_has_its_pids_limit_rais
     assert_eq!(claimed.limits.pids, wanted.pids);
     assert_eq!(
         h.fake.calls(),
-        vec![Call::LimitGuestPids("vm-o".into(), wanted.pids)],
+        vec![guest_pids_alone("vm-o", wanted.pids)],
         "the record's limit is the one in force"
     );
 }
@@ -492,10 +510,7 @@ async fn a_pooled_microvm_whose_agent_refuses_the_pids_limit_is_not_handed_out()
         "{stored:?}"
     );
     assert_eq!(h.manager.pooled(), 0);
-    assert_eq!(
-        h.fake.calls(),
-        vec![Call::LimitGuestPids("vm-r".into(), 64)]
-    );
+    assert_eq!(h.fake.calls(), vec![guest_pids_alone("vm-r", 64)]);
 }
 
 #[tokio::test]
@@ -524,7 +539,11 @@ async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
     assert_eq!(h.stored("sb-n").map(|r| r.network), Some(blocked.clone()));
     let calls = h.fake.calls();
     assert!(
-        matches!(calls.as_slice(), [Call::SetPolicy(id, p)] if id == "sb-n" && *p == blocked),
+        matches!(
+            calls.as_slice(),
+            [Call::HandOver { id, policy: Some(p), secrets: None, env: None, guest_pids: None }]
+                if id == "sb-n" && *p == blocked
+        ),
         "{calls:?}"
     );
 }

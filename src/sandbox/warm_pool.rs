@@ -16,6 +16,7 @@ use crate::model::{CreateRequest, Limits, RuntimeKind};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
 use crate::runtime::cgroups::{CgroupLimits, Layout, SandboxCgroups};
 use crate::secrets::SecretBinding;
+use crate::supervisor::protocol::HandOver;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
@@ -373,36 +374,35 @@ impl Manager {
         record.network = claim.network.clone();
         record.secrets = claim.secrets.to_vec();
         record.env = claim.req.env.clone();
-        // The policy, the secrets (with the trust bundle), the environment
-        // and a microVM's pids limit are separate requests on separate
-        // connections to the supervisor, which serves them at once: none
-        // waits for another, and all are in force before the claim returns.
-        let policy = async {
-            if policy_differs {
-                self.supervisors
-                    .set_policy(id, claim.network)
-                    .await
-                    .map_err(SandboxError::internal)?;
-            }
-            Ok(())
-        };
-        let env = async {
-            if !record.env.is_empty() || !record.secrets.is_empty() {
+        // What the supervisor holds goes in one request; the trust bundle
+        // and the limits beside it.
+        let secrets_generation = self.secrets.generation();
+        let change = HandOver {
+            policy: policy_differs.then(|| claim.network.into()),
+            secrets: if record.secrets.is_empty() {
+                None
+            } else {
+                Some(self.secrets.brokered(&record.secrets)?)
+            },
+            env: (!record.env.is_empty() || !record.secrets.is_empty()).then(|| {
                 let image = self.image_defaults(&record.image, &record.image_digest);
-                let env = start_env(&image, Vec::new(), &record);
-                self.supervisors
-                    .set_env(id, env)
-                    .await
-                    .map_err(SandboxError::internal)?;
-            }
-            Ok(())
+                start_env(&image, Vec::new(), &record)
+            }),
+            guest_pids,
         };
-        let pids = async {
-            if let Some(max) = guest_pids {
-                self.supervisors
-                    .limit_guest_pids(id, max)
-                    .await
-                    .map_err(SandboxError::internal)?;
+        let told = async {
+            if change.is_empty() {
+                return Ok(());
+            }
+            let secrets = change.secrets.is_some();
+            self.supervisors
+                .hand_over(id, change)
+                .await
+                .map_err(SandboxError::internal)?;
+            if secrets && self.secrets.generation() != secrets_generation {
+                // A secret rotated or deleted meanwhile: pushes reach only
+                // ready sandboxes, so tell this one what holds now.
+                self.tell_secrets(&record).await?;
             }
             Ok(())
         };
@@ -412,13 +412,13 @@ impl Manager {
                 None => Ok(()),
             }
         };
-        tokio::try_join!(
-            limits,
-            policy,
-            self.install_secrets_fresh(&record),
-            env,
-            pids
-        )?;
+        // The lowering is awaited even when the rest fails: a failed claim
+        // removes the sandbox, which must not race its cgroup writes.
+        let (lowered, rest) = tokio::join!(limits, async {
+            tokio::try_join!(told, self.install_trust_bundle_fresh(&record))
+        });
+        lowered?;
+        rest?;
         record.pooled = false;
         record.idempotency_key = claim.req.idempotency_key.clone();
         record.request_digest = claim.request_digest.map(String::from);

@@ -16,8 +16,8 @@ use sandbox_proto::{AgentError, FileStat, PtySize, Reply, RequestBody};
 
 use super::output::OutputItem;
 use super::protocol::{
-    ClientError, SpawnSpec, SupervisorConn, SupervisorError, SupervisorEvent, SupervisorHealth,
-    SupervisorReply, SupervisorRequest,
+    ClientError, HandOver, SpawnSpec, SupervisorConn, SupervisorError, SupervisorEvent,
+    SupervisorHealth, SupervisorReply, SupervisorRequest,
 };
 use crate::model::Process;
 use crate::net::policy::NetworkPolicy;
@@ -339,12 +339,12 @@ impl SupervisorClient {
         Ok(EventStream { conn: self.conn })
     }
 
-    /// Replaces the environment new processes start with.
-    pub async fn set_env(&mut self, env: Vec<(String, String)>) -> Result<(), CallError> {
+    /// Puts a pool claim's parts in force in one exchange.
+    pub async fn hand_over(&mut self, change: HandOver) -> Result<(), CallError> {
         let reply = self
-            .call(&SupervisorRequest::SetEnv { env }, CONTROL_DEADLINE)
+            .call(&SupervisorRequest::HandOver(change), CONTROL_DEADLINE)
             .await?;
-        expect::ok("SetEnv", reply)
+        expect::ok("HandOver", reply)
     }
 
     /// The tasks a microVM's guest processes hold.
@@ -597,7 +597,7 @@ pub type CallFuture<'a, T> = BoxFuture<'a, Result<T, CallError>>;
 /// sandbox id: each call is one request on a fresh connection.
 pub trait Supervisors: Send + Sync {
     fn health<'a>(&'a self, id: &'a str) -> CallFuture<'a, SupervisorHealth>;
-    fn set_env<'a>(&'a self, id: &'a str, env: Vec<(String, String)>) -> CallFuture<'a, ()>;
+    fn hand_over<'a>(&'a self, id: &'a str, change: HandOver) -> CallFuture<'a, ()>;
     fn set_policy<'a>(&'a self, id: &'a str, policy: &'a NetworkPolicy) -> CallFuture<'a, ()>;
     fn set_secrets<'a>(
         &'a self,
@@ -629,8 +629,8 @@ impl Supervisors for SocketSupervisors {
         Box::pin(async move { self.client(id).await?.health().await })
     }
 
-    fn set_env<'a>(&'a self, id: &'a str, env: Vec<(String, String)>) -> CallFuture<'a, ()> {
-        Box::pin(async move { self.client(id).await?.set_env(env).await })
+    fn hand_over<'a>(&'a self, id: &'a str, change: HandOver) -> CallFuture<'a, ()> {
+        Box::pin(async move { self.client(id).await?.hand_over(change).await })
     }
 
     fn set_policy<'a>(&'a self, id: &'a str, policy: &'a NetworkPolicy) -> CallFuture<'a, ()> {
@@ -668,7 +668,14 @@ pub mod fake {
     #[derive(Debug, Clone, PartialEq)]
     pub enum Call {
         Health(String),
-        SetEnv(String, Vec<(String, String)>),
+        /// A claim's parts, the secrets by name (never their values).
+        HandOver {
+            id: String,
+            policy: Option<NetworkPolicy>,
+            secrets: Option<Vec<String>>,
+            env: Option<Vec<(String, String)>>,
+            guest_pids: Option<u64>,
+        },
         SetPolicy(String, NetworkPolicy),
         /// The names of the secrets (never their values).
         SetSecrets(String, Vec<String>),
@@ -722,9 +729,18 @@ pub mod fake {
             Box::pin(async move { expect::health(reply?) })
         }
 
-        fn set_env<'a>(&'a self, id: &'a str, env: Vec<(String, String)>) -> CallFuture<'a, ()> {
-            let reply = self.answer(id, Call::SetEnv(id.into(), env));
-            Box::pin(async move { expect::ok("SetEnv", reply?) })
+        fn hand_over<'a>(&'a self, id: &'a str, change: HandOver) -> CallFuture<'a, ()> {
+            let call = Call::HandOver {
+                id: id.into(),
+                policy: change.policy.map(Into::into),
+                secrets: change
+                    .secrets
+                    .map(|b| b.secrets.iter().map(|s| s.name.clone()).collect()),
+                env: change.env,
+                guest_pids: change.guest_pids,
+            };
+            let reply = self.answer(id, call);
+            Box::pin(async move { expect::ok("HandOver", reply?) })
         }
 
         fn set_policy<'a>(&'a self, id: &'a str, policy: &'a NetworkPolicy) -> CallFuture<'a, ()> {

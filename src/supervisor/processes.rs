@@ -198,6 +198,27 @@ impl Supervisor {
         Ok(super::protocol::SupervisorReply::Ok)
     }
 
+    /// Puts a pool claim's parts in force, in the order the request lists
+    /// them; the first that fails ends it.
+    pub async fn hand_over(
+        &self,
+        change: super::protocol::HandOver,
+    ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
+        if let Some(policy) = change.policy {
+            self.set_policy(&policy.into())?;
+        }
+        if let Some(brokered) = &change.secrets {
+            self.set_secrets(brokered)?;
+        }
+        if let Some(env) = change.env {
+            self.set_env(env);
+        }
+        if let Some(max) = change.guest_pids {
+            self.limit_guest_pids(max).await?;
+        }
+        Ok(super::protocol::SupervisorReply::Ok)
+    }
+
     /// Puts the sandbox's brokered secrets in force (replacing what it had).
     pub fn set_secrets(
         &self,

@@ -60,7 +60,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 9 counts the agent's `RequestBody::WarmInterpreter`, added with warm
 /// Python while the version stayed 8 (`File` frames carry a `RequestBody`).
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 9;
+///
+/// 10 added `HandOver`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 10;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -173,6 +175,62 @@ pub enum SupervisorRequest {
     /// A microVM only: the tasks its guest's processes hold (the agent
     /// counts them). Reply: [`SupervisorReply::Agent`] with `Reply::Pids`.
     GuestPids,
+    /// What a pool claim changes in a pooled sandbox, in one exchange
+    /// instead of one connection per part: all of it is in force when the
+    /// reply comes. Reply: [`SupervisorReply::Ok`]; on an error some parts
+    /// may be in force, and the daemon removes the sandbox.
+    HandOver(HandOver),
+}
+
+/// The parts of a pool claim that live in the supervisor (see
+/// [`SupervisorRequest::HandOver`]); a part left `None` stays as the pool
+/// made it. Applied in field order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HandOver {
+    /// The egress policy (as `SetPolicy` spells it out).
+    pub policy: Option<PolicyFields>,
+    /// The brokered secrets, values and leaves included (as `SetSecrets`).
+    pub secrets: Option<crate::net::intercept::Brokered>,
+    /// The environment new processes start with (as `SetEnv`).
+    pub env: Option<Vec<(String, String)>>,
+    /// A microVM only: the pids limit its agent keeps (as `LimitGuestPids`).
+    pub guest_pids: Option<u64>,
+}
+
+impl HandOver {
+    /// Whether the claim changes nothing the supervisor holds.
+    pub fn is_empty(&self) -> bool {
+        self.policy.is_none()
+            && self.secrets.is_none()
+            && self.env.is_none()
+            && self.guest_pids.is_none()
+    }
+}
+
+/// The fields of [`crate::net::policy::NetworkPolicy`], spelled out: its
+/// serde skips absent fields, which this binary framing cannot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PolicyFields {
+    pub block_network: Option<bool>,
+    pub allow_list: Option<Vec<String>>,
+}
+
+impl From<&crate::net::policy::NetworkPolicy> for PolicyFields {
+    fn from(policy: &crate::net::policy::NetworkPolicy) -> Self {
+        Self {
+            block_network: policy.block_network,
+            allow_list: policy.allow_list.clone(),
+        }
+    }
+}
+
+impl From<PolicyFields> for crate::net::policy::NetworkPolicy {
+    fn from(fields: PolicyFields) -> Self {
+        Self {
+            block_network: fields.block_network,
+            allow_list: fields.allow_list,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -138,6 +138,7 @@ async fn answer(
             allow_list,
         })),
         SupervisorRequest::SetSecrets(brokered) => reply_of(supervisor.set_secrets(&brokered)),
+        SupervisorRequest::HandOver(change) => reply_of(supervisor.hand_over(change).await),
         SupervisorRequest::Spawn(spec) => {
             reply_of(supervisor.spawn(spec).await.map(SupervisorReply::Process))
         }
