@@ -134,6 +134,7 @@ mod tests {
             oom_kills: 0,
             failure: None,
             pooled: false,
+            claiming: false,
             supervisor_events_seen: 0,
             gpus: Vec::new(),
             usage: Default::default(),

@@ -29,6 +29,12 @@ pub struct SandboxRecord {
     /// Made ahead of demand and not yet handed to a caller.
     #[serde(default)]
     pub pooled: bool,
+    /// A pooled sandbox a claim has begun to change (journaled before the
+    /// claim's first change): if the daemon dies before the claim is
+    /// recorded, the sandbox is nobody's yet no longer as the pool made
+    /// it, and recovery removes it instead of pooling it again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub claiming: bool,
     /// The supervisor's last event already in the daemon's event log.
     #[serde(default)]
     pub supervisor_events_seen: u64,

@@ -16,8 +16,10 @@ const KILLED_SUPERVISOR_EXIT: std::time::Duration = std::time::Duration::from_se
 
 impl Manager {
     /// Loads the store after a (re)start: sandboxes whose supervisor answers
-    /// are kept as they are; half-made or half-deleted ones are finished off;
-    /// ones whose supervisor is gone are torn down and kept as failed; ones
+    /// are kept as they are; half-made or half-deleted ones are finished off,
+    /// and so are pooled ones a claim began to change and pooled ones whose
+    /// supervisor is gone; others whose supervisor is gone are torn down
+    /// and kept as failed; ones
     /// whose supervisor speaks another protocol version (an earlier build's,
     /// after an upgrade) are left running and shown as failed, see
     /// [`Self::keep_foreign`].
@@ -43,6 +45,10 @@ impl Manager {
                     } else {
                         self.keep_foreign(record, mismatch);
                     }
+                }
+                (SandboxState::Ready, _) if record.pooled && record.claiming => {
+                    tracing::info!(sandbox = %record.id, "removing a pooled sandbox the last daemon died claiming");
+                    self.remove_everything(&record).await;
                 }
                 (SandboxState::Ready, _)
                     if alive && record.pooled && !self.still_pooled(&record) =>

@@ -148,6 +148,9 @@ impl Manager {
         &self,
         record: &SandboxRecord,
     ) -> Result<(), SandboxError> {
+        if record.runtime != RuntimeKind::Container {
+            return self.install_secrets(record).await;
+        }
         // The values go to the supervisor while the bundle is written.
         tokio::try_join!(
             self.tell_secrets(record),
@@ -181,7 +184,7 @@ impl Manager {
                 let Ok(roots) = roots else {
                     // A symlink on the way, or not a plain file: read
                     // inside, and nothing is kept for the image.
-                    return self.install_secrets(record).await;
+                    return self.install_trust_bundle(record).await;
                 };
                 self.secrets
                     .image_trust_bundle(&record.image_digest, || roots)?

@@ -119,6 +119,7 @@ impl Harness {
             oom_kills: 0,
             failure: None,
             pooled,
+            claiming: false,
             supervisor_events_seen: 0,
             gpus: Vec::new(),
             usage: Usage::default(),
@@ -704,4 +705,109 @@ async fn a_secret_deleted_during_a_create_is_unbound_once_the_sandbox_is_ready()
         .fake
         .calls()
         .contains(&Call::SetSecrets("sb-c".into(), vec!["kept".into()])));
+}
+
+#[tokio::test]
+async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
+    let h = harness(1);
+    h.manager.refilling.store(true, Ordering::Release);
+    h.ready("sb-k", true);
+    let image = h.manager.config.default_image.clone();
+    h.manager
+        .pool()
+        .put(RuntimeKind::Container, &image, "sb-k".into());
+    h.manager
+        .secrets
+        .create(crate::secrets::NewSecret {
+            name: "key".into(),
+            value: zeroize::Zeroizing::new(b"value".to_vec()),
+            hosts: vec!["api.example.test".into()],
+            allow_wildcards: false,
+        })
+        .expect("secret");
+    let bindings = h.manager.secrets.bind(&["key".into()]).expect("bind");
+    // The image's trust bundle, in the root as the host sees it.
+    let certs = h.manager.paths("sb-k").rootfs().join("etc/ssl/certs");
+    std::fs::create_dir_all(&certs).expect("certs dir");
+    std::fs::write(certs.join("ca-certificates.crt"), "image roots\n").expect("bundle");
+    h.fake.script("sb-k", SupervisorReply::Ok);
+    let (limits, req, network) = (
+        h.manager.pooled_limits(),
+        CreateRequest::default(),
+        open_network(),
+    );
+    let claimed = h
+        .manager
+        .claim_pooled(&PoolClaim {
+            secrets: &bindings,
+            ..claim(&image, &limits, &req, &network)
+        })
+        .await
+        .expect("claim")
+        .expect("a pooled sandbox");
+    assert_eq!(claimed.secrets, bindings);
+    let calls = h.fake.calls();
+    let [Call::HandOver {
+        id,
+        policy: None,
+        secrets: Some(names),
+        env: Some(env),
+        guest_pids: None,
+    }] = calls.as_slice()
+    else {
+        panic!("one HandOver with the secrets and environment expected, got {calls:?}");
+    };
+    assert_eq!(
+        (id.as_str(), names.as_slice()),
+        ("sb-k", ["key".to_string()].as_slice())
+    );
+    assert!(
+        env.iter().any(|(_, v)| *v == bindings[0].placeholder),
+        "the placeholder is in the environment: {env:?}"
+    );
+    let bundle = std::fs::read_to_string(certs.join("ca-certificates.crt")).expect("bundle");
+    assert!(bundle.starts_with("image roots\n"), "{bundle}");
+    assert!(
+        bundle.contains("BEGIN CERTIFICATE"),
+        "the CA was not added: {bundle}"
+    );
+}
+
+/// A daemon that died in the middle of a claim leaves the sandbox marked
+/// `claiming` in the store: recovery removes it rather than pooling a
+/// sandbox the claim may have changed. One the pool made as it is goes
+/// back into the pool.
+#[tokio::test]
+async fn recovery_removes_a_pooled_sandbox_a_claim_began_to_change() {
+    let h = harness(1);
+    h.manager.refilling.store(true, Ordering::Release);
+    h.ready("sb-kept", true);
+    let mut half = h.ready("sb-half", true);
+    half.claiming = true;
+    h.manager.persist(&half).expect("persist");
+    // What a restarted daemon starts from: the store alone.
+    h.manager.records().clear();
+    for id in ["sb-kept", "sb-half"] {
+        h.fake.script(id, health(0, 0, None));
+    }
+    h.manager.recover().await.expect("recover");
+    assert_eq!(h.manager.pooled(), 1, "the untouched one is pooled again");
+    assert!(
+        h.manager.records().get("sb-kept").is_some_and(|r| r.pooled),
+        "the untouched one is pooled again"
+    );
+    let stored = h.stored("sb-half");
+    assert!(
+        stored
+            .as_ref()
+            .is_none_or(|r| r.state == SandboxState::Failed),
+        "the half-claimed one was pooled again: {stored:?}"
+    );
+    assert!(
+        !h.manager
+            .records()
+            .get("sb-half")
+            .is_some_and(|r| r.state == SandboxState::Ready),
+        "the half-claimed one is ready"
+    );
 }

@@ -7,7 +7,7 @@
 //! disk quota. (The disk pool, `disk/pool.rs`, is the btrfs filesystem
 //! layers live on.)
 
-use super::events::{EventKind, Note};
+use super::events::{Event, EventKind, Note};
 use super::record::expiry;
 use super::SandboxError;
 use super::SandboxRecord;
@@ -362,13 +362,8 @@ impl Manager {
         let guest_pids = (record.runtime == RuntimeKind::Vm
             && claim.limits.pids != record.limits.pids)
             .then_some(claim.limits.pids);
-        // Cgroup writes and a quota ioctl: on a blocking thread, beside
-        // the supervisor's requests below.
-        let lowered = (*claim.limits != record.limits).then(|| {
-            let (disk, pooled, limits) =
-                (Arc::clone(&self.disk), record.clone(), claim.limits.clone());
-            tokio::task::spawn_blocking(move || lower_limits(&disk, &pooled, &limits))
-        });
+        let lower = *claim.limits != record.limits;
+        let pooled = record.clone();
         record.limits = claim.limits.clone();
         let policy_differs = *claim.network != record.network;
         record.network = claim.network.clone();
@@ -390,9 +385,29 @@ impl Manager {
             }),
             guest_pids,
         };
+        if !change.is_empty() || lower {
+            // Before the first change: a daemon killed in the middle of the
+            // claim must not find the sandbox as the pool made it.
+            let mut claiming = pooled.clone();
+            claiming.claiming = true;
+            self.store
+                .put_with_events_journaled(id, &claiming, &[] as &[(u64, &Event)])
+                .map_err(SandboxError::internal)?;
+        }
+        // Cgroup writes and a quota ioctl: on a blocking thread.
+        let lowered = lower.then(|| {
+            let (disk, limits) = (Arc::clone(&self.disk), claim.limits.clone());
+            tokio::task::spawn_blocking(move || lower_limits(&disk, &pooled, &limits))
+        });
+        let limits = async {
+            match lowered {
+                Some(lowering) => lowering.await.map_err(SandboxError::internal)?,
+                None => Ok::<(), SandboxError>(()),
+            }
+        };
         let told = async {
             if change.is_empty() {
-                return Ok(());
+                return Ok::<(), SandboxError>(());
             }
             let secrets = change.secrets.is_some();
             self.supervisors
@@ -406,19 +421,13 @@ impl Manager {
             }
             Ok(())
         };
-        let limits = async {
-            match lowered {
-                Some(lowering) => lowering.await.map_err(SandboxError::internal)?,
-                None => Ok(()),
-            }
-        };
-        // The lowering is awaited even when the rest fails: a failed claim
-        // removes the sandbox, which must not race its cgroup writes.
-        let (lowered, rest) = tokio::join!(limits, async {
-            tokio::try_join!(told, self.install_trust_bundle_fresh(&record))
-        });
+        // All three are awaited even when one fails: a failed claim
+        // removes the sandbox, which must not race their writes.
+        let (lowered, told, bundle) =
+            tokio::join!(limits, told, self.install_trust_bundle_fresh(&record));
         lowered?;
-        rest?;
+        told?;
+        bundle?;
         record.pooled = false;
         record.idempotency_key = claim.req.idempotency_key.clone();
         record.request_digest = claim.request_digest.map(String::from);

@@ -196,8 +196,9 @@ impl Store {
     /// (a create's `creating`, which recovery removes; a claimed sandbox
     /// still pooled, which recovery removes too), and the events' cursors
     /// are handed out again after the restart, so a follower that saw
-    /// them misses as many later ones. A write read or made through the
-    /// store after this one sees it or comes after it.
+    /// them misses as many later ones. A write made through the store
+    /// after this one comes after it; a read sees it unless committing it
+    /// fails (a full disk), when the read gets what the database holds.
     pub fn put_with_events_journaled<T: Serialize, E: Serialize>(
         &self,
         id: &str,

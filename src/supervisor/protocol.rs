@@ -217,9 +217,14 @@ pub struct PolicyFields {
 
 impl From<&crate::net::policy::NetworkPolicy> for PolicyFields {
     fn from(policy: &crate::net::policy::NetworkPolicy) -> Self {
+        // Spelled out: a field added to the policy must be added here.
+        let crate::net::policy::NetworkPolicy {
+            block_network,
+            allow_list,
+        } = policy;
         Self {
-            block_network: policy.block_network,
-            allow_list: policy.allow_list.clone(),
+            block_network: *block_network,
+            allow_list: allow_list.clone(),
         }
     }
 }

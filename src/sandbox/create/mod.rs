@@ -536,6 +536,7 @@ impl Manager {
                 oom_kills: 0,
                 failure: None,
                 pooled,
+                claiming: false,
                 supervisor_events_seen: 0,
                 gpus,
                 usage: Default::default(),
