@@ -179,10 +179,18 @@ watcher=$!
 # It also stops with no report at all (its console silent, QEMU still
 # spinning): with --silence, nothing written by the command or the kernel
 # for that long ends it too.
+# The longest quiet stretch it saw (to 15 s) is printed at the end, so the
+# limit can follow what healthy runs need.
 (
+	longest=0
 	while ((silence_s > 0)) && sleep 15; do
 		newest=$(stat -c %Y "$ctl/output" "$ctl/console.log" | sort -n | tail -n 1)
-		if (($(date +%s) - newest >= silence_s)); then
+		quiet=$(($(date +%s) - newest))
+		if ((quiet > longest)); then
+			longest=$quiet
+			echo "$longest" >"$ctl/longest-silence"
+		fi
+		if ((quiet >= silence_s)); then
 			echo "silent for ${silence_s} s" >"$ctl/hung"
 			kill "$qemu" 2>/dev/null || true
 			break
@@ -195,6 +203,9 @@ kill "$silence_watcher" 2>/dev/null || true
 wait "$silence_watcher" 2>/dev/null || true
 wait "$tailer" || true
 wait "$watcher" || true
+if [[ -f $ctl/longest-silence ]]; then
+	echo "nested-kvm: longest silence $(cat "$ctl/longest-silence") s (limit ${silence_s} s)" >&2
+fi
 if [[ -f $ctl/status ]]; then
 	status=$(cat "$ctl/status")
 	rm -rf "$ctl"
