@@ -390,6 +390,11 @@ impl Manager {
             // claim must not find the sandbox as the pool made it.
             let mut claiming = pooled.clone();
             claiming.claiming = true;
+            // In the map too, so a usage round storing it meanwhile keeps
+            // the mark.
+            if let Some(current) = self.records().get_mut(id) {
+                current.claiming = true;
+            }
             self.store
                 .put_with_events_journaled(id, &claiming, &[] as &[(u64, &Event)])
                 .map_err(SandboxError::internal)?;
