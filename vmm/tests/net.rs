@@ -291,6 +291,70 @@ fn the_binary_under_seccomp_passes_traffic_through_the_tap() {
     drop(ns);
 }
 
+/// Whether a connection reaches `listener` within `deadline`, given up
+/// at once if `child` exits first.
+fn dials_before_exit(
+    listener: &UnixListener,
+    child: &std::process::Child,
+    deadline: Duration,
+) -> bool {
+    let pid = libc::pid_t::try_from(child.id()).unwrap_or(0);
+    // SAFETY: pidfd_open(2) on our own child's pid, no flags; the
+    // descriptor it returns (or -1, which poll skips) is closed below.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as libc::c_int;
+    let mut fds = [
+        libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: pidfd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    let ms = libc::c_int::try_from(deadline.as_millis()).unwrap_or(libc::c_int::MAX);
+    // SAFETY: poll(2) on the two pollfds this function owns.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if pidfd >= 0 {
+        // SAFETY: the descriptor pidfd_open returned, closed once.
+        unsafe { libc::close(pidfd) };
+    }
+    ready > 0 && fds[0].revents & libc::POLLIN != 0
+}
+
+/// Every open tun/tap descriptor on the host, as "pid (comm) fd: iff",
+/// from `/proc/*/fdinfo` (a tap's shows the device it is attached to).
+fn tap_holders() -> Vec<String> {
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for proc in procs.flatten() {
+        let pid = proc.file_name().to_string_lossy().into_owned();
+        if !pid.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let comm = std::fs::read_to_string(proc.path().join("comm")).unwrap_or_default();
+        let Ok(fds) = std::fs::read_dir(proc.path().join("fdinfo")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let info = std::fs::read_to_string(fd.path()).unwrap_or_default();
+            if let Some(iff) = info.lines().find_map(|l| l.strip_prefix("iff:")) {
+                out.push(format!(
+                    "{pid} ({}) fd {}: {}",
+                    comm.trim(),
+                    fd.file_name().to_string_lossy(),
+                    iff.trim()
+                ));
+            }
+        }
+    }
+    out
+}
+
 /// Snapshot a VM with a net device, stop it, and fork it with `--restore
 /// ... --net tap0` in the same namespace: the fork re-attaches to the tap
 /// and its guest (gateway MAC still cached in its memory) reaches the
@@ -378,17 +442,41 @@ fn a_snapshot_restores_onto_the_tap_named_again() {
 
     let fork_agent =
         UnixListener::bind(format!("{}_{AGENT_VSOCK_PORT}", fork_uds.display())).expect("listen");
-    let mut child = restore(&["--net", "tap0"]).spawn().expect("spawn fork");
     let dial = Duration::from_secs(30);
-    if !common::connects_within(&fork_agent, dial) {
+    // Now and then (2 in 40 runs here, twice in CI) the fork finds tap0
+    // still attached (EBUSY) just after this process closed its VM's
+    // descriptor, while no process holds a tun descriptor any more (a
+    // scan of /proc/*/fdinfo right after shows none): the detach ends
+    // after close returns, with nothing to wait on. A fork refused so is
+    // started again, at most twice; the holders seen each time go into
+    // the failure message, should a descriptor ever really leak.
+    let mut busy = Vec::new();
+    let child = loop {
+        let mut child = restore(&["--net", "tap0"]).spawn().expect("spawn fork");
+        if dials_before_exit(&fork_agent, &child, dial) {
+            break child;
+        }
         // What the fork's VMM said is all there is to read about why.
         let _ = child.kill();
         let out = child.wait_with_output().expect("fork's output");
+        let said = String::from_utf8_lossy(&out.stderr).into_owned();
+        if said.contains("Device or resource busy") && busy.len() < 2 {
+            busy.push(tap_holders());
+            std::thread::sleep(Duration::from_millis(200));
+            continue;
+        }
         panic!(
-            "the fork's agent did not dial within {dial:?}; the fork's VMM ({}) said:\n{}\n{}",
+            "the fork's agent did not dial within {dial:?}; the fork's VMM ({}) said:\n{}\n{said}\n\
+             tap holders at each earlier EBUSY: {busy:?}; now: {:?}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            tap_holders()
+        );
+    };
+    if !busy.is_empty() {
+        eprintln!(
+            "the fork's tap was busy {} time(s); holders: {busy:?}",
+            busy.len()
         );
     }
     let mut agent = Agent::accept(
