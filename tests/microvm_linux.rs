@@ -521,9 +521,13 @@ async fn a_linux_guest_takes_signals_counts_usage_snapshots_its_files_and_expire
     );
     write_note(&daemon, &child, "mine").await;
     let again = python_vm(&daemon, json!({"image": snap})).await;
+    let read = daemon.exec(&again, &["cat", "/root/note"]).await;
     assert_eq!(
-        daemon.exec(&again, &["cat", "/root/note"]).await.out(),
-        "kept\n"
+        read.out(),
+        "kept\n",
+        "the second VM of the snapshot (exit {:?}): {}",
+        read.exit_code(),
+        read.err()
     );
     assert_eq!(
         daemon.exec(&source, &["cat", "/root/note"]).await.out(),
