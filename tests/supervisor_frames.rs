@@ -93,7 +93,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::Wait { .. } => 10,
         SupervisorRequest::Watch { .. } => 11,
         SupervisorRequest::SetEnv { .. } => 12,
-        SupervisorRequest::SetPolicy { .. } => 13,
+        SupervisorRequest::SetPolicy(_) => 13,
         SupervisorRequest::EgressLog => 14,
         SupervisorRequest::File(_) => 15,
         SupervisorRequest::Shutdown => 16,
@@ -279,17 +279,17 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             "0c 01 01 41 01 62".into(),
         ),
         (
-            SupervisorRequest::SetPolicy {
+            SupervisorRequest::SetPolicy(PolicyFields {
                 block_network: Some(false),
                 allow_list: Some(vec!["example.com".into()]),
-            },
+            }),
             "0d 01 00 01 01 0b 65 78 61 6d 70 6c 65 2e 63 6f 6d".into(),
         ),
         (
-            SupervisorRequest::SetPolicy {
+            SupervisorRequest::SetPolicy(PolicyFields {
                 block_network: None,
                 allow_list: None,
-            },
+            }),
             "0d 00 00".into(),
         ),
         (SupervisorRequest::EgressLog, "0e".into()),

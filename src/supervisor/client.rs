@@ -365,10 +365,7 @@ impl SupervisorClient {
 
     /// Puts `policy` (validated, the daemon's default applied) in force.
     pub async fn set_policy(&mut self, policy: &NetworkPolicy) -> Result<(), CallError> {
-        let request = SupervisorRequest::SetPolicy {
-            block_network: policy.block_network,
-            allow_list: policy.allow_list.clone(),
-        };
+        let request = SupervisorRequest::SetPolicy(policy.into());
         expect::ok("SetPolicy", self.call(&request, CONTROL_DEADLINE).await?)
     }
 

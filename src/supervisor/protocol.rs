@@ -116,12 +116,9 @@ pub enum SupervisorRequest {
     },
     /// Puts a new egress policy in force (the daemon validated it and
     /// applied its default); open connections it forbids are closed.
-    /// (The fields of [`crate::net::policy::NetworkPolicy`], spelled out:
-    /// its serde skips absent fields, which this binary framing cannot.)
-    SetPolicy {
-        block_network: Option<bool>,
-        allow_list: Option<Vec<String>>,
-    },
+    /// A newtype over [`PolicyFields`]: its fields in order, the same
+    /// bytes the struct variant of earlier builds had.
+    SetPolicy(PolicyFields),
     /// The sandbox's recent egress log.
     EgressLog,
     /// A file request passed to the agent as is (file variants only).
@@ -187,7 +184,7 @@ pub enum SupervisorRequest {
 /// made it. Applied in field order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HandOver {
-    /// The egress policy (as `SetPolicy` spells it out).
+    /// The egress policy (as `SetPolicy`).
     pub policy: Option<PolicyFields>,
     /// The brokered secrets, values and leaves included (as `SetSecrets`).
     pub secrets: Option<crate::net::intercept::Brokered>,

@@ -130,13 +130,7 @@ async fn answer(
         SupervisorRequest::EgressLog => {
             SupervisorReply::EgressLog(supervisor.egress.get().map(|e| e.log()).unwrap_or_default())
         }
-        SupervisorRequest::SetPolicy {
-            block_network,
-            allow_list,
-        } => reply_of(supervisor.set_policy(&crate::net::policy::NetworkPolicy {
-            block_network,
-            allow_list,
-        })),
+        SupervisorRequest::SetPolicy(policy) => reply_of(supervisor.set_policy(&policy.into())),
         SupervisorRequest::SetSecrets(brokered) => reply_of(supervisor.set_secrets(&brokered)),
         SupervisorRequest::HandOver(change) => reply_of(supervisor.hand_over(change).await),
         SupervisorRequest::Spawn(spec) => {
