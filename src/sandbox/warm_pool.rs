@@ -363,7 +363,7 @@ impl Manager {
             && claim.limits.pids != record.limits.pids)
             .then_some(claim.limits.pids);
         let lower = *claim.limits != record.limits;
-        let pooled = record.clone();
+        let mut pooled = record.clone();
         record.limits = claim.limits.clone();
         let policy_differs = *claim.network != record.network;
         record.network = claim.network.clone();
@@ -388,15 +388,14 @@ impl Manager {
         if !change.is_empty() || lower {
             // Before the first change: a daemon killed in the middle of the
             // claim must not find the sandbox as the pool made it.
-            let mut claiming = pooled.clone();
-            claiming.claiming = true;
+            pooled.claiming = true;
             // In the map too, so a usage round storing it meanwhile keeps
             // the mark.
             if let Some(current) = self.records().get_mut(id) {
                 current.claiming = true;
             }
             self.store
-                .put_with_events_journaled(id, &claiming, &[] as &[(u64, &Event)])
+                .put_with_events_journaled(id, &pooled, &[] as &[(u64, &Event)])
                 .map_err(SandboxError::internal)?;
         }
         // Cgroup writes and a quota ioctl: on a blocking thread.
