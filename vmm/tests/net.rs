@@ -291,39 +291,6 @@ fn the_binary_under_seccomp_passes_traffic_through_the_tap() {
     drop(ns);
 }
 
-/// Whether a connection reaches `listener` within `deadline`, given up
-/// at once if `child` exits first.
-fn dials_before_exit(
-    listener: &UnixListener,
-    child: &std::process::Child,
-    deadline: Duration,
-) -> bool {
-    let pid = libc::pid_t::try_from(child.id()).unwrap_or(0);
-    // SAFETY: pidfd_open(2) on our own child's pid, no flags; the
-    // descriptor it returns (or -1, which poll skips) is closed below.
-    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) } as libc::c_int;
-    let mut fds = [
-        libc::pollfd {
-            fd: listener.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: pidfd,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    let ms = libc::c_int::try_from(deadline.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: poll(2) on the two pollfds this function owns.
-    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
-    if pidfd >= 0 {
-        // SAFETY: the descriptor pidfd_open returned, closed once.
-        unsafe { libc::close(pidfd) };
-    }
-    ready > 0 && fds[0].revents & libc::POLLIN != 0
-}
-
 /// Every open tun/tap descriptor on the host, as "pid (comm) fd: iff",
 /// from `/proc/*/fdinfo` (a tap's shows the device it is attached to).
 fn tap_holders() -> Vec<String> {
@@ -453,7 +420,7 @@ fn a_snapshot_restores_onto_the_tap_named_again() {
     let mut busy = Vec::new();
     let child = loop {
         let mut child = restore(&["--net", "tap0"]).spawn().expect("spawn fork");
-        if dials_before_exit(&fork_agent, &child, dial) {
+        if common::connects_before_exit(&fork_agent, Some(&child), dial) {
             break child;
         }
         // What the fork's VMM said is all there is to read about why.

@@ -371,13 +371,41 @@ pub fn connects_within(
     listener: &std::os::unix::net::UnixListener,
     deadline: std::time::Duration,
 ) -> bool {
+    connects_before_exit(listener, None, deadline)
+}
+
+/// [`connects_within`], given up at once if `child` (when given) exits
+/// first.
+pub fn connects_before_exit(
+    listener: &std::os::unix::net::UnixListener,
+    child: Option<&std::process::Child>,
+    deadline: std::time::Duration,
+) -> bool {
     use std::os::fd::AsRawFd;
-    let mut fd = libc::pollfd {
-        fd: listener.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let pidfd = child.map_or(-1, |child| {
+        let pid = libc::pid_t::try_from(child.id()).unwrap_or(0);
+        // SAFETY: pidfd_open(2) on our own child's pid, no flags; the
+        // descriptor it returns (or -1, which poll skips) is closed below.
+        unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) as libc::c_int }
+    });
+    let mut fds = [
+        libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: pidfd,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
     let ms = libc::c_int::try_from(deadline.as_millis()).unwrap_or(libc::c_int::MAX);
-    // SAFETY: poll(2) on one pollfd this function owns, for its length 1.
-    unsafe { libc::poll(&mut fd, 1, ms) > 0 }
+    // SAFETY: poll(2) on the two pollfds this function owns.
+    let ready = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    if pidfd >= 0 {
+        // SAFETY: the descriptor pidfd_open returned, closed once.
+        unsafe { libc::close(pidfd) };
+    }
+    ready > 0 && fds[0].revents & libc::POLLIN != 0
 }
