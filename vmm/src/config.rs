@@ -25,6 +25,10 @@ pub enum DiskSource {
     /// A descriptor the VMM inherited (the daemon opens disks for an
     /// unprivileged VMM); the VMM duplicates it and leaves it open.
     Fd(i32),
+    /// No medium yet: a read-only slot of 0 sectors that the control
+    /// socket's `attach-disk` fills while the guest runs (a pod's
+    /// container roots arrive after boot).
+    Empty,
 }
 
 impl std::fmt::Display for DiskSource {
@@ -32,9 +36,13 @@ impl std::fmt::Display for DiskSource {
         match self {
             DiskSource::Path(p) => write!(f, "{}", p.display()),
             DiskSource::Fd(fd) => write!(f, "fd={fd}"),
+            DiskSource::Empty => write!(f, "empty"),
         }
     }
 }
+
+/// The `--disk` word for an empty slot.
+pub const EMPTY_DISK: &str = "empty";
 
 /// A virtio-blk disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,10 +56,20 @@ pub struct DiskConfig {
 impl FromStr for DiskConfig {
     type Err = ConfigError;
 
-    /// `PATH[,ro]` or `fd=N[,ro]` (the `--disk` flag's syntax; a path may
-    /// not contain a comma).
+    /// `PATH[,ro]`, `fd=N[,ro]` or `empty` (the `--disk` flag's syntax; a
+    /// path may not contain a comma). An empty slot is always read-only.
     fn from_str(s: &str) -> Result<Self, ConfigError> {
         let bad = || ConfigError::DiskSpec(s.to_owned());
+        if s.split(',').next() == Some(EMPTY_DISK) {
+            // A slot is read-only to the guest; `ro` may be said, `rw` not.
+            return match s {
+                "empty" | "empty,ro" => Ok(DiskConfig {
+                    source: DiskSource::Empty,
+                    read_only: true,
+                }),
+                _ => Err(bad()),
+            };
+        }
         let mut parts = s.split(',');
         let source = parts.next().filter(|p| !p.is_empty()).ok_or_else(bad)?;
         let source = match source.strip_prefix("fd=") {
@@ -235,7 +253,7 @@ pub enum ConfigError {
     #[error("kernel command line contains a NUL byte")]
     CmdlineNul,
     /// A `--disk` value that does not parse.
-    #[error("bad disk `{0}`: use --disk PATH[,ro] or --disk fd=N[,ro]")]
+    #[error("bad disk `{0}`: use --disk PATH[,ro], --disk fd=N[,ro] or --disk empty")]
     DiskSpec(String),
     /// More virtio devices than the machine has slots for.
     #[error(
@@ -445,7 +463,13 @@ mod tests {
         let d: DiskConfig = "fd=3,ro".parse().expect("parse");
         assert_eq!(d.source, DiskSource::Fd(3));
         assert_eq!(d.source.to_string(), "fd=3");
-        for bad in ["", ",ro", "x,rx", "fd=-1", "fd=abc", "x,ro,zz"] {
+        for slot in ["empty", "empty,ro"] {
+            let d: DiskConfig = slot.parse().expect("parse");
+            assert_eq!((d.source, d.read_only), (DiskSource::Empty, true), "{slot}");
+        }
+        let d: DiskConfig = "./empty".parse().expect("parse");
+        assert_eq!(d.source, DiskSource::Path("./empty".into()));
+        for bad in ["", ",ro", "x,rx", "fd=-1", "fd=abc", "x,ro,zz", "empty,rw"] {
             let err = bad.parse::<DiskConfig>().unwrap_err();
             assert!(err.to_string().contains("--disk PATH[,ro]"), "{bad}: {err}");
         }

@@ -8,13 +8,22 @@
 //! resume           -> ok
 //! status           -> ok running | ok paused
 //! snapshot DIR     -> ok <bytes-written> <ms>     (the VM stays paused)
+//! attach-disk N    -> ok <sectors>   (a read-only descriptor rides with the
+//!                                     line as SCM_RIGHTS; N is an empty slot)
+//! detach-disk N    -> ok 0
 //! anything else    -> error <message>
 //! ```
+//!
+//! The jailed VMM can open nothing new, so a disk for a slot comes as a
+//! descriptor the supervisor opened: descriptors received on a connection
+//! wait, oldest first, for the `attach-disk` that takes them.
 //!
 //! Lines are at most [`MAX_LINE`] bytes (a longer one is answered with an
 //! error and the connection closed); at most [`MAX_CLIENTS`] connections at
 //! once. Commands from all connections are serialised by the handle.
 
+use std::collections::VecDeque;
+use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
@@ -24,12 +33,39 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread;
 
+use vmm_sys_util::sock_ctrl_msg::ScmSocket;
+
 use crate::handle::MachineHandle;
 
 /// Longest command line accepted (a snapshot path fits easily).
 pub const MAX_LINE: usize = 4096;
 /// Most connections served at once.
 pub const MAX_CLIENTS: usize = 4;
+/// Most received descriptors waiting for their command on one connection.
+const MAX_PENDING_FDS: usize = 4;
+
+/// A connection's byte stream that keeps the descriptors arriving with it.
+struct FdStream {
+    stream: UnixStream,
+    pending: VecDeque<File>,
+}
+
+impl Read for FdStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let (n, file) = self
+            .stream
+            .recv_with_fd(buf)
+            .map_err(|e| io::Error::from_raw_os_error(e.errno()))?;
+        if let Some(file) = file {
+            // Beyond the cap a descriptor is closed: a client sending them
+            // without commands gets no more held for it.
+            if self.pending.len() < MAX_PENDING_FDS {
+                self.pending.push_back(file);
+            }
+        }
+        Ok(n)
+    }
+}
 
 /// Why the control socket could not be set up.
 #[derive(Debug, thiserror::Error)]
@@ -146,7 +182,10 @@ fn serve(stream: UnixStream, handle: &MachineHandle) {
         return;
     };
     let mut out = write_half;
-    let mut reader = BufReader::new(stream);
+    let mut reader = BufReader::new(FdStream {
+        stream,
+        pending: VecDeque::new(),
+    });
     loop {
         let reply = match read_line(&mut reader) {
             Ok(None) | Err(_) => return,
@@ -157,7 +196,11 @@ fn serve(stream: UnixStream, handle: &MachineHandle) {
                 );
                 return;
             }
-            Ok(Some(Ok(line))) => execute(line.trim_end_matches('\r'), handle),
+            Ok(Some(Ok(line))) => execute_with(
+                line.trim_end_matches('\r'),
+                handle,
+                &mut reader.get_mut().pending,
+            ),
         };
         if out.write_all(format!("{reply}\n").as_bytes()).is_err() {
             return;
@@ -165,9 +208,42 @@ fn serve(stream: UnixStream, handle: &MachineHandle) {
     }
 }
 
-/// Runs one command; returns the answer line (without newline).
+/// Runs one command that needs no descriptor; returns the answer line
+/// (without newline).
 pub fn execute(line: &str, handle: &MachineHandle) -> String {
+    execute_with(line, handle, &mut VecDeque::new())
+}
+
+/// Runs one command, taking the oldest of `pending` for an `attach-disk`.
+fn execute_with(line: &str, handle: &MachineHandle, pending: &mut VecDeque<File>) -> String {
     let (cmd, arg) = line.split_once(' ').unwrap_or((line, ""));
+    let slot = |arg: &str| {
+        arg.parse::<usize>()
+            .map_err(|_| format!("error {cmd} takes a disk number, got {arg:?}"))
+    };
+    match cmd {
+        "attach-disk" => {
+            let disk = match slot(arg.trim()) {
+                Ok(disk) => disk,
+                Err(e) => return e,
+            };
+            let Some(file) = pending.pop_front() else {
+                return "error attach-disk needs a read-only disk descriptor sent with its line (SCM_RIGHTS)".into();
+            };
+            return match handle.change_medium(disk, Some(file)) {
+                Ok(sectors) => format!("ok {sectors}"),
+                Err(e) => format!("error {}", e.to_string().replace('\n', " ")),
+            };
+        }
+        "detach-disk" => {
+            return match slot(arg.trim()).map(|disk| handle.change_medium(disk, None)) {
+                Ok(Ok(sectors)) => format!("ok {sectors}"),
+                Ok(Err(e)) => format!("error {}", e.to_string().replace('\n', " ")),
+                Err(e) => e,
+            };
+        }
+        _ => {}
+    }
     let result = match (cmd, arg.trim()) {
         ("pause", "") => handle.pause().map(|()| "ok".to_owned()),
         ("resume", "") => handle.resume().map(|()| "ok".to_owned()),
@@ -185,7 +261,7 @@ pub fn execute(line: &str, handle: &MachineHandle) -> String {
         }),
         _ => {
             return format!(
-                "error unknown command {line:?}: use pause, resume, status or snapshot DIR"
+                "error unknown command {line:?}: use pause, resume, status, snapshot DIR, attach-disk N or detach-disk N"
             )
         }
     };

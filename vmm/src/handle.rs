@@ -10,6 +10,7 @@ use std::time::Instant;
 use vm_memory::GuestMemoryMmap;
 
 use crate::devices::serial::SerialDevice;
+use crate::devices::virtio::block::MediumError;
 use crate::devices::virtio::lock;
 use crate::devices::virtio::mmio::MmioTransport;
 use crate::snapshot::state::SavedConfig;
@@ -73,6 +74,24 @@ impl MachineHandle {
         Ok(())
     }
 
+    /// Puts the read-only `file` into disk slot `disk_number` (counted in
+    /// `--disk` order), or empties the slot (`None`), while the guest runs
+    /// or is paused; returns the slot's new size in sectors.
+    pub fn change_medium(
+        &self,
+        disk_number: usize,
+        file: Option<std::fs::File>,
+    ) -> Result<u64, MediumError> {
+        let _serialised = self.op.lock().unwrap_or_else(PoisonError::into_inner);
+        let transport = self
+            .virtio
+            .iter()
+            .filter(|t| lock(t).device().as_block().is_some())
+            .nth(disk_number)
+            .ok_or(MediumError::NoSuchDisk(disk_number))?;
+        lock(transport).change_medium(disk_number, file)
+    }
+
     /// Whether the VM is paused.
     pub fn is_paused(&self) -> bool {
         self.control.is_paused()
@@ -83,6 +102,15 @@ impl MachineHandle {
     pub fn snapshot(&self, dir: &Path) -> Result<SnapshotReport, SnapshotError> {
         let started = Instant::now();
         snapshot::check_directory(dir)?;
+        // A snapshot reopens its disks from the restore's --disk list, which
+        // cannot name a medium handed in later.
+        if let Some(id) = self.virtio.iter().find_map(|t| {
+            let t = lock(t);
+            let block = t.device().as_block()?;
+            block.slot_holds_disk().then(|| block.id().to_owned())
+        }) {
+            return Err(SnapshotError::SlotInUse(id));
+        }
         let mut devices_paused = self.op.lock().unwrap_or_else(PoisonError::into_inner);
         self.pause_locked(&mut devices_paused)?;
         let vcpus = self.control.save_vcpus()?;

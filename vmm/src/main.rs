@@ -89,9 +89,10 @@ struct Args {
     #[arg(long, value_name = "N", conflicts_with = "kvm_device",
           value_parser = clap::value_parser!(i32).range(0..))]
     kvm_fd: Option<i32>,
-    /// A virtio-blk disk: PATH[,ro] or fd=N[,ro] (an inherited descriptor).
-    /// Repeat for more disks; the guest sees them in order. `ro` disks
-    /// refuse every write.
+    /// A virtio-blk disk: PATH[,ro], fd=N[,ro] (an inherited descriptor), or
+    /// `empty` (a read-only slot of 0 sectors that the control socket's
+    /// `attach-disk` fills later). Repeat for more disks; the guest sees
+    /// them in order. `ro` disks refuse every write.
     #[arg(long = "disk", value_name = "PATH[,ro]", value_parser = parse_disk)]
     disks: Vec<DiskConfig>,
     /// Host side of a virtio-vsock device: host processes connect here and

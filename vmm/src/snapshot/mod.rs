@@ -53,6 +53,9 @@ pub enum SnapshotError {
     /// The state file could not be written.
     #[error(transparent)]
     State(#[from] StateFileError),
+    /// A disk slot holds a disk handed in while the VM ran.
+    #[error("{0} is a slot holding a disk: detach it (detach-disk) before a snapshot")]
+    SlotInUse(String),
 }
 
 /// What a snapshot wrote.

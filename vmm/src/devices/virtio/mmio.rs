@@ -345,6 +345,30 @@ impl MmioTransport {
         }
     }
 
+    /// Changes the medium of the block slot behind this transport (see
+    /// [`Block::change_medium`](super::block::Block::change_medium)) and
+    /// tells a running driver with a configuration-change interrupt, after
+    /// bumping ConfigGeneration so a driver reading the capacity across the
+    /// change reads it again.
+    pub fn change_medium(
+        &mut self,
+        disk_number: usize,
+        file: Option<std::fs::File>,
+    ) -> Result<u64, super::block::MediumError> {
+        let block = self
+            .device
+            .as_block_mut()
+            .ok_or(super::block::MediumError::NoSuchDisk(disk_number))?;
+        let sectors = block.change_medium(file)?;
+        self.config_generation = self.config_generation.wrapping_add(1);
+        if self.has(status::DRIVER_OK) {
+            // A failed irqfd write leaves the driver with the old size until
+            // it next looks; nothing better to do.
+            let _ = self.interrupt.trigger(super::INTERRUPT_CONFIG);
+        }
+        Ok(sectors)
+    }
+
     /// Stops the device's worker for a pause (see `VirtioDevice::pause`).
     pub fn pause_device(&mut self) -> Result<(), super::ActivateError> {
         self.device.pause()

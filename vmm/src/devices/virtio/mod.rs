@@ -175,6 +175,14 @@ pub trait VirtioDevice: Send {
     fn resume(&mut self) -> Result<(), ActivateError> {
         Ok(())
     }
+    /// The device as a block device, if it is one (slots change media).
+    fn as_block(&self) -> Option<&block::Block> {
+        None
+    }
+    /// The same, to change a slot's medium.
+    fn as_block_mut(&mut self) -> Option<&mut block::Block> {
+        None
+    }
 }
 
 /// Copies the part of `config` at `offset` into `data`; bytes past its end

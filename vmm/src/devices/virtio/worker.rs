@@ -189,6 +189,24 @@ impl<H: WorkerHandler> WorkerSlot<H> {
         Ok(())
     }
 
+    /// Runs `change` on the handler between two batches: a running worker is
+    /// stopped for it and restarted after, a paused one stays paused. A
+    /// slot with neither (not started, or its thread panicked) runs nothing.
+    pub fn with_handler(
+        &mut self,
+        queue_evts: &[EventFd],
+        change: impl FnOnce(&mut H),
+    ) -> Result<(), WorkerError> {
+        if let Some(handler) = self.paused.as_mut() {
+            change(handler);
+        } else if let Some(worker) = self.running.take() {
+            let mut handler = worker.stop()?;
+            change(&mut handler);
+            self.start(handler, queue_evts)?;
+        }
+        Ok(())
+    }
+
     /// Stops the worker, running or paused, and gives its handler back; a
     /// worker that panicked took its handler with it (`None`).
     pub fn stop(&mut self) -> Option<H> {

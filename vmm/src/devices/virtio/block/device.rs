@@ -145,10 +145,35 @@ pub fn check_range(sector: u64, len: u64, capacity: u64) -> Option<u64> {
     (end <= capacity.checked_mul(SECTOR_SIZE)?).then_some(start)
 }
 
+/// Why a slot's medium could not be changed. Each says what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum MediumError {
+    /// The disk was not started as an empty slot.
+    #[error("disk {0} is not a slot (start it with --disk empty); its medium cannot change")]
+    NotASlot(String),
+    /// No disk has that number.
+    #[error("the VM has no disk number {0}; disks are numbered from 0 in --disk order")]
+    NoSuchDisk(usize),
+    /// The slot already holds a disk.
+    #[error("slot {0} holds a disk: detach it first")]
+    Occupied(String),
+    /// Slots are read-only to the guest, so the medium must be too.
+    #[error("the disk for slot {0} was opened for writing: slots take read-only disks")]
+    Writable(String),
+    /// The new medium is unusable (its size, its flags).
+    #[error(transparent)]
+    Disk(#[from] BlockError),
+    /// The device's worker could not be paused or restarted around the change.
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
 /// An open disk and what the guest is told about it.
 #[derive(Debug)]
 pub struct Disk {
-    file: File,
+    /// `None` for an empty slot (0 sectors, so every read or write is out of
+    /// range).
+    file: Option<File>,
     read_only: bool,
     capacity: u64,
     id: [u8; ID_BYTES],
@@ -169,10 +194,27 @@ impl Disk {
         Self::from_file(file, read_only, id, &path.display().to_string())
     }
 
+    /// An empty slot answering GET_ID with `id`: read-only, 0 sectors.
+    pub fn empty(id: &str) -> Self {
+        Disk {
+            file: None,
+            read_only: true,
+            capacity: 0,
+            id: id_bytes(id),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Whether this is an empty slot.
+    pub fn is_empty(&self) -> bool {
+        self.file.is_none()
+    }
+
     /// Opens the disk `config` describes, answering GET_ID with `id`. A
     /// descriptor is duplicated, so the caller's stays open and its own.
     pub fn from_config(config: &DiskConfig, id: &str) -> Result<Self, BlockError> {
         match &config.source {
+            DiskSource::Empty => Ok(Self::empty(id)),
             DiskSource::Path(path) => Self::open(path, config.read_only, id),
             DiskSource::Fd(fd) => {
                 // SAFETY: F_DUPFD_CLOEXEC only reads `fd` (an invalid one
@@ -221,14 +263,11 @@ impl Disk {
                 bytes,
             });
         }
-        let mut id_bytes = [0u8; ID_BYTES];
-        let n = id.len().min(ID_BYTES);
-        id_bytes[..n].copy_from_slice(&id.as_bytes()[..n]);
         Ok(Disk {
-            file,
+            file: Some(file),
             read_only,
             capacity,
-            id: id_bytes,
+            id: id_bytes(id),
             buf: vec![0; CHUNK],
         })
     }
@@ -290,14 +329,16 @@ impl Disk {
     /// IN: fills the writable data part from the disk.
     fn read_into(&mut self, sector: u64, writer: &mut virtio_queue::Writer<'_>) -> (u32, usize) {
         let len = writer.available_bytes();
-        let Some(mut offset) = check_range(sector, len as u64, self.capacity) else {
+        let (Some(mut offset), Some(file)) =
+            (check_range(sector, len as u64, self.capacity), &self.file)
+        else {
             return (VIRTIO_BLK_S_IOERR, 0);
         };
         let mut done = 0;
         while done < len {
             let n = (len - done).min(CHUNK);
             let buf = &mut self.buf[..n];
-            if self.file.read_exact_at(buf, offset).is_err() || writer.write_all(buf).is_err() {
+            if file.read_exact_at(buf, offset).is_err() || writer.write_all(buf).is_err() {
                 return (VIRTIO_BLK_S_IOERR, done);
             }
             done += n;
@@ -314,14 +355,16 @@ impl Disk {
             return VIRTIO_BLK_S_IOERR;
         }
         let len = reader.available_bytes();
-        let Some(mut offset) = check_range(sector, len as u64, self.capacity) else {
+        let (Some(mut offset), Some(file)) =
+            (check_range(sector, len as u64, self.capacity), &self.file)
+        else {
             return VIRTIO_BLK_S_IOERR;
         };
         let mut done = 0;
         while done < len {
             let n = (len - done).min(CHUNK);
             let buf = &mut self.buf[..n];
-            if reader.read_exact(buf).is_err() || self.file.write_all_at(buf, offset).is_err() {
+            if reader.read_exact(buf).is_err() || file.write_all_at(buf, offset).is_err() {
                 return VIRTIO_BLK_S_IOERR;
             }
             done += n;
@@ -331,10 +374,10 @@ impl Disk {
     }
 
     fn flush(&mut self) -> u32 {
-        if self.read_only {
+        let Some(file) = self.file.as_ref().filter(|_| !self.read_only) else {
             return VIRTIO_BLK_S_OK;
-        }
-        match self.file.sync_data() {
+        };
+        match file.sync_data() {
             Ok(()) => VIRTIO_BLK_S_OK,
             Err(_) => VIRTIO_BLK_S_IOERR,
         }
@@ -364,6 +407,14 @@ impl Disk {
             count += 1;
         }
     }
+}
+
+/// `id` as GET_ID answers it: NUL-padded, cut at [`ID_BYTES`].
+fn id_bytes(id: &str) -> [u8; ID_BYTES] {
+    let mut bytes = [0u8; ID_BYTES];
+    let n = id.len().min(ID_BYTES);
+    bytes[..n].copy_from_slice(&id.as_bytes()[..n]);
+    bytes
 }
 
 fn is_writable(file: &File) -> io::Result<bool> {
@@ -414,10 +465,12 @@ pub struct Block {
     read_only: bool,
     capacity: u64,
     id: String,
+    /// Started empty: its medium may change while the guest runs.
+    slot: bool,
 }
 
 impl Block {
-    /// A device for `disk`.
+    /// A device for `disk`; an empty disk makes it a slot.
     pub fn new(disk: Disk, id: &str) -> Result<Self, BlockError> {
         let evt = EventFd::new(libc::EFD_NONBLOCK).map_err(|source| WorkerError::Setup {
             device: "block",
@@ -432,6 +485,7 @@ impl Block {
             read_only: disk.read_only(),
             capacity: disk.capacity(),
             id: id.into(),
+            slot: disk.is_empty(),
             disk: Some(disk),
             worker: WorkerSlot::new("block"),
             evts: [evt],
@@ -452,6 +506,53 @@ impl Block {
     /// The id reported to GET_ID.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// Whether the device was started as a slot.
+    pub fn is_slot(&self) -> bool {
+        self.slot
+    }
+
+    /// Whether the device is a slot holding a disk.
+    pub fn slot_holds_disk(&self) -> bool {
+        self.slot && self.capacity > 0
+    }
+
+    /// Puts the read-only `file` into this slot, or empties it (`None`);
+    /// returns the new capacity in sectors. A running worker is stopped
+    /// between two batches for the change, so no request sees half of it.
+    /// The caller tells the driver (a configuration-change interrupt).
+    pub fn change_medium(&mut self, file: Option<File>) -> Result<u64, MediumError> {
+        if !self.slot {
+            return Err(MediumError::NotASlot(self.id.clone()));
+        }
+        let incoming = match file {
+            None => Disk::empty(&self.id),
+            Some(_) if self.capacity > 0 => return Err(MediumError::Occupied(self.id.clone())),
+            Some(file) => {
+                if is_writable(&file).map_err(|source| BlockError::Flags {
+                    name: self.id.clone(),
+                    source,
+                })? {
+                    return Err(MediumError::Writable(self.id.clone()));
+                }
+                Disk::from_file(file, true, &self.id, &self.id)?
+            }
+        };
+        let capacity = incoming.capacity();
+        let mut incoming = Some(incoming);
+        self.worker.with_handler(&self.evts, |worker| {
+            if let Some(disk) = incoming.take() {
+                worker.disk = disk;
+            }
+        })?;
+        if let Some(disk) = incoming {
+            // No worker: the driver has not started the device yet.
+            self.disk = Some(disk);
+        }
+        self.capacity = capacity;
+        self.config = capacity.to_le_bytes();
+        Ok(capacity)
     }
 }
 
@@ -510,6 +611,14 @@ impl VirtioDevice for Block {
 
     fn resume(&mut self) -> Result<(), ActivateError> {
         Ok(self.worker.resume(&self.evts)?)
+    }
+
+    fn as_block(&self) -> Option<&Block> {
+        Some(self)
+    }
+
+    fn as_block_mut(&mut self) -> Option<&mut Block> {
+        Some(self)
     }
 }
 
