@@ -85,7 +85,7 @@ fn disks_of(id: &str) -> Vec<PathBuf> {
 /// The kernel command line the daemon gives a Linux guest, less the RNG
 /// seed (the agent goes on without one).
 fn guest_cmdline(extra: &str) -> String {
-    sandboxd::runtime::microvm::guest_cmdline(None, None, extra)
+    sandboxd::runtime::microvm::guest_cmdline(None, None, None, extra)
 }
 
 /// The guest's disks for one boot outside the daemon: the image and the

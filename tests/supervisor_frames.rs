@@ -344,9 +344,10 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 name: "c1".into(),
                 layers: vec!["/a".into()],
                 limits: None,
+                disk: None,
             },
-            // name, layers (one path), no limits.
-            "16 02 63 31 01 02 2f 61 00".into(),
+            // name, layers (one path), no limits, no disk.
+            "16 02 63 31 01 02 2f 61 00 00".into(),
         ),
         (
             SupervisorRequest::AttachRoot {
@@ -357,10 +358,21 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                     memory_bytes: None,
                     pids_max: Some(-1),
                 }),
+                disk: None,
             },
             // name, no layers, limits: quota (zigzag varint), no memory,
-            // pids (zigzag).
-            "16 02 63 31 00 01 01 a0 8d 06 00 01 01".into(),
+            // pids (zigzag), no disk.
+            "16 02 63 31 00 01 01 a0 8d 06 00 01 01 00".into(),
+        ),
+        (
+            SupervisorRequest::AttachRoot {
+                name: "c1".into(),
+                layers: vec![],
+                limits: None,
+                disk: Some("/d".into()),
+            },
+            // name, no layers, no limits, a microVM's disk.
+            "16 02 63 31 00 00 01 02 2f 64".into(),
         ),
         (
             SupervisorRequest::DetachRoot { name: "c1".into() },
@@ -533,7 +545,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 0a a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 0b a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (
@@ -570,7 +582,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 10, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 11, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -682,13 +694,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 11 with a rest this build cannot decode.
-    let v11 = bytes("0c 0b ff ff ff");
-    let mismatch = check_supervisor_version(&v11).expect_err("v11 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(11));
+    // Version 12 with a rest this build cannot decode.
+    let v12 = bytes("0c 0c ff ff ff");
+    let mismatch = check_supervisor_version(&v12).expect_err("v12 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(12));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v11, this daemon v10"),
+        text.contains("supervisor protocol v12, this daemon v11"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

@@ -166,6 +166,16 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         RequestBody::ListeningPorts => blocking(agent, id, permit, move || {
             crate::listening::sockets().map(Reply::Listening)
         }),
+        RequestBody::MountRoot {
+            name,
+            disk_id,
+            sectors,
+        } => guest_root(agent, id, permit, move || {
+            crate::guest_roots::mount_root(&name, &disk_id, sectors)
+        }),
+        RequestBody::UnmountRoot { name } => guest_root(agent, id, permit, move || {
+            crate::guest_roots::unmount_root(&name)
+        }),
         RequestBody::WarmInterpreter {
             argv,
             env,
@@ -209,6 +219,31 @@ where
                 ErrorKind::Other,
                 format!("file operation failed: {e}"),
             )),
+        };
+        let _ = outbox.reply(id, reply).await;
+        drop(permit);
+    });
+}
+
+/// Runs a microVM's root change on the blocking pool and replies. A
+/// container's roots are the host's to attach, so its agent refuses.
+fn guest_root<F>(agent: &Arc<Agent>, id: u64, permit: OwnedSemaphorePermit, change: F)
+where
+    F: FnOnce() -> Result<(), crate::guest_roots::RootError> + Send + 'static,
+{
+    let outbox = agent.outbox.clone();
+    tokio::spawn(async move {
+        let reply = if crate::guest_groups::get().is_none() {
+            Reply::Error(AgentError::new(
+                ErrorKind::InvalidInput,
+                "a container's roots are attached by the host, not by its agent",
+            ))
+        } else {
+            match tokio::task::spawn_blocking(change).await {
+                Ok(Ok(())) => Reply::Ok,
+                Ok(Err(e)) => Reply::Error(e.into()),
+                Err(e) => Reply::Error(AgentError::new(ErrorKind::Other, e.to_string())),
+            }
         };
         let _ = outbox.reply(id, reply).await;
         drop(permit);

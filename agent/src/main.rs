@@ -24,6 +24,7 @@ mod errors;
 mod fds;
 mod files;
 mod guest_groups;
+mod guest_roots;
 mod handles;
 mod launch;
 mod link;

@@ -25,7 +25,7 @@
 use std::fs::OpenOptions;
 use std::io::{self, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
@@ -33,7 +33,8 @@ use std::time::Duration;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 use nix::sys::socket::{self, AddressFamily, SockFlag, SockType, VsockAddr};
 use sandbox_proto::{
-    AGENT_PIDS_MAX_ENV, AGENT_RNG_SEED_ENV, AGENT_VM_ENV, AGENT_VSOCK_PORT, MAX_RNG_SEED,
+    AGENT_HOSTNAME_ENV, AGENT_PIDS_MAX_ENV, AGENT_RNG_SEED_ENV, AGENT_VM_ENV, AGENT_VSOCK_PORT,
+    MAX_RNG_SEED,
 };
 
 /// `VMADDR_CID_HOST`: the host end of every guest's vsock.
@@ -42,7 +43,7 @@ const HOST_CID: u32 = 2;
 /// Where the image and scratch disks appear: virtio-blk devices are named in
 /// the order the VMM lists them, and the VMM lists the image first.
 const IMAGE_DISK: &str = "/dev/vda";
-const SCRATCH_DISK: &str = "/dev/vdb";
+pub(crate) const SCRATCH_DISK: &str = "/dev/vdb";
 
 /// Mount points on the agent disk (made when the host builds it, since that
 /// disk is read-only, from `VM_AGENT_DISK_DIRS`; created here only if
@@ -64,6 +65,10 @@ const CONNECT_PAUSE: Duration = Duration::from_millis(200);
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmInitError {
+    #[error("setting the hostname the host gave ({AGENT_HOSTNAME_ENV}): {0}")]
+    Hostname(nix::Error),
+    #[error("writing /etc/hostname: {0}")]
+    EtcHostname(io::Error),
     #[error("mounting {fstype} {source_name} on {target}: {error}; the guest kernel needs this file system built in (rootfs/kernel/config.fragment)")]
     Mount {
         fstype: &'static str,
@@ -135,6 +140,15 @@ pub fn boot() -> Result<OwnedFd, VmInitError> {
         add_entropy(&seed).map_err(VmInitError::Seed)?;
     }
     build_root()?;
+    if let Some(name) = std::env::var_os(AGENT_HOSTNAME_ENV) {
+        nix::unistd::sethostname(&name).map_err(VmInitError::Hostname)?;
+        // What the pod's containers are shown (guest_roots.rs binds it).
+        let mut line = name.into_vec();
+        line.push(b'\n');
+        std::fs::create_dir_all("/etc")
+            .and_then(|()| std::fs::write("/etc/hostname", line))
+            .map_err(VmInitError::EtcHostname)?;
+    }
     mount_dev_extras()?;
     mount_process_groups()?;
     // Two lines per boot on the console: enough for an operator (and
@@ -516,6 +530,8 @@ fn configure_eth0() -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     let [a, b, c, d] = VM_GATEWAY_V4;
+    // An image without /etc (a pod's pause image) gets one.
+    std::fs::create_dir_all("/etc")?;
     std::fs::write("/etc/resolv.conf", format!("nameserver {a}.{b}.{c}.{d}\n"))
 }
 

@@ -75,6 +75,10 @@ pub const AGENT_RNG_SEED_ENV: &str = "SANDBOX_RNG_SEED";
 /// boundary, not this, is what holds hostile code.
 pub const AGENT_PIDS_MAX_ENV: &str = "SANDBOX_PIDS_MAX";
 
+/// Optional command-line word `SANDBOX_HOSTNAME=<name>`: the guest's
+/// hostname (a CRI pod's name), set by the agent at boot.
+pub const AGENT_HOSTNAME_ENV: &str = "SANDBOX_HOSTNAME";
+
 /// Largest seed the agent accepts in [`AGENT_RNG_SEED_ENV`], in bytes.
 pub const MAX_RNG_SEED: usize = 256;
 
@@ -186,6 +190,24 @@ pub enum RequestBody {
         uid: u32,
         gid: u32,
     },
+    /// A microVM only: the host has just put a read-only ext4 disk in a
+    /// slot whose virtio-blk GET_ID is `disk_id`; make container root
+    /// `name` of it (at [`container_root`], with a writable layer of its
+    /// own on the scratch disk and the VM's /proc, /dev, /sys and /etc
+    /// files bound in), as the host does inside a container sandbox.
+    /// `sectors` is the disk's size, by which the agent tells it from the
+    /// slot's previous disk. Reply: [`Reply::Ok`] once spawns may name the
+    /// root.
+    MountRoot {
+        name: String,
+        disk_id: String,
+        sectors: u64,
+    },
+    /// A microVM only: unmount container root `name` and drop its writable
+    /// layer, so its slot can be emptied; the host has killed what ran
+    /// there. Reply: [`Reply::Ok`] once nothing holds the root's disk, an
+    /// error while something still does (the slot then stays in use).
+    UnmountRoot { name: String },
 }
 
 /// Where the host attaches the roots of a pod's containers inside the

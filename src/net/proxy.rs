@@ -71,6 +71,8 @@ pub enum EgressError {
     Socket(io::Error),
     #[error("the DNS responder: {0}")]
     Dns(#[from] DnsConfigError),
+    #[error("letting the pod's namespace forward to its microVM: {0}")]
+    Forwarding(io::Error),
 }
 
 /// The listening sockets, made inside the sandbox's namespace (they stay
@@ -107,6 +109,17 @@ pub fn prepare_network(netns: &Path, loader: rules::Loader) -> Result<(), Egress
 pub fn prepare_pod(netns: &Path, loader: rules::Loader) -> Result<Sockets, EgressError> {
     rules::apply_pod(loader, netns, PROXY_PORT, DNS_PORT)?;
     open_sockets(netns)
+}
+
+/// Loads the rules of a CRI pod whose sandbox is a microVM into the pod's
+/// namespace at `netns`, and lets it forward (new TCP to the pod IP goes
+/// on to the guest). The VM's own sockets open later, on its tap. Blocking.
+pub fn prepare_vm_pod(netns: &Path, loader: rules::Loader) -> Result<(), EgressError> {
+    rules::apply_vm_pod(loader, netns, PROXY_PORT, DNS_PORT)?;
+    plumbing::in_netns(netns, || {
+        std::fs::write("/proc/sys/net/ipv4/conf/all/forwarding", "1")
+    })?
+    .map_err(EgressError::Forwarding)
 }
 
 /// Opens the proxy and DNS sockets inside the prepared namespace at `netns`.

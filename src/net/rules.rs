@@ -216,6 +216,67 @@ pub fn pod_ruleset(proxy_port: u16, dns_port: u16) -> Value {
     json!({ "nftables": cmds })
 }
 
+/// The ruleset of a CRI pod's namespace whose sandbox is a microVM: its
+/// [`TABLE`] only, as [`pod_ruleset`]. What the guest sends through the
+/// tap is redirected to the proxy and DNS server as in a VM's own
+/// namespace; new TCP to the pod's address from elsewhere (the pod IP:
+/// services, probes, other pods) is forwarded to the guest, except to the
+/// proxy and DNS ports; nothing else is forwarded.
+pub fn vm_pod_ruleset(proxy_port: u16, dns_port: u16) -> Value {
+    let tap = super::plumbing::VM_TAP;
+    let [a, b, c, d] = sandbox_proto::VM_GUEST_V4;
+    let guest = format!("{a}.{b}.{c}.{d}");
+    let not_ours = json!({"match": {"op": "!=",
+        "left": {"payload": {"protocol": "tcp", "field": "dport"}},
+        "right": {"set": [proxy_port, dns_port]}}});
+    let mut cmds = vec![
+        json!({"add": {"table": {"family": "inet", "name": TABLE}}}),
+        json!({"flush": {"table": {"family": "inet", "name": TABLE}}}),
+        base_chain("nat_prerouting", "nat", "prerouting", -100, "accept"),
+        base_chain("filter_output", "filter", "output", 0, "drop"),
+        base_chain("filter_input", "filter", "input", 0, "drop"),
+        base_chain("filter_forward", "filter", "forward", 0, "drop"),
+    ];
+    let from_guest = meta_match("iifname", tap);
+    for redirect_rule in redirect_rules("nat_prerouting", proxy_port, dns_port) {
+        let mut rule = redirect_rule;
+        if let Some(expr) = rule["add"]["rule"]["expr"].as_array_mut() {
+            expr.insert(0, from_guest.clone());
+        }
+        cmds.push(rule);
+    }
+    cmds.push(rule(
+        "nat_prerouting",
+        vec![
+            json!({"match": {"op": "!=", "left": {"meta": {"key": "iifname"}}, "right": tap}}),
+            meta_match("nfproto", "ipv4"),
+            meta_match("l4proto", "tcp"),
+            not_ours,
+            json!({"dnat": {"family": "ip", "addr": guest}}),
+        ],
+    ));
+    cmds.extend(filter_rules());
+    cmds.push(rule(
+        "filter_forward",
+        vec![established(), verdict("accept")],
+    ));
+    cmds.push(rule(
+        "filter_forward",
+        vec![meta_match("oifname", tap), redirected(), verdict("accept")],
+    ));
+    json!({ "nftables": cmds })
+}
+
+/// Loads [`vm_pod_ruleset`] into the CRI pod namespace at `netns_path`.
+pub fn apply_vm_pod(
+    loader: Loader,
+    netns_path: &Path,
+    proxy_port: u16,
+    dns_port: u16,
+) -> Result<(), RulesError> {
+    load(loader, netns_path, &vm_pod_ruleset(proxy_port, dns_port))
+}
+
 /// Loads [`pod_ruleset`] into the CRI pod namespace at `netns_path`.
 pub fn apply_pod(
     loader: Loader,
@@ -405,6 +466,52 @@ mod tests {
             last["expr"][1]["match"]["right"],
             json!({"set": [15001, 15353]}),
             "new TCP is let in, except to the proxy and DNS ports"
+        );
+    }
+
+    #[test]
+    fn a_vm_pods_rules_redirect_only_the_guest_and_forward_the_pod_ip_to_it() {
+        let doc = vm_pod_ruleset(15001, 15353);
+        let cmds = doc["nftables"].as_array().unwrap();
+        assert!(
+            cmds.iter()
+                .all(|c| c.get("flush").is_none_or(|f| f.get("ruleset").is_none())),
+            "never the whole ruleset: CNI's namespace may hold others' tables"
+        );
+        let prerouting: Vec<&Value> = adds(&doc, "rule")
+            .into_iter()
+            .filter(|r| r["chain"] == "nat_prerouting")
+            .collect();
+        assert_eq!(prerouting.len(), 4, "{prerouting:?}");
+        for redirect in &prerouting[..3] {
+            assert_eq!(redirect["expr"][0], meta_match("iifname", "tap0"));
+        }
+        let inbound = &prerouting[3]["expr"];
+        assert_eq!(inbound[0]["match"]["op"], "!=");
+        assert_eq!(inbound[3]["match"]["right"], json!({"set": [15001, 15353]}));
+        assert_eq!(
+            inbound[4],
+            json!({"dnat": {"family": "ip", "addr": "10.201.0.2"}})
+        );
+        // nft itself accepts the document (in a namespace of the check's own).
+        let mut check = std::process::Command::new("unshare")
+            .args(["-n", "nft", "-c", "-j", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("unshare -n nft");
+        use std::io::Write;
+        check
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(doc.to_string().as_bytes())
+            .expect("write");
+        let out = check.wait_with_output().expect("nft");
+        assert!(
+            out.status.success(),
+            "nft refused the document: {}",
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 

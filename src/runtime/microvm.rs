@@ -43,6 +43,8 @@ const CONSOLE: &str = "console.log";
 const SNAPSHOT_MOUNT: &str = "snapshot";
 /// Serial console bytes kept per sandbox.
 const CONSOLE_CAP_BYTES: u64 = 1 << 20;
+/// The VMM's `--disk` word for an empty slot (vmm's `config::EMPTY_DISK`).
+const EMPTY_DISK_SLOT: &str = "empty";
 /// How much of the VMM's own log an error quotes.
 const LOG_TAIL_BYTES: usize = 2048;
 
@@ -154,8 +156,14 @@ pub fn limits(config: &SandboxSpec, vm: &VmSpec) -> Result<VmLimits, MicrovmErro
 /// agent disk (the third) as a read-only root, the agent as init, the flag
 /// that tells it it runs in a VM, the host's RNG seed (hex) and the
 /// sandbox's pids limit when there are, and the operator's `extra` words
-/// last, so they can override.
-pub fn guest_cmdline(seed_hex: Option<&str>, pids_max: Option<u64>, extra: &str) -> String {
+/// last, so they can override. A `hostname` (checked by the daemon: letters,
+/// digits, `-` and `.`) becomes the guest's.
+pub fn guest_cmdline(
+    seed_hex: Option<&str>,
+    pids_max: Option<u64>,
+    hostname: Option<&str>,
+    extra: &str,
+) -> String {
     let mut cmdline = format!(
         "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init={} panic=-1 reboot=k {}=1",
         sandbox_proto::VM_AGENT_INIT,
@@ -166,6 +174,9 @@ pub fn guest_cmdline(seed_hex: Option<&str>, pids_max: Option<u64>, extra: &str)
     }
     if let Some(max) = pids_max {
         cmdline.push_str(&format!(" {}={max}", sandbox_proto::AGENT_PIDS_MAX_ENV));
+    }
+    if let Some(name) = hostname {
+        cmdline.push_str(&format!(" {}={name}", sandbox_proto::AGENT_HOSTNAME_ENV));
     }
     if !extra.trim().is_empty() {
         cmdline.push(' ');
@@ -214,6 +225,7 @@ fn vmm_command(vm: &VmSpec, paths: &VmPaths, scratch: &Path) -> Command {
         .arg(scratch)
         .arg("--disk")
         .arg(format!("{},ro", vm.agent_disk.display()))
+        .args((0..vm.root_slots).flat_map(|_| ["--disk", EMPTY_DISK_SLOT]))
         .arg("--vsock-uds")
         .arg(VSOCK_SOCKET)
         // The guest's MAC is the VMM's default, the one the tap's
@@ -247,7 +259,11 @@ pub fn start(
     // The jailed VMM removes its sockets at stop: the directory is its own.
     std::os::unix::fs::chown(&vm_paths.dir, Some(vm.uid), Some(vm.uid))
         .map_err(prepare("run directory"))?;
-    if !config.netns_ready {
+    if let Some(pod_netns) = &config.joined_netns {
+        // A CRI pod's: CNI gave it its interfaces; the tap joins them.
+        netns::join(pod_netns, &paths.netns())?;
+        crate::net::proxy::prepare_vm_pod(&paths.netns(), crate::net::rules::Loader::Binary)?;
+    } else if !config.netns_ready {
         netns::create(&paths.netns())?;
         // The supervisor's own namespace: the nft binary (see `Loader`).
         crate::net::proxy::prepare_network(&paths.netns(), crate::net::rules::Loader::Binary)?;
@@ -418,13 +434,39 @@ fn log_tail(path: &Path) -> String {
 
 /// One command on the VMM's control socket; its `ok ...` answer.
 fn control(paths: &VmPaths, command: &str) -> Result<String, MicrovmError> {
-    use std::io::{BufRead, BufReader, Write};
+    control_with(paths, command, None)
+}
+
+/// One command, with `fd` sent along its line (SCM_RIGHTS) when given.
+fn control_with(
+    paths: &VmPaths,
+    command: &str,
+    fd: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<String, MicrovmError> {
+    use std::io::{BufRead, BufReader, IoSlice, Write};
     let failed = |e: io::Error| MicrovmError::Control(format!("{command}: {e}"));
     let mut stream = std::os::unix::net::UnixStream::connect(paths.control()).map_err(failed)?;
     stream
         .set_read_timeout(Some(CONTROL_DEADLINE))
         .map_err(failed)?;
-    writeln!(stream, "{command}").map_err(failed)?;
+    let line = format!("{command}\n");
+    match fd {
+        Some(fd) => {
+            let fds = [fd.as_raw_fd()];
+            let sent = nix::sys::socket::sendmsg::<()>(
+                stream.as_raw_fd(),
+                &[IoSlice::new(line.as_bytes())],
+                &[nix::sys::socket::ControlMessage::ScmRights(&fds)],
+                nix::sys::socket::MsgFlags::empty(),
+                None,
+            )
+            .map_err(|e| failed(e.into()))?;
+            // The descriptor rode with the first bytes; the rest of a short
+            // send goes as plain bytes.
+            stream.write_all(&line.as_bytes()[sent..]).map_err(failed)?;
+        }
+        None => stream.write_all(line.as_bytes()).map_err(failed)?,
+    }
     let mut line = String::new();
     BufReader::new(stream)
         .take(4096)
@@ -435,6 +477,41 @@ fn control(paths: &VmPaths, command: &str) -> Result<String, MicrovmError> {
         Some(rest) => Ok(rest.trim().to_string()),
         None => Err(MicrovmError::Control(format!("{command}: {line}"))),
     }
+}
+
+/// The disk number (in `--disk` order) of the first root slot: after the
+/// image, scratch and agent disks.
+pub const FIRST_ROOT_SLOT_DISK: usize = 3;
+/// Root slots of a pod's VM: the VMM's eight virtio devices less the three
+/// disks, the vsock and the net device.
+pub const POD_ROOT_SLOTS: u8 = 3;
+
+/// Puts `disk` (opened read-only here, as the jailed VMM can open nothing)
+/// into disk slot `disk_number` of the running VM; the guest sees it as
+/// the virtio disk whose serial is `disk<disk_number>`, of the sectors
+/// returned.
+pub fn attach_disk(
+    paths: &SandboxPaths,
+    disk_number: usize,
+    disk: &Path,
+) -> Result<u64, MicrovmError> {
+    let file = File::open(disk).map_err(prepare("root disk"))?;
+    let vm_paths = VmPaths::new(paths);
+    let command = format!("attach-disk {disk_number}");
+    let answer = control_with(&vm_paths, &command, Some(file.as_fd()))?;
+    answer
+        .parse()
+        .map_err(|_| MicrovmError::Control(format!("{command}: answered {answer:?}, not a size")))
+}
+
+/// Empties disk slot `disk_number` of the running VM.
+pub fn detach_disk(paths: &SandboxPaths, disk_number: usize) -> Result<(), MicrovmError> {
+    control_with(
+        &VmPaths::new(paths),
+        &format!("detach-disk {disk_number}"),
+        None,
+    )
+    .map(drop)
 }
 
 /// Bound on one control command; a snapshot writes the guest's touched
@@ -530,13 +607,13 @@ mod tests {
     #[test]
     fn the_guest_command_line_carries_the_seed_the_pids_limit_and_the_operators_words_last() {
         assert_eq!(
-            guest_cmdline(Some("00ff"), Some(64), "printk.time=1"),
+            guest_cmdline(Some("00ff"), Some(64), Some("web-1"), "printk.time=1"),
             "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init=/sandbox-agent \
              panic=-1 reboot=k SANDBOX_AGENT_VM=1 SANDBOX_RNG_SEED=00ff SANDBOX_PIDS_MAX=64 \
-             printk.time=1"
+             SANDBOX_HOSTNAME=web-1 printk.time=1"
         );
         assert_eq!(
-            guest_cmdline(None, None, " "),
+            guest_cmdline(None, None, None, " "),
             "console=ttyS0 quiet root=/dev/vdc ro rootfstype=ext4 init=/sandbox-agent \
              panic=-1 reboot=k SANDBOX_AGENT_VM=1"
         );

@@ -195,6 +195,10 @@ pub struct VmSpec {
     /// The uid and gid the VMM drops to once the VM is built, chrooted in
     /// the VM's run directory.
     pub uid: u32,
+    /// Empty disk slots after the agent disk (`/dev/vdd` on), for the
+    /// roots of a pod's containers, which arrive after boot.
+    #[serde(default)]
+    pub root_slots: u8,
 }
 
 /// A microVM memory snapshot a fork starts from.

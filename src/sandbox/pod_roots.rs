@@ -111,17 +111,27 @@ impl Manager {
         }
         validated_host_dirs("invalid_host_rootfs", "host_rootfs", &layers)?;
         let record = self.ready(id)?;
-        if record.runtime != RuntimeKind::Container {
-            return Err(SandboxError::bad(
-                "roots_unsupported",
-                "separate roots are for container sandboxes; a microVM has one root",
-            ));
-        }
+        let disk = match record.runtime {
+            RuntimeKind::Container => None,
+            RuntimeKind::Vm if record.join_netns.is_none() => {
+                return Err(SandboxError::bad(
+                    "roots_unsupported",
+                    "a microVM takes container roots when it is a CRI pod's (created with join_netns); this one has one root",
+                ))
+            }
+            RuntimeKind::Vm if limits.is_some() => {
+                return Err(SandboxError::bad(
+                    "roots_unsupported",
+                    "a container of a microVM pod shares the VM's limits; attach the root without limits",
+                ))
+            }
+            RuntimeKind::Vm => Some(self.root_disk(layers.clone()).await?),
+        };
         let limits = limits
             .map(|l| validated_root_limits(l, &self.config))
             .transpose()?;
         let mut client = self.connect(id).await?;
-        match client.attach_root(name, layers, limits).await {
+        match client.attach_root(name, layers, limits, disk).await {
             Ok(()) => Ok(()),
             Err(CallError::Connect(e)) => Err(not_running(id, e)),
             Err(CallError::Refused(e)) if e.kind == SupervisorErrorKind::Conflict => {
@@ -132,6 +142,21 @@ impl Manager {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A microVM root's layers as one read-only ext4 disk, made once while
+    /// their contents stay the same (as a task's own root is).
+    async fn root_disk(&self, layers: Vec<PathBuf>) -> Result<PathBuf, SandboxError> {
+        let dir = self
+            .config
+            .images_dir
+            .join(crate::image::flatten::LAYERED_DISKS);
+        tokio::task::spawn_blocking(move || {
+            crate::image::host_ext4::ensure_host_ext4(&layers, &dir)
+        })
+        .await
+        .map_err(SandboxError::internal)?
+        .map_err(|e| SandboxError::bad("invalid_host_rootfs", e.to_string()))
     }
 
     /// What limited root `name` of sandbox `id` uses now, read from its own

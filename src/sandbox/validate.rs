@@ -81,17 +81,12 @@ pub fn validated_host_rootfs(req: &CreateRequest) -> Result<(), SandboxError> {
 }
 
 /// Checks a CRI pod's namespace to join: a network namespace file, for a
-/// container made fresh (a fork keeps its snapshot's namespace setup).
+/// sandbox made fresh (a fork keeps its snapshot's namespace setup).
 pub fn validated_join_netns(req: &CreateRequest) -> Result<(), SandboxError> {
     let Some(path) = &req.join_netns else {
         return Ok(());
     };
     let bad = |message: String| SandboxError::bad("invalid_join_netns", message);
-    if req.runtime == Some(crate::model::RuntimeKind::Vm) {
-        return Err(bad(
-            "join_netns is for containers (a microVM's tap lives in a namespace of its own); use runtime \"container\"".into(),
-        ));
-    }
     if req.from_snapshot.is_some() {
         return Err(bad(
             "a fork cannot join a network namespace; create the sandbox fresh".into(),
@@ -114,17 +109,12 @@ pub fn validated_join_netns(req: &CreateRequest) -> Result<(), SandboxError> {
 
 /// Checks a hostname the create names: one to 63 of letters, digits, `-`
 /// and `.`, neither first nor last a `-` or `.` (a Kubernetes pod's name
-/// fits); for a container made fresh (a fork keeps its snapshot's).
+/// fits); for a sandbox made fresh (a fork keeps its snapshot's).
 pub fn validated_hostname(req: &CreateRequest) -> Result<(), SandboxError> {
     let Some(name) = &req.hostname else {
         return Ok(());
     };
     let bad = |message: String| SandboxError::bad("invalid_hostname", message);
-    if req.runtime == Some(crate::model::RuntimeKind::Vm) {
-        return Err(bad(
-            "hostname is set for containers only; a microVM's is its own".into(),
-        ));
-    }
     if req.from_snapshot.is_some() {
         return Err(bad(
             "a fork keeps its snapshot's hostname; create without hostname".into(),

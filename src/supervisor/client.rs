@@ -370,17 +370,20 @@ impl SupervisorClient {
     }
 
     /// Makes pod container root `name` on `layers` (top first), with
-    /// `limits` of its own within the sandbox's if given.
+    /// `limits` of its own within the sandbox's if given; a microVM's from
+    /// `disk`, the layers as one ext4.
     pub async fn attach_root(
         &mut self,
         name: &str,
         layers: Vec<PathBuf>,
         limits: Option<crate::runtime::cgroups::RootLimits>,
+        disk: Option<PathBuf>,
     ) -> Result<(), CallError> {
         let request = SupervisorRequest::AttachRoot {
             name: name.to_string(),
             layers,
             limits,
+            disk,
         };
         expect::ok("AttachRoot", self.call(&request, PROCESS_DEADLINE).await?)
     }

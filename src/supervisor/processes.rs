@@ -95,7 +95,14 @@ pub struct Supervisor {
     /// Pod container roots with limits of their own (a group under the
     /// sandbox's holding their processes').
     limited_roots: Mutex<std::collections::HashSet<String>>,
+    /// A microVM's empty disk slots, each holding the name of the root
+    /// whose disk is in it.
+    guest_root_slots: Mutex<Vec<Option<String>>>,
 }
+
+/// How long a microVM root's detach waits for each of its killed
+/// processes to exit before the agent unmounts it.
+const GUEST_ROOT_EXIT_WAIT: Duration = Duration::from_secs(5);
 
 fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
@@ -132,6 +139,10 @@ impl Supervisor {
     ) -> Arc<Self> {
         let (failure, _) = watch::channel(None);
         let first_proc = config.spec.kind.next_proc().unwrap_or(1);
+        let root_slots = match &config.spec.kind {
+            crate::runtime::sandbox::RuntimeSpec::Vm(vm) => vm.root_slots,
+            _ => 0,
+        };
         let oom_now = cgroups.oom_kills();
         // A fork's inherited processes: running on, output from here.
         let inherited: BTreeMap<u64, Entry> = config
@@ -175,6 +186,7 @@ impl Supervisor {
             dialer: std::sync::OnceLock::new(),
             roots: tokio::sync::Mutex::new(()),
             limited_roots: Mutex::default(),
+            guest_root_slots: Mutex::new(vec![None; usize::from(root_slots)]),
         })
     }
 
@@ -271,14 +283,8 @@ impl Supervisor {
     }
 
     /// The lock over pod container roots, once the sandbox is known to be
-    /// a live container (a microVM has one root).
+    /// live.
     async fn roots_held(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, SupervisorError> {
-        if self.process_control() == ProcessControl::GuestAgent {
-            return Err(err(
-                SupervisorErrorKind::InvalidInput,
-                "container roots are for container sandboxes; a microVM has one root",
-            ));
-        }
         let held = self.roots.lock().await;
         if let Some(reason) = self.failure() {
             return Err(err(SupervisorErrorKind::AgentGone, reason));
@@ -318,7 +324,11 @@ impl Supervisor {
         name: String,
         layers: Vec<std::path::PathBuf>,
         limits: Option<crate::runtime::cgroups::RootLimits>,
+        disk: Option<std::path::PathBuf>,
     ) -> Result<(), SupervisorError> {
+        if self.process_control() == ProcessControl::GuestAgent {
+            return self.attach_guest_root(name, disk, limits.is_some()).await;
+        }
         let _roots = self.roots_held().await?;
         let (spec, paths, made_name) = (self.config.spec.clone(), self.paths.clone(), name.clone());
         let mount = tokio::task::spawn_blocking(move || {
@@ -381,9 +391,169 @@ impl Supervisor {
         Err(refused)
     }
 
+    fn guest_root_slots(&self) -> std::sync::MutexGuard<'_, Vec<Option<String>>> {
+        self.guest_root_slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Takes a free slot for root `name`; its disk number.
+    fn claim_guest_root_slot(&self, name: &str) -> Result<usize, SupervisorError> {
+        let mut slots = self.guest_root_slots();
+        if slots.iter().flatten().any(|held| held == name) {
+            return Err(err(
+                SupervisorErrorKind::Conflict,
+                format!("container root {name:?} is attached already"),
+            ));
+        }
+        let total = slots.len();
+        let Some(free) = slots.iter().position(Option::is_none) else {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                format!("the microVM's {total} root slots are all in use: a microVM pod holds at most {total} containers besides its sandbox"),
+            ));
+        };
+        slots[free] = Some(name.to_owned());
+        Ok(crate::runtime::microvm::FIRST_ROOT_SLOT_DISK + free)
+    }
+
+    fn free_guest_root_slot(&self, disk_number: usize) {
+        if let Some(slot) = self
+            .guest_root_slots()
+            .get_mut(disk_number - crate::runtime::microvm::FIRST_ROOT_SLOT_DISK)
+        {
+            *slot = None;
+        }
+    }
+
+    /// A microVM's root: `disk` into a free slot, mounted by the agent.
+    async fn attach_guest_root(
+        &self,
+        name: String,
+        disk: Option<std::path::PathBuf>,
+        limited: bool,
+    ) -> Result<(), SupervisorError> {
+        let _roots = self.roots_held().await?;
+        let Some(disk) = disk else {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "a microVM's container root comes as an ext4 disk, not as host directories",
+            ));
+        };
+        if limited {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "limits of a container of its own are not kept in a microVM pod yet; its containers share the VM's",
+            ));
+        }
+        let disk_number = self.claim_guest_root_slot(&name)?;
+        let paths = self.paths.clone();
+        let put = tokio::task::spawn_blocking(move || {
+            crate::runtime::microvm::attach_disk(&paths, disk_number, &disk)
+        })
+        .await
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))
+        .and_then(|put| put.map_err(|e| err(SupervisorErrorKind::Internal, e.to_string())));
+        let sectors = match put {
+            Ok(sectors) => sectors,
+            Err(e) => {
+                // The VMM may have taken the disk before the answer was
+                // lost: empty the slot (an empty one answers as well).
+                self.empty_guest_root_slot(disk_number).await;
+                return Err(e);
+            }
+        };
+        let mounted = self
+            .agent(RequestBody::MountRoot {
+                name: name.clone(),
+                disk_id: format!("disk{disk_number}"),
+                sectors,
+            })
+            .await;
+        let refused = match mounted {
+            Ok(Reply::Ok) => return Ok(()),
+            Ok(Reply::Error(e)) => err(
+                match e.kind {
+                    ErrorKind::AlreadyExists => SupervisorErrorKind::Conflict,
+                    ErrorKind::InvalidInput => SupervisorErrorKind::InvalidInput,
+                    _ => SupervisorErrorKind::Internal,
+                },
+                e.message,
+            ),
+            Ok(other) => unexpected_guest_reply("a root's mount", other),
+            Err(e) => e,
+        };
+        self.empty_guest_root_slot(disk_number).await;
+        Err(refused)
+    }
+
+    /// Empties a slot in the VMM and frees it here; a slot the VMM would
+    /// not empty stays taken, so no later root meets its old disk.
+    async fn empty_guest_root_slot(&self, disk_number: usize) {
+        let paths = self.paths.clone();
+        let emptied = tokio::task::spawn_blocking(move || {
+            crate::runtime::microvm::detach_disk(&paths, disk_number)
+        })
+        .await;
+        match emptied {
+            Ok(Ok(())) => self.free_guest_root_slot(disk_number),
+            Ok(Err(e)) => tracing::warn!("disk slot {disk_number} stays in use: {e}"),
+            Err(e) => tracing::warn!("disk slot {disk_number} stays in use: {e}"),
+        }
+    }
+
+    /// A microVM's root: its processes killed, unmounted by the agent, its
+    /// slot emptied.
+    async fn detach_guest_root(&self, name: String) -> Result<(), SupervisorError> {
+        let _roots = self.roots_held().await?;
+        let Some(disk_number) = self
+            .guest_root_slots()
+            .iter()
+            .position(|held| held.as_deref() == Some(name.as_str()))
+            .map(|slot| crate::runtime::microvm::FIRST_ROOT_SLOT_DISK + slot)
+        else {
+            return Err(err(
+                SupervisorErrorKind::UnknownRoot,
+                format!("no container root named {name:?} is attached"),
+            ));
+        };
+        // Ended ones too: the agent kills through an ended process's guest
+        // group what it left running there.
+        let started_there: Vec<u64> = self
+            .procs()
+            .iter()
+            .filter(|(_, entry)| entry.root.as_deref() == Some(name.as_str()))
+            .map(|(id, _)| *id)
+            .collect();
+        for &proc in &started_there {
+            self.kill(proc).await?;
+        }
+        // Their files on the root's disk close as they exit; the agent then
+        // finds the disk free (it answers an error while it is held, and the
+        // slot stays taken rather than meet a later root's disk).
+        for proc in started_there {
+            let _ = self.wait(proc, GUEST_ROOT_EXIT_WAIT).await;
+        }
+        match self
+            .agent(RequestBody::UnmountRoot { name: name.clone() })
+            .await?
+        {
+            Reply::Ok => {}
+            // Its mount failed half way and was undone: only the slot is left.
+            Reply::Error(e) if e.kind == ErrorKind::NotFound => {}
+            Reply::Error(e) => return Err(err(SupervisorErrorKind::Internal, e.message)),
+            other => return Err(unexpected_guest_reply("a root's unmount", other)),
+        }
+        self.empty_guest_root_slot(disk_number).await;
+        Ok(())
+    }
+
     /// Kills what runs in pod container root `name`, unmounts it inside
     /// the sandbox and removes its writable layer.
     pub async fn detach_root(&self, name: String) -> Result<(), SupervisorError> {
+        if self.process_control() == ProcessControl::GuestAgent {
+            return self.detach_guest_root(name).await;
+        }
         let _roots = self.roots_held().await?;
         // Every process started there, ended or not: an ended one's cgroup
         // still holds what it left running in the background.
@@ -1166,6 +1336,7 @@ mod tests {
             restore: None,
             scratch_from: None,
             uid: 0,
+            root_slots: 0,
         })
     }
 

@@ -62,7 +62,10 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// Python while the version stayed 8 (`File` frames carry a `RequestBody`).
 ///
 /// 10 added `HandOver`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 10;
+///
+/// 11 added `AttachRoot::disk` (a microVM's root) and the agent's
+/// `RequestBody::MountRoot` and `UnmountRoot`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 11;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -148,14 +151,17 @@ pub enum SupervisorRequest {
     /// The TCP ports something in the sandbox listens on (the agent reads
     /// them). Reply: [`SupervisorReply::Agent`] with `Reply::Listening`.
     ListeningPorts,
-    /// A container sandbox only: make a pod container's root on `layers`
-    /// (host directories, top first) and have the agent attach it as
-    /// `name` (see `runtime::pod_roots`), in a group of its own under the
-    /// sandbox's when it has `limits`. Reply: [`SupervisorReply::Ok`].
+    /// Make a pod container's root `name`. A container sandbox's is made
+    /// on `layers` (host directories, top first) and attached inside it
+    /// (see `runtime::pod_roots`), in a group of its own under the
+    /// sandbox's when it has `limits`. A microVM's comes as `disk` (those
+    /// layers as one read-only ext4), which goes into a free disk slot of
+    /// the VM for its agent to mount. Reply: [`SupervisorReply::Ok`].
     AttachRoot {
         name: String,
         layers: Vec<std::path::PathBuf>,
         limits: Option<crate::runtime::cgroups::RootLimits>,
+        disk: Option<std::path::PathBuf>,
     },
     /// Kill the processes started in root `name`, have the agent unmount
     /// it and remove its writable layer. Reply: [`SupervisorReply::Ok`].

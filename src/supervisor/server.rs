@@ -215,9 +215,10 @@ async fn answer(
             name,
             layers,
             limits,
+            disk,
         } => reply_of(
             supervisor
-                .attach_root(name, layers, limits)
+                .attach_root(name, layers, limits, disk)
                 .await
                 .map(|()| SupervisorReply::Ok),
         ),

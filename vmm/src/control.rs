@@ -196,11 +196,14 @@ fn serve(stream: UnixStream, handle: &MachineHandle) {
                 );
                 return;
             }
-            Ok(Some(Ok(line))) => execute_with(
-                line.trim_end_matches('\r'),
-                handle,
-                &mut reader.get_mut().pending,
-            ),
+            Ok(Some(Ok(line))) => {
+                let pending = &mut reader.get_mut().pending;
+                let reply = execute_with(line.trim_end_matches('\r'), handle, pending);
+                // A descriptor belongs to the line it came with: one left
+                // by a refused command never reaches a later attach.
+                pending.clear();
+                reply
+            }
         };
         if out.write_all(format!("{reply}\n").as_bytes()).is_err() {
             return;

@@ -102,8 +102,10 @@ impl MachineHandle {
     pub fn snapshot(&self, dir: &Path) -> Result<SnapshotReport, SnapshotError> {
         let started = Instant::now();
         snapshot::check_directory(dir)?;
+        let mut devices_paused = self.op.lock().unwrap_or_else(PoisonError::into_inner);
         // A snapshot reopens its disks from the restore's --disk list, which
-        // cannot name a medium handed in later.
+        // cannot name a medium handed in later (checked under `op`, which
+        // medium changes take too).
         if let Some(id) = self.virtio.iter().find_map(|t| {
             let t = lock(t);
             let block = t.device().as_block()?;
@@ -111,7 +113,6 @@ impl MachineHandle {
         }) {
             return Err(SnapshotError::SlotInUse(id));
         }
-        let mut devices_paused = self.op.lock().unwrap_or_else(PoisonError::into_inner);
         self.pause_locked(&mut devices_paused)?;
         let vcpus = self.control.save_vcpus()?;
         let virtio: Vec<_> = self.virtio.iter().map(|t| lock(t).snapshot()).collect();

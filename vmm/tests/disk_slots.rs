@@ -143,7 +143,7 @@ fn a_slot_takes_a_read_only_disk_while_the_guest_runs_and_gives_it_back() {
     let err = handle
         .snapshot(&snap)
         .expect_err("a held slot blocks a snapshot");
-    assert!(err.to_string().contains("detach it"), "{err}");
+    assert!(err.to_string().contains("empty the slot"), "{err}");
     handle.resume().expect("resume");
     assert_eq!(control(&ctl, "detach-disk 1", None), "ok 0");
     let (out, code) = agent.run(4, &read);

@@ -313,6 +313,7 @@ impl Manager {
         let cmdline = crate::runtime::microvm::guest_cmdline(
             Some(&hex::encode(seed)),
             Some(record.limits.pids),
+            record.hostname.as_deref(),
             &vm.cmdline,
         );
         Ok(crate::runtime::sandbox::VmSpec {
@@ -331,6 +332,12 @@ impl Manager {
             uid: record
                 .vm_uid
                 .ok_or_else(|| SandboxError::internal("a microVM record without its uid"))?,
+            // A CRI pod's containers bring their roots after boot.
+            root_slots: if record.join_netns.is_some() {
+                crate::runtime::microvm::POD_ROOT_SLOTS
+            } else {
+                0
+            },
         })
     }
 }

@@ -54,7 +54,7 @@ pub enum SnapshotError {
     #[error(transparent)]
     State(#[from] StateFileError),
     /// A disk slot holds a disk handed in while the VM ran.
-    #[error("{0} is a slot holding a disk: detach it (detach-disk) before a snapshot")]
+    #[error("{0} is a slot holding a disk, which a restore could not reopen: empty the slot before a snapshot")]
     SlotInUse(String),
 }
 
