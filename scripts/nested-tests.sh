@@ -30,7 +30,7 @@ mkdir -p "$logs"
 
 # package:test-target of every suite that needs a Linux guest on KVM
 # (sandboxd:host_rootfs: its pod test on the nested host's cgroup v2)
-read -ra suites <<<"${NESTED_SUITES:-vmm:linux sandboxd:microvm_linux sandboxd:containerd_shim sandboxd:host_rootfs}"
+read -ra suites <<<"${NESTED_SUITES:-vmm:linux sandboxd:microvm_linux sandboxd:containerd_shim sandboxd:containerd_cri sandboxd:host_rootfs}"
 test_args=${NESTED_TEST_ARGS---ignored}
 
 # The whole workspace's test build, as scripts/test.sh made it: asking for

@@ -27,8 +27,9 @@ use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatsRequest,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest,
     LinuxContainerConfig, LinuxContainerResources, PodSandboxConfig, PodSandboxMetadata,
-    PodSandboxState, PodSandboxStatus, PodSandboxStatusRequest, RemovePodSandboxRequest,
-    RunPodSandboxRequest, StartContainerRequest, StopPodSandboxRequest,
+    PodSandboxState, PodSandboxStatus, PodSandboxStatusRequest, RemoveContainerRequest,
+    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 use upstream::Upstream;
@@ -328,26 +329,105 @@ impl Cri {
         }
     }
 
-    async fn remove_pod(&mut self, pod: &str) {
-        tokio::time::timeout(
-            CALL,
-            self.runtime.stop_pod_sandbox(StopPodSandboxRequest {
-                pod_sandbox_id: pod.into(),
-            }),
-        )
-        .await
-        .expect("StopPodSandbox in time")
-        .expect("StopPodSandbox");
-        tokio::time::timeout(
-            CALL,
-            self.runtime.remove_pod_sandbox(RemovePodSandboxRequest {
-                pod_sandbox_id: pod.into(),
-            }),
-        )
-        .await
-        .expect("RemovePodSandbox in time")
-        .expect("RemovePodSandbox");
+    /// Starts a `server` container serving `page` with httpd on port 8080
+    /// and a `client` one in `pod`, and waits until the client reads the
+    /// page over localhost (httpd listens once its container started).
+    async fn serve_over_localhost(
+        &mut self,
+        pod: &(String, PodSandboxConfig),
+        page: &str,
+    ) -> (String, String) {
+        let serve = format!(
+            "mkdir -p /www && echo {page} > /www/index.html && exec httpd -f -p 8080 -h /www"
+        );
+        let server = self
+            .start_container(pod, "server", &["sh", "-c", &serve])
+            .await;
+        let client = self
+            .start_container(pod, "client", &["sleep", "3600"])
+            .await;
+        let (code, said) = self
+            .exec(
+                &client,
+                "for i in $(seq 300); do wget -qO- http://127.0.0.1:8080/index.html && exit 0; sleep 0.1; done; exit 1",
+            )
+            .await;
+        assert_eq!((code, said.trim()), (0, page), "{said}");
+        (server, client)
     }
+
+    /// The host reaches `page` at the pod IP's port 8080 but not sandboxd's
+    /// proxy port there; from `client`, the pod's allow list (only
+    /// allowed.example.test) holds.
+    async fn assert_pod_ip_and_allow_list(
+        &mut self,
+        pod: &(String, PodSandboxConfig),
+        client: &str,
+        page: &str,
+    ) {
+        let ip = self.pod_ip(&pod.0).await;
+        let got = get_from_host(&format!("{ip}:8080")).expect("the pod's port from the host");
+        assert!(got.contains(page), "{got}");
+        assert!(
+            get_from_host(&format!("{ip}:15001")).is_err(),
+            "the egress proxy's port is not served to the pod network"
+        );
+        let (code, said) = self
+            .exec(client, "timeout 20 wget -qO- http://allowed.example.test/")
+            .await;
+        assert_eq!((code, said.trim()), (0, upstream::BODY), "{said}");
+        let (code, said) = self
+            .exec(client, "timeout 20 wget -qO- http://other.example.test/")
+            .await;
+        assert_ne!(code, 0, "a host off the allow list is refused: {said}");
+    }
+
+    /// Stops (at once) and removes container `id`, as the kubelet does.
+    async fn remove_container(&mut self, id: &str) {
+        let container_id = id.to_string();
+        let stop = StopContainerRequest {
+            container_id: container_id.clone(),
+            timeout: 0,
+        };
+        answered("StopContainer", self.runtime.stop_container(stop)).await;
+        let remove = RemoveContainerRequest { container_id };
+        answered("RemoveContainer", self.runtime.remove_container(remove)).await;
+    }
+
+    async fn remove_pod(&mut self, pod: &str) {
+        let stop = StopPodSandboxRequest {
+            pod_sandbox_id: pod.into(),
+        };
+        answered("StopPodSandbox", self.runtime.stop_pod_sandbox(stop)).await;
+        let remove = RemovePodSandboxRequest {
+            pod_sandbox_id: pod.into(),
+        };
+        answered("RemovePodSandbox", self.runtime.remove_pod_sandbox(remove)).await;
+    }
+}
+
+/// A CRI call's answer, within [`CALL`]; the test fails naming `what`.
+async fn answered<T>(
+    what: &str,
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> T {
+    match tokio::time::timeout(CALL, call).await {
+        Ok(Ok(answer)) => answer.into_inner(),
+        Ok(Err(e)) => panic!("{what}: {e}"),
+        Err(_) => panic!("{what} not answered in time"),
+    }
+}
+
+/// A CNI network, a containerd with CRI on it that runs `daemon`'s
+/// sandboxes, and a CRI client that sees busybox imported. The network
+/// goes when the first is dropped.
+async fn cri_with_busybox(daemon: &Daemon) -> (CniNetwork, Containerd, Cri) {
+    let cni = CniNetwork::new();
+    let containerd = Containerd::start_cri(daemon, &cni.conf_dir());
+    containerd.import_busybox();
+    let mut cri = Cri::connect(&containerd.socket()).await;
+    cri.await_image(IMAGE).await;
+    (cni, containerd, cri)
 }
 
 fn image_spec(image: &str) -> ImageSpec {
@@ -384,11 +464,7 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     let flags = upstream.daemon_flags();
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut daemon = Daemon::start_with(&flags);
-    let cni = CniNetwork::new();
-    let containerd = Containerd::start_cri(&daemon, &cni.conf_dir());
-    containerd.import_busybox();
-    let mut cri = Cri::connect(&containerd.socket()).await;
-    cri.await_image(IMAGE).await;
+    let (_cni, _containerd, mut cri) = cri_with_busybox(&daemon).await;
 
     // A pod is one sandbox, labelled with its sandbox container's id.
     let web = cri
@@ -400,33 +476,12 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     let sandbox = sandboxes[0]["id"].as_str().expect("id").to_string();
 
     // Two containers, each with a root of its own, talking over localhost.
-    let server = cri
-        .start_container(
-            &web,
-            "server",
-            &[
-                "sh",
-                "-c",
-                "mkdir -p /www && echo served-in-the-pod > /www/index.html && exec httpd -f -p 8080 -h /www",
-            ],
-        )
-        .await;
-    let client = cri
-        .start_container(&web, "client", &["sleep", "3600"])
-        .await;
+    let (server, client) = cri.serve_over_localhost(&web, "served-in-the-pod").await;
     assert_eq!(
         daemon.sandboxes().await.len(),
         1,
         "the containers joined the pod's sandbox"
     );
-    // httpd listens once its container started; the exec waits for it.
-    let (code, said) = cri
-        .exec(
-            &client,
-            "for i in $(seq 100); do wget -qO- http://127.0.0.1:8080/index.html && exit 0; sleep 0.1; done; exit 1",
-        )
-        .await;
-    assert_eq!((code, said.trim()), (0, "served-in-the-pod"), "{said}");
     // A container with limits of its own (the kubelet's from
     // `resources.limits`) runs in a group of them under the pod's: 64 MiB
     // is over its 32 and fine for the client, which has none.
@@ -488,24 +543,10 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     assert!(said.starts_with("web\n"), "the pod's hostname: {said}");
 
     // The pod IP is CNI's: the host reaches the pod's port there, but not
-    // sandboxd's own proxy port in the pod.
-    let ip = cri.pod_ip(&web.0).await;
-    let page = get_from_host(&format!("{ip}:8080")).expect("the pod's port from the host");
-    assert!(page.contains("served-in-the-pod"), "{page}");
-    assert!(
-        get_from_host(&format!("{ip}:15001")).is_err(),
-        "the egress proxy's port is not served to the pod network"
-    );
-
-    // The pod's allow list holds for its containers.
-    let (code, said) = cri
-        .exec(&client, "timeout 10 wget -qO- http://allowed.example.test/")
+    // sandboxd's own proxy port in the pod; the pod's allow list holds for
+    // its containers.
+    cri.assert_pod_ip_and_allow_list(&web, &client, "served-in-the-pod")
         .await;
-    assert_eq!((code, said.trim()), (0, upstream::BODY), "{said}");
-    let (code, said) = cri
-        .exec(&client, "timeout 10 wget -qO- http://other.example.test/")
-        .await;
-    assert_ne!(code, 0, "a host off the allow list is refused: {said}");
 
     // A pod annotated block-network reaches nothing.
     let closed = cri
@@ -571,5 +612,97 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
         !mounts.contains(&sandbox),
         "no mount of the pod's sandbox is left:\n{mounts}"
     );
+    assert!(daemon.sandbox_run_dirs().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
+async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_roots_after_boot() {
+    let upstream = Upstream::start();
+    let Some(daemon) = common::linux_vm::linux_vm_daemon(&upstream.daemon_flags()) else {
+        return;
+    };
+    let (_cni, _containerd, mut cri) = cri_with_busybox(&daemon).await;
+
+    // The pod is one microVM in the namespace CNI made.
+    let web = cri
+        .run_pod(
+            "web",
+            &[
+                ("sandboxd.io/runtime", "vm"),
+                ("sandboxd.io/allow-list", "allowed.example.test"),
+            ],
+        )
+        .await;
+    let sandboxes = daemon.sandboxes().await;
+    assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
+    assert_eq!(sandboxes[0]["runtime"], "vm", "{sandboxes:?}");
+    let sandbox = sandboxes[0]["id"].as_str().expect("id").to_string();
+
+    // Its containers' roots arrive after boot, each as a disk put into one
+    // of the VM's slots; they talk over the guest's localhost.
+    let (server, client) = cri.serve_over_localhost(&web, "served-in-the-vm").await;
+    assert_eq!(daemon.sandboxes().await.len(), 1, "one VM for the pod");
+    let (code, said) = cri.exec(&server, "cat /www/index.html").await;
+    assert_eq!(code, 0, "the server sees its own file: {said}");
+    let (code, said) = cri.exec(&client, "cat /www/index.html").await;
+    assert_ne!(code, 0, "the client's root is its own: {said}");
+    let (code, said) = cri
+        .exec(&client, "hostname; grep -c sandbox-agent /proc/cmdline")
+        .await;
+    assert_eq!(
+        (code, said.as_str()),
+        (0, "web\n1\n"),
+        "the pod's name, in a guest kernel: {said}"
+    );
+
+    // The pod IP is CNI's and reaches the guest's port; the egress proxy's
+    // port in the pod's namespace is not served; the allow list holds.
+    cri.assert_pod_ip_and_allow_list(&web, &client, "served-in-the-vm")
+        .await;
+
+    // A fourth container finds no free slot and is refused, saying why; a
+    // removed container frees its slot.
+    let third = cri.start_container(&web, "third", &["sleep", "3600"]).await;
+    let refused = cri
+        .runtime
+        .create_container(CreateContainerRequest {
+            pod_sandbox_id: web.0.clone(),
+            config: Some(ContainerConfig {
+                metadata: Some(ContainerMetadata {
+                    name: "fourth".into(),
+                    attempt: 0,
+                }),
+                image: Some(image_spec(IMAGE)),
+                command: vec!["sleep".into(), "3600".into()],
+                ..Default::default()
+            }),
+            sandbox_config: Some(web.1.clone()),
+        })
+        .await;
+    let started = match refused {
+        Ok(created) => cri
+            .runtime
+            .start_container(StartContainerRequest {
+                container_id: created.into_inner().container_id,
+            })
+            .await
+            .map(drop),
+        Err(e) => Err(e),
+    };
+    let err = started.expect_err("no slot is left for a fourth container");
+    assert!(err.message().contains("root slots are all in use"), "{err}");
+    cri.remove_container(&third).await;
+    let again = cri.start_container(&web, "again", &["sleep", "3600"]).await;
+    let (code, said) = cri.exec(&again, "ls /bin/busybox").await;
+    assert_eq!(
+        code, 0,
+        "a slot freed by a removed container serves again: {said}"
+    );
+
+    // Stopping and removing the pod leaves nothing in sandboxd, its
+    // cgroups or vmm processes.
+    cri.remove_pod(&web.0).await;
+    common::linux_vm::assert_nothing_left(&daemon, &[&sandbox]).await;
     assert!(daemon.sandbox_run_dirs().is_empty());
 }

@@ -230,14 +230,6 @@ pub fn sandbox(
     if let Some(annotations) = config.get("annotations").and_then(Value::as_object) {
         features(annotations, &mut body)?;
     }
-    if pod && body["runtime"] == "vm" {
-        // A microVM boots with one root; a pod's containers bring theirs
-        // after it started, which would need disks added to a running VM.
-        return Err(refuse(
-            annotations::RUNTIME,
-            "vm: a microVM runs one task (ctr run), not a pod's several containers yet; use container for pods",
-        ));
-    }
     Ok(body)
 }
 
@@ -604,13 +596,6 @@ mod tests {
             json!([{"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/x/hosts"}]);
         let mut bind = ctr_spec();
         bind["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
-        let mut vm_pod = ctr_spec();
-        vm_pod["annotations"] = json!({
-            "sandboxd.io/runtime": "vm",
-            "io.kubernetes.cri.container-type": "sandbox",
-        });
-        vm_pod["linux"]["namespaces"] =
-            json!([{"type": "network", "path": "/var/run/netns/cni-1"}, {"type": "pid"}]);
         let mut bind_on_run = ctr_spec();
         bind_on_run["mounts"] = json!([{"destination": "/run", "type": "bind", "source": "/etc"}]);
         let mut readonly = ctr_spec();
@@ -629,7 +614,6 @@ mod tests {
             (pod_net, "linux.namespaces[network].path"),
             (pod_bind, "mounts[0]"),
             (bind, "mounts[0]"),
-            (vm_pod, annotations::RUNTIME),
             (bind_on_run, "mounts[0]"),
             (readonly, "root.readonly"),
             (hooks, "hooks"),
@@ -708,6 +692,16 @@ mod tests {
         assert_eq!(body["hostname"], "web-1", "the pod's name inside");
         assert_eq!(body["block_network"], true);
         assert!(body.get("memory_mib").is_none());
+    }
+
+    #[test]
+    fn a_cri_pod_annotated_vm_is_a_microvm_in_its_network_namespace() {
+        let mut spec = cri_spec("sandbox");
+        spec["annotations"]["sandboxd.io/runtime"] = json!("vm");
+        let body = sandbox(&spec, &[PathBuf::from("/s/pause")], "k8s.io", "pod1").unwrap();
+        assert_eq!(body["runtime"], "vm");
+        assert_eq!(body["join_netns"], "/var/run/netns/cni-1");
+        assert_eq!(body["hostname"], "web-1");
     }
 
     #[test]
