@@ -693,11 +693,37 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
     let err = started.expect_err("no slot is left for a fourth container");
     assert!(err.message().contains("root slots are all in use"), "{err}");
     cri.remove_container(&third).await;
-    let again = cri.start_container(&web, "again", &["sleep", "3600"]).await;
-    let (code, said) = cri.exec(&again, "ls /bin/busybox").await;
+
+    // The freed slot serves again, here a container with limits of its
+    // own: the agent keeps them on a guest group of its own, so 64 MiB is
+    // over its 32 and fine for the client, which has none.
+    let limited = cri
+        .start_limited_container(
+            &web,
+            "limited",
+            &["sleep", "3600"],
+            Some(LinuxContainerResources {
+                memory_limit_in_bytes: 32 << 20,
+                cpu_period: 100_000,
+                cpu_quota: 50_000,
+                ..Default::default()
+            }),
+        )
+        .await;
+    let fill = "dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null; echo rc=$?";
+    let (code, said) = cri.exec(&client, fill).await;
+    assert_eq!((code, said.trim()), (0, "rc=0"), "{said}");
+    let (code, said) = cri.exec(&limited, fill).await;
     assert_eq!(
-        code, 0,
-        "a slot freed by a removed container serves again: {said}"
+        (code, said.trim()),
+        (0, "rc=137"),
+        "killed at its own ceiling: {said}"
+    );
+    let (code, said) = cri.exec(&limited, "cat /proc/self/cgroup").await;
+    assert_eq!(code, 0, "{said}");
+    assert!(
+        said.contains("/workload/root-"),
+        "its group is under its root's: {said}"
     );
 
     // Stopping and removing the pod leaves nothing in sandboxd, its

@@ -491,10 +491,6 @@ async fn a_sandbox_joins_a_given_network_namespace_with_its_egress_rules() {
             json!({"join_netns": "/etc/hostname"}),
             "not a network namespace",
         ),
-        (
-            json!({"join_netns": netns, "runtime": "vm"}),
-            "for containers",
-        ),
         // The daemon's own (this test shares it): never a sandbox's.
         (
             json!({"join_netns": "/proc/self/ns/net"}),

@@ -284,10 +284,6 @@ async fn a_create_may_name_the_sandboxs_hostname() {
             json!({"image": "busybox", "hostname": "x".repeat(64)}),
             "not a hostname",
         ),
-        (
-            json!({"runtime": "vm", "hostname": "web"}),
-            "containers only",
-        ),
     ] {
         let (status, answer) = daemon
             .call(Method::POST, "/v1/sandboxes", Some(body.clone()))

@@ -170,8 +170,9 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             name,
             disk_id,
             sectors,
+            limits,
         } => guest_root(agent, id, permit, move || {
-            crate::guest_roots::mount_root(&name, &disk_id, sectors)
+            crate::guest_roots::mount_root(&name, &disk_id, sectors, limits.as_ref())
         }),
         RequestBody::UnmountRoot { name } => guest_root(agent, id, permit, move || {
             crate::guest_roots::unmount_root(&name)

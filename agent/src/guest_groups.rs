@@ -5,14 +5,19 @@
 //! called setsid, which a process-group kill misses), and `memory.events`
 //! tells an OOM kill inside the guest from any other SIGKILL. The parent
 //! `workload` group holds the sandbox's pids limit, over all of them
-//! together and not over the agent. In a container the supervisor hands the
-//! agent its groups instead, and this is not set up.
+//! together and not over the agent. A pod container root with limits of
+//! its own gets `workload/root-<name>` holding them, and the groups of the
+//! processes started in that root go under it. In a container the
+//! supervisor hands the agent its groups instead, and this is not set up.
 
+use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+use sandbox_proto::GuestRootLimits;
 
 /// Set once by VM boot; absent in a container.
 static GROUPS: OnceLock<GuestGroups> = OnceLock::new();
@@ -27,6 +32,10 @@ const WORKLOAD: &str = "workload";
 pub struct GuestGroups {
     /// The `workload` group: the process groups are its children.
     workload: PathBuf,
+    /// Whether the kernel has the cpu controller (CFS bandwidth).
+    cpu: bool,
+    /// The limited root each process was started in, where it has one.
+    in_root: Mutex<HashMap<u64, String>>,
 }
 
 /// The guest's groups, when this agent is a microVM's init.
@@ -45,16 +54,85 @@ pub fn install(root: &Path, pids_max: Option<u64>) -> io::Result<()> {
 
 impl GuestGroups {
     fn make(root: &Path, pids_max: Option<u64>) -> io::Result<Self> {
-        const CONTROLLERS: &str = "+memory +pids";
-        fs::write(root.join("cgroup.subtree_control"), CONTROLLERS)?;
+        let available = fs::read_to_string(root.join("cgroup.controllers"))?;
+        let cpu = available.split_whitespace().any(|c| c == "cpu");
         let workload = root.join(WORKLOAD);
-        fs::create_dir(&workload)?;
-        let groups = Self { workload };
+        let groups = Self {
+            workload,
+            cpu,
+            in_root: Mutex::default(),
+        };
+        fs::write(root.join("cgroup.subtree_control"), groups.controllers())?;
+        fs::create_dir(&groups.workload)?;
         if let Some(max) = pids_max {
             groups.limit_pids(max)?;
         }
-        fs::write(groups.workload.join("cgroup.subtree_control"), CONTROLLERS)?;
+        fs::write(
+            groups.workload.join("cgroup.subtree_control"),
+            groups.controllers(),
+        )?;
         Ok(groups)
+    }
+
+    /// What each level hands down to the next.
+    fn controllers(&self) -> &'static str {
+        if self.cpu {
+            "+cpu +memory +pids"
+        } else {
+            "+memory +pids"
+        }
+    }
+
+    fn in_root(&self) -> MutexGuard<'_, HashMap<u64, String>> {
+        self.in_root.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn root_dir(&self, name: &str) -> PathBuf {
+        self.workload.join(format!("root-{name}"))
+    }
+
+    /// Makes the group of container root `name` with its `limits`; the
+    /// groups of processes started in that root go under it.
+    pub fn create_root_group(&self, name: &str, limits: &GuestRootLimits) -> io::Result<()> {
+        if limits.cpu_quota_us.is_some() && !self.cpu {
+            return Err(io::Error::other(
+                "the guest kernel has no cpu controller (CONFIG_CFS_BANDWIDTH) for a CPU limit",
+            ));
+        }
+        let dir = self.root_dir(name);
+        fs::create_dir(&dir)?;
+        let set = || -> io::Result<()> {
+            if let Some(quota) = limits.cpu_quota_us {
+                fs::write(
+                    dir.join("cpu.max"),
+                    format!("{quota} {}", limits.cpu_period_us),
+                )?;
+            }
+            if let Some(bytes) = limits.memory_bytes {
+                fs::write(dir.join("memory.max"), bytes.to_string())?;
+            }
+            if let Some(max) = limits.pids_max {
+                fs::write(dir.join("pids.max"), max.to_string())?;
+            }
+            fs::write(dir.join("cgroup.subtree_control"), self.controllers())
+        };
+        set().inspect_err(|_| {
+            let _ = fs::remove_dir(&dir);
+        })
+    }
+
+    /// Whether container root `name` has a group of its own.
+    pub fn has_root_group(&self, name: &str) -> bool {
+        self.root_dir(name).is_dir()
+    }
+
+    /// Kills what runs in container root `name`'s group and removes it once
+    /// empty (a group still busy stays for the VM's end).
+    pub fn remove_root_group(&self, name: &str) {
+        let dir = self.root_dir(name);
+        if fs::remove_dir(&dir).is_err() {
+            let _ = fs::write(dir.join("cgroup.kill"), "1");
+        }
     }
 
     /// Tasks in all process groups together now (`pids.current`).
@@ -66,7 +144,11 @@ impl GuestGroups {
     }
 
     fn dir(&self, proc: u64) -> PathBuf {
-        self.workload.join(format!("p{proc}"))
+        let group = format!("p{proc}");
+        match self.in_root().get(&proc) {
+            Some(root) => self.root_dir(root).join(group),
+            None => self.workload.join(group),
+        }
     }
 
     /// At most `max` tasks from forks in all process groups together: a
@@ -84,10 +166,14 @@ impl GuestGroups {
         fs::write(self.workload.join("pids.max"), value)
     }
 
-    /// Makes `proc`'s group and opens its `cgroup.procs` for the child to
+    /// Makes `proc`'s group (under container root `root`'s group, where
+    /// that root has one) and opens its `cgroup.procs` for the child to
     /// write itself into before exec (what the launcher does with the groups
     /// a supervisor hands over).
-    pub fn create(&self, proc: u64) -> io::Result<OwnedFd> {
+    pub fn create(&self, proc: u64, root: Option<&str>) -> io::Result<OwnedFd> {
+        if let Some(root) = root.filter(|r| self.has_root_group(r)) {
+            self.in_root().insert(proc, root.to_owned());
+        }
         let dir = self.dir(proc);
         match fs::create_dir(&dir) {
             Ok(()) => {}
@@ -123,7 +209,9 @@ impl GuestGroups {
     /// descendants still keep busy stays (as a container's does) and is
     /// retried at the process's next ending or left for the VM's end.
     pub fn remove(&self, proc: u64) {
-        let _ = fs::remove_dir(self.dir(proc));
+        if fs::remove_dir(self.dir(proc)).is_ok() {
+            self.in_root().remove(&proc);
+        }
     }
 }
 
@@ -153,9 +241,17 @@ mod tests {
         // kernel would offer.
         let root = std::env::temp_dir().join(format!("guest-groups-{}", std::process::id()));
         fs::create_dir_all(&root).expect("root");
+        fs::write(
+            root.join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .expect("controllers");
         let groups = GuestGroups::make(&root, Some(16)).expect("groups");
         let workload = root.join(WORKLOAD);
-        for (group, controllers) in [(&root, "+memory +pids"), (&workload, "+memory +pids")] {
+        for (group, controllers) in [
+            (&root, "+cpu +memory +pids"),
+            (&workload, "+cpu +memory +pids"),
+        ] {
             assert_eq!(
                 fs::read_to_string(group.join("cgroup.subtree_control")).expect("controllers"),
                 controllers
@@ -183,7 +279,7 @@ mod tests {
         let dir = workload.join("p4");
         fs::create_dir(&dir).expect("group");
         fs::write(dir.join("cgroup.procs"), "").expect("procs");
-        drop(groups.create(4).expect("an existing group is reused"));
+        drop(groups.create(4, None).expect("an existing group is reused"));
         assert!(groups.kill(4).expect("kill"));
         assert_eq!(
             fs::read_to_string(dir.join("cgroup.kill")).expect("kill file"),
@@ -196,6 +292,72 @@ mod tests {
             dir.exists(),
             "a folder with files in it is busy, as a live group is"
         );
+
+        // A container root with limits: its group holds them, and the
+        // groups of processes started in it go under it.
+        let limits = GuestRootLimits {
+            cpu_quota_us: Some(50_000),
+            cpu_period_us: 100_000,
+            memory_bytes: Some(32 << 20),
+            pids_max: Some(10),
+        };
+        groups
+            .create_root_group("web", &limits)
+            .expect("root group");
+        let web = workload.join("root-web");
+        for (file, value) in [
+            ("cpu.max", "50000 100000"),
+            ("memory.max", "33554432"),
+            ("pids.max", "10"),
+            ("cgroup.subtree_control", "+cpu +memory +pids"),
+        ] {
+            assert_eq!(fs::read_to_string(web.join(file)).expect(file), value);
+        }
+        // The kernel makes a group's files; the folder gets them by hand.
+        for group in [web.join("p5"), workload.join("p6")] {
+            fs::create_dir(&group).expect("group");
+            fs::write(group.join("cgroup.procs"), "").expect("procs");
+        }
+        drop(
+            groups
+                .create(5, Some("web"))
+                .expect("a group in the root's"),
+        );
+        drop(
+            groups
+                .create(6, Some("plain"))
+                .expect("a root without limits"),
+        );
+        assert!(web.join("p5").is_dir());
+        assert!(workload.join("p6").is_dir(), "a root without a group");
+        assert!(groups.kill(5).expect("kill"));
+        assert_eq!(
+            fs::read_to_string(web.join("p5/cgroup.kill")).expect("kill file"),
+            "1"
+        );
+        fs::remove_dir_all(&root).expect("clean up");
+    }
+
+    #[test]
+    fn a_cpu_limit_needs_the_cpu_controller() {
+        let root = std::env::temp_dir().join(format!("guest-groups-cpu-{}", std::process::id()));
+        fs::create_dir_all(&root).expect("root");
+        fs::write(root.join("cgroup.controllers"), "memory pids\n").expect("controllers");
+        let groups = GuestGroups::make(&root, None).expect("groups");
+        assert_eq!(
+            fs::read_to_string(root.join("cgroup.subtree_control")).expect("controllers"),
+            "+memory +pids"
+        );
+        let limits = GuestRootLimits {
+            cpu_quota_us: Some(50_000),
+            cpu_period_us: 100_000,
+            memory_bytes: None,
+            pids_max: None,
+        };
+        let err = groups
+            .create_root_group("web", &limits)
+            .expect_err("no cpu");
+        assert!(err.to_string().contains("CONFIG_CFS_BANDWIDTH"), "{err}");
         fs::remove_dir_all(&root).expect("clean up");
     }
 }

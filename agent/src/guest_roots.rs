@@ -18,7 +18,7 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use sandbox_proto::{container_root, valid_root_name, CONTAINER_ROOTS_DIR};
+use sandbox_proto::{container_root, valid_root_name, GuestRootLimits, CONTAINER_ROOTS_DIR};
 
 /// The scratch disk mounted once more, out of the roots' reach: home of
 /// each root's writable layer (an overlay's upper layer cannot itself be
@@ -103,8 +103,14 @@ fn devices() -> std::sync::MutexGuard<'static, HashMap<String, PathBuf>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Makes root `name` of the disk of `sectors` whose GET_ID is `disk_id`.
-pub fn mount_root(name: &str, disk_id: &str, sectors: u64) -> Result<(), RootError> {
+/// Makes root `name` of the disk of `sectors` whose GET_ID is `disk_id`,
+/// with a group of its own holding `limits` when given.
+pub fn mount_root(
+    name: &str,
+    disk_id: &str,
+    sectors: u64,
+    limits: Option<&GuestRootLimits>,
+) -> Result<(), RootError> {
     if !valid_root_name(name) {
         return Err(RootError::BadName(name.to_owned()));
     }
@@ -118,7 +124,12 @@ pub fn mount_root(name: &str, disk_id: &str, sectors: u64) -> Result<(), RootErr
     }
     let device = await_disk(disk_id, sectors)?;
     let mut made = Made::new(name);
-    let result = build(name, &device, &root, &mut made);
+    let result = build(name, &device, &root, &mut made).and_then(|()| match limits {
+        Some(limits) => groups(name)?
+            .create_root_group(name, limits)
+            .map_err(failed(name, "making the root's limited group")),
+        None => Ok(()),
+    });
     match result {
         Ok(()) => {
             devices().insert(name.to_owned(), device);
@@ -126,6 +137,14 @@ pub fn mount_root(name: &str, disk_id: &str, sectors: u64) -> Result<(), RootErr
         Err(_) => made.undo(),
     }
     result
+}
+
+fn groups(name: &str) -> Result<&'static crate::guest_groups::GuestGroups, RootError> {
+    crate::guest_groups::get().ok_or_else(|| RootError::Io {
+        name: name.to_owned(),
+        step: "finding the guest's process groups",
+        source: io::Error::other("the agent is not a microVM's init"),
+    })
 }
 
 /// Unmounts root `name` (the whole tree under it) and drops its writable
@@ -143,6 +162,9 @@ pub fn unmount_root(name: &str) -> Result<(), RootError> {
     made.mounts = vec![dir.join("lower"), dir.join("rootfs")];
     made.dirs = vec![dir, writable_dir(name)];
     made.undo();
+    if let Some(groups) = crate::guest_groups::get() {
+        groups.remove_root_group(name);
+    }
     // The lazy unmounts let go of the disk once its last user has; until
     // then the slot must not take another disk, whose pages would mix
     // with this one's in the still-live file system.
@@ -422,15 +444,15 @@ mod tests {
     #[test]
     fn names_and_disk_ids_are_checked_first() {
         assert!(matches!(
-            mount_root("../x", "disk3", 8),
+            mount_root("../x", "disk3", 8, None),
             Err(RootError::BadName(_))
         ));
         assert!(matches!(
-            mount_root("web", "vdd", 8),
+            mount_root("web", "vdd", 8, None),
             Err(RootError::BadDisk(_))
         ));
         assert!(matches!(
-            mount_root("web", "disk", 8),
+            mount_root("web", "disk", 8, None),
             Err(RootError::BadDisk(_))
         ));
         assert!(matches!(

@@ -350,7 +350,8 @@ async fn start(
         // leaves none.
         let guest_group = guest_groups::get().filter(|_| cgroup_fds.is_empty());
         if let Some(groups) = guest_group {
-            cgroup_fds.push(groups.create(proc).map_err(ProcError::GuestGroup)?);
+            let root = request.root.as_deref();
+            cgroup_fds.push(groups.create(proc, root).map_err(ProcError::GuestGroup)?);
         }
         let mut launched = launch(request, cgroup_fds).inspect_err(|_| {
             if let Some(groups) = guest_group {

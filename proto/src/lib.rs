@@ -202,12 +202,26 @@ pub enum RequestBody {
         name: String,
         disk_id: String,
         sectors: u64,
+        /// Ceilings of the root's own, over every process started in it
+        /// (a group under the one that holds all the agent starts), as a
+        /// container root's host group has.
+        limits: Option<GuestRootLimits>,
     },
     /// A microVM only: unmount container root `name` and drop its writable
     /// layer, so its slot can be emptied; the host has killed what ran
     /// there. Reply: [`Reply::Ok`] once nothing holds the root's disk, an
     /// error while something still does (the slot then stays in use).
     UnmountRoot { name: String },
+}
+
+/// A microVM container root's own ceilings (see [`RequestBody::MountRoot`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestRootLimits {
+    /// CPU time per `cpu_period_us`, in microseconds.
+    pub cpu_quota_us: Option<u64>,
+    pub cpu_period_us: u64,
+    pub memory_bytes: Option<u64>,
+    pub pids_max: Option<u64>,
 }
 
 /// Where the host attaches the roots of a pod's containers inside the

@@ -119,12 +119,6 @@ impl Manager {
                     "a microVM takes container roots when it is a CRI pod's (created with join_netns); this one has one root",
                 ))
             }
-            RuntimeKind::Vm if limits.is_some() => {
-                return Err(SandboxError::bad(
-                    "roots_unsupported",
-                    "a container of a microVM pod shares the VM's limits; attach the root without limits",
-                ))
-            }
             RuntimeKind::Vm => Some(self.root_disk(layers.clone()).await?),
         };
         let limits = limits

@@ -327,7 +327,7 @@ impl Supervisor {
         disk: Option<std::path::PathBuf>,
     ) -> Result<(), SupervisorError> {
         if self.process_control() == ProcessControl::GuestAgent {
-            return self.attach_guest_root(name, disk, limits.is_some()).await;
+            return self.attach_guest_root(name, disk, limits).await;
         }
         let _roots = self.roots_held().await?;
         let (spec, paths, made_name) = (self.config.spec.clone(), self.paths.clone(), name.clone());
@@ -426,12 +426,13 @@ impl Supervisor {
         }
     }
 
-    /// A microVM's root: `disk` into a free slot, mounted by the agent.
+    /// A microVM's root: `disk` into a free slot, mounted by the agent,
+    /// with `limits` kept by the agent's group for it.
     async fn attach_guest_root(
         &self,
         name: String,
         disk: Option<std::path::PathBuf>,
-        limited: bool,
+        limits: Option<crate::runtime::cgroups::RootLimits>,
     ) -> Result<(), SupervisorError> {
         let _roots = self.roots_held().await?;
         let Some(disk) = disk else {
@@ -440,12 +441,6 @@ impl Supervisor {
                 "a microVM's container root comes as an ext4 disk, not as host directories",
             ));
         };
-        if limited {
-            return Err(err(
-                SupervisorErrorKind::InvalidInput,
-                "limits of a container of its own are not kept in a microVM pod yet; its containers share the VM's",
-            ));
-        }
         let disk_number = self.claim_guest_root_slot(&name)?;
         let paths = self.paths.clone();
         let put = tokio::task::spawn_blocking(move || {
@@ -468,6 +463,13 @@ impl Supervisor {
                 name: name.clone(),
                 disk_id: format!("disk{disk_number}"),
                 sectors,
+                limits: limits.map(|l| sandbox_proto::GuestRootLimits {
+                    // Validated by the daemon: positive where set.
+                    cpu_quota_us: l.cpu_quota_us.and_then(|q| u64::try_from(q).ok()),
+                    cpu_period_us: crate::runtime::spec::CPU_PERIOD_US,
+                    memory_bytes: l.memory_bytes,
+                    pids_max: l.pids_max.and_then(|p| u64::try_from(p).ok()),
+                }),
             })
             .await;
         let refused = match mounted {
