@@ -10,12 +10,13 @@
 //! processes started in that root go under it. In a container the
 //! supervisor hands the agent its groups instead, and this is not set up.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::io;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 use sandbox_proto::GuestRootLimits;
 
@@ -30,10 +31,16 @@ const WORKLOAD: &str = "workload";
 
 #[derive(Debug)]
 pub struct GuestGroups {
+    /// The hierarchy's root group.
+    root: PathBuf,
     /// The `workload` group: the process groups are its children.
     workload: PathBuf,
-    /// Whether the kernel has the cpu controller (CFS bandwidth).
-    cpu: bool,
+    /// Whether the cpu controller was handed down to `workload`'s children,
+    /// which the first root with a CPU limit asks for: until then CPU is
+    /// shared by thread, as it was.
+    cpu_on: Mutex<bool>,
+    /// Container roots with a group of their own (`root-<name>`).
+    limited: Mutex<HashSet<String>>,
     /// The limited root each process was started in, where it has one.
     in_root: Mutex<HashMap<u64, String>>,
 }
@@ -52,53 +59,77 @@ pub fn install(root: &Path, pids_max: Option<u64>) -> io::Result<()> {
     Ok(())
 }
 
+/// Memory and pids accounting, handed down at every level.
+const CONTROLLERS: &str = "+memory +pids";
+/// How long removing a root's group waits for its killed processes.
+const EMPTIED_WITHIN: Duration = Duration::from_secs(5);
+/// The kernel's PID_MAX_LIMIT: a pids limit at or past it is none.
+const PID_MAX_LIMIT: u64 = 4 * 1024 * 1024;
+
+fn pids_value(max: u64) -> String {
+    if max >= PID_MAX_LIMIT {
+        "max".to_string()
+    } else {
+        max.to_string()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl GuestGroups {
     fn make(root: &Path, pids_max: Option<u64>) -> io::Result<Self> {
-        let available = fs::read_to_string(root.join("cgroup.controllers"))?;
-        let cpu = available.split_whitespace().any(|c| c == "cpu");
+        fs::write(root.join("cgroup.subtree_control"), CONTROLLERS)?;
         let workload = root.join(WORKLOAD);
+        fs::create_dir(&workload)?;
         let groups = Self {
+            root: root.to_owned(),
             workload,
-            cpu,
+            cpu_on: Mutex::new(false),
+            limited: Mutex::default(),
             in_root: Mutex::default(),
         };
-        fs::write(root.join("cgroup.subtree_control"), groups.controllers())?;
-        fs::create_dir(&groups.workload)?;
         if let Some(max) = pids_max {
             groups.limit_pids(max)?;
         }
-        fs::write(
-            groups.workload.join("cgroup.subtree_control"),
-            groups.controllers(),
-        )?;
+        fs::write(groups.workload.join("cgroup.subtree_control"), CONTROLLERS)?;
         Ok(groups)
-    }
-
-    /// What each level hands down to the next.
-    fn controllers(&self) -> &'static str {
-        if self.cpu {
-            "+cpu +memory +pids"
-        } else {
-            "+memory +pids"
-        }
-    }
-
-    fn in_root(&self) -> MutexGuard<'_, HashMap<u64, String>> {
-        self.in_root.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn root_dir(&self, name: &str) -> PathBuf {
         self.workload.join(format!("root-{name}"))
     }
 
+    /// Hands the cpu controller down to `workload`'s children, once; fails
+    /// where the kernel has no CFS bandwidth (no `cpu.max`).
+    fn enable_cpu(&self) -> io::Result<()> {
+        let mut on = lock(&self.cpu_on);
+        if *on {
+            return Ok(());
+        }
+        let missing = |e: io::Error| {
+            io::Error::other(format!(
+                "the guest kernel has no cpu controller with CFS bandwidth (CONFIG_CFS_BANDWIDTH) for a CPU limit: {e}"
+            ))
+        };
+        for level in [&self.root, &self.workload] {
+            fs::write(level.join("cgroup.subtree_control"), "+cpu").map_err(missing)?;
+        }
+        if !self.workload.join("cpu.max").exists() {
+            return Err(missing(io::Error::other("workload has no cpu.max")));
+        }
+        *on = true;
+        Ok(())
+    }
+
     /// Makes the group of container root `name` with its `limits`; the
     /// groups of processes started in that root go under it.
     pub fn create_root_group(&self, name: &str, limits: &GuestRootLimits) -> io::Result<()> {
-        if limits.cpu_quota_us.is_some() && !self.cpu {
-            return Err(io::Error::other(
-                "the guest kernel has no cpu controller (CONFIG_CFS_BANDWIDTH) for a CPU limit",
-            ));
+        if limits.cpu_quota_us.is_some() {
+            self.enable_cpu()?;
         }
+        let mut limited = lock(&self.limited);
         let dir = self.root_dir(name);
         fs::create_dir(&dir)?;
         let set = || -> io::Result<()> {
@@ -112,27 +143,65 @@ impl GuestGroups {
                 fs::write(dir.join("memory.max"), bytes.to_string())?;
             }
             if let Some(max) = limits.pids_max {
-                fs::write(dir.join("pids.max"), max.to_string())?;
+                fs::write(dir.join("pids.max"), pids_value(max))?;
             }
-            fs::write(dir.join("cgroup.subtree_control"), self.controllers())
+            fs::write(dir.join("cgroup.subtree_control"), CONTROLLERS)
         };
         set().inspect_err(|_| {
             let _ = fs::remove_dir(&dir);
-        })
+        })?;
+        limited.insert(name.to_owned());
+        Ok(())
     }
 
     /// Whether container root `name` has a group of its own.
-    pub fn has_root_group(&self, name: &str) -> bool {
-        self.root_dir(name).is_dir()
+    #[cfg(test)]
+    fn has_root_group(&self, name: &str) -> bool {
+        lock(&self.limited).contains(name)
     }
 
-    /// Kills what runs in container root `name`'s group and removes it once
-    /// empty (a group still busy stays for the VM's end).
-    pub fn remove_root_group(&self, name: &str) {
-        let dir = self.root_dir(name);
-        if fs::remove_dir(&dir).is_err() {
-            let _ = fs::write(dir.join("cgroup.kill"), "1");
+    /// Kills what runs in container root `name`'s group, waits for it to
+    /// empty, and removes it with its processes' groups. An error leaves
+    /// it known, so a root of the same name is never placed in it.
+    pub fn remove_root_group(&self, name: &str) -> io::Result<()> {
+        let mut limited = lock(&self.limited);
+        if !limited.contains(name) {
+            return Ok(());
         }
+        let dir = self.root_dir(name);
+        // Opened, never made: the kernel's file or nothing.
+        let killed = OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.kill"))
+            .and_then(|mut kill| io::Write::write_all(&mut kill, b"1"));
+        match killed {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let started = Instant::now();
+        // The kernel says when the last task left (`populated 0`); it has
+        // no event a plain file read could wait on, so this polls, bounded.
+        while fs::read_to_string(dir.join("cgroup.events"))
+            .is_ok_and(|events| events.lines().any(|l| l == "populated 1"))
+            && started.elapsed() < EMPTIED_WITHIN
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if let Ok(entries) = fs::read_dir(&dir) {
+            for entry in entries.flatten() {
+                if entry.path().is_dir() {
+                    let _ = fs::remove_dir(entry.path());
+                }
+            }
+        }
+        lock(&self.in_root).retain(|_, root| root != name);
+        match fs::remove_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        limited.remove(name);
+        Ok(())
     }
 
     /// Tasks in all process groups together now (`pids.current`).
@@ -145,7 +214,7 @@ impl GuestGroups {
 
     fn dir(&self, proc: u64) -> PathBuf {
         let group = format!("p{proc}");
-        match self.in_root().get(&proc) {
+        match lock(&self.in_root).get(&proc) {
             Some(root) => self.root_dir(root).join(group),
             None => self.workload.join(group),
         }
@@ -158,12 +227,7 @@ impl GuestGroups {
     /// `kill` can still be started while a fork bomb fills the limit. A
     /// limit the kernel cannot hold (its PID_MAX_LIMIT or more) is none.
     pub fn limit_pids(&self, max: u64) -> io::Result<()> {
-        const PID_MAX_LIMIT: u64 = 4 * 1024 * 1024;
-        let value = match max {
-            max if max >= PID_MAX_LIMIT => "max".to_string(),
-            max => max.to_string(),
-        };
-        fs::write(self.workload.join("pids.max"), value)
+        fs::write(self.workload.join("pids.max"), pids_value(max))
     }
 
     /// Makes `proc`'s group (under container root `root`'s group, where
@@ -171,21 +235,28 @@ impl GuestGroups {
     /// write itself into before exec (what the launcher does with the groups
     /// a supervisor hands over).
     pub fn create(&self, proc: u64, root: Option<&str>) -> io::Result<OwnedFd> {
-        if let Some(root) = root.filter(|r| self.has_root_group(r)) {
-            self.in_root().insert(proc, root.to_owned());
+        {
+            // Decided under the roots' lock, so a root's group being
+            // removed is never chosen.
+            let limited = lock(&self.limited);
+            let mut in_root = lock(&self.in_root);
+            match root.filter(|r| limited.contains(*r)) {
+                Some(root) => in_root.insert(proc, root.to_owned()),
+                None => in_root.remove(&proc),
+            };
         }
         let dir = self.dir(proc);
-        match fs::create_dir(&dir) {
-            Ok(()) => {}
+        let opened = match fs::create_dir(&dir) {
             // A group left by an earlier process of this id (ids are not
             // reused by the host; a restored snapshot's may be).
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(e) => return Err(e),
-        }
-        let procs = OpenOptions::new()
-            .write(true)
-            .open(dir.join("cgroup.procs"))?;
-        Ok(procs.into())
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => Err(e),
+            _ => OpenOptions::new()
+                .write(true)
+                .open(dir.join("cgroup.procs")),
+        };
+        opened.map(OwnedFd::from).inspect_err(|_| {
+            lock(&self.in_root).remove(&proc);
+        })
     }
 
     /// SIGKILLs every process in `proc`'s group, however it was started.
@@ -209,8 +280,11 @@ impl GuestGroups {
     /// descendants still keep busy stays (as a container's does) and is
     /// retried at the process's next ending or left for the VM's end.
     pub fn remove(&self, proc: u64) {
-        if fs::remove_dir(self.dir(proc)).is_ok() {
-            self.in_root().remove(&proc);
+        match fs::remove_dir(self.dir(proc)) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {}
+            _ => {
+                lock(&self.in_root).remove(&proc);
+            }
         }
     }
 }
@@ -235,26 +309,29 @@ mod tests {
         assert_eq!(oom_kill_count(""), 0);
     }
 
+    /// A plain folder stands in for cgroupfs: the files are what the
+    /// kernel would offer, made by hand.
+    fn folder(tag: &str) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("guest-groups-{tag}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).expect("root");
+        root
+    }
+
+    fn group_files(dir: &Path) {
+        fs::create_dir(dir).expect("group");
+        fs::write(dir.join("cgroup.procs"), "").expect("procs");
+    }
+
     #[test]
     fn a_group_is_made_killed_and_removed_in_its_folder() {
-        // A plain folder stands in for cgroupfs: the files are what the
-        // kernel would offer.
-        let root = std::env::temp_dir().join(format!("guest-groups-{}", std::process::id()));
-        fs::create_dir_all(&root).expect("root");
-        fs::write(
-            root.join("cgroup.controllers"),
-            "cpuset cpu io memory pids\n",
-        )
-        .expect("controllers");
+        let root = folder("plain");
         let groups = GuestGroups::make(&root, Some(16)).expect("groups");
         let workload = root.join(WORKLOAD);
-        for (group, controllers) in [
-            (&root, "+cpu +memory +pids"),
-            (&workload, "+cpu +memory +pids"),
-        ] {
+        for group in [&root, &workload] {
             assert_eq!(
                 fs::read_to_string(group.join("cgroup.subtree_control")).expect("controllers"),
-                controllers
+                "+memory +pids"
             );
         }
         assert_eq!(
@@ -277,8 +354,7 @@ mod tests {
         );
         assert!(!groups.kill(4).expect("kill"), "no group yet");
         let dir = workload.join("p4");
-        fs::create_dir(&dir).expect("group");
-        fs::write(dir.join("cgroup.procs"), "").expect("procs");
+        group_files(&dir);
         drop(groups.create(4, None).expect("an existing group is reused"));
         assert!(groups.kill(4).expect("kill"));
         assert_eq!(
@@ -292,15 +368,22 @@ mod tests {
             dir.exists(),
             "a folder with files in it is busy, as a live group is"
         );
+        fs::remove_dir_all(&root).expect("clean up");
+    }
 
-        // A container root with limits: its group holds them, and the
-        // groups of processes started in it go under it.
+    #[test]
+    fn a_limited_roots_group_holds_its_processes_groups_until_removed() {
+        let root = folder("roots");
+        let groups = GuestGroups::make(&root, None).expect("groups");
+        let workload = root.join(WORKLOAD);
         let limits = GuestRootLimits {
             cpu_quota_us: Some(50_000),
             cpu_period_us: 100_000,
             memory_bytes: Some(32 << 20),
             pids_max: Some(10),
         };
+        // The kernel gives workload cpu.max once cpu is handed down to it.
+        fs::write(workload.join("cpu.max"), "max 100000").expect("cpu.max");
         groups
             .create_root_group("web", &limits)
             .expect("root group");
@@ -309,55 +392,69 @@ mod tests {
             ("cpu.max", "50000 100000"),
             ("memory.max", "33554432"),
             ("pids.max", "10"),
-            ("cgroup.subtree_control", "+cpu +memory +pids"),
+            ("cgroup.subtree_control", "+memory +pids"),
         ] {
             assert_eq!(fs::read_to_string(web.join(file)).expect(file), value);
         }
-        // The kernel makes a group's files; the folder gets them by hand.
-        for group in [web.join("p5"), workload.join("p6")] {
-            fs::create_dir(&group).expect("group");
-            fs::write(group.join("cgroup.procs"), "").expect("procs");
+        for level in [&root, &workload] {
+            assert_eq!(
+                fs::read_to_string(level.join("cgroup.subtree_control")).expect("controllers"),
+                "+cpu",
+                "the first CPU limit hands cpu down"
+            );
         }
-        drop(
-            groups
-                .create(5, Some("web"))
-                .expect("a group in the root's"),
-        );
-        drop(
-            groups
-                .create(6, Some("plain"))
-                .expect("a root without limits"),
-        );
-        assert!(web.join("p5").is_dir());
-        assert!(workload.join("p6").is_dir(), "a root without a group");
+        group_files(&web.join("p5"));
+        group_files(&workload.join("p6"));
+        drop(groups.create(5, Some("web")).expect("in the root's group"));
+        drop(groups.create(6, Some("plain")).expect("a root without one"));
         assert!(groups.kill(5).expect("kill"));
         assert_eq!(
             fs::read_to_string(web.join("p5/cgroup.kill")).expect("kill file"),
-            "1"
+            "1",
+            "p5 is under root-web"
         );
+        assert!(groups.kill(6).expect("kill"), "p6 is workload's own");
+        assert!(
+            groups.create_root_group("web", &limits).is_err(),
+            "one group per root"
+        );
+
+        // Removing it takes its processes' groups and its placements:
+        // a later process naming the root is workload's own.
+        fs::remove_dir_all(web.join("p5")).expect("p5 emptied");
+        for file in [
+            "cpu.max",
+            "memory.max",
+            "pids.max",
+            "cgroup.subtree_control",
+        ] {
+            fs::remove_file(web.join(file)).expect(file);
+        }
+        groups.remove_root_group("web").expect("removed");
+        assert!(!web.exists());
+        assert!(!groups.has_root_group("web"));
+        group_files(&workload.join("p7"));
+        drop(groups.create(7, Some("web")).expect("no group now"));
+        assert!(groups.kill(7).expect("kill"), "p7 is workload's own");
         fs::remove_dir_all(&root).expect("clean up");
     }
 
     #[test]
-    fn a_cpu_limit_needs_the_cpu_controller() {
-        let root = std::env::temp_dir().join(format!("guest-groups-cpu-{}", std::process::id()));
-        fs::create_dir_all(&root).expect("root");
-        fs::write(root.join("cgroup.controllers"), "memory pids\n").expect("controllers");
+    fn a_cpu_limit_needs_the_kernels_cfs_bandwidth() {
+        let root = folder("cpu");
         let groups = GuestGroups::make(&root, None).expect("groups");
-        assert_eq!(
-            fs::read_to_string(root.join("cgroup.subtree_control")).expect("controllers"),
-            "+memory +pids"
-        );
         let limits = GuestRootLimits {
             cpu_quota_us: Some(50_000),
             cpu_period_us: 100_000,
             memory_bytes: None,
             pids_max: None,
         };
+        // No cpu.max appears in workload: no CFS bandwidth.
         let err = groups
             .create_root_group("web", &limits)
             .expect_err("no cpu");
         assert!(err.to_string().contains("CONFIG_CFS_BANDWIDTH"), "{err}");
+        assert!(!groups.has_root_group("web"));
         fs::remove_dir_all(&root).expect("clean up");
     }
 }

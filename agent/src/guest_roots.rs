@@ -122,6 +122,12 @@ pub fn mount_root(
     if root.exists() || devices().contains_key(name) {
         return Err(RootError::Exists(name.to_owned()));
     }
+    // A group an earlier root of this name left (its removal failed) must
+    // not hold this one's processes under the old limits.
+    groups(name)?.remove_root_group(name).map_err(failed(
+        name,
+        "removing an earlier root's group of this name",
+    ))?;
     let device = await_disk(disk_id, sectors)?;
     let mut made = Made::new(name);
     let result = build(name, &device, &root, &mut made).and_then(|()| match limits {
@@ -162,9 +168,9 @@ pub fn unmount_root(name: &str) -> Result<(), RootError> {
     made.mounts = vec![dir.join("lower"), dir.join("rootfs")];
     made.dirs = vec![dir, writable_dir(name)];
     made.undo();
-    if let Some(groups) = crate::guest_groups::get() {
-        groups.remove_root_group(name);
-    }
+    let group_removed = groups(name)?
+        .remove_root_group(name)
+        .map_err(failed(name, "removing the root's group"));
     // The lazy unmounts let go of the disk once its last user has; until
     // then the slot must not take another disk, whose pages would mix
     // with this one's in the still-live file system.
@@ -178,7 +184,7 @@ pub fn unmount_root(name: &str) -> Result<(), RootError> {
         }
         devices().remove(name);
     }
-    Ok(())
+    group_removed
 }
 
 /// Whether nothing holds `device`: a mounted block device is claimed

@@ -100,6 +100,30 @@ pub struct Supervisor {
     guest_root_slots: Mutex<Vec<Option<String>>>,
 }
 
+/// A root's ceilings as a microVM's agent keeps them; a negative one (the
+/// daemon never sends it) is refused rather than dropped.
+fn guest_root_limits(
+    limits: crate::runtime::cgroups::RootLimits,
+) -> Result<sandbox_proto::GuestRootLimits, SupervisorError> {
+    let positive = |what: &str, value: i64| {
+        u64::try_from(value).map_err(|_| {
+            err(
+                SupervisorErrorKind::InvalidInput,
+                format!("a root's {what} limit must not be negative, got {value}"),
+            )
+        })
+    };
+    Ok(sandbox_proto::GuestRootLimits {
+        cpu_quota_us: limits
+            .cpu_quota_us
+            .map(|q| positive("CPU quota", q))
+            .transpose()?,
+        cpu_period_us: crate::runtime::spec::CPU_PERIOD_US,
+        memory_bytes: limits.memory_bytes,
+        pids_max: limits.pids_max.map(|p| positive("pids", p)).transpose()?,
+    })
+}
+
 /// How long a microVM root's detach waits for each of its killed
 /// processes to exit before the agent unmounts it.
 const GUEST_ROOT_EXIT_WAIT: Duration = Duration::from_secs(5);
@@ -441,6 +465,7 @@ impl Supervisor {
                 "a microVM's container root comes as an ext4 disk, not as host directories",
             ));
         };
+        let limits = limits.map(guest_root_limits).transpose()?;
         let disk_number = self.claim_guest_root_slot(&name)?;
         let paths = self.paths.clone();
         let put = tokio::task::spawn_blocking(move || {
@@ -463,13 +488,7 @@ impl Supervisor {
                 name: name.clone(),
                 disk_id: format!("disk{disk_number}"),
                 sectors,
-                limits: limits.map(|l| sandbox_proto::GuestRootLimits {
-                    // Validated by the daemon: positive where set.
-                    cpu_quota_us: l.cpu_quota_us.and_then(|q| u64::try_from(q).ok()),
-                    cpu_period_us: crate::runtime::spec::CPU_PERIOD_US,
-                    memory_bytes: l.memory_bytes,
-                    pids_max: l.pids_max.and_then(|p| u64::try_from(p).ok()),
-                }),
+                limits,
             })
             .await;
         let refused = match mounted {
