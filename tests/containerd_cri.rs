@@ -382,6 +382,34 @@ impl Cri {
         assert_ne!(code, 0, "a host off the allow list is refused: {said}");
     }
 
+    /// A container `limited` in `pod` with limits of its own, as the
+    /// kubelet sets them from `resources.limits`: 32 MiB and half a CPU.
+    async fn start_container_of_32_mib(&mut self, pod: &(String, PodSandboxConfig)) -> String {
+        let resources = LinuxContainerResources {
+            memory_limit_in_bytes: 32 << 20,
+            cpu_period: 100_000,
+            cpu_quota: 50_000,
+            cpu_shares: 512,
+            ..Default::default()
+        };
+        self.start_limited_container(pod, "limited", &["sleep", "3600"], Some(resources))
+            .await
+    }
+
+    /// 64 MiB is fine for `client` (no limits of its own) and over
+    /// `limited`'s 32: it is OOM-killed at its own ceiling, not the pod's.
+    async fn assert_killed_at_its_own_ceiling(&mut self, client: &str, limited: &str) {
+        let fill = "dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null; echo rc=$?";
+        let (code, said) = self.exec(client, fill).await;
+        assert_eq!((code, said.trim()), (0, "rc=0"), "{said}");
+        let (code, said) = self.exec(limited, fill).await;
+        assert_eq!(
+            (code, said.trim()),
+            (0, "rc=137"),
+            "killed at its own ceiling: {said}"
+        );
+    }
+
     /// Stops (at once) and removes container `id`, as the kubelet does.
     async fn remove_container(&mut self, id: &str) {
         let container_id = id.to_string();
@@ -485,20 +513,7 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     // A container with limits of its own (the kubelet's from
     // `resources.limits`) runs in a group of them under the pod's: 64 MiB
     // is over its 32 and fine for the client, which has none.
-    let limited = cri
-        .start_limited_container(
-            &web,
-            "limited",
-            &["sleep", "3600"],
-            Some(LinuxContainerResources {
-                memory_limit_in_bytes: 32 << 20,
-                cpu_period: 100_000,
-                cpu_quota: 50_000,
-                cpu_shares: 512,
-                ..Default::default()
-            }),
-        )
-        .await;
+    let limited = cri.start_container_of_32_mib(&web).await;
     let group = common::cgroup::sandbox_dir("memory", &sandbox).join(format!("root-{limited}"));
     let ceiling = match common::cgroup::version() {
         common::cgroup::Version::V1 => "memory.limit_in_bytes",
@@ -510,15 +525,8 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
             .trim(),
         (32u64 << 20).to_string()
     );
-    let fill = "dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null; echo rc=$?";
-    let (code, said) = cri.exec(&client, fill).await;
-    assert_eq!((code, said.trim()), (0, "rc=0"), "{said}");
-    let (code, said) = cri.exec(&limited, fill).await;
-    assert_eq!(
-        (code, said.trim()),
-        (0, "rc=137"),
-        "killed at its own ceiling: {said}"
-    );
+    cri.assert_killed_at_its_own_ceiling(&client, &limited)
+        .await;
     // Its stats are its own group's; the client's, which has no limits of
     // its own, are the whole pod's, the limited container's included.
     let own = cri.memory_usage(&limited).await;
@@ -697,28 +705,9 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
     // The freed slot serves again, here a container with limits of its
     // own: the agent keeps them on a guest group of its own, so 64 MiB is
     // over its 32 and fine for the client, which has none.
-    let limited = cri
-        .start_limited_container(
-            &web,
-            "limited",
-            &["sleep", "3600"],
-            Some(LinuxContainerResources {
-                memory_limit_in_bytes: 32 << 20,
-                cpu_period: 100_000,
-                cpu_quota: 50_000,
-                ..Default::default()
-            }),
-        )
+    let limited = cri.start_container_of_32_mib(&web).await;
+    cri.assert_killed_at_its_own_ceiling(&client, &limited)
         .await;
-    let fill = "dd if=/dev/zero of=/dev/null bs=64M count=1 2>/dev/null; echo rc=$?";
-    let (code, said) = cri.exec(&client, fill).await;
-    assert_eq!((code, said.trim()), (0, "rc=0"), "{said}");
-    let (code, said) = cri.exec(&limited, fill).await;
-    assert_eq!(
-        (code, said.trim()),
-        (0, "rc=137"),
-        "killed at its own ceiling: {said}"
-    );
     let (code, said) = cri.exec(&limited, "cat /proc/self/cgroup").await;
     assert_eq!(code, 0, "{said}");
     assert!(

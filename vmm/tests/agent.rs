@@ -6,14 +6,14 @@
 mod common;
 
 use std::io::Write;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{guest, Agent, Captured};
 use sandbox_proto::{ErrorKind, Reply, RequestBody, SpawnRequest, AGENT_VSOCK_PORT};
 use vmm::config::{DiskConfig, DiskSource, VsockConfig};
-use vmm::{GuestExit, VmConfig};
+use vmm::VmConfig;
 
 struct Dir(PathBuf);
 
@@ -150,12 +150,5 @@ fn the_guest_agent_answers_the_real_protocol() {
         "link reset"
     );
 
-    // End the VM through the echo port.
-    let mut echo = UnixStream::connect(&uds).expect("connect");
-    echo.write_all(b"CONNECT 1024\n").expect("write");
-    let mut line = [0u8; 64];
-    let _ = common::read_some(&mut echo, &mut line).expect("OK line");
-    echo.write_all(b"quit").expect("quit");
-    let report = vm.join().expect("thread").expect("run");
-    assert_eq!(report.exit, GuestExit::Code(0), "{:?}", serial.lines());
+    common::quit_through_echo(&uds, vm, &serial);
 }

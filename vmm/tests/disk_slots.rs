@@ -15,7 +15,7 @@ use common::{guest, Agent, Captured, TempDir};
 use sandbox_proto::AGENT_VSOCK_PORT;
 use vmm::config::{DiskConfig, DiskSource, VsockConfig};
 use vmm::control::ControlServer;
-use vmm::{GuestExit, VmConfig};
+use vmm::VmConfig;
 use vmm_sys_util::sock_ctrl_msg::ScmSocket;
 
 /// One control command, with `fd` riding along when given; the answer line.
@@ -150,12 +150,5 @@ fn a_slot_takes_a_read_only_disk_while_the_guest_runs_and_gives_it_back() {
     assert_eq!(code, Some(1), "an emptied slot reads nothing: {out}");
     assert_eq!(std::fs::read(&medium).expect("medium"), bytes);
 
-    // End the VM through the echo port.
-    let mut echo = UnixStream::connect(&uds).expect("connect");
-    echo.write_all(b"CONNECT 1024\n").expect("write");
-    let mut line = [0u8; 64];
-    let _ = common::read_some(&mut echo, &mut line).expect("OK line");
-    echo.write_all(b"quit").expect("quit");
-    let report = vm.join().expect("thread").expect("run");
-    assert_eq!(report.exit, GuestExit::Code(0), "{:?}", serial.lines());
+    common::quit_through_echo(&uds, vm, &serial);
 }

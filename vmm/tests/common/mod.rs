@@ -409,3 +409,19 @@ pub fn connects_before_exit(
     }
     ready > 0 && fds[0].revents & libc::POLLIN != 0
 }
+
+/// Ends a test guest through its echo port (`quit`) and checks that the
+/// run ends with exit code 0.
+pub fn quit_through_echo(
+    uds: &Path,
+    vm: std::thread::JoinHandle<Result<vmm::RunReport, vmm::RunError>>,
+    serial: &Captured,
+) {
+    let mut echo = std::os::unix::net::UnixStream::connect(uds).expect("connect");
+    echo.write_all(b"CONNECT 1024\n").expect("write");
+    let mut line = [0u8; 64];
+    let _ = read_some(&mut echo, &mut line).expect("OK line");
+    echo.write_all(b"quit").expect("quit");
+    let report = vm.join().expect("thread").expect("run");
+    assert_eq!(report.exit, vmm::GuestExit::Code(0), "{:?}", serial.lines());
+}
