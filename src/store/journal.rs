@@ -10,11 +10,21 @@
 //! a body is `[seq u64][key][value][event count u32]{[cursor u64][event]}`,
 //! each byte string as `[length u32][bytes]`. Reading stops at the first
 //! frame that is short or fails its checksum: the tail a kill cut off.
+//!
+//! The journal empties whenever a commit leaves nothing pending. Under
+//! load that never comes, so past [`COMPACT_AT`] bytes a commit rewrites
+//! it to the entries still pending ([`Journal::compact`]): a new file
+//! renamed over the old, so a kill at any point leaves one of the two
+//! whole, each a superset of what the database lacks.
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Journal size past which a commit that leaves entries pending rewrites
+/// it to those entries.
+pub(super) const COMPACT_AT: u64 = 4 << 20;
 
 /// One journaled write: a sandbox record and the events announcing its
 /// change, as the database will hold them.
@@ -29,6 +39,7 @@ pub(super) struct Entry {
 }
 
 pub(super) struct Journal {
+    path: PathBuf,
     file: File,
     /// Bytes of whole frames in the file: where a failed append is cut
     /// back to, so no torn frame hides the ones written after it.
@@ -44,14 +55,10 @@ pub(super) struct Journal {
 
 impl Journal {
     pub fn open(path: &Path) -> std::io::Result<Self> {
-        let file = OpenOptions::new()
-            .read(true)
-            .append(true)
-            .create(true)
-            .mode(0o600)
-            .open(path)?;
+        let file = open_file(path)?;
         let len = file.metadata()?.len();
         Ok(Self {
+            path: path.to_owned(),
             file,
             len,
             torn: false,
@@ -111,10 +118,45 @@ impl Journal {
         Ok(())
     }
 
+    /// Bytes of whole frames in the journal.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Replaces the journal with one holding only `pending` (the entries
+    /// the database still lacks, oldest first): written to a file beside
+    /// it, then renamed over it. On error the old journal stays in use.
+    pub fn compact(&mut self, pending: &[Entry]) -> std::io::Result<()> {
+        let fresh_path = self.path.with_extension("journal.new");
+        let _ = std::fs::remove_file(&fresh_path);
+        let mut fresh = open_file(&fresh_path)?;
+        let bytes: Vec<u8> = pending.iter().flat_map(frame).collect();
+        let written = fresh
+            .write_all(&bytes)
+            .and_then(|()| std::fs::rename(&fresh_path, &self.path));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&fresh_path);
+            return Err(e);
+        }
+        self.file = fresh;
+        self.len = bytes.len() as u64;
+        self.torn = false;
+        Ok(())
+    }
+
     #[cfg(test)]
     pub fn is_empty(&self) -> std::io::Result<bool> {
         Ok(self.file.metadata()?.len() == 0)
     }
+}
+
+fn open_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .open(path)
 }
 
 fn frame(entry: &Entry) -> Vec<u8> {
@@ -225,6 +267,30 @@ mod tests {
         reopened.append(&entry(3)).expect("append");
         let mut again = Journal::open(&dir.path().join("j")).expect("reopen");
         assert_eq!(again.read_all().expect("read"), vec![entry(3)]);
+    }
+
+    #[test]
+    fn a_compacted_journal_holds_only_the_pending_entries_and_takes_appends() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("state.journal");
+        let mut journal = Journal::open(&path).expect("open");
+        for seq in 1..=5 {
+            journal.append(&entry(seq)).expect("append");
+        }
+        let before = journal.len();
+        journal.compact(&[entry(4), entry(5)]).expect("compact");
+        assert!(journal.len() < before);
+        assert_eq!(journal.len(), std::fs::metadata(&path).expect("len").len());
+        journal.append(&entry(6)).expect("append after");
+        let mut reopened = Journal::open(&path).expect("reopen");
+        assert_eq!(
+            reopened.read_all().expect("read"),
+            vec![entry(4), entry(5), entry(6)]
+        );
+        assert!(
+            !path.with_extension("journal.new").exists(),
+            "the fresh file was renamed over the journal"
+        );
     }
 
     #[test]

@@ -385,6 +385,16 @@ impl Shared {
                     tracing::warn!("state store journal: emptying it: {e}");
                 }
             }
+            // Under load the journal never empties: past a size it is
+            // rewritten to what is still pending, so it stays bounded.
+            Ok(()) if queue.journal.len() > journal::COMPACT_AT => {
+                let Queue {
+                    journal, pending, ..
+                } = &mut *queue;
+                if let Err(e) = journal.compact(pending) {
+                    tracing::warn!("state store journal: compacting it: {e}");
+                }
+            }
             Ok(()) => {}
             Err(_) => {
                 let later = std::mem::replace(&mut queue.pending, taken);
