@@ -488,6 +488,23 @@ pub(crate) mod test_driver {
                 );
                 used.first().copied()
             })?;
+            Some(self.take_rx(head, len))
+        }
+
+        /// Waits for packets from the device, takes every one used by then
+        /// (in order), and recycles their buffers.
+        pub fn recv_all(&mut self) -> Vec<(VsockHeader, Vec<u8>)> {
+            let used = wait(|| {
+                let used = self.rx.take_used();
+                (!used.is_empty()).then_some(used)
+            })
+            .unwrap_or_default();
+            used.into_iter()
+                .map(|(head, len)| self.take_rx(head, len))
+                .collect()
+        }
+
+        fn take_rx(&mut self, head: u32, len: u32) -> (VsockHeader, Vec<u8>) {
             let slot = self.rx_slot[head as usize];
             let base = RX_BUF + u64::from(slot) * u64::from(RX_BUF_SIZE);
             let mut raw = vec![0u8; len as usize];
@@ -497,7 +514,7 @@ pub(crate) mod test_driver {
             let hdr = VsockHeader::parse(&raw).expect("header");
             self.post_rx(slot);
             self.kick(0);
-            Some((hdr, raw[HDR_SIZE..].to_vec()))
+            (hdr, raw[HDR_SIZE..].to_vec())
         }
 
         /// Event-queue entries the device used.
