@@ -42,6 +42,18 @@ impl Shim for SandboxdShim {
         let config = spec::read_bundle(std::path::Path::new("."))
             .map_err(|e| containerd_shim::Error::InvalidArgument(e.to_string()))?;
         let grouping = spec::grouping(&config, &opts.id);
+        // A pod member's shim is its pod's, serving already: answer its
+        // address without the spawn-and-wait of a serving copy, which is
+        // only to find the socket taken (as Go shims do). That wait is
+        // where a member's `start` hung until containerd killed it.
+        if grouping != opts.id {
+            let address =
+                containerd_shim::socket_address(&opts.address, &opts.namespace, &grouping);
+            if serving(&address) {
+                containerd_shim::util::write_address(&address)?;
+                return Ok(address);
+            }
+        }
         let (_, address) = containerd_shim::spawn(opts, &grouping, Vec::new())?;
         containerd_shim::util::write_address(&address)?;
         Ok(address)
@@ -83,6 +95,13 @@ impl Shim for SandboxdShim {
     fn create_task_service(&self, publisher: RemotePublisher) -> Self::T {
         service::Service::new(&self.namespace, publisher, Arc::clone(&self.exit))
     }
+}
+
+/// Whether a shim answers at `address` (`unix://PATH`).
+fn serving(address: &str) -> bool {
+    address
+        .strip_prefix("unix://")
+        .is_some_and(|path| std::os::unix::net::UnixStream::connect(path).is_ok())
 }
 
 /// Percent-encodes everything but unreserved characters.
