@@ -41,6 +41,11 @@ struct PoolClaimLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HandOverLabels {
+    via: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct VerdictLabels {
     verdict: String,
 }
@@ -88,6 +93,7 @@ pub struct Metrics {
     create_phase_seconds: PhaseHistograms,
     create_failures: Family<ReasonLabels, Counter>,
     pool_claims: Family<PoolClaimLabels, Counter>,
+    pool_hand_overs: Family<HandOverLabels, Counter>,
     boot_template_creates: Family<TemplateCreateLabels, Counter>,
     boot_templates: Gauge,
     oom_kills: Counter,
@@ -137,6 +143,12 @@ impl Metrics {
             "pool_claims",
             "Creates of a warm-pooled image, by result: hit (served from the pool), empty (none ready), unfit (limits above the pooled ones, or GPUs)",
             pool_claims.clone(),
+        );
+        let pool_hand_overs = Family::<HandOverLabels, Counter>::default();
+        registry.register(
+            "pool_hand_overs",
+            "Pool claims that changed what a pooled sandbox's supervisor holds, by how it was told: mailbox (posted, taken before its next request), request (a HandOver round trip: a microVM's pids limit, no mailbox, or a post that failed)",
+            pool_hand_overs.clone(),
         );
         let boot_template_creates = Family::<TemplateCreateLabels, Counter>::default();
         registry.register(
@@ -224,6 +236,7 @@ impl Metrics {
             create_phase_seconds,
             create_failures,
             pool_claims,
+            pool_hand_overs,
             boot_template_creates,
             boot_templates,
             oom_kills,
@@ -264,6 +277,16 @@ impl Metrics {
                 runtime: runtime.as_str().to_string(),
                 image: image.to_string(),
                 result: result.to_string(),
+            })
+            .inc();
+    }
+
+    /// A claim's hand-over to a pooled sandbox's supervisor: `mailbox` or
+    /// `request`.
+    pub fn pool_hand_over(&self, via: &str) {
+        self.pool_hand_overs
+            .get_or_create(&HandOverLabels {
+                via: via.to_string(),
             })
             .inc();
     }

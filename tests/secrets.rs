@@ -964,6 +964,21 @@ async fn a_pooled_sandbox_takes_the_callers_secrets_policy_and_lower_limits() {
             .await,
         2.0
     );
+    // The first claim reached its supervisor through the mailbox, not as
+    // a request: what the assertions above saw in force came that way. The
+    // second (the default policy, blocked) changed nothing it holds.
+    assert_eq!(
+        daemon
+            .metric("sandboxd_pool_hand_overs_total{via=\"mailbox\"} ")
+            .await,
+        1.0
+    );
+    assert_eq!(
+        daemon
+            .metric("sandboxd_pool_hand_overs_total{via=\"request\"} ")
+            .await,
+        0.0
+    );
 
     // More memory than the pooled sandboxes have: cold.
     daemon.pool_reaches(2).await;

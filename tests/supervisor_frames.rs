@@ -107,6 +107,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::LimitGuestPids { .. } => 24,
         SupervisorRequest::GuestPids => 25,
         SupervisorRequest::HandOver(_) => 26,
+        SupervisorRequest::OpenMailbox => 27,
     }
 }
 
@@ -127,6 +128,7 @@ fn reply_tag(reply: &SupervisorReply) -> u8 {
         SupervisorReply::Checkpointed { .. } => 11,
         SupervisorReply::Health(_) => 12,
         SupervisorReply::Dialed => 13,
+        SupervisorReply::Mailbox => 14,
     }
 }
 
@@ -406,6 +408,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             }),
             "1a 00 01 00 00 00 00".into(),
         ),
+        (SupervisorRequest::OpenMailbox, "1b".into()),
     ]
 }
 
@@ -545,9 +548,10 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 0b a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 0c a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
+        (SupervisorReply::Mailbox, "0e".into()),
         (
             SupervisorReply::Agent(Reply::Listening(vec![sandbox_proto::ListeningSocket {
                 port: 8000,
@@ -582,7 +586,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 11, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 12, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -694,13 +698,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 12 with a rest this build cannot decode.
-    let v12 = bytes("0c 0c ff ff ff");
-    let mismatch = check_supervisor_version(&v12).expect_err("v12 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(12));
+    // Version 13 with a rest this build cannot decode.
+    let v13 = bytes("0c 0d ff ff ff");
+    let mismatch = check_supervisor_version(&v13).expect_err("v13 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(13));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v12, this daemon v11"),
+        text.contains("supervisor protocol v13, this daemon v12"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

@@ -73,7 +73,7 @@ impl Manager {
                     }
                     self.records().insert(id.clone(), record);
                     if pooled {
-                        self.pool().put(runtime, &image, id);
+                        self.pool_ready(runtime, &image, id).await;
                     } else {
                         self.watch_supervisor(id);
                     }

@@ -16,6 +16,7 @@ use crate::model::{CreateRequest, Limits, RuntimeKind};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
 use crate::runtime::cgroups::{CgroupLimits, Layout, SandboxCgroups};
 use crate::secrets::SecretBinding;
+use crate::supervisor::mailbox::Postbox;
 use crate::supervisor::protocol::HandOver;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
@@ -35,6 +36,9 @@ pub(super) type PoolKey = (RuntimeKind, String);
 #[derive(Debug, Default)]
 pub(super) struct WarmPools {
     by_pool: HashMap<RuntimeKind, HashMap<String, VecDeque<String>>>,
+    /// The daemon's ends of the pooled sandboxes' claim mailboxes, by id
+    /// (none where opening one failed: its claim is a request).
+    postboxes: HashMap<String, Postbox>,
 }
 
 impl WarmPools {
@@ -66,6 +70,15 @@ impl WarmPools {
         for ids in self.queues_mut() {
             ids.retain(|i| i != id);
         }
+        self.postboxes.remove(id);
+    }
+
+    fn keep_postbox(&mut self, id: String, postbox: Postbox) {
+        self.postboxes.insert(id, postbox);
+    }
+
+    fn take_postbox(&mut self, id: &str) -> Option<Postbox> {
+        self.postboxes.remove(id)
     }
 
     fn queues_mut(&mut self) -> impl Iterator<Item = &mut VecDeque<String>> {
@@ -88,13 +101,16 @@ impl WarmPools {
     }
 
     fn drain(&mut self) -> Vec<String> {
+        self.postboxes.clear();
         self.queues_mut().flat_map(|ids| ids.drain(..)).collect()
     }
 
     /// The newest sandbox of the fullest pool: what a caller's create that
     /// does not fit the host takes the room of.
     fn evict(&mut self) -> Option<String> {
-        self.queues_mut().max_by_key(|ids| ids.len())?.pop_back()
+        let id = self.queues_mut().max_by_key(|ids| ids.len())?.pop_back()?;
+        self.postboxes.remove(&id);
+        Some(id)
     }
 }
 
@@ -198,7 +214,7 @@ impl Manager {
                     break;
                 };
                 match this.create_cold(this.pooled_create(runtime, &image)).await {
-                    Ok(view) => this.pool().put(runtime, &image, view.id),
+                    Ok(view) => this.pool_ready(runtime, &image, view.id).await,
                     Err(e) => {
                         let runtime = runtime.as_str();
                         tracing::warn!(image, runtime, "refilling the warm pool: {e}");
@@ -213,6 +229,24 @@ impl Manager {
                 this.start_refill();
             }
         });
+    }
+
+    /// Puts ready sandbox `id` in its pool, with its claim mailbox opened
+    /// first so a claim need not wait on its supervisor. Without one (an
+    /// error, logged) its claim is a `HandOver` request.
+    pub(super) async fn pool_ready(&self, runtime: RuntimeKind, image: &str, id: String) {
+        let postbox = match self.supervisors.open_mailbox(&id).await {
+            Ok(postbox) => Some(postbox),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "opening its claim mailbox: {e}; its claim will be a request");
+                None
+            }
+        };
+        let mut pools = self.pool();
+        if let Some(postbox) = postbox {
+            pools.keep_postbox(id.clone(), postbox);
+        }
+        pools.put(runtime, image, id);
     }
 
     pub(super) fn pooled_create(&self, runtime: RuntimeKind, image: &str) -> ColdCreate {
@@ -353,6 +387,8 @@ impl Manager {
         id: &str,
         claim: &PoolClaim<'_>,
     ) -> Result<SandboxRecord, SandboxError> {
+        // Taken whether or not it is used: the sandbox leaves the pool.
+        let postbox = self.pool().take_postbox(id);
         let mut record = self
             .records()
             .get(id)
@@ -369,8 +405,9 @@ impl Manager {
         record.network = claim.network.clone();
         record.secrets = claim.secrets.to_vec();
         record.env = claim.req.env.clone();
-        // What the supervisor holds goes in one request; the trust bundle
-        // and the limits beside it.
+        // What the supervisor holds goes in one hand-over (posted to its
+        // mailbox, or one request); the trust bundle and the limits beside
+        // it.
         let secrets_generation = self.secrets.generation();
         let change = HandOver {
             policy: policy_differs.then(|| claim.network.into()),
@@ -398,15 +435,12 @@ impl Manager {
                 .put_with_events_journaled(id, &pooled, &[] as &[(u64, &Event)])
                 .map_err(SandboxError::internal)?;
         }
-        // Cgroup writes and a quota ioctl: on a blocking thread.
-        let lowered = lower.then(|| {
-            let (disk, limits) = (Arc::clone(&self.disk), claim.limits.clone());
-            tokio::task::spawn_blocking(move || lower_limits(&disk, &pooled, &limits))
-        });
+        // A few cgroup writes and a quota ioctl: here, as a blocking
+        // thread's wake-up would cost more than they do.
         let limits = async {
-            match lowered {
-                Some(lowering) => lowering.await.map_err(SandboxError::internal)?,
-                None => Ok::<(), SandboxError>(()),
+            match lower {
+                true => lower_limits(&self.disk, &pooled, claim.limits),
+                false => Ok::<(), SandboxError>(()),
             }
         };
         let told = async {
@@ -414,10 +448,7 @@ impl Manager {
                 return Ok::<(), SandboxError>(());
             }
             let secrets = change.secrets.is_some();
-            self.supervisors
-                .hand_over(id, change)
-                .await
-                .map_err(SandboxError::internal)?;
+            self.deliver_hand_over(id, change, postbox).await?;
             if secrets && self.secrets.generation() != secrets_generation {
                 // A secret rotated or deleted meanwhile: pushes reach only
                 // ready sandboxes, so tell this one what holds now.
@@ -427,8 +458,10 @@ impl Manager {
         };
         // All three are awaited even when one fails: a failed claim
         // removes the sandbox, which must not race their writes.
-        let (lowered, told, bundle) =
-            tokio::join!(limits, told, self.install_trust_bundle_fresh(&record));
+        // The bundle first: its blocking write starts before the limits
+        // are written here.
+        let (bundle, told, lowered) =
+            tokio::join!(self.install_trust_bundle_fresh(&record), told, limits);
         lowered?;
         told?;
         bundle?;
@@ -457,6 +490,37 @@ impl Manager {
         // and bound to nothing then.
         self.unbind_deleted_secrets(&mut record).await;
         Ok(record)
+    }
+
+    /// Puts `change` in force in pooled sandbox `id`'s supervisor: posted
+    /// to its mailbox where it has one (the supervisor takes it before it
+    /// answers its next request, and only a request starts the caller's
+    /// code), else as a `HandOver` request. A microVM's pids limit needs
+    /// its agent, so a claim that lowers it is always a request.
+    async fn deliver_hand_over(
+        &self,
+        id: &str,
+        change: HandOver,
+        postbox: Option<Postbox>,
+    ) -> Result<(), SandboxError> {
+        if let (Some(postbox), None) = (postbox, change.guest_pids) {
+            // A failed post leaves no mark, so the supervisor takes nothing.
+            match postbox.post(&change) {
+                Ok(()) => {
+                    self.metrics.pool_hand_over("mailbox");
+                    return Ok(());
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, "posting its claim: {e}; sending it as a request")
+                }
+            }
+        }
+        self.supervisors
+            .hand_over(id, change)
+            .await
+            .map_err(SandboxError::internal)?;
+        self.metrics.pool_hand_over("request");
+        Ok(())
     }
 
     /// Whether pooled sandbox `id` uses less memory now than `limits`

@@ -430,6 +430,22 @@ impl SupervisorClient {
         }
     }
 
+    /// The daemon's end of a pooled sandbox's claim mailbox. Uses up the
+    /// connection, as [`Self::dial`].
+    pub async fn open_mailbox(mut self) -> Result<super::mailbox::Postbox, CallError> {
+        let (reply, fd) = self
+            .conn
+            .call_for_fd(&SupervisorRequest::OpenMailbox, CONTROL_DEADLINE)
+            .await?;
+        match (expect::answered(reply)?, fd) {
+            (SupervisorReply::Mailbox, Some(fd)) => Ok(super::mailbox::Postbox::new(fd)),
+            (other, _) => Err(CallError::Unexpected {
+                request: "OpenMailbox",
+                reply: format!("{other:?} (a memfd must come with Mailbox)"),
+            }),
+        }
+    }
+
     /// The TCP sockets listening in the sandbox.
     pub async fn listening_ports(
         &mut self,
@@ -606,6 +622,7 @@ pub trait Supervisors: Send + Sync {
     ) -> CallFuture<'a, ()>;
     fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()>;
     fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64>;
+    fn open_mailbox<'a>(&'a self, id: &'a str) -> CallFuture<'a, super::mailbox::Postbox>;
 }
 
 /// The real supervisors, at `<run dir>/<id>/shim.sock`.
@@ -652,6 +669,10 @@ impl Supervisors for SocketSupervisors {
     fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64> {
         Box::pin(async move { self.client(id).await?.guest_pids().await })
     }
+
+    fn open_mailbox<'a>(&'a self, id: &'a str) -> CallFuture<'a, super::mailbox::Postbox> {
+        Box::pin(async move { self.client(id).await?.open_mailbox().await })
+    }
 }
 
 /// A recording fake of [`Supervisors`] for unit tests of the orchestration:
@@ -681,6 +702,7 @@ pub mod fake {
         SetSecrets(String, Vec<String>),
         LimitGuestPids(String, u64),
         GuestPids(String),
+        OpenMailbox(String),
     }
 
     #[derive(Default)]
@@ -766,6 +788,24 @@ pub mod fake {
         fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64> {
             let reply = self.answer(id, Call::GuestPids(id.into()));
             Box::pin(async move { expect::guest_pids(reply?) })
+        }
+
+        /// A fake has no memfd to hand out: a scripted reply is refused as
+        /// one without its descriptor, as the real client would.
+        fn open_mailbox<'a>(
+            &'a self,
+            id: &'a str,
+        ) -> CallFuture<'a, crate::supervisor::mailbox::Postbox> {
+            let reply = self.answer(id, Call::OpenMailbox(id.into()));
+            Box::pin(async move {
+                Err(match reply {
+                    Err(e) => e,
+                    Ok(other) => CallError::Unexpected {
+                        request: "OpenMailbox",
+                        reply: format!("{other:?} (a memfd must come with Mailbox)"),
+                    },
+                })
+            })
         }
     }
 }

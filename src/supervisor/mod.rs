@@ -8,6 +8,7 @@ pub mod client;
 pub mod config;
 pub mod dial;
 pub mod link;
+pub mod mailbox;
 pub mod output;
 pub mod processes;
 pub mod protocol;

@@ -98,6 +98,8 @@ pub struct Supervisor {
     /// A microVM's empty disk slots, each holding the name of the root
     /// whose disk is in it.
     guest_root_slots: Mutex<Vec<Option<String>>>,
+    /// A pooled sandbox's claim mailbox, once the daemon asked for it.
+    mailbox: std::sync::OnceLock<super::mailbox::Mailbox>,
 }
 
 /// A root's ceilings as a microVM's agent keeps them; a negative one (the
@@ -211,6 +213,7 @@ impl Supervisor {
             roots: tokio::sync::Mutex::new(()),
             limited_roots: Mutex::default(),
             guest_root_slots: Mutex::new(vec![None; usize::from(root_slots)]),
+            mailbox: std::sync::OnceLock::new(),
         })
     }
 
@@ -240,6 +243,61 @@ impl Supervisor {
         &self,
         change: super::protocol::HandOver,
     ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
+        let mut change = change;
+        let guest_pids = change.guest_pids.take();
+        self.hand_over_here(change)?;
+        if let Some(max) = guest_pids {
+            self.limit_guest_pids(max).await?;
+        }
+        Ok(super::protocol::SupervisorReply::Ok)
+    }
+
+    /// A descriptor of the claim mailbox, made at the first ask.
+    pub fn open_mailbox(&self) -> Result<std::os::fd::OwnedFd, SupervisorError> {
+        let internal =
+            |e: super::mailbox::MailboxError| err(SupervisorErrorKind::Internal, e.to_string());
+        let mailbox = match self.mailbox.get() {
+            Some(made) => made,
+            None => {
+                let made = super::mailbox::Mailbox::create().map_err(internal)?;
+                self.mailbox.get_or_init(|| made)
+            }
+        };
+        mailbox.share().map_err(internal)
+    }
+
+    /// Puts a claim posted to the mailbox in force; called before every
+    /// request is acted on. A claim that cannot be read or applied fails
+    /// the sandbox: its caller's policy could not be kept.
+    pub fn settle_claim(&self) -> Result<(), SupervisorError> {
+        let Some(mailbox) = self.mailbox.get() else {
+            return Ok(());
+        };
+        let applied = mailbox
+            .take()
+            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))
+            .and_then(|claim| match claim {
+                Some(claim) => self.hand_over_here(claim),
+                None => Ok(()),
+            });
+        if let Err(e) = &applied {
+            self.fail(format!(
+                "the pool claim could not be put in force: {}",
+                e.message
+            ));
+        }
+        applied
+    }
+
+    /// The parts of a claim the supervisor holds itself (all but a guest's
+    /// pids limit, which the daemon never posts).
+    fn hand_over_here(&self, change: super::protocol::HandOver) -> Result<(), SupervisorError> {
+        if change.guest_pids.is_some() {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "a guest's pids limit cannot come through the mailbox",
+            ));
+        }
         if let Some(policy) = change.policy {
             self.set_policy(&policy.into())?;
         }
@@ -249,10 +307,7 @@ impl Supervisor {
         if let Some(env) = change.env {
             self.set_env(env);
         }
-        if let Some(max) = change.guest_pids {
-            self.limit_guest_pids(max).await?;
-        }
-        Ok(super::protocol::SupervisorReply::Ok)
+        Ok(())
     }
 
     /// Puts the sandbox's brokered secrets in force (replacing what it had).

@@ -65,7 +65,10 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 11 added `AttachRoot::disk` (a microVM's root) and the agent's
 /// `RequestBody::MountRoot` and `UnmountRoot`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 11;
+///
+/// 12 added `OpenMailbox` (with `Mailbox`, whose frame carries a
+/// descriptor) and the claims posted through it.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 12;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -183,6 +186,11 @@ pub enum SupervisorRequest {
     /// reply comes. Reply: [`SupervisorReply::Ok`]; on an error some parts
     /// may be in force, and the daemon removes the sandbox.
     HandOver(HandOver),
+    /// A pooled sandbox's claim mailbox (`mailbox.rs`), made at the first
+    /// ask: a claim posted there is in force before the next request is
+    /// answered, without a request of its own. Reply:
+    /// [`SupervisorReply::Mailbox`], whose frame carries the memfd.
+    OpenMailbox,
 }
 
 /// The parts of a pool claim that live in the supervisor (see
@@ -301,6 +309,8 @@ pub enum SupervisorReply {
     Health(SupervisorHealth),
     /// A connected socket to the port asked for travels with this frame.
     Dialed,
+    /// The claim mailbox's memfd travels with this frame.
+    Mailbox,
 }
 
 /// What a supervisor reports without being asked.

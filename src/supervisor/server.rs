@@ -66,7 +66,20 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
                 break;
             }
         };
+        // A claim posted to the mailbox is in force before any request is
+        // acted on; one that cannot be is this request's answer.
+        if let Err(e) = supervisor.settle_claim() {
+            let _ = write(&mut stream, &SupervisorReply::Error(e)).await;
+            break;
+        }
         let reply = match request {
+            SupervisorRequest::OpenMailbox => {
+                let _ = match supervisor.open_mailbox() {
+                    Ok(fd) => write_with_fd(&mut stream, &SupervisorReply::Mailbox, &fd).await,
+                    Err(e) => write(&mut stream, &SupervisorReply::Error(e)).await,
+                };
+                break;
+            }
             SupervisorRequest::Attach {
                 proc,
                 stdout_offset,
@@ -243,6 +256,7 @@ async fn answer(
         SupervisorRequest::Attach { .. }
         | SupervisorRequest::Watch { .. }
         | SupervisorRequest::Dial { .. }
+        | SupervisorRequest::OpenMailbox
         | SupervisorRequest::Shutdown => SupervisorReply::Error(SupervisorError::new(
             SupervisorErrorKind::Internal,
             "handled by the connection loop",
@@ -283,10 +297,20 @@ async fn dial(
         Ok(app) => app.into_std()?,
         Err(e) => return write(stream, &SupervisorReply::Error(e)).await,
     };
-    let frame = sandbox_proto::encode(&SupervisorReply::Dialed)
+    // The daemon holds its own copy once sent; this one closes on drop.
+    write_with_fd(stream, &SupervisorReply::Dialed, &app).await
+}
+
+/// Writes `reply` with `fd` passed along its first byte (SCM_RIGHTS).
+async fn write_with_fd(
+    stream: &mut UnixStream,
+    reply: &SupervisorReply,
+    fd: &impl std::os::fd::AsRawFd,
+) -> std::io::Result<()> {
+    let frame = sandbox_proto::encode(reply)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()))?;
     let raw = std::os::fd::AsRawFd::as_raw_fd(&*stream);
-    let fds = [std::os::fd::AsRawFd::as_raw_fd(&app)];
+    let fds = [fd.as_raw_fd()];
     let mut sent = 0;
     while sent < frame.len() {
         let rest = &frame[sent..];
@@ -308,7 +332,6 @@ async fn dial(
             })
             .await?;
     }
-    // The daemon holds its own copy now; this one closes on drop.
     Ok(())
 }
 
