@@ -13,6 +13,7 @@ pub mod ingress;
 pub mod metrics;
 pub mod model;
 pub mod net;
+pub mod pidfd;
 pub mod private_file;
 pub mod runtime;
 pub mod sandbox;

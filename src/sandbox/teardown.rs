@@ -2,7 +2,6 @@
 //! after a restart all end here. Each step is idempotent, so a teardown that
 //! was interrupted (even by SIGKILL) is finished by running it again.
 
-use std::os::fd::FromRawFd;
 use std::path::Path;
 use std::time::Duration;
 
@@ -95,14 +94,10 @@ async fn finish(
 /// Waits (on a pidfd, no polling) until process `pid` has exited; `true`
 /// when it has, or when it cannot be watched because it is already gone.
 pub(super) async fn exited(pid: i32, deadline: Duration) -> bool {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if raw < 0 {
+    let Ok(pidfd) = crate::pidfd::open(pid) else {
         // ESRCH: already gone.
         return true;
-    }
-    // SAFETY: the syscall returned a new descriptor that nothing else owns.
-    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw as i32) };
+    };
     // SAFETY: `pidfd` is an open descriptor that the AsyncFd owns from here
     // until it is dropped, and OwnedFd always reports that same descriptor.
     let registered = unsafe {

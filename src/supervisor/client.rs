@@ -433,12 +433,21 @@ impl SupervisorClient {
     /// The daemon's end of a pooled sandbox's claim mailbox. Uses up the
     /// connection, as [`Self::dial`].
     pub async fn open_mailbox(mut self) -> Result<super::mailbox::Postbox, CallError> {
+        // Before the request: the process that answers it is the one this
+        // pidfd holds (a pid is not reused while its process lives).
+        let supervisor = self
+            .peer_pid()
+            .ok_or_else(|| std::io::Error::other("the supervisor's pid is unknown"))
+            .and_then(crate::pidfd::open)
+            .map_err(|e| CallError::Client(ClientError::Unreachable(e)))?;
         let (reply, fd) = self
             .conn
             .call_for_fd(&SupervisorRequest::OpenMailbox, CONTROL_DEADLINE)
             .await?;
         match (expect::answered(reply)?, fd) {
-            (SupervisorReply::Mailbox, Some(fd)) => Ok(super::mailbox::Postbox::new(fd)),
+            (SupervisorReply::Mailbox, Some(fd)) => {
+                Ok(super::mailbox::Postbox::new(fd, supervisor))
+            }
             (other, _) => Err(CallError::Unexpected {
                 request: "OpenMailbox",
                 reply: format!("{other:?} (a memfd must come with Mailbox)"),

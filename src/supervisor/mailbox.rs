@@ -9,11 +9,12 @@
 //! process costs 0.1-0.3 ms, so a claim's round trip to the supervisor
 //! cost more than the rest of the claim.
 //!
-//! The file holds one message, posted once: the encoded claim at
+//! The file holds one claim, posted once: the encoded claim at
 //! [`BODY_AT`], its length in the 8 bytes before that, and last the
 //! one-byte mark at 0 that says the rest is there. The supervisor reads
-//! the mark, then the rest, and truncates the file to nothing, so the
-//! secrets in it do not outlive the take.
+//! the mark, then the rest, overwrites all of it with zeros (the secrets
+//! in it do not outlive the take) and leaves the mark [`TAKEN`], so no
+//! second claim can be posted.
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -27,6 +28,7 @@ use super::protocol::HandOver;
 const BODY_AT: u64 = 16;
 const LENGTH_AT: u64 = 8;
 const POSTED: u8 = 1;
+const TAKEN: u8 = 2;
 /// The largest claim a mailbox carries (a claim with many secrets' leaves
 /// is a few KiB each); a larger one goes as a `HandOver` request.
 pub const MAX_CLAIM: usize = 1 << 20;
@@ -40,20 +42,22 @@ pub enum MailboxError {
     TooLarge(usize),
     #[error("a claim was already posted to this sandbox's mailbox")]
     AlreadyPosted,
+    #[error("the sandbox's supervisor has exited")]
+    SupervisorGone,
     #[error("a pool claim cannot be encoded: {0}")]
     Encode(String),
-    #[error(
-        "the claim in the mailbox cannot be read ({0}); the daemon and supervisor builds differ"
-    )]
+    #[error("the claim in the mailbox cannot be read: {0}")]
     Malformed(String),
+    #[error("the posted claim could not be put in force: {0}")]
+    NotApplied(String),
 }
 
 /// The supervisor's end: made by it, handed to the daemon as a descriptor.
 pub struct Mailbox {
     file: File,
-    /// Set once the claim was taken (or found malformed): later requests
-    /// do not read the file again.
-    taken: Mutex<bool>,
+    /// Held while a claim is taken and applied, so two requests arriving
+    /// together do not both apply it, nor one act before it is in force.
+    taking: Mutex<()>,
 }
 
 impl Mailbox {
@@ -65,7 +69,7 @@ impl Mailbox {
         .map_err(std::io::Error::from)?;
         Ok(Self {
             file: File::from(fd),
-            taken: Mutex::new(false),
+            taking: Mutex::new(()),
         })
     }
 
@@ -74,53 +78,69 @@ impl Mailbox {
         Ok(self.file.try_clone()?.into())
     }
 
-    /// The claim posted since the last call, once; `None` while there is
-    /// none. Holds its lock while reading, so two requests arriving
-    /// together do not both apply it.
-    pub fn take(&self) -> Result<Option<HandOver>, MailboxError> {
-        let mut taken = self.taken.lock().unwrap_or_else(|p| p.into_inner());
-        if *taken {
-            return Ok(None);
-        }
+    /// Takes a posted claim, once, and puts it in force with `apply`
+    /// before returning; nothing while none is posted. A claim is scrubbed
+    /// from the file whatever becomes of it.
+    pub fn take_with(
+        &self,
+        apply: impl FnOnce(HandOver) -> Result<(), String>,
+    ) -> Result<(), MailboxError> {
+        let _taking = self.taking.lock().unwrap_or_else(|p| p.into_inner());
         let mut mark = [0u8; 1];
         if self.file.read_at(&mut mark, 0)? == 0 || mark[0] != POSTED {
-            return Ok(None);
+            return Ok(());
         }
-        *taken = true;
+        let read = self.read_claim();
+        scrub(&self.file, TAKEN)?;
+        apply(read?).map_err(MailboxError::NotApplied)
+    }
+
+    fn read_claim(&self) -> Result<HandOver, MailboxError> {
         let mut length = [0u8; 8];
         self.file.read_exact_at(&mut length, LENGTH_AT)?;
         let length = usize::try_from(u64::from_le_bytes(length))
             .ok()
             .filter(|n| *n <= MAX_CLAIM)
-            .ok_or_else(|| MailboxError::Malformed("a length past the limit".into()))?;
+            .ok_or_else(|| MailboxError::Malformed("its length is past the limit".into()))?;
         let mut body = zeroize::Zeroizing::new(vec![0u8; length]);
         self.file.read_exact_at(&mut body, BODY_AT)?;
-        // The secrets leave the shared file now, whatever the decode says.
-        self.file.set_len(0)?;
-        postcard::from_bytes(&body)
-            .map(Some)
-            .map_err(|e| MailboxError::Malformed(e.to_string()))
+        postcard::from_bytes(&body).map_err(|e| MailboxError::Malformed(e.to_string()))
     }
+}
+
+/// Overwrites the whole file with zeros and leaves `mark` alone in it.
+fn scrub(file: &File, mark: u8) -> std::io::Result<()> {
+    let size = usize::try_from(file.metadata()?.len()).map_err(std::io::Error::other)?;
+    file.write_all_at(&vec![0u8; size], 0)?;
+    file.set_len(1)?;
+    file.write_all_at(&[mark], 0)
 }
 
 /// The daemon's end, for one pooled sandbox.
 #[derive(Debug)]
 pub struct Postbox {
     file: File,
+    /// The supervisor's pidfd: a post to a supervisor that has exited
+    /// would be taken by nobody.
+    supervisor: OwnedFd,
 }
 
 impl Postbox {
-    pub fn new(fd: OwnedFd) -> Self {
+    pub fn new(mailbox: OwnedFd, supervisor: OwnedFd) -> Self {
         Self {
-            file: File::from(fd),
+            file: File::from(mailbox),
+            supervisor,
         }
     }
 
     /// Posts `claim`, which the supervisor takes before its next request.
-    /// Consumes the postbox: a mailbox carries one claim.
+    /// Consumes the postbox: a mailbox carries one claim. A post that
+    /// fails leaves no mark and no claim behind.
     pub fn post(self, claim: &HandOver) -> Result<(), MailboxError> {
-        let mut mark = [0u8; 1];
-        if self.file.read_at(&mut mark, 0)? != 0 {
+        if crate::pidfd::has_exited(&self.supervisor) {
+            return Err(MailboxError::SupervisorGone);
+        }
+        if self.file.metadata()?.len() != 0 {
             return Err(MailboxError::AlreadyPosted);
         }
         // The supervisor protocol's encoding, without a frame around it.
@@ -130,10 +150,19 @@ impl Postbox {
         if body.len() > MAX_CLAIM {
             return Err(MailboxError::TooLarge(body.len()));
         }
+        let written = self.write(&body);
+        if written.is_err() {
+            // Best effort: the error above is what the caller must hear.
+            let _ = scrub(&self.file, 0).and_then(|()| self.file.set_len(0));
+        }
+        written
+    }
+
+    fn write(&self, body: &[u8]) -> Result<(), MailboxError> {
         let mut head = [0u8; BODY_AT as usize];
         head[LENGTH_AT as usize..].copy_from_slice(&(body.len() as u64).to_le_bytes());
         self.file.write_all_at(&head, 0)?;
-        self.file.write_all_at(&body, BODY_AT)?;
+        self.file.write_all_at(body, BODY_AT)?;
         // Last, in a write of its own: a reader that sees the mark sees
         // everything written before it.
         self.file.write_all_at(&[POSTED], 0)?;
@@ -158,25 +187,34 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_posted_claim_is_taken_once_and_leaves_the_file() {
-        let mailbox = Mailbox::create().unwrap();
-        assert!(mailbox.take().unwrap().is_none(), "nothing posted yet");
-        Postbox::new(mailbox.share().unwrap())
-            .post(&claim())
-            .unwrap();
-        assert_eq!(mailbox.take().unwrap(), Some(claim()));
-        assert!(mailbox.take().unwrap().is_none(), "taken once");
-        assert_eq!(mailbox.file.metadata().unwrap().len(), 0);
+    fn postbox(mailbox: &Mailbox) -> Postbox {
+        let me = crate::pidfd::open(std::process::id() as i32).unwrap();
+        Postbox::new(mailbox.share().unwrap(), me)
+    }
+
+    /// The claims `mailbox` hands to its applier, each call.
+    fn taken(mailbox: &Mailbox) -> Result<Option<HandOver>, MailboxError> {
+        let mut got = None;
+        mailbox
+            .take_with(|claim| {
+                got = Some(claim);
+                Ok(())
+            })
+            .map(|()| got)
     }
 
     #[test]
-    fn a_second_post_is_refused() {
+    fn a_posted_claim_is_taken_once_and_scrubbed() {
         let mailbox = Mailbox::create().unwrap();
-        Postbox::new(mailbox.share().unwrap())
-            .post(&claim())
-            .unwrap();
-        let again = Postbox::new(mailbox.share().unwrap()).post(&claim());
+        assert!(taken(&mailbox).unwrap().is_none(), "nothing posted yet");
+        postbox(&mailbox).post(&claim()).unwrap();
+        assert_eq!(taken(&mailbox).unwrap(), Some(claim()));
+        assert!(taken(&mailbox).unwrap().is_none(), "taken once");
+        let mut left = Vec::new();
+        std::io::Read::read_to_end(&mut &mailbox.file, &mut left).unwrap();
+        assert_eq!(left, [TAKEN], "nothing of the claim stays");
+        // A taken mailbox takes no other claim.
+        let again = postbox(&mailbox).post(&claim());
         assert!(
             matches!(again, Err(MailboxError::AlreadyPosted)),
             "{again:?}"
@@ -184,34 +222,70 @@ mod tests {
     }
 
     #[test]
+    fn a_second_post_is_refused() {
+        let mailbox = Mailbox::create().unwrap();
+        postbox(&mailbox).post(&claim()).unwrap();
+        let again = postbox(&mailbox).post(&claim());
+        assert!(
+            matches!(again, Err(MailboxError::AlreadyPosted)),
+            "{again:?}"
+        );
+        assert_eq!(taken(&mailbox).unwrap(), Some(claim()));
+    }
+
+    #[test]
     fn a_claim_past_the_limit_is_refused_and_nothing_is_posted() {
         let mailbox = Mailbox::create().unwrap();
         let mut big = claim();
         big.env = Some(vec![("BIG".into(), "x".repeat(MAX_CLAIM))]);
-        let posted = Postbox::new(mailbox.share().unwrap()).post(&big);
+        let posted = postbox(&mailbox).post(&big);
         assert!(
             matches!(posted, Err(MailboxError::TooLarge(_))),
             "{posted:?}"
         );
-        assert!(mailbox.take().unwrap().is_none());
+        assert!(taken(&mailbox).unwrap().is_none());
+        postbox(&mailbox).post(&claim()).unwrap();
     }
 
     #[test]
-    fn a_malformed_claim_is_an_error_and_is_not_read_again() {
+    fn nothing_is_posted_to_a_supervisor_that_exited() {
         let mailbox = Mailbox::create().unwrap();
-        let postbox = Postbox::new(mailbox.share().unwrap());
-        postbox
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let gone = crate::pidfd::open(child.id() as i32).unwrap();
+        child.wait().unwrap();
+        let posted = Postbox::new(mailbox.share().unwrap(), gone).post(&claim());
+        assert!(
+            matches!(posted, Err(MailboxError::SupervisorGone)),
+            "{posted:?}"
+        );
+        assert_eq!(mailbox.file.metadata().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn a_malformed_or_unapplied_claim_is_an_error_taken_once_and_scrubbed() {
+        let mailbox = Mailbox::create().unwrap();
+        let writer = postbox(&mailbox);
+        writer
             .file
             .write_all_at(&3u64.to_le_bytes(), LENGTH_AT)
             .unwrap();
-        postbox.file.write_all_at(&[0xff; 3], BODY_AT).unwrap();
-        postbox.file.write_all_at(&[POSTED], 0).unwrap();
-        let taken = mailbox.take();
+        writer.file.write_all_at(&[0xff; 3], BODY_AT).unwrap();
+        writer.file.write_all_at(&[POSTED], 0).unwrap();
+        let taken_once = taken(&mailbox);
         assert!(
-            matches!(taken, Err(MailboxError::Malformed(_))),
-            "{taken:?}"
+            matches!(taken_once, Err(MailboxError::Malformed(_))),
+            "{taken_once:?}"
         );
-        assert!(mailbox.take().unwrap().is_none());
-        assert_eq!(mailbox.file.metadata().unwrap().len(), 0);
+        assert!(taken(&mailbox).unwrap().is_none());
+        assert_eq!(mailbox.file.metadata().unwrap().len(), 1);
+
+        let mailbox = Mailbox::create().unwrap();
+        postbox(&mailbox).post(&claim()).unwrap();
+        let refused = mailbox.take_with(|_| Err("no proxy".into()));
+        assert!(
+            matches!(refused, Err(MailboxError::NotApplied(_))),
+            "{refused:?}"
+        );
+        assert!(taken(&mailbox).unwrap().is_none());
     }
 }

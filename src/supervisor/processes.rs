@@ -268,25 +268,16 @@ impl Supervisor {
 
     /// Puts a claim posted to the mailbox in force; called before every
     /// request is acted on. A claim that cannot be read or applied fails
-    /// the sandbox: its caller's policy could not be kept.
-    pub fn settle_claim(&self) -> Result<(), SupervisorError> {
+    /// the sandbox (its caller's policy could not be kept), which every
+    /// request then hears of as of any failed sandbox.
+    pub fn settle_claim(&self) {
         let Some(mailbox) = self.mailbox.get() else {
-            return Ok(());
+            return;
         };
-        let applied = mailbox
-            .take()
-            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))
-            .and_then(|claim| match claim {
-                Some(claim) => self.hand_over_here(claim),
-                None => Ok(()),
-            });
-        if let Err(e) = &applied {
-            self.fail(format!(
-                "the pool claim could not be put in force: {}",
-                e.message
-            ));
+        let settled = mailbox.take_with(|claim| self.hand_over_here(claim).map_err(|e| e.message));
+        if let Err(e) = settled {
+            self.fail(e.to_string());
         }
-        applied
     }
 
     /// The parts of a claim the supervisor holds itself (all but a guest's

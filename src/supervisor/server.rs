@@ -67,11 +67,8 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
             }
         };
         // A claim posted to the mailbox is in force before any request is
-        // acted on; one that cannot be is this request's answer.
-        if let Err(e) = supervisor.settle_claim() {
-            let _ = write(&mut stream, &SupervisorReply::Error(e)).await;
-            break;
-        }
+        // acted on (one that cannot be fails the sandbox).
+        supervisor.settle_claim();
         let reply = match request {
             SupervisorRequest::OpenMailbox => {
                 let _ = match supervisor.open_mailbox() {
@@ -286,6 +283,10 @@ async fn dial(
     supervisor: &Arc<Supervisor>,
     port: u16,
 ) -> std::io::Result<()> {
+    if let Some(reason) = supervisor.failure() {
+        let failed = SupervisorError::new(SupervisorErrorKind::AgentGone, reason);
+        return write(stream, &SupervisorReply::Error(failed)).await;
+    }
     let Some(dialer) = supervisor.dialer.get() else {
         let refusal = SupervisorError::new(
             SupervisorErrorKind::InvalidInput,
