@@ -362,10 +362,7 @@ fn hostname() -> String {
 /// system seen at two places.
 fn mount_scratch_again() -> io::Result<()> {
     fs::create_dir_all(SCRATCH_AGAIN)?;
-    let here = fs::metadata(SCRATCH_AGAIN)?;
-    let parent = fs::metadata(Path::new(SCRATCH_AGAIN).parent().unwrap_or(Path::new("/")))?;
-    use std::os::unix::fs::MetadataExt;
-    if here.dev() != parent.dev() {
+    if crate::vm_init::is_mount_point(Path::new(SCRATCH_AGAIN)) {
         return Ok(());
     }
     mount(

@@ -342,7 +342,7 @@ fn mkdir(path: &str) -> Result<(), VmInitError> {
 
 /// A directory whose device differs from its parent's is a mount point (also
 /// true for "/"'s own mounts, which is all this is used for).
-fn is_mount_point(path: &Path) -> bool {
+pub(crate) fn is_mount_point(path: &Path) -> bool {
     let parent = path.parent().unwrap_or(Path::new("/"));
     match (std::fs::metadata(path), std::fs::metadata(parent)) {
         (Ok(dir), Ok(up)) => dir.dev() != up.dev() || dir.ino() == up.ino(),

@@ -561,10 +561,11 @@ impl Supervisor {
         let emptied = tokio::task::spawn_blocking(move || {
             crate::runtime::microvm::detach_disk(&paths, disk_number)
         })
-        .await;
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()));
         match emptied {
-            Ok(Ok(())) => self.free_guest_root_slot(disk_number),
-            Ok(Err(e)) => tracing::warn!("disk slot {disk_number} stays in use: {e}"),
+            Ok(()) => self.free_guest_root_slot(disk_number),
             Err(e) => tracing::warn!("disk slot {disk_number} stays in use: {e}"),
         }
     }
