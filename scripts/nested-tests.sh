@@ -116,6 +116,8 @@ else
 	# has not been timed alone, hence the wide margin. Its kernel has also
 	# panicked once under the emulation ("corrupted stack end detected
 	# inside scheduler", in no test's code): booted once more as well.
+	# Another hang printed RCU stall reports for 20 minutes while no test
+	# wrote a line: the silence counts the tests' output alone.
 	for attempt in 1 2; do
 		status=0
 		VMM_TEST_LINUX_TIMEOUT_S=${VMM_TEST_LINUX_TIMEOUT_S:-300} \
