@@ -79,6 +79,78 @@ async fn pooled_sandbox_is_handed_out_with_the_callers_env_and_ttl() {
     daemon.delete(&id).await;
 }
 
+/// A pooled sandbox whose supervisor finds a claim it cannot read in its
+/// claim mailbox (written here straight into the memfd, as a broken daemon
+/// might) fails at its next request, and a claim that finds it failed is
+/// served by a cold create instead.
+#[tokio::test]
+async fn a_claim_the_supervisor_cannot_read_fails_the_pooled_sandbox() {
+    use std::os::unix::fs::FileExt;
+    require_host!();
+    let daemon = Daemon::start_with(&["--pool-size", "1", "--default-image", "busybox"]);
+    daemon.pool_reaches(1).await;
+    let sandboxes = daemon.run_dir().join("sandboxes");
+    let pooled: Vec<_> = std::fs::read_dir(&sandboxes)
+        .expect("run dir")
+        .map(|e| e.expect("entry").path())
+        // Network slots made ahead are dot directories.
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("sb-"))
+        })
+        .collect();
+    let [pooled] = pooled.as_slice() else {
+        panic!("one pooled sandbox expected: {pooled:?}");
+    };
+    let socket = pooled.join("shim.sock");
+    let supervisor = sandboxd::supervisor::client::SupervisorClient::connect(&socket)
+        .await
+        .expect("the pooled supervisor");
+    let pid = supervisor.peer_pid().expect("its pid");
+    // Its mailbox: opened when it joined the pool.
+    let memfd = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .expect("its descriptors")
+        .map(|e| e.expect("fd").path())
+        .find(|fd| {
+            std::fs::read_link(fd)
+                .is_ok_and(|target| target.to_string_lossy().contains("memfd:sandboxd-claim"))
+        })
+        .expect("the pooled supervisor holds its claim mailbox");
+    let mailbox = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&memfd)
+        .expect("open the mailbox");
+    // A length, three bytes that are no claim, and the mark that posts them.
+    mailbox.write_all_at(&3u64.to_le_bytes(), 8).unwrap();
+    mailbox.write_all_at(&[0xff; 3], 16).unwrap();
+    mailbox.write_all_at(&[1], 0).unwrap();
+
+    let mut supervisor = supervisor;
+    let health = supervisor.health().await.expect("health");
+    let failure = health.failure.expect("the sandbox failed");
+    assert!(failure.contains("cannot be read"), "{failure}");
+    // Scrubbed: only the one-byte mark is left.
+    assert_eq!(mailbox.metadata().unwrap().len(), 1);
+
+    let mut events = daemon.follow_events(0).await;
+    let id = daemon.create(json!({"env": {"GREETING": "hi"}})).await;
+    let seen = events
+        .until(Duration::from_secs(30), |e| {
+            e["kind"] == "ready" && e["sandbox_id"] == id.as_str()
+        })
+        .await;
+    let created = seen
+        .iter()
+        .find(|e| e["kind"] == "created" && e["sandbox_id"] == id.as_str())
+        .expect("its created event");
+    assert!(created["detail"].is_null(), "a cold create: {created}");
+    assert_ne!(pooled.file_name(), Some(std::ffi::OsStr::new(&id)));
+    assert!(!pooled.exists(), "the failed pooled sandbox was removed");
+    assert_eq!(daemon.sh(&id, "echo $GREETING").await.out(), "hi\n");
+    daemon.delete(&id).await;
+}
+
 /// A pooled container keeps Python started: run-code after the claim runs
 /// in a fork of it, with the caller's environment and a fresh run's exit
 /// codes, while a command naming `python3` is still a fresh exec.

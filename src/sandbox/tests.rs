@@ -451,12 +451,13 @@ async fn a_claim_is_posted_to_the_mailbox_unless_the_supervisor_is_gone() {
         "{calls:?}"
     );
     let mut posted = None;
-    mailbox
-        .take_with(|claim| {
+    mailbox.take_with(
+        |claim| {
             posted = Some(claim);
             Ok(())
-        })
-        .unwrap();
+        },
+        |why| panic!("the posted claim failed: {why}"),
+    );
     let env = posted.and_then(|claim| claim.env).expect("the env posted");
     assert_eq!(
         env.last(),

@@ -436,7 +436,10 @@ impl Manager {
         }
         // The quota ioctl joins a btrfs transaction and may wait on a
         // commit: on a blocking thread, started now. The few cgroup writes
-        // (0.06 ms) here, beside it: that thread's wake-up costs more.
+        // (0.06 ms) here, beside it: that thread's wake-up costs more, and
+        // `memory_fits` found the sandbox's usage below the new memory
+        // limit just before, with nothing of the caller's running yet, so
+        // that write reclaims nothing.
         let quota = (lower && record.runtime == RuntimeKind::Container).then(|| {
             let (disk, id) = (Arc::clone(&self.disk), id.to_string());
             let bytes = claim.limits.disk_mib * 1024 * 1024;

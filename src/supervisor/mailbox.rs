@@ -19,6 +19,7 @@
 use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use super::protocol::HandOver;
@@ -48,7 +49,7 @@ pub enum MailboxError {
     Encode(String),
     #[error("the claim in the mailbox cannot be read: {0}")]
     Malformed(String),
-    #[error("the posted claim could not be put in force: {0}")]
+    #[error("the pool claim could not be put in force: {0}")]
     NotApplied(String),
 }
 
@@ -58,6 +59,7 @@ pub struct Mailbox {
     /// Held while a claim is taken and applied, so two requests arriving
     /// together do not both apply it, nor one act before it is in force.
     taking: Mutex<()>,
+    settled: AtomicBool,
 }
 
 impl Mailbox {
@@ -70,6 +72,7 @@ impl Mailbox {
         Ok(Self {
             file: File::from(fd),
             taking: Mutex::new(()),
+            settled: AtomicBool::new(false),
         })
     }
 
@@ -78,21 +81,47 @@ impl Mailbox {
         Ok(self.file.try_clone()?.into())
     }
 
-    /// Takes a posted claim, once, and puts it in force with `apply`
-    /// before returning; nothing while none is posted. A claim is scrubbed
-    /// from the file whatever becomes of it.
+    /// Takes a posted claim, once, and puts it in force with `apply`; a
+    /// claim that cannot be read or applied goes to `fail` instead (a
+    /// panic in `apply` too). Both run under the lock, so no request acts
+    /// before the claim is in force or the sandbox has failed. Nothing
+    /// while none is posted. The claim is scrubbed from the file whatever
+    /// becomes of it.
     pub fn take_with(
         &self,
         apply: impl FnOnce(HandOver) -> Result<(), String>,
-    ) -> Result<(), MailboxError> {
+        fail: impl FnOnce(String),
+    ) {
+        // Set once the claim is settled: a request after that reads
+        // nothing, and takes no lock.
+        if self.settled.load(Ordering::Acquire) {
+            return;
+        }
         let _taking = self.taking.lock().unwrap_or_else(|p| p.into_inner());
+        if self.settled.load(Ordering::Acquire) {
+            return;
+        }
         let mut mark = [0u8; 1];
-        if self.file.read_at(&mut mark, 0)? == 0 || mark[0] != POSTED {
-            return Ok(());
+        let posted = self.file.read_at(&mut mark, 0);
+        if matches!(posted, Ok(n) if n == 0 || mark[0] != POSTED) {
+            return;
+        }
+        // From here the sandbox fails unless the claim is put in force.
+        let settling = Settling {
+            fail: Some(fail),
+            settled: &self.settled,
+        };
+        if let Err(e) = posted {
+            return settling.failed(MailboxError::from(e));
         }
         let read = self.read_claim();
-        scrub(&self.file, TAKEN)?;
-        apply(read?).map_err(MailboxError::NotApplied)
+        if let Err(e) = scrub(&self.file, TAKEN) {
+            return settling.failed(MailboxError::from(e));
+        }
+        match read.and_then(|claim| apply(claim).map_err(MailboxError::NotApplied)) {
+            Ok(()) => settling.done(),
+            Err(e) => settling.failed(e),
+        }
     }
 
     fn read_claim(&self) -> Result<HandOver, MailboxError> {
@@ -105,6 +134,35 @@ impl Mailbox {
         let mut body = zeroize::Zeroizing::new(vec![0u8; length]);
         self.file.read_exact_at(&mut body, BODY_AT)?;
         postcard::from_bytes(&body).map_err(|e| MailboxError::Malformed(e.to_string()))
+    }
+}
+
+/// A claim being settled: it fails the sandbox unless [`Self::done`] is
+/// called (a panic on the way included), and marks the mailbox settled
+/// either way.
+struct Settling<'a, F: FnOnce(String)> {
+    fail: Option<F>,
+    settled: &'a AtomicBool,
+}
+
+impl<F: FnOnce(String)> Settling<'_, F> {
+    fn done(mut self) {
+        self.fail = None;
+    }
+
+    fn failed(mut self, why: MailboxError) {
+        if let Some(fail) = self.fail.take() {
+            fail(why.to_string());
+        }
+    }
+}
+
+impl<F: FnOnce(String)> Drop for Settling<'_, F> {
+    fn drop(&mut self) {
+        if let Some(fail) = self.fail.take() {
+            fail("the pool claim was taken but not put in force".into());
+        }
+        self.settled.store(true, Ordering::Release);
     }
 }
 
@@ -192,15 +250,17 @@ mod tests {
         Postbox::new(mailbox.share().unwrap(), me)
     }
 
-    /// The claims `mailbox` hands to its applier, each call.
-    fn taken(mailbox: &Mailbox) -> Result<Option<HandOver>, MailboxError> {
-        let mut got = None;
-        mailbox
-            .take_with(|claim| {
+    /// What `mailbox` hands its applier, or the failure it reports.
+    fn taken(mailbox: &Mailbox) -> Result<Option<HandOver>, String> {
+        let (mut got, mut failed) = (None, None);
+        mailbox.take_with(
+            |claim| {
                 got = Some(claim);
                 Ok(())
-            })
-            .map(|()| got)
+            },
+            |why| failed = Some(why),
+        );
+        failed.map_or(Ok(got), Err)
     }
 
     #[test]
@@ -262,7 +322,7 @@ mod tests {
     }
 
     #[test]
-    fn a_malformed_or_unapplied_claim_is_an_error_taken_once_and_scrubbed() {
+    fn a_malformed_unapplied_or_panicking_claim_fails_once_and_is_scrubbed() {
         let mailbox = Mailbox::create().unwrap();
         let writer = postbox(&mailbox);
         writer
@@ -271,21 +331,31 @@ mod tests {
             .unwrap();
         writer.file.write_all_at(&[0xff; 3], BODY_AT).unwrap();
         writer.file.write_all_at(&[POSTED], 0).unwrap();
-        let taken_once = taken(&mailbox);
-        assert!(
-            matches!(taken_once, Err(MailboxError::Malformed(_))),
-            "{taken_once:?}"
-        );
-        assert!(taken(&mailbox).unwrap().is_none());
+        let failed = taken(&mailbox).unwrap_err();
+        assert!(failed.contains("cannot be read"), "{failed}");
+        assert_eq!(taken(&mailbox), Ok(None), "failed once");
         assert_eq!(mailbox.file.metadata().unwrap().len(), 1);
 
         let mailbox = Mailbox::create().unwrap();
         postbox(&mailbox).post(&claim()).unwrap();
-        let refused = mailbox.take_with(|_| Err("no proxy".into()));
-        assert!(
-            matches!(refused, Err(MailboxError::NotApplied(_))),
-            "{refused:?}"
-        );
-        assert!(taken(&mailbox).unwrap().is_none());
+        let mut failed = None;
+        mailbox.take_with(|_| Err("no proxy".into()), |why| failed = Some(why));
+        assert!(failed.is_some_and(|why| why.contains("no proxy")));
+        assert_eq!(taken(&mailbox), Ok(None));
+
+        let mailbox = Mailbox::create().unwrap();
+        postbox(&mailbox).post(&claim()).unwrap();
+        let failed = std::cell::RefCell::new(None);
+        let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            mailbox.take_with(
+                |_| panic!("in apply"),
+                |why| *failed.borrow_mut() = Some(why),
+            )
+        }));
+        assert!(panicked.is_err());
+        assert!(failed
+            .into_inner()
+            .is_some_and(|why| why.contains("not put in force")));
+        assert_eq!(taken(&mailbox), Ok(None));
     }
 }

@@ -243,6 +243,11 @@ impl Supervisor {
         &self,
         change: super::protocol::HandOver,
     ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
+        // A sandbox that failed (a posted claim it could not read, say) is
+        // handed to nobody: the daemon removes it and tries another.
+        if let Some(reason) = self.failure() {
+            return Err(err(SupervisorErrorKind::AgentGone, reason));
+        }
         let mut change = change;
         let guest_pids = change.guest_pids.take();
         self.hand_over_here(change)?;
@@ -274,10 +279,10 @@ impl Supervisor {
         let Some(mailbox) = self.mailbox.get() else {
             return;
         };
-        let settled = mailbox.take_with(|claim| self.hand_over_here(claim).map_err(|e| e.message));
-        if let Err(e) = settled {
-            self.fail(e.to_string());
-        }
+        mailbox.take_with(
+            |claim| self.hand_over_here(claim).map_err(|e| e.message),
+            |reason| self.fail(reason),
+        );
     }
 
     /// The parts of a claim the supervisor holds itself (all but a guest's
