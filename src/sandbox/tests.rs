@@ -336,6 +336,18 @@ fn claim<'a>(
     }
 }
 
+/// Claims a pooled container of `image` for `req` at the pooled limits,
+/// with an open network; panics when none is handed out.
+async fn claim_pooled_container(h: &Harness, image: &str, req: &CreateRequest) -> SandboxRecord {
+    let limits = h.manager.pooled_limits();
+    let network = open_network();
+    h.manager
+        .claim_pooled(&claim(image, &limits, req, &network))
+        .await
+        .expect("claim")
+        .expect("a pooled sandbox")
+}
+
 /// A default request for a pooled microVM of `image` with `limits`.
 async fn claim_pooled_vm(h: &Harness, image: &str, limits: &Limits) -> Option<SandboxRecord> {
     let req = CreateRequest::default();
@@ -372,14 +384,7 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
         labels: BTreeMap::from([("team".to_string(), "a".to_string())]),
         ..Default::default()
     };
-    let limits = h.manager.pooled_limits();
-    let network = open_network();
-    let claimed = h
-        .manager
-        .claim_pooled(&claim(&image, &limits, &req, &network))
-        .await
-        .expect("claim")
-        .expect("a pooled sandbox");
+    let claimed = claim_pooled_container(&h, &image, &req).await;
     assert_eq!(claimed.id, "sb-p");
     assert!(!claimed.pooled);
     assert_eq!(claimed.labels, req.labels);
@@ -434,14 +439,7 @@ async fn a_claim_is_posted_to_the_mailbox_unless_the_supervisor_is_gone() {
         env: BTreeMap::from([("GREETING".to_string(), "hi".to_string())]),
         ..Default::default()
     };
-    let limits = h.manager.pooled_limits();
-    let network = open_network();
-    let claimed = h
-        .manager
-        .claim_pooled(&claim(&image, &limits, &req, &network))
-        .await
-        .expect("claim")
-        .expect("a pooled sandbox");
+    let claimed = claim_pooled_container(&h, &image, &req).await;
     assert_eq!(claimed.id, "sb-mail");
     // The first was asked by request (unscripted here, so unreachable)
     // and given up; the second was asked nothing.
