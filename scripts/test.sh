@@ -21,7 +21,12 @@ target=${CARGO_TARGET_DIR:-target}
 # in a fresh skip log (sandboxd_test_support), and the summary below counts
 # it as skipped, not passed. The log of the run is kept beside it.
 logs=$(mktemp -d /var/tmp/sandboxd-test.XXXXXX)
+# The 20 runs before this one keep their logs; older ones go, so a
+# long-lived CI machine does not gather them without end.
+ls -dt /var/tmp/sandboxd-test.* | tail -n +22 | xargs -r rm -rf --
 export SANDBOXD_TEST_SKIP_LOG=$logs/skips
+# The Python SDK's junit report, with the rest of the run's logs.
+export SANDBOXD_SDK_TEST_LOGS=$logs/python-sdk
 : >"$SANDBOXD_TEST_SKIP_LOG"
 cargo_status=0
 cargo test --workspace --no-fail-fast -- --test-threads=2 2>&1 | tee "$logs/cargo-test.log" ||
