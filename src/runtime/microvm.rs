@@ -9,7 +9,7 @@
 
 use std::fs::{self, File};
 use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
@@ -363,13 +363,7 @@ fn await_agent(
     paths: &VmPaths,
     deadline: Duration,
 ) -> Result<OwnedFd, MicrovmError> {
-    // SAFETY: pidfd_open takes a pid and flags and returns a new fd or -1.
-    let raw = unsafe { libc::syscall(libc::SYS_pidfd_open, vmm_pid, 0) };
-    if raw < 0 {
-        return Err(prepare("VMM pidfd")(io::Error::last_os_error()));
-    }
-    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(raw as i32) };
+    let pidfd = crate::pidfd::open(vmm_pid).map_err(prepare("VMM pidfd"))?;
     let started = Instant::now();
     loop {
         let left = deadline.saturating_sub(started.elapsed());

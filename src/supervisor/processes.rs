@@ -245,9 +245,7 @@ impl Supervisor {
     ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
         // A sandbox that failed (a posted claim it could not read, say) is
         // handed to nobody: the daemon removes it and tries another.
-        if let Some(reason) = self.failure() {
-            return Err(err(SupervisorErrorKind::AgentGone, reason));
-        }
+        self.ensure_live()?;
         let mut change = change;
         let guest_pids = change.guest_pids.take();
         self.hand_over_here(change)?;
@@ -361,9 +359,7 @@ impl Supervisor {
     /// live.
     async fn roots_held(&self) -> Result<tokio::sync::MutexGuard<'_, ()>, SupervisorError> {
         let held = self.roots.lock().await;
-        if let Some(reason) = self.failure() {
-            return Err(err(SupervisorErrorKind::AgentGone, reason));
-        }
+        self.ensure_live()?;
         Ok(held)
     }
 
@@ -813,6 +809,15 @@ impl Supervisor {
         .unwrap_or_else(|e| vec![format!("teardown panicked: {e}")])
     }
 
+    /// Refuses work on a sandbox that failed (its agent gone, a claim it
+    /// could not put in force), naming why.
+    pub fn ensure_live(&self) -> Result<(), SupervisorError> {
+        match self.failure() {
+            Some(reason) => Err(err(SupervisorErrorKind::AgentGone, reason)),
+            None => Ok(()),
+        }
+    }
+
     pub fn failure(&self) -> Option<String> {
         self.failure.borrow().clone()
     }
@@ -884,9 +889,7 @@ impl Supervisor {
     }
 
     pub async fn spawn(self: &Arc<Self>, spec: SpawnSpec) -> Result<Process, SupervisorError> {
-        if let Some(reason) = self.failure() {
-            return Err(err(SupervisorErrorKind::AgentGone, reason));
-        }
+        self.ensure_live()?;
         let proc = self.next_proc.fetch_add(1, Ordering::Relaxed);
         // A process in a pod container root is placed under the roots lock:
         // a detach running at once either sees its entry (and kills it) or
@@ -1136,9 +1139,7 @@ impl Supervisor {
         body: RequestBody,
         deadline: Duration,
     ) -> Result<Reply, SupervisorError> {
-        if let Some(reason) = self.failure() {
-            return Err(err(SupervisorErrorKind::AgentGone, reason));
-        }
+        self.ensure_live()?;
         self.link
             .call(body, &[], deadline)
             .await

@@ -283,8 +283,7 @@ async fn dial(
     supervisor: &Arc<Supervisor>,
     port: u16,
 ) -> std::io::Result<()> {
-    if let Some(reason) = supervisor.failure() {
-        let failed = SupervisorError::new(SupervisorErrorKind::AgentGone, reason);
+    if let Err(failed) = supervisor.ensure_live() {
         return write(stream, &SupervisorReply::Error(failed)).await;
     }
     let Some(dialer) = supervisor.dialer.get() else {
