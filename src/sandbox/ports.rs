@@ -270,9 +270,9 @@ impl Manager {
         id: &str,
     ) -> Result<Vec<sandbox_proto::ListeningSocket>, SandboxError> {
         let mut client = self.connect(id).await?;
-        client.listening_ports().await.map_err(|e| {
-            SandboxError::internal(format!("listing the ports sandbox {id} listens on: {e}"))
-        })
+        // As every supervisor call: a sandbox that stopped meanwhile (its
+        // TTL ran out) is a 409, not an internal error.
+        Ok(client.listening_ports().await?)
     }
 
     /// The exposure a request to `port` of sandbox `id` goes to.
