@@ -26,7 +26,7 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatsRequest,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest,
-    LinuxContainerConfig, LinuxContainerResources, PodSandboxConfig, PodSandboxMetadata,
+    LinuxContainerConfig, LinuxContainerResources, Mount, PodSandboxConfig, PodSandboxMetadata,
     PodSandboxState, PodSandboxStatus, PodSandboxStatusRequest, RemoveContainerRequest,
     RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
     StopPodSandboxRequest,
@@ -176,17 +176,20 @@ impl Cri {
         name: &str,
         command: &[&str],
     ) -> String {
-        self.start_limited_container(pod, name, command, None).await
+        self.start_container_with(pod, name, command, None, Vec::new())
+            .await
     }
 
     /// [`Self::start_container`] with the container's own `resources`, as
-    /// the kubelet sets them from its `resources.limits`.
-    async fn start_limited_container(
+    /// the kubelet sets them from its `resources.limits`, and `mounts`, as
+    /// it hands over a pod's volumes.
+    async fn start_container_with(
         &mut self,
         pod: &(String, PodSandboxConfig),
         name: &str,
         command: &[&str],
         resources: Option<LinuxContainerResources>,
+        mounts: Vec<Mount>,
     ) -> String {
         let created = tokio::time::timeout(
             CALL,
@@ -203,6 +206,7 @@ impl Cri {
                         resources: Some(resources),
                         ..Default::default()
                     }),
+                    mounts,
                     ..Default::default()
                 }),
                 sandbox_config: Some(pod.1.clone()),
@@ -392,8 +396,14 @@ impl Cri {
             cpu_shares: 512,
             ..Default::default()
         };
-        self.start_limited_container(pod, "limited", &["sleep", "3600"], Some(resources))
-            .await
+        self.start_container_with(
+            pod,
+            "limited",
+            &["sleep", "3600"],
+            Some(resources),
+            Vec::new(),
+        )
+        .await
     }
 
     /// 64 MiB is fine for `client` (no limits of its own) and over
@@ -534,6 +544,53 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     eprintln!("info: memory charged, limited container {own}, pod {pod}");
     // A fraction of it (here ~350 KB of ~2.7 MB), not the pod's read twice.
     assert!(own > 0 && own * 4 < pod, "limited {own} vs pod {pod}");
+
+    // A container's volumes, as the kubelet hands them over (a service
+    // account's token read-only, an emptyDir), are in its root.
+    let volumes = tempfile::tempdir_in("/var/tmp").expect("a volumes dir");
+    let (token, cache) = (volumes.path().join("token"), volumes.path().join("cache"));
+    std::fs::create_dir(&token).expect("token dir");
+    std::fs::create_dir(&cache).expect("cache dir");
+    std::fs::write(token.join("token"), "the-token\n").expect("token");
+    let mount = |host: &Path, container: &str, readonly: bool| Mount {
+        container_path: container.into(),
+        host_path: host.display().to_string(),
+        readonly,
+        ..Default::default()
+    };
+    let mounted = cri
+        .start_container_with(
+            &web,
+            "mounted",
+            &["sleep", "3600"],
+            None,
+            vec![
+                mount(
+                    &token,
+                    "/var/run/secrets/kubernetes.io/serviceaccount",
+                    true,
+                ),
+                mount(&cache, "/cache", false),
+            ],
+        )
+        .await;
+    let (code, said) = cri
+        .exec(
+            &mounted,
+            "cat /var/run/secrets/kubernetes.io/serviceaccount/token; echo kept > /cache/f && echo wrote; \
+             touch /var/run/secrets/kubernetes.io/serviceaccount/more 2>/dev/null || echo read-only",
+        )
+        .await;
+    assert_eq!((code, said.as_str()), (0, "the-token\nwrote\nread-only\n"));
+    assert_eq!(
+        std::fs::read_to_string(cache.join("f")).ok().as_deref(),
+        Some("kept\n")
+    );
+    let (code, said) = cri.exec(&client, "ls /cache").await;
+    assert_ne!(
+        code, 0,
+        "another container's volume is not the client's: {said}"
+    );
 
     // sandboxd restarts under the pod: its containers keep running and
     // answering, each in its own root.

@@ -383,6 +383,176 @@ async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_it
     daemon.delete(&id).await;
 }
 
+/// A pod container's volumes (the kubelet's bind mounts): bound into its
+/// root alone, under the sandbox's ids, read-only where asked, never with
+/// a device node in force, refused where they cannot work, and mounted in
+/// the sandbox only.
+#[tokio::test]
+async fn a_pod_containers_volumes_are_its_own_under_the_sandbox_ids() {
+    require_host!();
+    let host = host_trees();
+    let pause = common::root_owned_busybox(&host.path().join("pause"));
+    let app = common::root_owned_busybox(&host.path().join("app"));
+    // As in Debian's images: /var/run leads to /run.
+    std::fs::create_dir(app.join("run")).unwrap();
+    std::os::unix::fs::symlink("/run", app.join("var/run")).unwrap();
+    let volumes = host.path().join("volumes");
+    let (data, token, config) = (
+        volumes.join("data"),
+        volumes.join("token"),
+        volumes.join("app.conf"),
+    );
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::create_dir_all(&token).unwrap();
+    std::fs::write(data.join("seed"), "seeded\n").unwrap();
+    std::fs::write(token.join("token"), "the-token\n").unwrap();
+    std::fs::write(&config, "key=value\n").unwrap();
+    // A host device node in a volume (/dev/null's numbers).
+    nix::sys::stat::mknod(
+        &data.join("null"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+
+    let daemon = Daemon::start();
+    let id = daemon
+        .create(json!({"host_rootfs": [pause.display().to_string()]}))
+        .await;
+    let roots = format!("/v1/sandboxes/{id}/roots");
+    let attach = |name: &str, volumes: serde_json::Value| json!({"name": name, "host_rootfs": [app.display().to_string()], "volumes": volumes});
+    // Refused before anything is made: each names the volume and why.
+    let path = |p: &Path| p.display().to_string();
+    for (volume, says) in [
+        (
+            json!({"source": path(&data), "destination": "data"}),
+            "volumes[0].destination",
+        ),
+        (
+            json!({"source": path(&data), "destination": "/proc/x"}),
+            "under /proc",
+        ),
+        (
+            json!({"source": path(&data), "destination": "/etc/hosts"}),
+            "under /etc/hosts",
+        ),
+        (
+            json!({"source": path(&data), "destination": "/a/../b"}),
+            "volumes[0].destination",
+        ),
+        (
+            json!({"source": path(&volumes.join("missing")), "destination": "/d"}),
+            "volumes[0].source",
+        ),
+        (
+            json!({"source": "relative", "destination": "/d"}),
+            "not an absolute path",
+        ),
+    ] {
+        let (status, answer) = daemon
+            .call(Method::POST, &roots, Some(attach("bad", json!([volume]))))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{volume}: {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_volume", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{volume}: {answer}");
+    }
+    // The image has a file where the volume's directory goes: refused by
+    // the supervisor, and the name is free again.
+    let (status, answer) = daemon
+        .call(
+            Method::POST,
+            &roots,
+            Some(attach(
+                "bad",
+                json!([{"source": path(&data), "destination": "/bin/busybox"}]),
+            )),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("volume /bin/busybox") && message.contains("a file where"),
+        "{answer}"
+    );
+    let run = daemon.run_dir().join("sandboxes").join(&id);
+    assert_eq!(mounts_under(&run.join("pod-roots")), Vec::<String>::new());
+
+    let body = attach(
+        "app",
+        json!([
+            {"source": path(&data), "destination": "/data"},
+            {"source": path(&token), "destination": "/var/run/secrets/kubernetes.io/serviceaccount", "read_only": true},
+            {"source": path(&config), "destination": "/etc/app.conf", "read_only": true},
+        ]),
+    );
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(body)).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert_eq!(answer["volumes"][1]["read_only"], true, "{answer}");
+
+    // Host root's files read as the sandbox's root; its writes land as
+    // host root's; the read-only ones stay so; the device node is dead
+    // (the positive control: the sandbox's own /dev/null).
+    let seen = sh_in_root(
+        &daemon,
+        &id,
+        "app",
+        "cat /data/seed; stat -c '%u %g' /data/seed; echo written > /data/new; \
+         cat /run/secrets/kubernetes.io/serviceaccount/token; \
+         echo x > /var/run/secrets/kubernetes.io/serviceaccount/more 2>/dev/null; echo ro=$?; \
+         cat /etc/app.conf; echo x >> /etc/app.conf 2>/dev/null; echo ro=$?; \
+         cat /data/null 2>/dev/null; echo dev=$?; cat /dev/null; echo dev=$?",
+    )
+    .await;
+    assert_eq!(
+        seen.out(),
+        "seeded\n0 0\nthe-token\nro=1\nkey=value\nro=1\ndev=1\ndev=0\n",
+        "{}",
+        seen.err()
+    );
+    use std::os::unix::fs::MetadataExt;
+    let written = std::fs::metadata(data.join("new")).unwrap();
+    assert_eq!((written.uid(), written.gid()), (0, 0));
+    assert!(!token.join("more").exists());
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), "key=value\n");
+    // The volumes are the root's alone, mounted in the sandbox's mount
+    // namespace, where its mount table shows them, and not on the host.
+    assert_eq!(
+        daemon
+            .sh(&id, "ls /data 2>&1 | grep -c 'No such'")
+            .await
+            .out(),
+        "1\n"
+    );
+    let sandbox_mounts = daemon.sh(&id, "cat /proc/self/mountinfo").await.out();
+    for point in [
+        "/app/rootfs/data ",
+        "/app/rootfs/etc/app.conf ",
+        "/serviceaccount ",
+    ] {
+        assert!(
+            sandbox_mounts.contains(point),
+            "{point} in {sandbox_mounts}"
+        );
+    }
+    assert_eq!(mounts_under(&volumes), Vec::<String>::new());
+
+    // Removing the root takes its mounts; what it wrote stays on the host.
+    let (status, answer) = daemon
+        .call(Method::DELETE, &format!("{roots}/app"), None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
+    let after = daemon.sh(&id, "cat /proc/self/mountinfo").await.out();
+    assert!(!after.contains("/app/rootfs"), "{after}");
+    assert_eq!(
+        std::fs::read_to_string(data.join("new")).unwrap(),
+        "written\n"
+    );
+    assert_eq!(mounts_under(&run.join("pod-roots")), Vec::<String>::new());
+    daemon.delete(&id).await;
+}
+
 /// The sandbox's root owns its /run, where roots are attached: a symlink
 /// it puts on the way must stop the attach, not lead it elsewhere.
 #[tokio::test]

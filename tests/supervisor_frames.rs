@@ -347,9 +347,10 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 layers: vec!["/a".into()],
                 limits: None,
                 disk: None,
+                volumes: vec![],
             },
-            // name, layers (one path), no limits, no disk.
-            "16 02 63 31 01 02 2f 61 00 00".into(),
+            // name, layers (one path), no limits, no disk, no volumes.
+            "16 02 63 31 01 02 2f 61 00 00 00".into(),
         ),
         (
             SupervisorRequest::AttachRoot {
@@ -361,10 +362,11 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                     pids_max: Some(-1),
                 }),
                 disk: None,
+                volumes: vec![],
             },
             // name, no layers, limits: quota (zigzag varint), no memory,
-            // pids (zigzag), no disk.
-            "16 02 63 31 00 01 01 a0 8d 06 00 01 01 00".into(),
+            // pids (zigzag), no disk, no volumes.
+            "16 02 63 31 00 01 01 a0 8d 06 00 01 01 00 00".into(),
         ),
         (
             SupervisorRequest::AttachRoot {
@@ -372,9 +374,26 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 layers: vec![],
                 limits: None,
                 disk: Some("/d".into()),
+                volumes: vec![],
             },
-            // name, no layers, no limits, a microVM's disk.
-            "16 02 63 31 00 00 01 02 2f 64".into(),
+            // name, no layers, no limits, a microVM's disk, no volumes.
+            "16 02 63 31 00 00 01 02 2f 64 00".into(),
+        ),
+        (
+            SupervisorRequest::AttachRoot {
+                name: "c1".into(),
+                layers: vec![],
+                limits: None,
+                disk: None,
+                volumes: vec![sandboxd::model::HostVolume {
+                    source: "/s".into(),
+                    destination: "/d".into(),
+                    read_only: true,
+                }],
+            },
+            // name, no layers, no limits, no disk, one volume (source,
+            // destination, read_only).
+            "16 02 63 31 00 00 00 01 02 2f 73 02 2f 64 01".into(),
         ),
         (
             SupervisorRequest::DetachRoot { name: "c1".into() },
@@ -548,7 +567,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 0c a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 0d a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (SupervisorReply::Mailbox, "0e".into()),
@@ -586,7 +605,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 12, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 13, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -698,13 +717,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 13 with a rest this build cannot decode.
-    let v13 = bytes("0c 0d ff ff ff");
-    let mismatch = check_supervisor_version(&v13).expect_err("v13 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(13));
+    // Version 14 with a rest this build cannot decode.
+    let v14 = bytes("0c 0e ff ff ff");
+    let mismatch = check_supervisor_version(&v14).expect_err("v14 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(14));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v13, this daemon v12"),
+        text.contains("supervisor protocol v14, this daemon v13"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

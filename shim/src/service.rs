@@ -291,11 +291,14 @@ impl Task for Service {
         let mut init = spec::process(&config["process"], "process").map_err(from_spec)?;
         let (sandbox, kind) = match role {
             spec::Role::PodMember { pod } => {
-                let own_limits = spec::member(&config).map_err(from_spec)?;
+                let own = spec::member(&config).map_err(from_spec)?;
                 let sandbox = self.pod_sandbox(&pod)?;
                 let mut body = serde_json::json!({"name": req.id, "host_rootfs": host_rootfs});
-                if let Some(limits) = own_limits {
+                if let Some(limits) = own.limits {
                     body["limits"] = limits;
+                }
+                if !own.volumes.is_empty() {
+                    body["volumes"] = Value::Array(own.volumes);
                 }
                 self.daemon
                     .call(

@@ -1,6 +1,7 @@
 //! What containerd hands the shim, as sandboxd requests: the bundle's OCI
 //! `config.json` becomes a create body and a process body, the rootfs
-//! mounts become `host_rootfs`. Whatever the spec asks that sandboxd cannot
+//! mounts become `host_rootfs`, a pod container's bind mounts (its
+//! Kubernetes volumes) its root's `volumes`. Whatever the spec asks that sandboxd cannot
 //! honour is refused with the field's name, never dropped silently.
 
 use std::path::{Path, PathBuf};
@@ -216,7 +217,7 @@ pub fn sandbox(
         body["join_netns"] = json!(netns);
     }
     check_refused(config, linux, &role)?;
-    check_mounts(config, pod)?;
+    check_mounts(config, &role)?;
     if let Some(resources) = linux.get("resources") {
         limits(resources, &mut body)?;
     }
@@ -233,12 +234,20 @@ pub fn sandbox(
     Ok(body)
 }
 
+/// What a pod's container adds to its root's attach body.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemberRoot {
+    /// Its own ceilings from `linux.resources` (the root's `limits`), if
+    /// it has any: they apply to it alone, under the pod's.
+    pub limits: Option<Value>,
+    /// Its bind mounts (the root's `volumes`).
+    pub volumes: Vec<Value>,
+}
+
 /// Checks the refusals of a pod's container (its root and process come
 /// from [`host_rootfs`] and [`process`]): it shares the pod sandbox's
 /// namespaces, so what it would set for itself alone there is refused.
-/// Returns its own ceilings from `linux.resources` (the root's `limits`),
-/// if it has any: they apply to it alone, under the pod's.
-pub fn member(config: &Value) -> Result<Option<Value>, SpecError> {
+pub fn member(config: &Value) -> Result<MemberRoot, SpecError> {
     let linux = config.get("linux").unwrap_or(&Value::Null);
     if linux
         .get("namespaces")
@@ -252,16 +261,20 @@ pub fn member(config: &Value) -> Result<Option<Value>, SpecError> {
             "sandboxd makes each sandbox's user namespace and id map itself",
         ));
     }
-    check_refused(config, linux, &Role::PodMember { pod: String::new() })?;
-    check_mounts(config, true)?;
+    let role = Role::PodMember { pod: String::new() };
+    check_refused(config, linux, &role)?;
+    let volumes = check_mounts(config, &role)?;
     let mut own = json!({});
     if let Some(resources) = linux.get("resources") {
         limits(resources, &mut own)?;
     }
-    Ok(own
-        .as_object()
-        .is_some_and(|o| !o.is_empty())
-        .then_some(own))
+    Ok(MemberRoot {
+        limits: own
+            .as_object()
+            .is_some_and(|o| !o.is_empty())
+            .then_some(own),
+        volumes,
+    })
 }
 
 /// Checks the namespaces; returns the network namespace to join (a CRI
@@ -375,7 +388,13 @@ fn check_refused(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecE
     Ok(())
 }
 
-fn check_mounts(config: &Value, pod: bool) -> Result<(), SpecError> {
+/// Checks the spec's mounts: those sandboxd makes itself (or a pod's
+/// sandbox serves) are skipped; a pod container's bind mounts are
+/// returned as its root's `volumes`; anything else is refused by field.
+fn check_mounts(config: &Value, role: &Role) -> Result<Vec<Value>, SpecError> {
+    let pod = *role != Role::Task;
+    let member = matches!(role, Role::PodMember { .. });
+    let mut volumes = Vec::new();
     for (index, mount) in config
         .get("mounts")
         .and_then(Value::as_array)
@@ -397,14 +416,58 @@ fn check_mounts(config: &Value, pod: bool) -> Result<(), SpecError> {
         if pod && POD_SERVED_DESTINATIONS.contains(&destination) {
             continue;
         }
+        if bind && member {
+            volumes.push(volume(index, destination, mount)?);
+            continue;
+        }
         if bind || !STANDARD_DESTINATIONS.contains(&destination) {
             return Err(refuse(
                 format!("mounts[{index}]"),
-                format!("{destination}: mounts from the host are not supported by sandboxd (only its own /proc, /dev, /sys, /run)"),
+                format!("{destination}: mounts from the host are supported by sandboxd in the containers of a CRI pod only (besides its own /proc, /dev, /sys, /run)"),
             ));
         }
     }
-    Ok(())
+    Ok(volumes)
+}
+
+/// Bind mount `index` of a pod's container as a root's volume: always
+/// recursive, private, nodev and nosuid; read-only with `ro`.
+fn volume(index: usize, destination: &str, mount: &Value) -> Result<Value, SpecError> {
+    let source = mount
+        .get("source")
+        .and_then(Value::as_str)
+        .filter(|s| s.starts_with('/'))
+        .ok_or_else(|| {
+            refuse(
+                format!("mounts[{index}].source"),
+                "a bind mount needs an absolute host path",
+            )
+        })?;
+    let mut read_only = false;
+    for option in mount
+        .get("options")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        match option.as_str().unwrap_or_default() {
+            "ro" => read_only = true,
+            "rw" | "bind" | "rbind" | "private" | "rprivate" | "nosuid" | "nodev" => {}
+            propagation @ ("slave" | "rslave" | "shared" | "rshared") => {
+                return Err(refuse(
+                    format!("mounts[{index}].options"),
+                    format!("{propagation}: mount propagation between the host and a sandbox is not supported by sandboxd (its volumes are private)"),
+                ))
+            }
+            other => {
+                return Err(refuse(
+                    format!("mounts[{index}].options"),
+                    format!("{other:?} is not supported by sandboxd for a volume (bound recursively, private, nodev, nosuid; ro or rw)"),
+                ))
+            }
+        }
+    }
+    Ok(json!({"source": source, "destination": destination, "read_only": read_only}))
 }
 
 fn limits(resources: &Value, body: &mut Value) -> Result<(), SpecError> {
@@ -709,7 +772,13 @@ mod tests {
         let spec = cri_spec("container");
         assert_eq!(role(&spec).unwrap(), Role::PodMember { pod: "pod1".into() });
         assert_eq!(grouping(&spec, "c1"), "pod1");
-        assert_eq!(member(&spec).unwrap(), None);
+        assert_eq!(
+            member(&spec).unwrap(),
+            MemberRoot {
+                limits: None,
+                volumes: Vec::new()
+            }
+        );
         let mut limited = cri_spec("container");
         limited["linux"]["resources"] = json!({
             "memory": {"limit": 1 << 28},
@@ -717,15 +786,12 @@ mod tests {
             "pids": {"limit": 64}
         });
         assert_eq!(
-            member(&limited).unwrap(),
+            member(&limited).unwrap().limits,
             Some(json!({"memory_mib": 256, "cpu": 0.25, "pids": 64}))
         );
         // Shares alone set no ceiling.
         limited["linux"]["resources"] = json!({"cpu": {"shares": 2}});
-        assert_eq!(member(&limited).unwrap(), None);
-        let mut volume = cri_spec("container");
-        volume["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
-        assert_eq!(member(&volume).unwrap_err().field, "mounts[0]");
+        assert_eq!(member(&limited).unwrap().limits, None);
         let mut other_profile = cri_spec("container");
         other_profile["process"]["apparmorProfile"] = json!("my-profile");
         assert_eq!(
@@ -735,5 +801,60 @@ mod tests {
         // A plain task keeps its own namespaces: no pod, no grouping.
         assert_eq!(role(&ctr_spec()).unwrap(), Role::Task);
         assert_eq!(grouping(&ctr_spec(), "t1"), "t1");
+    }
+
+    #[test]
+    fn a_pod_members_bind_mounts_are_its_volumes_and_a_tasks_are_refused() {
+        let mut spec = cri_spec("container");
+        // As containerd's CRI plugin writes the kubelet's mounts.
+        spec["mounts"] = json!([
+            {"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/pod/hosts", "options": ["rbind", "rprivate", "rw"]},
+            {"destination": "/var/run/secrets/kubernetes.io/serviceaccount", "type": "bind",
+             "source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~projected/kube-api-access-x",
+             "options": ["rbind", "rprivate", "ro"]},
+            {"destination": "/cache", "type": "bind", "source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/cache",
+             "options": ["rbind", "rprivate", "rw"]},
+            {"destination": "/proc", "type": "proc", "source": "proc"}
+        ]);
+        assert_eq!(
+            member(&spec).unwrap().volumes,
+            vec![
+                json!({"source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~projected/kube-api-access-x",
+                       "destination": "/var/run/secrets/kubernetes.io/serviceaccount", "read_only": true}),
+                json!({"source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/cache",
+                       "destination": "/cache", "read_only": false}),
+            ]
+        );
+        let refused = |mounts: Value| {
+            let mut spec = cri_spec("container");
+            spec["mounts"] = mounts;
+            member(&spec).unwrap_err().field
+        };
+        assert_eq!(
+            refused(
+                json!([{"destination": "/d", "type": "bind", "source": "/s", "options": ["rbind", "rslave"]}])
+            ),
+            "mounts[0].options"
+        );
+        assert_eq!(
+            refused(
+                json!([{"destination": "/d", "type": "bind", "source": "/s", "options": ["rbind", "noexec"]}])
+            ),
+            "mounts[0].options"
+        );
+        assert_eq!(
+            refused(json!([{"destination": "/d", "type": "bind", "source": "rel"}])),
+            "mounts[0].source"
+        );
+        assert_eq!(
+            refused(json!([{"destination": "/d", "type": "tmpfs", "source": "tmpfs"}])),
+            "mounts[0]"
+        );
+        // A plain task's sandbox takes no volumes.
+        let mut task = ctr_spec();
+        task["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
+        let err = sandbox(&task, &[PathBuf::from("/s/rootfs")], "default", "t1").unwrap_err();
+        assert_eq!(err.field, "mounts[0]");
+        assert!(err.message.contains("CRI pod"), "{}", err.message);
     }
 }

@@ -136,6 +136,7 @@ fn every_schema_names_exactly_its_types_fields() {
         ("StartProcess", fields_of::<StartProcess>()),
         ("AttachRoot", fields_of::<super::types::AttachRoot>()),
         ("RootLimits", fields_of::<crate::model::RootLimits>()),
+        ("HostVolume", fields_of::<crate::model::HostVolume>()),
         ("PtySize", fields_of::<PtySize>()),
         ("Process", fields_of::<Process>()),
         ("ProcessList", fields_of::<ProcessList>()),

@@ -1,5 +1,5 @@
 //! Pod container roots: `POST /v1/sandboxes/{id}/roots` makes a separate
-//! root from host directories, `DELETE /v1/sandboxes/{id}/roots/{name}`
+//! root from host directories, with host volumes bound in, `DELETE /v1/sandboxes/{id}/roots/{name}`
 //! removes it, `GET .../roots/{name}/stats` reads a limited one's use;
 //! processes name it in `root`. Only root on the Unix socket
 //! may name host directories, as for `host_rootfs` at create.
@@ -37,6 +37,7 @@ pub async fn attach(
             &body.name,
             body.host_rootfs.clone(),
             body.limits.as_ref(),
+            body.volumes.clone(),
         )
         .await?;
     Ok((StatusCode::CREATED, Json(body)))

@@ -296,6 +296,10 @@ pub struct AttachRoot {
     /// Ceilings of this container alone, within the sandbox's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<crate::model::RootLimits>,
+    /// Host files and directories bound into this root (a container
+    /// sandbox's only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::model::HostVolume>,
 }
 
 /// `POST /v1/sandboxes/{id}/processes`: give `argv`, or `code` (+ `language`).

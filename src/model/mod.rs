@@ -15,5 +15,6 @@ pub use create::{CreateRequest, HOST_ROOTFS_IMAGE};
 pub use ports::{ExposedPort, PortAuth, PortProtocol, PortRequest};
 pub use process::{interpreter_argv, Process, ProcessState, PYTHON_ARGV};
 pub use sandbox::{
-    Limits, RootLimits, RuntimeKind, SandboxState, SandboxStats, UnknownRuntime, Usage, ID_MAP_SIZE,
+    HostVolume, Limits, RootLimits, RuntimeKind, SandboxState, SandboxStats, UnknownRuntime, Usage,
+    ID_MAP_SIZE,
 };

@@ -27,6 +27,23 @@ pub struct RootLimits {
     pub pids: Option<u64>,
 }
 
+/// A host file or directory bound into one pod container root (`POST
+/// /v1/sandboxes/{id}/roots` `volumes`): a Kubernetes volume as the
+/// kubelet hands it to its runtime. Bound recursively, never with device
+/// nodes or set-id bits in force, shown under the sandbox's ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostVolume {
+    /// An absolute path on the daemon's host: a directory or a regular
+    /// file, reached through no symlink at its last component.
+    pub source: std::path::PathBuf,
+    /// An absolute path in the container's root; symlinks in the image on
+    /// the way are resolved inside that root.
+    pub destination: String,
+    #[serde(default)]
+    pub read_only: bool,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {

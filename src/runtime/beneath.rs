@@ -69,6 +69,84 @@ impl Dir {
         Ok(dir)
     }
 
+    /// The mount point at `path` in the tree this directory is the root
+    /// of, held `O_PATH`: symlinks on the way resolve inside the tree
+    /// (`RESOLVE_IN_ROOT`), as for a process chrooted here, never out of
+    /// it. Missing components are made (directories 0755, a last `File`
+    /// empty 0644), owned by `owner`; an existing last component of the
+    /// other kind is an error.
+    pub fn mount_point_in_root(
+        &self,
+        path: &str,
+        kind: MountPointKind,
+        owner: u32,
+    ) -> io::Result<OwnedFd> {
+        let components: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+        if components.is_empty() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the root itself is no mount point",
+            ));
+        }
+        let in_root = |path: &str, flags: OFlag| {
+            let how = OpenHow::new()
+                .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | flags)
+                .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+            open(self.0.as_raw_fd(), path, how)
+        };
+        // The first `made` components, made (as `kind`) if missing.
+        let ensure = |made: usize, kind: MountPointKind| -> io::Result<OwnedFd> {
+            let prefix = components[..made].join("/");
+            match in_root(&prefix, OFlag::empty()) {
+                Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {}
+                found => return found,
+            }
+            let parent = match made {
+                1 => ".".to_string(),
+                _ => components[..made - 1].join("/"),
+            };
+            let parent = in_root(&parent, OFlag::O_DIRECTORY)?;
+            let name = components[made - 1];
+            match kind {
+                MountPointKind::File => {
+                    let file = nix::fcntl::openat(
+                        Some(parent.as_raw_fd()),
+                        name,
+                        OFlag::O_CREAT
+                            | OFlag::O_EXCL
+                            | OFlag::O_WRONLY
+                            | OFlag::O_NOFOLLOW
+                            | OFlag::O_CLOEXEC,
+                        Mode::from_bits_truncate(0o644),
+                    )?;
+                    // SAFETY: openat just returned this descriptor; nothing
+                    // else owns it, and it is closed here.
+                    drop(unsafe { OwnedFd::from_raw_fd(file) });
+                }
+                MountPointKind::Directory => mkdirat(
+                    Some(parent.as_raw_fd()),
+                    name,
+                    Mode::from_bits_truncate(0o755),
+                )?,
+            }
+            nix::unistd::fchownat(
+                Some(parent.as_raw_fd()),
+                name,
+                Some(nix::unistd::Uid::from_raw(owner)),
+                Some(nix::unistd::Gid::from_raw(owner)),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )?;
+            in_root(&prefix, OFlag::empty())
+        };
+        for made in 1..components.len() {
+            of_kind(
+                ensure(made, MountPointKind::Directory)?,
+                MountPointKind::Directory,
+            )?;
+        }
+        of_kind(ensure(components.len(), kind)?, kind)
+    }
+
     /// Regular file `path` (relative) beneath this one, through no
     /// symlink, held `O_PATH`; `None` when it is not there or is
     /// something else (a symlink too).
@@ -151,6 +229,26 @@ impl Dir {
     }
 }
 
+/// What a mount point is: a directory for a directory bound there, a
+/// file for a file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MountPointKind {
+    Directory,
+    File,
+}
+
+/// `found` if it is a mount point of `kind`: a directory, or anything
+/// but one.
+fn of_kind(found: OwnedFd, kind: MountPointKind) -> io::Result<OwnedFd> {
+    let is_dir = SFlag::from_bits_truncate(fstat(found.as_raw_fd())?.st_mode) & SFlag::S_IFMT
+        == SFlag::S_IFDIR;
+    match (kind, is_dir) {
+        (MountPointKind::Directory, false) => Err(io::Error::from_raw_os_error(libc::ENOTDIR)),
+        (MountPointKind::File, true) => Err(io::Error::from_raw_os_error(libc::EISDIR)),
+        _ => Ok(found),
+    }
+}
+
 fn is_regular(stat: &FileStat) -> bool {
     SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFREG
 }
@@ -196,6 +294,7 @@ pub fn mount_onto(tree: &OwnedFd, target: BorrowedFd<'_>) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn lookups_follow_no_symlink_and_stay_beneath() {
@@ -227,6 +326,56 @@ mod tests {
         );
         assert!(top.regular_file("real/missing").unwrap().is_none());
         assert!(top.regular_file("real/a").unwrap().is_none(), "a directory");
+    }
+
+    #[test]
+    fn mount_points_resolve_symlinks_inside_the_tree_and_are_made_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        std::fs::create_dir_all(root.join("run")).unwrap();
+        std::fs::create_dir(root.join("var")).unwrap();
+        std::fs::create_dir(root.join("etc")).unwrap();
+        // An image's /var/run, and links that point out of the tree.
+        std::os::unix::fs::symlink("/run", root.join("var/run")).unwrap();
+        std::os::unix::fs::symlink("../../../../..", root.join("up")).unwrap();
+        std::os::unix::fs::symlink("/etc", root.join("host-etc")).unwrap();
+        std::fs::create_dir(root.join("dir")).unwrap();
+        let top = Dir::at(root).unwrap();
+        let owner = nix::unistd::geteuid().as_raw();
+
+        let secrets = top
+            .mount_point_in_root("/var/run/secrets/token", MountPointKind::Directory, owner)
+            .unwrap();
+        assert!(root.join("run/secrets/token").is_dir());
+        assert_eq!(
+            std::fs::read_link(format!("/proc/self/fd/{}", secrets.as_raw_fd())).unwrap(),
+            root.join("run/secrets/token")
+        );
+        top.mount_point_in_root("/up/made", MountPointKind::File, owner)
+            .unwrap();
+        assert!(root.join("made").is_file(), "clamped at the tree's root");
+        top.mount_point_in_root("/host-etc/sandboxd-made", MountPointKind::File, owner)
+            .unwrap();
+        assert!(root.join("etc/sandboxd-made").is_file());
+        assert!(!Path::new("/etc/sandboxd-made").exists());
+
+        // Found as it is, when it is of the kind asked for.
+        assert!(top
+            .mount_point_in_root("dir", MountPointKind::Directory, owner)
+            .is_ok());
+        let error = |path: &str, kind| {
+            top.mount_point_in_root(path, kind, owner)
+                .err()
+                .and_then(|e| e.raw_os_error())
+        };
+        assert_eq!(error("dir", MountPointKind::File), Some(libc::EISDIR));
+        assert_eq!(
+            error("made/below", MountPointKind::Directory),
+            Some(libc::ENOTDIR)
+        );
+        assert!(top
+            .mount_point_in_root("/", MountPointKind::Directory, owner)
+            .is_err());
     }
 
     #[test]

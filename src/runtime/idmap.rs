@@ -120,13 +120,37 @@ pub(crate) fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedF
 }
 
 fn set_idmap(tree: &OwnedFd, userns: &File) -> io::Result<()> {
+    // Read-only too: the layers are another owner's (containerd's
+    // snapshots), and nothing but overlayfs reads them through here.
+    set_mount_attrs(
+        tree,
+        libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_RDONLY,
+        Some(userns),
+        false,
+    )
+}
+
+/// Sets `attr_set` (`MOUNT_ATTR_*`) on detached tree `tree`, on every
+/// mount in it when `recursive`; `userns` holds the id map that
+/// `MOUNT_ATTR_IDMAP` asks for.
+pub(crate) fn set_mount_attrs(
+    tree: &OwnedFd,
+    attr_set: u64,
+    userns: Option<&File>,
+    recursive: bool,
+) -> io::Result<()> {
     let attr = libc::mount_attr {
-        // Read-only too: the layers are another owner's (containerd's
-        // snapshots), and nothing but overlayfs reads them through here.
-        attr_set: libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_RDONLY,
+        attr_set,
         attr_clr: 0,
         propagation: 0,
-        userns_fd: u64::try_from(userns.as_raw_fd()).unwrap_or_default(),
+        userns_fd: userns
+            .and_then(|u| u64::try_from(u.as_raw_fd()).ok())
+            .unwrap_or_default(),
+    };
+    let flags = if recursive {
+        libc::AT_EMPTY_PATH | libc::AT_RECURSIVE
+    } else {
+        libc::AT_EMPTY_PATH
     };
     // SAFETY: mount_setattr(2) on a descriptor this function borrows, with
     // an empty path, AT_EMPTY_PATH, and a `mount_attr` of the size passed.
@@ -135,7 +159,7 @@ fn set_idmap(tree: &OwnedFd, userns: &File) -> io::Result<()> {
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
             c"".as_ptr(),
-            libc::AT_EMPTY_PATH,
+            flags,
             &attr as *const libc::mount_attr,
             std::mem::size_of::<libc::mount_attr>(),
         )
@@ -170,7 +194,7 @@ pub(crate) fn move_mount(tree: &OwnedFd, target: &Path) -> io::Result<()> {
 /// its descriptor. A forked child makes it and waits; the parent writes
 /// the maps (root in the parent namespace may), opens the namespace, then
 /// lets the child exit.
-fn mapped_user_namespace(base: u32, size: u32) -> io::Result<File> {
+pub(crate) fn mapped_user_namespace(base: u32, size: u32) -> io::Result<File> {
     // Close-on-exec, so no process another thread execs holds them open.
     let (ready_read, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let (done_read, done_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;

@@ -31,5 +31,6 @@ pub mod spec;
 pub mod traverse;
 pub mod virt;
 pub mod vm_cgroups;
+pub mod volumes;
 
 pub use launch::{checkpoint, clone_disk, destroy_sandbox, start, CheckpointTarget, RuntimeError};

@@ -27,6 +27,8 @@ use super::beneath::{mount_onto, Dir};
 use super::idmap::{idmap_layers, open_tree_clone, IdmapError};
 use super::paths::SandboxPaths;
 use super::sandbox::SandboxSpec;
+use super::volumes::{bind_volumes, Binding, VolumeError};
+use crate::model::HostVolume;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PodRootError {
@@ -38,6 +40,8 @@ pub enum PodRootError {
     },
     #[error("container root {name:?}: {source}")]
     Idmap { name: String, source: IdmapError },
+    #[error("container root {name:?}: {source}")]
+    Volume { name: String, source: VolumeError },
     #[error("container root {0:?} is attached already")]
     Exists(String),
     #[error("no container root named {0:?} is attached")]
@@ -62,13 +66,14 @@ pub fn writable_dir(spec: &SandboxSpec, name: &str) -> PathBuf {
     spec.layer_dir.join("containers").join(name)
 }
 
-/// Makes container root `name` on `layers` (top first) and returns it as a
-/// detached mount.
+/// Makes container root `name` on `layers` (top first), with `volumes`
+/// bound in, and returns it as a detached mount.
 pub fn make(
     spec: &SandboxSpec,
     paths: &SandboxPaths,
     name: &str,
     layers: &[PathBuf],
+    volumes: &[HostVolume],
 ) -> Result<OwnedFd, PodRootError> {
     let fail = |step: &'static str| failed(name, step);
     let writable = writable_dir(spec, name);
@@ -83,7 +88,7 @@ pub fn make(
         }
         Err(e) => return Err(fail("making its writable layer")(e)),
     }
-    let made = make_claimed(spec, paths, name, layers, &writable);
+    let made = make_claimed(spec, paths, name, layers, volumes, &writable);
     if made.is_err() {
         let _ = remove(spec, name);
     }
@@ -95,6 +100,7 @@ fn make_claimed(
     paths: &SandboxPaths,
     name: &str,
     layers: &[PathBuf],
+    volumes: &[HostVolume],
     writable: &Path,
 ) -> Result<OwnedFd, PodRootError> {
     let fail = |step: &'static str| failed(name, step);
@@ -117,8 +123,9 @@ fn make_claimed(
     ));
     let target = staging.join("rootfs");
     fs::create_dir_all(&target).map_err(fail("making its mount point"))?;
-    let made = mount_and_clone(spec, &staging, &target, &upper, &work, layers, name);
-    // The sandbox holds the clone; the host keeps nothing mounted.
+    let made = mount_and_clone(spec, &staging, &upper, &work, layers, volumes, name);
+    // The sandbox holds the clone; the host keeps nothing mounted (the
+    // volumes go with the overlay: the unmount is recursive).
     let _ = umount2(&target, MntFlags::MNT_DETACH);
     let _ = fs::remove_dir_all(&staging);
     made
@@ -158,16 +165,18 @@ pub fn unmount_staging(paths: &SandboxPaths) -> Vec<String> {
         .collect()
 }
 
+/// Mounts the root at `<staging>/rootfs` and clones it.
 fn mount_and_clone(
     spec: &SandboxSpec,
     staging: &Path,
-    target: &Path,
     upper: &Path,
     work: &Path,
     layers: &[PathBuf],
+    volumes: &[HostVolume],
     name: &str,
 ) -> Result<OwnedFd, PodRootError> {
     let fail = |step: &'static str| failed(name, step);
+    let target = &staging.join("rootfs");
     let layers: Vec<&Path> = layers.iter().map(PathBuf::as_path).collect();
     // Detached again when this returns: the overlay holds its own clones.
     let idmapped = idmap_layers(
@@ -183,7 +192,25 @@ fn mount_and_clone(
     super::container::mount_overlay(target, &idmapped.paths(), upper, work)
         .map_err(fail("mounting its overlay"))?;
     make_mount_points(spec, name, target)?;
-    let clone = open_tree_clone(target, false).map_err(fail("cloning its overlay"))?;
+    let bound =
+        bind_volumes(target, volumes, spec.id_map_base, spec.id_map_size).map_err(|source| {
+            PodRootError::Volume {
+                name: name.to_string(),
+                source,
+            }
+        })?;
+    for (volume, binding) in volumes.iter().zip(bound) {
+        if binding == Binding::HostIds {
+            tracing::warn!(
+                root = name,
+                volume = %volume.destination,
+                "its filesystem cannot be idmapped: bound with host ids, which the sandbox sees as 65534"
+            );
+        }
+    }
+    // With the volumes mounted inside it.
+    let clone =
+        open_tree_clone(target, !volumes.is_empty()).map_err(fail("cloning its overlay"))?;
     // Its own peer group: mounts made on either side never propagate.
     set_private(&clone).map_err(fail("making its clone private"))?;
     Ok(clone)

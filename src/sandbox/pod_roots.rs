@@ -9,7 +9,7 @@ use super::manager::not_running;
 use super::validate::validated_host_dirs;
 use super::{Manager, SandboxError};
 use crate::config::Config;
-use crate::model::{RootLimits, RuntimeKind, SandboxStats};
+use crate::model::{HostVolume, RootLimits, RuntimeKind, SandboxStats};
 use crate::runtime::cgroups::{self, Layout, RootLimits as RootCgroupLimits, SandboxCgroups};
 use crate::supervisor::client::CallError;
 use crate::supervisor::protocol::SupervisorErrorKind;
@@ -24,6 +24,75 @@ pub fn validated_root_name(name: &str) -> Result<(), SandboxError> {
             format!("{name:?} is not a root name: use 1 to 128 of A-Z a-z 0-9 _ . - and do not start with a dot"),
         ))
     }
+}
+
+/// The most volumes one root takes (a Kubernetes container has a handful).
+const MAX_VOLUMES: usize = 64;
+
+/// Where a volume may not go: the sandbox binds its own `/proc`, `/dev`
+/// and `/sys` over the root, and its `/etc` files that name it on the
+/// network, which would hide a volume there.
+const SANDBOX_SERVED: [&str; 6] = [
+    "/proc",
+    "/dev",
+    "/sys",
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/resolv.conf",
+];
+
+/// Checks a root's volumes: host sources that are a directory or a
+/// regular file (no symlink at the last component), destinations that are
+/// clean absolute paths outside what the sandbox serves itself.
+pub fn validated_volumes(volumes: &[HostVolume]) -> Result<(), SandboxError> {
+    let bad = |message: String| SandboxError::bad("invalid_volume", message);
+    if volumes.len() > MAX_VOLUMES {
+        return Err(bad(format!(
+            "a root takes at most {MAX_VOLUMES} volumes, got {}",
+            volumes.len()
+        )));
+    }
+    for (index, volume) in volumes.iter().enumerate() {
+        let field = format!("volumes[{index}]");
+        let source = &volume.source;
+        if !source.is_absolute() {
+            return Err(bad(format!(
+                "{field}.source: {} is not an absolute path",
+                source.display()
+            )));
+        }
+        match std::fs::symlink_metadata(source) {
+            Ok(meta) if meta.is_dir() || meta.is_file() => {}
+            Ok(_) => {
+                return Err(bad(format!(
+                    "{field}.source: {} is neither a directory nor a regular file (symlinks are not followed)",
+                    source.display()
+                )))
+            }
+            Err(e) => return Err(bad(format!("{field}.source: {}: {e}", source.display()))),
+        }
+        let destination = volume.destination.as_str();
+        let clean = destination.starts_with('/')
+            && destination.len() <= 4096
+            && !destination.contains('\0')
+            && destination[1..]
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..");
+        if !clean || destination == "/" {
+            return Err(bad(format!(
+                "{field}.destination: {destination:?} is not an absolute path below / without empty, . or .. components"
+            )));
+        }
+        if let Some(served) = SANDBOX_SERVED
+            .iter()
+            .find(|s| destination == **s || destination.starts_with(&format!("{s}/")))
+        {
+            return Err(bad(format!(
+                "{field}.destination: {destination} is under {served}, which the sandbox serves itself"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The smallest memory ceiling of one container of a pod.
@@ -94,13 +163,15 @@ pub fn validated_root_limits(
 impl Manager {
     /// Makes root `name` of sandbox `id` on the host directories `layers`
     /// (top first), owned by host ids and shown idmapped, with ceilings of
-    /// its own (under the sandbox's) when `limits` are given.
+    /// its own (under the sandbox's) when `limits` are given and host
+    /// `volumes` bound in.
     pub async fn attach_root(
         &self,
         id: &str,
         name: &str,
         layers: Vec<PathBuf>,
         limits: Option<&RootLimits>,
+        volumes: Vec<HostVolume>,
     ) -> Result<(), SandboxError> {
         validated_root_name(name)?;
         if layers.is_empty() {
@@ -110,7 +181,14 @@ impl Manager {
             ));
         }
         validated_host_dirs("invalid_host_rootfs", "host_rootfs", &layers)?;
+        validated_volumes(&volumes)?;
         let record = self.ready(id)?;
+        if record.runtime == RuntimeKind::Vm && !volumes.is_empty() {
+            return Err(SandboxError::bad(
+                "volumes_unsupported",
+                "a microVM's container roots take no host volumes: its guest cannot see the host's files",
+            ));
+        }
         let disk = match record.runtime {
             RuntimeKind::Container => None,
             RuntimeKind::Vm if record.join_netns.is_none() => {
@@ -125,7 +203,10 @@ impl Manager {
             .map(|l| validated_root_limits(l, &self.config))
             .transpose()?;
         let mut client = self.connect(id).await?;
-        match client.attach_root(name, layers, limits, disk).await {
+        match client
+            .attach_root(name, layers, limits, disk, volumes)
+            .await
+        {
             Ok(()) => Ok(()),
             Err(CallError::Connect(e)) => Err(not_running(id, e)),
             Err(CallError::Refused(e)) if e.kind == SupervisorErrorKind::Conflict => {

@@ -378,12 +378,14 @@ impl SupervisorClient {
         layers: Vec<PathBuf>,
         limits: Option<crate::runtime::cgroups::RootLimits>,
         disk: Option<PathBuf>,
+        volumes: Vec<crate::model::HostVolume>,
     ) -> Result<(), CallError> {
         let request = SupervisorRequest::AttachRoot {
             name: name.to_string(),
             layers,
             limits,
             disk,
+            volumes,
         };
         expect::ok("AttachRoot", self.call(&request, PROCESS_DEADLINE).await?)
     }

@@ -396,14 +396,21 @@ impl Supervisor {
         layers: Vec<std::path::PathBuf>,
         limits: Option<crate::runtime::cgroups::RootLimits>,
         disk: Option<std::path::PathBuf>,
+        volumes: Vec<crate::model::HostVolume>,
     ) -> Result<(), SupervisorError> {
         if self.process_control() == ProcessControl::GuestAgent {
+            if !volumes.is_empty() {
+                return Err(err(
+                    SupervisorErrorKind::InvalidInput,
+                    "a microVM's container roots take no host volumes: its guest cannot see the host's files",
+                ));
+            }
             return self.attach_guest_root(name, disk, limits).await;
         }
         let _roots = self.roots_held().await?;
         let (spec, paths, made_name) = (self.config.spec.clone(), self.paths.clone(), name.clone());
         let mount = tokio::task::spawn_blocking(move || {
-            crate::runtime::pod_roots::make(&spec, &paths, &made_name, &layers)
+            crate::runtime::pod_roots::make(&spec, &paths, &made_name, &layers, &volumes)
         })
         .await
         .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
@@ -413,7 +420,8 @@ impl Supervisor {
             }
             // A layer that cannot be idmapped (its filesystem, or it went
             // since validation) is the caller's to fix.
-            crate::runtime::pod_roots::PodRootError::Idmap { .. } => {
+            crate::runtime::pod_roots::PodRootError::Idmap { .. }
+            | crate::runtime::pod_roots::PodRootError::Volume { .. } => {
                 err(SupervisorErrorKind::InvalidInput, e.to_string())
             }
             e => err(SupervisorErrorKind::Internal, e.to_string()),

@@ -68,7 +68,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 12 added `OpenMailbox` (with `Mailbox`, whose frame carries a
 /// descriptor) and the claims posted through it.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 12;
+///
+/// 13 added `AttachRoot::volumes`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 13;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
@@ -159,12 +161,15 @@ pub enum SupervisorRequest {
     /// (see `runtime::pod_roots`), in a group of its own under the
     /// sandbox's when it has `limits`. A microVM's comes as `disk` (those
     /// layers as one read-only ext4), which goes into a free disk slot of
-    /// the VM for its agent to mount. Reply: [`SupervisorReply::Ok`].
+    /// the VM for its agent to mount. A container's `volumes` (host files
+    /// and directories) are bound into its root (`runtime::volumes`).
+    /// Reply: [`SupervisorReply::Ok`].
     AttachRoot {
         name: String,
         layers: Vec<std::path::PathBuf>,
         limits: Option<crate::runtime::cgroups::RootLimits>,
         disk: Option<std::path::PathBuf>,
+        volumes: Vec<crate::model::HostVolume>,
     },
     /// Kill the processes started in root `name`, have the agent unmount
     /// it and remove its writable layer. Reply: [`SupervisorReply::Ok`].

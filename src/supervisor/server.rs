@@ -226,9 +226,10 @@ async fn answer(
             layers,
             limits,
             disk,
+            volumes,
         } => reply_of(
             supervisor
-                .attach_root(name, layers, limits, disk)
+                .attach_root(name, layers, limits, disk, volumes)
                 .await
                 .map(|()| SupervisorReply::Ok),
         ),

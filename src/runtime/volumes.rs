@@ -1,0 +1,128 @@
+//! Host files and directories bound into a pod container's root: the
+//! Kubernetes volumes the kubelet hands its runtime (a service account's
+//! token, an emptyDir, a ConfigMap). Each is a recursive clone of the host
+//! tree (`open_tree`), always `nodev` and `nosuid` (a device node or a
+//! set-id file in it gives the sandbox nothing), read-only when asked,
+//! shown under the sandbox's ids through an idmapped mount, and moved onto
+//! its mount point while only the host sees the root (`super::pod_roots`
+//! binds them before it clones the root into the sandbox).
+//!
+//! A filesystem that cannot be idmapped (tmpfs before Linux 6.3, which is
+//! where the kubelet keeps a service account's token) is bound with its
+//! host ids as they are: the sandbox sees them as the overflow id (65534)
+//! and reaches the files as their mode lets others, which still reads a
+//! token (0644).
+
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::path::Path;
+
+use nix::sys::stat::{fstat, SFlag};
+
+use super::beneath::{mount_onto, Dir, MountPointKind};
+use super::idmap::{mapped_user_namespace, open_tree_clone, set_mount_attrs};
+use crate::model::HostVolume;
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("making a user namespace with the sandbox's id map for its volumes: {0}")]
+    UserNamespace(io::Error),
+    #[error("volume {destination} (from {source_path}): {step}: {source}{hint}")]
+    Bind {
+        destination: String,
+        source_path: String,
+        step: &'static str,
+        source: io::Error,
+        hint: &'static str,
+    },
+}
+
+/// How a volume was bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    /// Host ids `0..size` seen as the sandbox's.
+    Idmapped,
+    /// Host ids as they are (the filesystem cannot be idmapped).
+    HostIds,
+}
+
+/// Binds each of `volumes`, in order, into the container root at `root`
+/// (a tree only the host sees), the sandbox's ids being host
+/// `base..base + size`. Returns how each was bound.
+pub fn bind_volumes(
+    root: &Path,
+    volumes: &[HostVolume],
+    base: u32,
+    size: u32,
+) -> Result<Vec<Binding>, VolumeError> {
+    if volumes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let userns = mapped_user_namespace(base, size).map_err(VolumeError::UserNamespace)?;
+    let top = Dir::at(root).map_err(|source| VolumeError::Bind {
+        destination: "/".into(),
+        source_path: root.display().to_string(),
+        step: "opening the container's root",
+        source,
+        hint: "",
+    })?;
+    let mut bound = Vec::with_capacity(volumes.len());
+    for volume in volumes {
+        let fail = |step: &'static str| {
+            move |source: io::Error| {
+                let hint = match (step, source.raw_os_error()) {
+                    (MOUNT_POINT, Some(libc::ENOTDIR)) => {
+                        " (the image has a file where the volume's directory goes)"
+                    }
+                    (MOUNT_POINT, Some(libc::EISDIR)) => {
+                        " (the image has a directory where the volume's file goes)"
+                    }
+                    _ => "",
+                };
+                VolumeError::Bind {
+                    destination: volume.destination.clone(),
+                    source_path: volume.source.display().to_string(),
+                    step,
+                    source,
+                    hint,
+                }
+            }
+        };
+        let tree = open_tree_clone(&volume.source, true).map_err(fail("cloning it"))?;
+        let mut attrs = libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOSUID;
+        if volume.read_only {
+            attrs |= libc::MOUNT_ATTR_RDONLY;
+        }
+        let binding =
+            match set_mount_attrs(&tree, attrs | libc::MOUNT_ATTR_IDMAP, Some(&userns), true) {
+                Ok(()) => Binding::Idmapped,
+                // The filesystem (or one mounted inside the tree) has no
+                // idmapped mounts.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    set_mount_attrs(&tree, attrs, None, true).map_err(fail("setting its flags"))?;
+                    Binding::HostIds
+                }
+                Err(e) => return Err(fail("idmapping it")(e)),
+            };
+        let kind = match is_dir(&tree).map_err(fail("reading it"))? {
+            true => MountPointKind::Directory,
+            false => MountPointKind::File,
+        };
+        let point = top
+            .mount_point_in_root(&volume.destination, kind, base)
+            .map_err(fail(MOUNT_POINT))?;
+        mount_onto(&tree, point.as_fd()).map_err(fail("mounting it"))?;
+        bound.push(binding);
+    }
+    Ok(bound)
+}
+
+/// The step that makes a volume's mount point, which the image's own
+/// tree can fail.
+const MOUNT_POINT: &str = "making its mount point in the root";
+
+/// Whether the root of detached tree `tree` is a directory.
+fn is_dir(tree: &OwnedFd) -> io::Result<bool> {
+    let stat = fstat(tree.as_raw_fd())?;
+    Ok(SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
+}
