@@ -385,17 +385,19 @@ async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_it
 
 /// A pod container's volumes (the kubelet's bind mounts): bound into its
 /// root alone, under the sandbox's ids, read-only where asked, never with
-/// a device node in force, refused where they cannot work, and mounted in
-/// the sandbox only.
+/// a device node in force, one inside another, refused where they cannot
+/// work (and then leaving nothing), mounted in the sandbox only, and kept
+/// out of snapshots.
 #[tokio::test]
 async fn a_pod_containers_volumes_are_its_own_under_the_sandbox_ids() {
     require_host!();
     let host = host_trees();
-    let pause = common::root_owned_busybox(&host.path().join("pause"));
     let app = common::root_owned_busybox(&host.path().join("app"));
     // As in Debian's images: /var/run leads to /run.
     std::fs::create_dir(app.join("run")).unwrap();
     std::os::unix::fs::symlink("/run", app.join("var/run")).unwrap();
+    // A crafted image's link to its own root.
+    std::os::unix::fs::symlink("/", app.join("top")).unwrap();
     let volumes = host.path().join("volumes");
     let (data, token, config) = (
         volumes.join("data"),
@@ -417,9 +419,8 @@ async fn a_pod_containers_volumes_are_its_own_under_the_sandbox_ids() {
     .unwrap();
 
     let daemon = Daemon::start();
-    let id = daemon
-        .create(json!({"host_rootfs": [pause.display().to_string()]}))
-        .await;
+    // A sandbox of an image (which, unlike a host root, may be snapshotted).
+    let id = daemon.create(json!({"image": "busybox"})).await;
     let roots = format!("/v1/sandboxes/{id}/roots");
     let attach = |name: &str, volumes: serde_json::Value| json!({"name": name, "host_rootfs": [app.display().to_string()], "volumes": volumes});
     // Refused before anything is made: each names the volume and why.
@@ -476,6 +477,26 @@ async fn a_pod_containers_volumes_are_its_own_under_the_sandbox_ids() {
         message.contains("volume /bin/busybox") && message.contains("a file where"),
         "{answer}"
     );
+    // A destination that leads to the root itself would cover the whole
+    // root with the volume; the one bound before it is let go unchanged.
+    let covering = json!([
+        {"source": path(&token), "destination": "/data", "read_only": true},
+        {"source": path(&data), "destination": "/top"}
+    ]);
+    let (status, answer) = daemon
+        .call(Method::POST, &roots, Some(attach("bad", covering)))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("root of a mount"), "{answer}");
+    assert_eq!(
+        std::fs::read_to_string(data.join("seed")).unwrap(),
+        "seeded\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(token.join("token")).unwrap(),
+        "the-token\n"
+    );
     let run = daemon.run_dir().join("sandboxes").join(&id);
     assert_eq!(mounts_under(&run.join("pod-roots")), Vec::<String>::new());
 
@@ -485,6 +506,9 @@ async fn a_pod_containers_volumes_are_its_own_under_the_sandbox_ids() {
             {"source": path(&data), "destination": "/data"},
             {"source": path(&token), "destination": "/var/run/secrets/kubernetes.io/serviceaccount", "read_only": true},
             {"source": path(&config), "destination": "/etc/app.conf", "read_only": true},
+            // Inside the writable, idmapped /data: its mount point is made
+            // there as the sandbox's root.
+            {"source": path(&token), "destination": "/data/conf/token", "read_only": true},
         ]),
     );
     let (status, answer) = daemon.call(Method::POST, &roots, Some(body)).await;
@@ -502,12 +526,13 @@ async fn a_pod_containers_volumes_are_its_own_under_the_sandbox_ids() {
          cat /run/secrets/kubernetes.io/serviceaccount/token; \
          echo x > /var/run/secrets/kubernetes.io/serviceaccount/more 2>/dev/null; echo ro=$?; \
          cat /etc/app.conf; echo x >> /etc/app.conf 2>/dev/null; echo ro=$?; \
-         cat /data/null 2>/dev/null; echo dev=$?; cat /dev/null; echo dev=$?",
+         cat /data/null 2>/dev/null; echo dev=$?; cat /dev/null; echo dev=$?; \
+         cat /data/conf/token/token",
     )
     .await;
     assert_eq!(
         seen.out(),
-        "seeded\n0 0\nthe-token\nro=1\nkey=value\nro=1\ndev=1\ndev=0\n",
+        "seeded\n0 0\nthe-token\nro=1\nkey=value\nro=1\ndev=1\ndev=0\nthe-token\n",
         "{}",
         seen.err()
     );
@@ -537,6 +562,26 @@ async fn a_pod_containers_volumes_are_its_own_under_the_sandbox_ids() {
         );
     }
     assert_eq!(mounts_under(&volumes), Vec::<String>::new());
+    let made = std::fs::metadata(data.join("conf/token")).unwrap();
+    assert!(made.is_dir(), "the nested mount point");
+    assert_eq!(
+        made.uid(),
+        0,
+        "made as the sandbox's root, host root's here"
+    );
+    // Host files are not the sandbox's to keep: no snapshot while they
+    // are bound.
+    let (status, answer) = daemon
+        .call(
+            Method::POST,
+            &format!("/v1/sandboxes/{id}/snapshots"),
+            Some(json!({"kind": "memory"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{answer}");
+    assert_eq!(answer["error"]["code"], "snapshot_unsupported", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("host volumes bound in"), "{answer}");
 
     // Removing the root takes its mounts; what it wrote stays on the host.
     let (status, answer) = daemon

@@ -451,7 +451,8 @@ fn volume(index: usize, destination: &str, mount: &Value) -> Result<Value, SpecE
         .flatten()
     {
         match option.as_str().unwrap_or_default() {
-            "ro" => read_only = true,
+            // rro: recursively read-only, which every volume's binding is.
+            "ro" | "rro" => read_only = true,
             "rw" | "bind" | "rbind" | "private" | "rprivate" | "nosuid" | "nodev" => {}
             propagation @ ("slave" | "rslave" | "shared" | "rshared") => {
                 return Err(refuse(
@@ -467,6 +468,9 @@ fn volume(index: usize, destination: &str, mount: &Value) -> Result<Value, SpecE
             }
         }
     }
+    // The kubelet passes a volume's mountPath as written (`/data/` too).
+    let clean: Vec<&str> = destination.split('/').filter(|c| !c.is_empty()).collect();
+    let destination = format!("/{}", clean.join("/"));
     Ok(json!({"source": source, "destination": destination, "read_only": read_only}))
 }
 
@@ -812,8 +816,9 @@ mod tests {
             {"destination": "/var/run/secrets/kubernetes.io/serviceaccount", "type": "bind",
              "source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~projected/kube-api-access-x",
              "options": ["rbind", "rprivate", "ro"]},
-            {"destination": "/cache", "type": "bind", "source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/cache",
+            {"destination": "/cache/", "type": "bind", "source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/cache",
              "options": ["rbind", "rprivate", "rw"]},
+            {"destination": "/etc//conf", "type": "bind", "source": "/srv/conf", "options": ["rbind", "rro"]},
             {"destination": "/proc", "type": "proc", "source": "proc"}
         ]);
         assert_eq!(
@@ -823,6 +828,7 @@ mod tests {
                        "destination": "/var/run/secrets/kubernetes.io/serviceaccount", "read_only": true}),
                 json!({"source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~empty-dir/cache",
                        "destination": "/cache", "read_only": false}),
+                json!({"source": "/srv/conf", "destination": "/etc/conf", "read_only": true}),
             ]
         );
         let refused = |mounts: Value| {

@@ -74,7 +74,8 @@ impl Dir {
     /// (`RESOLVE_IN_ROOT`), as for a process chrooted here, never out of
     /// it. Missing components are made (directories 0755, a last `File`
     /// empty 0644), owned by `owner`; an existing last component of the
-    /// other kind is an error.
+    /// other kind is an error, and so is the root of a mount (this tree's
+    /// own root, or a volume bound before): a mount there would cover it.
     pub fn mount_point_in_root(
         &self,
         path: &str,
@@ -107,35 +108,30 @@ impl Dir {
             };
             let parent = in_root(&parent, OFlag::O_DIRECTORY)?;
             let name = components[made - 1];
-            match kind {
-                MountPointKind::File => {
-                    let file = nix::fcntl::openat(
-                        Some(parent.as_raw_fd()),
-                        name,
-                        OFlag::O_CREAT
-                            | OFlag::O_EXCL
-                            | OFlag::O_WRONLY
-                            | OFlag::O_NOFOLLOW
-                            | OFlag::O_CLOEXEC,
-                        Mode::from_bits_truncate(0o644),
-                    )?;
-                    // SAFETY: openat just returned this descriptor; nothing
-                    // else owns it, and it is closed here.
-                    drop(unsafe { OwnedFd::from_raw_fd(file) });
-                }
-                MountPointKind::Directory => mkdirat(
+            match create(&parent, name, kind) {
+                Ok(()) => nix::unistd::fchownat(
                     Some(parent.as_raw_fd()),
                     name,
-                    Mode::from_bits_truncate(0o755),
+                    Some(nix::unistd::Uid::from_raw(owner)),
+                    Some(nix::unistd::Gid::from_raw(owner)),
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
                 )?,
+                // Inside an idmapped volume, where host root has no id:
+                // made as `owner`, whom the volume's map shows as its root
+                // (so it owns it already).
+                Err(e) if e.raw_os_error() == Some(libc::EOVERFLOW) => {
+                    as_owner(owner, || create(&parent, name, kind))?
+                }
+                // Nothing at the name resolved, yet something is there:
+                // a symlink that leads nowhere.
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {
+                    return Err(io::Error::other(format!(
+                        "{} is a symlink to nothing in the image",
+                        components[..made].join("/")
+                    )))
+                }
+                Err(e) => return Err(e),
             }
-            nix::unistd::fchownat(
-                Some(parent.as_raw_fd()),
-                name,
-                Some(nix::unistd::Uid::from_raw(owner)),
-                Some(nix::unistd::Gid::from_raw(owner)),
-                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-            )?;
             in_root(&prefix, OFlag::empty())
         };
         for made in 1..components.len() {
@@ -144,7 +140,13 @@ impl Dir {
                 MountPointKind::Directory,
             )?;
         }
-        of_kind(ensure(components.len(), kind)?, kind)
+        let point = of_kind(ensure(components.len(), kind)?, kind)?;
+        if is_mount_root(&point)? || same_file(&point, &self.0)? {
+            return Err(io::Error::other(format!(
+                "{path} resolves to the root of a mount (the container's root itself, or another volume)"
+            )));
+        }
+        Ok(point)
     }
 
     /// Regular file `path` (relative) beneath this one, through no
@@ -227,6 +229,82 @@ impl Dir {
         io::Read::read_to_end(&mut io::Read::take(file, max), &mut bytes)?;
         Ok(Some(bytes))
     }
+}
+
+/// Makes `name` in `parent` as `kind` (a directory 0755, an empty file
+/// 0644), never through a symlink.
+fn create(parent: &OwnedFd, name: &str, kind: MountPointKind) -> io::Result<()> {
+    match kind {
+        MountPointKind::File => {
+            let file = nix::fcntl::openat(
+                Some(parent.as_raw_fd()),
+                name,
+                OFlag::O_CREAT
+                    | OFlag::O_EXCL
+                    | OFlag::O_WRONLY
+                    | OFlag::O_NOFOLLOW
+                    | OFlag::O_CLOEXEC,
+                Mode::from_bits_truncate(0o644),
+            )?;
+            // SAFETY: openat just returned this descriptor; nothing else
+            // owns it, and it is closed here.
+            drop(unsafe { OwnedFd::from_raw_fd(file) });
+        }
+        MountPointKind::Directory => mkdirat(
+            Some(parent.as_raw_fd()),
+            name,
+            Mode::from_bits_truncate(0o755),
+        )?,
+    }
+    Ok(())
+}
+
+/// Runs `work` on a thread of its own whose filesystem ids are `owner`
+/// (setfsuid and setfsgid are per thread; the caller's stay root's).
+fn as_owner(owner: u32, work: impl FnOnce() -> io::Result<()> + Send) -> io::Result<()> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: setfsgid(2) and setfsuid(2) change only this
+                // thread's filesystem ids, which end with it.
+                unsafe {
+                    libc::setfsgid(owner);
+                    libc::setfsuid(owner);
+                }
+                work()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the thread making a mount point panicked")))
+    })
+}
+
+/// Whether `file` is the root of a mount (`STATX_ATTR_MOUNT_ROOT`; false
+/// where the kernel does not say).
+fn is_mount_root(file: &OwnedFd) -> io::Result<bool> {
+    // SAFETY: all-zero bytes are a valid `statx` (integers only).
+    let mut stat: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: statx(2) of the descriptor itself (empty path, AT_EMPTY_PATH)
+    // into a struct this function owns.
+    let rc = unsafe {
+        libc::statx(
+            file.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_SYMLINK_NOFOLLOW,
+            libc::STATX_BASIC_STATS,
+            &mut stat,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mount_root = u64::try_from(libc::STATX_ATTR_MOUNT_ROOT).unwrap_or_default();
+    Ok(stat.stx_attributes_mask & mount_root != 0 && stat.stx_attributes & mount_root != 0)
+}
+
+/// Whether two descriptors hold the same file.
+fn same_file(a: &OwnedFd, b: &OwnedFd) -> io::Result<bool> {
+    let (a, b) = (fstat(a.as_raw_fd())?, fstat(b.as_raw_fd())?);
+    Ok((a.st_dev, a.st_ino) == (b.st_dev, b.st_ino))
 }
 
 /// What a mount point is: a directory for a directory bound there, a
@@ -354,6 +432,22 @@ mod tests {
         top.mount_point_in_root("/up/made", MountPointKind::File, owner)
             .unwrap();
         assert!(root.join("made").is_file(), "clamped at the tree's root");
+        // A link to the tree's root is no place for a mount: it would
+        // cover the whole tree.
+        let covering = top
+            .mount_point_in_root("/up", MountPointKind::Directory, owner)
+            .unwrap_err()
+            .to_string();
+        assert!(covering.contains("root of a mount"), "{covering}");
+        std::os::unix::fs::symlink("/nowhere", root.join("dangling")).unwrap();
+        let dangling = top
+            .mount_point_in_root("/dangling/x", MountPointKind::Directory, owner)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            dangling.contains("dangling is a symlink to nothing"),
+            "{dangling}"
+        );
         top.mount_point_in_root("/host-etc/sandboxd-made", MountPointKind::File, owner)
             .unwrap();
         assert!(root.join("etc/sandboxd-made").is_file());

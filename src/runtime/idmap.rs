@@ -131,8 +131,10 @@ fn set_idmap(tree: &OwnedFd, userns: &File) -> io::Result<()> {
 }
 
 /// Sets `attr_set` (`MOUNT_ATTR_*`) on detached tree `tree`, on every
-/// mount in it when `recursive`; `userns` holds the id map that
-/// `MOUNT_ATTR_IDMAP` asks for.
+/// mount in it when `recursive`, and makes it private in the same call (a
+/// clone of a shared mount is in its source's peer group until then, and
+/// a mount propagated into it would come without the attributes);
+/// `userns` holds the id map that `MOUNT_ATTR_IDMAP` asks for.
 pub(crate) fn set_mount_attrs(
     tree: &OwnedFd,
     attr_set: u64,
@@ -142,7 +144,7 @@ pub(crate) fn set_mount_attrs(
     let attr = libc::mount_attr {
         attr_set,
         attr_clr: 0,
-        propagation: 0,
+        propagation: libc::MS_PRIVATE,
         userns_fd: userns
             .and_then(|u| u64::try_from(u.as_raw_fd()).ok())
             .unwrap_or_default(),

@@ -125,9 +125,14 @@ fn make_claimed(
     fs::create_dir_all(&target).map_err(fail("making its mount point"))?;
     let made = mount_and_clone(spec, &staging, &upper, &work, layers, volumes, name);
     // The sandbox holds the clone; the host keeps nothing mounted (the
-    // volumes go with the overlay: the unmount is recursive).
+    // volumes go with the overlay: the unmount is recursive). Only empty
+    // directories are removed: a recursive removal would walk into
+    // whatever stayed mounted and delete through it as host root
+    // (unmount_staging detaches such leftovers at teardown).
     let _ = umount2(&target, MntFlags::MNT_DETACH);
-    let _ = fs::remove_dir_all(&staging);
+    for dir in [target, staging.join("layers"), staging] {
+        let _ = fs::remove_dir(dir);
+    }
     made
 }
 

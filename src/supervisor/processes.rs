@@ -95,6 +95,8 @@ pub struct Supervisor {
     /// Pod container roots with limits of their own (a group under the
     /// sandbox's holding their processes').
     limited_roots: Mutex<std::collections::HashSet<String>>,
+    /// Pod container roots with host volumes bound in.
+    roots_with_volumes: Mutex<std::collections::HashSet<String>>,
     /// A microVM's empty disk slots, each holding the name of the root
     /// whose disk is in it.
     guest_root_slots: Mutex<Vec<Option<String>>>,
@@ -212,6 +214,7 @@ impl Supervisor {
             dialer: std::sync::OnceLock::new(),
             roots: tokio::sync::Mutex::new(()),
             limited_roots: Mutex::default(),
+            roots_with_volumes: Mutex::default(),
             guest_root_slots: Mutex::new(vec![None; usize::from(root_slots)]),
             mailbox: std::sync::OnceLock::new(),
         })
@@ -369,6 +372,12 @@ impl Supervisor {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn roots_with_volumes(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.roots_with_volumes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// Removes limited root `name`'s (empty) group; once none is left, a v2
     /// sandbox's group takes its controllers and agent back.
     fn forget_limited_root(&self, name: &str) {
@@ -408,6 +417,7 @@ impl Supervisor {
             return self.attach_guest_root(name, disk, limits).await;
         }
         let _roots = self.roots_held().await?;
+        let has_volumes = !volumes.is_empty();
         let (spec, paths, made_name) = (self.config.spec.clone(), self.paths.clone(), name.clone());
         let mount = tokio::task::spawn_blocking(move || {
             crate::runtime::pod_roots::make(&spec, &paths, &made_name, &layers, &volumes)
@@ -420,6 +430,11 @@ impl Supervisor {
             }
             // A layer that cannot be idmapped (its filesystem, or it went
             // since validation) is the caller's to fix.
+            // The host could not make the namespace holding the id map.
+            crate::runtime::pod_roots::PodRootError::Volume {
+                source: crate::runtime::volumes::VolumeError::UserNamespace(_),
+                ..
+            } => err(SupervisorErrorKind::Internal, e.to_string()),
             crate::runtime::pod_roots::PodRootError::Idmap { .. }
             | crate::runtime::pod_roots::PodRootError::Volume { .. } => {
                 err(SupervisorErrorKind::InvalidInput, e.to_string())
@@ -454,7 +469,12 @@ impl Supervisor {
         .await
         .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
         let refused = match attached {
-            Ok(()) => return Ok(()),
+            Ok(()) => {
+                if has_volumes {
+                    self.roots_with_volumes().insert(name);
+                }
+                return Ok(());
+            }
             // Something in the sandbox holds the name's place there.
             Err(e @ crate::runtime::pod_roots::PodRootError::Exists(_)) => {
                 err(SupervisorErrorKind::Conflict, e.to_string())
@@ -671,6 +691,7 @@ impl Supervisor {
             )
         })?;
         self.forget_limited_root(&name);
+        self.roots_with_volumes().remove(&name);
         let (init_pid, spec) = (self.init_pid, self.config.spec.clone());
         tokio::task::spawn_blocking(move || {
             let detached = crate::runtime::pod_roots::detach(init_pid, &name);
@@ -705,6 +726,13 @@ impl Supervisor {
             return Err(err(
                 SupervisorErrorKind::InvalidInput,
                 format!("pod container root {root:?} has limits of its own, which a snapshot cannot keep yet; snapshot a pod whose containers share the sandbox's limits"),
+            ));
+        }
+        if let Some(root) = self.roots_with_volumes().iter().next() {
+            // Host files a fork would have to find again where it runs.
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                format!("pod container root {root:?} has host volumes bound in, which a snapshot cannot keep; detach it first"),
             ));
         }
         let Some(_paused) = self.link.try_pause() else {
