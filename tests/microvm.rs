@@ -899,3 +899,52 @@ async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
         assert!(!cgroup::sandbox_dir("memory", id).exists());
     }
 }
+
+#[tokio::test]
+async fn a_vm_sandboxs_port_is_reached_through_the_ingress_over_its_tap() {
+    let ingress = common::free_loopback_addr();
+    let listen = ingress.to_string();
+    let Some((daemon, _guest)) =
+        vm_daemon_with(&["--ingress-listen", &listen, "--ingress-domain", "sbx.test"])
+    else {
+        return;
+    };
+    let id = small_vm(&daemon).await;
+    for port in [8080, 9090] {
+        daemon.expose_public(&id, port).await;
+    }
+    // The guest answers one request on 8080 (the test guest's built-in
+    // holds its agent until it has), while the request goes through the
+    // ingress, the supervisor's dial from the VM's namespace and the tap.
+    let host = format!("{id}-8080.sbx.test");
+    let (served, answer) = tokio::join!(
+        daemon.exec(&id, &["net-serve", "8080"]),
+        common::ingress_get(ingress, &host, WAIT)
+    );
+    assert!(answer.starts_with("HTTP/1.0 200 OK\r\n"), "{answer}");
+    assert!(
+        answer.ends_with("\r\n\r\nserved by the guest\n"),
+        "{answer}"
+    );
+    assert_eq!(served.out(), "served port 8080\n", "{}", served.err());
+    // Nothing serves 9090 (the test guest answers no SYN then): a 502
+    // that says what the dial met.
+    let refused = common::ingress_get(ingress, &format!("{id}-9090.sbx.test"), WAIT).await;
+    assert!(refused.starts_with("HTTP/1.1 502"), "{refused}");
+    assert!(
+        refused.contains("10.201.0.2:9090: no answer within"),
+        "{refused}"
+    );
+    // The guest's own connections still go to the egress proxy, which
+    // refuses them under the default policy and logs it.
+    let run = daemon.exec(&id, &["net-connect", "10.1.2.3", "443"]).await;
+    assert_eq!(run.out(), "closed by 10.1.2.3:443\n", "{}", run.err());
+    let entries = daemon.egress_log(&id).await;
+    assert!(
+        entries
+            .iter()
+            .any(|e| e["verdict"] == "refused" && e["host"] == "10.1.2.3"),
+        "{entries:?}"
+    );
+    daemon.delete(&id).await;
+}

@@ -633,3 +633,78 @@ async fn a_linux_guest_forks_from_a_memory_snapshot_into_diverging_vms() {
     }
     assert_nothing_left(&daemon, &[&source, &fork_a, &fork_b]).await;
 }
+
+/// A server in a Linux guest is reached through its preview URL: the
+/// ingress dials through the VM's tap to the guest's address, and one
+/// bound to the guest's loopback only through a forwarder its agent opens
+/// for the connection; a port nothing serves gets a 502 saying so.
+#[tokio::test]
+#[ignore = "needs VMX/SVM: scripts/nested-tests.sh runs it"]
+async fn a_linux_guests_server_is_reached_through_its_preview_url() {
+    let ingress = common::free_loopback_addr();
+    let flags = [
+        "--ingress-listen".to_string(),
+        ingress.to_string(),
+        "--ingress-domain".to_string(),
+        "sbx.test".to_string(),
+    ];
+    let Some(daemon) = linux_vm_daemon(&flags) else {
+        return;
+    };
+    let id = python_vm(&daemon, json!({})).await;
+    daemon
+        .start_process(
+            &id,
+            json!({"argv": ["sh", "-c", "mkdir -p /tmp/www && echo hello-from-the-guest > /tmp/www/index.html \
+                && cd /tmp/www && exec python3 -m http.server 8000 --bind 0.0.0.0"]}),
+        )
+        .await;
+    daemon
+        .start_process(
+            &id,
+            json!({"argv": ["python3", "-m", "http.server", "8001", "--bind", "127.0.0.1"]}),
+        )
+        .await;
+    for port in [8000, 8001] {
+        daemon.expose_public(&id, port).await;
+    }
+    // Both listen (the agent reads the guest's /proc/net/tcp).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, view) = daemon
+            .call(
+                Method::GET,
+                &format!("/v1/sandboxes/{id}/ports?listening=true"),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{view}");
+        let listening = view["listening"].as_array().cloned().unwrap_or_default();
+        if [8000, 8001]
+            .iter()
+            .all(|p| listening.iter().any(|l| l["port"] == *p))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not listening: {view}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let served = common::ingress_get(ingress, &format!("{id}-8000.sbx.test"), WAIT).await;
+    assert!(served.starts_with("HTTP/1.0 200"), "{served}");
+    assert!(served.ends_with("hello-from-the-guest\n"), "{served}");
+    let on_loopback = common::ingress_get(ingress, &format!("{id}-8001.sbx.test"), WAIT).await;
+    assert!(on_loopback.starts_with("HTTP/1.0 200"), "{on_loopback}");
+    assert!(on_loopback.contains("Directory listing"), "{on_loopback}");
+    // Twice: each connection gets a forwarder of its own.
+    let again = common::ingress_get(ingress, &format!("{id}-8001.sbx.test"), WAIT).await;
+    assert!(again.starts_with("HTTP/1.0 200"), "{again}");
+    daemon.expose_public(&id, 8002).await;
+    let refused = common::ingress_get(ingress, &format!("{id}-8002.sbx.test"), WAIT).await;
+    assert!(refused.starts_with("HTTP/1.1 502"), "{refused}");
+    assert!(
+        refused.contains("nothing listens on port 8002 of the guest's loopback either"),
+        "{refused}"
+    );
+    daemon.delete(&id).await;
+    assert_nothing_left(&daemon, &[&id]).await;
+}

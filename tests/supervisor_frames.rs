@@ -567,7 +567,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 0d a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 0e a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (SupervisorReply::Mailbox, "0e".into()),
@@ -605,7 +605,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 13, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 14, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -717,13 +717,13 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 14 with a rest this build cannot decode.
-    let v14 = bytes("0c 0e ff ff ff");
-    let mismatch = check_supervisor_version(&v14).expect_err("v14 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(14));
+    // Version 15 with a rest this build cannot decode.
+    let v15 = bytes("0c 0f ff ff ff");
+    let mismatch = check_supervisor_version(&v15).expect_err("v15 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(15));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v14, this daemon v13"),
+        text.contains("supervisor protocol v15, this daemon v14"),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

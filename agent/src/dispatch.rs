@@ -92,6 +92,15 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             let _ = agent.outbox.reply(id, guest_pids()).await;
             return;
         }
+        RequestBody::ForwardLoopback { port } => {
+            // Its connect waits up to seconds: off the dispatch loop.
+            let (agent, port) = (agent.clone(), *port);
+            tokio::spawn(async move {
+                let reply = crate::forward::open(port).await;
+                let _ = agent.outbox.reply(id, reply).await;
+            });
+            return;
+        }
         _ => None,
     };
     if let RequestBody::Reseed { seed, unix_time_ns } = &body {
@@ -123,7 +132,8 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         | RequestBody::Reseed { .. }
         | RequestBody::LimitPids { .. }
         | RequestBody::Abandon { .. }
-        | RequestBody::GuestPids => {}
+        | RequestBody::GuestPids
+        | RequestBody::ForwardLoopback { .. } => {}
         RequestBody::Spawn(spawn) => {
             let claimed = claimed.unwrap_or_else(|| Ok(Vec::new()));
             tokio::spawn(process::spawn(agent.clone(), id, spawn, claimed, permit));

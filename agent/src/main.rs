@@ -23,6 +23,7 @@ mod dispatch;
 mod errors;
 mod fds;
 mod files;
+mod forward;
 mod guest_groups;
 mod guest_roots;
 mod handles;

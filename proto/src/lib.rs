@@ -212,6 +212,15 @@ pub enum RequestBody {
     /// there. Reply: [`Reply::Ok`] once nothing holds the root's disk, an
     /// error while something still does (the slot then stays in use).
     UnmountRoot { name: String },
+    /// A microVM only: the app on `port` may listen on the guest's loopback
+    /// only, out of reach of the host's ingress, which dials the guest's
+    /// address through the tap. Connect to it (127.0.0.1, then ::1) and
+    /// forward one connection to it from a port of the guest's address,
+    /// which the reply names; that port takes a connection from the host's
+    /// end of the tap ([`VM_GATEWAY_V4`]) only, for a few seconds. A
+    /// container's agent refuses it (there the host dials the loopback
+    /// itself). Reply: [`Reply::Forwarding`].
+    ForwardLoopback { port: u16 },
 }
 
 /// A microVM container root's own ceilings (see [`RequestBody::MountRoot`]).
@@ -308,6 +317,11 @@ pub enum Reply {
     Listening(Vec<ListeningSocket>),
     Pids {
         current: u64,
+    },
+    /// The guest's port that forwards one connection (see
+    /// [`RequestBody::ForwardLoopback`]).
+    Forwarding {
+        port: u16,
     },
 }
 

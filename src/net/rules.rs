@@ -22,6 +22,15 @@
 //!   and IPv6 neighbour discovery. Everything else (other UDP, ICMP to the
 //!   outside, unredirected IPv6) is dropped.
 //! * `filter_forward` (policy drop): nothing is forwarded.
+//! * New IPv4 TCP from the namespace itself to a microVM's guest address
+//!   out of its tap is neither redirected nor dropped: it is the
+//!   supervisor's ingress dialing an app in the guest
+//!   (`supervisor::dial`). Only the supervisor opens sockets in a
+//!   microVM's namespace (its guest's traffic arrives on the tap, it is
+//!   not output). A container's namespace never has these rules' exemption
+//!   in use: it has no tap, and its processes hold no capability there to
+//!   make one; a CRI container pod's namespace (whose interfaces CNI
+//!   names) does not get the exemption at all.
 //!
 //! The sandbox cannot change these: the namespace belongs to the host's user
 //! namespace, in which sandbox root holds no capability.
@@ -151,19 +160,22 @@ pub fn ruleset(proxy_port: u16, dns_port: u16) -> Value {
         base_chain("filter_input", "filter", "input", 0, "drop"),
         base_chain("filter_forward", "filter", "forward", 0, "drop"),
     ];
-    cmds.extend(nat_output_rules(proxy_port, dns_port));
+    cmds.extend(nat_output_rules(proxy_port, dns_port, true));
     cmds.push(rule(
         "nat_prerouting",
         vec![meta_match("iifname", "lo"), verdict("return")],
     ));
     cmds.extend(redirect_rules("nat_prerouting", proxy_port, dns_port));
     cmds.extend(filter_rules());
+    cmds.push(to_guest_rule());
     json!({ "nftables": cmds })
 }
 
-/// nat_output: DNS first (whatever address it was sent to), then leave the
-/// namespace's own addresses alone, then all other TCP to the proxy.
-fn nat_output_rules(proxy_port: u16, dns_port: u16) -> Vec<Value> {
+/// nat_output: where a microVM's guest may be dialed (`to_guest`), leave
+/// the ingress's connections to it alone (every port, DNS's too), then DNS
+/// (whatever address it was sent to), then leave the namespace's own
+/// addresses alone, then all other TCP to the proxy.
+fn nat_output_rules(proxy_port: u16, dns_port: u16, to_guest: bool) -> Vec<Value> {
     let mut rules = redirect_rules("nat_output", proxy_port, dns_port);
     rules.insert(
         2,
@@ -172,7 +184,33 @@ fn nat_output_rules(proxy_port: u16, dns_port: u16) -> Vec<Value> {
             vec![meta_match("oifname", "lo"), verdict("return")],
         ),
     );
+    if to_guest {
+        let mut exprs = guest_match();
+        exprs.push(verdict("return"));
+        rules.insert(0, rule("nat_output", exprs));
+    }
     rules
+}
+
+/// TCP out of a microVM's tap to its guest's address.
+fn guest_match() -> Vec<Value> {
+    let [a, b, c, d] = sandbox_proto::VM_GUEST_V4;
+    vec![
+        meta_match("oifname", super::plumbing::VM_TAP),
+        meta_match("nfproto", "ipv4"),
+        json!({"match": {"op": "==",
+            "left": {"payload": {"protocol": "ip", "field": "daddr"}},
+            "right": format!("{a}.{b}.{c}.{d}")}}),
+        meta_match("l4proto", "tcp"),
+    ]
+}
+
+/// filter_output's rule for the ingress's connections to a microVM's
+/// guest (see the module's documentation).
+fn to_guest_rule() -> Value {
+    let mut exprs = guest_match();
+    exprs.push(verdict("accept"));
+    rule("filter_output", exprs)
 }
 
 /// What both filter chains accept before their drop policy.
@@ -201,7 +239,7 @@ pub fn pod_ruleset(proxy_port: u16, dns_port: u16) -> Value {
         base_chain("filter_input", "filter", "input", 0, "drop"),
         base_chain("filter_forward", "filter", "forward", 0, "drop"),
     ];
-    cmds.extend(nat_output_rules(proxy_port, dns_port));
+    cmds.extend(nat_output_rules(proxy_port, dns_port, false));
     cmds.extend(filter_rules());
     cmds.push(rule(
         "filter_input",
@@ -256,6 +294,7 @@ pub fn vm_pod_ruleset(proxy_port: u16, dns_port: u16) -> Value {
         ],
     ));
     cmds.extend(filter_rules());
+    cmds.push(to_guest_rule());
     cmds.push(rule(
         "filter_forward",
         vec![established(), verdict("accept")],
@@ -557,14 +596,24 @@ mod tests {
             .into_iter()
             .filter(|r| r["chain"] == "nat_output")
             .collect();
-        assert_eq!(rules.len(), 4);
-        assert_eq!(rules[0]["expr"][0], port_match("udp", 53));
-        assert_eq!(rules[0]["expr"][1], json!({"redirect": {"port": 15353}}));
-        assert_eq!(rules[1]["expr"][0], port_match("tcp", 53));
+        assert_eq!(rules.len(), 5);
+        // The ingress's connections to a microVM's guest go to the guest,
+        // on any port (53 too).
+        let mut to_guest = guest_match();
+        to_guest.push(json!({"return": null}));
+        assert_eq!(rules[0]["expr"], json!(to_guest));
+        assert_eq!(rules[1]["expr"][0], port_match("udp", 53));
         assert_eq!(rules[1]["expr"][1], json!({"redirect": {"port": 15353}}));
-        assert_eq!(rules[2]["expr"][1], json!({"return": null}));
-        assert_eq!(rules[3]["expr"][0], meta_match("l4proto", "tcp"));
-        assert_eq!(rules[3]["expr"][1], json!({"redirect": {"port": 15001}}));
+        assert_eq!(rules[2]["expr"][0], port_match("tcp", 53));
+        assert_eq!(rules[2]["expr"][1], json!({"redirect": {"port": 15353}}));
+        assert_eq!(rules[3]["expr"][1], json!({"return": null}));
+        assert_eq!(rules[4]["expr"][0], meta_match("l4proto", "tcp"));
+        assert_eq!(rules[4]["expr"][1], json!({"redirect": {"port": 15001}}));
+        // A CRI container pod's namespace has no such exemption.
+        let pod = pod_ruleset(15001, 15353);
+        assert!(adds(&pod, "rule")
+            .iter()
+            .all(|r| !r["expr"].to_string().contains("tap0")));
         // The VM path redirects the same way.
         let pre: Vec<&Value> = adds(&doc, "rule")
             .into_iter()
@@ -582,12 +631,23 @@ mod tests {
                 .into_iter()
                 .filter(|r| r["chain"] == chain)
                 .collect();
-            assert_eq!(rules.len(), 4, "{chain}");
-            assert!(rules
+            let (common, to_guest) = rules.split_at(4);
+            assert!(common
                 .iter()
                 .all(|r| r["expr"][1] == json!({"accept": null})));
-            assert!(rules.iter().any(|r| r["expr"][0] == redirected()));
-            assert!(rules.iter().any(|r| r["expr"][0] == established()));
+            assert!(common.iter().any(|r| r["expr"][0] == redirected()));
+            assert!(common.iter().any(|r| r["expr"][0] == established()));
+            // Output only: new TCP out of a microVM's tap to its guest
+            // (the ingress).
+            let mut guest = guest_match();
+            guest.push(json!({"accept": null}));
+            match chain {
+                "filter_output" => assert_eq!(
+                    to_guest.iter().map(|r| &r["expr"]).collect::<Vec<_>>(),
+                    [&json!(guest)]
+                ),
+                _ => assert!(to_guest.is_empty(), "{to_guest:?}"),
+            }
         }
         assert!(adds(&doc, "rule")
             .iter()

@@ -11,7 +11,7 @@ use subtle::ConstantTimeEq;
 
 use super::manager::not_running;
 use super::{Manager, SandboxError, SandboxRecord};
-use crate::model::{ExposedPort, PortAuth, PortProtocol, PortRequest, RuntimeKind};
+use crate::model::{ExposedPort, PortAuth, PortProtocol, PortRequest};
 use crate::supervisor::client::{CallError, SupervisorClient};
 use crate::supervisor::protocol::SupervisorErrorKind;
 
@@ -81,11 +81,7 @@ fn validated_port(port: u32) -> Result<u16, SandboxError> {
 
 impl Manager {
     /// Checks what the daemon's configuration allows before anything is made.
-    pub(super) fn check_port_request(
-        &self,
-        runtime: RuntimeKind,
-        req: &PortRequest,
-    ) -> Result<u16, SandboxError> {
+    pub(super) fn check_port_request(&self, req: &PortRequest) -> Result<u16, SandboxError> {
         let port = validated_port(req.port)?;
         if !self.config.ingress.enabled() {
             return Err(SandboxError::bad(
@@ -99,19 +95,13 @@ impl Manager {
                 "this daemon exposes no raw TCP ports: set ingress_tcp_ports (a range FIRST-LAST) in its configuration",
             ));
         }
-        if runtime == RuntimeKind::Vm {
-            return Err(SandboxError::bad(
-                "runtime_unsupported",
-                "preview URLs for microVM sandboxes are not built yet; expose ports of container sandboxes",
-            ));
-        }
         Ok(port)
     }
 
     /// Exposes a port of a ready sandbox; the answer carries its token.
     pub async fn expose_port(&self, id: &str, req: PortRequest) -> Result<PortGrant, SandboxError> {
-        let record = self.ready(id)?;
-        let port = self.check_port_request(record.runtime, &req)?;
+        self.ready(id)?;
+        let port = self.check_port_request(&req)?;
         let token = (req.auth == PortAuth::Token).then(new_token);
         let tcp = match req.protocol {
             PortProtocol::Tcp => Some(self.bind_tcp_port()?),

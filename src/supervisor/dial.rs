@@ -1,7 +1,13 @@
 //! The ingress's way into a sandbox: connections to the app's ports made
 //! from inside the sandbox's network namespace, so an app bound to
 //! `127.0.0.1` is reached as well as one on `0.0.0.0`, and nothing in the
-//! host's namespace changes. The supervisor's runtime thread lives in the
+//! host's namespace changes. A microVM's namespace holds its tap, and the
+//! app is in the guest: the connection goes through the tap to the guest's
+//! address, where an app bound to all addresses (or that one) is reached;
+//! for one bound to the guest's loopback only, the supervisor has the
+//! guest's agent forward one connection (`server::connect_guest_app`).
+//!
+//! The supervisor's runtime thread lives in the
 //! upstream namespace (egress dials from there), so one thread of its own
 //! stays in the sandbox's namespace and only makes sockets: a socket
 //! belongs to the namespace it was made in, whichever thread connects it.
@@ -85,13 +91,37 @@ impl Dialer {
                 SocketAddr::from((Ipv6Addr::LOCALHOST, port)),
             ),
         ];
-        let mut refused = None;
-        for (family, target) in targets {
+        self.connect(&targets, "its accept queue may be full")
+            .await
+            .map_err(|failure| failure.into_error(port, ""))
+    }
+
+    /// Connects to `port` of a microVM's guest, through its tap (the guest
+    /// has no IPv6 address).
+    pub async fn connect_guest(&self, port: u16) -> Result<TcpStream, DialFailure> {
+        let guest = Ipv4Addr::from(sandbox_proto::VM_GUEST_V4);
+        let targets = [(AddressFamily::Inet, SocketAddr::from((guest, port)))];
+        self.connect(
+            &targets,
+            "a firewall in the guest, or the guest busy or not running",
+        )
+        .await
+    }
+
+    /// Connects to the first of `targets` that accepts; `busy` says why
+    /// one may not answer in time.
+    async fn connect(
+        &self,
+        targets: &[(AddressFamily, SocketAddr)],
+        busy: &str,
+    ) -> Result<TcpStream, DialFailure> {
+        let (mut missed, mut refused) = (Vec::new(), true);
+        for &(family, target) in targets {
             let fd = self.socket(family).await.map_err(|e| {
-                SupervisorError::new(
+                DialFailure::Socket(SupervisorError::new(
                     SupervisorErrorKind::Internal,
                     format!("making a socket in the sandbox's namespace: {e}"),
-                )
+                ))
             })?;
             let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
             match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target)).await {
@@ -99,20 +129,45 @@ impl Dialer {
                     let _ = stream.set_nodelay(true);
                     return Ok(stream);
                 }
-                Ok(Err(e)) => refused = Some(format!("{target}: {e}")),
+                Ok(Err(e)) => {
+                    refused &= e.kind() == io::ErrorKind::ConnectionRefused;
+                    missed.push(format!("{target}: {e}"));
+                }
                 Err(_) => {
-                    refused = Some(format!(
-                    "{target}: no answer within {CONNECT_TIMEOUT:?} (its accept queue may be full)"
-                ))
+                    refused = false;
+                    missed.push(format!(
+                        "{target}: no answer within {CONNECT_TIMEOUT:?} ({busy})"
+                    ));
                 }
             }
         }
-        Err(SupervisorError::new(
-            SupervisorErrorKind::Refused,
-            format!(
-                "nothing accepts connections on port {port} in the sandbox ({})",
-                refused.unwrap_or_default()
+        Err(DialFailure::Missed {
+            why: missed.join("; "),
+            refused,
+        })
+    }
+}
+
+/// Why a dial found no app.
+#[derive(Debug)]
+pub enum DialFailure {
+    /// No socket could be made in the namespace.
+    Socket(SupervisorError),
+    /// No target took the connection: `why`, each target's answer;
+    /// `refused`, each one reset it (nothing listens there).
+    Missed { why: String, refused: bool },
+}
+
+impl DialFailure {
+    /// The failure as the supervisor's error for a dial of `port`, `hint`
+    /// after what each target answered.
+    pub fn into_error(self, port: u16, hint: &str) -> SupervisorError {
+        match self {
+            DialFailure::Socket(e) => e,
+            DialFailure::Missed { why, .. } => SupervisorError::new(
+                SupervisorErrorKind::Refused,
+                format!("nothing accepts connections on port {port} in the sandbox ({why}){hint}"),
             ),
-        ))
+        }
     }
 }

@@ -384,17 +384,14 @@ async fn serve(
     let netns = paths.netns();
     let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
     let _ = supervisor.egress.set(egress);
-    if !matches!(
-        supervisor.config.spec.kind,
-        crate::runtime::sandbox::RuntimeSpec::Vm(_)
-    ) {
-        match dial::Dialer::start(&netns) {
-            Ok(dialer) => {
-                let _ = supervisor.dialer.set(dialer);
-            }
-            Err(e) => {
-                tracing::warn!(sandbox = %supervisor.config.spec.id, "no ingress into the sandbox: {e}")
-            }
+    // A container's apps listen in this namespace; a microVM's guest is
+    // reached through the tap in it.
+    match dial::Dialer::start(&netns) {
+        Ok(dialer) => {
+            let _ = supervisor.dialer.set(dialer);
+        }
+        Err(e) => {
+            tracing::warn!(sandbox = %supervisor.config.spec.id, "no ingress into the sandbox: {e}")
         }
     }
     tokio::spawn(Arc::clone(&supervisor).consume_events(events));

@@ -31,6 +31,9 @@ pub const AGENT_DEADLINE: Duration = Duration::from_secs(30);
 /// for [`AGENT_DEADLINE`], and a snapshot, which waits for no request to be
 /// in flight, would be refused all that time.
 pub const GUEST_COUNT_DEADLINE: Duration = Duration::from_secs(2);
+/// A forwarder's set-up in the guest: its agent's connect to the app on
+/// the loopback answers at once, or is bounded there by 3 s.
+const FORWARD_DEADLINE: Duration = Duration::from_secs(4);
 /// Ended processes kept for inspection; older ones are forgotten first.
 const MAX_ENDED_PROCESSES: usize = 1024;
 /// Processes running at once (the agent enforces the same bound).
@@ -1203,6 +1206,24 @@ impl Supervisor {
                 format!("the guest agent refused {what}: {}", e.message),
             )),
             reply => Ok(reply),
+        }
+    }
+
+    /// A forwarder in a microVM's guest to `port` of its loopback, for one
+    /// connection from the ingress (`RequestBody::ForwardLoopback`): the
+    /// guest's port to dial.
+    pub async fn forward_guest_loopback(&self, port: u16) -> Result<u16, SupervisorError> {
+        let what = format!("a forwarder to port {port} of the guest's loopback");
+        match self
+            .guest_call(
+                &what,
+                RequestBody::ForwardLoopback { port },
+                FORWARD_DEADLINE,
+            )
+            .await?
+        {
+            Reply::Forwarding { port } => Ok(port),
+            other => Err(unexpected_guest_reply(&what, other)),
         }
     }
 

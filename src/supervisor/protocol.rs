@@ -70,7 +70,10 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// descriptor) and the claims posted through it.
 ///
 /// 13 added `AttachRoot::volumes`.
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 13;
+///
+/// 14 counts the agent's `RequestBody::ForwardLoopback` and
+/// `Reply::Forwarding` (`Agent` frames carry both).
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 14;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;

@@ -290,16 +290,50 @@ async fn dial(
     let Some(dialer) = supervisor.dialer.get() else {
         let refusal = SupervisorError::new(
             SupervisorErrorKind::InvalidInput,
-            "this sandbox cannot be reached through the ingress (a microVM's guest is not reachable yet)",
+            "this sandbox cannot be reached through the ingress (its network namespace could not be entered; see the supervisor's log)",
         );
         return write(stream, &SupervisorReply::Error(refusal)).await;
     };
-    let app = match dialer.connect_loopback(port).await {
+    let connected = match supervisor.config.spec.kind {
+        crate::runtime::sandbox::RuntimeSpec::Vm(_) => {
+            connect_guest_app(supervisor, dialer, port).await
+        }
+        _ => dialer.connect_loopback(port).await,
+    };
+    let app = match connected {
         Ok(app) => app.into_std()?,
         Err(e) => return write(stream, &SupervisorReply::Error(e)).await,
     };
     // The daemon holds its own copy once sent; this one closes on drop.
     write_with_fd(stream, &SupervisorReply::Dialed, &app).await
+}
+
+/// A microVM's app on `port`: on the guest's address through the tap, or,
+/// where nothing listens there (an app bound to the guest's loopback
+/// only), through a forwarder the guest's agent opens for this one
+/// connection.
+async fn connect_guest_app(
+    supervisor: &Supervisor,
+    dialer: &super::dial::Dialer,
+    port: u16,
+) -> Result<tokio::net::TcpStream, SupervisorError> {
+    let why = match dialer.connect_guest(port).await {
+        Ok(app) => return Ok(app),
+        Err(super::dial::DialFailure::Missed { why, refused: true }) => why,
+        Err(failure) => return Err(failure.into_error(port, "")),
+    };
+    match supervisor.forward_guest_loopback(port).await {
+        Ok(forwarding) => dialer.connect_guest(forwarding).await.map_err(|failure| {
+            failure.into_error(port, " (the agent's forwarder to the guest's loopback)")
+        }),
+        Err(loopback) => Err(SupervisorError::new(
+            SupervisorErrorKind::Refused,
+            format!(
+                "nothing accepts connections on port {port} in the microVM ({why}; {})",
+                loopback.message
+            ),
+        )),
+    }
 }
 
 /// Writes `reply` with `fd` passed along its first byte (SCM_RIGHTS).

@@ -582,6 +582,19 @@ impl Daemon {
         self.output(id, proc).await
     }
 
+    /// Exposes `port` of sandbox `id` through the ingress with no token
+    /// (asserting 201).
+    pub async fn expose_public(&self, id: &str, port: u16) {
+        let (status, answer) = self
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/ports"),
+                Some(serde_json::json!({"port": port, "auth": "none"})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+    }
+
     pub async fn sh(&self, id: &str, script: &str) -> Exec {
         self.exec(id, &["sh", "-c", script]).await
     }
@@ -985,4 +998,30 @@ pub fn criu_missing() -> Option<String> {
     ((major, minor) < (4, 2)).then(|| {
         format!("{criu} is {version}; memory snapshots need CRIU 4.2+ (scripts/install-criu.sh)")
     })
+}
+
+/// One HTTP/1.1 request for `/` to `host` through the ingress at `addr`,
+/// on a connection it closes after the answer; the whole answer.
+pub async fn ingress_get(addr: std::net::SocketAddr, host: &str, wait: Duration) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let answer = tokio::time::timeout(wait, async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&answer).into_owned())
+    })
+    .await;
+    match answer {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => panic!("GET / (Host: {host}): {e}"),
+        Err(_) => panic!("GET / (Host: {host}): no answer in {wait:?}"),
+    }
+}
+
+/// A loopback address with a port free now (for a daemon's listener).
+pub fn free_loopback_addr() -> std::net::SocketAddr {
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    probe.local_addr().expect("its address")
 }

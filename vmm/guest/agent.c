@@ -397,6 +397,27 @@ static int run_net_connect(struct str *argv, int argc)
 	}
 }
 
+/* What `net-serve` answers: an HTTP response any client reads to its end. */
+static const char served[] = "HTTP/1.0 200 OK\r\nContent-Length: 20\r\n"
+			     "Content-Type: text/plain\r\n\r\nserved by the guest\n";
+
+static int run_net_serve(struct str *argv, int argc)
+{
+	unsigned long port;
+	int r;
+
+	if (argc != 2 || parse_dec(argv[1], &port) || !port || port > 65535)
+		return usage("usage: net-serve PORT\n");
+	r = net_serve((unsigned int)port, served, sizeof(served) - 1);
+	if (r == NET_DATA) {
+		text_str("served port ");
+		text_dec(port);
+		text_char('\n');
+		return 0;
+	}
+	return text_no_answer(r);
+}
+
 /* Runs a built-in; returns its exit code, or -1 if there is no such program. */
 static int run_builtin(struct str *argv, int argc, int *to_stderr)
 {
@@ -459,6 +480,11 @@ static int run_builtin(struct str *argv, int argc, int *to_stderr)
 		*to_stderr = code == 2;
 		return code;
 	}
+	if (str_is(argv[0], "net-serve")) {
+		code = run_net_serve(argv, argc);
+		*to_stderr = code == 2;
+		return code;
+	}
 	if (str_is(argv[0], "disk-read") || str_is(argv[0], "disk-write")) {
 		code = argv[0].n == 9 ? run_disk_read(argv, argc) : run_disk_write(argv, argc);
 		*to_stderr = code != 0;
@@ -494,7 +520,8 @@ static void handle_spawn(unsigned long id, struct reader *r)
 	if (code < 0) {
 		reply_error(id, KIND_NOT_FOUND,
 			    "no such program in the test guest (it has echo, vcpus, mem, "
-			    "count, disk-read, disk-write, exit)");
+			    "count, seed, disk-read, disk-write, net-syn, net-connect, "
+			    "net-serve, exit)");
 		return;
 	}
 	reply_begin(id, REPLY_SPAWNED);

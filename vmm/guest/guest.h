@@ -56,5 +56,11 @@ int net_syn(unsigned int ip, unsigned int port);
  * (connected and still open when the wait ended), or the net_syn
  * failures. The connection is reset before returning. */
 int net_connect(unsigned int ip, unsigned int port);
+/* Answers the first TCP connection to `port` of the guest's address: a
+ * SYN-ACK, then `reply` (at most 256 bytes) with FIN once the request's
+ * first bytes came, then an ACK of the peer's FIN. Bounded waits. Returns
+ * NET_DATA once the reply went out, NET_NO_ANSWER when no request came,
+ * or NET_NO_DEVICE. */
+int net_serve(unsigned int port, const char *reply, unsigned int reply_len);
 
 #endif

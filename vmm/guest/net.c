@@ -1,8 +1,10 @@
 /*
  * The test guest's virtio-net driver and the two things it does with it:
  * `net-syn` (agent.c), a TCP SYN to an address through the gateway and a
- * bounded wait for the answer, and `net-connect`, a whole handshake and a
- * bounded wait for how the peer goes on (closes, sends, resets). Addresses are the sandbox's fixed ones: the
+ * bounded wait for the answer, `net-connect`, a whole handshake and a
+ * bounded wait for how the peer goes on (closes, sends, resets), and
+ * `net-serve`, one HTTP answer to the first connection to a port of the
+ * guest's (the host's ingress dialing in through the tap). Addresses are the sandbox's fixed ones: the
  * guest is 10.201.0.2 with the device's MAC (06:00:0a:c9:00:02 by default),
  * the gateway 10.201.0.1 (the host's tap), its MAC learnt with one ARP
  * request and cached.
@@ -24,12 +26,19 @@
 
 static struct vq net_q[2];
 static unsigned char net_rx[NRX][RX_SIZE] __attribute__((aligned(16)));
-static unsigned char net_tx[NET_HDR + 64] __attribute__((aligned(16)));
+#define MAX_PAYLOAD 256
+static unsigned char net_tx[NET_HDR + 54 + MAX_PAYLOAD] __attribute__((aligned(16)));
 static unsigned char my_mac[6], gw_mac[6];
 static int net_up, gw_known;
 static unsigned int syn_count;
 
 static const unsigned int my_ip = (10u << 24) | (201u << 16) | 2u;
+
+/* net_serve's wait: about twice net_syn's, and more frames (a client's
+ * retransmissions and ACKs). */
+#define SERVE_CYCLES 4000000000u
+#define SERVE_FRAMES 64
+enum { SERVE_LISTEN, SERVE_OPEN, SERVE_REPLIED };
 static const unsigned int gw_ip = (10u << 24) | (201u << 16) | 1u;
 
 static void put_mac(const unsigned char *m)
@@ -216,18 +225,24 @@ static int learn_gateway(void)
 	return -1;
 }
 
-/* A 40-byte IPv4 + TCP segment (no options) to ip:port with `flags`. */
-static void send_tcp(unsigned int ip, unsigned int sport, unsigned int dport,
-		     unsigned int seq, unsigned int ack, unsigned int flags)
+/* An IPv4 + TCP segment (no options) to ip:port with `flags` and `n`
+ * bytes of `data` (at most MAX_PAYLOAD). */
+static void send_segment(unsigned int ip, unsigned int sport, unsigned int dport,
+			 unsigned int seq, unsigned int ack, unsigned int flags,
+			 const char *data, unsigned int n)
 {
 	unsigned char *f = net_tx + NET_HDR, *ipv4 = f + 14, *tcp = f + 34;
 	unsigned int i, sum;
 
+	if (n > MAX_PAYLOAD)
+		n = MAX_PAYLOAD;
 	eth_header(f, gw_mac, 0x0800);
 	for (i = 0; i < 40; i++)
 		ipv4[i] = 0;
+	for (i = 0; i < n; i++)
+		tcp[20 + i] = (unsigned char)data[i];
 	ipv4[0] = 0x45;
-	be16(ipv4 + 2, 40);
+	be16(ipv4 + 2, 40 + n);
 	be16(ipv4 + 4, syn_count & 0xffff);
 	be16(ipv4 + 6, 0x4000); /* don't fragment */
 	ipv4[8] = 64;
@@ -243,9 +258,16 @@ static void send_tcp(unsigned int ip, unsigned int sport, unsigned int dport,
 	tcp[13] = (unsigned char)flags;
 	be16(tcp + 14, 0xffff);
 	/* Pseudo-header: addresses, protocol, TCP length. */
-	sum = sum16(ipv4 + 12, 8, 0) + 6 + 20;
-	be16(tcp + 16, fold(sum16(tcp, 20, sum)));
-	net_send(54);
+	sum = sum16(ipv4 + 12, 8, 0) + 6 + 20 + n;
+	be16(tcp + 16, fold(sum16(tcp, 20 + n, sum)));
+	net_send(54 + n);
+}
+
+/* A 40-byte IPv4 + TCP segment (no options) to ip:port with `flags`. */
+static void send_tcp(unsigned int ip, unsigned int sport, unsigned int dport,
+		     unsigned int seq, unsigned int ack, unsigned int flags)
+{
+	send_segment(ip, sport, dport, seq, ack, flags, 0, 0);
 }
 
 /* Starts a connection: a fresh source port and ISN, the gateway's MAC
@@ -359,6 +381,77 @@ int net_connect(unsigned int ip, unsigned int port)
 	/* Leave nothing half-open on either side. */
 	if (open || result == NET_FIN || result == NET_DATA)
 		send_tcp(ip, sport, port, isn + 1, 0, 0x04);
+	irq_timer_stop();
+	return result;
+}
+
+int net_serve(unsigned int port, const char *reply, unsigned int reply_len)
+{
+	unsigned int n, len, flags, hdr, ip_len, data, isn, peer_ip = 0, peer_port = 0, peer_seq = 0;
+	unsigned char *r;
+	int head, done, state = SERVE_LISTEN, result = NET_NO_ANSWER;
+
+	if (!net_up)
+		return NET_NO_DEVICE;
+	if (reply_len > MAX_PAYLOAD)
+		return NET_NO_ANSWER;
+	syn_count++;
+	isn = 0x6b000000u + syn_count * 0x10000u;
+	irq_timer_start(SERVE_CYCLES);
+	for (n = 0; n < SERVE_FRAMES; n++) {
+		if (net_recv(&r, &len, &head))
+			break;
+		done = 0;
+		if (r && len >= 54 && rd16(r + 12) == 0x0800 && (r[14] >> 4) == 4 &&
+		    r[23] == 6 && rd32(r + 30) == my_ip) {
+			unsigned char *tcp = r + 14 + 4 * (r[14] & 0xf);
+			unsigned int ip = rd32(r + 26);
+
+			if (tcp + 20 <= r + len && rd16(tcp + 2) == port) {
+				unsigned int sport = rd16(tcp);
+				int ours = state != SERVE_LISTEN && ip == peer_ip && sport == peer_port;
+
+				flags = tcp[13];
+				ip_len = rd16(r + 16);
+				hdr = 4 * (r[14] & 0xf) + 4 * (tcp[12] >> 4);
+				data = ip_len > hdr ? ip_len - hdr : 0;
+				if ((flags & 0x12) == 0x02 && (state == SERVE_LISTEN || ours)) {
+					/* A SYN, or its retransmission: SYN-ACK, to the
+					 * MAC it came from (the tap's: no ARP, which
+					 * would drop the frames that arrive meanwhile). */
+					int i;
+
+					for (i = 0; i < 6; i++)
+						gw_mac[i] = r[6 + i];
+					gw_known = 1;
+					peer_ip = ip;
+					peer_port = sport;
+					peer_seq = rd32(tcp + 4) + 1;
+					send_tcp(peer_ip, port, peer_port, isn, peer_seq, 0x12);
+					state = SERVE_OPEN;
+				} else if (ours && (flags & 0x04)) {
+					done = 1;
+				} else if (ours && state == SERVE_OPEN && data) {
+					/* The request: the reply and FIN in one segment. */
+					peer_seq = rd32(tcp + 4) + data;
+					send_segment(peer_ip, port, peer_port, isn + 1, peer_seq, 0x19,
+						     reply, reply_len);
+					state = SERVE_REPLIED;
+					result = NET_DATA;
+				} else if (ours && state == SERVE_REPLIED && (flags & 0x01)) {
+					/* The peer's FIN after our reply: ACK it, done. */
+					peer_seq = rd32(tcp + 4) + data + 1;
+					send_tcp(peer_ip, port, peer_port, isn + 2 + reply_len, peer_seq,
+						 0x10);
+					done = 1;
+				}
+			}
+		}
+		if (head < NRX)
+			post_rx((unsigned short)head);
+		if (done)
+			break;
+	}
 	irq_timer_stop();
 	return result;
 }

@@ -187,7 +187,7 @@ impl Manager {
                     continue;
                 }
                 // A daemon whose ingress no longer serves it forks without it.
-                match self.check_port_request(RuntimeKind::Container, &inherited) {
+                match self.check_port_request(&inherited) {
                     Ok(_) => wanted.push(inherited),
                     Err(e) => tracing::warn!(
                         snapshot = %meta.id,
@@ -281,7 +281,7 @@ impl Manager {
         let mut ports_seen = Vec::new();
         for port in &req.ports {
             let checked = self
-                .check_port_request(runtime, port)
+                .check_port_request(port)
                 .map_err(|e| e.of_field("ports"))?;
             if ports_seen.contains(&checked) {
                 return Err(SandboxError::bad_field(
