@@ -702,7 +702,8 @@ async fn a_linux_guests_server_is_reached_through_its_preview_url() {
     let refused = common::ingress_get(ingress, &format!("{id}-8002.sbx.test"), WAIT).await;
     assert!(refused.starts_with("HTTP/1.1 502"), "{refused}");
     assert!(
-        refused.contains("nothing listens on port 8002 of the guest's loopback either"),
+        refused.contains("not on the guest's address (10.201.0.2:8002: Connection refused")
+            && refused.contains("nothing listens on port 8002 of the guest's loopback"),
         "{refused}"
     );
     daemon.delete(&id).await;

@@ -92,11 +92,11 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             let _ = agent.outbox.reply(id, guest_pids()).await;
             return;
         }
-        RequestBody::ForwardLoopback { port } => {
-            // Its connect waits up to seconds: off the dispatch loop.
-            let (agent, port) = (agent.clone(), *port);
+        RequestBody::ForwardLoopback { port, from_port } => {
+            // Its connect may wait: off the dispatch loop.
+            let (agent, port, from_port) = (agent.clone(), *port, *from_port);
             tokio::spawn(async move {
-                let reply = crate::forward::open(port).await;
+                let reply = crate::forward::open(port, from_port).await;
                 let _ = agent.outbox.reply(id, reply).await;
             });
             return;

@@ -216,11 +216,13 @@ pub enum RequestBody {
     /// only, out of reach of the host's ingress, which dials the guest's
     /// address through the tap. Connect to it (127.0.0.1, then ::1) and
     /// forward one connection to it from a port of the guest's address,
-    /// which the reply names; that port takes a connection from the host's
-    /// end of the tap ([`VM_GATEWAY_V4`]) only, for a few seconds. A
-    /// container's agent refuses it (there the host dials the loopback
-    /// itself). Reply: [`Reply::Forwarding`].
-    ForwardLoopback { port: u16 },
+    /// which the reply names; that port takes one connection, from port
+    /// `from_port` of the host's end of the tap ([`VM_GATEWAY_V4`]), for a
+    /// few seconds. A container's agent refuses it (there the host dials
+    /// the loopback itself), and an agent with many forwarders open
+    /// refuses more. Reply: [`Reply::Forwarding`]; an error of kind
+    /// `NotFound` when nothing listens on the loopback either.
+    ForwardLoopback { port: u16, from_port: u16 },
 }
 
 /// A microVM container root's own ceilings (see [`RequestBody::MountRoot`]).

@@ -36,7 +36,8 @@ pub const FILE_DEADLINE: Duration = Duration::from_secs(35);
 const EGRESS_LOG_DEADLINE: Duration = Duration::from_secs(10);
 /// The supervisor kills and removes the container before it answers.
 const SHUTDOWN_DEADLINE: Duration = Duration::from_secs(15);
-/// A dial inside the sandbox's namespace: a connect on its loopback.
+/// A dial inside the sandbox's namespace: a connect on its loopback, or a
+/// microVM's guest's (the supervisor gives either 4.5 s in all).
 const DIAL_DEADLINE: Duration = Duration::from_secs(5);
 /// A checkpoint writes the sandbox's memory out.
 const CHECKPOINT_DEADLINE: Duration = Duration::from_secs(120);

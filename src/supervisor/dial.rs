@@ -99,13 +99,51 @@ impl Dialer {
     /// Connects to `port` of a microVM's guest, through its tap (the guest
     /// has no IPv6 address).
     pub async fn connect_guest(&self, port: u16) -> Result<TcpStream, DialFailure> {
-        let guest = Ipv4Addr::from(sandbox_proto::VM_GUEST_V4);
-        let targets = [(AddressFamily::Inet, SocketAddr::from((guest, port)))];
-        self.connect(
-            &targets,
-            "a firewall in the guest, or the guest busy or not running",
-        )
-        .await
+        let socket = self.tcp_socket(AddressFamily::Inet).await?;
+        connect_one(socket, guest_target(port), GUEST_BUSY)
+            .await
+            .map_err(|(why, refused)| DialFailure::Missed { why, refused })
+    }
+
+    /// A socket for a microVM's guest bound to the tap's host end, and
+    /// its port there: a forwarder in the guest takes this socket's
+    /// connection only ([`Self::connect_guest_from`]).
+    pub async fn bound_guest_socket(&self) -> Result<(TcpSocket, u16), DialFailure> {
+        let socket = self.tcp_socket(AddressFamily::Inet).await?;
+        let host_end = SocketAddr::from((Ipv4Addr::from(sandbox_proto::VM_GATEWAY_V4), 0));
+        let bound = socket
+            .bind(host_end)
+            .and_then(|()| socket.local_addr())
+            .map_err(|e| {
+                DialFailure::Socket(SupervisorError::new(
+                    SupervisorErrorKind::Internal,
+                    format!("binding a socket to the tap's address {host_end}: {e}"),
+                ))
+            })?;
+        Ok((socket, bound.port()))
+    }
+
+    /// Connects `socket` (from [`Self::bound_guest_socket`]) to `port` of
+    /// the guest.
+    pub async fn connect_guest_from(
+        &self,
+        socket: TcpSocket,
+        port: u16,
+    ) -> Result<TcpStream, DialFailure> {
+        connect_one(socket, guest_target(port), GUEST_BUSY)
+            .await
+            .map_err(|(why, refused)| DialFailure::Missed { why, refused })
+    }
+
+    /// A TCP socket made in the sandbox's namespace.
+    async fn tcp_socket(&self, family: AddressFamily) -> Result<TcpSocket, DialFailure> {
+        let fd = self.socket(family).await.map_err(|e| {
+            DialFailure::Socket(SupervisorError::new(
+                SupervisorErrorKind::Internal,
+                format!("making a socket in the sandbox's namespace: {e}"),
+            ))
+        })?;
+        Ok(TcpSocket::from_std_stream(std::net::TcpStream::from(fd)))
     }
 
     /// Connects to the first of `targets` that accepts; `busy` says why
@@ -117,27 +155,12 @@ impl Dialer {
     ) -> Result<TcpStream, DialFailure> {
         let (mut missed, mut refused) = (Vec::new(), true);
         for &(family, target) in targets {
-            let fd = self.socket(family).await.map_err(|e| {
-                DialFailure::Socket(SupervisorError::new(
-                    SupervisorErrorKind::Internal,
-                    format!("making a socket in the sandbox's namespace: {e}"),
-                ))
-            })?;
-            let socket = TcpSocket::from_std_stream(std::net::TcpStream::from(fd));
-            match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target)).await {
-                Ok(Ok(stream)) => {
-                    let _ = stream.set_nodelay(true);
-                    return Ok(stream);
-                }
-                Ok(Err(e)) => {
-                    refused &= e.kind() == io::ErrorKind::ConnectionRefused;
-                    missed.push(format!("{target}: {e}"));
-                }
-                Err(_) => {
-                    refused = false;
-                    missed.push(format!(
-                        "{target}: no answer within {CONNECT_TIMEOUT:?} ({busy})"
-                    ));
+            let socket = self.tcp_socket(family).await?;
+            match connect_one(socket, target, busy).await {
+                Ok(stream) => return Ok(stream),
+                Err((why, reset)) => {
+                    refused &= reset;
+                    missed.push(why);
                 }
             }
         }
@@ -145,6 +168,36 @@ impl Dialer {
             why: missed.join("; "),
             refused,
         })
+    }
+}
+
+/// Why a microVM's guest may not answer a connect in time.
+const GUEST_BUSY: &str = "a firewall in the guest, or the guest busy or not running";
+
+fn guest_target(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::from(sandbox_proto::VM_GUEST_V4), port))
+}
+
+/// Connects `socket` to `target`; else what happened, and whether the
+/// target reset it (nothing listens there).
+async fn connect_one(
+    socket: TcpSocket,
+    target: SocketAddr,
+    busy: &str,
+) -> Result<TcpStream, (String, bool)> {
+    match tokio::time::timeout(CONNECT_TIMEOUT, socket.connect(target)).await {
+        Ok(Ok(stream)) => {
+            let _ = stream.set_nodelay(true);
+            Ok(stream)
+        }
+        Ok(Err(e)) => Err((
+            format!("{target}: {e}"),
+            e.kind() == io::ErrorKind::ConnectionRefused,
+        )),
+        Err(_) => Err((
+            format!("{target}: no answer within {CONNECT_TIMEOUT:?} ({busy})"),
+            false,
+        )),
     }
 }
 

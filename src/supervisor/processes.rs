@@ -31,9 +31,9 @@ pub const AGENT_DEADLINE: Duration = Duration::from_secs(30);
 /// for [`AGENT_DEADLINE`], and a snapshot, which waits for no request to be
 /// in flight, would be refused all that time.
 pub const GUEST_COUNT_DEADLINE: Duration = Duration::from_secs(2);
-/// A forwarder's set-up in the guest: its agent's connect to the app on
-/// the loopback answers at once, or is bounded there by 3 s.
-const FORWARD_DEADLINE: Duration = Duration::from_secs(4);
+/// A forwarder's set-up in the guest: its agent's connects to the app on
+/// the loopback answer at once, or are bounded there by 1.5 s each.
+const FORWARD_DEADLINE: Duration = Duration::from_millis(3500);
 /// Ended processes kept for inspection; older ones are forgotten first.
 const MAX_ENDED_PROCESSES: usize = 1024;
 /// Processes running at once (the agent enforces the same bound).
@@ -1212,17 +1212,29 @@ impl Supervisor {
     /// A forwarder in a microVM's guest to `port` of its loopback, for one
     /// connection from the ingress (`RequestBody::ForwardLoopback`): the
     /// guest's port to dial.
-    pub async fn forward_guest_loopback(&self, port: u16) -> Result<u16, SupervisorError> {
+    /// `Refused` when nothing listens on the loopback either.
+    pub async fn forward_guest_loopback(
+        &self,
+        port: u16,
+        from_port: u16,
+    ) -> Result<u16, SupervisorError> {
         let what = format!("a forwarder to port {port} of the guest's loopback");
-        match self
-            .guest_call(
-                &what,
-                RequestBody::ForwardLoopback { port },
-                FORWARD_DEADLINE,
-            )
-            .await?
-        {
+        if self.process_control() == ProcessControl::HostCgroups {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "a container's loopback is dialed in its namespace, without a forwarder",
+            ));
+        }
+        let request = RequestBody::ForwardLoopback { port, from_port };
+        match self.agent_within(request, FORWARD_DEADLINE).await? {
             Reply::Forwarding { port } => Ok(port),
+            Reply::Error(e) if e.kind == ErrorKind::NotFound => {
+                Err(err(SupervisorErrorKind::Refused, e.message))
+            }
+            Reply::Error(e) => Err(err(
+                SupervisorErrorKind::Internal,
+                format!("the guest's agent could not open {what}: {}", e.message),
+            )),
             other => Err(unexpected_guest_reply(&what, other)),
         }
     }

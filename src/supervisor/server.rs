@@ -294,12 +294,25 @@ async fn dial(
         );
         return write(stream, &SupervisorReply::Error(refusal)).await;
     };
-    let connected = match supervisor.config.spec.kind {
-        crate::runtime::sandbox::RuntimeSpec::Vm(_) => {
-            connect_guest_app(supervisor, dialer, port).await
+    let connect = async {
+        match supervisor.config.spec.kind {
+            crate::runtime::sandbox::RuntimeSpec::Vm(_) => {
+                connect_guest_app(supervisor, dialer, port).await
+            }
+            _ => dialer.connect_loopback(port).await,
         }
-        _ => dialer.connect_loopback(port).await,
     };
+    let connected = tokio::time::timeout(DIAL_BUDGET, connect)
+        .await
+        .unwrap_or_else(|_| {
+            // A busy sandbox, not a missing app: not `Refused`.
+            Err(SupervisorError::new(
+                SupervisorErrorKind::AgentTimeout,
+                format!(
+                    "the sandbox did not take a connection to port {port} within {DIAL_BUDGET:?}"
+                ),
+            ))
+        });
     let app = match connected {
         Ok(app) => app.into_std()?,
         Err(e) => return write(stream, &SupervisorReply::Error(e)).await,
@@ -307,6 +320,11 @@ async fn dial(
     // The daemon holds its own copy once sent; this one closes on drop.
     write_with_fd(stream, &SupervisorReply::Dialed, &app).await
 }
+
+/// All of a dial (two connects of up to 3 s each on a container's
+/// loopback; a microVM's guest and its forwarder), inside the daemon's 5 s
+/// for the whole call, so a slow dial is answered as such.
+const DIAL_BUDGET: Duration = Duration::from_millis(4500);
 
 /// A microVM's app on `port`: on the guest's address through the tap, or,
 /// where nothing listens there (an app bound to the guest's loopback
@@ -317,23 +335,40 @@ async fn connect_guest_app(
     dialer: &super::dial::Dialer,
     port: u16,
 ) -> Result<tokio::net::TcpStream, SupervisorError> {
+    use super::dial::DialFailure;
     let why = match dialer.connect_guest(port).await {
         Ok(app) => return Ok(app),
-        Err(super::dial::DialFailure::Missed { why, refused: true }) => why,
+        Err(DialFailure::Missed { why, refused: true }) => why,
         Err(failure) => return Err(failure.into_error(port, "")),
     };
-    match supervisor.forward_guest_loopback(port).await {
-        Ok(forwarding) => dialer.connect_guest(forwarding).await.map_err(|failure| {
-            failure.into_error(port, " (the agent's forwarder to the guest's loopback)")
-        }),
-        Err(loopback) => Err(SupervisorError::new(
-            SupervisorErrorKind::Refused,
-            format!(
-                "nothing accepts connections on port {port} in the microVM ({why}; {})",
-                loopback.message
+    let (socket, from_port) = dialer
+        .bound_guest_socket()
+        .await
+        .map_err(|failure| failure.into_error(port, ""))?;
+    let forwarding = match supervisor.forward_guest_loopback(port, from_port).await {
+        Ok(forwarding) => forwarding,
+        Err(loopback) if loopback.kind == SupervisorErrorKind::Refused => {
+            return Err(SupervisorError::new(
+                SupervisorErrorKind::Refused,
+                format!(
+                    "nothing accepts connections on port {port} in the sandbox: not on the guest's address ({why}); {}",
+                    loopback.message
+                ),
+            ))
+        }
+        Err(e) => return Err(e),
+    };
+    dialer
+        .connect_guest_from(socket, forwarding)
+        .await
+        .map_err(|failure| match failure {
+            // The app took the agent's connection: not a missing app.
+            DialFailure::Missed { why, .. } => SupervisorError::new(
+                SupervisorErrorKind::Internal,
+                format!("the guest's forwarder (port {forwarding}) to port {port} of its loopback did not take the connection ({why})"),
             ),
-        )),
-    }
+            failure => failure.into_error(port, ""),
+        })
 }
 
 /// Writes `reply` with `fd` passed along its first byte (SCM_RIGHTS).
