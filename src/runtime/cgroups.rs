@@ -395,8 +395,10 @@ impl SandboxCgroups {
                     .fetch_add(kills, std::sync::atomic::Ordering::Relaxed);
             }
         }
+        // Called on the supervisor's event loop: one try, no waiting.
+        let now = Instant::now();
         for dir in self.root_dirs(name) {
-            remove_tree(&dir);
+            remove_tree(&dir, now);
         }
     }
 
@@ -655,26 +657,27 @@ impl SandboxCgroups {
     }
 
     /// Removes the per-process groups (libcontainer cannot remove a sandbox
-    /// group that still has children).
-    pub fn remove_process_groups(&self) {
+    /// group that still has children), retrying a busy one until `until`
+    /// (see [`remove_tree`]).
+    pub fn remove_process_groups(&self, until: Instant) {
         for top in self.tops() {
             if let Ok(entries) = fs::read_dir(&top) {
                 for entry in entries.flatten() {
                     if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                        remove_tree(&entry.path());
+                        remove_tree(&entry.path(), until);
                     }
                 }
             }
         }
     }
 
-    /// Kills everything and removes the sandbox's groups in every hierarchy.
-    /// Idempotent: the teardown path calls it whatever state the sandbox was
-    /// left in.
-    pub fn destroy(&self) -> Result<(), CgroupError> {
+    /// Kills everything and removes the sandbox's groups in every hierarchy,
+    /// retrying a busy one until `until`. Idempotent: the teardown path
+    /// calls it whatever state the sandbox was left in.
+    pub fn destroy(&self, until: Instant) -> Result<(), CgroupError> {
         self.kill_all()?;
         for top in self.tops() {
-            remove_tree(&top);
+            remove_tree(&top, until);
         }
         Ok(())
     }
@@ -827,10 +830,32 @@ fn kill_v2(dir: &Path) -> Result<(), CgroupError> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(io_err(&kill)(e)),
     }
-    if poll_empty(dir, start + KILL_DEADLINE) {
+    if poll_unpopulated(dir, start + KILL_DEADLINE) {
         Ok(())
     } else {
         Err(stuck(dir, start))
+    }
+}
+
+/// Polls until `cgroup.events` says `populated 0` (or the group is gone)
+/// or `until` passes. Unlike `cgroup.procs`, which hides a process once
+/// all its threads are exiting, this counts a task until it has left the
+/// group at the end of its exit (a VMM freeing its guest's memory can
+/// take a while there), so the group's rmdir then succeeds.
+fn poll_unpopulated(dir: &Path, until: Instant) -> bool {
+    let events = dir.join("cgroup.events");
+    let mut backoff = Duration::from_micros(200);
+    loop {
+        if read_key(&events, "populated").is_none_or(|n| n == 0) {
+            return true;
+        }
+        if Instant::now() >= until {
+            return false;
+        }
+        // `cgroup.events` can be waited on with poll(2), but a short
+        // backoff serves the few milliseconds this takes.
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(20));
     }
 }
 
@@ -866,17 +891,42 @@ fn write_freezer(dir: &Path, state: &str) -> io::Result<()> {
     f.write_all(state.as_bytes())
 }
 
-/// Removes a cgroup directory tree bottom-up (cgroupfs only allows rmdir).
-fn remove_tree(dir: &Path) {
+/// Removes a cgroup directory tree bottom-up (cgroupfs only allows rmdir);
+/// whether it is gone. A group whose last task was killed a moment ago
+/// refuses its rmdir (EBUSY) until that task has finished exiting, which
+/// on v1 nothing tells (its `tasks` and `cgroup.procs` hide an exiting
+/// process already; v2's kill waits on `cgroup.events` instead). Such a
+/// refusal is retried with a short, growing backoff until `until`; a group
+/// whose child stayed is not retried (it cannot go before the child).
+/// What is left stays (the daemon's own pass after the supervisor exited
+/// tries again).
+fn remove_tree(dir: &Path, until: Instant) -> bool {
+    let mut children_gone = true;
     if let Ok(entries) = fs::read_dir(dir) {
         for entry in entries.flatten() {
             if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_tree(&entry.path());
+                children_gone &= remove_tree(&entry.path(), until);
             }
         }
     }
-    let _ = fs::remove_dir(dir);
+    let mut backoff = Duration::from_micros(500);
+    loop {
+        let e = match fs::remove_dir(dir) {
+            Ok(()) => return true,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return true,
+            Err(e) => e,
+        };
+        if !children_gone || e.raw_os_error() != Some(libc::EBUSY) || Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_millis(50));
+    }
 }
+
+/// How long a teardown retries busy groups, all of them together, after
+/// a kill that emptied them ([`remove_tree`]).
+pub const RMDIR_PATIENCE: Duration = Duration::from_secs(2);
 
 #[cfg(test)]
 mod tests {

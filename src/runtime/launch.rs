@@ -3,6 +3,7 @@
 //! supervisor never asks which runtime it runs.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use nix::mount::{umount2, MntFlags};
 
@@ -107,14 +108,20 @@ pub fn clone_disk(spec: &SandboxSpec, paths: &SandboxPaths, to: &Path) -> Result
 pub fn destroy_sandbox(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Vec<String> {
     let mut problems = Vec::new();
     let cgroups = SandboxCgroups::new(Layout::detect(), cgroups_path);
-    if let Err(e) = cgroups.kill_all() {
-        problems.push(e.to_string());
-    }
-    cgroups.remove_process_groups();
+    // A kill that left a task behind (one in uninterruptible sleep) leaves
+    // its groups busy for longer than any wait here: then one try each.
+    let until = match cgroups.kill_all() {
+        Ok(()) => Instant::now() + super::cgroups::RMDIR_PATIENCE,
+        Err(e) => {
+            problems.push(e.to_string());
+            Instant::now()
+        }
+    };
+    cgroups.remove_process_groups(until);
     problems.extend(container::remove_state(id, paths));
     // What libcontainer does not know of (the v1 freezer group, a microVM's
     // groups) or could not remove goes here; it costs nothing when all is gone.
-    if let Err(e) = cgroups.destroy() {
+    if let Err(e) = cgroups.destroy(until) {
         problems.push(e.to_string());
     }
     problems.extend(super::pod_roots::unmount_staging(paths));
