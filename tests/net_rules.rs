@@ -118,15 +118,20 @@ fn rules_are_loaded_inside_the_namespace_only() {
     let listing = rules::list(&ns.path).unwrap();
 
     let nat = rules::chain_rules(&listing, "nat_output");
-    assert_eq!(nat.len(), 4, "{nat:#?}");
-    assert_eq!(nat[0][1], json!({"redirect": {"port": DNS_PORT}}));
+    assert_eq!(nat.len(), 5, "{nat:#?}");
+    // First, the ingress's TCP to a microVM's guest out of its tap. The
+    // listing leaves out the rule's `meta nfproto ipv4` (implied by its
+    // `ip daddr`), so the address is its second match here.
+    assert_eq!(nat[0][0]["match"]["right"], "tap0", "{nat:#?}");
+    assert_eq!(nat[0][1]["match"]["right"], "10.201.0.2", "{nat:#?}");
     assert_eq!(nat[1][1], json!({"redirect": {"port": DNS_PORT}}));
-    assert_eq!(nat[3][1], json!({"redirect": {"port": PROXY_PORT}}));
+    assert_eq!(nat[2][1], json!({"redirect": {"port": DNS_PORT}}));
+    assert_eq!(nat[4][1], json!({"redirect": {"port": PROXY_PORT}}));
     let pre = rules::chain_rules(&listing, "nat_prerouting");
     assert_eq!(pre.len(), 4, "{pre:#?}");
     assert_eq!(pre[3][1], json!({"redirect": {"port": PROXY_PORT}}));
-    for chain in ["filter_output", "filter_input"] {
-        assert_eq!(rules::chain_rules(&listing, chain).len(), 4, "{chain}");
+    for (chain, count) in [("filter_output", 5), ("filter_input", 4)] {
+        assert_eq!(rules::chain_rules(&listing, chain).len(), count, "{chain}");
     }
     let chains: Vec<&Value> = listing["nftables"]
         .as_array()
@@ -211,7 +216,7 @@ fn the_library_and_the_nft_binary_load_and_list_the_same_ruleset() {
     // The positive control: the binary's listing holds the whole ruleset.
     assert_eq!(
         rules::chain_rules(&listed(&by_binary, rules::Loader::Binary), "nat_output").len(),
-        4
+        5
     );
     for (ns, loader) in [
         (&by_library, rules::Loader::Binary),
