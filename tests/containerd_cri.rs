@@ -771,6 +771,34 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
         said.contains("/workload/root-"),
         "its group is under its root's: {said}"
     );
+    // Its stats are that group's, read by the guest's agent: its own
+    // ceiling and OOM kill, and a fraction of the memory the client,
+    // without limits of its own, reports for the whole VM.
+    let (status, stats) = daemon
+        .call(
+            hyper::Method::GET,
+            &format!("/v1/sandboxes/{sandbox}/roots/{limited}/stats"),
+            None,
+        )
+        .await;
+    assert_eq!(status, hyper::StatusCode::OK, "{stats}");
+    assert_eq!(stats["memory_limit_bytes"], 32u64 << 20, "{stats}");
+    assert!(stats["oom_kills"].as_u64() >= Some(1), "{stats}");
+    let own = cri.memory_usage(&limited).await;
+    let pod = cri.memory_usage(&client).await;
+    eprintln!("info: memory charged, limited container {own}, microVM pod {pod}");
+    assert!(own > 0 && own * 4 < pod, "limited {own} vs pod {pod}");
+    // A container without limits of its own has no group: a 404 that
+    // says so (the shim then reports the pod's stats, as above).
+    let (status, refused) = daemon
+        .call(
+            hyper::Method::GET,
+            &format!("/v1/sandboxes/{sandbox}/roots/{client}/stats"),
+            None,
+        )
+        .await;
+    assert_eq!(status, hyper::StatusCode::NOT_FOUND, "{refused}");
+    assert_eq!(refused["error"]["code"], "root_not_limited", "{refused}");
 
     // Stopping and removing the pod leaves nothing in sandboxd, its
     // cgroups or vmm processes.

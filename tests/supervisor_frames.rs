@@ -108,6 +108,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::GuestPids => 25,
         SupervisorRequest::HandOver(_) => 26,
         SupervisorRequest::OpenMailbox => 27,
+        SupervisorRequest::GuestRootUsage { .. } => 28,
     }
 }
 
@@ -428,6 +429,10 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
             "1a 00 01 00 00 00 00".into(),
         ),
         (SupervisorRequest::OpenMailbox, "1b".into()),
+        (
+            SupervisorRequest::GuestRootUsage { name: "c1".into() },
+            "1c 02 63 31".into(),
+        ),
     ]
 }
 
@@ -583,6 +588,19 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             SupervisorReply::Agent(Reply::Pids { current: 24 }),
             // Reply::Pids, current.
             "08 09 18".into(),
+        ),
+        (
+            SupervisorReply::Agent(Reply::RootUsage(sandbox_proto::GuestRootUsage {
+                cpu_usec: 1,
+                memory_bytes: 2,
+                memory_max: Some(3),
+                pids: 4,
+                pids_max: None,
+                oom_kills: 5,
+            })),
+            // Reply::RootUsage: cpu_usec, memory_bytes, memory_max (some),
+            // pids, pids_max (none), oom_kills.
+            "08 0b 01 02 01 03 04 00 05".into(),
         ),
     ];
     for (kind, tag) in [

@@ -92,6 +92,23 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             let _ = agent.outbox.reply(id, guest_pids()).await;
             return;
         }
+        RequestBody::RootUsage { name } => {
+            // Off the dispatch loop: a root's removal holds the groups'
+            // lock while it waits for the root's group to empty.
+            let (agent, name) = (agent.clone(), name.clone());
+            tokio::spawn(async move {
+                let reply = tokio::task::spawn_blocking(move || root_usage(&name))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Reply::Error(AgentError::new(
+                            ErrorKind::Other,
+                            format!("reading a container root's use: {e}"),
+                        ))
+                    });
+                let _ = agent.outbox.reply(id, reply).await;
+            });
+            return;
+        }
         RequestBody::ForwardLoopback { port, from_port } => {
             // Its connect may wait: off the dispatch loop.
             let (agent, port, from_port) = (agent.clone(), *port, *from_port);
@@ -133,6 +150,7 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         | RequestBody::LimitPids { .. }
         | RequestBody::Abandon { .. }
         | RequestBody::GuestPids
+        | RequestBody::RootUsage { .. }
         | RequestBody::ForwardLoopback { .. } => {}
         RequestBody::Spawn(spawn) => {
             let claimed = claimed.unwrap_or_else(|| Ok(Vec::new()));
@@ -279,6 +297,19 @@ fn guest_pids() -> Reply {
     on_guest_groups("the guest's task count", |groups| {
         Ok(Reply::Pids {
             current: groups.pids_current()?,
+        })
+    })
+}
+
+/// What a microVM container root with limits of its own uses.
+fn root_usage(name: &str) -> Reply {
+    on_guest_groups(&format!("container root {name:?}'s use"), |groups| {
+        Ok(match groups.root_usage(name)? {
+            Some(usage) => Reply::RootUsage(usage),
+            None => Reply::Error(AgentError::new(
+                ErrorKind::NotFound,
+                format!("container root {name:?} has no limits of its own, so no group of its own"),
+            )),
         })
     })
 }

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use sandbox_proto::GuestRootLimits;
+use sandbox_proto::{GuestRootLimits, GuestRootUsage};
 
 /// Set once by VM boot; absent in a container.
 static GROUPS: OnceLock<GuestGroups> = OnceLock::new();
@@ -152,6 +152,39 @@ impl GuestGroups {
         })?;
         limited.insert(name.to_owned());
         Ok(())
+    }
+
+    /// What container root `name`'s own group uses now (its processes'
+    /// groups are under it); `None` for a root without one.
+    pub fn root_usage(&self, name: &str) -> io::Result<Option<GuestRootUsage>> {
+        // Held so the group is not removed while it is read.
+        let limited = lock(&self.limited);
+        if !limited.contains(name) {
+            return Ok(None);
+        }
+        let dir = self.root_dir(name);
+        let read = |file: &str| fs::read_to_string(dir.join(file));
+        let number = |file: &str| -> io::Result<u64> { parse_number(file, &read(file)?) };
+        let ceiling = |file: &str| -> io::Result<Option<u64>> {
+            let text = read(file)?;
+            if text.trim() == "max" {
+                return Ok(None);
+            }
+            parse_number(file, &text).map(Some)
+        };
+        let cpu_usec = read("cpu.stat")?
+            .lines()
+            .find_map(|line| line.strip_prefix("usage_usec "))
+            .map_or(Ok(0), |n| parse_number("cpu.stat", n))?;
+        Ok(Some(GuestRootUsage {
+            cpu_usec,
+            memory_bytes: number("memory.current")?,
+            memory_max: ceiling("memory.max")?,
+            pids: number("pids.current")?,
+            pids_max: ceiling("pids.max")?,
+            // Counts its processes' groups' kills too (not `.local`).
+            oom_kills: read("memory.events").map_or(0, |events| oom_kill_count(&events)),
+        }))
     }
 
     /// Whether container root `name` has a group of its own.
@@ -289,6 +322,12 @@ impl GuestGroups {
     }
 }
 
+fn parse_number(file: &str, text: &str) -> io::Result<u64> {
+    text.trim()
+        .parse()
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{file}: {text:?}: {e}")))
+}
+
 fn oom_kill_count(events: &str) -> u64 {
     events
         .lines()
@@ -418,6 +457,36 @@ mod tests {
             groups.create_root_group("web", &limits).is_err(),
             "one group per root"
         );
+        // Its use, from the files the kernel keeps there.
+        for (file, value) in [
+            (
+                "cpu.stat",
+                "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
+            ),
+            ("memory.current", "4096\n"),
+            ("pids.current", "2\n"),
+            ("memory.events", "oom 1\noom_kill 1\n"),
+        ] {
+            fs::write(web.join(file), value).expect(file);
+        }
+        assert_eq!(
+            groups.root_usage("web").expect("read"),
+            Some(GuestRootUsage {
+                cpu_usec: 1500,
+                memory_bytes: 4096,
+                memory_max: Some(32 << 20),
+                pids: 2,
+                pids_max: Some(10),
+                oom_kills: 1,
+            })
+        );
+        fs::write(web.join("pids.max"), "max\n").expect("no pids limit");
+        assert_eq!(
+            groups.root_usage("web").expect("read").map(|u| u.pids_max),
+            Some(None)
+        );
+        fs::write(web.join("pids.max"), "10").expect("put back");
+        assert_eq!(groups.root_usage("plain").expect("read"), None, "no group");
 
         // Removing it takes its processes' groups and its placements:
         // a later process naming the root is workload's own.
@@ -427,6 +496,10 @@ mod tests {
             "memory.max",
             "pids.max",
             "cgroup.subtree_control",
+            "cpu.stat",
+            "memory.current",
+            "pids.current",
+            "memory.events",
         ] {
             fs::remove_file(web.join(file)).expect(file);
         }

@@ -223,6 +223,11 @@ pub enum RequestBody {
     /// refuses more. Reply: [`Reply::Forwarding`]; an error of kind
     /// `NotFound` when nothing listens on the loopback either.
     ForwardLoopback { port: u16, from_port: u16 },
+    /// A microVM only: what container root `name`, one with limits of its
+    /// own (see [`RequestBody::MountRoot`]), uses now, read from its
+    /// group in the guest. Reply: [`Reply::RootUsage`]; an error of kind
+    /// `NotFound` when the root has no group of its own.
+    RootUsage { name: String },
 }
 
 /// A microVM container root's own ceilings (see [`RequestBody::MountRoot`]).
@@ -325,6 +330,22 @@ pub enum Reply {
     Forwarding {
         port: u16,
     },
+    /// A container root's use (see [`RequestBody::RootUsage`]).
+    RootUsage(GuestRootUsage),
+}
+
+/// What a microVM container root's own group uses, and its ceilings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestRootUsage {
+    /// CPU time of its processes so far (`cpu.stat`'s `usage_usec`).
+    pub cpu_usec: u64,
+    pub memory_bytes: u64,
+    /// `None`: no memory limit of its own.
+    pub memory_max: Option<u64>,
+    pub pids: u64,
+    /// `None`: no pids limit of its own.
+    pub pids_max: Option<u64>,
+    pub oom_kills: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -48,7 +48,7 @@ pub async fn stats(
     State(manager): State<Arc<Manager>>,
     Path((id, name)): Path<(String, String)>,
 ) -> ApiResult<Json<crate::model::SandboxStats>> {
-    Ok(Json(manager.root_stats(&id, &name)?))
+    Ok(Json(manager.root_stats(&id, &name).await?))
 }
 
 pub async fn detach(

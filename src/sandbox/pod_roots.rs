@@ -235,11 +235,44 @@ impl Manager {
     }
 
     /// What limited root `name` of sandbox `id` uses now, read from its own
-    /// group; its limits are the lower of its own and the sandbox's. A
-    /// root without limits has no group: 404 `root_not_limited`.
-    pub fn root_stats(&self, id: &str, name: &str) -> Result<SandboxStats, SandboxError> {
+    /// group (a microVM's in its guest, by its agent); its limits are the
+    /// lower of its own and the sandbox's. A root without limits has no
+    /// group: 404 `root_not_limited`.
+    pub async fn root_stats(&self, id: &str, name: &str) -> Result<SandboxStats, SandboxError> {
         validated_root_name(name)?;
         let record = self.ready(id)?;
+        let not_limited = || {
+            SandboxError::NotFound {
+            code: "root_not_limited",
+            message: format!(
+                "sandbox {id} has no root {name:?} with limits of its own; a root without them counts in the sandbox's stats"
+            ),
+        }
+        };
+        let sandbox_memory = record.limits.memory_mib * 1024 * 1024;
+        if record.runtime == RuntimeKind::Vm {
+            let mut client = self.connect(id).await?;
+            let usage = match client.guest_root_usage(name).await {
+                Ok(usage) => usage,
+                Err(CallError::Connect(e)) => return Err(not_running(id, e)),
+                Err(CallError::Refused(e)) if e.kind == SupervisorErrorKind::UnknownRoot => {
+                    return Err(not_limited())
+                }
+                Err(e) => return Err(e.into()),
+            };
+            return Ok(SandboxStats {
+                cpu_seconds: usage.cpu_usec as f64 / 1e6,
+                memory_bytes: usage.memory_bytes,
+                memory_limit_bytes: usage
+                    .memory_max
+                    .map_or(sandbox_memory, |own| own.min(sandbox_memory)),
+                pids: usage.pids,
+                pids_limit: usage
+                    .pids_max
+                    .map_or(record.limits.pids, |own| own.min(record.limits.pids)),
+                oom_kills: usage.oom_kills,
+            });
+        }
         let group = format!(
             "{}/{}",
             record.cgroups_path.trim_end_matches('/'),
@@ -247,14 +280,8 @@ impl Manager {
         );
         let cgroups = SandboxCgroups::new(Layout::detect(), &group);
         if record.runtime != RuntimeKind::Container || !cgroups.exists() {
-            return Err(SandboxError::NotFound {
-                code: "root_not_limited",
-                message: format!(
-                    "sandbox {id} has no root {name:?} with limits of its own; a root without them counts in the sandbox's stats"
-                ),
-            });
+            return Err(not_limited());
         }
-        let sandbox_memory = record.limits.memory_mib * 1024 * 1024;
         Ok(SandboxStats {
             cpu_seconds: cgroups.cpu_seconds().unwrap_or(0.0),
             memory_bytes: cgroups.memory_bytes().unwrap_or(0),

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use sandbox_proto::{AgentError, FileStat, PtySize, Reply, RequestBody};
+use sandbox_proto::{AgentError, FileStat, GuestRootUsage, PtySize, Reply, RequestBody};
 
 use super::output::OutputItem;
 use super::protocol::{
@@ -165,6 +165,14 @@ mod expect {
     pub(super) fn guest_pids(reply: SupervisorReply) -> Result<u64, CallError> {
         file("GuestPids", reply, |r| match r {
             Reply::Pids { current } => Ok(current),
+            other => Err(other),
+        })
+    }
+
+    /// A microVM container root's use (`GuestRootUsage`).
+    pub(super) fn guest_root_usage(reply: SupervisorReply) -> Result<GuestRootUsage, CallError> {
+        file("GuestRootUsage", reply, |r| match r {
+            Reply::RootUsage(usage) => Ok(usage),
             other => Err(other),
         })
     }
@@ -354,6 +362,16 @@ impl SupervisorClient {
             .call(&SupervisorRequest::GuestPids, CONTROL_DEADLINE)
             .await?;
         expect::guest_pids(reply)
+    }
+
+    /// What a microVM's pod container root `name`, one with limits of its
+    /// own, uses in the guest.
+    pub async fn guest_root_usage(&mut self, name: &str) -> Result<GuestRootUsage, CallError> {
+        let request = SupervisorRequest::GuestRootUsage {
+            name: name.to_owned(),
+        };
+        let reply = self.call(&request, CONTROL_DEADLINE).await?;
+        expect::guest_root_usage(reply)
     }
 
     /// Sets a microVM's pids limit inside its guest.

@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
-use sandbox_proto::{ErrorKind, ExitStatus, Reply, RequestBody, SpawnRequest, Stream};
+use sandbox_proto::{
+    ErrorKind, ExitStatus, GuestRootUsage, Reply, RequestBody, SpawnRequest, Stream,
+};
 use tokio::sync::{mpsc, watch};
 
 use super::config::SupervisorConfig;
@@ -1264,6 +1266,32 @@ impl Supervisor {
         }
     }
 
+    /// What a microVM's container root `name` uses, read by its agent from
+    /// the root's own group; `UnknownRoot` for a root without one.
+    pub async fn guest_root_usage(&self, name: &str) -> Result<GuestRootUsage, SupervisorError> {
+        let what = format!("container root {name:?}'s use");
+        if self.process_control() == ProcessControl::HostCgroups {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "a container sandbox's roots are read by the daemon on their host groups",
+            ));
+        }
+        let request = RequestBody::RootUsage {
+            name: name.to_owned(),
+        };
+        match self.agent_within(request, GUEST_COUNT_DEADLINE).await? {
+            Reply::RootUsage(usage) => Ok(usage),
+            Reply::Error(e) if e.kind == ErrorKind::NotFound => {
+                Err(err(SupervisorErrorKind::UnknownRoot, e.message))
+            }
+            Reply::Error(e) => Err(err(
+                SupervisorErrorKind::Internal,
+                format!("the guest agent could not read {what}: {}", e.message),
+            )),
+            other => Err(unexpected_guest_reply(&what, other)),
+        }
+    }
+
     /// After a spawn the agent did not answer: it may still start the
     /// process, which nothing here would list or end. Whatever is in its
     /// group is killed and the group removed, so a late child's move into it
@@ -1718,6 +1746,34 @@ mod tests {
         let abandon = h.agent.request().await;
         assert_eq!(abandon.body, RequestBody::Abandon { proc: next });
         h.agent.reply(abandon.id, Reply::Ok).await;
+    }
+
+    #[tokio::test]
+    async fn a_vm_roots_use_is_its_agents_answer_and_a_root_without_a_group_is_unknown() {
+        let mut h = harness(vm()).await;
+        let Harness { sup, agent, .. } = &mut h;
+        let usage = GuestRootUsage {
+            cpu_usec: 1500,
+            memory_bytes: 4096,
+            memory_max: Some(32 << 20),
+            pids: 2,
+            pids_max: None,
+            oom_kills: 1,
+        };
+        let answer = async {
+            let request = agent.request().await;
+            assert_eq!(request.body, RequestBody::RootUsage { name: "web".into() });
+            agent.reply(request.id, Reply::RootUsage(usage)).await;
+        };
+        let (read, ()) = tokio::join!(sup.guest_root_usage("web"), answer);
+        assert_eq!(read.expect("the agent's answer"), usage);
+        let refuse = async {
+            let request = agent.request().await;
+            let missing = AgentError::new(ErrorKind::NotFound, "no group of its own");
+            agent.reply(request.id, Reply::Error(missing)).await;
+        };
+        let (read, ()) = tokio::join!(sup.guest_root_usage("plain"), refuse);
+        assert_eq!(kind_of(read), SupervisorErrorKind::UnknownRoot);
     }
 
     #[tokio::test(start_paused = true)]

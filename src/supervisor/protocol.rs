@@ -71,8 +71,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 13 added `AttachRoot::volumes`.
 ///
-/// 14 counts the agent's `RequestBody::ForwardLoopback` and
-/// `Reply::Forwarding` (`Agent` frames carry both).
+/// 14 added `GuestRootUsage` and counts the agent's
+/// `RequestBody::ForwardLoopback` and `RootUsage`, and `Reply::Forwarding`
+/// and `RootUsage` (`Agent` frames carry them).
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 14;
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
@@ -199,6 +200,14 @@ pub enum SupervisorRequest {
     /// answered, without a request of its own. Reply:
     /// [`SupervisorReply::Mailbox`], whose frame carries the memfd.
     OpenMailbox,
+    /// A microVM only: what pod container root `name`, one with limits of
+    /// its own, uses in its guest (the agent reads its group). Reply:
+    /// [`SupervisorReply::Agent`] with `Reply::RootUsage`; an error of kind
+    /// [`SupervisorErrorKind::UnknownRoot`] for a root without its own
+    /// group.
+    GuestRootUsage {
+        name: String,
+    },
 }
 
 /// The parts of a pool claim that live in the supervisor (see

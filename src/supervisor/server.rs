@@ -245,6 +245,12 @@ async fn answer(
                 .await
                 .map(|current| SupervisorReply::Agent(Reply::Pids { current })),
         ),
+        SupervisorRequest::GuestRootUsage { name } => reply_of(
+            supervisor
+                .guest_root_usage(&name)
+                .await
+                .map(|usage| SupervisorReply::Agent(Reply::RootUsage(usage))),
+        ),
         SupervisorRequest::LimitGuestPids { max } => reply_of(
             supervisor
                 .limit_guest_pids(max)
