@@ -92,23 +92,6 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             let _ = agent.outbox.reply(id, guest_pids()).await;
             return;
         }
-        RequestBody::RootUsage { name } => {
-            // Off the dispatch loop: a root's removal holds the groups'
-            // lock while it waits for the root's group to empty.
-            let (agent, name) = (agent.clone(), name.clone());
-            tokio::spawn(async move {
-                let reply = tokio::task::spawn_blocking(move || root_usage(&name))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Reply::Error(AgentError::new(
-                            ErrorKind::Other,
-                            format!("reading a container root's use: {e}"),
-                        ))
-                    });
-                let _ = agent.outbox.reply(id, reply).await;
-            });
-            return;
-        }
         RequestBody::ForwardLoopback { port, from_port } => {
             // Its connect may wait: off the dispatch loop.
             let (agent, port, from_port) = (agent.clone(), *port, *from_port);
@@ -150,8 +133,24 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         | RequestBody::LimitPids { .. }
         | RequestBody::Abandon { .. }
         | RequestBody::GuestPids
-        | RequestBody::RootUsage { .. }
         | RequestBody::ForwardLoopback { .. } => {}
+        // Off the dispatch loop: a root's removal holds the groups' lock
+        // while it waits for the root's group to empty.
+        RequestBody::RootUsage { name } => {
+            let outbox = agent.outbox.clone();
+            tokio::spawn(async move {
+                let reply = tokio::task::spawn_blocking(move || root_usage(&name))
+                    .await
+                    .unwrap_or_else(|e| {
+                        Reply::Error(AgentError::new(
+                            ErrorKind::Other,
+                            format!("reading a container root's use: {e}"),
+                        ))
+                    });
+                let _ = outbox.reply(id, reply).await;
+                drop(permit);
+            });
+        }
         RequestBody::Spawn(spawn) => {
             let claimed = claimed.unwrap_or_else(|| Ok(Vec::new()));
             tokio::spawn(process::spawn(agent.clone(), id, spawn, claimed, permit));

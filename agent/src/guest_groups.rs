@@ -156,12 +156,25 @@ impl GuestGroups {
 
     /// What container root `name`'s own group uses now (its processes'
     /// groups are under it); `None` for a root without one.
+    /// The lock is not held while reading: a removal holds it while it
+    /// waits for the group to empty, and a group removed meanwhile (its
+    /// files gone) reads as none.
     pub fn root_usage(&self, name: &str) -> io::Result<Option<GuestRootUsage>> {
-        // Held so the group is not removed while it is read.
-        let limited = lock(&self.limited);
-        if !limited.contains(name) {
+        if !lock(&self.limited).contains(name) {
             return Ok(None);
         }
+        match self.read_root_usage(name) {
+            Err(e)
+                if e.kind() == io::ErrorKind::NotFound
+                    || e.raw_os_error() == Some(libc::ENODEV) =>
+            {
+                Ok(None)
+            }
+            read => read.map(Some),
+        }
+    }
+
+    fn read_root_usage(&self, name: &str) -> io::Result<GuestRootUsage> {
         let dir = self.root_dir(name);
         let read = |file: &str| fs::read_to_string(dir.join(file));
         let number = |file: &str| -> io::Result<u64> { parse_number(file, &read(file)?) };
@@ -176,15 +189,15 @@ impl GuestGroups {
             .lines()
             .find_map(|line| line.strip_prefix("usage_usec "))
             .map_or(Ok(0), |n| parse_number("cpu.stat", n))?;
-        Ok(Some(GuestRootUsage {
+        Ok(GuestRootUsage {
             cpu_usec,
             memory_bytes: number("memory.current")?,
             memory_max: ceiling("memory.max")?,
             pids: number("pids.current")?,
             pids_max: ceiling("pids.max")?,
             // Counts its processes' groups' kills too (not `.local`).
-            oom_kills: read("memory.events").map_or(0, |events| oom_kill_count(&events)),
-        }))
+            oom_kills: oom_kill_count(&read("memory.events")?),
+        })
     }
 
     /// Whether container root `name` has a group of its own.

@@ -821,7 +821,11 @@ impl Task for Service {
                 &format!("/v1/sandboxes/{}/roots/{root}/stats", container.sandbox),
                 None,
             ) {
-                Err(DaemonError::Refused { code, .. }) if code == "root_not_limited" => {
+                // No group of its own; or a microVM guest too busy to
+                // read it, where the pod's stats (the host's) still answer.
+                Err(DaemonError::Refused { code, .. })
+                    if code == "root_not_limited" || code == "agent_timeout" =>
+                {
                     self.daemon.call("GET", &sandbox_stats, None)
                 }
                 own => own,

@@ -102,6 +102,9 @@ pub struct Supervisor {
     limited_roots: Mutex<std::collections::HashSet<String>>,
     /// Pod container roots with host volumes bound in.
     roots_with_volumes: Mutex<std::collections::HashSet<String>>,
+    /// A microVM's pod container roots with limits of their own (a group
+    /// its agent keeps): only these have a use of their own to read.
+    limited_guest_roots: Mutex<std::collections::HashSet<String>>,
     /// A microVM's empty disk slots, each holding the name of the root
     /// whose disk is in it.
     guest_root_slots: Mutex<Vec<Option<String>>>,
@@ -219,6 +222,7 @@ impl Supervisor {
             dialer: std::sync::OnceLock::new(),
             roots: tokio::sync::Mutex::new(()),
             limited_roots: Mutex::default(),
+            limited_guest_roots: Mutex::default(),
             roots_with_volumes: Mutex::default(),
             guest_root_slots: Mutex::new(vec![None; usize::from(root_slots)]),
             mailbox: std::sync::OnceLock::new(),
@@ -373,6 +377,12 @@ impl Supervisor {
 
     fn limited_roots(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
         self.limited_roots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn limited_guest_roots(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.limited_guest_roots
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -546,6 +556,7 @@ impl Supervisor {
             ));
         };
         let limits = limits.map(guest_root_limits).transpose()?;
+        let limited = limits.is_some();
         let disk_number = self.claim_guest_root_slot(&name)?;
         let paths = self.paths.clone();
         let put = tokio::task::spawn_blocking(move || {
@@ -572,7 +583,12 @@ impl Supervisor {
             })
             .await;
         let refused = match mounted {
-            Ok(Reply::Ok) => return Ok(()),
+            Ok(Reply::Ok) => {
+                if limited {
+                    self.limited_guest_roots().insert(name);
+                }
+                return Ok(());
+            }
             Ok(Reply::Error(e)) => err(
                 match e.kind {
                     ErrorKind::AlreadyExists => SupervisorErrorKind::Conflict,
@@ -646,6 +662,8 @@ impl Supervisor {
             Reply::Error(e) => return Err(err(SupervisorErrorKind::Internal, e.message)),
             other => return Err(unexpected_guest_reply("a root's unmount", other)),
         }
+        // The agent removed its group with it.
+        self.limited_guest_roots().remove(&name);
         self.empty_guest_root_slot(disk_number).await;
         Ok(())
     }
@@ -1276,6 +1294,14 @@ impl Supervisor {
                 "a container sandbox's roots are read by the daemon on their host groups",
             ));
         }
+        // Answered here, so a root without limits never waits on a busy
+        // guest (its container's stats are then the pod's).
+        if !self.limited_guest_roots().contains(name) {
+            return Err(err(
+                SupervisorErrorKind::UnknownRoot,
+                format!("no container root {name:?} with limits of its own is attached"),
+            ));
+        }
         let request = RequestBody::RootUsage {
             name: name.to_owned(),
         };
@@ -1765,14 +1791,21 @@ mod tests {
             assert_eq!(request.body, RequestBody::RootUsage { name: "web".into() });
             agent.reply(request.id, Reply::RootUsage(usage)).await;
         };
+        // As a mount of a root with limits leaves it.
+        sup.limited_guest_roots().insert("web".into());
         let (read, ()) = tokio::join!(sup.guest_root_usage("web"), answer);
         assert_eq!(read.expect("the agent's answer"), usage);
+        // A root without limits is answered without the agent (a request
+        // to it would wait here for an answer that never comes).
+        let plain = sup.guest_root_usage("plain").await;
+        assert_eq!(kind_of(plain), SupervisorErrorKind::UnknownRoot);
+        // The agent knowing no group for it says the same.
         let refuse = async {
             let request = agent.request().await;
             let missing = AgentError::new(ErrorKind::NotFound, "no group of its own");
             agent.reply(request.id, Reply::Error(missing)).await;
         };
-        let (read, ()) = tokio::join!(sup.guest_root_usage("plain"), refuse);
+        let (read, ()) = tokio::join!(sup.guest_root_usage("web"), refuse);
         assert_eq!(kind_of(read), SupervisorErrorKind::UnknownRoot);
     }
 
