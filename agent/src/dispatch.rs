@@ -134,22 +134,10 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         | RequestBody::Abandon { .. }
         | RequestBody::GuestPids
         | RequestBody::ForwardLoopback { .. } => {}
-        // Off the dispatch loop: a root's removal holds the groups' lock
-        // while it waits for the root's group to empty.
+        // Files of the guest's cgroupfs; a root's removal holds the
+        // groups' lock while it waits for the root's group to empty.
         RequestBody::RootUsage { name } => {
-            let outbox = agent.outbox.clone();
-            tokio::spawn(async move {
-                let reply = tokio::task::spawn_blocking(move || root_usage(&name))
-                    .await
-                    .unwrap_or_else(|e| {
-                        Reply::Error(AgentError::new(
-                            ErrorKind::Other,
-                            format!("reading a container root's use: {e}"),
-                        ))
-                    });
-                let _ = outbox.reply(id, reply).await;
-                drop(permit);
-            });
+            blocking(agent, id, permit, move || Ok(root_usage(&name)))
         }
         RequestBody::Spawn(spawn) => {
             let claimed = claimed.unwrap_or_else(|| Ok(Vec::new()));

@@ -795,21 +795,29 @@ fn read_pids_recursive(dir: &Path, out: &mut Vec<i32>) {
 
 const KILL_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Polls until `dir` and its descendants hold no task or `until` passes.
+/// Polls until `dir` and its descendants list no task or `until` passes
+/// (v1, whose `tasks` files are all it has).
 fn poll_empty(dir: &Path, until: Instant) -> bool {
-    let mut backoff = Duration::from_micros(200);
-    loop {
+    poll_until(until, || {
         let mut pids = Vec::new();
         read_pids_recursive(dir, &mut pids);
-        if pids.is_empty() {
+        pids.is_empty()
+    })
+}
+
+/// Polls `done` until it holds or `until` passes, with a short, growing
+/// backoff: the kernel gives no event when a killed task leaves a v1
+/// cgroup, and v2's `cgroup.events`, which poll(2) could wait on, is
+/// served well enough this way for the few milliseconds it takes.
+fn poll_until(until: Instant, mut done: impl FnMut() -> bool) -> bool {
+    let mut backoff = Duration::from_micros(200);
+    loop {
+        if done() {
             return true;
         }
         if Instant::now() >= until {
             return false;
         }
-        // The kernel gives no event when a killed task leaves a v1 cgroup
-        // (v2's cgroup.events would, but one code path serves both), so this
-        // polls with a short, growing backoff.
         std::thread::sleep(backoff);
         backoff = (backoff * 2).min(Duration::from_millis(20));
     }
@@ -844,19 +852,9 @@ fn kill_v2(dir: &Path) -> Result<(), CgroupError> {
 /// take a while there), so the group's rmdir then succeeds.
 fn poll_unpopulated(dir: &Path, until: Instant) -> bool {
     let events = dir.join("cgroup.events");
-    let mut backoff = Duration::from_micros(200);
-    loop {
-        if read_key(&events, "populated").is_none_or(|n| n == 0) {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        // `cgroup.events` can be waited on with poll(2), but a short
-        // backoff serves the few milliseconds this takes.
-        std::thread::sleep(backoff);
-        backoff = (backoff * 2).min(Duration::from_millis(20));
-    }
+    poll_until(until, || {
+        read_key(&events, "populated").is_none_or(|n| n == 0)
+    })
 }
 
 fn kill_v1(pids_dir: &Path, freezer_dir: &Path) -> Result<(), CgroupError> {

@@ -241,16 +241,15 @@ impl Manager {
     pub async fn root_stats(&self, id: &str, name: &str) -> Result<SandboxStats, SandboxError> {
         validated_root_name(name)?;
         let record = self.ready(id)?;
-        let not_limited = || {
-            SandboxError::NotFound {
+        let not_limited = || SandboxError::NotFound {
             code: "root_not_limited",
             message: format!(
-                "sandbox {id} has no root {name:?} with limits of its own; a root without them counts in the sandbox's stats"
+                "sandbox {id} has no root {name:?} with limits of its own; a root without them \
+                 counts in the sandbox's stats"
             ),
-        }
         };
-        let sandbox_memory = record.limits.memory_mib * 1024 * 1024;
-        if record.runtime == RuntimeKind::Vm {
+        // Its own ceilings, `u64::MAX` where it has none.
+        let own = if record.runtime == RuntimeKind::Vm {
             let mut client = self.connect(id).await?;
             let usage = match client.guest_root_usage(name).await {
                 Ok(usage) => usage,
@@ -260,39 +259,39 @@ impl Manager {
                 }
                 Err(e) => return Err(e.into()),
             };
-            return Ok(SandboxStats {
+            SandboxStats {
                 cpu_seconds: usage.cpu_usec as f64 / 1e6,
                 memory_bytes: usage.memory_bytes,
-                memory_limit_bytes: usage
-                    .memory_max
-                    .map_or(sandbox_memory, |own| own.min(sandbox_memory)),
+                memory_limit_bytes: usage.memory_max.unwrap_or(u64::MAX),
                 pids: usage.pids,
-                pids_limit: usage
-                    .pids_max
-                    .map_or(record.limits.pids, |own| own.min(record.limits.pids)),
+                pids_limit: usage.pids_max.unwrap_or(u64::MAX),
                 oom_kills: usage.oom_kills,
-            });
-        }
-        let group = format!(
-            "{}/{}",
-            record.cgroups_path.trim_end_matches('/'),
-            cgroups::root_group(name)
-        );
-        let cgroups = SandboxCgroups::new(Layout::detect(), &group);
-        if record.runtime != RuntimeKind::Container || !cgroups.exists() {
-            return Err(not_limited());
-        }
+            }
+        } else {
+            let group = format!(
+                "{}/{}",
+                record.cgroups_path.trim_end_matches('/'),
+                cgroups::root_group(name)
+            );
+            let cgroups = SandboxCgroups::new(Layout::detect(), &group);
+            if record.runtime != RuntimeKind::Container || !cgroups.exists() {
+                return Err(not_limited());
+            }
+            SandboxStats {
+                cpu_seconds: cgroups.cpu_seconds().unwrap_or(0.0),
+                memory_bytes: cgroups.memory_bytes().unwrap_or(0),
+                memory_limit_bytes: cgroups.memory_limit_bytes().unwrap_or(u64::MAX),
+                pids: cgroups.pids_current().unwrap_or(0),
+                pids_limit: cgroups.pids_max().unwrap_or(u64::MAX),
+                oom_kills: cgroups.oom_kills(),
+            }
+        };
         Ok(SandboxStats {
-            cpu_seconds: cgroups.cpu_seconds().unwrap_or(0.0),
-            memory_bytes: cgroups.memory_bytes().unwrap_or(0),
-            memory_limit_bytes: cgroups
-                .memory_limit_bytes()
-                .map_or(sandbox_memory, |own| own.min(sandbox_memory)),
-            pids: cgroups.pids_current().unwrap_or(0),
-            pids_limit: cgroups
-                .pids_max()
-                .map_or(record.limits.pids, |own| own.min(record.limits.pids)),
-            oom_kills: cgroups.oom_kills(),
+            memory_limit_bytes: own
+                .memory_limit_bytes
+                .min(record.limits.memory_mib * 1024 * 1024),
+            pids_limit: own.pids_limit.min(record.limits.pids),
+            ..own
         })
     }
 

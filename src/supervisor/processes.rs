@@ -1205,26 +1205,32 @@ impl Supervisor {
             .map_err(link_failure)
     }
 
-    /// A request only a microVM's agent serves, about its guest's own
-    /// cgroup: refused for a container, whose cgroup the daemon handles on
-    /// the host; the agent's refusal is an internal error about `what`.
+    /// A request only a microVM's agent serves, about its guest: refused
+    /// for a container, whose cgroups and loopback the host handles. The
+    /// agent's `NotFound` becomes an error of kind `not_found` with the
+    /// agent's message, where given; any other refusal is an internal error
+    /// about `what`.
     async fn guest_call(
         &self,
         what: &str,
         body: RequestBody,
         deadline: Duration,
+        not_found: Option<SupervisorErrorKind>,
     ) -> Result<Reply, SupervisorError> {
         if self.process_control() == ProcessControl::HostCgroups {
             return Err(err(
                 SupervisorErrorKind::InvalidInput,
-                format!("{what} of a container is its cgroup's, which the daemon handles"),
+                format!("{what} is a microVM guest's, which its agent serves; a container's is the host's, which the daemon handles"),
             ));
         }
         match self.agent_within(body, deadline).await? {
-            Reply::Error(e) => Err(err(
-                SupervisorErrorKind::Internal,
-                format!("the guest agent refused {what}: {}", e.message),
-            )),
+            Reply::Error(e) => match not_found {
+                Some(kind) if e.kind == ErrorKind::NotFound => Err(err(kind, e.message)),
+                _ => Err(err(
+                    SupervisorErrorKind::Internal,
+                    format!("the guest agent refused {what}: {}", e.message),
+                )),
+            },
             reply => Ok(reply),
         }
     }
@@ -1239,22 +1245,13 @@ impl Supervisor {
         from_port: u16,
     ) -> Result<u16, SupervisorError> {
         let what = format!("a forwarder to port {port} of the guest's loopback");
-        if self.process_control() == ProcessControl::HostCgroups {
-            return Err(err(
-                SupervisorErrorKind::InvalidInput,
-                "a container's loopback is dialed in its namespace, without a forwarder",
-            ));
-        }
         let request = RequestBody::ForwardLoopback { port, from_port };
-        match self.agent_within(request, FORWARD_DEADLINE).await? {
+        let refused = Some(SupervisorErrorKind::Refused);
+        match self
+            .guest_call(&what, request, FORWARD_DEADLINE, refused)
+            .await?
+        {
             Reply::Forwarding { port } => Ok(port),
-            Reply::Error(e) if e.kind == ErrorKind::NotFound => {
-                Err(err(SupervisorErrorKind::Refused, e.message))
-            }
-            Reply::Error(e) => Err(err(
-                SupervisorErrorKind::Internal,
-                format!("the guest's agent could not open {what}: {}", e.message),
-            )),
             other => Err(unexpected_guest_reply(&what, other)),
         }
     }
@@ -1264,7 +1261,7 @@ impl Supervisor {
     pub async fn limit_guest_pids(&self, max: u64) -> Result<(), SupervisorError> {
         let what = format!("the pids limit {max}");
         match self
-            .guest_call(&what, RequestBody::LimitPids { max }, AGENT_DEADLINE)
+            .guest_call(&what, RequestBody::LimitPids { max }, AGENT_DEADLINE, None)
             .await?
         {
             Reply::Ok => Ok(()),
@@ -1276,7 +1273,7 @@ impl Supervisor {
     pub async fn guest_pids(&self) -> Result<u64, SupervisorError> {
         let what = "the task count";
         match self
-            .guest_call(what, RequestBody::GuestPids, GUEST_COUNT_DEADLINE)
+            .guest_call(what, RequestBody::GuestPids, GUEST_COUNT_DEADLINE, None)
             .await?
         {
             Reply::Pids { current } => Ok(current),
@@ -1288,15 +1285,11 @@ impl Supervisor {
     /// the root's own group; `UnknownRoot` for a root without one.
     pub async fn guest_root_usage(&self, name: &str) -> Result<GuestRootUsage, SupervisorError> {
         let what = format!("container root {name:?}'s use");
-        if self.process_control() == ProcessControl::HostCgroups {
-            return Err(err(
-                SupervisorErrorKind::InvalidInput,
-                "a container sandbox's roots are read by the daemon on their host groups",
-            ));
-        }
         // Answered here, so a root without limits never waits on a busy
-        // guest (its container's stats are then the pod's).
-        if !self.limited_guest_roots().contains(name) {
+        // guest (its container's stats are then the pod's); a container
+        // sandbox is refused by `guest_call`.
+        let guest = self.process_control() == ProcessControl::GuestAgent;
+        if guest && !self.limited_guest_roots().contains(name) {
             return Err(err(
                 SupervisorErrorKind::UnknownRoot,
                 format!("no container root {name:?} with limits of its own is attached"),
@@ -1305,15 +1298,12 @@ impl Supervisor {
         let request = RequestBody::RootUsage {
             name: name.to_owned(),
         };
-        match self.agent_within(request, GUEST_COUNT_DEADLINE).await? {
+        let unknown = Some(SupervisorErrorKind::UnknownRoot);
+        match self
+            .guest_call(&what, request, GUEST_COUNT_DEADLINE, unknown)
+            .await?
+        {
             Reply::RootUsage(usage) => Ok(usage),
-            Reply::Error(e) if e.kind == ErrorKind::NotFound => {
-                Err(err(SupervisorErrorKind::UnknownRoot, e.message))
-            }
-            Reply::Error(e) => Err(err(
-                SupervisorErrorKind::Internal,
-                format!("the guest agent could not read {what}: {}", e.message),
-            )),
             other => Err(unexpected_guest_reply(&what, other)),
         }
     }
