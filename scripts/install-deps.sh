@@ -18,10 +18,6 @@ packages=(
   # with CNI's bridge and host-local plugins, and its CRI client (k8s-cri)
   # compiles the CRI protos with protoc
   containerd containernetworking-plugins protobuf-compiler
-  # QEMU: the microVM boot benchmark (vmm/benches/boot.rs) compares against
-  # its microvm machine, and tests/guest_kernel.rs boots the guest kernel
-  # under its TCG (this host's kvm_pvm cannot run a stock kernel)
-  qemu-system-x86
   # registry pulls: tests/registry.rs runs a real registry and fills it
   # with skopeo; benches compare pulls with skopeo + umoci
   docker-registry skopeo umoci
@@ -56,6 +52,12 @@ pkill -x -f "/usr/bin/docker-registry serve /etc/docker/registry/config.yml" || 
 if systemctl list-unit-files containerd.service >/dev/null 2>&1; then
   systemctl disable --now containerd.service 2>&1 | grep -v "^Failed to connect to bus" || true
 fi
+# QEMU: the microVM boot benchmark (vmm/benches/boot.rs) compares against
+# its microvm machine, tests/guest_kernel.rs boots the guest kernel under its
+# TCG (this host's kvm_pvm cannot run a stock kernel), and its TCG with an
+# emulated SVM is the nested host of the Linux-guest tests. 10.0+, from
+# bookworm-backports: see the script.
+"$(dirname "$0")/install-qemu.sh"
 # Memory snapshots need CRIU 4.2+, which Debian 12 does not ship: built once
 # from Debian testing's source and cached.
 "$(dirname "$0")/install-criu.sh" ||

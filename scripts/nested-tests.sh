@@ -118,6 +118,9 @@ else
 	# inside scheduler", in no test's code): booted once more as well.
 	# Another hang printed RCU stall reports for 20 minutes while no test
 	# wrote a line: the silence counts the tests' output alone.
+	# Those were QEMU 7.2's (Debian 12's), which hung or starved the nested
+	# host in three of six CI runs by 2026-12-06; scripts/install-qemu.sh
+	# now installs 10.0 from bookworm-backports.
 	for attempt in 1 2; do
 		status=0
 		VMM_TEST_LINUX_TIMEOUT_S=${VMM_TEST_LINUX_TIMEOUT_S:-300} \

@@ -6,6 +6,9 @@
 #                           fetched, and says on stderr which one it used and
 #                           which it skipped; returns 1, naming every URI it
 #                           tried, when none answers.
+#   debian_mirror SUITE LISTED
+#                           the same, among the URIs listed for suite LISTED
+#                           (bookworm-backports from the mirrors of bookworm).
 #
 # The sources are read in apt's order: sources.list, then sources.list.d/*.list
 # and *.sources (deb822). Commented-out lines and paragraphs are not sources,
@@ -44,7 +47,8 @@ debian_mirror_candidates() {
 }
 
 debian_mirror() {
-	local suite=${1:?usage: debian_mirror SUITE} uri probe tried=() seen=" "
+	local suite=${1:?usage: debian_mirror SUITE [LISTED]} uri probe tried=() seen=" "
+	local listed=${2:-$suite}
 	if [[ -n ${DEBIAN_MIRROR:-} ]]; then
 		echo "debian mirror: $DEBIAN_MIRROR (from DEBIAN_MIRROR)" >&2
 		echo "$DEBIAN_MIRROR"
@@ -66,7 +70,7 @@ debian_mirror() {
 			return 0
 		fi
 		tried+=("$uri")
-	done < <(debian_mirror_candidates "$suite")
+	done < <(debian_mirror_candidates "$listed")
 	rm -f "$probe"
 	echo "no Debian mirror serves $suite; tried: ${tried[*]}" >&2
 	echo "fix the URIs in /etc/apt/sources.list(.d), or set DEBIAN_MIRROR to one that works" >&2
