@@ -247,6 +247,42 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
     );
     assert!(daemon.sandboxes().await.is_empty());
 
+    // A task's bind mounts (`ctr run --mount`) are its sandbox's volumes:
+    // read-only where asked, its writes elsewhere landing on the host.
+    let given = tempfile::tempdir_in("/var/tmp").expect("a volume");
+    std::fs::write(given.path().join("seed"), "seeded\n").unwrap();
+    let taken = tempfile::tempdir_in("/var/tmp").expect("a volume");
+    let bind = |dir: &std::path::Path, dst: &str, mode: &str| {
+        format!(
+            "type=bind,src={},dst={dst},options=rbind:{mode}",
+            dir.display()
+        )
+    };
+    let ran = containerd.ctr(&[
+        "run",
+        "--rm",
+        "--runtime",
+        RUNTIME,
+        "--mount",
+        &bind(given.path(), "/in", "ro"),
+        "--mount",
+        &bind(taken.path(), "/out", "rw"),
+        IMAGE,
+        "t-mounts",
+        "sh",
+        "-c",
+        "cat /in/seed; echo x > /in/new 2>/dev/null; echo ro=$?; echo done > /out/result",
+    ]);
+    let said = text(&ran);
+    assert_eq!(ran.status.code(), Some(0), "{said}");
+    assert!(said.contains("seeded\nro=1\n"), "{said}");
+    assert_eq!(
+        std::fs::read_to_string(taken.path().join("result")).unwrap(),
+        "done\n"
+    );
+    assert!(!given.path().join("new").exists());
+    assert!(daemon.sandboxes().await.is_empty());
+
     // Nothing of the sandboxes is left mounted (the overlay was the
     // sandbox's, under the daemon's run dir).
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");

@@ -209,6 +209,22 @@ async fn only_root_on_the_socket_may_name_host_directories() {
         netns.ends_with("403") && netns.contains("join_netns_not_allowed"),
         "{netns}"
     );
+    // Volumes bind host files into the sandbox: root's alone too.
+    let volume =
+        r#"{"image": "busybox", "volumes": [{"source": "/etc", "destination": "/host-etc"}]}"#;
+    let refused = ask(volume, true);
+    assert!(
+        refused.ends_with("403") && refused.contains("volumes_not_allowed"),
+        "{refused}"
+    );
+    let as_root = ask(
+        r#"{"image": "busybox", "volumes": [{"source": "relative", "destination": "/d"}]}"#,
+        false,
+    );
+    assert!(
+        as_root.ends_with("400") && as_root.contains("invalid_volume"),
+        "{as_root}"
+    );
     let id = allowed
         .split('"')
         .skip_while(|part| *part != "id")
@@ -380,6 +396,160 @@ async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_it
     );
     let run = daemon.run_dir().join("sandboxes").join(&id);
     assert_eq!(mounts_under(&run.join("pod-roots")), Vec::<String>::new());
+    daemon.delete(&id).await;
+}
+
+/// A sandbox's own volumes (a `ctr run --mount` task's bind mounts, at
+/// create): bound into its root under its ids, read-only where asked,
+/// never with a device node in force, not seen on the host; refused where
+/// they cannot work, before anything is made or, where only the image
+/// tells, by the create's 400 leaving nothing behind; no snapshots.
+#[tokio::test]
+async fn a_sandboxs_volumes_are_bound_into_its_root_at_create() {
+    require_host!();
+    let host = host_trees();
+    let app = common::root_owned_busybox(&host.path().join("app"));
+    let volumes = host.path().join("volumes");
+    let (data, config) = (volumes.join("data"), volumes.join("app.conf"));
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("seed"), "seeded\n").unwrap();
+    std::fs::write(&config, "key=value\n").unwrap();
+    nix::sys::stat::mknod(
+        &data.join("null"),
+        nix::sys::stat::SFlag::S_IFCHR,
+        nix::sys::stat::Mode::from_bits_truncate(0o666),
+        nix::sys::stat::makedev(1, 3),
+    )
+    .unwrap();
+    let path = |p: &Path| p.display().to_string();
+    let daemon = Daemon::start();
+    let create =
+        |volumes: serde_json::Value| json!({"host_rootfs": [path(&app)], "volumes": volumes});
+
+    // Refused before anything is made.
+    for (body, code, says) in [
+        (
+            json!({"runtime": "vm", "volumes": [{"source": path(&data), "destination": "/data"}]}),
+            "volumes_unsupported",
+            "microVM",
+        ),
+        (
+            create(json!([{"source": path(&data), "destination": "/.sandboxd/x"}])),
+            "invalid_volume",
+            "under /.sandboxd",
+        ),
+        (
+            create(json!([{"source": path(&data), "destination": "/sys/x"}])),
+            "invalid_volume",
+            "under /sys",
+        ),
+    ] {
+        let (status, answer) = daemon
+            .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["code"], code, "{answer}");
+        assert_eq!(answer["error"]["field"], "volumes", "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{body}: {answer}");
+    }
+    // Only the image tells: a file where the volume's directory goes. The
+    // supervisor refuses it, the create answers 400 and leaves nothing.
+    let (status, answer) = daemon
+        .call(
+            Method::POST,
+            "/v1/sandboxes",
+            Some(create(
+                json!([{"source": path(&data), "destination": "/bin/busybox"}]),
+            )),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["code"], "invalid_volume", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("volume /bin/busybox") && message.contains("a file where"),
+        "{answer}"
+    );
+    let (status, listed) = daemon.call(Method::GET, "/v1/sandboxes", None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    assert_eq!(listed["sandboxes"], json!([]), "{listed}");
+    // Nothing mounted for it (the network slots made ahead, `.slot-N`,
+    // are the daemon's own).
+    let sandboxes = daemon.run_dir().join("sandboxes");
+    let left: Vec<String> = mounts_under(&sandboxes)
+        .into_iter()
+        .filter(|point| !point.contains("/.slot-"))
+        .collect();
+    assert_eq!(left, Vec::<String>::new());
+
+    let id = daemon
+        .create(create(json!([
+            {"source": path(&data), "destination": "/data"},
+            {"source": path(&config), "destination": "/etc/app.conf", "read_only": true},
+        ])))
+        .await;
+    // Host root's files read as the sandbox's root; its writes land as
+    // host root's; the read-only file stays so; the device node is dead
+    // (the positive control: the sandbox's own /dev/null).
+    let seen = daemon
+        .sh(
+            &id,
+            "cat /data/seed; stat -c '%u %g' /data/seed; echo written > /data/new; \
+             cat /etc/app.conf; echo x >> /etc/app.conf 2>/dev/null; echo ro=$?; \
+             cat /data/null 2>/dev/null; echo dev=$?; cat /dev/null; echo dev=$?",
+        )
+        .await;
+    assert_eq!(
+        seen.out(),
+        "seeded\n0 0\nkey=value\nro=1\ndev=1\ndev=0\n",
+        "{}",
+        seen.err()
+    );
+    use std::os::unix::fs::MetadataExt;
+    let written = std::fs::metadata(data.join("new")).unwrap();
+    assert_eq!((written.uid(), written.gid()), (0, 0));
+    assert_eq!(std::fs::read_to_string(&config).unwrap(), "key=value\n");
+    // Mounted in the sandbox, where its mount table shows them; none on
+    // the host's side of the volumes.
+    let sandbox_mounts = daemon.sh(&id, "cat /proc/self/mountinfo").await.out();
+    for point in [" /data ", " /etc/app.conf "] {
+        assert!(
+            sandbox_mounts.contains(point),
+            "{point} in {sandbox_mounts}"
+        );
+    }
+    assert_eq!(mounts_under(&volumes), Vec::<String>::new());
+    // Deleting the sandbox takes its mounts; what it wrote stays.
+    let run = sandboxes.join(&id);
+    assert!(!mounts_under(&run).is_empty(), "the positive control");
+    daemon.delete(&id).await;
+    assert_eq!(mounts_under(&run), Vec::<String>::new());
+    assert_eq!(
+        std::fs::read_to_string(data.join("new")).unwrap(),
+        "written\n"
+    );
+
+    // A sandbox of an image takes them too. Host files are not the
+    // sandbox's to keep: no snapshot of either kind.
+    let id = daemon
+        .create(json!({"image": "busybox", "volumes": [{"source": path(&data), "destination": "/data", "read_only": true}]}))
+        .await;
+    assert_eq!(daemon.sh(&id, "cat /data/seed").await.out(), "seeded\n");
+    for kind in ["memory", "filesystem"] {
+        let (status, answer) = daemon
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/snapshots"),
+                Some(json!({"kind": kind})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{kind}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "volumes_snapshot_unsupported",
+            "{answer}"
+        );
+    }
     daemon.delete(&id).await;
 }
 

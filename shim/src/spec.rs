@@ -1,8 +1,9 @@
 //! What containerd hands the shim, as sandboxd requests: the bundle's OCI
 //! `config.json` becomes a create body and a process body, the rootfs
-//! mounts become `host_rootfs`, a pod container's bind mounts (its
-//! Kubernetes volumes) its root's `volumes`. Whatever the spec asks that sandboxd cannot
-//! honour is refused with the field's name, never dropped silently.
+//! mounts become `host_rootfs`, the bind mounts of a task (`ctr run
+//! --mount`) its sandbox's `volumes` and those of a pod's container (its
+//! Kubernetes volumes) its root's. Whatever the spec asks that sandboxd
+//! cannot honour is refused with the field's name, never dropped silently.
 
 use std::path::{Path, PathBuf};
 
@@ -217,7 +218,10 @@ pub fn sandbox(
         body["join_netns"] = json!(netns);
     }
     check_refused(config, linux, &role)?;
-    check_mounts(config, &role)?;
+    let volumes = check_mounts(config, &role)?;
+    if !volumes.is_empty() {
+        body["volumes"] = Value::Array(volumes);
+    }
     if let Some(resources) = linux.get("resources") {
         limits(resources, &mut body)?;
     }
@@ -389,11 +393,12 @@ fn check_refused(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecE
 }
 
 /// Checks the spec's mounts: those sandboxd makes itself (or a pod's
-/// sandbox serves) are skipped; a pod container's bind mounts are
-/// returned as its root's `volumes`; anything else is refused by field.
+/// sandbox serves) are skipped; the bind mounts of a task or a pod's
+/// container are returned as `volumes`; anything else is refused by field.
 fn check_mounts(config: &Value, role: &Role) -> Result<Vec<Value>, SpecError> {
     let pod = *role != Role::Task;
-    let member = matches!(role, Role::PodMember { .. });
+    // The pod's sandbox container runs nothing of the pod's.
+    let takes_volumes = *role != Role::PodSandbox;
     let mut volumes = Vec::new();
     for (index, mount) in config
         .get("mounts")
@@ -416,21 +421,21 @@ fn check_mounts(config: &Value, role: &Role) -> Result<Vec<Value>, SpecError> {
         if pod && POD_SERVED_DESTINATIONS.contains(&destination) {
             continue;
         }
-        if bind && member {
+        if bind && takes_volumes {
             volumes.push(volume(index, destination, mount)?);
             continue;
         }
         if bind || !STANDARD_DESTINATIONS.contains(&destination) {
             return Err(refuse(
                 format!("mounts[{index}]"),
-                format!("{destination}: mounts from the host are supported by sandboxd in the containers of a CRI pod only (besides its own /proc, /dev, /sys, /run)"),
+                format!("{destination}: sandboxd takes bind mounts from the host, and makes its own /proc, /dev, /sys, /run; a {kind:?} mount is not supported"),
             ));
         }
     }
     Ok(volumes)
 }
 
-/// Bind mount `index` of a pod's container as a root's volume: always
+/// Bind mount `index` of a task or a pod's container as a volume: always
 /// recursive, private, nodev and nosuid; read-only with `ro`.
 fn volume(index: usize, destination: &str, mount: &Value) -> Result<Value, SpecError> {
     let source = mount
@@ -658,13 +663,10 @@ mod tests {
         let mut pod_net = ctr_spec();
         pod_net["linux"]["namespaces"] =
             json!([{"type": "network", "path": "/var/run/netns/cni-1"}]);
-        let mut pod_bind = ctr_spec();
-        pod_bind["mounts"] =
-            json!([{"destination": "/etc/hosts", "type": "bind", "source": "/var/lib/x/hosts"}]);
-        let mut bind = ctr_spec();
-        bind["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
-        let mut bind_on_run = ctr_spec();
-        bind_on_run["mounts"] = json!([{"destination": "/run", "type": "bind", "source": "/etc"}]);
+        let mut tmpfs = ctr_spec();
+        tmpfs["mounts"] = json!([{"destination": "/data", "type": "tmpfs", "source": "tmpfs"}]);
+        let mut shared_bind = ctr_spec();
+        shared_bind["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv", "options": ["rbind", "rshared"]}]);
         let mut readonly = ctr_spec();
         readonly["root"] = json!({"path": "rootfs", "readonly": true});
         let mut hooks = ctr_spec();
@@ -679,9 +681,8 @@ mod tests {
         for (spec, field) in [
             (host_net, "linux.namespaces"),
             (pod_net, "linux.namespaces[network].path"),
-            (pod_bind, "mounts[0]"),
-            (bind, "mounts[0]"),
-            (bind_on_run, "mounts[0]"),
+            (tmpfs, "mounts[0]"),
+            (shared_bind, "mounts[0].options"),
             (readonly, "root.readonly"),
             (hooks, "hooks"),
             (host_pid, "linux.namespaces[pid].path"),
@@ -808,7 +809,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_members_bind_mounts_are_its_volumes_and_a_tasks_are_refused() {
+    fn bind_mounts_are_volumes_of_a_pod_members_root_or_a_tasks_sandbox() {
         let mut spec = cri_spec("container");
         // As containerd's CRI plugin writes the kubelet's mounts.
         spec["mounts"] = json!([
@@ -856,11 +857,30 @@ mod tests {
             refused(json!([{"destination": "/d", "type": "tmpfs", "source": "tmpfs"}])),
             "mounts[0]"
         );
-        // A plain task's sandbox takes no volumes.
+        // A plain task's (`ctr run --mount`) are its sandbox's, beside
+        // the standard mounts containerd's default spec lists.
         let mut task = ctr_spec();
-        task["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
-        let err = sandbox(&task, &[PathBuf::from("/s/rootfs")], "default", "t1").unwrap_err();
+        task["mounts"] = json!([
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/data", "type": "bind", "source": "/srv", "options": ["rbind", "ro"]},
+            {"destination": "/out", "type": "none", "source": "/var/out", "options": ["bind"]}
+        ]);
+        let body = sandbox(&task, &[PathBuf::from("/s/rootfs")], "default", "t1").unwrap();
+        assert_eq!(
+            body["volumes"],
+            json!([
+                {"source": "/srv", "destination": "/data", "read_only": true},
+                {"source": "/var/out", "destination": "/out", "read_only": false}
+            ])
+        );
+        // Without any, the body names none.
+        let body = sandbox(&ctr_spec(), &[PathBuf::from("/s/rootfs")], "default", "t1").unwrap();
+        assert!(body.get("volumes").is_none(), "{body}");
+        // The pod's sandbox container runs nothing of the pod's: a bind
+        // mount there (not one the sandbox serves) is refused.
+        let mut pause = cri_spec("sandbox");
+        pause["mounts"] = json!([{"destination": "/data", "type": "bind", "source": "/srv"}]);
+        let err = sandbox(&pause, &[PathBuf::from("/s/rootfs")], "k8s.io", "p1").unwrap_err();
         assert_eq!(err.field, "mounts[0]");
-        assert!(err.message.contains("CRI pod"), "{}", err.message);
     }
 }

@@ -47,6 +47,12 @@ pub async fn create(
             message: "host_rootfs names directories on the daemon's host and is accepted only on its Unix socket, from root".into(),
         }));
     }
+    if !local_root && !body.volumes.is_empty() {
+        return Err(ApiError(crate::sandbox::SandboxError::Forbidden {
+            code: "volumes_not_allowed",
+            message: "volumes name files on the daemon's host and are accepted only on its Unix socket, from root".into(),
+        }));
+    }
     if !local_root && body.join_netns.is_some() {
         return Err(ApiError(crate::sandbox::SandboxError::Forbidden {
             code: "join_netns_not_allowed",

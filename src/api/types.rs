@@ -129,6 +129,11 @@ pub struct CreateSandbox {
     /// The sandbox's hostname (default: its id). Containers only.
     #[serde(default)]
     pub hostname: Option<String>,
+    /// Host files and directories bound into the sandbox's root, as a
+    /// pod container's root takes them. Containers only; refused on the
+    /// remote API.
+    #[serde(default)]
+    pub volumes: Vec<crate::model::HostVolume>,
 }
 
 /// `POST /v1/sandboxes/{id}/ports`

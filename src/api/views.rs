@@ -51,6 +51,7 @@ impl TryFrom<CreateSandbox> for CreateRequest {
             host_rootfs: body.host_rootfs.into_iter().map(Into::into).collect(),
             join_netns: body.join_netns.map(Into::into),
             hostname: body.hostname,
+            volumes: body.volumes,
         })
     }
 }

@@ -47,6 +47,9 @@ pub struct CreateRequest {
     pub join_netns: Option<std::path::PathBuf>,
     /// The hostname inside (default: the sandbox's id). Containers only.
     pub hostname: Option<String>,
+    /// Host files and directories bound into the sandbox's root (a
+    /// `ctr run --mount`). Local callers only; containers only.
+    pub volumes: Vec<super::HostVolume>,
 }
 
 /// The image name a sandbox made from `host_rootfs` is recorded under.

@@ -45,6 +45,8 @@ pub enum ContainerError {
     Spec(String),
     #[error("the container runtime failed to {step}: {message}")]
     Runtime { step: &'static str, message: String },
+    #[error(transparent)]
+    Volume(#[from] crate::runtime::volumes::VolumeError),
 }
 
 fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
@@ -263,7 +265,17 @@ fn mount_root(config: &SandboxSpec, paths: &SandboxPaths) -> Result<(), Containe
     mount_overlay(&target, &lower, &upper, &work).map_err(|e| match e.raw_os_error() {
         Some(errno) => ContainerError::Mount(nix::errno::Errno::from_raw(errno)),
         None => prepare("image layers")(e),
-    })
+    })?;
+    // While only the host sees the root: libcontainer binds it into the
+    // sandbox recursively, volumes and all.
+    let bound = crate::runtime::volumes::bind_volumes(
+        &target,
+        &config.volumes,
+        config.id_map_base,
+        config.id_map_size,
+    )?;
+    crate::runtime::volumes::warn_host_ids(&config.id, &config.volumes, &bound);
+    Ok(())
 }
 
 /// Mounts an overlay of `lower` (top first) under `upper` at `target`,

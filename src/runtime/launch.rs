@@ -29,6 +29,19 @@ pub enum RuntimeError {
     Unsupported(&'static str),
 }
 
+impl RuntimeError {
+    /// The API error code of a failure the caller can fix (a volume the
+    /// image has no place for); `None` for the host's.
+    pub fn callers_code(&self) -> Option<&'static str> {
+        match self {
+            RuntimeError::Container(ContainerError::Volume(e)) if e.is_callers() => {
+                Some("invalid_volume")
+            }
+            _ => None,
+        }
+    }
+}
+
 /// Makes and starts the sandbox of `spec`: a container, a container's fork
 /// restored from its checkpoint, or a microVM. On error the caller runs
 /// [`destroy_sandbox`], which removes whatever was made.

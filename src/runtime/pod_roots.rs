@@ -27,7 +27,7 @@ use super::beneath::{mount_onto, Dir};
 use super::idmap::{idmap_layers, open_tree_clone, IdmapError};
 use super::paths::SandboxPaths;
 use super::sandbox::SandboxSpec;
-use super::volumes::{bind_volumes, Binding, VolumeError};
+use super::volumes::{bind_volumes, VolumeError};
 use crate::model::HostVolume;
 
 #[derive(Debug, thiserror::Error)]
@@ -204,15 +204,7 @@ fn mount_and_clone(
                 source,
             }
         })?;
-    for (volume, binding) in volumes.iter().zip(bound) {
-        if binding == Binding::HostIds {
-            tracing::warn!(
-                root = name,
-                volume = %volume.destination,
-                "its filesystem cannot be idmapped: bound with host ids, which the sandbox sees as 65534"
-            );
-        }
-    }
+    super::volumes::warn_host_ids(name, volumes, &bound);
     // With the volumes mounted inside it.
     let clone =
         open_tree_clone(target, !volumes.is_empty()).map_err(fail("cloning its overlay"))?;

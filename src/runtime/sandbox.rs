@@ -57,6 +57,10 @@ pub struct SandboxSpec {
     /// of the sandbox's own. Containers only.
     #[serde(default)]
     pub joined_netns: Option<PathBuf>,
+    /// Host files and directories bound into the root
+    /// (`runtime::volumes`). Containers only.
+    #[serde(default)]
+    pub volumes: Vec<crate::model::HostVolume>,
 }
 
 /// Which runtime makes a sandbox.

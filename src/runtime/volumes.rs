@@ -117,6 +117,27 @@ pub fn bind_volumes(
     Ok(bound)
 }
 
+/// Logs each volume of `whose` root (a sandbox's id, or a pod root's
+/// name) bound with host ids: its files show as 65534 inside.
+pub fn warn_host_ids(whose: &str, volumes: &[HostVolume], bound: &[Binding]) {
+    for (volume, binding) in volumes.iter().zip(bound) {
+        if *binding == Binding::HostIds {
+            tracing::warn!(
+                root = whose,
+                volume = %volume.destination,
+                "its filesystem cannot be idmapped: bound with host ids, which the sandbox sees as 65534"
+            );
+        }
+    }
+}
+
+impl VolumeError {
+    /// Whether the caller can fix it (the volume or the image), not the host.
+    pub fn is_callers(&self) -> bool {
+        matches!(self, VolumeError::Bind { .. })
+    }
+}
+
 /// The step that makes a volume's mount point, which the image's own
 /// tree can fail.
 const MOUNT_POINT: &str = "making its mount point in the root";

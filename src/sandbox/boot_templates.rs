@@ -254,6 +254,7 @@ impl Manager {
                 host_rootfs: Vec::new(),
                 join_netns: None,
                 hostname: None,
+                volumes: Vec::new(),
             })
             .await;
         // The record (made, or removed with everything) holds it from here.

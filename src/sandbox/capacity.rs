@@ -150,6 +150,7 @@ mod tests {
             host_rootfs: Vec::new(),
             join_netns: None,
             hostname: None,
+            volumes: Vec::new(),
         }
     }
 

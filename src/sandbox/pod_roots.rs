@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::manager::not_running;
-use super::validate::validated_host_dirs;
+use super::validate::{validated_host_dirs, validated_volumes};
 use super::{Manager, SandboxError};
 use crate::config::Config;
 use crate::model::{HostVolume, RootLimits, RuntimeKind, SandboxStats};
@@ -24,75 +24,6 @@ pub fn validated_root_name(name: &str) -> Result<(), SandboxError> {
             format!("{name:?} is not a root name: use 1 to 128 of A-Z a-z 0-9 _ . - and do not start with a dot"),
         ))
     }
-}
-
-/// The most volumes one root takes (a Kubernetes container has a handful).
-const MAX_VOLUMES: usize = 64;
-
-/// Where a volume may not go: the sandbox binds its own `/proc`, `/dev`
-/// and `/sys` over the root, and its `/etc` files that name it on the
-/// network, which would hide a volume there.
-const SANDBOX_SERVED: [&str; 6] = [
-    "/proc",
-    "/dev",
-    "/sys",
-    "/etc/hosts",
-    "/etc/hostname",
-    "/etc/resolv.conf",
-];
-
-/// Checks a root's volumes: host sources that are a directory or a
-/// regular file (no symlink at the last component), destinations that are
-/// clean absolute paths outside what the sandbox serves itself.
-pub fn validated_volumes(volumes: &[HostVolume]) -> Result<(), SandboxError> {
-    let bad = |message: String| SandboxError::bad("invalid_volume", message);
-    if volumes.len() > MAX_VOLUMES {
-        return Err(bad(format!(
-            "a root takes at most {MAX_VOLUMES} volumes, got {}",
-            volumes.len()
-        )));
-    }
-    for (index, volume) in volumes.iter().enumerate() {
-        let field = format!("volumes[{index}]");
-        let source = &volume.source;
-        if !source.is_absolute() {
-            return Err(bad(format!(
-                "{field}.source: {} is not an absolute path",
-                source.display()
-            )));
-        }
-        match std::fs::symlink_metadata(source) {
-            Ok(meta) if meta.is_dir() || meta.is_file() => {}
-            Ok(_) => {
-                return Err(bad(format!(
-                    "{field}.source: {} is neither a directory nor a regular file (symlinks are not followed)",
-                    source.display()
-                )))
-            }
-            Err(e) => return Err(bad(format!("{field}.source: {}: {e}", source.display()))),
-        }
-        let destination = volume.destination.as_str();
-        let clean = destination.starts_with('/')
-            && destination.len() <= 4096
-            && !destination.contains('\0')
-            && destination[1..]
-                .split('/')
-                .all(|c| !c.is_empty() && c != "." && c != "..");
-        if !clean || destination == "/" {
-            return Err(bad(format!(
-                "{field}.destination: {destination:?} is not an absolute path below / without empty, . or .. components"
-            )));
-        }
-        if let Some(served) = SANDBOX_SERVED
-            .iter()
-            .find(|s| destination == **s || destination.starts_with(&format!("{s}/")))
-        {
-            return Err(bad(format!(
-                "{field}.destination: {destination} is under {served}, which the sandbox serves itself"
-            )));
-        }
-    }
-    Ok(())
 }
 
 /// The smallest memory ceiling of one container of a pod.

@@ -92,6 +92,9 @@ pub struct SandboxRecord {
     /// Its hostname when the create named one (else its id).
     #[serde(default)]
     pub hostname: Option<String>,
+    /// Host files and directories bound into its root.
+    #[serde(default)]
+    pub volumes: Vec<crate::model::HostVolume>,
 }
 
 pub fn now_ms() -> u64 {

@@ -138,6 +138,7 @@ impl Harness {
             host_rootfs: Vec::new(),
             join_netns: None,
             hostname: None,
+            volumes: Vec::new(),
         };
         self.manager.persist(&record).expect("persist");
         self.manager.records().insert(id.into(), record.clone());

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::SandboxError;
 use crate::config::Config;
-use crate::model::{CreateRequest, Limits};
+use crate::model::{CreateRequest, HostVolume, Limits};
 
 const MAX_ENV: usize = 256;
 const MAX_LABELS: usize = 64;
@@ -78,6 +78,98 @@ pub fn validated_host_rootfs(req: &CreateRequest) -> Result<(), SandboxError> {
         ));
     }
     validated_host_dirs("invalid_host_rootfs", "host_rootfs", &req.host_rootfs)
+}
+
+/// The most volumes one root takes (a Kubernetes container has a handful).
+const MAX_VOLUMES: usize = 64;
+
+/// Where a volume may not go: the sandbox binds its own `/proc`, `/dev`
+/// and `/sys` over the root, its `/etc` files that name it on the
+/// network, and its agent, which would hide a volume there (or the
+/// volume them).
+const SANDBOX_SERVED: [&str; 7] = [
+    "/proc",
+    "/dev",
+    "/sys",
+    "/etc/hosts",
+    "/etc/hostname",
+    "/etc/resolv.conf",
+    "/.sandboxd",
+];
+
+/// Checks a root's (or a sandbox's) volumes: host sources that are a directory or a
+/// regular file (no symlink at the last component), destinations that are
+/// clean absolute paths outside what the sandbox serves itself.
+pub fn validated_volumes(volumes: &[HostVolume]) -> Result<(), SandboxError> {
+    let bad = |message: String| SandboxError::bad("invalid_volume", message);
+    if volumes.len() > MAX_VOLUMES {
+        return Err(bad(format!(
+            "at most {MAX_VOLUMES} volumes are taken, got {}",
+            volumes.len()
+        )));
+    }
+    for (index, volume) in volumes.iter().enumerate() {
+        let field = format!("volumes[{index}]");
+        let source = &volume.source;
+        if !source.is_absolute() {
+            return Err(bad(format!(
+                "{field}.source: {} is not an absolute path",
+                source.display()
+            )));
+        }
+        match std::fs::symlink_metadata(source) {
+            Ok(meta) if meta.is_dir() || meta.is_file() => {}
+            Ok(_) => {
+                return Err(bad(format!(
+                    "{field}.source: {} is neither a directory nor a regular file (symlinks are not followed)",
+                    source.display()
+                )))
+            }
+            Err(e) => return Err(bad(format!("{field}.source: {}: {e}", source.display()))),
+        }
+        let destination = volume.destination.as_str();
+        let clean = destination.starts_with('/')
+            && destination.len() <= 4096
+            && !destination.contains('\0')
+            && destination[1..]
+                .split('/')
+                .all(|c| !c.is_empty() && c != "." && c != "..");
+        if !clean || destination == "/" {
+            return Err(bad(format!(
+                "{field}.destination: {destination:?} is not an absolute path below / without empty, . or .. components"
+            )));
+        }
+        if let Some(served) = SANDBOX_SERVED
+            .iter()
+            .find(|s| destination == **s || destination.starts_with(&format!("{s}/")))
+        {
+            return Err(bad(format!(
+                "{field}.destination: {destination} is under {served}, which the sandbox serves itself"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a create's volumes: for a container made fresh (a fork keeps
+/// its snapshot's mounts; a microVM's guest cannot see the host's files).
+pub fn validated_create_volumes(req: &CreateRequest) -> Result<(), SandboxError> {
+    if req.volumes.is_empty() {
+        return Ok(());
+    }
+    if req.runtime == Some(crate::model::RuntimeKind::Vm) {
+        return Err(SandboxError::bad(
+            "volumes_unsupported",
+            "a microVM takes no host volumes: its guest cannot see the host's files",
+        ));
+    }
+    if req.from_snapshot.is_some() {
+        return Err(SandboxError::bad(
+            "invalid_volume",
+            "a fork keeps its snapshot's mounts: give volumes to a fresh create",
+        ));
+    }
+    validated_volumes(&req.volumes)
 }
 
 /// Checks a CRI pod's namespace to join: a network namespace file, for a
@@ -259,6 +351,37 @@ pub fn sandbox_path(raw: &str) -> Result<String, SandboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_creates_volumes_are_for_a_fresh_container() {
+        let code = |req: &CreateRequest| match validated_create_volumes(req) {
+            Ok(()) => "ok",
+            Err(SandboxError::BadRequest { code, .. }) => code,
+            Err(e) => panic!("{e}"),
+        };
+        let volume = HostVolume {
+            source: "/".into(),
+            destination: "/host".into(),
+            read_only: true,
+        };
+        let mut req = CreateRequest {
+            volumes: vec![volume.clone()],
+            ..Default::default()
+        };
+        assert_eq!(code(&req), "ok");
+        req.runtime = Some(crate::model::RuntimeKind::Vm);
+        assert_eq!(code(&req), "volumes_unsupported");
+        req.runtime = None;
+        req.from_snapshot = Some("snap-1".into());
+        assert_eq!(code(&req), "invalid_volume");
+        req.from_snapshot = None;
+        req.volumes = vec![volume; MAX_VOLUMES + 1];
+        assert_eq!(code(&req), "invalid_volume");
+        // None asked: nothing to refuse, whatever else the create is.
+        req.volumes.clear();
+        req.runtime = Some(crate::model::RuntimeKind::Vm);
+        assert_eq!(code(&req), "ok");
+    }
 
     #[test]
     fn paths_normalise_and_escapes_are_refused() {

@@ -268,6 +268,7 @@ impl Manager {
             host_rootfs: Vec::new(),
             join_netns: None,
             hostname: None,
+            volumes: Vec::new(),
         }
     }
 

@@ -46,6 +46,10 @@ pub struct ReadyLine {
     /// time its way back.
     #[serde(default)]
     pub ready_at_ns: u64,
+    /// The API error code of a failure the caller can fix (`invalid_volume`);
+    /// `None` for the host's own (a 500).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
 }
 
 /// The environment variable the daemon puts its CLOCK_MONOTONIC (ns) in
@@ -128,6 +132,16 @@ fn report(line: &ReadyLine) {
 }
 
 fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
+    fail_with(line, None, config, paths)
+}
+
+/// [`fail`], telling the daemon the caller's `code` when it is theirs to fix.
+fn fail_with(
+    line: String,
+    code: Option<&'static str>,
+    config: &SupervisorConfig,
+    paths: &SandboxPaths,
+) -> i32 {
     let spec = &config.spec;
     tracing::error!(sandbox = %spec.id, "{line}");
     for problem in crate::runtime::destroy_sandbox(&spec.id, &spec.cgroups_path, paths) {
@@ -139,6 +153,7 @@ fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
         error: Some(line),
         phases_us: Vec::new(),
         ready_at_ns: monotonic_ns(),
+        error_code: code.map(str::to_string),
     });
     1
 }
@@ -167,6 +182,7 @@ fn start(dir: &Path, mut clock: StartClock, join_group: bool) -> i32 {
                 error: Some(format!("reading {}: {e}", paths.config().display())),
                 phases_us: Vec::new(),
                 ready_at_ns: monotonic_ns(),
+                error_code: None,
             });
             return 1;
         }
@@ -189,7 +205,7 @@ fn start(dir: &Path, mut clock: StartClock, join_group: bool) -> i32 {
     clock.lap("config");
     let started = match crate::runtime::start(&config.spec, &paths) {
         Ok(s) => s,
-        Err(e) => return fail(e.to_string(), &config, &paths),
+        Err(e) => return fail_with(e.to_string(), e.callers_code(), &config, &paths),
     };
     clock.add(&started.phases);
     // From here the supervisor may hold brokered secrets' values. Not
@@ -408,6 +424,7 @@ async fn serve(
         error: None,
         phases_us: clock.phases,
         ready_at_ns: monotonic_ns(),
+        error_code: None,
     });
     let shutdown = Arc::new(Notify::new());
     // Returns after a Shutdown request has torn the sandbox down.

@@ -444,12 +444,13 @@ impl Supervisor {
                 err(SupervisorErrorKind::Conflict, e.to_string())
             }
             // A layer that cannot be idmapped (its filesystem, or it went
-            // since validation) is the caller's to fix.
-            // The host could not make the namespace holding the id map.
-            crate::runtime::pod_roots::PodRootError::Volume {
-                source: crate::runtime::volumes::VolumeError::UserNamespace(_),
-                ..
-            } => err(SupervisorErrorKind::Internal, e.to_string()),
+            // since validation) is the caller's to fix, as is a volume the
+            // image has no place for.
+            crate::runtime::pod_roots::PodRootError::Volume { ref source, .. }
+                if !source.is_callers() =>
+            {
+                err(SupervisorErrorKind::Internal, e.to_string())
+            }
             crate::runtime::pod_roots::PodRootError::Idmap { .. }
             | crate::runtime::pod_roots::PodRootError::Volume { .. } => {
                 err(SupervisorErrorKind::InvalidInput, e.to_string())
@@ -1500,6 +1501,7 @@ mod tests {
                 netns_ready: false,
                 host_owned_image: false,
                 joined_netns: None,
+                volumes: Vec::new(),
             },
             output_buffer_bytes: 1 << 20,
             network: Default::default(),

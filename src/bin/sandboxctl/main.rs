@@ -263,6 +263,10 @@ struct CreateArgs {
     /// the sandbox's own; its egress rules are added there. Root only.
     #[arg(long, value_name = "NETNS")]
     join_netns: Option<PathBuf>,
+    /// Bind a host file or directory into the root: SRC:DST, or
+    /// SRC:DST:ro read-only (repeat for more). Root only; containers only.
+    #[arg(short = 'v', long = "volume", value_name = "SRC:DST[:ro]", value_parser = units::parse_volume)]
+    volumes: Vec<sandboxd::model::HostVolume>,
     /// The sandbox's hostname (default: its id).
     #[arg(long)]
     hostname: Option<String>,
@@ -431,6 +435,7 @@ impl CreateArgs {
                 .collect(),
             join_netns: self.join_netns.map(|p| p.display().to_string()),
             hostname: self.hostname,
+            volumes: self.volumes,
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Parsing of what people type on the command line: sizes (`512Mi`, `2G`), TTLs
 //! and timeouts (`90`, `30s`, `5m`, `1h30m`, `none`), CPU amounts, `K=V` pairs,
-//! `UID[:GID]` and ids. Every parser returns a message meant for a person; clap
+//! `UID[:GID]`, `SRC:DST[:ro]` volumes and ids. Every parser returns a message meant for a person; clap
 //! prints it as a usage error (exit 2), so nothing malformed reaches the daemon.
 
 /// Bytes in one MiB, the unit of `memory_mib` and `disk_mib`.
@@ -203,6 +203,29 @@ pub fn parse_id(s: &str) -> Result<String, String> {
     Ok(s.to_string())
 }
 
+/// Parses a volume as `docker run -v` spells one: `SRC:DST`, `SRC:DST:ro`
+/// or `SRC:DST:rw`, both paths absolute (the daemon checks the rest).
+pub fn parse_volume(s: &str) -> Result<sandboxd::model::HostVolume, String> {
+    let usage = || format!("{s:?} is not a volume: give SRC:DST or SRC:DST:ro, absolute paths");
+    let mut parts = s.split(':');
+    let (Some(source), Some(destination)) = (parts.next(), parts.next()) else {
+        return Err(usage());
+    };
+    let read_only = match parts.next() {
+        None | Some("rw") => false,
+        Some("ro") => true,
+        Some(_) => return Err(usage()),
+    };
+    if parts.next().is_some() || !source.starts_with('/') || !destination.starts_with('/') {
+        return Err(usage());
+    }
+    Ok(sandboxd::model::HostVolume {
+        source: source.into(),
+        destination: destination.to_string(),
+        read_only,
+    })
+}
+
 /// Parses a file mode given in octal (`644`, `0755`, `0o600`).
 pub fn parse_mode(s: &str) -> Result<u32, String> {
     let t = s.trim_start_matches("0o");
@@ -332,5 +355,25 @@ mod tests {
         assert_eq!(parse_mode("0o600"), Ok(0o600));
         assert!(parse_mode("999").is_err());
         assert!(parse_mode("77777").is_err());
+        let volume = parse_volume("/srv/data:/data:ro").unwrap();
+        assert_eq!(
+            (
+                volume.source.to_str(),
+                volume.destination.as_str(),
+                volume.read_only
+            ),
+            (Some("/srv/data"), "/data", true)
+        );
+        assert!(!parse_volume("/srv:/data").unwrap().read_only);
+        assert!(!parse_volume("/srv:/data:rw").unwrap().read_only);
+        for bad in [
+            "/srv",
+            "srv:/data",
+            "/srv:data",
+            "/srv:/data:rx",
+            "/a:/b:ro:x",
+        ] {
+            assert!(parse_volume(bad).is_err(), "{bad}");
+        }
     }
 }

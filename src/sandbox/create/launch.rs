@@ -79,6 +79,7 @@ impl Manager {
                 netns_ready,
                 host_owned_image: root.host_owned,
                 joined_netns: record.join_netns.clone(),
+                volumes: record.volumes.clone(),
             },
             output_buffer_bytes: (self.config.output_buffer_kib * 1024) as usize,
             network: record.network.clone(),
@@ -92,13 +93,15 @@ impl Manager {
         let (supervisor_pid, ready) = self.spawn_supervisor(&paths).await?;
         record.supervisor_pid = supervisor_pid;
         if !ready.ok {
-            return Err(SandboxError::internal(format!(
-                "the sandbox could not be started: {}",
-                ready
-                    .error
-                    .clone()
-                    .unwrap_or_else(|| "no reason given".into())
-            )));
+            let why = ready
+                .error
+                .clone()
+                .unwrap_or_else(|| "no reason given".into());
+            // A code only for what the caller can fix; the rest is ours.
+            return Err(match ready.error_code.as_deref() {
+                Some("invalid_volume") => SandboxError::bad("invalid_volume", why),
+                _ => SandboxError::internal(format!("the sandbox could not be started: {why}")),
+            });
         }
         Ok(ready)
     }

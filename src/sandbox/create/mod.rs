@@ -107,6 +107,8 @@ pub(super) struct ColdCreate {
     pub(super) join_netns: Option<std::path::PathBuf>,
     /// The hostname the create named.
     pub(super) hostname: Option<String>,
+    /// Host files and directories bound into its root.
+    pub(super) volumes: Vec<crate::model::HostVolume>,
 }
 
 /// What the admission of a create decided, beyond the request itself.
@@ -265,6 +267,7 @@ impl Manager {
         super::validate::validated_host_rootfs(&req)?;
         super::validate::validated_join_netns(&req)?;
         super::validate::validated_hostname(&req)?;
+        super::validate::validated_create_volumes(&req)?;
         let gpu = GpuRequest::from_create(req.runtime, req.gpu.as_deref(), req.gpu_count)?;
         let runtime = req.runtime.unwrap_or_default();
         if runtime == RuntimeKind::Vm {
@@ -358,8 +361,10 @@ impl Manager {
             secrets: &secrets,
             gpu: gpu.is_some(),
         };
-        let of_an_image =
-            req.host_rootfs.is_empty() && req.join_netns.is_none() && req.hostname.is_none();
+        let of_an_image = req.host_rootfs.is_empty()
+            && req.join_netns.is_none()
+            && req.hostname.is_none()
+            && req.volumes.is_empty();
         if of_an_image {
             if let Some(view) = self.claim_pooled(&claim).await? {
                 return Ok(view);
@@ -393,6 +398,7 @@ impl Manager {
                 host_rootfs: req.host_rootfs,
                 join_netns: req.join_netns,
                 hostname: req.hostname,
+                volumes: req.volumes,
             })
             .await?;
         // The first boot of its image and size: the next is a fork.
@@ -487,6 +493,7 @@ impl Manager {
             host_rootfs,
             join_netns,
             hostname,
+            volumes,
         } = create;
         // A caller's create takes the room of pooled sandboxes when it
         // needs it: the pools never keep real work off the host.
@@ -552,6 +559,7 @@ impl Manager {
                 host_rootfs,
                 join_netns,
                 hostname,
+                volumes,
             };
             records.insert(id.clone(), record.clone());
             record

@@ -117,6 +117,14 @@ impl Manager {
                 format!("sandbox {id} runs on host directories (host_rootfs), which the daemon does not keep; it cannot be snapshotted"),
             ));
         }
+        if !record.volumes.is_empty() {
+            // Their files are the host's, not the sandbox's layer, and a
+            // fork could not be given them back.
+            return Err(SandboxError::bad(
+                "volumes_snapshot_unsupported",
+                format!("sandbox {id} has host volumes bound into its root, which a snapshot cannot keep; it cannot be snapshotted"),
+            ));
+        }
         if kind == SnapshotKind::Memory && !record.gpus.is_empty() {
             return Err(SandboxError::bad(
                 "gpu_snapshot_unsupported",
@@ -603,6 +611,7 @@ impl Manager {
             host_rootfs: Vec::new(),
             join_netns: None,
             hostname: None,
+            volumes: Vec::new(),
         })
         .await
     }
