@@ -726,16 +726,27 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
     cri.assert_pod_ip_and_allow_list(&web, &client, "served-in-the-vm")
         .await;
 
-    // A fourth container finds no free slot and is refused, saying why; a
+    // Fourteen containers fill the VM's slots (the server and the client
+    // hold two); a fifteenth finds none free and is refused, saying why; a
     // removed container frees its slot.
-    let third = cri.start_container(&web, "third", &["sleep", "3600"]).await;
+    let mut fillers = Vec::new();
+    for n in 3..=14 {
+        let name = format!("filler-{n}");
+        fillers.push(cri.start_container(&web, &name, &["sleep", "3600"]).await);
+    }
+    let (code, said) = cri.exec(&fillers[11], "echo in-the-last-slot").await;
+    assert_eq!(
+        (code, said.as_str()),
+        (0, "in-the-last-slot\n"),
+        "the fourteenth slot's container runs: {said}"
+    );
     let refused = cri
         .runtime
         .create_container(CreateContainerRequest {
             pod_sandbox_id: web.0.clone(),
             config: Some(ContainerConfig {
                 metadata: Some(ContainerMetadata {
-                    name: "fourth".into(),
+                    name: "fifteenth".into(),
                     attempt: 0,
                 }),
                 image: Some(image_spec(IMAGE)),
@@ -755,9 +766,12 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
             .map(drop),
         Err(e) => Err(e),
     };
-    let err = started.expect_err("no slot is left for a fourth container");
-    assert!(err.message().contains("root slots are all in use"), "{err}");
-    cri.remove_container(&third).await;
+    let err = started.expect_err("no slot is left for a fifteenth container");
+    assert!(
+        err.message().contains("14 root slots are all in use"),
+        "{err}"
+    );
+    cri.remove_container(&fillers[0]).await;
 
     // The freed slot serves again, here a container with limits of its
     // own: the agent keeps them on a guest group of its own, so 64 MiB is

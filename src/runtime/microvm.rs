@@ -476,9 +476,10 @@ fn control_with(
 /// The disk number (in `--disk` order) of the first root slot: after the
 /// image, scratch and agent disks.
 pub const FIRST_ROOT_SLOT_DISK: usize = 3;
-/// Root slots of a pod's VM: the VMM's eight virtio devices less the three
-/// disks, the vsock and the net device.
-pub const POD_ROOT_SLOTS: u8 = 3;
+/// Root slots of a pod's VM: the VMM's nineteen virtio devices (its
+/// `MAX_VIRTIO_DEVICES`, IOAPIC pins 5..=23) less the three disks, the
+/// vsock and the net device.
+pub const POD_ROOT_SLOTS: u8 = 14;
 
 /// Puts `disk` (opened read-only here, as the jailed VMM can open nothing)
 /// into disk slot `disk_number` of the running VM; the guest sees it as

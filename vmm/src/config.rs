@@ -436,11 +436,17 @@ mod tests {
         ));
         assert!(matches!(
             check(VmConfig {
-                disks: vec!["/d".parse().expect("disk"); 9],
+                disks: vec!["/d".parse().expect("disk"); MAX_VIRTIO_DEVICES + 1],
                 ..config()
             }),
-            ConfigError::TooManyDevices { count: 9, .. }
+            ConfigError::TooManyDevices { count: 20, max: 19 }
         ));
+        VmConfig {
+            disks: vec!["/d".parse().expect("disk"); MAX_VIRTIO_DEVICES],
+            ..config()
+        }
+        .validate()
+        .expect("as many devices as IOAPIC pins from the first free one");
         assert!(matches!(
             check(VmConfig {
                 vsock: Some(VsockConfig {

@@ -9,7 +9,9 @@ use vm_memory::ByteValued;
 pub const BOOT_INFO_MAGIC: u32 = 0x4258_4253;
 /// Bumped whenever the layout changes (2: virtio-mmio device list).
 pub const BOOT_INFO_VERSION: u32 = 2;
-/// Most virtio-mmio devices the block lists.
+/// Most virtio-mmio devices the block lists: the test guest drives no
+/// more (a Linux guest, which may have up to `MAX_VIRTIO_DEVICES`, reads
+/// the command line instead).
 pub const BOOT_INFO_MAX_VIRTIO: usize = 8;
 
 /// One virtio-mmio device: where its registers are and which interrupt line
@@ -88,8 +90,7 @@ impl BootInfo {
         }
     }
 
-    /// Lists `devices` (at most [`BOOT_INFO_MAX_VIRTIO`]; the VMM's config
-    /// validation refuses more).
+    /// Lists the first [`BOOT_INFO_MAX_VIRTIO`] of `devices`.
     pub fn with_virtio(mut self, devices: &[BootVirtio]) -> Self {
         let n = devices.len().min(BOOT_INFO_MAX_VIRTIO);
         self.virtio[..n].copy_from_slice(&devices[..n]);

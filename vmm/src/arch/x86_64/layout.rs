@@ -67,8 +67,12 @@ pub const VIRTIO_MMIO_SIZE: u64 = 0x1000;
 /// `VIRTIO_GSI_START + i`. GSI 4 is COM1; 5 and up are free ISA/IOAPIC pins
 /// (Firecracker numbers its devices' lines the same way).
 pub const VIRTIO_GSI_START: u32 = 5;
-/// Most virtio devices: IOAPIC pins 5..=12, and the boot-info block's list.
-pub const MAX_VIRTIO_DEVICES: usize = 8;
+/// Most virtio devices: IOAPIC pins 5..=23, every pin of KVM's in-kernel
+/// IOAPIC from the first free one on, each wired by the MP table (as
+/// Firecracker's are). A CRI pod's microVM spends most of them on its
+/// containers' root slots.
+pub const MAX_VIRTIO_DEVICES: usize =
+    super::mptable::IOAPIC_PINS as usize - VIRTIO_GSI_START as usize;
 
 /// Where virtio device number `index` (below [`MAX_VIRTIO_DEVICES`]) sits:
 /// its MMIO base and its GSI.
