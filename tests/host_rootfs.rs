@@ -443,6 +443,19 @@ async fn a_sandboxs_volumes_are_bound_into_its_root_at_create() {
             "invalid_volume",
             "under /sys",
         ),
+        (
+            create(json!([{"source": path(&data), "destination": "/etc"}])),
+            "invalid_volume",
+            "holds /etc/hosts",
+        ),
+        // The daemon writes its CA into the trust bundle of a sandbox with
+        // secrets: never into a host file. (The secret need not exist: the
+        // volume is refused first.)
+        (
+            json!({"image": "busybox", "secrets": ["NO_SUCH_SECRET"], "volumes": [{"source": path(&data), "destination": "/etc/ssl"}]}),
+            "invalid_volume",
+            "covers /etc/ssl/certs/ca-certificates.crt",
+        ),
     ] {
         let (status, answer) = daemon
             .call(Method::POST, "/v1/sandboxes", Some(body.clone()))
@@ -519,10 +532,13 @@ async fn a_sandboxs_volumes_are_bound_into_its_root_at_create() {
             "{point} in {sandbox_mounts}"
         );
     }
-    assert_eq!(mounts_under(&volumes), Vec::<String>::new());
-    // Deleting the sandbox takes its mounts; what it wrote stays.
+    // On the host, the run directory shows the sandbox's overlay alone:
+    // the volumes left the host's side of its root once the container
+    // had its own copy, so nobody walking that directory reaches them.
     let run = sandboxes.join(&id);
-    assert!(!mounts_under(&run).is_empty(), "the positive control");
+    let rootfs = run.join("rootfs").display().to_string();
+    assert_eq!(mounts_under(&run.join("rootfs")), vec![rootfs]);
+    // Deleting the sandbox takes its mounts; what it wrote stays.
     daemon.delete(&id).await;
     assert_eq!(mounts_under(&run), Vec::<String>::new());
     assert_eq!(

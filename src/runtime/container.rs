@@ -63,6 +63,16 @@ pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, Cont
         clock = std::time::Instant::now();
     };
     let egress = prepare_root(config, paths)?;
+    // On the host's side of the root: libcontainer binds that root into
+    // the container's mount namespace recursively, volumes and all. They
+    // leave the host's side once the container has its own copy.
+    let volumes = crate::runtime::volumes::bind_volumes(
+        &paths.rootfs(),
+        &config.volumes,
+        config.id_map_base,
+        config.id_map_size,
+    )?;
+    crate::runtime::volumes::warn_host_ids(&config.id, &config.volumes, &volumes);
     lap("netns", &mut phases);
 
     let nofile = usable_nofile(config.nofile).map_err(prepare("file descriptor limit"))?;
@@ -105,6 +115,16 @@ pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, Cont
     nix::sched::setns(&own_netns, nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| prepare("network namespace")(e.into()))?;
     let init_pid = created?;
+    // The host's users and tools walking the run directory never reach a
+    // volume. Nested ones go first.
+    for (volume, bound) in config.volumes.iter().zip(volumes).rev() {
+        bound.detach().map_err(|e| {
+            prepare("volumes")(io::Error::other(format!(
+                "unmounting volume {} from the host's side of the root: {e}",
+                volume.destination
+            )))
+        })?;
+    }
     SandboxCgroups::new(Layout::detect(), &config.cgroups_path)
         .join_accounting(init_pid)
         .map_err(|e| prepare("CPU accounting")(std::io::Error::other(e.to_string())))?;
@@ -265,17 +285,7 @@ fn mount_root(config: &SandboxSpec, paths: &SandboxPaths) -> Result<(), Containe
     mount_overlay(&target, &lower, &upper, &work).map_err(|e| match e.raw_os_error() {
         Some(errno) => ContainerError::Mount(nix::errno::Errno::from_raw(errno)),
         None => prepare("image layers")(e),
-    })?;
-    // While only the host sees the root: libcontainer binds it into the
-    // sandbox recursively, volumes and all.
-    let bound = crate::runtime::volumes::bind_volumes(
-        &target,
-        &config.volumes,
-        config.id_map_base,
-        config.id_map_size,
-    )?;
-    crate::runtime::volumes::warn_host_ids(&config.id, &config.volumes, &bound);
-    Ok(())
+    })
 }
 
 /// Mounts an overlay of `lower` (top first) under `upper` at `target`,

@@ -17,6 +17,7 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::Path;
 
+use nix::mount::{umount2, MntFlags};
 use nix::sys::stat::{fstat, SFlag};
 
 use super::beneath::{mount_onto, Dir, MountPointKind};
@@ -37,6 +38,24 @@ pub enum VolumeError {
     },
 }
 
+/// A volume bound into a root, held by its mount.
+#[derive(Debug)]
+pub struct BoundVolume {
+    pub binding: Binding,
+    /// The volume's mount (its root), as moved onto its mount point.
+    mount: OwnedFd,
+}
+
+impl BoundVolume {
+    /// Unmounts it from the tree it was bound in, lazily: a mount
+    /// namespace copied from that tree meanwhile (a container's) keeps its
+    /// own copy, which is private, so nothing propagates to it.
+    pub fn detach(self) -> io::Result<()> {
+        let path = format!("/proc/self/fd/{}", self.mount.as_raw_fd());
+        umount2(path.as_str(), MntFlags::MNT_DETACH).map_err(io::Error::from)
+    }
+}
+
 /// How a volume was bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Binding {
@@ -54,7 +73,7 @@ pub fn bind_volumes(
     volumes: &[HostVolume],
     base: u32,
     size: u32,
-) -> Result<Vec<Binding>, VolumeError> {
+) -> Result<Vec<BoundVolume>, VolumeError> {
     if volumes.is_empty() {
         return Ok(Vec::new());
     }
@@ -88,7 +107,7 @@ pub fn bind_volumes(
                 }
             }
         };
-        let tree = open_tree_clone(&volume.source, true).map_err(fail("cloning it"))?;
+        let tree = open_tree_clone(&volume.source, true).map_err(fail(CLONING))?;
         let mut attrs = libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOSUID;
         if volume.read_only {
             attrs |= libc::MOUNT_ATTR_RDONLY;
@@ -112,16 +131,19 @@ pub fn bind_volumes(
             .mount_point_in_root(&volume.destination, kind, base)
             .map_err(fail(MOUNT_POINT))?;
         mount_onto(&tree, point.as_fd()).map_err(fail("mounting it"))?;
-        bound.push(binding);
+        bound.push(BoundVolume {
+            binding,
+            mount: tree,
+        });
     }
     Ok(bound)
 }
 
 /// Logs each volume of `whose` root (a sandbox's id, or a pod root's
 /// name) bound with host ids: its files show as 65534 inside.
-pub fn warn_host_ids(whose: &str, volumes: &[HostVolume], bound: &[Binding]) {
-    for (volume, binding) in volumes.iter().zip(bound) {
-        if *binding == Binding::HostIds {
+pub fn warn_host_ids(whose: &str, volumes: &[HostVolume], bound: &[BoundVolume]) {
+    for (volume, bound) in volumes.iter().zip(bound) {
+        if bound.binding == Binding::HostIds {
             tracing::warn!(
                 root = whose,
                 volume = %volume.destination,
@@ -132,15 +154,32 @@ pub fn warn_host_ids(whose: &str, volumes: &[HostVolume], bound: &[Binding]) {
 }
 
 impl VolumeError {
-    /// Whether the caller can fix it (the volume or the image), not the host.
+    /// Whether the caller can fix it (the volume or the image), not the
+    /// host: the image has no place for the volume, or its source changed
+    /// since it was validated.
     pub fn is_callers(&self) -> bool {
-        matches!(self, VolumeError::Bind { .. })
+        let VolumeError::Bind { step, source, .. } = self else {
+            return false;
+        };
+        match (*step, source.raw_os_error()) {
+            // A file where a directory goes (or the reverse), a link loop,
+            // or a place that is the root of a mount (no errno).
+            (
+                MOUNT_POINT,
+                None | Some(libc::ENOTDIR | libc::EISDIR | libc::ELOOP | libc::ENOENT),
+            ) => true,
+            (CLONING, Some(libc::ENOENT | libc::ENOTDIR | libc::ELOOP)) => true,
+            _ => false,
+        }
     }
 }
 
 /// The step that makes a volume's mount point, which the image's own
 /// tree can fail.
 const MOUNT_POINT: &str = "making its mount point in the root";
+/// The step that clones the host tree, which a source gone since its
+/// validation fails.
+const CLONING: &str = "cloning it";
 
 /// Whether the root of detached tree `tree` is a directory.
 fn is_dir(tree: &OwnedFd) -> io::Result<bool> {

@@ -147,8 +147,38 @@ pub fn validated_volumes(volumes: &[HostVolume]) -> Result<(), SandboxError> {
                 "{field}.destination: {destination} is under {served}, which the sandbox serves itself"
             )));
         }
+        // A volume on /etc would take the sandbox's own files there (made
+        // in the host's directory) or hide them.
+        if let Some(served) = SANDBOX_SERVED
+            .iter()
+            .find(|s| s.starts_with(&format!("{destination}/")))
+        {
+            return Err(bad(format!(
+                "{field}.destination: {destination} holds {served}, which the sandbox serves itself; bind what you need below it"
+            )));
+        }
     }
     Ok(())
+}
+
+/// Checks that no volume of a create with brokered secrets covers the
+/// trust bundle, which the daemon writes its CA into: through a volume
+/// that would be the host's file.
+pub fn validated_volumes_beside_secrets(
+    volumes: &[HostVolume],
+    secrets: bool,
+) -> Result<(), SandboxError> {
+    let bundle = crate::secrets::TRUST_BUNDLE_PATH;
+    let covering = volumes.iter().position(|v| {
+        bundle == v.destination || bundle.starts_with(&format!("{}/", v.destination))
+    });
+    match covering {
+        Some(index) if secrets => Err(SandboxError::bad(
+            "invalid_volume",
+            format!("volumes[{index}].destination: {} covers {bundle}, where the sandbox's brokered secrets put their CA; bind the volume elsewhere or drop the secrets", volumes[index].destination),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Checks a create's volumes: for a container made fresh (a fork keeps
@@ -375,8 +405,22 @@ mod tests {
         req.from_snapshot = Some("snap-1".into());
         assert_eq!(code(&req), "invalid_volume");
         req.from_snapshot = None;
-        req.volumes = vec![volume; MAX_VOLUMES + 1];
+        req.volumes = vec![volume.clone(); MAX_VOLUMES + 1];
         assert_eq!(code(&req), "invalid_volume");
+        req.volumes = vec![HostVolume {
+            destination: "/etc".into(),
+            ..volume.clone()
+        }];
+        assert_eq!(code(&req), "invalid_volume", "/etc holds /etc/hosts");
+        let at = |destination: &str| HostVolume {
+            destination: destination.into(),
+            ..volume.clone()
+        };
+        for covering in ["/etc/ssl", "/etc/ssl/certs/ca-certificates.crt"] {
+            assert!(validated_volumes_beside_secrets(&[at("/data"), at(covering)], true).is_err());
+            assert!(validated_volumes_beside_secrets(&[at(covering)], false).is_ok());
+        }
+        assert!(validated_volumes_beside_secrets(&[at("/etc/ssl2")], true).is_ok());
         // None asked: nothing to refuse, whatever else the create is.
         req.volumes.clear();
         req.runtime = Some(crate::model::RuntimeKind::Vm);

@@ -752,6 +752,13 @@ impl Supervisor {
                 format!("pod container root {root:?} has limits of its own, which a snapshot cannot keep yet; snapshot a pod whose containers share the sandbox's limits"),
             ));
         }
+        if !self.config.spec.volumes.is_empty() {
+            // The daemon refuses these first; CRIU could not restore them.
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "the sandbox has host volumes bound into its root, which a snapshot cannot keep",
+            ));
+        }
         if let Some(root) = self.roots_with_volumes().iter().next() {
             // Host files a fork would have to find again where it runs.
             return Err(err(

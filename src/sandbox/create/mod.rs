@@ -295,6 +295,7 @@ impl Manager {
             }
             ports_seen.push(checked);
         }
+        super::validate::validated_volumes_beside_secrets(&req.volumes, !req.secrets.is_empty())?;
         let secrets = self.secrets.bind(&req.secrets)?;
         if let Some(clash) = secrets.iter().find(|b| req.env.contains_key(&b.name)) {
             return Err(SandboxError::bad(
