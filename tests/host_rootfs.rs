@@ -399,18 +399,10 @@ async fn a_pod_container_root_is_its_own_yet_shares_the_sandbox_and_goes_with_it
     daemon.delete(&id).await;
 }
 
-/// A sandbox's own volumes (a `ctr run --mount` task's bind mounts, at
-/// create): bound into its root under its ids, read-only where asked,
-/// never with a device node in force, not seen on the host; refused where
-/// they cannot work, before anything is made or, where only the image
-/// tells, by the create's 400 leaving nothing behind; no snapshots.
-#[tokio::test]
-async fn a_sandboxs_volumes_are_bound_into_its_root_at_create() {
-    require_host!();
-    let host = host_trees();
-    let app = common::root_owned_busybox(&host.path().join("app"));
-    let volumes = host.path().join("volumes");
-    let (data, config) = (volumes.join("data"), volumes.join("app.conf"));
+/// Volume sources under `dir`: a directory `data` with a file `seed` and
+/// a host device node (/dev/null's numbers), and a file `app.conf`.
+fn volume_sources(dir: &Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (data, config) = (dir.join("data"), dir.join("app.conf"));
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("seed"), "seeded\n").unwrap();
     std::fs::write(&config, "key=value\n").unwrap();
@@ -421,6 +413,20 @@ async fn a_sandboxs_volumes_are_bound_into_its_root_at_create() {
         nix::sys::stat::makedev(1, 3),
     )
     .unwrap();
+    (data, config)
+}
+
+/// A sandbox's own volumes (a `ctr run --mount` task's bind mounts, at
+/// create): bound into its root under its ids, read-only where asked,
+/// never with a device node in force, not seen on the host; refused where
+/// they cannot work, before anything is made or, where only the image
+/// tells, by the create's 400 leaving nothing behind; no snapshots.
+#[tokio::test]
+async fn a_sandboxs_volumes_are_bound_into_its_root_at_create() {
+    require_host!();
+    let host = host_trees();
+    let app = common::root_owned_busybox(&host.path().join("app"));
+    let (data, config) = volume_sources(&host.path().join("volumes"));
     let path = |p: &Path| p.display().to_string();
     let daemon = Daemon::start();
     let create =
@@ -585,24 +591,10 @@ async fn a_pod_containers_volumes_are_its_own_under_the_sandbox_ids() {
     // A crafted image's link to its own root.
     std::os::unix::fs::symlink("/", app.join("top")).unwrap();
     let volumes = host.path().join("volumes");
-    let (data, token, config) = (
-        volumes.join("data"),
-        volumes.join("token"),
-        volumes.join("app.conf"),
-    );
-    std::fs::create_dir_all(&data).unwrap();
+    let (data, config) = volume_sources(&volumes);
+    let token = volumes.join("token");
     std::fs::create_dir_all(&token).unwrap();
-    std::fs::write(data.join("seed"), "seeded\n").unwrap();
     std::fs::write(token.join("token"), "the-token\n").unwrap();
-    std::fs::write(&config, "key=value\n").unwrap();
-    // A host device node in a volume (/dev/null's numbers).
-    nix::sys::stat::mknod(
-        &data.join("null"),
-        nix::sys::stat::SFlag::S_IFCHR,
-        nix::sys::stat::Mode::from_bits_truncate(0o666),
-        nix::sys::stat::makedev(1, 3),
-    )
-    .unwrap();
 
     let daemon = Daemon::start();
     // A sandbox of an image (which, unlike a host root, may be snapshotted).
