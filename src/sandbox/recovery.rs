@@ -7,9 +7,14 @@ use super::SandboxError;
 use crate::model::SandboxState;
 use crate::supervisor::client::CallError;
 use crate::supervisor::protocol::{ClientError, VersionMismatch};
+use futures::StreamExt;
 use std::sync::Arc;
 
 use super::manager::Manager;
+
+/// Supervisors asked for their health at once at a start: each call holds
+/// a connection (a descriptor) until it answers.
+const HEALTH_CHECKS_AT_ONCE: usize = 32;
 
 /// How long a start waits for a supervisor it SIGKILLed to exit.
 const KILLED_SUPERVISOR_EXIT: std::time::Duration = std::time::Duration::from_secs(5);
@@ -33,9 +38,19 @@ impl Manager {
             .map(|r| (r.id.as_str(), r.supervisor_pid))
             .collect();
         self.kill_supervisors_except(&finished).await;
-        for mut record in stored {
-            // The version is checked before anything else is said to it.
-            let health = self.supervisors.health(&record.id).await;
+        // Every supervisor is asked at once (in store order, at most
+        // HEALTH_CHECKS_AT_ONCE in flight): a hung one costs its deadline
+        // once, not once more for each sandbox after it. The version is
+        // checked before anything else is said to it.
+        let healths: Vec<_> = futures::stream::iter(
+            stored
+                .iter()
+                .map(|record| self.supervisors.health(&record.id)),
+        )
+        .buffered(HEALTH_CHECKS_AT_ONCE)
+        .collect()
+        .await;
+        for (mut record, health) in stored.into_iter().zip(healths) {
             let alive = health.is_ok();
             match (record.state, health) {
                 (SandboxState::Ready, Err(CallError::Client(ClientError::Version(mismatch)))) => {

@@ -828,6 +828,33 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
     );
 }
 
+/// A start asks the supervisors for their health at once, not one after
+/// another: one that hangs holds the start up for its deadline once. Here
+/// each health call answers only once all three are in flight.
+#[tokio::test]
+async fn recovery_asks_every_supervisor_at_once() {
+    let h = harness(0);
+    for id in ["sb-a", "sb-b", "sb-c"] {
+        h.ready(id, false);
+        h.fake.script(id, health(0, 0, None));
+    }
+    h.manager.records().clear();
+    h.fake.gate_health(3);
+    tokio::time::timeout(std::time::Duration::from_secs(30), h.manager.recover())
+        .await
+        .expect("recovery asked one supervisor at a time")
+        .expect("recover");
+    for id in ["sb-a", "sb-b", "sb-c"] {
+        assert!(
+            h.manager
+                .records()
+                .get(id)
+                .is_some_and(|r| r.state == SandboxState::Ready),
+            "{id} recovered"
+        );
+    }
+}
+
 /// A daemon that died in the middle of a claim leaves the sandbox marked
 /// `claiming` in the store: recovery removes it rather than pooling a
 /// sandbox the claim may have changed. One the pool made as it is goes

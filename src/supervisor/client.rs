@@ -712,7 +712,7 @@ impl Supervisors for SocketSupervisors {
 #[cfg(test)]
 pub mod fake {
     use std::collections::{HashMap, VecDeque};
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
 
     use super::*;
 
@@ -739,9 +739,18 @@ pub mod fake {
     pub struct FakeSupervisors {
         calls: Mutex<Vec<Call>>,
         replies: Mutex<HashMap<String, VecDeque<SupervisorReply>>>,
+        /// Health calls wait here before they answer, when set.
+        health_gate: Mutex<Option<Arc<tokio::sync::Barrier>>>,
     }
 
     impl FakeSupervisors {
+        /// Makes every health call wait until `calls` of them are in
+        /// flight at once: callers that ask one at a time never finish.
+        pub fn gate_health(&self, calls: usize) {
+            *self.health_gate.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(Arc::new(tokio::sync::Barrier::new(calls)));
+        }
+
         /// Queues `reply` as the answer to the next call for sandbox `id`.
         pub fn script(&self, id: &str, reply: SupervisorReply) {
             self.replies
@@ -778,7 +787,17 @@ pub mod fake {
     impl Supervisors for FakeSupervisors {
         fn health<'a>(&'a self, id: &'a str) -> CallFuture<'a, SupervisorHealth> {
             let reply = self.answer(id, Call::Health(id.into()));
-            Box::pin(async move { expect::health(reply?) })
+            let gate = self
+                .health_gate
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            Box::pin(async move {
+                if let Some(gate) = gate {
+                    gate.wait().await;
+                }
+                expect::health(reply?)
+            })
         }
 
         fn hand_over<'a>(&'a self, id: &'a str, change: HandOver) -> CallFuture<'a, ()> {
