@@ -38,18 +38,20 @@ impl Manager {
             .map(|r| (r.id.as_str(), r.supervisor_pid))
             .collect();
         self.kill_supervisors_except(&finished).await;
-        // Every supervisor is asked at once (in store order, at most
-        // HEALTH_CHECKS_AT_ONCE in flight): a hung one costs its deadline
-        // once, not once more for each sandbox after it. The version is
-        // checked before anything else is said to it.
-        let healths: Vec<_> = futures::stream::iter(
-            stored
-                .iter()
-                .map(|record| self.supervisors.health(&record.id)),
-        )
-        .buffered(HEALTH_CHECKS_AT_ONCE)
-        .collect()
-        .await;
+        // The supervisors are asked together (at most HEALTH_CHECKS_AT_ONCE
+        // in flight, in whatever order they answer; a slow one holds its
+        // own slot only), so their deadlines run side by side rather than
+        // one after another. The version is checked before anything else
+        // is said to a supervisor.
+        let mut answered: Vec<(usize, _)> =
+            futures::stream::iter(stored.iter().enumerate().map(|(index, record)| async move {
+                (index, self.supervisors.health(&record.id).await)
+            }))
+            .buffer_unordered(HEALTH_CHECKS_AT_ONCE)
+            .collect()
+            .await;
+        answered.sort_by_key(|(index, _)| *index);
+        let healths = answered.into_iter().map(|(_, health)| health);
         for (mut record, health) in stored.into_iter().zip(healths) {
             let alive = health.is_ok();
             match (record.state, health) {
