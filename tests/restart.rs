@@ -232,3 +232,57 @@ async fn restart_refuses_a_supervisor_of_another_protocol_version() {
     drop(unreachable);
     drop(fake);
 }
+
+/// A supervisor that stops answering (here SIGSTOPped) does not hold a
+/// restart up for long nor outlive its sandbox: recovery finds its health
+/// check timed out, kills it and tears its sandbox down, keeping the record
+/// as failed; another sandbox, whose supervisor answers, is adopted.
+#[tokio::test]
+async fn a_supervisor_that_stopped_answering_is_killed_at_recovery() {
+    require_host!();
+    let mut daemon = Daemon::start();
+    let stuck = daemon.create(json!({"image": "busybox"})).await;
+    let fine = daemon.create(json!({"image": "busybox"})).await;
+    let socket = daemon
+        .run_dir()
+        .join("sandboxes")
+        .join(&stuck)
+        .join("shim.sock");
+    let peer = std::os::unix::net::UnixStream::connect(&socket).expect("the supervisor's socket");
+    let supervisor =
+        nix::sys::socket::getsockopt(&peer, nix::sys::socket::sockopt::PeerCredentials)
+            .expect("its peer credentials")
+            .pid();
+    drop(peer);
+    let state = |pid: i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next()))
+            .flatten()
+    };
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(supervisor), Signal::SIGSTOP)
+        .expect("stop the supervisor");
+    assert_eq!(
+        state(supervisor),
+        Some('T'),
+        "the positive control: it is stopped"
+    );
+
+    daemon.kill(Signal::SIGKILL);
+    daemon.restart();
+    // Gone (or a zombie waiting for its parent): never left stopped.
+    assert!(
+        matches!(state(supervisor), None | Some('Z')),
+        "supervisor {supervisor} is {:?}\n{}",
+        state(supervisor),
+        daemon.log()
+    );
+    let (status, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{stuck}"), None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["state"], "failed", "{view}");
+    assert_eq!(daemon.sh(&fine, "echo adopted").await.out(), "adopted\n");
+    daemon.delete(&stuck).await;
+    daemon.delete(&fine).await;
+}

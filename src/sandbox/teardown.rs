@@ -24,11 +24,23 @@ pub async fn teardown(
     // The supervisor kills and removes the sandbox itself when it is there...
     if let Ok(mut client) = SupervisorClient::connect(&paths.socket()).await {
         let supervisor = client.peer_pid();
-        // ...if it speaks this daemon's protocol: one of another build (left
-        // running by recovery) could misread Shutdown, so it is killed, and
-        // the pass below removes its container.
-        if let Err(CallError::Client(ClientError::Version(mismatch))) = client.health().await {
-            tracing::info!(sandbox = %id, "killing a supervisor of another build: {mismatch}");
+        // ...if it speaks this daemon's protocol and answers: one of another
+        // build (left running by recovery) could misread Shutdown, and one
+        // that does not answer its health check in time would not answer
+        // Shutdown either (15 s more, and then it would be left running,
+        // stopped or stuck, outside the sandbox's groups). Either is
+        // killed, and the pass below removes its sandbox.
+        let why = match client.health().await {
+            Err(CallError::Client(ClientError::Version(mismatch))) => {
+                Some(format!("a supervisor of another build: {mismatch}"))
+            }
+            Err(CallError::Client(ClientError::Timeout(after))) => Some(format!(
+                "a supervisor that did not answer its health check within {after:?}"
+            )),
+            _ => None,
+        };
+        if let Some(why) = why {
+            tracing::info!(sandbox = %id, "killing {why}");
             if let Some(pid) = supervisor {
                 if let Err(problem) = kill(pid).await {
                     problems.push(problem);
