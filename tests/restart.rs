@@ -262,6 +262,12 @@ async fn a_supervisor_that_stopped_answering_is_killed_at_recovery() {
     };
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(supervisor), Signal::SIGSTOP)
         .expect("stop the supervisor");
+    // The stop reaches its threads a moment later, and nothing but /proc
+    // tells a process that is not the parent.
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while state(supervisor) != Some('T') && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
     assert_eq!(
         state(supervisor),
         Some('T'),
