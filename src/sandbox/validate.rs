@@ -139,10 +139,10 @@ pub fn validated_volumes(volumes: &[HostVolume]) -> Result<(), SandboxError> {
                 "{field}.destination: {destination:?} is not an absolute path below / without empty, . or .. components"
             )));
         }
-        if let Some(served) = SANDBOX_SERVED
-            .iter()
-            .find(|s| destination == **s || destination.starts_with(&format!("{s}/")))
-        {
+        // Component-wise (`/devices` is not under `/dev`); the destination
+        // is clean by now.
+        let at = std::path::Path::new(destination);
+        if let Some(served) = SANDBOX_SERVED.iter().find(|s| at.starts_with(s)) {
             return Err(bad(format!(
                 "{field}.destination: {destination} is under {served}, which the sandbox serves itself"
             )));
@@ -151,7 +151,7 @@ pub fn validated_volumes(volumes: &[HostVolume]) -> Result<(), SandboxError> {
         // in the host's directory) or hide them.
         if let Some(served) = SANDBOX_SERVED
             .iter()
-            .find(|s| s.starts_with(&format!("{destination}/")))
+            .find(|s| std::path::Path::new(s).starts_with(at))
         {
             return Err(bad(format!(
                 "{field}.destination: {destination} holds {served}, which the sandbox serves itself; bind what you need below it"
@@ -163,15 +163,16 @@ pub fn validated_volumes(volumes: &[HostVolume]) -> Result<(), SandboxError> {
 
 /// Checks that no volume of a create with brokered secrets covers the
 /// trust bundle, which the daemon writes its CA into: through a volume
-/// that would be the host's file.
+/// that would be the host's file. The destinations are clean
+/// ([`validated_create_volumes`] ran first).
 pub fn validated_volumes_beside_secrets(
     volumes: &[HostVolume],
     secrets: bool,
 ) -> Result<(), SandboxError> {
     let bundle = crate::secrets::TRUST_BUNDLE_PATH;
-    let covering = volumes.iter().position(|v| {
-        bundle == v.destination || bundle.starts_with(&format!("{}/", v.destination))
-    });
+    let covering = volumes
+        .iter()
+        .position(|v| std::path::Path::new(bundle).starts_with(&v.destination));
     match covering {
         Some(index) if secrets => Err(SandboxError::bad(
             "invalid_volume",
