@@ -609,20 +609,20 @@ impl Drop for Daemon {
                 "--- the end of this test's sandboxd log ---\n{}",
                 last_lines(&self.log(), FAILURE_LOG_LINES)
             );
-            // A microVM's guest kernel says what happened inside it (an
-            // OOM kill, a panic) only on its serial console.
+            // Each sandbox's supervisor logs to its own file; a microVM's
+            // VMM to another, and its guest kernel says what happened inside
+            // it (an OOM kill, a panic) only on its serial console.
             for name in self.sandbox_run_dirs() {
-                let console = self
-                    .run_dir()
-                    .join("sandboxes")
-                    .join(name)
-                    .join("vm/console.log");
-                if let Ok(bytes) = std::fs::read(&console) {
-                    eprintln!(
-                        "--- the end of {} ---\n{}",
-                        console.display(),
-                        last_lines(&String::from_utf8_lossy(&bytes), FAILURE_LOG_LINES)
-                    );
+                let dir = self.run_dir().join("sandboxes").join(name);
+                for log in ["shim.log", "vm/vmm.log", "vm/console.log"] {
+                    let path = dir.join(log);
+                    if let Ok(bytes) = std::fs::read(&path) {
+                        eprintln!(
+                            "--- the end of {} ---\n{}",
+                            path.display(),
+                            last_lines(&String::from_utf8_lossy(&bytes), FAILURE_LOG_LINES)
+                        );
+                    }
                 }
             }
         }
