@@ -45,6 +45,35 @@ struct CniNetwork {
     bridge: String,
 }
 
+/// CRI's CreateContainer of container `name` of `pod` running `command`
+/// in the test image, with its own `resources` and `mounts` when given.
+fn create_request(
+    pod: &(String, PodSandboxConfig),
+    name: &str,
+    command: &[&str],
+    resources: Option<LinuxContainerResources>,
+    mounts: Vec<Mount>,
+) -> CreateContainerRequest {
+    CreateContainerRequest {
+        pod_sandbox_id: pod.0.clone(),
+        config: Some(ContainerConfig {
+            metadata: Some(ContainerMetadata {
+                name: name.into(),
+                attempt: 0,
+            }),
+            image: Some(image_spec(IMAGE)),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            linux: resources.map(|resources| LinuxContainerConfig {
+                resources: Some(resources),
+                ..Default::default()
+            }),
+            mounts,
+            ..Default::default()
+        }),
+        sandbox_config: Some(pod.1.clone()),
+    }
+}
+
 impl CniNetwork {
     fn new() -> CniNetwork {
         let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
@@ -193,24 +222,8 @@ impl Cri {
     ) -> String {
         let created = tokio::time::timeout(
             CALL,
-            self.runtime.create_container(CreateContainerRequest {
-                pod_sandbox_id: pod.0.clone(),
-                config: Some(ContainerConfig {
-                    metadata: Some(ContainerMetadata {
-                        name: name.into(),
-                        attempt: 0,
-                    }),
-                    image: Some(image_spec(IMAGE)),
-                    command: command.iter().map(|s| s.to_string()).collect(),
-                    linux: resources.map(|resources| LinuxContainerConfig {
-                        resources: Some(resources),
-                        ..Default::default()
-                    }),
-                    mounts,
-                    ..Default::default()
-                }),
-                sandbox_config: Some(pod.1.clone()),
-            }),
+            self.runtime
+                .create_container(create_request(pod, name, command, resources, mounts)),
         )
         .await
         .expect("CreateContainer in time")
@@ -226,6 +239,31 @@ impl Cri {
         .expect("StartContainer in time")
         .unwrap_or_else(|e| panic!("StartContainer {name}: {e}"));
         id
+    }
+
+    /// Creates and starts container `name` of `pod` with `mounts`, which
+    /// is to fail: the refusal, whichever call made it.
+    async fn start_refused(
+        &mut self,
+        pod: &(String, PodSandboxConfig),
+        name: &str,
+        mounts: Vec<Mount>,
+    ) -> tonic::Status {
+        let created = self
+            .runtime
+            .create_container(create_request(pod, name, &["sleep", "3600"], None, mounts))
+            .await;
+        let started = match created {
+            Ok(created) => self
+                .runtime
+                .start_container(StartContainerRequest {
+                    container_id: created.into_inner().container_id,
+                })
+                .await
+                .map(drop),
+            Err(e) => Err(e),
+        };
+        started.expect_err(&format!("container {name} is refused"))
     }
 
     /// The memory container `id` is charged for, as CRI's container stats
@@ -740,33 +778,7 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
         (0, "in-the-last-slot\n"),
         "the fourteenth slot's container runs: {said}"
     );
-    let refused = cri
-        .runtime
-        .create_container(CreateContainerRequest {
-            pod_sandbox_id: web.0.clone(),
-            config: Some(ContainerConfig {
-                metadata: Some(ContainerMetadata {
-                    name: "fifteenth".into(),
-                    attempt: 0,
-                }),
-                image: Some(image_spec(IMAGE)),
-                command: vec!["sleep".into(), "3600".into()],
-                ..Default::default()
-            }),
-            sandbox_config: Some(web.1.clone()),
-        })
-        .await;
-    let started = match refused {
-        Ok(created) => cri
-            .runtime
-            .start_container(StartContainerRequest {
-                container_id: created.into_inner().container_id,
-            })
-            .await
-            .map(drop),
-        Err(e) => Err(e),
-    };
-    let err = started.expect_err("no slot is left for a fifteenth container");
+    let err = cri.start_refused(&web, "fifteenth", Vec::new()).await;
     assert!(
         err.message().contains("14 root slots are all in use"),
         "{err}"
@@ -813,6 +825,75 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
         .await;
     assert_eq!(status, hyper::StatusCode::NOT_FOUND, "{refused}");
     assert_eq!(refused["error"]["code"], "root_not_limited", "{refused}");
+
+    // A container's volumes, as the kubelet lays them out, are copied into
+    // the guest, which cannot see the host's files: a service account's
+    // token behind its `..data` links, read-only, and an emptyDir that the
+    // pod's containers share there (what they write stays in the guest).
+    cri.remove_container(&fillers[1]).await;
+    cri.remove_container(&fillers[2]).await;
+    let volumes = tempfile::tempdir_in("/var/tmp").expect("a volumes dir");
+    let (token, cache) = (volumes.path().join("token"), volumes.path().join("cache"));
+    let timestamped = token.join("..2026_12_06_10_00_00.1");
+    std::fs::create_dir_all(&timestamped).expect("token dir");
+    std::fs::create_dir(&cache).expect("cache dir");
+    std::fs::write(timestamped.join("token"), "the-token\n").expect("token");
+    std::os::unix::fs::symlink("..2026_12_06_10_00_00.1", token.join("..data")).expect("link");
+    std::os::unix::fs::symlink("..data/token", token.join("token")).expect("link");
+    let mount = |host: &Path, container: &str, readonly: bool| Mount {
+        container_path: container.into(),
+        host_path: host.display().to_string(),
+        readonly,
+        ..Default::default()
+    };
+    let account = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let writer = cri
+        .start_container_with(
+            &web,
+            "writer",
+            &["sleep", "3600"],
+            None,
+            vec![mount(&token, account, true), mount(&cache, "/cache", false)],
+        )
+        .await;
+    let (code, said) = cri
+        .exec(
+            &writer,
+            &format!(
+                "cat {account}/token; echo kept > /cache/f && echo wrote; \
+                 touch {account}/more 2>/dev/null || echo read-only"
+            ),
+        )
+        .await;
+    assert_eq!((code, said.as_str()), (0, "the-token\nwrote\nread-only\n"));
+    let reader = cri
+        .start_container_with(
+            &web,
+            "reader",
+            &["sleep", "3600"],
+            None,
+            vec![mount(&cache, "/cache", false)],
+        )
+        .await;
+    let (code, said) = cri.exec(&reader, "cat /cache/f").await;
+    assert_eq!(
+        (code, said.as_str()),
+        (0, "kept\n"),
+        "the emptyDir is shared"
+    );
+    assert!(!cache.join("f").exists(), "the guest's writes stay in it");
+    // A volume the guest cannot hold is refused by name.
+    let odd = volumes.path().join("odd");
+    std::fs::create_dir(&odd).expect("odd dir");
+    nix::unistd::mkfifo(
+        &odd.join("pipe"),
+        nix::sys::stat::Mode::from_bits_truncate(0o600),
+    )
+    .expect("a FIFO");
+    let err = cri
+        .start_refused(&web, "odd", vec![mount(&odd, "/odd", true)])
+        .await;
+    assert!(err.message().contains("pipe is a FIFO"), "{err}");
 
     // Stopping and removing the pod leaves nothing in sandboxd, its
     // cgroups or vmm processes.

@@ -186,8 +186,16 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             disk_id,
             sectors,
             limits,
+            volumes,
         } => guest_root(agent, id, permit, move || {
-            crate::guest_roots::mount_root(&name, &disk_id, sectors, limits.as_ref())
+            crate::guest_roots::mount_root(&name, &disk_id, sectors, limits.as_ref(), &volumes)
+        }),
+        RequestBody::WriteVolume {
+            key,
+            fresh,
+            entries,
+        } => guest_root(agent, id, permit, move || {
+            crate::guest_volumes::write(&key, fresh, &entries)
         }),
         RequestBody::UnmountRoot { name } => guest_root(agent, id, permit, move || {
             crate::guest_roots::unmount_root(&name)
@@ -243,9 +251,10 @@ where
 
 /// Runs a microVM's root change on the blocking pool and replies. A
 /// container's roots are the host's to attach, so its agent refuses.
-fn guest_root<F>(agent: &Arc<Agent>, id: u64, permit: OwnedSemaphorePermit, change: F)
+fn guest_root<F, E>(agent: &Arc<Agent>, id: u64, permit: OwnedSemaphorePermit, change: F)
 where
-    F: FnOnce() -> Result<(), crate::guest_roots::RootError> + Send + 'static,
+    F: FnOnce() -> Result<(), E> + Send + 'static,
+    E: Into<AgentError> + Send + 'static,
 {
     let outbox = agent.outbox.clone();
     tokio::spawn(async move {

@@ -18,12 +18,14 @@ use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
-use sandbox_proto::{container_root, valid_root_name, GuestRootLimits, CONTAINER_ROOTS_DIR};
+use sandbox_proto::{
+    container_root, valid_root_name, GuestRootLimits, GuestVolume, CONTAINER_ROOTS_DIR,
+};
 
 /// The scratch disk mounted once more, out of the roots' reach: home of
 /// each root's writable layer (an overlay's upper layer cannot itself be
 /// an overlay, which the VM's own root is).
-const SCRATCH_AGAIN: &str = "/run/sandboxd/scratch";
+pub(crate) const SCRATCH_AGAIN: &str = "/run/sandboxd/scratch";
 /// How long a slot's disk may take to show its size in the guest (the
 /// driver learns of it from a configuration-change interrupt, handled on a
 /// workqueue; a nested, emulated host is slow).
@@ -57,6 +59,11 @@ pub enum RootError {
     StillHeld(String),
     #[error("container root {name:?}: {path} is a symlink or not a directory in the image; refusing to mount over it")]
     UnsafeTarget { name: String, path: String },
+    #[error("container root {name:?}: {source}")]
+    Volume {
+        name: String,
+        source: crate::guest_volumes::VolumeError,
+    },
     #[error("container root {name:?}: {step}: {source}")]
     Io {
         name: String,
@@ -74,7 +81,12 @@ impl From<RootError> for sandbox_proto::AgentError {
             }
             RootError::Exists(_) => ErrorKind::AlreadyExists,
             RootError::Missing(_) | RootError::NoDisk(..) => ErrorKind::NotFound,
-            RootError::Io { .. } | RootError::StillHeld(_) => ErrorKind::Other,
+            // The image has no place for the volume (a file where its
+            // directory goes, a link loop): the caller's to fix.
+            RootError::Volume { source, .. } if source.is_callers() => ErrorKind::InvalidInput,
+            RootError::Volume { .. } | RootError::Io { .. } | RootError::StillHeld(_) => {
+                ErrorKind::Other
+            }
         };
         sandbox_proto::AgentError::new(kind, e.to_string())
     }
@@ -104,12 +116,14 @@ fn devices() -> std::sync::MutexGuard<'static, HashMap<String, PathBuf>> {
 }
 
 /// Makes root `name` of the disk of `sectors` whose GET_ID is `disk_id`,
-/// with a group of its own holding `limits` when given.
+/// with a group of its own holding `limits` when given and the guest's
+/// copies of its `volumes` bound in.
 pub fn mount_root(
     name: &str,
     disk_id: &str,
     sectors: u64,
     limits: Option<&GuestRootLimits>,
+    volumes: &[GuestVolume],
 ) -> Result<(), RootError> {
     if !valid_root_name(name) {
         return Err(RootError::BadName(name.to_owned()));
@@ -130,12 +144,21 @@ pub fn mount_root(
     ))?;
     let device = await_disk(disk_id, sectors)?;
     let mut made = Made::new(name);
-    let result = build(name, &device, &root, &mut made).and_then(|()| match limits {
-        Some(limits) => groups(name)?
-            .create_root_group(name, limits)
-            .map_err(failed(name, "making the root's limited group")),
-        None => Ok(()),
-    });
+    let result = build(name, &device, &root, &mut made)
+        .and_then(|()| {
+            volumes.iter().try_for_each(|volume| {
+                crate::guest_volumes::bind(&root, volume).map_err(|source| RootError::Volume {
+                    name: name.to_owned(),
+                    source,
+                })
+            })
+        })
+        .and_then(|()| match limits {
+            Some(limits) => groups(name)?
+                .create_root_group(name, limits)
+                .map_err(failed(name, "making the root's limited group")),
+            None => Ok(()),
+        });
     match result {
         Ok(()) => {
             devices().insert(name.to_owned(), device);
@@ -360,7 +383,7 @@ fn hostname() -> String {
 
 /// The scratch disk at [`SCRATCH_AGAIN`]: ext4 mounted twice is one file
 /// system seen at two places.
-fn mount_scratch_again() -> io::Result<()> {
+pub(crate) fn mount_scratch_again() -> io::Result<()> {
     fs::create_dir_all(SCRATCH_AGAIN)?;
     if crate::vm_init::is_mount_point(Path::new(SCRATCH_AGAIN)) {
         return Ok(());
@@ -447,15 +470,15 @@ mod tests {
     #[test]
     fn names_and_disk_ids_are_checked_first() {
         assert!(matches!(
-            mount_root("../x", "disk3", 8, None),
+            mount_root("../x", "disk3", 8, None, &[]),
             Err(RootError::BadName(_))
         ));
         assert!(matches!(
-            mount_root("web", "vdd", 8, None),
+            mount_root("web", "vdd", 8, None, &[]),
             Err(RootError::BadDisk(_))
         ));
         assert!(matches!(
-            mount_root("web", "disk", 8, None),
+            mount_root("web", "disk", 8, None, &[]),
             Err(RootError::BadDisk(_))
         ));
         assert!(matches!(

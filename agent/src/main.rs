@@ -26,6 +26,7 @@ mod files;
 mod forward;
 mod guest_groups;
 mod guest_roots;
+mod guest_volumes;
 mod handles;
 mod launch;
 mod link;

@@ -206,6 +206,9 @@ pub enum RequestBody {
         /// (a group under the one that holds all the agent starts), as a
         /// container root's host group has.
         limits: Option<GuestRootLimits>,
+        /// Volumes written by [`RequestBody::WriteVolume`] to bind into
+        /// the root, in order.
+        volumes: Vec<GuestVolume>,
     },
     /// A microVM only: unmount container root `name` and drop its writable
     /// layer, so its slot can be emptied; the host has killed what ran
@@ -228,6 +231,83 @@ pub enum RequestBody {
     /// group in the guest. Reply: [`Reply::RootUsage`]; an error of kind
     /// `NotFound` when the root has no group of its own.
     RootUsage { name: String },
+    /// A microVM only: the guest cannot see the host's files, so a pod
+    /// container's host volume (a service account's token, a ConfigMap, an
+    /// emptyDir) is copied into it: write `entries` into the guest's copy
+    /// `key` (a [`valid_root_name`]) on the scratch disk, starting it afresh
+    /// when `fresh` (a large volume comes in several requests, each within
+    /// [`MAX_FRAME`]). Reply: [`Reply::Ok`] once written.
+    WriteVolume {
+        key: String,
+        fresh: bool,
+        entries: Vec<VolumeEntry>,
+    },
+}
+
+/// One piece of a volume copied into a microVM (see
+/// [`RequestBody::WriteVolume`]). `path` is relative to the volume's top,
+/// `/`-separated, without `.` or `..` components; the empty path is the top
+/// itself, which is a directory or a file. Parents come before their
+/// children.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum VolumeEntry {
+    Dir {
+        path: String,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+    },
+    /// A file, made (or emptied) with `data` in it.
+    File {
+        path: String,
+        mode: u32,
+        uid: u32,
+        gid: u32,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// More of a file an earlier entry made: one larger than a request.
+    Append {
+        path: String,
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    Symlink {
+        path: String,
+        target: String,
+        uid: u32,
+        gid: u32,
+    },
+}
+
+impl VolumeEntry {
+    /// Where the entry goes, relative to the volume's top.
+    pub fn path(&self) -> &str {
+        match self {
+            VolumeEntry::Dir { path, .. }
+            | VolumeEntry::File { path, .. }
+            | VolumeEntry::Append { path, .. }
+            | VolumeEntry::Symlink { path, .. } => path,
+        }
+    }
+}
+
+/// A volume the guest holds (see [`RequestBody::WriteVolume`]) bound into a
+/// container root at `destination` (absolute, inside the root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestVolume {
+    pub key: String,
+    pub destination: String,
+    pub read_only: bool,
+}
+
+/// Whether `path` may name an entry of a volume: relative, `/`-separated
+/// normal components (or empty, the volume's top).
+pub fn valid_volume_path(path: &str) -> bool {
+    path.is_empty()
+        || path
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != ".." && !c.contains('\0'))
 }
 
 /// A microVM container root's own ceilings (see [`RequestBody::MountRoot`]).
@@ -443,5 +523,20 @@ impl AgentError {
 impl std::fmt::Display for AgentError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{:?}: {}", self.kind, self.message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_volume_path;
+
+    #[test]
+    fn a_volume_path_stays_beneath_its_top() {
+        for good in ["", "token", "..data", "..2026_12_06/token", "a/b/c"] {
+            assert!(valid_volume_path(good), "{good:?}");
+        }
+        for bad in ["/etc", "..", "a/../b", "./a", "a//b", "a/", "a\0b"] {
+            assert!(!valid_volume_path(bad), "{bad:?}");
+        }
     }
 }

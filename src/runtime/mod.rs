@@ -18,6 +18,7 @@ pub mod cgroups;
 pub mod container;
 pub mod criu;
 pub mod fresh_tmpfs;
+pub mod guest_volumes;
 pub mod idmap;
 pub mod launch;
 pub mod microvm;

@@ -114,12 +114,6 @@ impl Manager {
         validated_host_dirs("invalid_host_rootfs", "host_rootfs", &layers)?;
         validated_volumes(&volumes)?;
         let record = self.ready(id)?;
-        if record.runtime == RuntimeKind::Vm && !volumes.is_empty() {
-            return Err(SandboxError::bad(
-                "volumes_unsupported",
-                "a microVM's container roots take no host volumes: its guest cannot see the host's files",
-            ));
-        }
         let disk = match record.runtime {
             RuntimeKind::Container => None,
             RuntimeKind::Vm if record.join_netns.is_none() => {

@@ -191,7 +191,7 @@ pub fn validated_create_volumes(req: &CreateRequest) -> Result<(), SandboxError>
     if req.runtime == Some(crate::model::RuntimeKind::Vm) {
         return Err(SandboxError::bad(
             "volumes_unsupported",
-            "a microVM takes no host volumes: its guest cannot see the host's files",
+            "a microVM sandbox takes no host volumes at create (its guest cannot see the host's files); a microVM pod's containers take theirs, copied into the guest, when their roots attach",
         ));
     }
     if req.from_snapshot.is_some() {

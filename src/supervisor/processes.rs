@@ -108,6 +108,9 @@ pub struct Supervisor {
     /// A microVM's empty disk slots, each holding the name of the root
     /// whose disk is in it.
     guest_root_slots: Mutex<Vec<Option<String>>>,
+    /// The host volumes a microVM's agent holds copies of, by source, and
+    /// each copy's key there: roots naming the same source share one.
+    guest_volume_keys: Mutex<std::collections::HashMap<std::path::PathBuf, String>>,
     /// A pooled sandbox's claim mailbox, once the daemon asked for it.
     mailbox: std::sync::OnceLock<super::mailbox::Mailbox>,
 }
@@ -225,6 +228,7 @@ impl Supervisor {
             limited_guest_roots: Mutex::default(),
             roots_with_volumes: Mutex::default(),
             guest_root_slots: Mutex::new(vec![None; usize::from(root_slots)]),
+            guest_volume_keys: Mutex::default(),
             mailbox: std::sync::OnceLock::new(),
         })
     }
@@ -423,13 +427,7 @@ impl Supervisor {
         volumes: Vec<crate::model::HostVolume>,
     ) -> Result<(), SupervisorError> {
         if self.process_control() == ProcessControl::GuestAgent {
-            if !volumes.is_empty() {
-                return Err(err(
-                    SupervisorErrorKind::InvalidInput,
-                    "a microVM's container roots take no host volumes: its guest cannot see the host's files",
-                ));
-            }
-            return self.attach_guest_root(name, disk, limits).await;
+            return self.attach_guest_root(name, disk, limits, volumes).await;
         }
         let _roots = self.roots_held().await?;
         let has_volumes = !volumes.is_empty();
@@ -548,6 +546,7 @@ impl Supervisor {
         name: String,
         disk: Option<std::path::PathBuf>,
         limits: Option<crate::runtime::cgroups::RootLimits>,
+        volumes: Vec<crate::model::HostVolume>,
     ) -> Result<(), SupervisorError> {
         let _roots = self.roots_held().await?;
         let Some(disk) = disk else {
@@ -557,6 +556,16 @@ impl Supervisor {
             ));
         };
         let limits = limits.map(guest_root_limits).transpose()?;
+        // Copied before the disk takes a slot: a volume too large to copy
+        // costs the guest nothing else.
+        let mut guest_volumes = Vec::with_capacity(volumes.len());
+        for volume in volumes {
+            guest_volumes.push(sandbox_proto::GuestVolume {
+                key: self.copy_volume_into_guest(&volume).await?,
+                destination: volume.destination,
+                read_only: volume.read_only,
+            });
+        }
         let limited = limits.is_some();
         let disk_number = self.claim_guest_root_slot(&name)?;
         let paths = self.paths.clone();
@@ -581,6 +590,7 @@ impl Supervisor {
                 disk_id: format!("disk{disk_number}"),
                 sectors,
                 limits,
+                volumes: guest_volumes,
             })
             .await;
         let refused = match mounted {
@@ -603,6 +613,68 @@ impl Supervisor {
         };
         self.empty_guest_root_slot(disk_number).await;
         Err(refused)
+    }
+
+    /// The key of the guest's copy of host `volume`, written now unless an
+    /// earlier root of the sandbox had it copied (a pod's emptyDir, which
+    /// its containers share; what they wrote there stays).
+    async fn copy_volume_into_guest(
+        &self,
+        volume: &crate::model::HostVolume,
+    ) -> Result<String, SupervisorError> {
+        let key = {
+            let keys = self.guest_volume_keys();
+            if let Some(key) = keys.get(&volume.source) {
+                return Ok(key.clone());
+            }
+            format!("vol-{}", keys.len() + 1)
+        };
+        let read = volume.clone();
+        let batches =
+            tokio::task::spawn_blocking(move || crate::runtime::guest_volumes::read_batches(&read))
+                .await
+                .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+                .map_err(|e| {
+                    let kind = if e.is_callers() {
+                        SupervisorErrorKind::InvalidInput
+                    } else {
+                        SupervisorErrorKind::Internal
+                    };
+                    err(kind, e.to_string())
+                })?;
+        for (index, entries) in batches.into_iter().enumerate() {
+            let written = self
+                .agent(RequestBody::WriteVolume {
+                    key: key.clone(),
+                    fresh: index == 0,
+                    entries,
+                })
+                .await?;
+            match written {
+                Reply::Ok => {}
+                Reply::Error(e) => {
+                    return Err(err(
+                        SupervisorErrorKind::Internal,
+                        format!(
+                            "copying volume {} into the guest: {}",
+                            volume.destination, e.message
+                        ),
+                    ))
+                }
+                other => return Err(unexpected_guest_reply("a volume's copy", other)),
+            }
+        }
+        self.guest_volume_keys()
+            .insert(volume.source.clone(), key.clone());
+        Ok(key)
+    }
+
+    fn guest_volume_keys(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<std::path::PathBuf, String>> {
+        self.guest_volume_keys
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Empties a slot in the VMM and frees it here; a slot the VMM would

@@ -1,0 +1,520 @@
+//! A microVM's copies of its pod containers' host volumes
+//! (`RequestBody::WriteVolume`), and their binding into a container root
+//! (`RequestBody::MountRoot::volumes`). The guest cannot see the host's
+//! files (the VMM has no shared file system), so the host sends a volume's
+//! tree and the agent keeps it on the scratch disk under its key, as Kata
+//! does where it shares no file system. Roots that name the same key share
+//! the one copy (a pod's emptyDir); what is written there stays in the
+//! guest.
+//!
+//! Every step inside a copy, or inside a root, starts at a descriptor and
+//! resolves no symlink out of it: a copy is writable by the containers it
+//! is bound into, and a root holds its image's own links (`/var/run` to
+//! `/run`), which resolve inside the root as for a process chrooted there.
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
+use nix::mount::{mount, MsFlags};
+use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
+use nix::unistd::{fchownat, symlinkat, Gid, Uid};
+use sandbox_proto::{valid_root_name, valid_volume_path, GuestVolume, VolumeEntry};
+
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error(
+        "{0:?} is not a volume key: use 1 to 128 of A-Z a-z 0-9 _ . - and do not start with a dot"
+    )]
+    BadKey(String),
+    #[error("volume {key}: {path:?} is not a path inside a volume")]
+    BadPath { key: String, path: String },
+    #[error("volume {key}: {path:?}: {step}: {source}")]
+    Io {
+        key: String,
+        path: String,
+        step: &'static str,
+        source: io::Error,
+    },
+}
+
+impl VolumeError {
+    /// Whether the caller can fix it: a bad destination, or an image with
+    /// no place for the volume there.
+    pub fn is_callers(&self) -> bool {
+        match self {
+            VolumeError::BadKey(_) => false,
+            VolumeError::BadPath { .. } => true,
+            VolumeError::Io { step, source, .. } => {
+                matches!(*step, MOUNT_POINT | FINDING_MOUNT_POINT | ON_THE_WAY)
+                    && matches!(
+                        source.raw_os_error(),
+                        Some(
+                            libc::ENOTDIR
+                                | libc::EISDIR
+                                | libc::ELOOP
+                                | libc::ENOENT
+                                | libc::EEXIST
+                        )
+                    )
+            }
+        }
+    }
+}
+
+const MOUNT_POINT: &str = "making its mount point";
+const FINDING_MOUNT_POINT: &str = "finding its mount point";
+const ON_THE_WAY: &str = "opening a directory on the way";
+
+impl From<VolumeError> for sandbox_proto::AgentError {
+    fn from(e: VolumeError) -> Self {
+        use sandbox_proto::ErrorKind;
+        let kind = match &e {
+            VolumeError::BadKey(_) | VolumeError::BadPath { .. } => ErrorKind::InvalidInput,
+            VolumeError::Io { .. } => ErrorKind::Other,
+        };
+        sandbox_proto::AgentError::new(kind, e.to_string())
+    }
+}
+
+/// Where the copy `key` lives.
+pub fn volume_dir(key: &str) -> PathBuf {
+    Path::new(crate::guest_roots::SCRATCH_AGAIN)
+        .join("volumes")
+        .join(key)
+}
+
+/// Writes `entries` into copy `key`, emptied first when `fresh`.
+pub fn write(key: &str, fresh: bool, entries: &[VolumeEntry]) -> Result<(), VolumeError> {
+    if !valid_root_name(key) {
+        return Err(VolumeError::BadKey(key.to_owned()));
+    }
+    crate::guest_roots::mount_scratch_again().map_err(|source| VolumeError::Io {
+        key: key.to_owned(),
+        path: String::new(),
+        step: "mounting the scratch disk for volumes",
+        source,
+    })?;
+    let top = volume_dir(key);
+    write_in(top.parent().unwrap_or(Path::new("/")), key, fresh, entries)
+}
+
+/// [`write`] with the copies in `parent`.
+fn write_in(
+    parent: &Path,
+    key: &str,
+    fresh: bool,
+    entries: &[VolumeEntry],
+) -> Result<(), VolumeError> {
+    if !valid_root_name(key) {
+        return Err(VolumeError::BadKey(key.to_owned()));
+    }
+    let failed = |path: &str, step: &'static str| {
+        let (key, path) = (key.to_owned(), path.to_owned());
+        move |source: io::Error| VolumeError::Io {
+            key,
+            path,
+            step,
+            source,
+        }
+    };
+    if let Some(bad) = entries
+        .iter()
+        .map(VolumeEntry::path)
+        .find(|p| !valid_volume_path(p))
+    {
+        return Err(VolumeError::BadPath {
+            key: key.to_owned(),
+            path: bad.to_owned(),
+        });
+    }
+    let top = parent.join(key);
+    fs::create_dir_all(parent).map_err(failed("", "making the volumes' directory"))?;
+    if fresh {
+        match fs::symlink_metadata(&top) {
+            Ok(meta) if meta.is_dir() => fs::remove_dir_all(&top),
+            Ok(_) => fs::remove_file(&top),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
+        }
+        .map_err(failed("", "removing an earlier copy"))?;
+    }
+    let volumes = open_dir(None, parent).map_err(failed("", "opening the volumes' directory"))?;
+    for entry in entries {
+        let path = entry.path();
+        // The entry's parent, beneath the copy's top and through no link;
+        // the top's own parent is the volumes' directory.
+        let (dir, name) = match path.rsplit_once('/') {
+            _ if path.is_empty() => (None, key),
+            Some((dir, name)) => (Some(dir), name),
+            None => (Some(""), path),
+        };
+        let parent = match dir {
+            None => None,
+            Some(dir) => Some(
+                beneath(&volumes, &format!("{key}/{dir}"), OFlag::O_DIRECTORY)
+                    .map_err(failed(path, "opening its directory"))?,
+            ),
+        };
+        let parent_fd = parent.as_ref().unwrap_or(&volumes).as_raw_fd();
+        write_entry(parent_fd, name, entry).map_err(failed(path, "writing it"))?;
+    }
+    Ok(())
+}
+
+fn write_entry(parent: i32, name: &str, entry: &VolumeEntry) -> io::Result<()> {
+    let chown = |uid: u32, gid: u32| {
+        fchownat(
+            Some(parent),
+            name,
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+    };
+    match entry {
+        VolumeEntry::Dir { mode, uid, gid, .. } => {
+            match mkdirat(Some(parent), name, Mode::from_bits_truncate(0o700)) {
+                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let dir = open_at(parent, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+            nix::sys::stat::fchmod(dir.as_raw_fd(), mode_of(*mode))?;
+            chown(*uid, *gid)?;
+        }
+        VolumeEntry::File {
+            mode,
+            uid,
+            gid,
+            data,
+            ..
+        } => {
+            let file = open_at(
+                parent,
+                name,
+                OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
+            )?;
+            fs::File::from(file).write_all(data)?;
+            chown(*uid, *gid)?;
+            // After the chown, which clears set-id bits.
+            let file = open_at(parent, name, OFlag::O_RDONLY)?;
+            nix::sys::stat::fchmod(file.as_raw_fd(), mode_of(*mode))?;
+        }
+        VolumeEntry::Append { data, .. } => {
+            let file = open_at(parent, name, OFlag::O_WRONLY | OFlag::O_APPEND)?;
+            fs::File::from(file).write_all(data)?;
+        }
+        VolumeEntry::Symlink {
+            target, uid, gid, ..
+        } => {
+            symlinkat(target.as_str(), Some(parent), name)?;
+            chown(*uid, *gid)?;
+        }
+    }
+    Ok(())
+}
+
+fn mode_of(mode: u32) -> Mode {
+    Mode::from_bits_truncate(mode & 0o7777)
+}
+
+/// `name` in directory `parent`, never through a link at the name.
+fn open_at(parent: i32, name: &str, flags: OFlag) -> io::Result<OwnedFd> {
+    let fd = nix::fcntl::openat(
+        Some(parent),
+        name,
+        flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )?;
+    // SAFETY: openat just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn open_dir(parent: Option<&OwnedFd>, path: &Path) -> io::Result<OwnedFd> {
+    let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC);
+    openat2_owned(parent.map_or(libc::AT_FDCWD, |p| p.as_raw_fd()), path, how)
+}
+
+/// `path` beneath `dir`, through no symlink.
+fn beneath(dir: &OwnedFd, path: &str, flags: OFlag) -> io::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | flags)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    openat2_owned(dir.as_raw_fd(), Path::new(path), how)
+}
+
+/// `path` in the tree `root` is the root of, its links resolved inside it.
+fn in_root(root: &OwnedFd, path: &str, flags: OFlag) -> io::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_PATH | OFlag::O_CLOEXEC | flags)
+        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    openat2_owned(root.as_raw_fd(), Path::new(path), how)
+}
+
+fn openat2_owned(dirfd: i32, path: &Path, how: OpenHow) -> io::Result<OwnedFd> {
+    let fd = openat2(dirfd, path, how)?;
+    // SAFETY: openat2 just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn is_dir(fd: &OwnedFd) -> io::Result<bool> {
+    Ok(SFlag::from_bits_truncate(fstat(fd.as_raw_fd())?.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
+}
+
+/// Binds copy `volume.key` at `volume.destination` inside `root` (a
+/// container root no process runs in yet), `nodev` and `nosuid` always,
+/// read-only when asked. Missing directories on the way are made (0755,
+/// root's); the last component as a directory or an empty file, as the
+/// copy's top is.
+pub fn bind(root: &Path, volume: &GuestVolume) -> Result<(), VolumeError> {
+    let failed = |step: &'static str| {
+        let (key, path) = (volume.key.clone(), volume.destination.clone());
+        move |source: io::Error| VolumeError::Io {
+            key,
+            path,
+            step,
+            source,
+        }
+    };
+    if !valid_root_name(&volume.key) {
+        return Err(VolumeError::BadKey(volume.key.clone()));
+    }
+    let source = volume_dir(&volume.key);
+    let source_dir = fs::symlink_metadata(&source)
+        .map_err(failed(
+            "finding the volume's copy (the host writes it first)",
+        ))?
+        .is_dir();
+    let components: Vec<&str> = volume
+        .destination
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect();
+    if !volume.destination.starts_with('/') || components.is_empty() || components.contains(&"..") {
+        return Err(VolumeError::BadPath {
+            key: volume.key.clone(),
+            path: volume.destination.clone(),
+        });
+    }
+    let root_fd = open_dir(None, root).map_err(failed("opening the root"))?;
+    let mut point = None;
+    for (made, name) in components.iter().enumerate() {
+        let last = made + 1 == components.len();
+        let want_dir = !last || source_dir;
+        let prefix = components[..=made].join("/");
+        let found = match in_root(&root_fd, &prefix, OFlag::empty()) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                let parent = match made {
+                    0 => ".".to_owned(),
+                    _ => components[..made].join("/"),
+                };
+                let parent =
+                    in_root(&root_fd, &parent, OFlag::O_DIRECTORY).map_err(failed(ON_THE_WAY))?;
+                make(&parent, name, want_dir).map_err(failed(MOUNT_POINT))?;
+                in_root(&root_fd, &prefix, OFlag::empty())
+            }
+            found => found,
+        }
+        .map_err(failed(FINDING_MOUNT_POINT))?;
+        let found_dir = is_dir(&found).map_err(failed("reading its mount point"))?;
+        if found_dir != want_dir {
+            return Err(failed(MOUNT_POINT)(io::Error::from_raw_os_error(
+                if want_dir {
+                    libc::ENOTDIR
+                } else {
+                    libc::EISDIR
+                },
+            )));
+        }
+        point = Some(found);
+    }
+    let Some(point) = point else {
+        return Err(VolumeError::BadPath {
+            key: volume.key.clone(),
+            path: volume.destination.clone(),
+        });
+    };
+    let target = format!("/proc/self/fd/{}", point.as_raw_fd());
+    mount(
+        Some(&source),
+        target.as_str(),
+        None::<&str>,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None::<&str>,
+    )
+    .map_err(|e| failed("binding it")(e.into()))?;
+    // The descriptor holds what the bind covers; the path now leads to the
+    // bind itself, in a root no process runs in yet.
+    let bound = in_root(&root_fd, &components.join("/"), OFlag::empty())
+        .map_err(failed("finding its bind"))?;
+    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NODEV | MsFlags::MS_NOSUID;
+    if volume.read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    mount(
+        None::<&str>,
+        format!("/proc/self/fd/{}", bound.as_raw_fd()).as_str(),
+        None::<&str>,
+        flags,
+        None::<&str>,
+    )
+    .map_err(|e| failed("setting its flags")(e.into()))
+}
+
+fn make(parent: &OwnedFd, name: &str, dir: bool) -> io::Result<()> {
+    if dir {
+        mkdirat(
+            Some(parent.as_raw_fd()),
+            name,
+            Mode::from_bits_truncate(0o755),
+        )?;
+    } else {
+        open_at(
+            parent.as_raw_fd(),
+            name,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    fn file(path: &str, mode: u32, data: &[u8]) -> VolumeEntry {
+        VolumeEntry::File {
+            path: path.into(),
+            mode,
+            uid: 0,
+            gid: 0,
+            data: data.to_vec(),
+        }
+    }
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("guest-volumes-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    #[test]
+    fn a_projected_volume_is_copied_with_its_links_modes_and_large_files() {
+        let dir = scratch("projected");
+        let uid = nix::unistd::getuid().as_raw();
+        let gid = nix::unistd::getgid().as_raw();
+        let entries = vec![
+            VolumeEntry::Dir {
+                path: String::new(),
+                mode: 0o1777,
+                uid,
+                gid,
+            },
+            VolumeEntry::Dir {
+                path: "..2026_12_06".into(),
+                mode: 0o755,
+                uid,
+                gid,
+            },
+            file("..2026_12_06/token", 0o640, b"abc"),
+            VolumeEntry::Append {
+                path: "..2026_12_06/token".into(),
+                data: b"def".to_vec(),
+            },
+            VolumeEntry::Symlink {
+                path: "..data".into(),
+                target: "..2026_12_06".into(),
+                uid,
+                gid,
+            },
+            VolumeEntry::Symlink {
+                path: "token".into(),
+                target: "..data/token".into(),
+                uid,
+                gid,
+            },
+        ];
+        write_in(&dir, "vol-1", true, &entries).expect("written");
+        let top = dir.join("vol-1");
+        assert_eq!(fs::read(top.join("token")).expect("token"), b"abcdef");
+        let meta = fs::metadata(top.join("..2026_12_06/token")).expect("meta");
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_eq!(meta.uid(), uid);
+        assert_eq!(
+            fs::metadata(&top).expect("top").permissions().mode() & 0o7777,
+            0o1777
+        );
+        assert_eq!(
+            fs::read_link(top.join("..data")).expect("link"),
+            Path::new("..2026_12_06")
+        );
+        // Written afresh, nothing of the last copy stays.
+        write_in(&dir, "vol-1", true, &[file("", 0o644, b"one file")]).expect("rewritten");
+        assert_eq!(fs::read(&top).expect("file"), b"one file");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn an_entry_never_reaches_through_a_link_in_the_copy() {
+        let dir = scratch("links");
+        let outside = dir.join("outside");
+        fs::create_dir_all(&outside).expect("outside");
+        let uid = nix::unistd::getuid().as_raw();
+        let entries = vec![
+            VolumeEntry::Dir {
+                path: String::new(),
+                mode: 0o755,
+                uid,
+                gid: uid,
+            },
+            // What a container could plant in a writable copy.
+            VolumeEntry::Symlink {
+                path: "escape".into(),
+                target: outside.display().to_string(),
+                uid,
+                gid: uid,
+            },
+        ];
+        write_in(&dir, "vol-2", true, &entries).expect("written");
+        let through = write_in(&dir, "vol-2", false, &[file("escape/planted", 0o644, b"x")]);
+        assert!(
+            matches!(
+                through,
+                Err(VolumeError::Io {
+                    step: "opening its directory",
+                    ..
+                })
+            ),
+            "{through:?}"
+        );
+        let onto = write_in(&dir, "vol-2", false, &[file("escape", 0o644, b"x")]);
+        assert!(
+            onto.is_err(),
+            "a file was written through the link: {onto:?}"
+        );
+        assert_eq!(fs::read_dir(&outside).expect("outside").count(), 0);
+        // The positive control: a plain name beside it is written.
+        write_in(&dir, "vol-2", false, &[file("plain", 0o644, b"x")]).expect("plain");
+        assert_eq!(fs::read(dir.join("vol-2/plain")).expect("plain"), b"x");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn keys_and_paths_are_checked_before_anything_is_written() {
+        let dir = scratch("checks");
+        assert!(matches!(
+            write_in(&dir, "../x", true, &[]),
+            Err(VolumeError::BadKey(_))
+        ));
+        assert!(matches!(
+            write_in(&dir, "vol-3", true, &[file("../x", 0o644, b"")]),
+            Err(VolumeError::BadPath { .. })
+        ));
+        assert_eq!(fs::read_dir(&dir).expect("dir").count(), 0);
+        let _ = fs::remove_dir_all(&dir);
+    }
+}
