@@ -144,21 +144,12 @@ pub fn mount_root(
     ))?;
     let device = await_disk(disk_id, sectors)?;
     let mut made = Made::new(name);
-    let result = build(name, &device, &root, &mut made)
-        .and_then(|()| {
-            volumes.iter().try_for_each(|volume| {
-                crate::guest_volumes::bind(&root, volume).map_err(|source| RootError::Volume {
-                    name: name.to_owned(),
-                    source,
-                })
-            })
-        })
-        .and_then(|()| match limits {
-            Some(limits) => groups(name)?
-                .create_root_group(name, limits)
-                .map_err(failed(name, "making the root's limited group")),
-            None => Ok(()),
-        });
+    let result = build(name, &device, &root, volumes, &mut made).and_then(|()| match limits {
+        Some(limits) => groups(name)?
+            .create_root_group(name, limits)
+            .map_err(failed(name, "making the root's limited group")),
+        None => Ok(()),
+    });
     match result {
         Ok(()) => {
             devices().insert(name.to_owned(), device);
@@ -257,7 +248,13 @@ impl Made {
     }
 }
 
-fn build(name: &str, device: &Path, root: &Path, made: &mut Made) -> Result<(), RootError> {
+fn build(
+    name: &str,
+    device: &Path,
+    root: &Path,
+    volumes: &[GuestVolume],
+    made: &mut Made,
+) -> Result<(), RootError> {
     let dir = Path::new(CONTAINER_ROOTS_DIR).join(name);
     let lower = dir.join("lower");
     fs::create_dir_all(&lower).map_err(failed(name, "making the root's directory"))?;
@@ -299,11 +296,6 @@ fn build(name: &str, device: &Path, root: &Path, made: &mut Made) -> Result<(), 
     .map_err(|e| failed(name, "mounting the root's overlay")(errno(e)))?;
     made.mounts.push(root.to_owned());
 
-    for shared in ["proc", "dev", "sys"] {
-        let target = root.join(shared);
-        ensure_dir(name, &target)?;
-        bind(name, Path::new("/").join(shared).as_path(), &target, true)?;
-    }
     let etc = root.join("etc");
     ensure_dir(name, &etc)?;
     for file in SHARED_FILES {
@@ -326,6 +318,20 @@ fn build(name: &str, device: &Path, root: &Path, made: &mut Made) -> Result<(), 
             }
         }
         bind(name, &source, &target, false)?;
+    }
+    // Before the VM's /proc, /dev and /sys come in: a volume that reaches
+    // one of them through the image's links then lands in the root's own
+    // directory there (and is covered), never in the VM's.
+    for volume in volumes {
+        crate::guest_volumes::bind(root, volume).map_err(|source| RootError::Volume {
+            name: name.to_owned(),
+            source,
+        })?;
+    }
+    for shared in ["proc", "dev", "sys"] {
+        let target = root.join(shared);
+        ensure_dir(name, &target)?;
+        bind(name, Path::new("/").join(shared).as_path(), &target, true)?;
     }
     Ok(())
 }

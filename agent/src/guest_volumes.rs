@@ -18,7 +18,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
-use nix::mount::{mount, MsFlags};
 use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
 use nix::unistd::{fchownat, symlinkat, Gid, Uid};
 use sandbox_proto::{valid_root_name, valid_volume_path, GuestVolume, VolumeEntry};
@@ -73,7 +72,7 @@ impl From<VolumeError> for sandbox_proto::AgentError {
         use sandbox_proto::ErrorKind;
         let kind = match &e {
             VolumeError::BadKey(_) | VolumeError::BadPath { .. } => ErrorKind::InvalidInput,
-            VolumeError::Io { .. } => ErrorKind::Other,
+            VolumeError::Io { source, .. } => crate::errors::io_kind(source),
         };
         sandbox_proto::AgentError::new(kind, e.to_string())
     }
@@ -336,31 +335,88 @@ pub fn bind(root: &Path, volume: &GuestVolume) -> Result<(), VolumeError> {
             path: volume.destination.clone(),
         });
     };
-    let target = format!("/proc/self/fd/{}", point.as_raw_fd());
-    mount(
-        Some(&source),
-        target.as_str(),
-        None::<&str>,
-        MsFlags::MS_BIND | MsFlags::MS_REC,
-        None::<&str>,
-    )
-    .map_err(|e| failed("binding it")(e.into()))?;
-    // The descriptor holds what the bind covers; the path now leads to the
-    // bind itself, in a root no process runs in yet.
-    let bound = in_root(&root_fd, &components.join("/"), OFlag::empty())
-        .map_err(failed("finding its bind"))?;
-    let mut flags = MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_NODEV | MsFlags::MS_NOSUID;
+    // A detached clone of the copy gets its flags before it is mounted,
+    // onto the very mount point looked up above: no second lookup that a
+    // container of the pod could race through a shared copy on the way.
+    let tree = open_tree_clone(&source).map_err(failed("cloning the copy"))?;
+    let mut attrs = libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOSUID;
     if volume.read_only {
-        flags |= MsFlags::MS_RDONLY;
+        attrs |= libc::MOUNT_ATTR_RDONLY;
     }
-    mount(
-        None::<&str>,
-        format!("/proc/self/fd/{}", bound.as_raw_fd()).as_str(),
-        None::<&str>,
-        flags,
-        None::<&str>,
-    )
-    .map_err(|e| failed("setting its flags")(e.into()))
+    set_mount_attrs(&tree, attrs).map_err(failed("setting its flags"))?;
+    move_mount_onto(&tree, &point).map_err(failed("mounting it"))
+}
+
+/// A detached recursive clone of the mount tree at `path` (`open_tree`).
+fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: open_tree(2) with a NUL-terminated path that outlives the
+    // call; it returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::OPEN_TREE_CLONE
+                | libc::OPEN_TREE_CLOEXEC
+                | libc::AT_SYMLINK_NOFOLLOW as u32
+                | libc::AT_RECURSIVE as u32,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = i32::try_from(fd).map_err(|_| io::Error::other("open_tree returned no fd"))?;
+    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Sets `attr_set` (`MOUNT_ATTR_*`) on every mount of detached `tree`,
+/// and makes it private.
+fn set_mount_attrs(tree: &OwnedFd, attr_set: u64) -> io::Result<()> {
+    let attr = libc::mount_attr {
+        attr_set,
+        attr_clr: 0,
+        propagation: libc::MS_PRIVATE,
+        userns_fd: 0,
+    };
+    // SAFETY: mount_setattr(2) on a descriptor this function borrows, with
+    // an empty path, AT_EMPTY_PATH, and a `mount_attr` of the size passed.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Mounts detached `tree` on the very file or directory `target` holds.
+fn move_mount_onto(tree: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
+    // SAFETY: move_mount(2) of a detached tree onto a descriptor, both
+    // borrowed for the call, with empty paths (NUL-terminated literals).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            target.as_raw_fd(),
+            c"".as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn make(parent: &OwnedFd, name: &str, dir: bool) -> io::Result<()> {

@@ -7,11 +7,12 @@
 //! to [`MAX_VOLUME_BYTES`] and [`MAX_VOLUME_ENTRIES`] each. Later changes
 //! on either side do not reach the other.
 
-use std::fs;
 use std::io::{self, Read};
-use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::Path;
+
+use nix::fcntl::OFlag;
+use nix::sys::stat::{fstat, Mode, SFlag};
 
 use sandbox_proto::VolumeEntry;
 
@@ -79,7 +80,8 @@ pub fn read_batches(volume: &HostVolume) -> Result<Vec<Vec<VolumeEntry>>, GuestV
         entries: 0,
         bytes: 0,
     };
-    reader.visit(&volume.source, String::new())?;
+    let top = open_path(libc::AT_FDCWD, &volume.source).map_err(reader.read_error(""))?;
+    reader.visit(top, None, String::new(), 0)?;
     if !reader.batch.is_empty() {
         reader.batches.push(std::mem::take(&mut reader.batch));
     }
@@ -93,6 +95,36 @@ struct Reader<'a> {
     batch_bytes: usize,
     entries: usize,
     bytes: u64,
+}
+
+/// How deep a volume's directories may nest: each level holds a
+/// descriptor while the walk is beneath it.
+const MAX_DEPTH: usize = 64;
+
+/// `name` in directory `dir` (or a path from the working directory),
+/// held `O_PATH` and never through a link at the name: what is there is
+/// then read through this descriptor, so a name swapped meanwhile (for a
+/// link out of the volume, or a device node) is never what gets read.
+fn open_path(dir: i32, name: &Path) -> io::Result<OwnedFd> {
+    let fd = nix::fcntl::openat(
+        Some(dir),
+        name,
+        OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )?;
+    // SAFETY: openat just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// The very file an `O_PATH` descriptor holds, opened for reading.
+fn reopen(held: &OwnedFd, flags: OFlag) -> io::Result<OwnedFd> {
+    let fd = nix::fcntl::open(
+        format!("/proc/self/fd/{}", held.as_raw_fd()).as_str(),
+        flags | OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
+        Mode::empty(),
+    )?;
+    // SAFETY: open just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 impl Reader<'_> {
@@ -126,86 +158,116 @@ impl Reader<'_> {
         }
     }
 
-    /// Adds host `path`, entry `relative` of the volume, and what is
-    /// beneath it.
-    fn visit(&mut self, path: &Path, relative: String) -> Result<(), GuestVolumeError> {
+    /// Adds what `held` holds (entry `relative` of the volume, named in
+    /// directory `parent` unless it is the top), and what is beneath it.
+    fn visit(
+        &mut self,
+        held: OwnedFd,
+        parent: Option<(&OwnedFd, &str)>,
+        relative: String,
+        depth: usize,
+    ) -> Result<(), GuestVolumeError> {
         self.entries += 1;
         if self.entries > MAX_VOLUME_ENTRIES {
             return Err(self.too_large());
         }
-        let meta = fs::symlink_metadata(path).map_err(self.read_error(&relative))?;
-        let (mode, uid, gid) = (meta.mode() & 0o7777, meta.uid(), meta.gid());
-        let kind = meta.file_type();
-        if kind.is_dir() {
-            self.push(
-                VolumeEntry::Dir {
-                    path: relative.clone(),
-                    mode,
-                    uid,
-                    gid,
-                },
-                0,
-            );
-            let mut names = Vec::new();
-            for entry in fs::read_dir(path).map_err(self.read_error(&relative))? {
-                names.push(entry.map_err(self.read_error(&relative))?.file_name());
-            }
-            names.sort();
-            for name in names {
-                let child = match std::str::from_utf8(name.as_bytes()) {
-                    Ok(name) if relative.is_empty() => name.to_owned(),
-                    Ok(name) => format!("{relative}/{name}"),
-                    Err(_) => {
+        let stat = fstat(held.as_raw_fd()).map_err(|e| self.read_error(&relative)(e.into()))?;
+        let mode = stat.st_mode & 0o7777;
+        let (uid, gid) = (stat.st_uid, stat.st_gid);
+        match SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT {
+            SFlag::S_IFDIR => {
+                if depth >= MAX_DEPTH {
+                    return Err(self.unsupported(&relative, "nested too deep (64 directories)"));
+                }
+                self.push(
+                    VolumeEntry::Dir {
+                        path: relative.clone(),
+                        mode,
+                        uid,
+                        gid,
+                    },
+                    0,
+                );
+                let dir_fd =
+                    reopen(&held, OFlag::O_DIRECTORY).map_err(self.read_error(&relative))?;
+                let mut dir = dir_fd
+                    .try_clone()
+                    .and_then(|dup| Ok(nix::dir::Dir::from_fd(dup.into_raw_fd())?))
+                    .map_err(self.read_error(&relative))?;
+                let mut names = Vec::new();
+                for entry in dir.iter() {
+                    let entry = entry.map_err(|e| self.read_error(&relative)(e.into()))?;
+                    let name = entry.file_name().to_bytes();
+                    if name != b"." && name != b".." {
+                        names.push(name.to_vec());
+                    }
+                }
+                names.sort();
+                drop(dir);
+                for name in names {
+                    let Ok(name) = String::from_utf8(name) else {
                         return Err(self.unsupported(
                             &relative,
                             "a directory with a name that is not UTF-8 in it",
-                        ))
-                    }
+                        ));
+                    };
+                    let child = if relative.is_empty() {
+                        name.clone()
+                    } else {
+                        format!("{relative}/{name}")
+                    };
+                    let held = match open_path(dir_fd.as_raw_fd(), Path::new(&name)) {
+                        Ok(held) => held,
+                        // Gone since the listing: the kubelet swaps a
+                        // projected volume's contents and removes the old.
+                        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => continue,
+                        Err(e) => return Err(self.read_error(&child)(e)),
+                    };
+                    self.visit(held, Some((&dir_fd, &name)), child, depth + 1)?;
+                }
+            }
+            SFlag::S_IFREG => {
+                let size = u64::try_from(stat.st_size).unwrap_or(u64::MAX);
+                self.bytes = self.bytes.saturating_add(size);
+                if self.bytes > MAX_VOLUME_BYTES {
+                    return Err(self.too_large());
+                }
+                let mut data = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+                reopen(&held, OFlag::empty())
+                    .and_then(|file| {
+                        // A file that grew since its stat is copied as it was.
+                        std::fs::File::from(file).take(size).read_to_end(&mut data)
+                    })
+                    .map_err(self.read_error(&relative))?;
+                self.push_file(relative, mode, uid, gid, data);
+            }
+            SFlag::S_IFLNK => {
+                let Some((dir, name)) = parent else {
+                    return Err(self.unsupported(
+                        &relative,
+                        "a symlink (a volume's top must be a file or a directory)",
+                    ));
                 };
-                self.visit(&path.join(&name), child)?;
+                let target = nix::fcntl::readlinkat(Some(dir.as_raw_fd()), name)
+                    .map_err(|e| self.read_error(&relative)(e.into()))?;
+                let Some(target) = target.to_str() else {
+                    return Err(
+                        self.unsupported(&relative, "a symlink to a name that is not UTF-8")
+                    );
+                };
+                self.push(
+                    VolumeEntry::Symlink {
+                        path: relative,
+                        target: target.to_owned(),
+                        uid,
+                        gid,
+                    },
+                    target.len(),
+                );
             }
-        } else if kind.is_file() {
-            self.bytes += meta.len();
-            if self.bytes > MAX_VOLUME_BYTES {
-                return Err(self.too_large());
-            }
-            let mut data = Vec::with_capacity(usize::try_from(meta.len()).unwrap_or(0));
-            fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-                .open(path)
-                .and_then(|file| {
-                    // A file that grew since its stat is copied as it was.
-                    file.take(meta.len()).read_to_end(&mut data)
-                })
-                .map_err(self.read_error(&relative))?;
-            self.push_file(relative, mode, uid, gid, data);
-        } else if kind.is_symlink() {
-            if relative.is_empty() {
-                return Err(self.unsupported(&relative, "a symlink"));
-            }
-            let target = fs::read_link(path).map_err(self.read_error(&relative))?;
-            let Some(target) = target.to_str() else {
-                return Err(self.unsupported(&relative, "a symlink to a name that is not UTF-8"));
-            };
-            self.push(
-                VolumeEntry::Symlink {
-                    path: relative,
-                    target: target.to_owned(),
-                    uid,
-                    gid,
-                },
-                target.len(),
-            );
-        } else {
-            let what = if kind.is_socket() {
-                "a socket"
-            } else if kind.is_fifo() {
-                "a FIFO"
-            } else {
-                "a device node"
-            };
-            return Err(self.unsupported(&relative, what));
+            SFlag::S_IFSOCK => return Err(self.unsupported(&relative, "a socket")),
+            SFlag::S_IFIFO => return Err(self.unsupported(&relative, "a FIFO")),
+            _ => return Err(self.unsupported(&relative, "a device node")),
         }
         Ok(())
     }
@@ -258,6 +320,7 @@ fn shown(relative: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
     use std::path::PathBuf;
 
     fn scratch(name: &str) -> PathBuf {
@@ -386,6 +449,23 @@ mod tests {
         file.set_len(MAX_VOLUME_BYTES).expect("sparse");
         let read = read_batches(&volume(&dir)).expect("at the cap");
         assert_eq!(paths(&read).first().map(String::as_str), Some("/"));
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_top_that_is_a_symlink_is_refused_not_followed() {
+        let dir = scratch("linked-top");
+        fs::create_dir(dir.join("real")).expect("real");
+        fs::write(dir.join("real/secret"), b"s").expect("secret");
+        std::os::unix::fs::symlink(dir.join("real"), dir.join("link")).expect("link");
+        let refused = read_batches(&volume(&dir.join("link"))).expect_err("a linked top");
+        assert!(
+            refused.to_string().contains("its top is a symlink"),
+            "{refused}"
+        );
+        // The positive control: the directory itself is read.
+        let read = read_batches(&volume(&dir.join("real"))).expect("the directory");
+        assert_eq!(paths(&read), ["/", "secret"]);
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -653,13 +653,21 @@ impl Supervisor {
             match written {
                 Reply::Ok => {}
                 Reply::Error(e) => {
+                    // A guest whose scratch disk is full is the caller's
+                    // to fix (a larger disk_mib); the rest is ours.
+                    let kind = match e.kind {
+                        ErrorKind::NoSpace | ErrorKind::InvalidInput => {
+                            SupervisorErrorKind::InvalidInput
+                        }
+                        _ => SupervisorErrorKind::Internal,
+                    };
                     return Err(err(
-                        SupervisorErrorKind::Internal,
+                        kind,
                         format!(
                             "copying volume {} into the guest: {}",
                             volume.destination, e.message
                         ),
-                    ))
+                    ));
                 }
                 other => return Err(unexpected_guest_reply("a volume's copy", other)),
             }
@@ -836,6 +844,14 @@ impl Supervisor {
             return Err(err(
                 SupervisorErrorKind::InvalidInput,
                 format!("pod container root {root:?} has host volumes bound in, which a snapshot cannot keep; detach it first"),
+            ));
+        }
+        if !self.guest_volume_keys().is_empty() {
+            // The copies outlive their roots in the guest: a fork would
+            // carry the pod's secrets and tokens wherever it runs.
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "the microVM holds copies of its pod containers' host volumes, which its snapshots would hand to every fork; snapshot a pod whose containers took none",
             ));
         }
         let Some(_paused) = self.link.try_pause() else {
