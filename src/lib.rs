@@ -4,6 +4,16 @@
 //! a small supervisor process ([`supervisor`]) that outlives daemon restarts and talks
 //! to the in-sandbox agent with the protocol in the `sandbox-proto` crate.
 
+/// The supervisor protocol's version as a literal, so that `sandboxd
+/// --version` can name it (`concat!` takes literals only); see
+/// [`supervisor::protocol::SUPERVISOR_PROTOCOL_VERSION`].
+#[macro_export]
+macro_rules! supervisor_protocol_version {
+    () => {
+        15
+    };
+}
+
 pub mod api;
 pub mod config;
 pub mod disk;

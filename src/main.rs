@@ -17,7 +17,13 @@ use sandboxd::store::Store;
 #[derive(Parser)]
 #[command(
     name = "sandboxd",
-    version,
+    // The supervisor protocol too: an upgrade across a change of it leaves
+    // the sandboxes of the older supervisors failed to the new daemon.
+    version = concat!(
+        env!("CARGO_PKG_VERSION"),
+        ", supervisor protocol ",
+        sandboxd::supervisor_protocol_version!()
+    ),
     about = "Runs untrusted code in throwaway sandboxes"
 )]
 struct Cli {

@@ -572,7 +572,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 0e a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 0f a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (SupervisorReply::Mailbox, "0e".into()),
@@ -623,7 +623,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 14, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 15, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);
@@ -735,13 +735,15 @@ fn a_supervisor_of_the_unversioned_protocol_is_recognised() {
 
 #[test]
 fn a_supervisor_of_another_version_is_refused_without_reading_the_rest() {
-    // Version 15 with a rest this build cannot decode.
-    let v15 = bytes("0c 0f ff ff ff");
-    let mismatch = check_supervisor_version(&v15).expect_err("v15 is not this version");
-    assert_eq!(mismatch, VersionMismatch::Other(15));
+    // Version 99 with a rest this build cannot decode.
+    let v99 = bytes("0c 63 ff ff ff");
+    let mismatch = check_supervisor_version(&v99).expect_err("v99 is not this version");
+    assert_eq!(mismatch, VersionMismatch::Other(99));
     let text = mismatch.to_string();
     assert!(
-        text.contains("supervisor protocol v15, this daemon v14"),
+        text.contains(&format!(
+            "supervisor protocol v99, this daemon v{SUPERVISOR_PROTOCOL_VERSION}"
+        )),
         "{text}"
     );
     assert!(text.contains("run the matching sandboxd build"), "{text}");

@@ -74,7 +74,10 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// 14 added `GuestRootUsage` and counts the agent's
 /// `RequestBody::ForwardLoopback` and `RootUsage`, and `Reply::Forwarding`
 /// and `RootUsage` (`Agent` frames carry them).
-pub const SUPERVISOR_PROTOCOL_VERSION: u32 = 14;
+///
+/// 15 counts the agent's `RequestBody::WriteVolume` and
+/// `MountRoot::volumes`.
+pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
 pub const HEALTH_REPLY_TAG: u32 = 12;
