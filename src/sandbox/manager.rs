@@ -82,6 +82,21 @@ pub struct Manager {
     pub links: Arc<super::port_links::PortLinks>,
 }
 
+/// What the store keeps of `record`. A sandbox left running under a
+/// supervisor of another protocol version is failed to this daemon only:
+/// it is stored as ready (as its own build wrote it, with what its owner
+/// changed since, a TTL or a port), so that the build that matches can
+/// still adopt it; its failure lives in memory (see `recovery`).
+fn stored_form(record: &SandboxRecord) -> std::borrow::Cow<'_, SandboxRecord> {
+    if !record.foreign_supervisor {
+        return std::borrow::Cow::Borrowed(record);
+    }
+    let mut stored = record.clone();
+    stored.state = crate::model::SandboxState::Ready;
+    stored.failure = None;
+    std::borrow::Cow::Owned(stored)
+}
+
 impl Manager {
     /// Validates a policy request (400 naming the bad entry) and returns it
     /// with the daemon's `default_egress` applied when it names none.
@@ -213,7 +228,7 @@ impl Manager {
 
     pub(super) fn persist(&self, record: &SandboxRecord) -> Result<(), SandboxError> {
         self.store
-            .put(&record.id, record)
+            .put(&record.id, &stored_form(record))
             .map_err(SandboxError::internal)
     }
 
@@ -250,11 +265,12 @@ impl Manager {
     ) -> Result<(), SandboxError> {
         self.events
             .emit_with(&record.id, notes, |events| {
+                let record = stored_form(record);
                 if journaled {
                     self.store
-                        .put_with_events_journaled(&record.id, record, events)?;
+                        .put_with_events_journaled(&record.id, &*record, events)?;
                 } else {
-                    self.store.put_with_events(&record.id, record, events)?;
+                    self.store.put_with_events(&record.id, &*record, events)?;
                 }
                 then();
                 Ok::<(), StoreError>(())

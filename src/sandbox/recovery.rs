@@ -16,6 +16,20 @@ use super::manager::Manager;
 /// a connection (a descriptor) until it answers.
 const HEALTH_CHECKS_AT_ONCE: usize = 32;
 
+/// Sandboxes torn down at once at a start: a supervisor that no longer
+/// answers costs its teardown a health check's deadline, which run side
+/// by side rather than one after another.
+const TEARDOWNS_AT_ONCE: usize = 16;
+
+/// What a start does to a sandbox it does not adopt.
+enum Removal {
+    /// Removed with everything it held (a half-made, half-deleted or
+    /// pooled one).
+    Everything(SandboxRecord),
+    /// Torn down and kept as failed, for its owner to see and delete.
+    KeptFailed(SandboxRecord),
+}
+
 /// How long a start waits for a supervisor it SIGKILLed to exit.
 const KILLED_SUPERVISOR_EXIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -52,26 +66,27 @@ impl Manager {
             .await;
         answered.sort_by_key(|(index, _)| *index);
         let healths = answered.into_iter().map(|(_, health)| health);
-        for (mut record, health) in stored.into_iter().zip(healths) {
+        let mut removals = Vec::new();
+        for (record, health) in stored.into_iter().zip(healths) {
             let alive = health.is_ok();
             match (record.state, health) {
                 (SandboxState::Ready, Err(CallError::Client(ClientError::Version(mismatch)))) => {
                     if record.pooled {
                         tracing::info!(sandbox = %record.id, "removing a pooled sandbox not adopted: {mismatch}");
-                        self.remove_everything(&record).await;
+                        removals.push(Removal::Everything(record));
                     } else {
                         self.keep_foreign(record, mismatch);
                     }
                 }
                 (SandboxState::Ready, _) if record.pooled && record.claiming => {
                     tracing::info!(sandbox = %record.id, "removing a pooled sandbox the last daemon died claiming");
-                    self.remove_everything(&record).await;
+                    removals.push(Removal::Everything(record));
                 }
                 (SandboxState::Ready, _)
                     if alive && record.pooled && !self.still_pooled(&record) =>
                 {
                     tracing::info!(sandbox = %record.id, "removing a pooled sandbox no pool of this daemon holds (its pools changed, or it was a boot template's)");
-                    self.remove_everything(&record).await;
+                    removals.push(Removal::Everything(record));
                 }
                 (SandboxState::Ready, _) if alive => {
                     tracing::info!(sandbox = %record.id, "recovered");
@@ -97,35 +112,31 @@ impl Manager {
                 }
                 (SandboxState::Creating | SandboxState::Deleting, _) => {
                     tracing::info!(sandbox = %record.id, "finishing an interrupted create/delete");
-                    self.remove_everything(&record).await;
+                    removals.push(Removal::Everything(record));
                 }
                 // Nobody's sandbox (a reboot, or a claim the machine lost
                 // before its commit): nothing to show as failed.
                 _ if record.pooled => {
                     tracing::info!(sandbox = %record.id, "removing a pooled sandbox whose supervisor is gone");
-                    self.remove_everything(&record).await;
+                    removals.push(Removal::Everything(record));
                 }
-                _ => {
-                    let problems = teardown(
-                        &record.id,
-                        &record.cgroups_path,
-                        &self.paths(&record.id),
-                        &self.disk,
-                    )
-                    .await;
-                    record.state = SandboxState::Failed;
-                    if record.failure.is_none() {
-                        record.failure =
-                            Some("the sandbox's supervisor was gone after a daemon restart".into());
-                    }
-                    if !problems.is_empty() {
-                        tracing::warn!(sandbox = %record.id, "recovery teardown: {}", problems.join("; "));
-                    }
-                    self.persist(&record)?;
-                    self.records().insert(record.id.clone(), record);
-                }
+                _ => removals.push(Removal::KeptFailed(record)),
             }
         }
+        let removed: Vec<Result<(), SandboxError>> = futures::stream::iter(removals)
+            .map(|removal| async move {
+                match removal {
+                    Removal::Everything(record) => {
+                        self.remove_everything(&record).await;
+                        Ok(())
+                    }
+                    Removal::KeptFailed(record) => self.keep_failed(record).await,
+                }
+            })
+            .buffer_unordered(TEARDOWNS_AT_ONCE)
+            .collect()
+            .await;
+        removed.into_iter().collect::<Result<(), _>>()?;
         self.sweep_unowned().await;
         // A new daemon may boot another kernel, agent or VMM.
         self.drop_boot_templates();
@@ -136,6 +147,29 @@ impl Manager {
             .map(|r| (r.id.clone(), r.gpus.clone()))
             .collect();
         self.gpus.rebuild(holders);
+        Ok(())
+    }
+
+    /// Tears down a sandbox whose supervisor is gone and keeps it as
+    /// failed.
+    async fn keep_failed(&self, mut record: SandboxRecord) -> Result<(), SandboxError> {
+        let problems = teardown(
+            &record.id,
+            &record.cgroups_path,
+            &self.paths(&record.id),
+            &self.disk,
+        )
+        .await;
+        record.state = SandboxState::Failed;
+        if record.failure.is_none() {
+            record.failure =
+                Some("the sandbox's supervisor was gone after a daemon restart".into());
+        }
+        if !problems.is_empty() {
+            tracing::warn!(sandbox = %record.id, "recovery teardown: {}", problems.join("; "));
+        }
+        self.persist(&record)?;
+        self.records().insert(record.id.clone(), record);
         Ok(())
     }
 

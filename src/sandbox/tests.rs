@@ -33,12 +33,23 @@ fn harness(pool_size: usize) -> Harness {
 /// what a flag could not give without a kernel or images, say).
 fn harness_with(pool_size: usize, adjust: impl FnOnce(&mut Config)) -> Harness {
     let dir = tempfile::tempdir().expect("temp dir");
+    // A parent of its own: recovery sweeps the groups under its parent and
+    // kills the supervisors there, which under the default (`/sandboxd`)
+    // would be those of a daemon running on the host.
+    let cgroup_parent = format!(
+        "/sandboxd-unit-test-{}",
+        dir.path()
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_start_matches('.').to_owned())
+            .unwrap_or_default()
+    );
     let mut config = Config::load(
         None,
         ConfigOverrides {
             state_dir: Some(dir.path().join("state")),
             run_dir: Some(dir.path().join("run")),
             pool_size: Some(pool_size),
+            cgroup_parent: Some(cgroup_parent),
             ..Default::default()
         },
     )
@@ -853,6 +864,44 @@ async fn recovery_asks_every_supervisor_at_once() {
             "{id} recovered"
         );
     }
+}
+
+/// A sandbox under a supervisor of another protocol version is failed to
+/// this daemon, yet a TTL its owner sets meanwhile is stored with the
+/// record as that build wrote it (ready), which the matching build can
+/// still adopt.
+#[tokio::test]
+async fn a_foreign_sandboxs_ttl_change_keeps_it_adoptable() {
+    let h = harness(0);
+    h.ready("sb-foreign", false);
+    {
+        let mut records = h.manager.records();
+        let record = records.get_mut("sb-foreign").expect("record");
+        record.state = SandboxState::Failed;
+        record.failure = Some("not adopted after a daemon restart: v14".into());
+        record.foreign_supervisor = true;
+    }
+    let changed = h.manager.set_ttl("sb-foreign", 600).expect("ttl");
+    assert_eq!(changed.state, SandboxState::Failed, "failed to this daemon");
+    let stored = h.stored("sb-foreign").expect("stored");
+    assert_eq!(
+        (stored.state, stored.failure, stored.ttl_seconds),
+        (SandboxState::Ready, None, 600)
+    );
+    // The positive control: a sandbox failed for its own reasons is
+    // stored as failed.
+    h.ready("sb-failed", false);
+    {
+        let mut records = h.manager.records();
+        let record = records.get_mut("sb-failed").expect("record");
+        record.state = SandboxState::Failed;
+        record.failure = Some("its supervisor died".into());
+    }
+    h.manager.set_ttl("sb-failed", 600).expect("ttl");
+    assert_eq!(
+        h.stored("sb-failed").expect("stored").state,
+        SandboxState::Failed
+    );
 }
 
 /// A daemon that died in the middle of a claim leaves the sandbox marked
