@@ -148,9 +148,10 @@ done
 } >"$ctl/run.sh"
 
 # quiet: the command's output is what the caller reads; the kernel's goes
-# to console.log. transparent_hugepage=madvise: the VMM's memory snapshots
-# need it in the guest they run in.
-append="console=ttyS0 quiet panic=-1 transparent_hugepage=madvise nested_repo=$repo"
+# to console.log, where loglevel=6 keeps notices too (a seccomp kill's
+# audit line is one). transparent_hugepage=madvise: the VMM's memory
+# snapshots need it in the guest they run in.
+append="console=ttyS0 quiet loglevel=6 panic=-1 transparent_hugepage=madvise nested_repo=$repo"
 status=0
 timeout --foreground "$timeout_s" qemu-system-x86_64 \
 	-accel tcg -cpu qemu64,+svm,+npt -smp "$cpus" -m "$mem" \
@@ -211,6 +212,14 @@ if [[ -f $ctl/longest-silence ]]; then
 fi
 if [[ -f $ctl/status ]]; then
 	status=$(cat "$ctl/status")
+	if ((status != 0)); then
+		# A failed test may have lost a VMM or an agent to the nested
+		# host's kernel (an OOM kill, a crash): its console says so.
+		if killed=$(grep -E 'Out of memory|Killed process|oom-kill|segfault|general protection|BUG:|type=1326' "$ctl/console.log"); then
+			echo "nested-kvm: the nested host's kernel said:" >&2
+			tail -n 20 <<<"$killed" >&2
+		fi
+	fi
 	rm -rf "$ctl"
 	exit "$status"
 fi
