@@ -519,18 +519,35 @@ async fn ctr_runs_a_task_annotated_vm_as_a_linux_microvm() {
     let vm = ["--annotation", "sandboxd.io/runtime=vm"];
 
     // Output and exit code come back; inside, the guest kernel runs the
-    // agent as init (a container would see the host's command line).
+    // agent as init (a container would see the host's command line). Its
+    // bind mount is copied into the guest, read-only as asked; what the
+    // guest writes to a writable one stays there.
+    let given = tempfile::tempdir_in("/var/tmp").expect("a volume");
+    std::fs::write(given.path().join("seed"), "seeded\n").expect("seed");
+    let scratch = tempfile::tempdir_in("/var/tmp").expect("a volume");
+    let mounts = [
+        format!(
+            "type=bind,src={},dst=/in,options=rbind:ro",
+            given.path().display()
+        ),
+        format!(
+            "type=bind,src={},dst=/out,options=rbind:rw",
+            scratch.path().display()
+        ),
+    ];
     let mut run = vec!["run", "--rm", "--runtime", RUNTIME];
     run.extend(vm);
     let ran = containerd.ctr(
         &[
             &run[..],
+            &["--mount", &mounts[0], "--mount", &mounts[1]],
             &[
                 IMAGE,
                 "t-vm",
                 "sh",
                 "-c",
-                "cat /proc/cmdline; ls /bin/busybox; exit 3",
+                "cat /proc/cmdline; ls /bin/busybox; cat /in/seed; \
+                 echo x > /in/new 2>/dev/null; echo ro=$?; echo kept > /out/f && cat /out/f; exit 3",
             ],
         ]
         .concat(),
@@ -539,6 +556,14 @@ async fn ctr_runs_a_task_annotated_vm_as_a_linux_microvm() {
     assert_eq!(ran.status.code(), Some(3), "{said}\n{}", daemon.log());
     assert!(said.contains("init=/sandbox-agent"), "{said}");
     assert!(said.contains("/bin/busybox"), "{said}");
+    assert!(
+        said.contains("seeded\nro=1\nkept\n"),
+        "the volumes in the guest: {said}"
+    );
+    assert!(
+        !scratch.path().join("f").exists(),
+        "the guest's writes stay in it"
+    );
     assert!(daemon.sandboxes().await.is_empty(), "--rm removed it");
 
     // A long task of the same image: exec into it, kill it from outside.

@@ -435,11 +435,6 @@ async fn a_sandboxs_volumes_are_bound_into_its_root_at_create() {
     // Refused before anything is made.
     for (body, code, says) in [
         (
-            json!({"runtime": "vm", "volumes": [{"source": path(&data), "destination": "/data"}]}),
-            "volumes_unsupported",
-            "microVM",
-        ),
-        (
             create(json!([{"source": path(&data), "destination": "/.sandboxd/x"}])),
             "invalid_volume",
             "under /.sandboxd",

@@ -4,6 +4,7 @@
 //! operations go to queues that keep their order.
 
 use std::io;
+use std::path::Path;
 use std::sync::Arc;
 
 use sandbox_proto::{
@@ -196,6 +197,11 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             entries,
         } => guest_root(agent, id, permit, move || {
             crate::guest_volumes::write(&key, fresh, &entries)
+        }),
+        RequestBody::BindVolumes { volumes } => guest_root(agent, id, permit, move || {
+            volumes
+                .iter()
+                .try_for_each(|volume| crate::guest_volumes::bind(Path::new("/"), volume))
         }),
         RequestBody::UnmountRoot { name } => guest_root(agent, id, permit, move || {
             crate::guest_roots::unmount_root(&name)

@@ -71,6 +71,7 @@ impl From<VolumeError> for sandbox_proto::AgentError {
     fn from(e: VolumeError) -> Self {
         use sandbox_proto::ErrorKind;
         let kind = match &e {
+            _ if e.is_callers() => ErrorKind::InvalidInput,
             VolumeError::BadKey(_) | VolumeError::BadPath { .. } => ErrorKind::InvalidInput,
             VolumeError::Io { source, .. } => crate::errors::io_kind(source),
         };

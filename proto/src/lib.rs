@@ -242,6 +242,10 @@ pub enum RequestBody {
         fresh: bool,
         entries: Vec<VolumeEntry>,
     },
+    /// A microVM only: bind copies written by [`RequestBody::WriteVolume`]
+    /// into the VM's own root, in order (a microVM task's volumes, before
+    /// it is ready). Reply: [`Reply::Ok`] once bound.
+    BindVolumes { volumes: Vec<GuestVolume> },
 }
 
 /// One piece of a volume copied into a microVM (see

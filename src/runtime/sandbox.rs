@@ -58,7 +58,8 @@ pub struct SandboxSpec {
     #[serde(default)]
     pub joined_netns: Option<PathBuf>,
     /// Host files and directories bound into the root
-    /// (`runtime::volumes`). Containers only.
+    /// (`runtime::volumes`); a microVM's are copied into its guest
+    /// (`runtime::guest_volumes`).
     #[serde(default)]
     pub volumes: Vec<crate::model::HostVolume>,
 }

@@ -182,17 +182,12 @@ pub fn validated_volumes_beside_secrets(
     }
 }
 
-/// Checks a create's volumes: for a container made fresh (a fork keeps
-/// its snapshot's mounts; a microVM's guest cannot see the host's files).
+/// Checks a create's volumes: for a sandbox made fresh (a fork keeps its
+/// snapshot's mounts). A microVM's are copied into its guest
+/// (`runtime::guest_volumes`).
 pub fn validated_create_volumes(req: &CreateRequest) -> Result<(), SandboxError> {
     if req.volumes.is_empty() {
         return Ok(());
-    }
-    if req.runtime == Some(crate::model::RuntimeKind::Vm) {
-        return Err(SandboxError::bad(
-            "volumes_unsupported",
-            "a microVM sandbox takes no host volumes at create (its guest cannot see the host's files); a microVM pod's containers take theirs, copied into the guest, when their roots attach",
-        ));
     }
     if req.from_snapshot.is_some() {
         return Err(SandboxError::bad(
@@ -401,7 +396,7 @@ mod tests {
         };
         assert_eq!(code(&req), "ok");
         req.runtime = Some(crate::model::RuntimeKind::Vm);
-        assert_eq!(code(&req), "volumes_unsupported");
+        assert_eq!(code(&req), "ok", "a microVM's are copied into its guest");
         req.runtime = None;
         req.from_snapshot = Some("snap-1".into());
         assert_eq!(code(&req), "invalid_volume");

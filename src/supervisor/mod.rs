@@ -131,6 +131,50 @@ fn report(line: &ReadyLine) {
     }
 }
 
+/// A microVM task's volumes: the guest cannot see the host's files, so each
+/// is copied into it (as a microVM pod container's are) and bound into the
+/// VM's root before the sandbox is ready.
+async fn bind_guest_task_volumes(
+    link: &AgentLink,
+    volumes: &[crate::model::HostVolume],
+) -> Result<(), protocol::SupervisorError> {
+    let mut bound = Vec::with_capacity(volumes.len());
+    for (index, volume) in volumes.iter().enumerate() {
+        // Keys of their own: a pod container's copies are `vol-N`.
+        let key = format!("task-vol-{}", index + 1);
+        processes::copy_volume_into_guest(link, &key, volume).await?;
+        bound.push(sandbox_proto::GuestVolume {
+            key,
+            destination: volume.destination.clone(),
+            read_only: volume.read_only,
+        });
+    }
+    let reply = link
+        .call(
+            sandbox_proto::RequestBody::BindVolumes { volumes: bound },
+            &[],
+            processes::AGENT_DEADLINE,
+        )
+        .await
+        .map_err(|e| {
+            protocol::SupervisorError::new(
+                protocol::SupervisorErrorKind::Internal,
+                format!("binding the volumes in the guest: {e}"),
+            )
+        })?;
+    match reply {
+        sandbox_proto::Reply::Ok => Ok(()),
+        sandbox_proto::Reply::Error(e) => Err(processes::guest_volume_refused(
+            "binding the volumes in the guest",
+            e,
+        )),
+        other => Err(protocol::SupervisorError::new(
+            protocol::SupervisorErrorKind::Internal,
+            format!("the guest agent answered the volumes' bind with {other:?}"),
+        )),
+    }
+}
+
 fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
     fail_with(line, None, config, paths)
 }
@@ -360,6 +404,16 @@ async fn serve(
         }
     }
     clock.lap("agent");
+    if config.spec.kind.process_control() == crate::runtime::sandbox::ProcessControl::GuestAgent
+        && !config.spec.volumes.is_empty()
+    {
+        if let Err(e) = bind_guest_task_volumes(&link, &config.spec.volumes).await {
+            let code =
+                (e.kind == protocol::SupervisorErrorKind::InvalidInput).then_some("invalid_volume");
+            return fail_with(e.message, code, &config, &paths);
+        }
+        clock.lap("volumes");
+    }
     if let Some(warm) = &config.warm_interpreter {
         // Ready only once it is: a claim may run code at once. An image
         // without the interpreter is ready all the same.

@@ -158,6 +158,63 @@ fn unexpected_guest_reply(what: &str, reply: Reply) -> SupervisorError {
     )
 }
 
+/// Copies host `volume` into the microVM's guest as its copy `key` (see
+/// `runtime::guest_volumes`), in as many `WriteVolume` requests as it
+/// takes; a pod container's at attach, a task's before it is ready.
+pub(super) async fn copy_volume_into_guest(
+    link: &AgentLink,
+    key: &str,
+    volume: &crate::model::HostVolume,
+) -> Result<(), SupervisorError> {
+    let read = volume.clone();
+    let batches =
+        tokio::task::spawn_blocking(move || crate::runtime::guest_volumes::read_batches(&read))
+            .await
+            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
+            .map_err(|e| {
+                let kind = if e.is_callers() {
+                    SupervisorErrorKind::InvalidInput
+                } else {
+                    SupervisorErrorKind::Internal
+                };
+                err(kind, e.to_string())
+            })?;
+    for (index, entries) in batches.into_iter().enumerate() {
+        let written = link
+            .call(
+                RequestBody::WriteVolume {
+                    key: key.to_owned(),
+                    fresh: index == 0,
+                    entries,
+                },
+                &[],
+                AGENT_DEADLINE,
+            )
+            .await
+            .map_err(link_failure)?;
+        match written {
+            Reply::Ok => {}
+            Reply::Error(e) => {
+                let what = format!("copying volume {} into the guest", volume.destination);
+                return Err(guest_volume_refused(&what, e));
+            }
+            other => return Err(unexpected_guest_reply("a volume's copy", other)),
+        }
+    }
+    Ok(())
+}
+
+/// The agent's refusal to copy or bind a volume: a guest whose scratch disk
+/// is full, or an image with no place for the volume, is the caller's to
+/// fix; the rest is ours.
+pub(super) fn guest_volume_refused(what: &str, e: sandbox_proto::AgentError) -> SupervisorError {
+    let kind = match e.kind {
+        ErrorKind::NoSpace | ErrorKind::InvalidInput => SupervisorErrorKind::InvalidInput,
+        _ => SupervisorErrorKind::Internal,
+    };
+    err(kind, format!("{what}: {}", e.message))
+}
+
 /// A call the link could not complete: a slow agent (a sandbox starved by
 /// its own limits, a big file) is not a gone one.
 fn link_failure(e: LinkError) -> SupervisorError {
@@ -629,49 +686,8 @@ impl Supervisor {
             }
             format!("vol-{}", keys.len() + 1)
         };
-        let read = volume.clone();
-        let batches =
-            tokio::task::spawn_blocking(move || crate::runtime::guest_volumes::read_batches(&read))
-                .await
-                .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
-                .map_err(|e| {
-                    let kind = if e.is_callers() {
-                        SupervisorErrorKind::InvalidInput
-                    } else {
-                        SupervisorErrorKind::Internal
-                    };
-                    err(kind, e.to_string())
-                })?;
-        for (index, entries) in batches.into_iter().enumerate() {
-            let written = self
-                .agent(RequestBody::WriteVolume {
-                    key: key.clone(),
-                    fresh: index == 0,
-                    entries,
-                })
-                .await?;
-            match written {
-                Reply::Ok => {}
-                Reply::Error(e) => {
-                    // A guest whose scratch disk is full is the caller's
-                    // to fix (a larger disk_mib); the rest is ours.
-                    let kind = match e.kind {
-                        ErrorKind::NoSpace | ErrorKind::InvalidInput => {
-                            SupervisorErrorKind::InvalidInput
-                        }
-                        _ => SupervisorErrorKind::Internal,
-                    };
-                    return Err(err(
-                        kind,
-                        format!(
-                            "copying volume {} into the guest: {}",
-                            volume.destination, e.message
-                        ),
-                    ));
-                }
-                other => return Err(unexpected_guest_reply("a volume's copy", other)),
-            }
-        }
+        self.ensure_live()?;
+        copy_volume_into_guest(&self.link, &key, volume).await?;
         self.guest_volume_keys()
             .insert(volume.source.clone(), key.clone());
         Ok(key)
