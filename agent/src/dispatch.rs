@@ -117,6 +117,20 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         let _ = agent.outbox.reply(id, reply).await;
         return;
     }
+    if matches!(
+        body,
+        RequestBody::Spawn(_) | RequestBody::WarmInterpreter { .. }
+    ) && crate::vm_init::reseed_failed()
+    {
+        let message = "this microVM fork could not take a fresh RNG seed and clock, so it \
+                       starts no process (it would share its random numbers with its \
+                       snapshot's other forks): delete it and fork again";
+        let _ = agent
+            .outbox
+            .error(id, AgentError::new(ErrorKind::Other, message))
+            .await;
+        return;
+    }
     let Ok(permit) = agent.in_flight.clone().try_acquire_owned() else {
         let message = format!("too many requests in flight (limit {MAX_IN_FLIGHT})");
         let _ = agent

@@ -373,6 +373,24 @@ fn parse_seed(hex: &[u8]) -> Result<Vec<u8>, VmInitError> {
 /// host into the guest kernel's pool, and the host's wall time. Only in a
 /// microVM: a container shares the host kernel's RNG and clock.
 pub fn reseed(seed: &[u8], unix_time_ns: u64) -> io::Result<()> {
+    let reseeded = take_seed(seed, unix_time_ns);
+    if reseeded.is_err() && requested() {
+        RESEED_FAILED.store(true, std::sync::atomic::Ordering::Release);
+    }
+    reseeded
+}
+
+/// Set once a fork's guest failed to take its fresh seed and clock: its
+/// agent then starts no process (see `dispatch`), since the host no longer
+/// waits for the reseed's reply before it calls the fork ready.
+static RESEED_FAILED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether this guest failed to take a fork's fresh seed and clock.
+pub fn reseed_failed() -> bool {
+    RESEED_FAILED.load(std::sync::atomic::Ordering::Acquire)
+}
+
+fn take_seed(seed: &[u8], unix_time_ns: u64) -> io::Result<()> {
     if !requested() {
         return Err(io::Error::other(
             "reseeding is for a microVM's agent; a container shares the host's RNG and clock",

@@ -60,12 +60,26 @@ fn first_request_id() -> u64 {
     (rand::random::<u64>() >> 2) + 1
 }
 
+/// The reply `rx` waits for, by `until`.
+async fn await_reply(
+    rx: oneshot::Receiver<Reply>,
+    until: tokio::time::Instant,
+    deadline: Duration,
+) -> Result<Reply, LinkError> {
+    match tokio::time::timeout_at(until, rx).await {
+        Ok(reply) => {
+            reply.map_err(|_| LinkError::Closed("the link closed before the reply".into()))
+        }
+        Err(_) => Err(LinkError::Timeout(deadline)),
+    }
+}
+
 pub struct AgentLink {
     stream: UnixStream,
     write_lock: tokio::sync::Mutex<()>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
-    /// Read-held by every call; see [`Self::try_pause`].
-    gate: tokio::sync::RwLock<()>,
+    /// Read-held by every call until its reply; see [`Self::try_pause`].
+    gate: Arc<tokio::sync::RwLock<()>>,
     next_id: AtomicU64,
     closed: Mutex<Option<String>>,
 }
@@ -90,7 +104,7 @@ impl AgentLink {
             stream,
             write_lock: tokio::sync::Mutex::new(()),
             pending: Mutex::new(HashMap::new()),
-            gate: tokio::sync::RwLock::new(()),
+            gate: Arc::new(tokio::sync::RwLock::new(())),
             next_id: AtomicU64::new(first_request_id()),
             closed: Mutex::new(None),
         });
@@ -206,6 +220,47 @@ impl AgentLink {
         deadline: Duration,
     ) -> Result<Reply, LinkError> {
         let _gate = self.gate.read().await;
+        let (id, frame, rx) = self.register(body)?;
+        let until = tokio::time::Instant::now() + deadline;
+        let result = async {
+            self.write_frame(&frame, fds, until, deadline).await?;
+            await_reply(rx, until, deadline).await
+        }
+        .await;
+        self.forget(id);
+        result
+    }
+
+    /// Sends one request now and returns what waits for its reply: a call
+    /// made after this returns goes out after it, and the agent reads its
+    /// link in order, so it handles this one first.
+    pub async fn send(
+        self: &Arc<Self>,
+        body: RequestBody,
+        deadline: Duration,
+    ) -> Result<impl std::future::Future<Output = Result<Reply, LinkError>>, LinkError> {
+        let gate = Arc::clone(&self.gate).read_owned().await;
+        let (id, frame, rx) = self.register(body)?;
+        let until = tokio::time::Instant::now() + deadline;
+        if let Err(e) = self.write_frame(&frame, &[], until, deadline).await {
+            self.forget(id);
+            return Err(e);
+        }
+        let link = Arc::clone(self);
+        Ok(async move {
+            let reply = await_reply(rx, until, deadline).await;
+            link.forget(id);
+            drop(gate);
+            reply
+        })
+    }
+
+    /// A request's frame, with a waiter registered for its reply; refused
+    /// once the link is closed.
+    fn register(
+        &self,
+        body: RequestBody,
+    ) -> Result<(u64, Vec<u8>, oneshot::Receiver<Reply>), LinkError> {
         if let Some(reason) = self.closed.lock().ok().and_then(|c| c.clone()) {
             return Err(LinkError::Closed(reason));
         }
@@ -216,21 +271,14 @@ impl AgentLink {
         if let Ok(mut pending) = self.pending.lock() {
             pending.insert(id, tx);
         }
-        let until = tokio::time::Instant::now() + deadline;
-        let result = async {
-            self.write_frame(&frame, fds, until, deadline).await?;
-            match tokio::time::timeout_at(until, rx).await {
-                Ok(reply) => {
-                    reply.map_err(|_| LinkError::Closed("the link closed before the reply".into()))
-                }
-                Err(_) => Err(LinkError::Timeout(deadline)),
-            }
-        }
-        .await;
+        Ok((id, frame, rx))
+    }
+
+    /// Drops request `id`'s waiter, answered or not.
+    fn forget(&self, id: u64) {
         if let Ok(mut pending) = self.pending.lock() {
             pending.remove(&id);
         }
-        result
     }
 
     /// Writes one frame by `until`. A frame the deadline cuts off after its

@@ -362,33 +362,46 @@ async fn serve(
     };
     if agent_start == AgentStart::RestoredVm {
         // A microVM fork's guest left the snapshot with the source's RNG
-        // state and wall time: it is ready only once its agent has taken
-        // fresh ones.
+        // state and wall time: fresh ones go first on the link. The agent
+        // reads its link in order and takes them before it reads anything
+        // else, so whatever the caller asks of the fork finds them in
+        // force, and the fork is ready without waiting for the reply (a
+        // round trip through a just-restored guest). An agent that could
+        // not take them refuses to start any process, and says why.
         let seed: [u8; 32] = rand::random();
         let unix_time_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        let reseeded = link
-            .call(
+        let sent = link
+            .send(
                 sandbox_proto::RequestBody::Reseed {
                     seed: seed.to_vec(),
                     unix_time_ns,
                 },
-                &[],
                 deadline,
             )
             .await;
-        match reseeded {
-            Ok(sandbox_proto::Reply::Ok) => {}
-            other => {
+        let reply = match sent {
+            Ok(reply) => reply,
+            Err(e) => {
                 return fail(
-                    format!("the fork's agent did not take a fresh RNG seed and clock: {other:?}"),
+                    format!("sending the fork's agent a fresh RNG seed and clock: {e}"),
                     &config,
                     &paths,
                 )
             }
-        }
+        };
+        let id = config.spec.id.clone();
+        tokio::spawn(async move {
+            match reply.await {
+                Ok(sandbox_proto::Reply::Ok) => {}
+                other => tracing::error!(
+                    sandbox = %id,
+                    "the fork's agent did not take a fresh RNG seed and clock, and starts no process: {other:?}"
+                ),
+            }
+        });
     }
     if agent_start == AgentStart::Restored {
         // A restored agent sends no Hello: it must answer instead.
