@@ -4,7 +4,6 @@
 //! operations go to queues that keep their order.
 
 use std::io;
-use std::path::Path;
 use std::sync::Arc;
 
 use sandbox_proto::{
@@ -213,9 +212,7 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
             crate::guest_volumes::write(&key, fresh, &entries)
         }),
         RequestBody::BindVolumes { volumes } => guest_root(agent, id, permit, move || {
-            volumes
-                .iter()
-                .try_for_each(|volume| crate::guest_volumes::bind(Path::new("/"), volume))
+            crate::guest_volumes::bind_task_volumes(&volumes)
         }),
         RequestBody::UnmountRoot { name } => guest_root(agent, id, permit, move || {
             crate::guest_roots::unmount_root(&name)

@@ -322,12 +322,10 @@ fn build(
     // Before the VM's /proc, /dev and /sys come in: a volume that reaches
     // one of them through the image's links then lands in the root's own
     // directory there (and is covered), never in the VM's.
-    for volume in volumes {
-        crate::guest_volumes::bind(root, volume).map_err(|source| RootError::Volume {
-            name: name.to_owned(),
-            source,
-        })?;
-    }
+    crate::guest_volumes::bind_all(root, volumes).map_err(|source| RootError::Volume {
+        name: name.to_owned(),
+        source,
+    })?;
     for shared in ["proc", "dev", "sys"] {
         let target = root.join(shared);
         ensure_dir(name, &target)?;

@@ -56,6 +56,8 @@ impl VolumeError {
                                 | libc::ELOOP
                                 | libc::ENOENT
                                 | libc::EEXIST
+                                // Under a read-only volume bound before.
+                                | libc::EROFS
                         )
                     )
             }
@@ -72,8 +74,12 @@ impl From<VolumeError> for sandbox_proto::AgentError {
         use sandbox_proto::ErrorKind;
         let kind = match &e {
             _ if e.is_callers() => ErrorKind::InvalidInput,
-            VolumeError::BadKey(_) | VolumeError::BadPath { .. } => ErrorKind::InvalidInput,
-            VolumeError::Io { source, .. } => crate::errors::io_kind(source),
+            VolumeError::BadKey(_) => ErrorKind::InvalidInput,
+            // A full scratch disk is the sandbox's own limit.
+            VolumeError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+                ErrorKind::NoSpace
+            }
+            _ => ErrorKind::Other,
         };
         sandbox_proto::AgentError::new(kind, e.to_string())
     }
@@ -263,42 +269,98 @@ fn is_dir(fd: &OwnedFd) -> io::Result<bool> {
     Ok(SFlag::from_bits_truncate(fstat(fd.as_raw_fd())?.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR)
 }
 
-/// Binds copy `volume.key` at `volume.destination` inside `root` (a
-/// container root no process runs in yet), `nodev` and `nosuid` always,
-/// read-only when asked. Missing directories on the way are made (0755,
-/// root's); the last component as a directory or an empty file, as the
-/// copy's top is.
-pub fn bind(root: &Path, volume: &GuestVolume) -> Result<(), VolumeError> {
-    let failed = |step: &'static str| {
-        let (key, path) = (volume.key.clone(), volume.destination.clone());
-        move |source: io::Error| VolumeError::Io {
-            key,
-            path,
-            step,
-            source,
-        }
-    };
+/// Binds each copy `volume.key` at `volume.destination` inside `root` (a
+/// container root no process runs in yet, or a microVM task's own root
+/// before it is ready), `nodev` and `nosuid` always, read-only when asked.
+/// Every copy is cloned, flags set, before the first is mounted: a volume
+/// over the copies' own directory (`/run`, through the image's
+/// `/var/run`) then hides none of the others. Missing directories on the
+/// way are made (0755, root's); the last component as a directory or an
+/// empty file, as the copy's top is.
+pub fn bind_all(root: &Path, volumes: &[GuestVolume]) -> Result<(), VolumeError> {
+    let mut clones = Vec::with_capacity(volumes.len());
+    for volume in volumes {
+        clones.push(clone_copy(volume)?);
+    }
+    for (volume, (tree, is_dir)) in volumes.iter().zip(clones) {
+        let point = mount_point(root, volume, is_dir)?;
+        move_mount_onto(&tree, &point).map_err(failed(volume, "mounting it"))?;
+    }
+    Ok(())
+}
+
+/// A microVM task's volumes, bound into the VM's own root. Its processes
+/// run there, where the scratch disk's second mount would show them the
+/// writable copies behind read-only volumes (and the pod roots' overlay
+/// layers): that mount is let go once they are bound (the binds keep
+/// their copies; a later pod root mounts it again).
+pub fn bind_task_volumes(volumes: &[GuestVolume]) -> Result<(), VolumeError> {
+    bind_all(Path::new("/"), volumes)?;
+    match nix::mount::umount2(
+        crate::guest_roots::SCRATCH_AGAIN,
+        nix::mount::MntFlags::MNT_DETACH,
+    ) {
+        // Not a mount there (a volume over /run hides it already).
+        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(VolumeError::Io {
+            key: String::new(),
+            path: crate::guest_roots::SCRATCH_AGAIN.into(),
+            step: "letting go of the scratch disk's second mount",
+            source: e.into(),
+        }),
+    }
+}
+
+fn failed(volume: &GuestVolume, step: &'static str) -> impl FnOnce(io::Error) -> VolumeError {
+    let (key, path) = (volume.key.clone(), volume.destination.clone());
+    move |source: io::Error| VolumeError::Io {
+        key,
+        path,
+        step,
+        source,
+    }
+}
+
+/// A detached clone of copy `volume.key` with the volume's flags set, and
+/// whether it is a directory.
+fn clone_copy(volume: &GuestVolume) -> Result<(OwnedFd, bool), VolumeError> {
     if !valid_root_name(&volume.key) {
         return Err(VolumeError::BadKey(volume.key.clone()));
     }
-    let source = volume_dir(&volume.key);
-    let source_dir = fs::symlink_metadata(&source)
-        .map_err(failed(
-            "finding the volume's copy (the host writes it first)",
-        ))?
-        .is_dir();
+    let tree = open_tree_clone(&volume_dir(&volume.key)).map_err(failed(
+        volume,
+        "cloning the volume's copy (the host writes it first)",
+    ))?;
+    let mut attrs = libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOSUID;
+    if volume.read_only {
+        attrs |= libc::MOUNT_ATTR_RDONLY;
+    }
+    set_mount_attrs(&tree, attrs).map_err(failed(volume, "setting its flags"))?;
+    let is_dir = is_dir(&tree).map_err(failed(volume, "reading its copy"))?;
+    Ok((tree, is_dir))
+}
+
+/// The mount point at `volume.destination` in the tree `root` is the root
+/// of (its links resolved inside it), made where missing: a directory, or
+/// an empty file when the copy's top is a file.
+fn mount_point(
+    root: &Path,
+    volume: &GuestVolume,
+    source_dir: bool,
+) -> Result<OwnedFd, VolumeError> {
+    let bad_path = || VolumeError::BadPath {
+        key: volume.key.clone(),
+        path: volume.destination.clone(),
+    };
     let components: Vec<&str> = volume
         .destination
         .split('/')
         .filter(|c| !c.is_empty() && *c != ".")
         .collect();
     if !volume.destination.starts_with('/') || components.is_empty() || components.contains(&"..") {
-        return Err(VolumeError::BadPath {
-            key: volume.key.clone(),
-            path: volume.destination.clone(),
-        });
+        return Err(bad_path());
     }
-    let root_fd = open_dir(None, root).map_err(failed("opening the root"))?;
+    let root_fd = open_dir(None, root).map_err(failed(volume, "opening the root"))?;
     let mut point = None;
     for (made, name) in components.iter().enumerate() {
         let last = made + 1 == components.len();
@@ -310,17 +372,17 @@ pub fn bind(root: &Path, volume: &GuestVolume) -> Result<(), VolumeError> {
                     0 => ".".to_owned(),
                     _ => components[..made].join("/"),
                 };
-                let parent =
-                    in_root(&root_fd, &parent, OFlag::O_DIRECTORY).map_err(failed(ON_THE_WAY))?;
-                make(&parent, name, want_dir).map_err(failed(MOUNT_POINT))?;
+                let parent = in_root(&root_fd, &parent, OFlag::O_DIRECTORY)
+                    .map_err(failed(volume, ON_THE_WAY))?;
+                make(&parent, name, want_dir).map_err(failed(volume, MOUNT_POINT))?;
                 in_root(&root_fd, &prefix, OFlag::empty())
             }
             found => found,
         }
-        .map_err(failed(FINDING_MOUNT_POINT))?;
-        let found_dir = is_dir(&found).map_err(failed("reading its mount point"))?;
+        .map_err(failed(volume, FINDING_MOUNT_POINT))?;
+        let found_dir = is_dir(&found).map_err(failed(volume, "reading its mount point"))?;
         if found_dir != want_dir {
-            return Err(failed(MOUNT_POINT)(io::Error::from_raw_os_error(
+            return Err(failed(volume, MOUNT_POINT)(io::Error::from_raw_os_error(
                 if want_dir {
                     libc::ENOTDIR
                 } else {
@@ -330,22 +392,7 @@ pub fn bind(root: &Path, volume: &GuestVolume) -> Result<(), VolumeError> {
         }
         point = Some(found);
     }
-    let Some(point) = point else {
-        return Err(VolumeError::BadPath {
-            key: volume.key.clone(),
-            path: volume.destination.clone(),
-        });
-    };
-    // A detached clone of the copy gets its flags before it is mounted,
-    // onto the very mount point looked up above: no second lookup that a
-    // container of the pod could race through a shared copy on the way.
-    let tree = open_tree_clone(&source).map_err(failed("cloning the copy"))?;
-    let mut attrs = libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOSUID;
-    if volume.read_only {
-        attrs |= libc::MOUNT_ATTR_RDONLY;
-    }
-    set_mount_attrs(&tree, attrs).map_err(failed("setting its flags"))?;
-    move_mount_onto(&tree, &point).map_err(failed("mounting it"))
+    point.ok_or_else(bad_path)
 }
 
 /// A detached recursive clone of the mount tree at `path` (`open_tree`).

@@ -130,8 +130,8 @@ pub struct CreateSandbox {
     #[serde(default)]
     pub hostname: Option<String>,
     /// Host files and directories bound into the sandbox's root, as a
-    /// pod container's root takes them. Containers only; refused on the
-    /// remote API.
+    /// pod container's root takes them (a microVM's copied into its
+    /// guest). Refused on the remote API.
     #[serde(default)]
     pub volumes: Vec<crate::model::HostVolume>,
 }
@@ -301,8 +301,8 @@ pub struct AttachRoot {
     /// Ceilings of this container alone, within the sandbox's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<crate::model::RootLimits>,
-    /// Host files and directories bound into this root (a container
-    /// sandbox's only).
+    /// Host files and directories bound into this root (a microVM's
+    /// copied into its guest).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub volumes: Vec<crate::model::HostVolume>,
 }

@@ -48,7 +48,8 @@ pub struct CreateRequest {
     /// The hostname inside (default: the sandbox's id). Containers only.
     pub hostname: Option<String>,
     /// Host files and directories bound into the sandbox's root (a
-    /// `ctr run --mount`). Local callers only; containers only.
+    /// `ctr run --mount`); a microVM's are copied into its guest. Local
+    /// callers only.
     pub volumes: Vec<super::HostVolume>,
 }
 

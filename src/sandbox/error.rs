@@ -77,7 +77,7 @@ fn field_of(code: &str) -> Option<&'static str> {
         "invalid_pty" => "pty",
         "invalid_port" => "port",
         "invalid_host_rootfs" => "host_rootfs",
-        "invalid_volume" | "volumes_unsupported" => "volumes",
+        "invalid_volume" => "volumes",
         "invalid_join_netns" => "join_netns",
         "invalid_hostname" => "hostname",
         _ => return None,

@@ -420,7 +420,18 @@ async fn serve(
     if config.spec.kind.process_control() == crate::runtime::sandbox::ProcessControl::GuestAgent
         && !config.spec.volumes.is_empty()
     {
-        if let Err(e) = bind_guest_task_volumes(&link, &config.spec.volumes).await {
+        let bound = tokio::time::timeout(
+            deadline,
+            bind_guest_task_volumes(&link, &config.spec.volumes),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(protocol::SupervisorError::new(
+                protocol::SupervisorErrorKind::Internal,
+                format!("copying the volumes into the guest took over {deadline:?}"),
+            ))
+        });
+        if let Err(e) = bound {
             let code =
                 (e.kind == protocol::SupervisorErrorKind::InvalidInput).then_some("invalid_volume");
             return fail_with(e.message, code, &config, &paths);

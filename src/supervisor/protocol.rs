@@ -75,7 +75,7 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// `RequestBody::ForwardLoopback` and `RootUsage`, and `Reply::Forwarding`
 /// and `RootUsage` (`Agent` frames carry them).
 ///
-/// 15 counts the agent's `RequestBody::WriteVolume` and
+/// 15 counts the agent's `RequestBody::WriteVolume`, `BindVolumes` and
 /// `MountRoot::volumes`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
