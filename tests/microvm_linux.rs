@@ -277,7 +277,8 @@ async fn a_linux_guest_forks_from_its_boot_template_with_the_callers_env_pids_an
         .await;
     assert_eq!(list["processes"], json!([]), "{list}");
     // The first random bytes each fork's first process draws differ: the
-    // guest's CRNG was reseeded before the fork was ready.
+    // guest's CRNG was reseeded before that process started (the seed goes
+    // first on the fork's link, which its agent reads in order).
     let draw = ["python3", "-c", "import os; print(os.urandom(16).hex())"];
     let (a_hex, b_hex) = (
         daemon.exec(&a, &draw).await.out(),

@@ -374,8 +374,10 @@ fn parse_seed(hex: &[u8]) -> Result<Vec<u8>, VmInitError> {
 /// microVM: a container shares the host kernel's RNG and clock.
 pub fn reseed(seed: &[u8], unix_time_ns: u64) -> io::Result<()> {
     let reseeded = take_seed(seed, unix_time_ns);
-    if reseeded.is_err() && requested() {
-        RESEED_FAILED.store(true, std::sync::atomic::Ordering::Release);
+    if requested() {
+        // A fork of a fork that failed takes its own seed: it is judged
+        // by that one alone.
+        RESEED_FAILED.store(reseeded.is_err(), std::sync::atomic::Ordering::Release);
     }
     reseeded
 }

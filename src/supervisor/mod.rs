@@ -360,14 +360,17 @@ async fn serve(
         Ok(l) => l,
         Err(e) => return fail(e.to_string(), &config, &paths),
     };
+    let mut pending_seed = None;
     if agent_start == AgentStart::RestoredVm {
         // A microVM fork's guest left the snapshot with the source's RNG
         // state and wall time: fresh ones go first on the link. The agent
         // reads its link in order and takes them before it reads anything
         // else, so whatever the caller asks of the fork finds them in
         // force, and the fork is ready without waiting for the reply (a
-        // round trip through a just-restored guest). An agent that could
-        // not take them refuses to start any process, and says why.
+        // round trip through a just-restored guest). Ingress, which
+        // reaches the guest's servers without the link, and snapshots
+        // wait for the reply; a refusal fails the sandbox, and an agent
+        // that could not take them refuses to start any process.
         let seed: [u8; 32] = rand::random();
         let unix_time_ns = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -392,16 +395,7 @@ async fn serve(
                 )
             }
         };
-        let id = config.spec.id.clone();
-        tokio::spawn(async move {
-            match reply.await {
-                Ok(sandbox_proto::Reply::Ok) => {}
-                other => tracing::error!(
-                    sandbox = %id,
-                    "the fork's agent did not take a fresh RNG seed and clock, and starts no process: {other:?}"
-                ),
-            }
-        });
+        pending_seed = Some(reply);
     }
     if agent_start == AgentStart::Restored {
         // A restored agent sends no Hello: it must answer instead.
@@ -478,6 +472,22 @@ async fn serve(
     let netns = paths.netns();
     let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
     let _ = supervisor.egress.set(egress);
+    if let Some(reply) = pending_seed {
+        supervisor.fresh_seed.send_replace(false);
+        let watcher = Arc::clone(&supervisor);
+        tokio::spawn(async move {
+            match reply.await {
+                Ok(sandbox_proto::Reply::Ok) => {
+                    watcher.fresh_seed.send_replace(true);
+                }
+                // Deleted before the guest answered: nothing to tell.
+                Err(link::LinkError::Closed(_)) => {}
+                other => watcher.fail(format!(
+                    "the fork's agent did not take a fresh RNG seed and clock, and starts no process: {other:?}"
+                )),
+            }
+        });
+    }
     // A container's apps listen in this namespace; a microVM's guest is
     // reached through the tap in it.
     match dial::Dialer::start(&netns) {

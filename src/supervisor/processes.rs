@@ -111,6 +111,10 @@ pub struct Supervisor {
     /// The host volumes a microVM's agent holds copies of, by source, and
     /// each copy's key there: roots naming the same source share one.
     guest_volume_keys: Mutex<std::collections::HashMap<std::path::PathBuf, String>>,
+    /// False while a microVM fork's fresh RNG seed and clock are sent but
+    /// not yet confirmed: ingress (which reaches the guest's servers
+    /// without the link) and snapshots wait for it.
+    pub fresh_seed: watch::Sender<bool>,
     /// A pooled sandbox's claim mailbox, once the daemon asked for it.
     mailbox: std::sync::OnceLock<super::mailbox::Mailbox>,
 }
@@ -286,6 +290,7 @@ impl Supervisor {
             roots_with_volumes: Mutex::default(),
             guest_root_slots: Mutex::new(vec![None; usize::from(root_slots)]),
             guest_volume_keys: Mutex::default(),
+            fresh_seed: watch::channel(true).0,
             mailbox: std::sync::OnceLock::new(),
         })
     }
@@ -870,6 +875,8 @@ impl Supervisor {
                 "the microVM holds copies of its pod containers' host volumes, which its snapshots would hand to every fork; snapshot a pod whose containers took none",
             ));
         }
+        // A fork just made holds the link's gate until its seed is taken.
+        self.await_fresh_seed(AGENT_DEADLINE).await?;
         let Some(_paused) = self.link.try_pause() else {
             return Err(err(
                 SupervisorErrorKind::Conflict,
@@ -935,6 +942,29 @@ impl Supervisor {
     }
 
     /// Marks the sandbox dead (agent link closed or init exited).
+    /// Waits (within `budget`) until a microVM fork's guest has taken its
+    /// fresh RNG seed and clock; at once for any other sandbox.
+    pub async fn await_fresh_seed(&self, budget: Duration) -> Result<(), SupervisorError> {
+        let (mut seeded, mut failed) = (self.fresh_seed.subscribe(), self.failure.subscribe());
+        let fresh = tokio::time::timeout(budget, async {
+            tokio::select! {
+                seeded = seeded.wait_for(|fresh| *fresh) => seeded.is_ok(),
+                _ = failed.wait_for(|failure| failure.is_some()) => false,
+            }
+        })
+        .await;
+        match fresh {
+            Ok(true) => Ok(()),
+            _ => {
+                self.ensure_live()?;
+                Err(err(
+                    SupervisorErrorKind::AgentTimeout,
+                    "the microVM fork's guest has not yet confirmed its fresh RNG seed and clock",
+                ))
+            }
+        }
+    }
+
     pub fn fail(&self, reason: String) {
         let first = self.failure.send_if_modified(|f| {
             if f.is_none() {
@@ -2243,5 +2273,45 @@ mod tests {
             .map(|(seq, _)| *seq)
             .collect();
         assert_eq!(recent, [published - 1, published]);
+    }
+
+    /// A microVM fork's ingress and snapshots wait for its guest to confirm
+    /// the fresh seed; a fork whose seed was refused fails at once rather
+    /// than at the end of the wait.
+    #[tokio::test]
+    async fn ingress_waits_for_a_forks_fresh_seed_and_a_refused_one_fails_it() {
+        let h = harness(vm()).await;
+        h.sup
+            .await_fresh_seed(Duration::from_millis(1))
+            .await
+            .expect("a sandbox that is no fork waits for nothing");
+        h.sup.fresh_seed.send_replace(false);
+        let waiting = tokio::spawn({
+            let sup = Arc::clone(&h.sup);
+            async move { sup.await_fresh_seed(Duration::from_secs(30)).await }
+        });
+        h.sup.fresh_seed.send_replace(true);
+        waiting.await.expect("joined").expect("confirmed");
+
+        h.sup.fresh_seed.send_replace(false);
+        let late = h.sup.await_fresh_seed(Duration::from_millis(10)).await;
+        assert_eq!(
+            late.map_err(|e| e.kind),
+            Err(SupervisorErrorKind::AgentTimeout)
+        );
+        let waiting = tokio::spawn({
+            let sup = Arc::clone(&h.sup);
+            async move { sup.await_fresh_seed(Duration::from_secs(30)).await }
+        });
+        h.sup
+            .fail("the fork's agent did not take a fresh RNG seed".into());
+        let failed = tokio::time::timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the failure ends the wait")
+            .expect("joined");
+        assert_eq!(
+            failed.map_err(|e| e.kind),
+            Err(SupervisorErrorKind::AgentGone)
+        );
     }
 }

@@ -293,6 +293,11 @@ async fn dial(
     if let Err(failed) = supervisor.ensure_live() {
         return write(stream, &SupervisorReply::Error(failed)).await;
     }
+    // A fork's servers run on from the snapshot: none is reached before
+    // the guest has its fresh RNG seed and clock.
+    if let Err(failed) = supervisor.await_fresh_seed(DIAL_BUDGET).await {
+        return write(stream, &SupervisorReply::Error(failed)).await;
+    }
     let Some(dialer) = supervisor.dialer.get() else {
         let refusal = SupervisorError::new(
             SupervisorErrorKind::InvalidInput,
