@@ -74,7 +74,6 @@ impl From<VolumeError> for sandbox_proto::AgentError {
         use sandbox_proto::ErrorKind;
         let kind = match &e {
             _ if e.is_callers() => ErrorKind::InvalidInput,
-            VolumeError::BadKey(_) => ErrorKind::InvalidInput,
             // A full scratch disk is the sandbox's own limit.
             VolumeError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
                 ErrorKind::NoSpace
@@ -278,10 +277,21 @@ fn is_dir(fd: &OwnedFd) -> io::Result<bool> {
 /// way are made (0755, root's); the last component as a directory or an
 /// empty file, as the copy's top is.
 pub fn bind_all(root: &Path, volumes: &[GuestVolume]) -> Result<(), VolumeError> {
-    let mut clones = Vec::with_capacity(volumes.len());
-    for volume in volumes {
-        clones.push(clone_copy(volume)?);
-    }
+    let clones = clone_all(volumes)?;
+    place_all(root, volumes, clones)
+}
+
+/// Each copy, cloned and its flags set, and whether it is a directory.
+fn clone_all(volumes: &[GuestVolume]) -> Result<Vec<(OwnedFd, bool)>, VolumeError> {
+    volumes.iter().map(clone_copy).collect()
+}
+
+/// Mounts each clone at its volume's destination inside `root`.
+fn place_all(
+    root: &Path,
+    volumes: &[GuestVolume],
+    clones: Vec<(OwnedFd, bool)>,
+) -> Result<(), VolumeError> {
     for (volume, (tree, is_dir)) in volumes.iter().zip(clones) {
         let point = mount_point(root, volume, is_dir)?;
         move_mount_onto(&tree, &point).map_err(failed(volume, "mounting it"))?;
@@ -295,20 +305,24 @@ pub fn bind_all(root: &Path, volumes: &[GuestVolume]) -> Result<(), VolumeError>
 /// layers): that mount is let go once they are bound (the binds keep
 /// their copies; a later pod root mounts it again).
 pub fn bind_task_volumes(volumes: &[GuestVolume]) -> Result<(), VolumeError> {
-    bind_all(Path::new("/"), volumes)?;
+    let clones = clone_all(volumes)?;
+    // Let go between the clones and their placing: nothing of the
+    // caller's covers the path yet.
     match nix::mount::umount2(
         crate::guest_roots::SCRATCH_AGAIN,
-        nix::mount::MntFlags::MNT_DETACH,
+        nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
     ) {
-        // Not a mount there (a volume over /run hides it already).
-        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
-        Err(e) => Err(VolumeError::Io {
-            key: String::new(),
-            path: crate::guest_roots::SCRATCH_AGAIN.into(),
-            step: "letting go of the scratch disk's second mount",
-            source: e.into(),
-        }),
+        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
+        Err(e) => {
+            return Err(VolumeError::Io {
+                key: String::new(),
+                path: crate::guest_roots::SCRATCH_AGAIN.into(),
+                step: "letting go of the scratch disk's second mount",
+                source: e.into(),
+            })
+        }
     }
+    place_all(Path::new("/"), volumes, clones)
 }
 
 fn failed(volume: &GuestVolume, step: &'static str) -> impl FnOnce(io::Error) -> VolumeError {

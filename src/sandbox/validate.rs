@@ -189,6 +189,14 @@ pub fn validated_create_volumes(req: &CreateRequest) -> Result<(), SandboxError>
     if req.volumes.is_empty() {
         return Ok(());
     }
+    if req.runtime == Some(crate::model::RuntimeKind::Vm) && req.join_netns.is_some() {
+        // Its agent keeps the pod roots' layers and volume copies under
+        // the VM's /run, which a volume of its own could cover.
+        return Err(SandboxError::bad(
+            "invalid_volume",
+            "a microVM pod's sandbox takes no volumes of its own: give them to its containers' roots",
+        ));
+    }
     if req.from_snapshot.is_some() {
         return Err(SandboxError::bad(
             "invalid_volume",
@@ -379,7 +387,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_creates_volumes_are_for_a_fresh_container() {
+    fn a_creates_volumes_are_for_a_fresh_sandbox() {
         let code = |req: &CreateRequest| match validated_create_volumes(req) {
             Ok(()) => "ok",
             Err(SandboxError::BadRequest { code, .. }) => code,
@@ -397,6 +405,9 @@ mod tests {
         assert_eq!(code(&req), "ok");
         req.runtime = Some(crate::model::RuntimeKind::Vm);
         assert_eq!(code(&req), "ok", "a microVM's are copied into its guest");
+        req.join_netns = Some("/var/run/netns/cni-1".into());
+        assert_eq!(code(&req), "invalid_volume", "a microVM pod's own");
+        req.join_netns = None;
         req.runtime = None;
         req.from_snapshot = Some("snap-1".into());
         assert_eq!(code(&req), "invalid_volume");

@@ -100,6 +100,12 @@ impl StartClock {
         }
     }
 
+    /// Time since the daemon's handoff, as far as the phases tell.
+    fn elapsed(&self) -> Duration {
+        let laps: u64 = self.phases.iter().map(|(_, us)| us).sum();
+        Duration::from_micros(laps) + self.lap.elapsed()
+    }
+
     fn lap(&mut self, name: &str) {
         self.phases
             .push((name.into(), self.lap.elapsed().as_micros() as u64));
@@ -414,17 +420,21 @@ async fn serve(
     if config.spec.kind.process_control() == crate::runtime::sandbox::ProcessControl::GuestAgent
         && !config.spec.volumes.is_empty()
     {
-        let bound = tokio::time::timeout(
-            deadline,
-            bind_guest_task_volumes(&link, &config.spec.volumes),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(protocol::SupervisorError::new(
-                protocol::SupervisorErrorKind::Internal,
-                format!("copying the volumes into the guest took over {deadline:?}"),
-            ))
-        });
+        // Within what is left of the daemon's wait for the ready line.
+        let left = deadline.saturating_sub(clock.elapsed());
+        let bound =
+            tokio::time::timeout(left, bind_guest_task_volumes(&link, &config.spec.volumes))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(protocol::SupervisorError::new(
+                        protocol::SupervisorErrorKind::InvalidInput,
+                        format!(
+                        "copying the volumes into the guest did not finish within the sandbox's \
+                         ready timeout ({deadline:?}): give smaller volumes, or a longer \
+                         ready_timeout_seconds"
+                    ),
+                    ))
+                });
         if let Err(e) = bound {
             let code =
                 (e.kind == protocol::SupervisorErrorKind::InvalidInput).then_some("invalid_volume");
