@@ -181,6 +181,9 @@ async fn bind_guest_task_volumes(
     }
 }
 
+/// How long a microVM fork's guest may take to confirm its fresh seed.
+const RESEED_REPLY_WITHIN: Duration = Duration::from_secs(600);
+
 fn fail(line: String, config: &SupervisorConfig, paths: &SandboxPaths) -> i32 {
     fail_with(line, None, config, paths)
 }
@@ -382,13 +385,15 @@ async fn serve(
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
+        // Its reply may come late (the guest paused for a disk copy right
+        // after ready): callers wait on it within their own budgets.
         let sent = link
             .send(
                 sandbox_proto::RequestBody::Reseed {
                     seed: seed.to_vec(),
                     unix_time_ns,
                 },
-                deadline,
+                deadline.max(RESEED_REPLY_WITHIN),
             )
             .await;
         let reply = match sent {
@@ -492,6 +497,12 @@ async fn serve(
                 }
                 // Deleted before the guest answered: nothing to tell.
                 Err(link::LinkError::Closed(_)) => {}
+                // No answer yet is no refusal: ingress and snapshots keep
+                // waiting on it, each within its own budget.
+                Err(e @ link::LinkError::Timeout(_)) => tracing::warn!(
+                    sandbox = %watcher.config.spec.id,
+                    "the fork's agent has not confirmed its fresh RNG seed and clock: {e}"
+                ),
                 other => watcher.fail(format!(
                     "the fork's agent did not take a fresh RNG seed and clock, and starts no process: {other:?}"
                 )),

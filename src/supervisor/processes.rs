@@ -842,6 +842,8 @@ impl Supervisor {
         &self,
         target: crate::runtime::CheckpointTarget,
     ) -> Result<super::protocol::SupervisorReply, SupervisorError> {
+        // A fork just made holds the link's gate until its seed is taken.
+        self.await_fresh_seed(AGENT_DEADLINE).await?;
         // No root is attached or detached (and no limited group made) while
         // CRIU dumps.
         let _roots = self.roots.lock().await;
@@ -875,8 +877,6 @@ impl Supervisor {
                 "the microVM holds copies of its pod containers' host volumes, which its snapshots would hand to every fork; snapshot a pod whose containers took none",
             ));
         }
-        // A fork just made holds the link's gate until its seed is taken.
-        self.await_fresh_seed(AGENT_DEADLINE).await?;
         let Some(_paused) = self.link.try_pause() else {
             return Err(err(
                 SupervisorErrorKind::Conflict,
@@ -941,10 +941,12 @@ impl Supervisor {
         self.event_seq.subscribe()
     }
 
-    /// Marks the sandbox dead (agent link closed or init exited).
     /// Waits (within `budget`) until a microVM fork's guest has taken its
     /// fresh RNG seed and clock; at once for any other sandbox.
     pub async fn await_fresh_seed(&self, budget: Duration) -> Result<(), SupervisorError> {
+        if *self.fresh_seed.borrow() {
+            return Ok(());
+        }
         let (mut seeded, mut failed) = (self.fresh_seed.subscribe(), self.failure.subscribe());
         let fresh = tokio::time::timeout(budget, async {
             tokio::select! {
@@ -965,6 +967,7 @@ impl Supervisor {
         }
     }
 
+    /// Marks the sandbox dead (agent link closed or init exited).
     pub fn fail(&self, reason: String) {
         let first = self.failure.send_if_modified(|f| {
             if f.is_none() {

@@ -294,7 +294,8 @@ async fn dial(
         return write(stream, &SupervisorReply::Error(failed)).await;
     }
     // A fork's servers run on from the snapshot: none is reached before
-    // the guest has its fresh RNG seed and clock.
+    // the guest has its fresh RNG seed and clock. One budget for both.
+    let started = tokio::time::Instant::now();
     if let Err(failed) = supervisor.await_fresh_seed(DIAL_BUDGET).await {
         return write(stream, &SupervisorReply::Error(failed)).await;
     }
@@ -313,7 +314,7 @@ async fn dial(
             _ => dialer.connect_loopback(port).await,
         }
     };
-    let connected = tokio::time::timeout(DIAL_BUDGET, connect)
+    let connected = tokio::time::timeout(DIAL_BUDGET.saturating_sub(started.elapsed()), connect)
         .await
         .unwrap_or_else(|_| {
             // A busy sandbox, not a missing app: not `Refused`.
