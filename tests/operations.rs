@@ -587,7 +587,15 @@ fn supervisor_processes(daemon: &Daemon) -> BTreeSet<String> {
                 .iter()
                 .position(|a| *a == "supervise" || *a == "shim")
                 .is_some_and(|at| args[at + 1..].iter().any(|a| a.starts_with(&run)));
-            supervisor.then(|| format!("{} {}", e.file_name().to_string_lossy(), args.join(" ")))
+            supervisor.then(|| {
+                let stdin = std::fs::read_link(e.path().join("fd/0")).unwrap_or_default();
+                format!(
+                    "{} {} (stdin {})",
+                    e.file_name().to_string_lossy(),
+                    args.join(" "),
+                    stdin.display()
+                )
+            })
         })
         .collect()
 }
@@ -616,7 +624,15 @@ async fn sigterm_with_stop_sandboxes_on_exit_tears_every_sandbox_down() {
     // what the daemon makes ahead of creates is there.
     assert_eq!(inventory(&daemon), expected_inventory(&daemon, &ids));
     daemon.made_ahead(1, 1).await;
-    assert_eq!(supervisor_processes(&daemon).len(), 2);
+    // Listed with their arguments and stdin: a CI run once counted three
+    // here, and the count alone did not say which was the third.
+    let supervisors = supervisor_processes(&daemon);
+    assert_eq!(
+        supervisors.len(),
+        2,
+        "{supervisors:#?}\nstandbys waiting: {:?}",
+        daemon.standby_pids()
+    );
     let cgroups = sandbox_cgroups(&daemon);
     for id in &ids {
         assert!(
