@@ -208,8 +208,10 @@ fn mount_and_clone(
     // With the volumes mounted inside it.
     let clone =
         open_tree_clone(target, !volumes.is_empty()).map_err(fail("cloning its overlay"))?;
-    // Its own peer group: mounts made on either side never propagate.
-    set_private(&clone).map_err(fail("making its clone private"))?;
+    // Its own peer group: mounts made on either side never propagate
+    // (no attribute set, only MS_PRIVATE, on every mount of the clone).
+    super::idmap::set_mount_attrs(&clone, 0, None, true)
+        .map_err(fail("making its clone private"))?;
     Ok(clone)
 }
 
@@ -258,33 +260,6 @@ fn make_mount_points(spec: &SandboxSpec, name: &str, root: &Path) -> Result<(), 
             }
             Err(e) => return Err(io_err("reading an /etc file")(e)),
         }
-    }
-    Ok(())
-}
-
-fn set_private(tree: &OwnedFd) -> io::Result<()> {
-    use std::os::fd::AsRawFd;
-    let attr = libc::mount_attr {
-        attr_set: 0,
-        attr_clr: 0,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: 0,
-    };
-    // SAFETY: mount_setattr(2) on a descriptor the caller owns, with an
-    // empty path, AT_EMPTY_PATH | AT_RECURSIVE and a `mount_attr` of the
-    // size passed.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
