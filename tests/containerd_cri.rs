@@ -866,6 +866,35 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
         )
         .await;
     assert_eq!((code, said.as_str()), (0, "the-token\nwrote\nread-only\n"));
+    // The kubelet rotates the token in place, as its atomic writer does: a
+    // new timestamped directory, `..data` swapped by a rename, the old one
+    // removed. The guest's read-only copy follows; the writable emptyDir,
+    // the guest's own once copied, does not.
+    std::fs::write(cache.join("from-host"), "x").expect("a host write");
+    let rotated = token.join("..2026_12_06_11_00_00.2");
+    std::fs::create_dir(&rotated).expect("rotated dir");
+    std::fs::write(rotated.join("token"), "the-rotated-token\n").expect("rotated token");
+    std::os::unix::fs::symlink("..2026_12_06_11_00_00.2", token.join("..data_tmp")).expect("link");
+    std::fs::rename(token.join("..data_tmp"), token.join("..data")).expect("swap");
+    std::fs::remove_dir_all(&timestamped).expect("old token dir");
+    // No event of the guest's reaches the test: the guest looks, up to 30 s.
+    let (code, said) = cri
+        .exec(
+            &writer,
+            &format!(
+                "i=0; until grep -q rotated {account}/token && \
+                 [ ! -e {account}/..2026_12_06_10_00_00.1 ] || [ $i -ge 300 ]; do \
+                 i=$((i+1)); sleep 0.1; done; cat {account}/token; ls -a {account}; \
+                 ls /cache"
+            ),
+        )
+        .await;
+    assert_eq!(code, 0, "{said}");
+    assert_eq!(
+        said, "the-rotated-token\n.\n..\n..2026_12_06_11_00_00.2\n..data\ntoken\nf\n",
+        "the rotated token, only its own timestamped directory, and no host \
+         write in the emptyDir"
+    );
     let reader = cri
         .start_container_with(
             &web,
@@ -882,6 +911,54 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
         "the emptyDir is shared"
     );
     assert!(!cache.join("f").exists(), "the guest's writes stay in it");
+    // A `subPath` of the emptyDir, as the kubelet hands it over: made on
+    // the host as the container starts, then bound under
+    // `volume-subpaths/`, another path to a directory inside the emptyDir.
+    // The guest binds that part of the pod's one copy, so what a container
+    // writes through it and what one with the whole emptyDir writes meet.
+    cri.remove_container(&fillers[3]).await;
+    std::fs::create_dir(cache.join("logs")).expect("the subPath's directory");
+    let subpath = volumes.path().join("volume-subpaths-logs");
+    std::fs::create_dir(&subpath).expect("the subPath's mount point");
+    nix::mount::mount(
+        Some(&cache.join("logs")),
+        &subpath,
+        None::<&str>,
+        nix::mount::MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .expect("the kubelet's bind of the subPath");
+    let logger = cri
+        .start_container_with(
+            &web,
+            "logger",
+            &["sleep", "3600"],
+            None,
+            vec![mount(&subpath, "/logs", false)],
+        )
+        .await;
+    let (code, said) = cri
+        .exec(&logger, "echo from-logger > /logs/l && ls /logs")
+        .await;
+    assert_eq!((code, said.as_str()), (0, "l\n"));
+    let (code, said) = cri
+        .exec(
+            &reader,
+            "cat /cache/logs/l && echo from-reader > /cache/logs/r && ls /cache",
+        )
+        .await;
+    assert_eq!(
+        (code, said.as_str()),
+        (0, "from-logger\nf\nlogs\n"),
+        "the whole emptyDir holds what came through the subPath"
+    );
+    let (code, said) = cri.exec(&logger, "cat /logs/r").await;
+    assert_eq!((code, said.as_str()), (0, "from-reader\n"));
+    assert!(
+        !cache.join("logs/l").exists(),
+        "the guest's writes stay in it"
+    );
+    nix::mount::umount2(&subpath, nix::mount::MntFlags::MNT_DETACH).expect("unbind");
     // A volume the guest cannot hold is refused by name.
     let odd = volumes.path().join("odd");
     std::fs::create_dir(&odd).expect("odd dir");

@@ -567,8 +567,12 @@ async fn ctr_runs_a_task_annotated_vm_as_a_linux_microvm() {
     assert!(daemon.sandboxes().await.is_empty(), "--rm removed it");
 
     // A long task of the same image: exec into it, kill it from outside.
+    // Its read-only volume follows the host (the copy is brought up to
+    // date in place).
     let mut long = run.clone();
     long.extend([
+        "--mount",
+        &mounts[0],
         IMAGE,
         "t-vm-long",
         "sh",
@@ -582,6 +586,26 @@ async fn ctr_runs_a_task_annotated_vm_as_a_linux_microvm() {
     assert_eq!(live[0]["image"], "host-rootfs", "{live:?}");
     let sandbox = live[0]["id"].as_str().expect("id").to_string();
     assert_exec_answers(&containerd, "t-vm-long");
+    std::fs::write(given.path().join("later"), "written later\n").expect("a host write");
+    // No event of the guest's reaches the test: the guest looks, up to 30 s.
+    let looked = containerd.ctr(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "e2",
+        "t-vm-long",
+        "sh",
+        "-c",
+        "i=0; until grep -q 'written later' /in/later 2>/dev/null || [ $i -ge 300 ]; do \
+         i=$((i+1)); sleep 0.1; done; \
+         cat /in/seed /in/later; grep -c ' /run/sandboxd/scratch ' /proc/mounts || true",
+    ]);
+    assert!(looked.status.success(), "{}", text(&looked));
+    assert_eq!(
+        text(&looked),
+        "seeded\nwritten later\n0\n",
+        "the host's later file in the task's volume, and no scratch mount left in its view"
+    );
     assert_eq!(
         daemon.sh(&sandbox, SLEEPERS).await.out(),
         "1\n",

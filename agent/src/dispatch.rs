@@ -214,6 +214,9 @@ async fn route(agent: &Arc<Agent>, request: Request, queue: &mut FdQueue) {
         RequestBody::BindVolumes { volumes } => guest_root(agent, id, permit, move || {
             crate::guest_volumes::bind_task_volumes(&volumes)
         }),
+        RequestBody::ReplaceVolume { key, from } => guest_root(agent, id, permit, move || {
+            crate::volume_replace::replace(&key, &from)
+        }),
         RequestBody::UnmountRoot { name } => guest_root(agent, id, permit, move || {
             crate::guest_roots::unmount_root(&name)
         }),

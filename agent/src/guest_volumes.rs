@@ -12,14 +12,17 @@
 //! is bound into, and a root holds its image's own links (`/var/run` to
 //! `/run`), which resolve inside the root as for a process chrooted there.
 
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use nix::fcntl::{openat2, OFlag, OpenHow, ResolveFlag};
 use nix::sys::stat::{fstat, mkdirat, Mode, SFlag};
-use nix::unistd::{fchownat, symlinkat, Gid, Uid};
+use nix::unistd::{fchownat, symlinkat, Gid, Uid, UnlinkatFlags};
 use sandbox_proto::{valid_root_name, valid_volume_path, GuestVolume, VolumeEntry};
 
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +33,11 @@ pub enum VolumeError {
     BadKey(String),
     #[error("volume {key}: {path:?} is not a path inside a volume")]
     BadPath { key: String, path: String },
+    #[error(
+        "volume {0}: its copy is bound writable into a root, so what is there is the \
+         guest's own; the host's changes no longer replace it"
+    )]
+    BoundWritable(String),
     #[error("volume {key}: {path:?}: {step}: {source}")]
     Io {
         key: String,
@@ -44,7 +52,7 @@ impl VolumeError {
     /// no place for the volume there.
     pub fn is_callers(&self) -> bool {
         match self {
-            VolumeError::BadKey(_) => false,
+            VolumeError::BadKey(_) | VolumeError::BoundWritable(_) => false,
             VolumeError::BadPath { .. } => true,
             VolumeError::Io { step, source, .. } => {
                 matches!(*step, MOUNT_POINT | FINDING_MOUNT_POINT | ON_THE_WAY)
@@ -74,6 +82,8 @@ impl From<VolumeError> for sandbox_proto::AgentError {
         use sandbox_proto::ErrorKind;
         let kind = match &e {
             _ if e.is_callers() => ErrorKind::InvalidInput,
+            // For good: the host stops following the volume.
+            VolumeError::BoundWritable(_) => ErrorKind::PermissionDenied,
             // A full scratch disk is the sandbox's own limit.
             VolumeError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
                 ErrorKind::NoSpace
@@ -96,19 +106,105 @@ pub fn write(key: &str, fresh: bool, entries: &[VolumeEntry]) -> Result<(), Volu
     if !valid_root_name(key) {
         return Err(VolumeError::BadKey(key.to_owned()));
     }
-    crate::guest_roots::mount_scratch_again().map_err(|source| VolumeError::Io {
-        key: key.to_owned(),
-        path: String::new(),
-        step: "mounting the scratch disk for volumes",
-        source,
-    })?;
-    let top = volume_dir(key);
-    write_in(top.parent().unwrap_or(Path::new("/")), key, fresh, entries)
+    let _copies = copies_held();
+    let volumes = volumes_dir(key)?;
+    write_at(&volumes, key, fresh, entries)
 }
 
-/// [`write`] with the copies in `parent`.
-fn write_in(
+/// One change of the copies at a time: the host's update of a copy
+/// ([`crate::volume_replace`]) must not run beside a write of it, nor
+/// beside the bind that makes it writable (which ends its updates).
+static COPIES: Mutex<()> = Mutex::new(());
+
+pub(crate) fn copies_held() -> std::sync::MutexGuard<'static, ()> {
+    COPIES.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The copies' directory on the scratch disk, held from its first use. A
+/// microVM task lets go of the scratch disk's second mount once its
+/// volumes are bound, as its processes would see it there
+/// ([`bind_task_volumes`]); later updates of its copies work through this
+/// descriptor, which keeps the detached mount reachable to the agent
+/// alone, with no mount again where the task could see it.
+static VOLUMES_DIR: Mutex<Option<OwnedFd>> = Mutex::new(None);
+
+/// [`VOLUMES_DIR`], mounting and making it on first use.
+pub(crate) fn volumes_dir(key: &str) -> Result<OwnedFd, VolumeError> {
+    let failed = |step: &'static str| {
+        let key = key.to_owned();
+        move |source: io::Error| VolumeError::Io {
+            key,
+            path: String::new(),
+            step,
+            source,
+        }
+    };
+    let mut held = VOLUMES_DIR.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(dir) = held.as_ref() {
+        return dir
+            .try_clone()
+            .map_err(failed("holding the volumes' directory"));
+    }
+    crate::guest_roots::mount_scratch_again()
+        .map_err(failed("mounting the scratch disk for volumes"))?;
+    let path = Path::new(crate::guest_roots::SCRATCH_AGAIN).join("volumes");
+    fs::create_dir_all(&path).map_err(failed("making the volumes' directory"))?;
+    let dir = open_dir(None, &path).map_err(failed("opening the volumes' directory"))?;
+    let clone = dir
+        .try_clone()
+        .map_err(failed("holding the volumes' directory"))?;
+    *held = Some(dir);
+    Ok(clone)
+}
+
+/// Copies bound writable somewhere: what the guest writes there is its
+/// own, so the host's updates ([`crate::volume_replace`]) are refused.
+static BOUND_WRITABLE: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+/// Whether copy `key` is bound writable into a root.
+pub(crate) fn bound_writable(key: &str) -> bool {
+    BOUND_WRITABLE
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .contains(key)
+}
+
+/// Unmounts the scratch disk's second mount (the copies bound stay).
+fn let_go_of_scratch() -> Result<(), VolumeError> {
+    match nix::mount::umount2(
+        crate::guest_roots::SCRATCH_AGAIN,
+        nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
+    ) {
+        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => Ok(()),
+        Err(e) => Err(VolumeError::Io {
+            key: String::new(),
+            path: crate::guest_roots::SCRATCH_AGAIN.into(),
+            step: "letting go of the scratch disk's second mount",
+            source: e.into(),
+        }),
+    }
+}
+
+/// [`write_at`] with the copies in directory `parent`.
+#[cfg(test)]
+pub(crate) fn write_in(
     parent: &Path,
+    key: &str,
+    fresh: bool,
+    entries: &[VolumeEntry],
+) -> Result<(), VolumeError> {
+    let volumes = open_dir(None, parent).map_err(|source| VolumeError::Io {
+        key: key.to_owned(),
+        path: String::new(),
+        step: "opening the volumes' directory",
+        source,
+    })?;
+    write_at(&volumes, key, fresh, entries)
+}
+
+/// [`write`] with the copies in `volumes`.
+pub(crate) fn write_at(
+    volumes: &OwnedFd,
     key: &str,
     fresh: bool,
     entries: &[VolumeEntry],
@@ -135,18 +231,9 @@ fn write_in(
             path: bad.to_owned(),
         });
     }
-    let top = parent.join(key);
-    fs::create_dir_all(parent).map_err(failed("", "making the volumes' directory"))?;
     if fresh {
-        match fs::symlink_metadata(&top) {
-            Ok(meta) if meta.is_dir() => fs::remove_dir_all(&top),
-            Ok(_) => fs::remove_file(&top),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(e),
-        }
-        .map_err(failed("", "removing an earlier copy"))?;
+        remove_at(volumes, key).map_err(failed("", "removing an earlier copy"))?;
     }
-    let volumes = open_dir(None, parent).map_err(failed("", "opening the volumes' directory"))?;
     for entry in entries {
         let path = entry.path();
         // The entry's parent, beneath the copy's top and through no link;
@@ -159,11 +246,11 @@ fn write_in(
         let parent = match dir {
             None => None,
             Some(dir) => Some(
-                beneath(&volumes, &format!("{key}/{dir}"), OFlag::O_DIRECTORY)
+                beneath(volumes, &format!("{key}/{dir}"), OFlag::O_DIRECTORY)
                     .map_err(failed(path, "opening its directory"))?,
             ),
         };
-        let parent_fd = parent.as_ref().unwrap_or(&volumes).as_raw_fd();
+        let parent_fd = parent.as_ref().unwrap_or(volumes).as_raw_fd();
         write_entry(parent_fd, name, entry).map_err(failed(path, "writing it"))?;
     }
     Ok(())
@@ -221,6 +308,56 @@ fn write_entry(parent: i32, name: &str, entry: &VolumeEntry) -> io::Result<()> {
     Ok(())
 }
 
+/// Removes `name` in `dir`, a directory with all beneath it; nothing
+/// there is followed through a link.
+pub(crate) fn remove_at(dir: &OwnedFd, name: &str) -> io::Result<()> {
+    match nix::unistd::unlinkat(Some(dir.as_raw_fd()), name, UnlinkatFlags::NoRemoveDir) {
+        Ok(()) | Err(nix::errno::Errno::ENOENT) => return Ok(()),
+        Err(nix::errno::Errno::EISDIR) => {}
+        Err(e) => return Err(e.into()),
+    }
+    let sub = open_listable(dir, name)?;
+    for child in list(&sub)?.keys() {
+        remove_at(&sub, child)?;
+    }
+    nix::unistd::unlinkat(Some(dir.as_raw_fd()), name, UnlinkatFlags::RemoveDir)?;
+    Ok(())
+}
+
+/// The names in `dir`, each with whether it is a directory (a link to
+/// one is not). Names that are not UTF-8 were never the host's, and are
+/// left alone.
+pub(crate) fn list(dir: &OwnedFd) -> io::Result<BTreeMap<String, bool>> {
+    let mut listing = nix::dir::Dir::from_fd(dir.try_clone()?.into_raw_fd())?;
+    let mut names = BTreeMap::new();
+    for entry in listing.iter() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let Ok(name) = std::str::from_utf8(name) else {
+            continue;
+        };
+        let stat = nix::sys::stat::fstatat(
+            Some(dir.as_raw_fd()),
+            name,
+            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+        )?;
+        let is_dir = SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR;
+        names.insert(name.to_owned(), is_dir);
+    }
+    Ok(names)
+}
+
+/// Directory `name` in `dir`, open for listing, through no symlink.
+pub(crate) fn open_listable(dir: &OwnedFd, name: &str) -> io::Result<OwnedFd> {
+    let how = OpenHow::new()
+        .flags(OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC)
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS);
+    openat2_owned(dir.as_raw_fd(), Path::new(name), how)
+}
+
 fn mode_of(mode: u32) -> Mode {
     Mode::from_bits_truncate(mode & 0o7777)
 }
@@ -237,7 +374,7 @@ fn open_at(parent: i32, name: &str, flags: OFlag) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-fn open_dir(parent: Option<&OwnedFd>, path: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_dir(parent: Option<&OwnedFd>, path: &Path) -> io::Result<OwnedFd> {
     let how = OpenHow::new().flags(OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC);
     openat2_owned(parent.map_or(libc::AT_FDCWD, |p| p.as_raw_fd()), path, how)
 }
@@ -258,7 +395,7 @@ fn in_root(root: &OwnedFd, path: &str, flags: OFlag) -> io::Result<OwnedFd> {
     openat2_owned(root.as_raw_fd(), Path::new(path), how)
 }
 
-fn openat2_owned(dirfd: i32, path: &Path, how: OpenHow) -> io::Result<OwnedFd> {
+pub(crate) fn openat2_owned(dirfd: i32, path: &Path, how: OpenHow) -> io::Result<OwnedFd> {
     let fd = openat2(dirfd, path, how)?;
     // SAFETY: openat2 just returned this descriptor; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
@@ -283,6 +420,7 @@ pub fn bind_all(root: &Path, volumes: &[GuestVolume]) -> Result<(), VolumeError>
 
 /// Each copy, cloned and its flags set, and whether it is a directory.
 fn clone_all(volumes: &[GuestVolume]) -> Result<Vec<(OwnedFd, bool)>, VolumeError> {
+    let _copies = copies_held();
     volumes.iter().map(clone_copy).collect()
 }
 
@@ -301,27 +439,17 @@ fn place_all(
 
 /// A microVM task's volumes, bound into the VM's own root. Its processes
 /// run there, where the scratch disk's second mount would show them the
-/// writable copies behind read-only volumes (and the pod roots' overlay
-/// layers): that mount is let go once they are bound (the binds keep
-/// their copies; a later pod root mounts it again).
+/// writable copies behind read-only volumes: that mount is let go once
+/// they are bound (the binds keep their copies, and [`VOLUMES_DIR`] keeps
+/// the copies' directory for the host's later updates). A task's VM has
+/// no pod roots, which would need the mount.
 pub fn bind_task_volumes(volumes: &[GuestVolume]) -> Result<(), VolumeError> {
     let clones = clone_all(volumes)?;
+    // Held before letting go: later updates of the copies work through it.
+    volumes_dir("")?;
     // Let go between the clones and their placing: nothing of the
     // caller's covers the path yet.
-    match nix::mount::umount2(
-        crate::guest_roots::SCRATCH_AGAIN,
-        nix::mount::MntFlags::MNT_DETACH | nix::mount::MntFlags::UMOUNT_NOFOLLOW,
-    ) {
-        Ok(()) | Err(nix::errno::Errno::EINVAL | nix::errno::Errno::ENOENT) => {}
-        Err(e) => {
-            return Err(VolumeError::Io {
-                key: String::new(),
-                path: crate::guest_roots::SCRATCH_AGAIN.into(),
-                step: "letting go of the scratch disk's second mount",
-                source: e.into(),
-            })
-        }
-    }
+    let_go_of_scratch()?;
     place_all(Path::new("/"), volumes, clones)
 }
 
@@ -341,7 +469,22 @@ fn clone_copy(volume: &GuestVolume) -> Result<(OwnedFd, bool), VolumeError> {
     if !valid_root_name(&volume.key) {
         return Err(VolumeError::BadKey(volume.key.clone()));
     }
-    let tree = open_tree_clone(&volume_dir(&volume.key)).map_err(failed(
+    let tree = if volume.within.is_empty() {
+        open_tree_clone(&volume_dir(&volume.key))
+    } else {
+        // A part of the copy, which containers may write to: reached
+        // beneath its top and through no link.
+        if !valid_volume_path(&volume.within) {
+            return Err(VolumeError::BadPath {
+                key: volume.key.clone(),
+                path: volume.within.clone(),
+            });
+        }
+        open_dir(None, &volume_dir(&volume.key))
+            .and_then(|copy| beneath(&copy, &volume.within, OFlag::empty()))
+            .and_then(|part| open_tree_clone_of(&part))
+    }
+    .map_err(failed(
         volume,
         "cloning the volume's copy (the host writes it first)",
     ))?;
@@ -350,6 +493,12 @@ fn clone_copy(volume: &GuestVolume) -> Result<(OwnedFd, bool), VolumeError> {
         attrs |= libc::MOUNT_ATTR_RDONLY;
     }
     set_mount_attrs(&tree, attrs).map_err(failed(volume, "setting its flags"))?;
+    if !volume.read_only {
+        BOUND_WRITABLE
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(volume.key.clone());
+    }
     let is_dir = is_dir(&tree).map_err(failed(volume, "reading its copy"))?;
     Ok((tree, is_dir))
 }
@@ -411,19 +560,30 @@ fn mount_point(
 
 /// A detached recursive clone of the mount tree at `path` (`open_tree`).
 fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
+    open_tree_clone_at(libc::AT_FDCWD, path, 0)
+}
+
+/// [`open_tree_clone`] of what descriptor `held` holds.
+fn open_tree_clone_of(held: &OwnedFd) -> io::Result<OwnedFd> {
+    open_tree_clone_at(held.as_raw_fd(), Path::new(""), libc::AT_EMPTY_PATH as u32)
+}
+
+fn open_tree_clone_at(dir: i32, path: &Path, flags: u32) -> io::Result<OwnedFd> {
     let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
         .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
     // SAFETY: open_tree(2) with a NUL-terminated path that outlives the
-    // call; it returns a new descriptor or -1.
+    // call and a directory descriptor (or AT_FDCWD) borrowed for it; it
+    // returns a new descriptor or -1.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_open_tree,
-            libc::AT_FDCWD,
+            dir,
             path.as_ptr(),
             libc::OPEN_TREE_CLONE
                 | libc::OPEN_TREE_CLOEXEC
                 | libc::AT_SYMLINK_NOFOLLOW as u32
-                | libc::AT_RECURSIVE as u32,
+                | libc::AT_RECURSIVE as u32
+                | flags,
         )
     };
     if fd < 0 {

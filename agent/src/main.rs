@@ -37,6 +37,7 @@ mod pty;
 mod reaper;
 mod stdin;
 mod vm_init;
+mod volume_replace;
 mod warm;
 
 use std::io;

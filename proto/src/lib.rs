@@ -246,6 +246,17 @@ pub enum RequestBody {
     /// into the VM's own root, in order (a microVM task's volumes, before
     /// it is ready). Reply: [`Reply::Ok`] once bound.
     BindVolumes { volumes: Vec<GuestVolume> },
+    /// A microVM only: bring copy `key` up to date with copy `from`, which
+    /// [`RequestBody::WriteVolume`] wrote just before (a read-only host
+    /// volume that changed: a ConfigMap the kubelet updated, a token it
+    /// rotated). `key`'s directories stay the ones its roots have bound,
+    /// so they see the change: entries only `from` has move in first, then
+    /// each that both have is swapped by one rename (a reader sees the old
+    /// or the new, as the kubelet's own swap of `..data` promises), then
+    /// those only `key` has go. `from` is removed, replaced or not. A copy
+    /// bound writable into a root is the guest's own, and refused. Reply:
+    /// [`Reply::Ok`].
+    ReplaceVolume { key: String, from: String },
 }
 
 /// One piece of a volume copied into a microVM (see
@@ -303,6 +314,9 @@ pub struct GuestVolume {
     pub key: String,
     pub destination: String,
     pub read_only: bool,
+    /// The part of the copy bound (a [`valid_volume_path`]; empty for all
+    /// of it): a kubelet `subPath` of a volume the pod shares.
+    pub within: String,
 }
 
 /// Whether `path` may name an entry of a volume: relative, `/`-separated

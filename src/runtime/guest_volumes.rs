@@ -4,8 +4,11 @@
 //! does without a shared file system. Fit for what the kubelet hands a pod
 //! (a service account's token, a ConfigMap, a Secret, an empty emptyDir):
 //! files, directories and symlinks (copied as links, never followed), up
-//! to [`MAX_VOLUME_BYTES`] and [`MAX_VOLUME_ENTRIES`] each. Later changes
-//! on either side do not reach the other.
+//! to [`MAX_VOLUME_BYTES`] and [`MAX_VOLUME_ENTRIES`] each. A read can
+//! have every directory it reads watched ([`read_batches_watching`]), so
+//! that a read-only volume follows the host's later changes (the
+//! supervisor's `volume_copies`); what the guest writes never reaches the
+//! host.
 
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
@@ -72,8 +75,49 @@ impl GuestVolumeError {
 
 /// `volume`'s tree as requests' worth of entries, parents first.
 pub fn read_batches(volume: &HostVolume) -> Result<Vec<Vec<VolumeEntry>>, GuestVolumeError> {
+    read(volume, None)
+}
+
+/// [`read_batches`], handing `watch` each directory before its listing
+/// (as a `/proc/self/fd` path to the very directory read), so that a
+/// change after it was read can be heard. A directory `watch` fails on
+/// (the host's `max_user_watches` reached) is counted in
+/// [`WatchedRead::unwatched`], not an error: the copy is good, it follows
+/// the host less.
+pub fn read_batches_watching(
+    volume: &HostVolume,
+    watch: &mut dyn FnMut(&str) -> io::Result<()>,
+) -> Result<WatchedRead, GuestVolumeError> {
+    let mut unwatched = 0;
+    let batches = read(
+        volume,
+        Some(&mut Watching {
+            watch,
+            unwatched: &mut unwatched,
+        }),
+    )?;
+    Ok(WatchedRead { batches, unwatched })
+}
+
+/// A read of [`read_batches_watching`].
+pub struct WatchedRead {
+    pub batches: Vec<Vec<VolumeEntry>>,
+    /// Directories that could not be watched.
+    pub unwatched: usize,
+}
+
+struct Watching<'w> {
+    watch: &'w mut dyn FnMut(&str) -> io::Result<()>,
+    unwatched: &'w mut usize,
+}
+
+fn read(
+    volume: &HostVolume,
+    watching: Option<&mut Watching<'_>>,
+) -> Result<Vec<Vec<VolumeEntry>>, GuestVolumeError> {
     let mut reader = Reader {
         volume,
+        watching,
         batches: Vec::new(),
         batch: Vec::new(),
         batch_bytes: 0,
@@ -88,8 +132,9 @@ pub fn read_batches(volume: &HostVolume) -> Result<Vec<Vec<VolumeEntry>>, GuestV
     Ok(reader.batches)
 }
 
-struct Reader<'a> {
+struct Reader<'a, 'w> {
     volume: &'a HostVolume,
+    watching: Option<&'a mut Watching<'w>>,
     batches: Vec<Vec<VolumeEntry>>,
     batch: Vec<VolumeEntry>,
     batch_bytes: usize,
@@ -99,13 +144,13 @@ struct Reader<'a> {
 
 /// How deep a volume's directories may nest: each level holds a
 /// descriptor while the walk is beneath it.
-const MAX_DEPTH: usize = 64;
+pub(crate) const MAX_DEPTH: usize = 64;
 
 /// `name` in directory `dir` (or a path from the working directory),
 /// held `O_PATH` and never through a link at the name: what is there is
 /// then read through this descriptor, so a name swapped meanwhile (for a
 /// link out of the volume, or a device node) is never what gets read.
-fn open_path(dir: i32, name: &Path) -> io::Result<OwnedFd> {
+pub(crate) fn open_path(dir: i32, name: &Path) -> io::Result<OwnedFd> {
     let fd = nix::fcntl::openat(
         Some(dir),
         name,
@@ -117,7 +162,7 @@ fn open_path(dir: i32, name: &Path) -> io::Result<OwnedFd> {
 }
 
 /// The very file an `O_PATH` descriptor holds, opened for reading.
-fn reopen(held: &OwnedFd, flags: OFlag) -> io::Result<OwnedFd> {
+pub(crate) fn reopen(held: &OwnedFd, flags: OFlag) -> io::Result<OwnedFd> {
     let fd = nix::fcntl::open(
         format!("/proc/self/fd/{}", held.as_raw_fd()).as_str(),
         flags | OFlag::O_RDONLY | OFlag::O_CLOEXEC | OFlag::O_NOCTTY,
@@ -127,7 +172,7 @@ fn reopen(held: &OwnedFd, flags: OFlag) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-impl Reader<'_> {
+impl Reader<'_, '_> {
     fn read_error(&self, path: &str) -> impl FnOnce(io::Error) -> GuestVolumeError {
         let (destination, source_path, path) = (
             self.volume.destination.clone(),
@@ -179,17 +224,27 @@ impl Reader<'_> {
                 if depth >= MAX_DEPTH {
                     return Err(self.unsupported(&relative, "nested too deep (64 directories)"));
                 }
+                let dir_fd =
+                    reopen(&held, OFlag::O_DIRECTORY).map_err(self.read_error(&relative))?;
+                if let Some(watching) = self.watching.as_deref_mut() {
+                    // Before its owner, mode and listing are read: a change
+                    // after is heard.
+                    let by_fd = format!("/proc/self/fd/{}", dir_fd.as_raw_fd());
+                    if (watching.watch)(&by_fd).is_err() {
+                        *watching.unwatched += 1;
+                    }
+                }
+                let stat =
+                    fstat(dir_fd.as_raw_fd()).map_err(|e| self.read_error(&relative)(e.into()))?;
                 self.push(
                     VolumeEntry::Dir {
                         path: relative.clone(),
-                        mode,
-                        uid,
-                        gid,
+                        mode: stat.st_mode & 0o7777,
+                        uid: stat.st_uid,
+                        gid: stat.st_gid,
                     },
                     0,
                 );
-                let dir_fd =
-                    reopen(&held, OFlag::O_DIRECTORY).map_err(self.read_error(&relative))?;
                 let mut dir = dir_fd
                     .try_clone()
                     .and_then(|dup| Ok(nix::dir::Dir::from_fd(dup.into_raw_fd())?))
@@ -349,6 +404,47 @@ mod tests {
                 VolumeEntry::Symlink { path, target, .. } => format!("{path} -> {target}"),
             })
             .collect()
+    }
+
+    #[test]
+    fn a_watched_read_hears_later_changes_in_every_directory_it_read() {
+        use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+        let dir = scratch("watched");
+        fs::create_dir_all(dir.join("conf/nested")).expect("dirs");
+        fs::write(dir.join("conf/nested/a"), b"a").expect("a");
+        let watch = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC).expect("inotify");
+        let mask = AddWatchFlags::IN_CREATE
+            | AddWatchFlags::IN_MODIFY
+            | AddWatchFlags::IN_ATTRIB
+            | AddWatchFlags::IN_ONLYDIR;
+        let mut watched = 0;
+        let read = read_batches_watching(&volume(&dir), &mut |dir| {
+            watched += 1;
+            watch
+                .add_watch(dir, mask)
+                .map(drop)
+                .map_err(io::Error::from)
+        })
+        .expect("read");
+        assert_eq!((watched, read.unwatched), (3, 0));
+        // The read itself is no change.
+        assert_eq!(
+            watch.read_events().err(),
+            Some(nix::errno::Errno::EAGAIN),
+            "the read was heard as a change"
+        );
+        // A write deep down, and (once heard) a name added at the top.
+        fs::write(dir.join("conf/nested/a"), b"b").expect("rewrite");
+        let deep = watch.read_events().expect("the deep write is heard");
+        assert!(deep
+            .iter()
+            .any(|e| e.name.as_deref() == Some(std::ffi::OsStr::new("a"))));
+        fs::write(dir.join("new"), b"n").expect("new");
+        let top = watch.read_events().expect("the new name is heard");
+        assert!(top
+            .iter()
+            .any(|e| e.name.as_deref() == Some(std::ffi::OsStr::new("new"))));
+        let _ = fs::remove_dir_all(&dir);
     }
 
     #[test]

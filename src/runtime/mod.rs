@@ -29,6 +29,7 @@ pub mod sandbox;
 pub mod seccomp;
 pub mod seccomp_filter;
 pub mod spec;
+pub mod subpaths;
 pub mod traverse;
 pub mod virt;
 pub mod vm_cgroups;

@@ -14,6 +14,7 @@ pub mod processes;
 pub mod protocol;
 pub mod server;
 pub mod standby;
+mod volume_copies;
 
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
@@ -140,19 +141,23 @@ fn report(line: &ReadyLine) {
 /// A microVM task's volumes: the guest cannot see the host's files, so each
 /// is copied into it (as a microVM pod container's are) and bound into the
 /// VM's root before the sandbox is ready.
+/// The copies come back to be followed once the supervisor runs.
 async fn bind_guest_task_volumes(
     link: &AgentLink,
     volumes: &[crate::model::HostVolume],
-) -> Result<(), protocol::SupervisorError> {
+) -> Result<Vec<volume_copies::Copied>, protocol::SupervisorError> {
     let mut bound = Vec::with_capacity(volumes.len());
+    let mut copies = Vec::with_capacity(volumes.len());
+    let following = volume_copies::Following::default();
     for (index, volume) in volumes.iter().enumerate() {
         // Keys of their own: a pod container's copies are `vol-N`.
         let key = format!("task-vol-{}", index + 1);
-        processes::copy_volume_into_guest(link, &key, volume).await?;
+        copies.push(following.copy(link, &key, volume).await?);
         bound.push(sandbox_proto::GuestVolume {
             key,
             destination: volume.destination.clone(),
             read_only: volume.read_only,
+            within: String::new(),
         });
     }
     let reply = link
@@ -169,8 +174,8 @@ async fn bind_guest_task_volumes(
             )
         })?;
     match reply {
-        sandbox_proto::Reply::Ok => Ok(()),
-        sandbox_proto::Reply::Error(e) => Err(processes::guest_volume_refused(
+        sandbox_proto::Reply::Ok => Ok(copies),
+        sandbox_proto::Reply::Error(e) => Err(volume_copies::guest_volume_refused(
             "binding the volumes in the guest",
             e,
         )),
@@ -422,6 +427,7 @@ async fn serve(
         }
     }
     clock.lap("agent");
+    let mut task_volume_copies = Vec::new();
     if config.spec.kind.process_control() == crate::runtime::sandbox::ProcessControl::GuestAgent
         && !config.spec.volumes.is_empty()
     {
@@ -440,10 +446,13 @@ async fn serve(
                     ),
                     ))
                 });
-        if let Err(e) = bound {
-            let code =
-                (e.kind == protocol::SupervisorErrorKind::InvalidInput).then_some("invalid_volume");
-            return fail_with(e.message, code, &config, &paths);
+        match bound {
+            Ok(copies) => task_volume_copies = copies,
+            Err(e) => {
+                let code = (e.kind == protocol::SupervisorErrorKind::InvalidInput)
+                    .then_some("invalid_volume");
+                return fail_with(e.message, code, &config, &paths);
+            }
         }
         clock.lap("volumes");
     }
@@ -486,6 +495,7 @@ async fn serve(
     let cgroups = SandboxCgroups::new(Layout::detect(), &config.spec.cgroups_path);
     let netns = paths.netns();
     let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
+    supervisor.follow_volumes(task_volume_copies);
     let _ = supervisor.egress.set(egress);
     if let Some(reply) = pending_seed {
         supervisor.fresh_seed.send_replace(false);

@@ -111,6 +111,8 @@ pub struct Supervisor {
     /// The host volumes a microVM's agent holds copies of, by source, and
     /// each copy's key there: roots naming the same source share one.
     guest_volume_keys: Mutex<std::collections::HashMap<std::path::PathBuf, String>>,
+    /// What keeps read-only copies following the host.
+    volume_following: super::volume_copies::Following,
     /// False while a microVM fork's fresh RNG seed and clock are sent but
     /// not yet confirmed: ingress (which reaches the guest's servers
     /// without the link) and snapshots wait for it.
@@ -151,77 +153,20 @@ fn now_rfc3339() -> String {
     humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
-fn err(kind: SupervisorErrorKind, message: impl Into<String>) -> SupervisorError {
+pub(super) fn err(kind: SupervisorErrorKind, message: impl Into<String>) -> SupervisorError {
     SupervisorError::new(kind, message)
 }
 
-fn unexpected_guest_reply(what: &str, reply: Reply) -> SupervisorError {
+pub(super) fn unexpected_guest_reply(what: &str, reply: Reply) -> SupervisorError {
     err(
         SupervisorErrorKind::Internal,
         format!("the guest agent answered {what} with {reply:?}"),
     )
 }
 
-/// Copies host `volume` into the microVM's guest as its copy `key` (see
-/// `runtime::guest_volumes`), in as many `WriteVolume` requests as it
-/// takes; a pod container's at attach, a task's before it is ready.
-pub(super) async fn copy_volume_into_guest(
-    link: &AgentLink,
-    key: &str,
-    volume: &crate::model::HostVolume,
-) -> Result<(), SupervisorError> {
-    let read = volume.clone();
-    let batches =
-        tokio::task::spawn_blocking(move || crate::runtime::guest_volumes::read_batches(&read))
-            .await
-            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?
-            .map_err(|e| {
-                let kind = if e.is_callers() {
-                    SupervisorErrorKind::InvalidInput
-                } else {
-                    SupervisorErrorKind::Internal
-                };
-                err(kind, e.to_string())
-            })?;
-    for (index, entries) in batches.into_iter().enumerate() {
-        let written = link
-            .call(
-                RequestBody::WriteVolume {
-                    key: key.to_owned(),
-                    fresh: index == 0,
-                    entries,
-                },
-                &[],
-                AGENT_DEADLINE,
-            )
-            .await
-            .map_err(link_failure)?;
-        match written {
-            Reply::Ok => {}
-            Reply::Error(e) => {
-                let what = format!("copying volume {} into the guest", volume.destination);
-                return Err(guest_volume_refused(&what, e));
-            }
-            other => return Err(unexpected_guest_reply("a volume's copy", other)),
-        }
-    }
-    Ok(())
-}
-
-/// The agent's refusal to copy or bind a volume: a guest whose scratch disk
-/// is full, or an image with no place for the volume, is the caller's to
-/// fix; the rest is ours.
-pub(super) fn guest_volume_refused(what: &str, e: sandbox_proto::AgentError) -> SupervisorError {
-    let kind = match e.kind {
-        ErrorKind::NoSpace | ErrorKind::InvalidInput => SupervisorErrorKind::InvalidInput,
-        _ => SupervisorErrorKind::Internal,
-    };
-    err(kind, format!("{what}: {}", e.message))
-}
-
 /// A call the link could not complete: a slow agent (a sandbox starved by
 /// its own limits, a big file) is not a gone one.
-fn link_failure(e: LinkError) -> SupervisorError {
+pub(super) fn link_failure(e: LinkError) -> SupervisorError {
     let kind = match e {
         LinkError::Timeout(_) | LinkError::NotSent(_) => SupervisorErrorKind::AgentTimeout,
         LinkError::Closed(_) | LinkError::Protocol(_) => SupervisorErrorKind::AgentGone,
@@ -290,6 +235,7 @@ impl Supervisor {
             roots_with_volumes: Mutex::default(),
             guest_root_slots: Mutex::new(vec![None; usize::from(root_slots)]),
             guest_volume_keys: Mutex::default(),
+            volume_following: Default::default(),
             fresh_seed: watch::channel(true).0,
             mailbox: std::sync::OnceLock::new(),
         })
@@ -622,10 +568,12 @@ impl Supervisor {
         // costs the guest nothing else.
         let mut guest_volumes = Vec::with_capacity(volumes.len());
         for volume in volumes {
+            let (key, within) = self.copy_volume_into_guest(&volume).await?;
             guest_volumes.push(sandbox_proto::GuestVolume {
-                key: self.copy_volume_into_guest(&volume).await?,
+                key,
                 destination: volume.destination,
                 read_only: volume.read_only,
+                within,
             });
         }
         let limited = limits.is_some();
@@ -677,25 +625,96 @@ impl Supervisor {
         Err(refused)
     }
 
-    /// The key of the guest's copy of host `volume`, written now unless an
-    /// earlier root of the sandbox had it copied (a pod's emptyDir, which
-    /// its containers share; what they wrote there stays).
+    /// Where the guest's copy of host `volume` is: its key, and the part of
+    /// it bound (`within`, empty for all of it). Written now unless the
+    /// guest holds it already: an earlier root of the sandbox had the same
+    /// source copied (a pod's emptyDir, which its containers share; what
+    /// they wrote there stays), or one it lies inside (a kubelet `subPath`
+    /// of that emptyDir, see `runtime::subpaths`).
     async fn copy_volume_into_guest(
         &self,
         volume: &crate::model::HostVolume,
-    ) -> Result<String, SupervisorError> {
-        let key = {
+    ) -> Result<(String, String), SupervisorError> {
+        let (known, copies, next_key) = {
             let keys = self.guest_volume_keys();
-            if let Some(key) = keys.get(&volume.source) {
-                return Ok(key.clone());
-            }
-            format!("vol-{}", keys.len() + 1)
+            let copies: Vec<(std::path::PathBuf, String)> =
+                keys.iter().map(|(s, k)| (s.clone(), k.clone())).collect();
+            (
+                keys.get(&volume.source).cloned(),
+                copies,
+                format!("vol-{}", keys.len() + 1),
+            )
         };
-        self.ensure_live()?;
-        copy_volume_into_guest(&self.link, &key, volume).await?;
-        self.guest_volume_keys()
-            .insert(volume.source.clone(), key.clone());
-        Ok(key)
+        let (key, within) = match known {
+            Some(key) => (key, String::new()),
+            None => match self.find_in_copies(volume, copies).await? {
+                Some(found) => found,
+                None => {
+                    self.ensure_live()?;
+                    let copied = self
+                        .volume_following
+                        .copy(&self.link, &next_key, volume)
+                        .await?;
+                    self.guest_volume_keys()
+                        .insert(volume.source.clone(), next_key.clone());
+                    self.volume_following.start(&self.link, copied);
+                    return Ok((next_key, String::new()));
+                }
+            },
+        };
+        if !volume.read_only {
+            self.volume_following.stop(&key).await;
+        }
+        Ok((key, within))
+    }
+
+    /// The copy among `copies` (host source, key) that host `volume` lies
+    /// inside, and where in it; the directories on the way are made in
+    /// the guest's copy where missing.
+    async fn find_in_copies(
+        &self,
+        volume: &crate::model::HostVolume,
+        copies: Vec<(std::path::PathBuf, String)>,
+    ) -> Result<Option<(String, String)>, SupervisorError> {
+        if copies.is_empty() {
+            return Ok(None);
+        }
+        let wanted = volume.source.clone();
+        let found = tokio::task::spawn_blocking(move || {
+            copies.into_iter().find_map(|(source, key)| {
+                match crate::runtime::subpaths::find(&source, &wanted) {
+                    Ok(found) => found.map(|found| (key, found)),
+                    Err(e) => {
+                        tracing::debug!(
+                            "looking for {} in {}: {e}",
+                            wanted.display(),
+                            source.display()
+                        );
+                        None
+                    }
+                }
+            })
+        })
+        .await
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
+        let Some((key, found)) = found else {
+            return Ok(None);
+        };
+        if !found.dirs.is_empty() {
+            self.ensure_live()?;
+            self.volume_following
+                .add_entries(&self.link, &key, volume, found.dirs)
+                .await?;
+        }
+        Ok(Some((key, found.path)))
+    }
+
+    /// Starts following the host for copies made before the supervisor
+    /// was (a microVM task's volumes, once bound).
+    pub(super) fn follow_volumes(&self, copies: Vec<super::volume_copies::Copied>) {
+        for copied in copies {
+            self.volume_following.start(&self.link, copied);
+        }
     }
 
     fn guest_volume_keys(
@@ -1550,7 +1569,7 @@ fn unknown(proc: u64) -> SupervisorError {
 /// sandbox's cgroups in a temp directory standing in for cgroupfs. No root,
 /// no sandbox, no host cgroup touched.
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::os::fd::OwnedFd;
     use std::path::PathBuf;
 
@@ -1570,9 +1589,28 @@ mod tests {
 
     /// The agent's end of the link: reads requests, sends what a real agent
     /// would send (see agent/), when the test says so.
-    struct FakeAgent {
+    pub(crate) struct FakeAgent {
         stream: UnixStream,
         decoder: FrameDecoder,
+    }
+
+    /// A link to a fake agent that said its hello long ago (as a restored
+    /// one), and the link's event receiver, kept so that events can flow.
+    pub(crate) async fn linked_fake_agent() -> (
+        Arc<AgentLink>,
+        tokio::sync::mpsc::Receiver<super::super::link::LinkEvent>,
+        FakeAgent,
+    ) {
+        let (host, agent_end) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        agent_end.set_nonblocking(true).expect("nonblocking");
+        let agent = FakeAgent {
+            stream: UnixStream::from_std(agent_end).expect("agent stream"),
+            decoder: FrameDecoder::new(),
+        };
+        let (link, events) = AgentLink::establish(OwnedFd::from(host), None)
+            .await
+            .expect("link");
+        (link, events, agent)
     }
 
     impl FakeAgent {
@@ -1583,7 +1621,7 @@ mod tests {
 
         /// The next request the supervisor sent. Descriptors passed with a
         /// spawn are discarded by the plain read (the kernel closes them).
-        async fn request(&mut self) -> Request {
+        pub(crate) async fn request(&mut self) -> Request {
             let mut buf = vec![0u8; 64 * 1024];
             loop {
                 if let Some(frame) = self.decoder.next_frame().expect("frame") {
@@ -1598,7 +1636,7 @@ mod tests {
             }
         }
 
-        async fn reply(&mut self, id: u64, reply: Reply) {
+        pub(crate) async fn reply(&mut self, id: u64, reply: Reply) {
             self.send(AgentMessage::Reply { id, reply }).await;
         }
 
