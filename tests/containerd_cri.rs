@@ -833,10 +833,15 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
     cri.remove_container(&fillers[1]).await;
     cri.remove_container(&fillers[2]).await;
     let volumes = tempfile::tempdir_in("/var/tmp").expect("a volumes dir");
-    let (token, cache) = (volumes.path().join("token"), volumes.path().join("cache"));
+    // Laid out as the kubelet keeps a pod's volumes.
+    let pod_dir = volumes.path().join("pods/0c1d");
+    let (token, cache) = (
+        pod_dir.join("volumes/kubernetes.io~projected/token"),
+        pod_dir.join("volumes/kubernetes.io~empty-dir/cache"),
+    );
     let timestamped = token.join("..2026_12_06_10_00_00.1");
     std::fs::create_dir_all(&timestamped).expect("token dir");
-    std::fs::create_dir(&cache).expect("cache dir");
+    std::fs::create_dir_all(&cache).expect("cache dir");
     std::fs::write(timestamped.join("token"), "the-token\n").expect("token");
     std::os::unix::fs::symlink("..2026_12_06_10_00_00.1", token.join("..data")).expect("link");
     std::os::unix::fs::symlink("..data/token", token.join("token")).expect("link");
@@ -918,8 +923,8 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
     // writes through it and what one with the whole emptyDir writes meet.
     cri.remove_container(&fillers[3]).await;
     std::fs::create_dir(cache.join("logs")).expect("the subPath's directory");
-    let subpath = volumes.path().join("volume-subpaths-logs");
-    std::fs::create_dir(&subpath).expect("the subPath's mount point");
+    let subpath = pod_dir.join("volume-subpaths/cache/logger/0");
+    std::fs::create_dir_all(&subpath).expect("the subPath's mount point");
     nix::mount::mount(
         Some(&cache.join("logs")),
         &subpath,

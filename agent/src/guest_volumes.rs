@@ -257,24 +257,29 @@ pub(crate) fn write_at(
 }
 
 fn write_entry(parent: i32, name: &str, entry: &VolumeEntry) -> io::Result<()> {
-    let chown = |uid: u32, gid: u32| {
-        fchownat(
-            Some(parent),
-            name,
+    // Owner first: a chown clears set-id bits the mode may give.
+    let own = |fd: &dyn AsRawFd, mode: u32, uid: u32, gid: u32| -> io::Result<()> {
+        nix::unistd::fchown(
+            fd.as_raw_fd(),
             Some(Uid::from_raw(uid)),
             Some(Gid::from_raw(gid)),
-            nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
+        )?;
+        nix::sys::stat::fchmod(fd.as_raw_fd(), mode_of(mode))?;
+        Ok(())
     };
     match entry {
         VolumeEntry::Dir { mode, uid, gid, .. } => {
             match mkdirat(Some(parent), name, Mode::from_bits_truncate(0o700)) {
-                Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                Ok(()) => {}
+                // Only where a copy gains entries (a fresh one starts
+                // empty): what the guest has there is its own, a
+                // directory a container made in a shared emptyDir, or a
+                // file where the host has a subPath's directory.
+                Err(nix::errno::Errno::EEXIST) => return Ok(()),
                 Err(e) => return Err(e.into()),
             }
             let dir = open_at(parent, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
-            nix::sys::stat::fchmod(dir.as_raw_fd(), mode_of(*mode))?;
-            chown(*uid, *gid)?;
+            own(&dir, *mode, *uid, *gid)?;
         }
         VolumeEntry::File {
             mode,
@@ -283,16 +288,13 @@ fn write_entry(parent: i32, name: &str, entry: &VolumeEntry) -> io::Result<()> {
             data,
             ..
         } => {
-            let file = open_at(
+            let mut file = fs::File::from(open_at(
                 parent,
                 name,
                 OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
-            )?;
-            fs::File::from(file).write_all(data)?;
-            chown(*uid, *gid)?;
-            // After the chown, which clears set-id bits.
-            let file = open_at(parent, name, OFlag::O_RDONLY)?;
-            nix::sys::stat::fchmod(file.as_raw_fd(), mode_of(*mode))?;
+            )?);
+            file.write_all(data)?;
+            own(&file, *mode, *uid, *gid)?;
         }
         VolumeEntry::Append { data, .. } => {
             let file = open_at(parent, name, OFlag::O_WRONLY | OFlag::O_APPEND)?;
@@ -302,7 +304,13 @@ fn write_entry(parent: i32, name: &str, entry: &VolumeEntry) -> io::Result<()> {
             target, uid, gid, ..
         } => {
             symlinkat(target.as_str(), Some(parent), name)?;
-            chown(*uid, *gid)?;
+            fchownat(
+                Some(parent),
+                name,
+                Some(Uid::from_raw(*uid)),
+                Some(Gid::from_raw(*gid)),
+                nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+            )?;
         }
     }
     Ok(())
@@ -778,6 +786,43 @@ mod tests {
         // The positive control: a plain name beside it is written.
         write_in(&dir, "vol-2", false, &[file("plain", 0o644, b"x")]).expect("plain");
         assert_eq!(fs::read(dir.join("vol-2/plain")).expect("plain"), b"x");
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn entries_added_to_a_copy_leave_what_the_guest_made_there() {
+        let dir = scratch("added");
+        let uid = nix::unistd::getuid().as_raw();
+        let gid = nix::unistd::getgid().as_raw();
+        let folder = |path: &str| VolumeEntry::Dir {
+            path: path.into(),
+            mode: 0o777,
+            uid,
+            gid,
+        };
+        write_in(&dir, "vol-4", true, &[folder(""), folder("data")]).expect("copied");
+        // The guest's own since: a private directory, and a file where
+        // the host has a subPath's directory.
+        let top = dir.join("vol-4");
+        fs::set_permissions(top.join("data"), fs::Permissions::from_mode(0o700)).expect("chmod");
+        fs::write(top.join("config.yaml"), "mine").expect("file");
+        let added = [folder("data"), folder("config.yaml"), folder("new")];
+        write_in(&dir, "vol-4", false, &added).expect("added");
+        let mode = |name: &str| {
+            fs::metadata(top.join(name))
+                .expect("meta")
+                .permissions()
+                .mode()
+                & 0o7777
+        };
+        assert_eq!(mode("data"), 0o700);
+        assert_eq!(
+            fs::read_to_string(top.join("config.yaml")).expect("file"),
+            "mine"
+        );
+        // The positive control: what was missing is made as the host has it.
+        assert!(top.join("new").is_dir());
+        assert_eq!(mode("new"), 0o777);
         let _ = fs::remove_dir_all(&dir);
     }
 

@@ -9,7 +9,7 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, SFlag};
@@ -66,7 +66,10 @@ impl Search {
                 gid: stat.st_gid,
             });
         }
-        if (stat.st_dev, stat.st_ino) == self.wanted {
+        // A file of several names could be found at the wrong one (the
+        // guest's copy of each may differ since): never matched.
+        let ambiguous = !is_dir && stat.st_nlink > 1;
+        if (stat.st_dev, stat.st_ino) == self.wanted && !ambiguous {
             return Ok(Some(Found {
                 path,
                 dirs: std::mem::take(&mut self.dirs),
@@ -111,6 +114,28 @@ impl Search {
     }
 }
 
+/// The volume a kubelet `subPath` comes from: the kubelet binds a
+/// `subPath` at `<pod>/volume-subpaths/<volume>/<container>/<index>`, and
+/// keeps the volume itself at `<pod>/volumes/<plugin>/<volume>`. `None`
+/// for any other path, or where not exactly one such volume is there.
+pub fn kubelet_volume_of(subpath: &Path) -> Option<PathBuf> {
+    let index = subpath.parent()?;
+    let container = index.parent()?;
+    let volume = container.file_name()?;
+    let subpaths = container.parent()?;
+    if subpaths.file_name()? != "volume-subpaths" {
+        return None;
+    }
+    let pod = subpaths.parent()?;
+    let mut found = std::fs::read_dir(pod.join("volumes"))
+        .ok()?
+        .filter_map(Result::ok)
+        .map(|plugin| plugin.path().join(volume))
+        .filter(|candidate| std::fs::symlink_metadata(candidate).is_ok_and(|meta| meta.is_dir()));
+    let only = found.next()?;
+    found.next().is_none().then_some(only)
+}
+
 /// The device and inode of what `held` holds.
 fn identity(held: &OwnedFd) -> io::Result<(u64, u64)> {
     let stat = fstat(held.as_raw_fd())?;
@@ -124,6 +149,21 @@ mod tests {
 
     fn dir_paths(found: &Found) -> Vec<&str> {
         found.dirs.iter().map(VolumeEntry::path).collect()
+    }
+
+    #[test]
+    fn a_kubelet_subpath_names_the_volume_it_comes_from() {
+        let pod = tempfile::tempdir().expect("pod dir");
+        let volume = pod.path().join("volumes/kubernetes.io~empty-dir/cache");
+        fs::create_dir_all(&volume).expect("volume");
+        fs::create_dir_all(pod.path().join("volumes/kubernetes.io~configmap/other"))
+            .expect("another volume");
+        let subpath = pod.path().join("volume-subpaths/cache/app/0");
+        assert_eq!(kubelet_volume_of(&subpath), Some(volume));
+        // Not the kubelet's layout, or no such volume: none.
+        assert_eq!(kubelet_volume_of(&pod.path().join("volumes/x/cache")), None);
+        let unknown = pod.path().join("volume-subpaths/missing/app/0");
+        assert_eq!(kubelet_volume_of(&unknown), None);
     }
 
     #[test]
@@ -146,6 +186,12 @@ mod tests {
             .expect("searched")
             .expect("found");
         assert_eq!((file.path.as_str(), dir_paths(&file)), ("a/f", vec!["a"]));
+        // A file of two names is found at neither.
+        fs::hard_link(top.path().join("a/f"), top.path().join("b/g")).expect("hard link");
+        assert_eq!(
+            find(top.path(), &top.path().join("a/f")).expect("searched"),
+            None
+        );
         let itself = find(top.path(), top.path())
             .expect("searched")
             .expect("found");

@@ -629,43 +629,88 @@ impl Supervisor {
     /// it bound (`within`, empty for all of it). Written now unless the
     /// guest holds it already: an earlier root of the sandbox had the same
     /// source copied (a pod's emptyDir, which its containers share; what
-    /// they wrote there stays), or one it lies inside (a kubelet `subPath`
-    /// of that emptyDir, see `runtime::subpaths`).
+    /// they wrote there stays), or one it lies inside (a kubelet `subPath`,
+    /// see `runtime::subpaths`). A writable `subPath` in the kubelet's
+    /// layout has the volume it comes from copied whole first, so the
+    /// pod's containers share one copy whichever mounts it first. A
+    /// read-only one is never bound out of a copy that follows the host:
+    /// Kubernetes updates no `subPath`, and a swap could take its part
+    /// away before the bind.
     async fn copy_volume_into_guest(
         &self,
         volume: &crate::model::HostVolume,
     ) -> Result<(String, String), SupervisorError> {
-        let (known, copies, next_key) = {
-            let keys = self.guest_volume_keys();
-            let copies: Vec<(std::path::PathBuf, String)> =
-                keys.iter().map(|(s, k)| (s.clone(), k.clone())).collect();
-            (
-                keys.get(&volume.source).cloned(),
-                copies,
-                format!("vol-{}", keys.len() + 1),
-            )
-        };
+        let known = self.guest_volume_keys().get(&volume.source).cloned();
         let (key, within) = match known {
             Some(key) => (key, String::new()),
-            None => match self.find_in_copies(volume, copies).await? {
-                Some(found) => found,
-                None => {
-                    self.ensure_live()?;
-                    let copied = self
-                        .volume_following
-                        .copy(&self.link, &next_key, volume)
-                        .await?;
-                    self.guest_volume_keys()
-                        .insert(volume.source.clone(), next_key.clone());
-                    self.volume_following.start(&self.link, copied);
-                    return Ok((next_key, String::new()));
+            None => {
+                let mut inside = None;
+                if !volume.read_only {
+                    if let Some(whole) = crate::runtime::subpaths::kubelet_volume_of(&volume.source)
+                    {
+                        let whole = crate::model::HostVolume {
+                            source: whole,
+                            destination: volume.destination.clone(),
+                            read_only: false,
+                        };
+                        let key = self.copy_whole_volume(&whole).await?;
+                        inside = self
+                            .find_in_copies(volume, vec![(whole.source, key)])
+                            .await?;
+                    }
                 }
-            },
+                if inside.is_none() {
+                    let copies = self.unfollowed_copies();
+                    inside = self.find_in_copies(volume, copies).await?;
+                }
+                match inside {
+                    Some(found) => found,
+                    None => return Ok((self.copy_whole_volume(volume).await?, String::new())),
+                }
+            }
         };
         if !volume.read_only {
             self.volume_following.stop(&key).await;
         }
         Ok((key, within))
+    }
+
+    /// The key of the guest's copy of all of host `volume`, written now
+    /// unless an earlier root had it copied.
+    async fn copy_whole_volume(
+        &self,
+        volume: &crate::model::HostVolume,
+    ) -> Result<String, SupervisorError> {
+        let next_key = {
+            let keys = self.guest_volume_keys();
+            if let Some(key) = keys.get(&volume.source) {
+                return Ok(key.clone());
+            }
+            format!("vol-{}", keys.len() + 1)
+        };
+        self.ensure_live()?;
+        let copied = self
+            .volume_following
+            .copy(&self.link, &next_key, volume)
+            .await?;
+        self.guest_volume_keys()
+            .insert(volume.source.clone(), next_key.clone());
+        self.volume_following.start(&self.link, copied);
+        Ok(next_key)
+    }
+
+    /// The copies the guest holds that do not follow the host (host
+    /// source, key), the deepest sources first: a source inside another is
+    /// the nearer copy of what lies in both.
+    fn unfollowed_copies(&self) -> Vec<(std::path::PathBuf, String)> {
+        let mut copies: Vec<(std::path::PathBuf, String)> = self
+            .guest_volume_keys()
+            .iter()
+            .filter(|(_, key)| !self.volume_following.follows(key))
+            .map(|(source, key)| (source.clone(), key.clone()))
+            .collect();
+        copies.sort_by_key(|(source, _)| std::cmp::Reverse(source.components().count()));
+        copies
     }
 
     /// The copy among `copies` (host source, key) that host `volume` lies
@@ -685,8 +730,9 @@ impl Supervisor {
                 match crate::runtime::subpaths::find(&source, &wanted) {
                     Ok(found) => found.map(|found| (key, found)),
                     Err(e) => {
-                        tracing::debug!(
-                            "looking for {} in {}: {e}",
+                        tracing::warn!(
+                            "looking for {} inside volume {} the guest holds a copy of: {e}; \
+                             it gets a copy of its own",
                             wanted.display(),
                             source.display()
                         );

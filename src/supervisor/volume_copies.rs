@@ -214,6 +214,15 @@ impl Following {
         drop(replaced);
     }
 
+    /// Whether copy `key` follows its host volume.
+    pub(super) fn follows(&self, key: &str) -> bool {
+        self.followers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .is_some_and(|f| !f.task.is_finished())
+    }
+
     /// Stops copy `key` following its host volume, and waits until no
     /// update of it is under way: a root binds it writable, so what the
     /// guest writes there is the guest's.
@@ -411,6 +420,10 @@ async fn follow(link: Arc<AgentLink>, pending: PendingFollow, mut stopped: watch
         }
         let updated = {
             let _updating = updating.lock().await;
+            // Stopped while another copy's update held the lock.
+            if *stopped.borrow() {
+                break;
+            }
             match read(volume, key, Some(Arc::clone(watches))).await {
                 Ok(batches) => match write(&link, &staging, volume, batches).await {
                     Ok(()) => replace(&link, key, &staging).await,
