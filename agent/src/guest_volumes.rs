@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::collections::BTreeSet;
 use std::fs;
 use std::io::{self, Write};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
@@ -440,7 +440,7 @@ fn place_all(
 ) -> Result<(), VolumeError> {
     for (volume, (tree, is_dir)) in volumes.iter().zip(clones) {
         let point = mount_point(root, volume, is_dir)?;
-        move_mount_onto(&tree, &point).map_err(failed(volume, "mounting it"))?;
+        mountfd::attach_onto(tree.as_fd(), point.as_fd()).map_err(failed(volume, "mounting it"))?;
     }
     Ok(())
 }
@@ -478,7 +478,7 @@ fn clone_copy(volume: &GuestVolume) -> Result<(OwnedFd, bool), VolumeError> {
         return Err(VolumeError::BadKey(volume.key.clone()));
     }
     let tree = if volume.within.is_empty() {
-        open_tree_clone(&volume_dir(&volume.key))
+        mountfd::clone_tree(mountfd::Source::Path(&volume_dir(&volume.key)), true)
     } else {
         // A part of the copy, which containers may write to: reached
         // beneath its top and through no link.
@@ -490,7 +490,7 @@ fn clone_copy(volume: &GuestVolume) -> Result<(OwnedFd, bool), VolumeError> {
         }
         open_dir(None, &volume_dir(&volume.key))
             .and_then(|copy| beneath(&copy, &volume.within, OFlag::empty()))
-            .and_then(|part| open_tree_clone_of(&part))
+            .and_then(|part| mountfd::clone_tree(mountfd::Source::Held(part.as_fd()), true))
     }
     .map_err(failed(
         volume,
@@ -500,7 +500,8 @@ fn clone_copy(volume: &GuestVolume) -> Result<(OwnedFd, bool), VolumeError> {
     if volume.read_only {
         attrs |= libc::MOUNT_ATTR_RDONLY;
     }
-    set_mount_attrs(&tree, attrs).map_err(failed(volume, "setting its flags"))?;
+    mountfd::set_attrs(tree.as_fd(), attrs, None, true)
+        .map_err(failed(volume, "setting its flags"))?;
     if !volume.read_only {
         BOUND_WRITABLE
             .lock()
@@ -564,89 +565,6 @@ fn mount_point(
         point = Some(found);
     }
     point.ok_or_else(bad_path)
-}
-
-/// A detached recursive clone of the mount tree at `path` (`open_tree`).
-fn open_tree_clone(path: &Path) -> io::Result<OwnedFd> {
-    open_tree_clone_at(libc::AT_FDCWD, path, 0)
-}
-
-/// [`open_tree_clone`] of what descriptor `held` holds.
-fn open_tree_clone_of(held: &OwnedFd) -> io::Result<OwnedFd> {
-    open_tree_clone_at(held.as_raw_fd(), Path::new(""), libc::AT_EMPTY_PATH as u32)
-}
-
-fn open_tree_clone_at(dir: i32, path: &Path, flags: u32) -> io::Result<OwnedFd> {
-    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
-        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
-    // SAFETY: open_tree(2) with a NUL-terminated path that outlives the
-    // call and a directory descriptor (or AT_FDCWD) borrowed for it; it
-    // returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            dir,
-            path.as_ptr(),
-            libc::OPEN_TREE_CLONE
-                | libc::OPEN_TREE_CLOEXEC
-                | libc::AT_SYMLINK_NOFOLLOW as u32
-                | libc::AT_RECURSIVE as u32
-                | flags,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = i32::try_from(fd).map_err(|_| io::Error::other("open_tree returned no fd"))?;
-    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Sets `attr_set` (`MOUNT_ATTR_*`) on every mount of detached `tree`,
-/// and makes it private.
-fn set_mount_attrs(tree: &OwnedFd, attr_set: u64) -> io::Result<()> {
-    let attr = libc::mount_attr {
-        attr_set,
-        attr_clr: 0,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: 0,
-    };
-    // SAFETY: mount_setattr(2) on a descriptor this function borrows, with
-    // an empty path, AT_EMPTY_PATH, and a `mount_attr` of the size passed.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Mounts detached `tree` on the very file or directory `target` holds.
-fn move_mount_onto(tree: &OwnedFd, target: &OwnedFd) -> io::Result<()> {
-    // SAFETY: move_mount(2) of a detached tree onto a descriptor, both
-    // borrowed for the call, with empty paths (NUL-terminated literals).
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            target.as_raw_fd(),
-            c"".as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 fn make(parent: &OwnedFd, name: &str, dir: bool) -> io::Result<()> {

@@ -348,27 +348,6 @@ fn open(dirfd: i32, path: &str, how: OpenHow) -> io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
-/// Mounts the detached `tree` on `target`, the very file or directory the
-/// descriptor holds.
-pub fn mount_onto(tree: &OwnedFd, target: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: move_mount(2) of a detached tree onto a descriptor, both
-    // borrowed for the call, with empty paths (NUL-terminated literals).
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            target.as_raw_fd(),
-            c"".as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

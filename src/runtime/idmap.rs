@@ -12,8 +12,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::mount::{umount2, MntFlags};
@@ -73,123 +72,26 @@ pub fn idmap_layers(
                 source,
             }
         };
-        let tree = open_tree_clone(layer, false).map_err(fail("open_tree"))?;
+        let tree =
+            mountfd::clone_tree(mountfd::Source::Path(layer), false).map_err(fail("open_tree"))?;
         set_idmap(&tree, &userns).map_err(fail("mount_setattr"))?;
         let target = under.join(index.to_string());
         std::fs::create_dir_all(&target).map_err(fail("making its mount point"))?;
-        move_mount(&tree, &target).map_err(fail("move_mount"))?;
+        mountfd::attach_at(tree.as_fd(), &target).map_err(fail("move_mount"))?;
         attached.mounts.push(target);
     }
     Ok(attached)
 }
 
-fn cstring(path: &Path) -> io::Result<std::ffi::CString> {
-    std::ffi::CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL byte in the path"))
-}
-
-/// A detached clone of the mount at `path` (with the mounts beneath it
-/// when `recursive`).
-pub(crate) fn open_tree_clone(path: &Path, recursive: bool) -> io::Result<OwnedFd> {
-    let path = cstring(path)?;
-    let recursive = if recursive {
-        libc::AT_RECURSIVE as u32
-    } else {
-        0
-    };
-    // SAFETY: open_tree(2) with a NUL-terminated path that outlives the
-    // call; it returns a new descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            path.as_ptr(),
-            // A symlink swapped in after validation is not followed.
-            libc::OPEN_TREE_CLONE
-                | libc::OPEN_TREE_CLOEXEC
-                | libc::AT_SYMLINK_NOFOLLOW as u32
-                | recursive,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = i32::try_from(fd).map_err(|_| io::Error::other("open_tree returned no fd"))?;
-    // SAFETY: the kernel just returned this descriptor; nothing else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
 fn set_idmap(tree: &OwnedFd, userns: &File) -> io::Result<()> {
     // Read-only too: the layers are another owner's (containerd's
     // snapshots), and nothing but overlayfs reads them through here.
-    set_mount_attrs(
-        tree,
+    mountfd::set_attrs(
+        tree.as_fd(),
         libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_RDONLY,
-        Some(userns),
+        Some(userns.as_fd()),
         false,
     )
-}
-
-/// Sets `attr_set` (`MOUNT_ATTR_*`) on detached tree `tree`, on every
-/// mount in it when `recursive`, and makes it private in the same call (a
-/// clone of a shared mount is in its source's peer group until then, and
-/// a mount propagated into it would come without the attributes);
-/// `userns` holds the id map that `MOUNT_ATTR_IDMAP` asks for.
-pub(crate) fn set_mount_attrs(
-    tree: &OwnedFd,
-    attr_set: u64,
-    userns: Option<&File>,
-    recursive: bool,
-) -> io::Result<()> {
-    let attr = libc::mount_attr {
-        attr_set,
-        attr_clr: 0,
-        propagation: libc::MS_PRIVATE,
-        userns_fd: userns
-            .and_then(|u| u64::try_from(u.as_raw_fd()).ok())
-            .unwrap_or_default(),
-    };
-    let flags = if recursive {
-        libc::AT_EMPTY_PATH | libc::AT_RECURSIVE
-    } else {
-        libc::AT_EMPTY_PATH
-    };
-    // SAFETY: mount_setattr(2) on a descriptor this function borrows, with
-    // an empty path, AT_EMPTY_PATH, and a `mount_attr` of the size passed.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_mount_setattr,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            flags,
-            &attr as *const libc::mount_attr,
-            std::mem::size_of::<libc::mount_attr>(),
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-pub(crate) fn move_mount(tree: &OwnedFd, target: &Path) -> io::Result<()> {
-    let target = cstring(target)?;
-    // SAFETY: move_mount(2) of a detached tree this function borrows onto a
-    // NUL-terminated path that outlives the call.
-    let rc = unsafe {
-        libc::syscall(
-            libc::SYS_move_mount,
-            tree.as_raw_fd(),
-            c"".as_ptr(),
-            libc::AT_FDCWD,
-            target.as_ptr(),
-            libc::MOVE_MOUNT_F_EMPTY_PATH,
-        )
-    };
-    if rc < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// A user namespace whose ids `0..size` are host `base..base+size`, held by

@@ -23,8 +23,8 @@ use nix::mount::{umount2, MntFlags};
 use nix::sched::{setns, unshare, CloneFlags};
 use sandbox_proto::{container_root, CONTAINER_ROOTS_DIR};
 
-use super::beneath::{mount_onto, Dir};
-use super::idmap::{idmap_layers, open_tree_clone, IdmapError};
+use super::beneath::Dir;
+use super::idmap::{idmap_layers, IdmapError};
 use super::paths::SandboxPaths;
 use super::sandbox::SandboxSpec;
 use super::volumes::{bind_volumes, VolumeError};
@@ -206,12 +206,11 @@ fn mount_and_clone(
         })?;
     super::volumes::warn_host_ids(name, volumes, &bound);
     // With the volumes mounted inside it.
-    let clone =
-        open_tree_clone(target, !volumes.is_empty()).map_err(fail("cloning its overlay"))?;
+    let clone = mountfd::clone_tree(mountfd::Source::Path(target), !volumes.is_empty())
+        .map_err(fail("cloning its overlay"))?;
     // Its own peer group: mounts made on either side never propagate
     // (no attribute set, only MS_PRIVATE, on every mount of the clone).
-    super::idmap::set_mount_attrs(&clone, 0, None, true)
-        .map_err(fail("making its clone private"))?;
+    mountfd::set_attrs(clone.as_fd(), 0, None, true).map_err(fail("making its clone private"))?;
     Ok(clone)
 }
 
@@ -288,7 +287,8 @@ pub fn attach(init_pid: i32, name: &str, root: &OwnedFd) -> Result<(), PodRootEr
             })
             .map_err(step("making its mount point"))
             .and_then(|target| {
-                mount_onto(root, target.as_fd()).map_err(step("attaching its overlay"))
+                mountfd::attach_onto(root.as_fd(), target.as_fd())
+                    .map_err(step("attaching its overlay"))
             })
             // Opened again: the name now leads to the overlay's root.
             .and_then(|()| {
@@ -402,7 +402,7 @@ fn in_mount_namespace<T: Send>(
 fn bind_shared(name: &str, root: &Dir) -> Result<(), PodRootError> {
     let step = |step: &'static str| refused_or_failed(name, step);
     let clone = |source: &Path, recursive: bool| {
-        open_tree_clone(source, recursive).map_err(failed(
+        mountfd::clone_tree(mountfd::Source::Path(source), recursive).map_err(failed(
             name,
             "cloning the sandbox's /proc, /dev, /sys or /etc files",
         ))
@@ -410,7 +410,8 @@ fn bind_shared(name: &str, root: &Dir) -> Result<(), PodRootError> {
     for dir in SHARED_DIRS {
         let target = root.open(dir).map_err(step("opening a mount point"))?;
         let tree = clone(&Path::new("/").join(dir), true)?;
-        mount_onto(&tree, target.as_fd()).map_err(step("binding a shared directory"))?;
+        mountfd::attach_onto(tree.as_fd(), target.as_fd())
+            .map_err(step("binding a shared directory"))?;
     }
     let etc = root.open("etc").map_err(step("opening /etc"))?;
     for file in SHARED_FILES {
@@ -425,7 +426,7 @@ fn bind_shared(name: &str, root: &Dir) -> Result<(), PodRootError> {
             continue;
         }
         let tree = clone(&source, false)?;
-        mount_onto(&tree, target.as_fd()).map_err(step("binding an /etc file"))?;
+        mountfd::attach_onto(tree.as_fd(), target.as_fd()).map_err(step("binding an /etc file"))?;
     }
     Ok(())
 }

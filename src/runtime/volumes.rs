@@ -20,8 +20,8 @@ use std::path::Path;
 use nix::mount::{umount2, MntFlags};
 use nix::sys::stat::{fstat, SFlag};
 
-use super::beneath::{mount_onto, Dir, MountPointKind};
-use super::idmap::{mapped_user_namespace, open_tree_clone, set_mount_attrs};
+use super::beneath::{Dir, MountPointKind};
+use super::idmap::mapped_user_namespace;
 use crate::model::HostVolume;
 
 #[derive(Debug, thiserror::Error)]
@@ -107,22 +107,28 @@ pub fn bind_volumes(
                 }
             }
         };
-        let tree = open_tree_clone(&volume.source, true).map_err(fail(CLONING))?;
+        let tree = mountfd::clone_tree(mountfd::Source::Path(&volume.source), true)
+            .map_err(fail(CLONING))?;
         let mut attrs = libc::MOUNT_ATTR_NODEV | libc::MOUNT_ATTR_NOSUID;
         if volume.read_only {
             attrs |= libc::MOUNT_ATTR_RDONLY;
         }
-        let binding =
-            match set_mount_attrs(&tree, attrs | libc::MOUNT_ATTR_IDMAP, Some(&userns), true) {
-                Ok(()) => Binding::Idmapped,
-                // The filesystem (or one mounted inside the tree) has no
-                // idmapped mounts.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    set_mount_attrs(&tree, attrs, None, true).map_err(fail("setting its flags"))?;
-                    Binding::HostIds
-                }
-                Err(e) => return Err(fail("idmapping it")(e)),
-            };
+        let binding = match mountfd::set_attrs(
+            tree.as_fd(),
+            attrs | libc::MOUNT_ATTR_IDMAP,
+            Some(userns.as_fd()),
+            true,
+        ) {
+            Ok(()) => Binding::Idmapped,
+            // The filesystem (or one mounted inside the tree) has no
+            // idmapped mounts.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                mountfd::set_attrs(tree.as_fd(), attrs, None, true)
+                    .map_err(fail("setting its flags"))?;
+                Binding::HostIds
+            }
+            Err(e) => return Err(fail("idmapping it")(e)),
+        };
         let kind = match is_dir(&tree).map_err(fail("reading it"))? {
             true => MountPointKind::Directory,
             false => MountPointKind::File,
@@ -130,7 +136,7 @@ pub fn bind_volumes(
         let point = top
             .mount_point_in_root(&volume.destination, kind, base)
             .map_err(fail(MOUNT_POINT))?;
-        mount_onto(&tree, point.as_fd()).map_err(fail("mounting it"))?;
+        mountfd::attach_onto(tree.as_fd(), point.as_fd()).map_err(fail("mounting it"))?;
         bound.push(BoundVolume {
             binding,
             mount: tree,
