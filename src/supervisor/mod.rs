@@ -7,6 +7,7 @@
 pub mod client;
 pub mod config;
 pub mod dial;
+mod guest_volume_places;
 pub mod link;
 pub mod mailbox;
 pub mod output;
