@@ -75,6 +75,10 @@ impl Drop for Containerd {
                 "--- the end of this test's containerd log (shims included) ---\n{}",
                 lines.join("\n")
             );
+            // Before the shims go, and their sandboxes' logs with them.
+            if let Some(daemon_dir) = self.sandboxd_socket.parent() {
+                crate::common::print_sandbox_logs(&daemon_dir.join("run"));
+            }
         }
         self.stop();
         // Shims outlive containerd by design: end this test's.

@@ -600,6 +600,34 @@ impl Daemon {
     }
 }
 
+/// Prints the end of each sandbox's logs under daemon run directory
+/// `run_dir`, for a failed test: each sandbox's supervisor logs to its own
+/// file; a microVM's VMM to another, and its guest kernel says what
+/// happened inside it (an OOM kill, a panic) only on its serial console.
+/// Whatever tears the sandboxes down first (containerd's shims, at a CRI
+/// test's failure) calls it too, as the files go with them.
+pub fn print_sandbox_logs(run_dir: &Path) {
+    let sandboxes = run_dir.join("sandboxes");
+    let names = std::fs::read_dir(&sandboxes)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|name| !name.to_string_lossy().starts_with(".slot-"));
+    for name in names {
+        for log in ["shim.log", "vm/vmm.log", "vm/console.log"] {
+            let path = sandboxes.join(&name).join(log);
+            if let Ok(bytes) = std::fs::read(&path) {
+                eprintln!(
+                    "--- the end of {} ---\n{}",
+                    path.display(),
+                    last_lines(&String::from_utf8_lossy(&bytes), FAILURE_LOG_LINES)
+                );
+            }
+        }
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         // A failed test shows what the daemon was doing: a hang or a flake
@@ -609,22 +637,7 @@ impl Drop for Daemon {
                 "--- the end of this test's sandboxd log ---\n{}",
                 last_lines(&self.log(), FAILURE_LOG_LINES)
             );
-            // Each sandbox's supervisor logs to its own file; a microVM's
-            // VMM to another, and its guest kernel says what happened inside
-            // it (an OOM kill, a panic) only on its serial console.
-            for name in self.sandbox_run_dirs() {
-                let dir = self.run_dir().join("sandboxes").join(name);
-                for log in ["shim.log", "vm/vmm.log", "vm/console.log"] {
-                    let path = dir.join(log);
-                    if let Ok(bytes) = std::fs::read(&path) {
-                        eprintln!(
-                            "--- the end of {} ---\n{}",
-                            path.display(),
-                            last_lines(&String::from_utf8_lossy(&bytes), FAILURE_LOG_LINES)
-                        );
-                    }
-                }
-            }
+            print_sandbox_logs(&self.run_dir());
         }
         // Delete what the test left, through the daemon (the real teardown path).
         let socket = self.socket.clone();
