@@ -77,6 +77,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 15 counts the agent's `RequestBody::WriteVolume`, `BindVolumes` and
 /// `MountRoot::volumes`.
+///
+/// 16 counts the agent's `RequestBody::ReplaceVolume` and
+/// `GuestVolume::within`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
