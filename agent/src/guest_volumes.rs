@@ -85,7 +85,9 @@ impl From<VolumeError> for sandbox_proto::AgentError {
             // For good: the host stops following the volume.
             VolumeError::BoundWritable(_) => ErrorKind::PermissionDenied,
             // A full scratch disk is the sandbox's own limit.
-            VolumeError::Io { source, .. } if source.raw_os_error() == Some(libc::ENOSPC) => {
+            VolumeError::Io { source, .. }
+                if crate::errors::io_kind(source) == ErrorKind::NoSpace =>
+            {
                 ErrorKind::NoSpace
             }
             _ => ErrorKind::Other,
@@ -256,17 +258,24 @@ pub(crate) fn write_at(
     Ok(())
 }
 
+/// Gives what `fd` holds owner `uid:gid` and `mode`; the owner first, as
+/// a chown clears set-id bits the mode may give.
+pub(crate) fn set_owner_and_mode(
+    fd: &impl AsRawFd,
+    mode: u32,
+    uid: u32,
+    gid: u32,
+) -> io::Result<()> {
+    nix::unistd::fchown(
+        fd.as_raw_fd(),
+        Some(Uid::from_raw(uid)),
+        Some(Gid::from_raw(gid)),
+    )?;
+    nix::sys::stat::fchmod(fd.as_raw_fd(), mode_of(mode))?;
+    Ok(())
+}
+
 fn write_entry(parent: i32, name: &str, entry: &VolumeEntry) -> io::Result<()> {
-    // Owner first: a chown clears set-id bits the mode may give.
-    let own = |fd: &dyn AsRawFd, mode: u32, uid: u32, gid: u32| -> io::Result<()> {
-        nix::unistd::fchown(
-            fd.as_raw_fd(),
-            Some(Uid::from_raw(uid)),
-            Some(Gid::from_raw(gid)),
-        )?;
-        nix::sys::stat::fchmod(fd.as_raw_fd(), mode_of(mode))?;
-        Ok(())
-    };
     match entry {
         VolumeEntry::Dir { mode, uid, gid, .. } => {
             match mkdirat(Some(parent), name, Mode::from_bits_truncate(0o700)) {
@@ -279,7 +288,7 @@ fn write_entry(parent: i32, name: &str, entry: &VolumeEntry) -> io::Result<()> {
                 Err(e) => return Err(e.into()),
             }
             let dir = open_at(parent, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
-            own(&dir, *mode, *uid, *gid)?;
+            set_owner_and_mode(&dir, *mode, *uid, *gid)?;
         }
         VolumeEntry::File {
             mode,
@@ -294,7 +303,7 @@ fn write_entry(parent: i32, name: &str, entry: &VolumeEntry) -> io::Result<()> {
                 OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_TRUNC,
             )?);
             file.write_all(data)?;
-            own(&file, *mode, *uid, *gid)?;
+            set_owner_and_mode(&file, *mode, *uid, *gid)?;
         }
         VolumeEntry::Append { data, .. } => {
             let file = open_at(parent, name, OFlag::O_WRONLY | OFlag::O_APPEND)?;

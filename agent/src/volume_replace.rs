@@ -18,32 +18,30 @@ use std::io;
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use nix::fcntl::{renameat2, RenameFlags};
-use nix::sys::stat::Mode;
-use nix::unistd::{fchown, Gid, Uid};
 use sandbox_proto::valid_root_name;
 
-use crate::guest_volumes::{list, open_listable, remove_at, VolumeError};
+use crate::guest_volumes::{list, open_listable, remove_at, set_owner_and_mode, VolumeError};
 
 /// Makes copy `key` what copy `from` holds, and removes `from`.
 pub fn replace(key: &str, from: &str) -> Result<(), VolumeError> {
-    for name in [key, from] {
-        if !valid_root_name(name) {
-            return Err(VolumeError::BadKey(name.to_owned()));
-        }
-    }
     let _copies = crate::guest_volumes::copies_held();
     let volumes = crate::guest_volumes::volumes_dir(key)?;
-    if crate::guest_volumes::bound_writable(key) {
-        let _ = remove_at(&volumes, from);
-        return Err(VolumeError::BoundWritable(key.to_owned()));
-    }
     replace_at(&volumes, key, from)
 }
 
 /// [`replace`] with the copies in `volumes`.
 fn replace_at(volumes: &OwnedFd, key: &str, from: &str) -> Result<(), VolumeError> {
-    if key == from || !valid_root_name(key) || !valid_root_name(from) {
+    for name in [key, from] {
+        if !valid_root_name(name) {
+            return Err(VolumeError::BadKey(name.to_owned()));
+        }
+    }
+    if key == from {
         return Err(VolumeError::BadKey(from.to_owned()));
+    }
+    if crate::guest_volumes::bound_writable(key) {
+        let _ = remove_at(volumes, from);
+        return Err(VolumeError::BoundWritable(key.to_owned()));
     }
     let merged = merge_copies(volumes, key, from);
     // Whatever is left of the new tree (the old entries swapped out, or
@@ -118,17 +116,7 @@ fn merge(live: &OwnedFd, staged: &OwnedFd, at: &str) -> Result<(), (String, io::
 /// Gives directory `live` the owner and mode `staged` has.
 fn take_owner_and_mode(live: &OwnedFd, staged: &OwnedFd) -> io::Result<()> {
     let stat = nix::sys::stat::fstat(staged.as_raw_fd())?;
-    fchown(
-        live.as_raw_fd(),
-        Some(Uid::from_raw(stat.st_uid)),
-        Some(Gid::from_raw(stat.st_gid)),
-    )?;
-    // After the chown, which clears set-id bits.
-    nix::sys::stat::fchmod(
-        live.as_raw_fd(),
-        Mode::from_bits_truncate(stat.st_mode & 0o7777),
-    )?;
-    Ok(())
+    set_owner_and_mode(live, stat.st_mode, stat.st_uid, stat.st_gid)
 }
 
 fn rename(from_dir: &OwnedFd, name: &str, to_dir: &OwnedFd, flags: RenameFlags) -> io::Result<()> {
