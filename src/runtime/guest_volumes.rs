@@ -245,20 +245,7 @@ impl Reader<'_, '_> {
                     },
                     0,
                 );
-                let mut dir = dir_fd
-                    .try_clone()
-                    .and_then(|dup| Ok(nix::dir::Dir::from_fd(dup.into_raw_fd())?))
-                    .map_err(self.read_error(&relative))?;
-                let mut names = Vec::new();
-                for entry in dir.iter() {
-                    let entry = entry.map_err(|e| self.read_error(&relative)(e.into()))?;
-                    let name = entry.file_name().to_bytes();
-                    if name != b"." && name != b".." {
-                        names.push(name.to_vec());
-                    }
-                }
-                names.sort();
-                drop(dir);
+                let names = sorted_names(&dir_fd).map_err(self.read_error(&relative))?;
                 for name in names {
                     let Ok(name) = String::from_utf8(name) else {
                         return Err(self.unsupported(
@@ -361,6 +348,22 @@ impl Reader<'_, '_> {
         self.batch_bytes += cost;
         self.batch.push(entry);
     }
+}
+
+/// The names in directory `dir` (open for reading), sorted, without `.`
+/// and `..`.
+pub(crate) fn sorted_names(dir: &OwnedFd) -> io::Result<Vec<Vec<u8>>> {
+    let mut listing = nix::dir::Dir::from_fd(dir.try_clone()?.into_raw_fd())?;
+    let mut names = Vec::new();
+    for entry in listing.iter() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name != b"." && name != b".." {
+            names.push(name.to_vec());
+        }
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// A volume's entry as the error names it.

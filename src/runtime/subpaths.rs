@@ -8,14 +8,14 @@
 //! of the copy the pod already shares.
 
 use std::io;
-use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use nix::fcntl::OFlag;
 use nix::sys::stat::{fstat, SFlag};
 use sandbox_proto::VolumeEntry;
 
-use super::guest_volumes::{open_path, reopen, MAX_DEPTH, MAX_VOLUME_ENTRIES};
+use super::guest_volumes::{open_path, reopen, sorted_names, MAX_DEPTH, MAX_VOLUME_ENTRIES};
 
 /// What of a host volume a `subPath` is.
 #[derive(Debug, PartialEq, Eq)]
@@ -77,17 +77,7 @@ impl Search {
         }
         if is_dir && depth < MAX_DEPTH {
             let dir_fd = reopen(&held, OFlag::O_DIRECTORY)?;
-            let mut names = Vec::new();
-            let mut listing = nix::dir::Dir::from_fd(dir_fd.try_clone()?.into_raw_fd())?;
-            for entry in listing.iter() {
-                let name = entry?.file_name().to_bytes().to_vec();
-                if name != b"." && name != b".." {
-                    names.push(name);
-                }
-            }
-            drop(listing);
-            names.sort();
-            for name in names {
+            for name in sorted_names(&dir_fd)? {
                 // A copy holds UTF-8 names only.
                 let Ok(name) = String::from_utf8(name) else {
                     continue;
