@@ -22,39 +22,50 @@ impl Supervisor {
         &self,
         volume: &crate::model::HostVolume,
     ) -> Result<(String, String), SupervisorError> {
-        let known = self.guest_volume_keys().get(&volume.source).cloned();
-        let (key, within) = match known {
-            Some(key) => (key, String::new()),
-            None => {
-                let mut inside = None;
-                if !volume.read_only {
-                    if let Some(whole) = crate::runtime::subpaths::kubelet_volume_of(&volume.source)
-                    {
-                        let whole = crate::model::HostVolume {
-                            source: whole,
-                            destination: volume.destination.clone(),
-                            read_only: false,
-                        };
-                        let key = self.copy_whole_volume(&whole).await?;
-                        inside = self
-                            .find_in_copies(volume, vec![(whole.source, key)])
-                            .await?;
-                    }
-                }
-                if inside.is_none() {
-                    let copies = self.unfollowed_copies();
-                    inside = self.find_in_copies(volume, copies).await?;
-                }
-                match inside {
-                    Some(found) => found,
-                    None => return Ok((self.copy_whole_volume(volume).await?, String::new())),
-                }
-            }
+        let known = self.guest_volume_keys().contains_key(&volume.source);
+        let part = if known {
+            None
+        } else {
+            self.part_of_a_copy(volume).await?
+        };
+        let (key, within) = match part {
+            Some(part) => part,
+            None => (self.copy_whole_volume(volume).await?, String::new()),
         };
         if !volume.read_only {
             self.volume_following.stop(&key).await;
         }
         Ok((key, within))
+    }
+
+    /// The copy (key) host `volume` is a part of, and where in it: for a
+    /// writable kubelet `subPath`, the volume it comes from, copied whole
+    /// first; else any copy that does not follow the host.
+    async fn part_of_a_copy(
+        &self,
+        volume: &crate::model::HostVolume,
+    ) -> Result<Option<(String, String)>, SupervisorError> {
+        let kubelet_volume = if volume.read_only {
+            None
+        } else {
+            crate::runtime::subpaths::kubelet_volume_of(&volume.source)
+        };
+        if let Some(whole) = kubelet_volume {
+            let whole = crate::model::HostVolume {
+                source: whole,
+                destination: volume.destination.clone(),
+                read_only: false,
+            };
+            let key = self.copy_whole_volume(&whole).await?;
+            let part = self
+                .find_in_copies(volume, vec![(whole.source, key)])
+                .await?;
+            if part.is_some() {
+                return Ok(part);
+            }
+        }
+        let copies = self.unfollowed_copies();
+        self.find_in_copies(volume, copies).await
     }
 
     /// The key of the guest's copy of all of host `volume`, written now

@@ -141,8 +141,8 @@ fn report(line: &ReadyLine) {
 
 /// A microVM task's volumes: the guest cannot see the host's files, so each
 /// is copied into it (as a microVM pod container's are) and bound into the
-/// VM's root before the sandbox is ready.
-/// The copies come back to be followed once the supervisor runs.
+/// VM's root before the sandbox is ready. The copies come back to be
+/// followed once the supervisor runs.
 async fn bind_guest_task_volumes(
     link: &AgentLink,
     volumes: &[crate::model::HostVolume],

@@ -1494,6 +1494,17 @@ pub(super) mod tests {
         decoder: FrameDecoder,
     }
 
+    /// The host's end of a link and a fake agent at the other.
+    fn fake_agent_pair() -> (OwnedFd, FakeAgent) {
+        let (host, agent_end) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+        agent_end.set_nonblocking(true).expect("nonblocking");
+        let agent = FakeAgent {
+            stream: UnixStream::from_std(agent_end).expect("agent stream"),
+            decoder: FrameDecoder::new(),
+        };
+        (OwnedFd::from(host), agent)
+    }
+
     /// A link to a fake agent that said its hello long ago (as a restored
     /// one), and the link's event receiver, kept so that events can flow.
     pub(crate) async fn linked_fake_agent() -> (
@@ -1501,15 +1512,8 @@ pub(super) mod tests {
         tokio::sync::mpsc::Receiver<super::super::link::LinkEvent>,
         FakeAgent,
     ) {
-        let (host, agent_end) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-        agent_end.set_nonblocking(true).expect("nonblocking");
-        let agent = FakeAgent {
-            stream: UnixStream::from_std(agent_end).expect("agent stream"),
-            decoder: FrameDecoder::new(),
-        };
-        let (link, events) = AgentLink::establish(OwnedFd::from(host), None)
-            .await
-            .expect("link");
+        let (host, agent) = fake_agent_pair();
+        let (link, events) = AgentLink::establish(host, None).await.expect("link");
         (link, events, agent)
     }
 
@@ -1654,12 +1658,7 @@ pub(super) mod tests {
     async fn harness(kind: RuntimeSpec) -> Harness {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = config(kind);
-        let (host, agent_end) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-        agent_end.set_nonblocking(true).expect("nonblocking");
-        let mut agent = FakeAgent {
-            stream: UnixStream::from_std(agent_end).expect("agent stream"),
-            decoder: FrameDecoder::new(),
-        };
+        let (host, mut agent) = fake_agent_pair();
         // As the supervisor's start does: a restored agent said hello to
         // the source's supervisor long ago.
         let hello = match config.spec.kind.agent_start() {
@@ -1670,9 +1669,7 @@ pub(super) mod tests {
                 Some(BOUND)
             }
         };
-        let (link, events) = AgentLink::establish(OwnedFd::from(host), hello)
-            .await
-            .expect("link");
+        let (link, events) = AgentLink::establish(host, hello).await.expect("link");
         let cgroups = SandboxCgroups::under(dir.path(), Layout::V2, &config.spec.cgroups_path);
         let group = dir.path().join("sandboxd").join(ID);
         std::fs::create_dir_all(&group).expect("sandbox group");

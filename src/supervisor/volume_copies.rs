@@ -137,51 +137,40 @@ impl Following {
         key: &str,
         volume: &HostVolume,
     ) -> Result<Copied, SupervisorError> {
-        let watching = if volume.read_only {
+        // Made before the read, so that no change after it goes unheard;
+        // dropped (and so forgotten) unless the copy follows.
+        let pending = if volume.read_only {
             self.watches().map(|watches| {
                 let changed = Arc::new(Notify::new());
                 watches
                     .routes()
                     .changed
                     .insert(key.to_owned(), Arc::clone(&changed));
-                (watches, changed)
-            })
-        } else {
-            None
-        };
-        let read = read(
-            volume,
-            key,
-            watching.as_ref().map(|(watches, _)| Arc::clone(watches)),
-        )
-        .await;
-        let written = match read {
-            Ok(batches) => {
-                let top_is_dir = matches!(
-                    batches.first().and_then(|b| b.first()),
-                    Some(VolumeEntry::Dir { path, .. }) if path.is_empty()
-                );
-                write(link, key, volume, batches).await.map(|()| top_is_dir)
-            }
-            Err(e) => Err(e),
-        };
-        match (written, watching) {
-            (Ok(true), Some((watches, changed))) => Ok(Copied {
-                follow: Some(PendingFollow {
+                PendingFollow {
                     key: key.to_owned(),
                     volume: volume.clone(),
                     watches,
                     changed,
                     updating: Arc::clone(&self.updating),
-                }),
-            }),
-            (written, watching) => {
-                if let Some((watches, _)) = watching {
-                    watches.forget(key);
                 }
-                written.map(|_| Copied { follow: None })
-            }
-        }
+            })
+        } else {
+            None
+        };
+        let batches = read(
+            volume,
+            key,
+            pending.as_ref().map(|p| Arc::clone(&p.watches)),
+        )
+        .await?;
+        let top_is_dir = matches!(
+            batches.first().and_then(|b| b.first()),
+            Some(VolumeEntry::Dir { path, .. }) if path.is_empty()
+        );
+        write(link, key, volume, batches).await?;
+        Ok(Copied {
+            follow: pending.filter(|_| top_is_dir),
+        })
     }
 
     /// Adds `entries` (within one request) to the guest's copy `key`, which
@@ -425,10 +414,7 @@ async fn follow(link: Arc<AgentLink>, pending: PendingFollow, mut stopped: watch
                 break;
             }
             match read(volume, key, Some(Arc::clone(watches))).await {
-                Ok(batches) => match write(&link, &staging, volume, batches).await {
-                    Ok(()) => replace(&link, key, &staging).await,
-                    Err(e) => Err(e),
-                },
+                Ok(batches) => update(&link, key, &staging, volume, batches).await,
                 // A pod's volume goes with the pod: nothing left to follow.
                 Err(_) if !volume.source.exists() => break,
                 Err(e) => Err(e),
@@ -460,6 +446,18 @@ async fn follow(link: Arc<AgentLink>, pending: PendingFollow, mut stopped: watch
             }
         }
     }
+}
+
+/// Writes `batches` as staging copy `staging` and swaps it into copy `key`.
+async fn update(
+    link: &AgentLink,
+    key: &str,
+    staging: &str,
+    volume: &HostVolume,
+    batches: Vec<Vec<VolumeEntry>>,
+) -> Result<(), SupervisorError> {
+    write(link, staging, volume, batches).await?;
+    replace(link, key, staging).await
 }
 
 /// Waits for a change of the volume (or for `retry`, when a try failed),
