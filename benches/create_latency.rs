@@ -245,14 +245,25 @@ fn custom_request(secret: bool) -> Value {
     body
 }
 
+/// The sum (s) and count of each phase of the daemon's container creates.
+async fn phase_totals(socket: &Path) -> Vec<(String, f64, f64)> {
+    let (_, metrics) = http(socket, Method::GET, "/metrics", Vec::new()).await;
+    peers::phase_totals(&String::from_utf8_lossy(&metrics), "container")
+}
+
+/// One daemon's samples, each create asking for the same request.
+struct Measured {
+    ready: Vec<f64>,
+    output: Vec<f64>,
+    code_output: Vec<f64>,
+    /// The mean of each create phase (ms) over the measured cold creates
+    /// (a pool's claims record none).
+    phases: Vec<(String, f64)>,
+}
+
 /// Create -> ready and create -> python output samples from one daemon,
 /// each create asking for `body`.
-async fn measure(
-    runs: usize,
-    flags: &[&str],
-    pool: Option<u64>,
-    body: &Value,
-) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+async fn measure(runs: usize, flags: &[&str], pool: Option<u64>, body: &Value) -> Measured {
     let daemon = Daemon::start(flags);
     let socket = daemon.socket();
     let secret = json!({"name": "BENCH_KEY", "value": "bench-value", "hosts": ["api.example.com"]});
@@ -274,6 +285,7 @@ async fn measure(
                 .unwrap_or_else(|_| panic!("BENCH_CREATE_GAP_MS={ms:?} is not a number of ms")),
         )
     });
+    let phases_before = phase_totals(&socket).await;
     // Before each measured create: the pool full again, and the gap.
     let settle = || async {
         if let Some(size) = pool {
@@ -301,7 +313,13 @@ async fn measure(
             delete(&socket, &id).await;
         }
     }
-    (ready, output, code_output)
+    let phases = peers::phase_means(&phases_before, &phase_totals(&socket).await);
+    Measured {
+        ready,
+        output,
+        code_output,
+        phases,
+    }
 }
 
 /// `runtime run` of `bundle` as run `i`'s container ([`peers::time_runtime_run`]).
@@ -323,14 +341,18 @@ fn main() {
         .build()
         .expect("runtime");
     let plain = json!({"image": "python"});
-    let (ready, output, code) = runtime.block_on(measure(runs, &[], None, &plain));
+    let cold = runtime.block_on(measure(runs, &[], None, &plain));
     let pool = ["--pool-size", "2"];
+    let pooled = runtime.block_on(measure(runs, &pool, Some(2), &plain));
+    let custom = runtime.block_on(measure(runs, &pool, Some(2), &custom_request(false)));
+    let secret = runtime.block_on(measure(runs, &pool, Some(2), &custom_request(true)));
+    let (ready, output, code) = (cold.ready, cold.output, cold.code_output);
     let (pooled_ready, pooled_output, pooled_code) =
-        runtime.block_on(measure(runs, &pool, Some(2), &plain));
+        (pooled.ready, pooled.output, pooled.code_output);
     let (custom_ready, custom_output, custom_code) =
-        runtime.block_on(measure(runs, &pool, Some(2), &custom_request(false)));
+        (custom.ready, custom.output, custom.code_output);
     let (secret_ready, secret_output, secret_code) =
-        runtime.block_on(measure(runs, &pool, Some(2), &custom_request(true)));
+        (secret.ready, secret.output, secret.code_output);
 
     let scratch = tempfile::tempdir_in("/var/tmp").expect("tempdir");
     let bundle = oci_bundle(scratch.path(), &rootfs, &["python3", "-c", "print(1)"]);
@@ -361,6 +383,7 @@ fn main() {
         "runc_run_python": runc,
         "crun_run_python": crun,
         "crun_run_true": crun_true,
+        "sandboxd_cold_create_phase_means_ms": cold.phases,
     });
     let (m_ready, m_out) = (median(&ready), median(&output));
     let (p_ready, p_out) = (median(&pooled_ready), median(&pooled_output));
@@ -398,6 +421,10 @@ fn main() {
         ("ready pooled + secret / ready cold", s_ready / m_ready),
     ] {
         println!("  ratio {what:<40} {ratio:8.3}");
+    }
+    println!("  cold create phases (means in ms, sandboxd_create_phase_seconds):");
+    for (phase, ms) in &cold.phases {
+        println!("    {phase:<12} {ms:8.2}");
     }
     let file = peers::write_results("create_latency", &raw);
     println!("  raw samples: {}", file.display());

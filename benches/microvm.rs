@@ -252,49 +252,10 @@ struct Samples {
     fork_phases: Vec<(String, f64)>,
 }
 
-/// The sum (s) and count of each `sandboxd_create_phase_seconds` phase of
-/// `runtime`'s creates so far, from the daemon's metrics.
+/// The sum (s) and count of each phase of `runtime`'s creates so far.
 async fn phase_totals(daemon: &Daemon, runtime: &str) -> Vec<(String, f64, f64)> {
     let (_, metrics) = daemon.raw(Method::GET, "/metrics", Vec::new()).await;
-    let text = String::from_utf8_lossy(&metrics).into_owned();
-    let sample = |kind: &str, phase: &str| {
-        let start = format!(
-            "sandboxd_create_phase_seconds_{kind}{{phase=\"{phase}\",runtime=\"{runtime}\"}} "
-        );
-        text.lines()
-            .find_map(|l| l.strip_prefix(&start))
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
-    let mut phases: Vec<String> = text
-        .lines()
-        .filter_map(|l| l.strip_prefix("sandboxd_create_phase_seconds_sum{phase=\""))
-        .filter(|rest| rest.contains(&format!("runtime=\"{runtime}\"")))
-        .filter_map(|rest| rest.split('"').next().map(String::from))
-        .collect();
-    phases.sort();
-    phases
-        .into_iter()
-        .filter_map(|phase| {
-            let (sum, count) = (sample("sum", &phase)?, sample("count", &phase)?);
-            Some((phase, sum, count))
-        })
-        .collect()
-}
-
-/// The mean of each phase (ms) over the creates between totals `before`
-/// and `after` (see [`phase_totals`]).
-fn phase_means(before: &[(String, f64, f64)], after: &[(String, f64, f64)]) -> Vec<(String, f64)> {
-    after
-        .iter()
-        .filter_map(|(phase, sum, count)| {
-            let (sum0, count0) = before
-                .iter()
-                .find(|(p, _, _)| p == phase)
-                .map_or((0.0, 0.0), |(_, s, c)| (*s, *c));
-            let n = count - count0;
-            (n > 0.0).then(|| (phase.clone(), (sum - sum0) / n * 1000.0))
-        })
-        .collect()
+    peers::phase_totals(&String::from_utf8_lossy(&metrics), runtime)
 }
 
 async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
@@ -337,8 +298,8 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
     }
     // Where a cold create's time goes, before forks and claims add theirs
     // (the pool's one fill is a cold VM create too).
-    s.vm_phases = phase_means(&[], &phase_totals(daemon, "vm").await);
-    s.container_phases = phase_means(&[], &phase_totals(daemon, "container").await);
+    s.vm_phases = peers::phase_means(&[], &phase_totals(daemon, "vm").await);
+    s.container_phases = peers::phase_means(&[], &phase_totals(daemon, "container").await);
     let source = daemon.create(vm.clone()).await;
     for _ in 0..3 {
         daemon.exec(&source, &["count"]).await;
@@ -380,7 +341,7 @@ async fn measure(daemon: &Daemon, alone: &Alone, runs: usize) -> Samples {
             alone.restore(&images, &disks, &scratch, &work)
         }));
     }
-    s.fork_phases = phase_means(&before_forks, &phase_totals(daemon, "vm").await);
+    s.fork_phases = peers::phase_means(&before_forks, &phase_totals(daemon, "vm").await);
     let _ = std::fs::remove_dir_all(&work);
     // Claims from the warm microVM pool (one VM of the default size, which
     // the 64 MiB creates above do not fit), each once the pool refilled:

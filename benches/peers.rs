@@ -195,3 +195,50 @@ pub fn time_runtime_run(runtime: &str, bundle: &Path, name: &str, expect: &[u8])
     );
     elapsed
 }
+
+/// The sum (s) and count of each `sandboxd_create_phase_seconds` phase of
+/// `runtime`'s creates so far, from the text of the daemon's `/metrics`.
+pub fn phase_totals(metrics: &str, runtime: &str) -> Vec<(String, f64, f64)> {
+    let sample = |kind: &str, phase: &str| {
+        let start = format!(
+            "sandboxd_create_phase_seconds_{kind}{{phase=\"{phase}\",runtime=\"{runtime}\"}} "
+        );
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&start))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let mut phases: Vec<String> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("sandboxd_create_phase_seconds_sum{phase=\""))
+        .filter(|rest| rest.contains(&format!("runtime=\"{runtime}\"")))
+        .filter_map(|rest| rest.split('"').next().map(String::from))
+        .collect();
+    phases.sort();
+    phases
+        .into_iter()
+        .filter_map(|phase| {
+            let (sum, count) = (sample("sum", &phase)?, sample("count", &phase)?);
+            Some((phase, sum, count))
+        })
+        .collect()
+}
+
+/// The mean of each phase (ms) over the creates between totals `before`
+/// and `after` (see [`phase_totals`]).
+pub fn phase_means(
+    before: &[(String, f64, f64)],
+    after: &[(String, f64, f64)],
+) -> Vec<(String, f64)> {
+    after
+        .iter()
+        .filter_map(|(phase, sum, count)| {
+            let (sum0, count0) = before
+                .iter()
+                .find(|(p, _, _)| p == phase)
+                .map_or((0.0, 0.0), |(_, s, c)| (*s, *c));
+            let n = count - count0;
+            (n > 0.0).then(|| (phase.clone(), (sum - sum0) / n * 1000.0))
+        })
+        .collect()
+}
