@@ -87,14 +87,6 @@ pub struct Sockets {
     dns_tcp: std::net::TcpListener,
 }
 
-/// Plumbs the namespace at `netns`, loads its rules (with `loader`: see
-/// [`rules::Loader::preferred`]), and opens the proxy and DNS sockets
-/// inside it (dual-stack, on every address). Blocking.
-pub fn prepare(netns: &Path, loader: rules::Loader) -> Result<Sockets, EgressError> {
-    prepare_network(netns, loader)?;
-    open_sockets(netns)
-}
-
 /// The interfaces and rules of a sandbox's namespace: the same in every
 /// sandbox, so they can be made ahead of any (`net::slots`).
 pub fn prepare_network(netns: &Path, loader: rules::Loader) -> Result<(), EgressError> {
@@ -104,11 +96,10 @@ pub fn prepare_network(netns: &Path, loader: rules::Loader) -> Result<(), Egress
 }
 
 /// Loads a CRI pod's rules into the namespace at `netns` (joined, not
-/// made: CNI gave it its interfaces) and opens the proxy and DNS sockets
-/// inside it. Blocking.
-pub fn prepare_pod(netns: &Path, loader: rules::Loader) -> Result<Sockets, EgressError> {
+/// made: CNI gave it its interfaces). Blocking.
+pub fn prepare_pod_network(netns: &Path, loader: rules::Loader) -> Result<(), EgressError> {
     rules::apply_pod(loader, netns, PROXY_PORT, DNS_PORT)?;
-    open_sockets(netns)
+    Ok(())
 }
 
 /// Loads the rules of a CRI pod whose sandbox is a microVM into the pod's
@@ -122,49 +113,45 @@ pub fn prepare_vm_pod(netns: &Path, loader: rules::Loader) -> Result<(), EgressE
     .map_err(EgressError::Forwarding)
 }
 
-/// Opens the proxy and DNS sockets inside the prepared namespace at `netns`.
-pub fn open_sockets(netns: &Path) -> Result<Sockets, EgressError> {
-    open_sockets_on(netns, None)
-}
-
 /// The same for a microVM, whose DNS queries come in on its tap: the
 /// prerouting hook's redirect delivers them to the tap's own address
 /// (`tap_addr`, assigned before this), where a UDP socket answers too.
 pub fn open_vm_sockets(netns: &Path, tap_addr: Ipv4Addr) -> Result<Sockets, EgressError> {
-    open_sockets_on(netns, Some(tap_addr))
+    plumbing::in_netns(netns, || open_sockets_here(Some(tap_addr)))?.map_err(EgressError::Socket)
 }
 
-fn open_sockets_on(netns: &Path, tap_addr: Option<Ipv4Addr>) -> Result<Sockets, EgressError> {
-    plumbing::in_netns(netns, || -> io::Result<Sockets> {
-        let any = Ipv6Addr::UNSPECIFIED;
-        let proxy = std::net::TcpListener::bind((any, PROXY_PORT))?;
-        let mut dns_udp = vec![std::net::UdpSocket::bind((
-            std::net::Ipv4Addr::LOCALHOST,
-            DNS_PORT,
-        ))?];
-        // IPv6 may be off in the namespace; IPv4 DNS still works then.
-        if let Ok(v6) = std::net::UdpSocket::bind((Ipv6Addr::LOCALHOST, DNS_PORT)) {
-            dns_udp.push(v6);
-        }
-        if let Some(addr) = tap_addr {
-            dns_udp.push(std::net::UdpSocket::bind((addr, DNS_PORT))?);
-        }
-        let dns_tcp = std::net::TcpListener::bind((any, DNS_PORT))?;
-        proxy.set_nonblocking(true)?;
-        for sock in &dns_udp {
-            sock.set_nonblocking(true)?;
-        }
-        dns_tcp.set_nonblocking(true)?;
-        Ok(Sockets {
-            proxy: std::net::TcpListener::from(numbered_high(proxy.into())?),
-            dns_udp: dns_udp
-                .into_iter()
-                .map(|s| numbered_high(s.into()).map(std::net::UdpSocket::from))
-                .collect::<io::Result<_>>()?,
-            dns_tcp: std::net::TcpListener::from(numbered_high(dns_tcp.into())?),
-        })
-    })?
-    .map_err(EgressError::Socket)
+/// Opens the proxy and DNS sockets (dual-stack, on every address; DNS also
+/// on `tap_addr`) in the calling thread's network namespace, a prepared
+/// sandbox's: a container's start opens them with its agent link, in the
+/// one visit to the namespace it makes anyway.
+pub fn open_sockets_here(tap_addr: Option<Ipv4Addr>) -> io::Result<Sockets> {
+    let any = Ipv6Addr::UNSPECIFIED;
+    let proxy = std::net::TcpListener::bind((any, PROXY_PORT))?;
+    let mut dns_udp = vec![std::net::UdpSocket::bind((
+        std::net::Ipv4Addr::LOCALHOST,
+        DNS_PORT,
+    ))?];
+    // IPv6 may be off in the namespace; IPv4 DNS still works then.
+    if let Ok(v6) = std::net::UdpSocket::bind((Ipv6Addr::LOCALHOST, DNS_PORT)) {
+        dns_udp.push(v6);
+    }
+    if let Some(addr) = tap_addr {
+        dns_udp.push(std::net::UdpSocket::bind((addr, DNS_PORT))?);
+    }
+    let dns_tcp = std::net::TcpListener::bind((any, DNS_PORT))?;
+    proxy.set_nonblocking(true)?;
+    for sock in &dns_udp {
+        sock.set_nonblocking(true)?;
+    }
+    dns_tcp.set_nonblocking(true)?;
+    Ok(Sockets {
+        proxy: std::net::TcpListener::from(numbered_high(proxy.into())?),
+        dns_udp: dns_udp
+            .into_iter()
+            .map(|s| numbered_high(s.into()).map(std::net::UdpSocket::from))
+            .collect::<io::Result<_>>()?,
+        dns_tcp: std::net::TcpListener::from(numbered_high(dns_tcp.into())?),
+    })
 }
 
 /// Renumbers `fd` to 10 or above (close-on-exec), so the low descriptors

@@ -20,7 +20,7 @@ use nix::sys::socket::{socketpair, AddressFamily, SockFlag, SockType};
 
 use super::cgroups::{Layout, SandboxCgroups};
 use super::paths::SandboxPaths;
-use super::sandbox::{SandboxSpec, Started};
+use super::sandbox::{Laps, SandboxSpec, Started};
 use super::seccomp_filter::{sandbox_filter, SandboxExecutor};
 use super::spec::{build_spec, enter_netns, ContainerSpecInput};
 use crate::net::netns;
@@ -56,13 +56,63 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
 /// Makes and starts the container of `config`. On error the caller runs
 /// the runtime entry's `destroy_sandbox`, which removes whatever was made.
 pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, ContainerError> {
-    let mut clock = std::time::Instant::now();
-    let mut phases = Vec::new();
-    let mut lap = |name: &'static str, phases: &mut Vec<_>| {
-        phases.push((name, clock.elapsed()));
-        clock = std::time::Instant::now();
-    };
-    let egress = prepare_root(config, paths)?;
+    let mut laps = Laps::start();
+    prepare_netns(config, paths)?;
+    // libcontainer enters the new user namespace before any other, and from
+    // there a network namespace owned by the host user namespace cannot be
+    // joined. So this thread joins it and the container inherits it; the
+    // thread goes back to where it was afterwards. It joins it first, for
+    // what the start opens there (the egress sockets, the agent link) too:
+    // one visit, no thread of its own for them. Above 10: the agent's end
+    // of the link goes on fd 3.
+    let own_netns = File::open("/proc/thread-self/ns/net")
+        .and_then(|f| move_above(f.into(), 10))
+        .map_err(prepare("network namespace"))?;
+    enter_netns(&paths.netns()).map_err(|e| ContainerError::Spec(e.to_string()))?;
+    let started = start_in_netns(config, paths, &mut laps);
+    nix::sched::setns(&own_netns, nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| prepare("network namespace")(e.into()))?;
+    let (ends, init_pid, volumes) = started?;
+    // The host's users and tools walking the run directory never reach a
+    // volume. Nested ones go first.
+    for (volume, bound) in config.volumes.iter().zip(volumes).rev() {
+        bound.detach().map_err(|e| {
+            prepare("volumes")(io::Error::other(format!(
+                "unmounting volume {} from the host's side of the root: {e}",
+                volume.destination
+            )))
+        })?;
+    }
+    SandboxCgroups::new(Layout::detect(), &config.cgroups_path)
+        .join_accounting(init_pid)
+        .map_err(|e| prepare("CPU accounting")(std::io::Error::other(e.to_string())))?;
+    laps.extend_last();
+    Ok(Started {
+        init_pid,
+        link: ends.0,
+        egress: ends.1,
+        phases: laps.phases,
+    })
+}
+
+/// The host's end of the agent link and the egress sockets, init's pid,
+/// and the volumes still bound on the host's side of the root.
+type StartedInNetns = (
+    (OwnedFd, crate::net::proxy::Sockets),
+    i32,
+    Vec<crate::runtime::volumes::BoundVolume>,
+);
+
+/// [`start`]'s part inside the sandbox's network namespace, to the
+/// container's init started.
+fn start_in_netns(
+    config: &SandboxSpec,
+    paths: &SandboxPaths,
+    laps: &mut Laps,
+) -> Result<StartedInNetns, ContainerError> {
+    let ends = open_netns_ends_here()?;
+    laps.lap("netns");
+    prepare_rootfs(config, paths)?;
     // On the host's side of the root: libcontainer binds that root into
     // the container's mount namespace recursively, volumes and all. They
     // leave the host's side once the container has its own copy.
@@ -73,7 +123,6 @@ pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, Cont
         config.id_map_size,
     )?;
     crate::runtime::volumes::warn_host_ids(&config.id, &config.volumes, &volumes);
-    lap("netns", &mut phases);
 
     let nofile = usable_nofile(config.nofile).map_err(prepare("file descriptor limit"))?;
     let input = ContainerSpecInput {
@@ -99,51 +148,21 @@ pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, Cont
     let spec = build_spec(&input).map_err(|e| ContainerError::Spec(e.to_string()))?;
     spec.save(paths.bundle().join("config.json"))
         .map_err(|e| ContainerError::Spec(e.to_string()))?;
+    let link = move_above(ends.link_host, 10).map_err(prepare("agent link"))?;
+    place_at_link_fd(ends.link_child).map_err(prepare("agent link"))?;
+    laps.lap("rootfs_and_spec");
 
-    let (host, child) = agent_link_pair(&paths.netns())?;
-    let host = move_above(host, 10).map_err(prepare("agent link"))?;
-    place_at_link_fd(child).map_err(prepare("agent link"))?;
-    lap("rootfs_and_spec", &mut phases);
-
-    // libcontainer enters the new user namespace before any other, and from
-    // there a network namespace owned by the host user namespace cannot be
-    // joined. So this thread joins it and the container inherits it; the
-    // thread goes back to where it was afterwards.
-    let own_netns = File::open("/proc/thread-self/ns/net").map_err(prepare("network namespace"))?;
-    enter_netns(&paths.netns()).map_err(|e| ContainerError::Spec(e.to_string()))?;
-    let created = create_and_start(config, paths);
-    nix::sched::setns(&own_netns, nix::sched::CloneFlags::CLONE_NEWNET)
-        .map_err(|e| prepare("network namespace")(e.into()))?;
-    let init_pid = created?;
-    // The host's users and tools walking the run directory never reach a
-    // volume. Nested ones go first.
-    for (volume, bound) in config.volumes.iter().zip(volumes).rev() {
-        bound.detach().map_err(|e| {
-            prepare("volumes")(io::Error::other(format!(
-                "unmounting volume {} from the host's side of the root: {e}",
-                volume.destination
-            )))
-        })?;
-    }
-    SandboxCgroups::new(Layout::detect(), &config.cgroups_path)
-        .join_accounting(init_pid)
-        .map_err(|e| prepare("CPU accounting")(std::io::Error::other(e.to_string())))?;
-    lap("runtime", &mut phases);
-    Ok(Started {
-        init_pid,
-        link: host,
-        egress,
-        phases,
-    })
+    let init_pid = create_and_start(config, paths)?;
+    laps.lap("runtime");
+    Ok(((link, ends.egress), init_pid, volumes))
 }
 
 /// What every sandbox start needs before its processes exist: the run
-/// directories, the network namespace with its egress sockets, the overlay
-/// root and the host-side /etc files. Returns the egress sockets.
-pub(crate) fn prepare_root(
+/// directories and the network namespace, with its interfaces and rules.
+pub(crate) fn prepare_netns(
     config: &SandboxSpec,
     paths: &SandboxPaths,
-) -> Result<crate::net::proxy::Sockets, ContainerError> {
+) -> Result<(), ContainerError> {
     for dir in [
         paths.rootfs(),
         paths.bundle(),
@@ -155,34 +174,59 @@ pub(crate) fn prepare_root(
     // A namespace made ahead (a network slot, moved in with the run
     // directory) has its interfaces and rules already. The supervisor
     // loads rules with the nft binary (see `rules::Loader::preferred`).
-    let egress = if let Some(pod_netns) = &config.joined_netns {
+    let loader = crate::net::rules::Loader::Binary;
+    if let Some(pod_netns) = &config.joined_netns {
         netns::join(pod_netns, &paths.netns())?;
-        crate::net::proxy::prepare_pod(&paths.netns(), crate::net::rules::Loader::Binary)?
-    } else if config.netns_ready {
-        crate::net::proxy::open_sockets(&paths.netns())?
-    } else {
+        crate::net::proxy::prepare_pod_network(&paths.netns(), loader)?;
+    } else if !config.netns_ready {
         netns::create(&paths.netns())?;
-        crate::net::proxy::prepare(&paths.netns(), crate::net::rules::Loader::Binary)?
-    };
-    mount_root(config, paths)?;
-    write_etc(config, &paths.etc())?;
-    Ok(egress)
+        crate::net::proxy::prepare_network(&paths.netns(), loader)?;
+    }
+    Ok(())
 }
 
-/// The agent link: a socketpair made inside the sandbox's network
-/// namespace. A CRIU checkpoint runs in that namespace and must find both
-/// ends of every unix socket of the tree there.
-pub(crate) fn agent_link_pair(netns: &Path) -> Result<(OwnedFd, OwnedFd), ContainerError> {
-    crate::net::plumbing::in_netns(netns, || {
-        socketpair(
-            AddressFamily::Unix,
-            SockType::Stream,
-            None,
-            SockFlag::SOCK_CLOEXEC,
-        )
+/// The overlay root and the host-side /etc files.
+pub(crate) fn prepare_rootfs(
+    config: &SandboxSpec,
+    paths: &SandboxPaths,
+) -> Result<(), ContainerError> {
+    mount_root(config, paths)?;
+    write_etc(config, &paths.etc())
+}
+
+/// What a sandbox's start opens inside its network namespace: the egress
+/// proxy's and DNS sockets, and the agent link. A CRIU checkpoint runs in
+/// that namespace and must find both ends of every unix socket of the tree
+/// there.
+pub(crate) struct NetnsEnds {
+    pub egress: crate::net::proxy::Sockets,
+    pub link_host: OwnedFd,
+    pub link_child: OwnedFd,
+}
+
+/// Opens [`NetnsEnds`] in the calling thread's network namespace.
+fn open_netns_ends_here() -> Result<NetnsEnds, ContainerError> {
+    let egress = crate::net::proxy::open_sockets_here(None)
+        .map_err(crate::net::proxy::EgressError::Socket)?;
+    let (link_host, link_child) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(|e| prepare("agent link")(e.into()))?;
+    Ok(NetnsEnds {
+        egress,
+        link_host,
+        link_child,
     })
-    .map_err(|e| prepare("agent link")(io::Error::other(e.to_string())))?
-    .map_err(|e| prepare("agent link")(e.into()))
+}
+
+/// [`open_netns_ends_here`] from any thread, in one visit to the namespace
+/// at `netns`.
+pub(crate) fn open_netns_ends(netns: &Path) -> Result<NetnsEnds, ContainerError> {
+    crate::net::plumbing::in_netns(netns, open_netns_ends_here)
+        .map_err(crate::net::proxy::EgressError::from)?
 }
 
 fn create_and_start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<i32, ContainerError> {

@@ -17,7 +17,7 @@ use std::process::{Command, Stdio};
 
 use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 
-use super::container::{agent_link_pair, ContainerError};
+use super::container::{open_netns_ends, ContainerError};
 use super::fresh_tmpfs::{self, FreshTmpfs};
 use super::paths::SandboxPaths;
 use super::sandbox::{Checkpoint, RestoreSpec, SandboxSpec, Started};
@@ -346,15 +346,12 @@ pub fn restore(
     paths: &SandboxPaths,
     spec: &RestoreSpec,
 ) -> Result<Started, ContainerError> {
-    let mut clock = std::time::Instant::now();
-    let mut phases = Vec::new();
-    let mut lap = |name: &'static str, phases: &mut Vec<_>| {
-        phases.push((name, clock.elapsed()));
-        clock = std::time::Instant::now();
-    };
-    let made = super::container::prepare_root(config, paths)?;
-    lap("netns", &mut phases);
-    let (host, child) = agent_link_pair(&paths.netns())?;
+    let mut laps = super::sandbox::Laps::start();
+    super::container::prepare_netns(config, paths)?;
+    let ends = open_netns_ends(&paths.netns())?;
+    laps.lap("netns");
+    super::container::prepare_rootfs(config, paths)?;
+    let (host, child) = (ends.link_host, ends.link_child);
     let work_dir = paths.dir.join("criu");
     fs::create_dir_all(&work_dir).map_err(|e| ContainerError::Prepare {
         what: "checkpoint work directory",
@@ -404,7 +401,7 @@ pub fn restore(
         }
     }
     let fresh = make_fresh_tmpfs(&spec.checkpoint.fresh_tmpfs, paths, &mut args)?;
-    lap("rootfs_and_spec", &mut phases);
+    laps.lap("rootfs_and_spec");
     let restored = run_in_netns(
         &spec.criu,
         "restore",
@@ -440,12 +437,12 @@ pub fn restore(
         what: "the fork's hostname",
         source: e,
     })?;
-    lap("runtime", &mut phases);
+    laps.lap("runtime");
     Ok(Started {
         init_pid,
         link: host,
-        egress: made,
-        phases,
+        egress: ends.egress,
+        phases: laps.phases,
     })
 }
 

@@ -246,12 +246,7 @@ pub fn start(
     paths: &SandboxPaths,
     vm: &VmSpec,
 ) -> Result<Started, MicrovmError> {
-    let mut clock = Instant::now();
-    let mut phases = Vec::new();
-    let mut lap = |name: &'static str, phases: &mut Vec<_>| {
-        phases.push((name, clock.elapsed()));
-        clock = Instant::now();
-    };
+    let mut laps = super::sandbox::Laps::start();
     let vm_paths = VmPaths::new(paths);
     fs::create_dir_all(&vm_paths.dir).map_err(prepare("run directory"))?;
     fs::set_permissions(&vm_paths.dir, fs::Permissions::from_mode(0o700))
@@ -271,7 +266,7 @@ pub fn start(
     crate::net::plumbing::setup_vm_tap(&paths.netns())?;
     let egress =
         crate::net::proxy::open_vm_sockets(&paths.netns(), sandbox_proto::VM_GATEWAY_V4.into())?;
-    lap("netns", &mut phases);
+    laps.lap("netns");
 
     let scratch = VmPaths::scratch(&config.layer_dir);
     let disk_from = vm
@@ -303,7 +298,7 @@ pub fn start(
     // The jailed VMM connects to it for the guest.
     std::os::unix::fs::chown(vm_paths.agent_socket(), Some(vm.uid), Some(vm.uid))
         .map_err(prepare("agent socket"))?;
-    lap("rootfs_and_spec", &mut phases);
+    laps.lap("rootfs_and_spec");
 
     let netns_file = File::open(paths.netns()).map_err(prepare("network namespace"))?;
     let log = File::create(vm_paths.vmm_log()).map_err(prepare("VMM log"))?;
@@ -346,12 +341,12 @@ pub fn start(
         &vm_paths,
         Duration::from_millis(config.ready_timeout_ms),
     )?;
-    lap("runtime", &mut phases);
+    laps.lap("runtime");
     Ok(Started {
         init_pid: pid,
         link,
         egress,
-        phases,
+        phases: laps.phases,
     })
 }
 

@@ -229,3 +229,34 @@ pub struct Started {
     pub egress: crate::net::proxy::Sockets,
     pub phases: Vec<(&'static str, Duration)>,
 }
+
+/// A start's phases, timed lap by lap (see [`Started::phases`]).
+pub struct Laps {
+    clock: std::time::Instant,
+    pub phases: Vec<(&'static str, Duration)>,
+}
+
+impl Laps {
+    pub fn start() -> Laps {
+        Laps {
+            clock: std::time::Instant::now(),
+            phases: Vec::new(),
+        }
+    }
+
+    /// Ends the phase `name` now.
+    pub fn lap(&mut self, name: &'static str) {
+        let now = std::time::Instant::now();
+        self.phases.push((name, now - self.clock));
+        self.clock = now;
+    }
+
+    /// Counts the time since the last lap into that lap's phase.
+    pub fn extend_last(&mut self) {
+        let now = std::time::Instant::now();
+        if let Some((_, took)) = self.phases.last_mut() {
+            *took += now - self.clock;
+        }
+        self.clock = now;
+    }
+}
