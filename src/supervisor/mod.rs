@@ -369,6 +369,29 @@ async fn serve(
     }
     let deadline = Duration::from_millis(config.spec.ready_timeout_ms);
     clock.lap("egress");
+    // What serving needs and the agent does not, made while the agent
+    // starts (its exec and hello take longer than this).
+    let _ = std::fs::remove_file(paths.socket());
+    let listener = match UnixListener::bind(paths.socket()) {
+        Ok(l) => l,
+        Err(e) => {
+            return fail(
+                format!("binding {}: {e}", paths.socket().display()),
+                &config,
+                &paths,
+            )
+        }
+    };
+    let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
+    let cgroups = SandboxCgroups::new(Layout::detect(), &config.spec.cgroups_path);
+    // A container's apps listen in this namespace; a microVM's guest is
+    // reached through the tap in it.
+    let dialer = dial::Dialer::start(&paths.netns())
+        .map_err(|e| {
+            tracing::warn!(sandbox = %config.spec.id, "no ingress into the sandbox: {e}");
+        })
+        .ok();
+    clock.lap("serve");
     let agent_start = config.spec.kind.agent_start();
     let hello = (agent_start != AgentStart::Restored).then_some(deadline);
     let (link, events) = match AgentLink::establish(started.link, hello).await {
@@ -481,20 +504,6 @@ async fn serve(
         }
         clock.lap("warm");
     }
-    let _ = std::fs::remove_file(paths.socket());
-    let listener = match UnixListener::bind(paths.socket()) {
-        Ok(l) => l,
-        Err(e) => {
-            return fail(
-                format!("binding {}: {e}", paths.socket().display()),
-                &config,
-                &paths,
-            )
-        }
-    };
-    let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
-    let cgroups = SandboxCgroups::new(Layout::detect(), &config.spec.cgroups_path);
-    let netns = paths.netns();
     let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
     supervisor.follow_volumes(task_volume_copies);
     let _ = supervisor.egress.set(egress);
@@ -520,15 +529,8 @@ async fn serve(
             }
         });
     }
-    // A container's apps listen in this namespace; a microVM's guest is
-    // reached through the tap in it.
-    match dial::Dialer::start(&netns) {
-        Ok(dialer) => {
-            let _ = supervisor.dialer.set(dialer);
-        }
-        Err(e) => {
-            tracing::warn!(sandbox = %supervisor.config.spec.id, "no ingress into the sandbox: {e}")
-        }
+    if let Some(dialer) = dialer {
+        let _ = supervisor.dialer.set(dialer);
     }
     tokio::spawn(Arc::clone(&supervisor).consume_events(events));
     let watcher = Arc::clone(&supervisor);
@@ -537,7 +539,7 @@ async fn serve(
             watcher.fail(format!("the sandbox's init ended: {status}"));
         }
     });
-    clock.lap("serve");
+    clock.lap("finish");
     report(&ReadyLine {
         ok: true,
         init_pid: started.init_pid,
