@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 # No step fails silently: say which one, so its own messages above make sense.
 trap 'echo "test.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO); its messages are above" >&2' ERR
 scripts/install-deps.sh
+# Mounts and directories of runs killed outright slow every create after them.
+scripts/sweep-killed-runs.sh
 scripts/build-agent.sh >/dev/null
 # The microVM guest kernel, for the QEMU TCG check of the guest side
 # (tests/guest_kernel.rs): 9-12 minutes the first time on 2 cores, cached
