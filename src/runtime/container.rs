@@ -68,8 +68,9 @@ pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, Cont
     let own_netns = File::open("/proc/thread-self/ns/net")
         .and_then(|f| move_above(f.into(), 10))
         .map_err(prepare("network namespace"))?;
-    enter_netns(&paths.netns()).map_err(|e| ContainerError::Spec(e.to_string()))?;
-    let started = start_in_netns(config, paths, &mut laps);
+    let started = enter_netns(&paths.netns())
+        .map_err(|e| ContainerError::Spec(e.to_string()))
+        .and_then(|()| start_in_netns(config, paths, &mut laps));
     nix::sched::setns(&own_netns, nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| prepare("network namespace")(e.into()))?;
     let (ends, init_pid, volumes) = started?;
@@ -296,9 +297,10 @@ fn place_at_link_fd(child: OwnedFd) -> io::Result<()> {
         let _ = child.into_raw_fd();
         return Ok(());
     }
-    // SAFETY: dup2 onto fd 3; whatever fd 3 was is replaced, which is fine:
-    // the supervisor opens nothing long-lived before this point (the link's
-    // host end was moved above 10 first).
+    // SAFETY: dup2 onto fd 3; whatever fd 3 was is replaced. Nothing
+    // long-lived holds it: the start opens the link first in its visit to
+    // the namespace (the descriptors it keeps from before are above 10), so
+    // the link's own ends held fd 3 until the host end moved above 10.
     if unsafe { libc::dup2(child.as_raw_fd(), AGENT_LINK_FD) } < 0 {
         return Err(io::Error::last_os_error());
     }

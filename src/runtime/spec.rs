@@ -375,7 +375,8 @@ pub fn build_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
 /// Joins the calling thread (only) to the network namespace at `netns_path` and
 /// checks that it took. Call it on the thread that will run
 /// `ContainerBuilder::build()`, before that call; the thread stays in that
-/// namespace, so use a thread made for this and let it end afterwards.
+/// namespace, even when this fails after joining it, until it joins its own
+/// again (or ends).
 pub fn enter_netns(netns_path: &Path) -> Result<(), SpecError> {
     let file = File::open(netns_path).map_err(|source| SpecError::OpenNetns {
         path: netns_path.to_owned(),

@@ -369,23 +369,11 @@ async fn serve(
     }
     let deadline = Duration::from_millis(config.spec.ready_timeout_ms);
     clock.lap("egress");
-    // What serving needs and the agent does not, made while the agent
-    // starts (its exec and hello take longer than this).
-    let _ = std::fs::remove_file(paths.socket());
-    let listener = match UnixListener::bind(paths.socket()) {
-        Ok(l) => l,
-        Err(e) => {
-            return fail(
-                format!("binding {}: {e}", paths.socket().display()),
-                &config,
-                &paths,
-            )
-        }
-    };
-    let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
-    let cgroups = SandboxCgroups::new(Layout::detect(), &config.spec.cgroups_path);
-    // A container's apps listen in this namespace; a microVM's guest is
-    // reached through the tap in it.
+    // Made while the agent starts (its exec and hello take longer), as it
+    // does not need the agent. A container's apps listen in this
+    // namespace; a microVM's guest is reached through the tap in it. (The
+    // API socket waits for the ready line: a daemon tearing a failed or
+    // timed-out create down finds no socket to wait on.)
     let dialer = dial::Dialer::start(&paths.netns())
         .map_err(|e| {
             tracing::warn!(sandbox = %config.spec.id, "no ingress into the sandbox: {e}");
@@ -504,6 +492,19 @@ async fn serve(
         }
         clock.lap("warm");
     }
+    let _ = std::fs::remove_file(paths.socket());
+    let listener = match UnixListener::bind(paths.socket()) {
+        Ok(l) => l,
+        Err(e) => {
+            return fail(
+                format!("binding {}: {e}", paths.socket().display()),
+                &config,
+                &paths,
+            )
+        }
+    };
+    let _ = std::fs::set_permissions(paths.socket(), std::fs::Permissions::from_mode(0o600));
+    let cgroups = SandboxCgroups::new(Layout::detect(), &config.spec.cgroups_path);
     let supervisor = Supervisor::new(config, paths, started.init_pid, link, cgroups);
     supervisor.follow_volumes(task_volume_copies);
     let _ = supervisor.egress.set(egress);
