@@ -80,6 +80,11 @@ pub const V1_SANDBOX_CONTROLLERS: [&str; 8] = [
 /// Named v1 hierarchies where a sandbox's tasks sit in groups it does not
 /// own, but where a CRIU restore may still make groups for a fork.
 const V1_NAMED_HIERARCHIES: [&str; 2] = ["systemd", "unified"];
+/// v1 controllers sandboxd sets nothing in, where libcontainer still
+/// makes a sandbox's group when the host mounts them (its manager joins
+/// every mounted one of its 12): a teardown removes those groups too.
+const V1_LIBCONTAINER_ONLY_CONTROLLERS: [&str; 4] =
+    ["hugetlb", "perf_event", "net_cls", "net_prio"];
 
 /// The ceilings of one pod container root, as its group spells them;
 /// `None` leaves that one to the sandbox's own.
@@ -569,11 +574,13 @@ impl SandboxCgroups {
         }
     }
 
+    /// The sandbox's group in every hierarchy it may have one in.
     fn tops(&self) -> Vec<PathBuf> {
         match self.layout {
             Layout::V1 => V1_SANDBOX_CONTROLLERS
                 .iter()
                 .chain(V1_NAMED_HIERARCHIES.iter())
+                .chain(V1_LIBCONTAINER_ONLY_CONTROLLERS.iter())
                 .map(|h| self.dir(h))
                 .collect(),
             Layout::V2 => vec![self.dir("")],
@@ -944,6 +951,36 @@ mod tests {
         assert_eq!(
             v2.process_dirs(7, None),
             vec![PathBuf::from("/sys/fs/cgroup/sandboxd/abc/p7")]
+        );
+    }
+
+    /// libcontainer makes the sandbox's group in every v1 controller the
+    /// host mounts; a teardown must reach all of them.
+    #[test]
+    fn a_v1_teardown_reaches_every_controller_libcontainer_joins() {
+        let v1 = SandboxCgroups::new(Layout::V1, "/sandboxd/abc");
+        let tops = v1.tops();
+        for controller in [
+            "cpu",
+            "cpuacct",
+            "cpuset",
+            "devices",
+            "hugetlb",
+            "memory",
+            "pids",
+            "perf_event",
+            "blkio",
+            "net_prio",
+            "net_cls",
+            "freezer",
+        ] {
+            let group = PathBuf::from(format!("/sys/fs/cgroup/{controller}/sandboxd/abc"));
+            assert!(tops.contains(&group), "{group:?} missing from {tops:?}");
+        }
+        let v2 = SandboxCgroups::new(Layout::V2, "sandboxd/abc");
+        assert_eq!(
+            v2.tops(),
+            vec![PathBuf::from("/sys/fs/cgroup/sandboxd/abc")]
         );
     }
 

@@ -132,8 +132,7 @@ pub fn destroy_sandbox(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Ve
     };
     cgroups.remove_process_groups(until);
     problems.extend(container::remove_state(id, paths));
-    // What libcontainer does not know of (the v1 freezer group, a microVM's
-    // groups) or could not remove goes here; it costs nothing when all is gone.
+    // Every group: libcontainer's, the v1 freezer's, a microVM's.
     if let Err(e) = cgroups.destroy(until) {
         problems.push(e.to_string());
     }
