@@ -132,7 +132,7 @@ pub fn destroy_sandbox(id: &str, cgroups_path: &str, paths: &SandboxPaths) -> Ve
     };
     cgroups.remove_process_groups(until);
     problems.extend(container::remove_state(id, paths));
-    // Every group: libcontainer's, the v1 freezer's, a microVM's.
+    // Every group: libcontainer's, the per-process ones, a microVM's.
     if let Err(e) = cgroups.destroy(until) {
         problems.push(e.to_string());
     }

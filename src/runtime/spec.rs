@@ -1112,6 +1112,17 @@ mod tests {
         );
     }
 
+    /// A teardown removes libcontainer's state without its delete
+    /// (`container::remove_state`), which would run poststop hooks and
+    /// clean Intel RDT groups up: the spec must ask for neither.
+    #[test]
+    fn the_spec_has_no_hooks_or_rdt_for_a_delete_to_undo() {
+        let s = spec();
+        assert!(s.hooks().is_none());
+        assert!(s.linux().as_ref().expect("linux").intel_rdt().is_none());
+        assert!(s.linux().as_ref().expect("linux").resources().is_some());
+    }
+
     #[test]
     fn json_round_trips() {
         let s = spec();
