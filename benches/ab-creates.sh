@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Cold creates and deletes through throwaway daemons of two builds,
+# alternating, for changes too small for one `create_latency` run to show
+# (its ratios move by 0.15 between runs here). Each round starts a daemon
+# of each build with its own state, run directory and cgroup parent, makes
+# one create to warm up, then RUNS creates of `python` (each deleted,
+# GAP_MS apart), timed at the client with curl over the API socket, and
+# prints the medians and the daemon's mean create phases.
+#
+#     benches/ab-creates.sh OLD_SANDBOXD NEW_SANDBOXD    # as root
+#
+# ROUNDS (3), RUNS (20), GAP_MS (100); SANDBOXD_AGENT is the static agent
+# (default: the release one of CARGO_TARGET_DIR or target). Needs the
+# images of scripts/test.sh; run scripts/sweep-killed-runs.sh first.
+set -euo pipefail
+trap 'echo "ab-creates.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO)" >&2' ERR
+(($# == 2)) || {
+	echo "usage: $0 OLD_SANDBOXD NEW_SANDBOXD" >&2
+	exit 2
+}
+target=$(realpath "${CARGO_TARGET_DIR:-$(dirname "$0")/../target}")
+agent=${SANDBOXD_AGENT:-$target/x86_64-unknown-linux-gnu/release/sandbox-agent}
+rounds=${ROUNDS:-3} runs=${RUNS:-20} gap_ms=${GAP_MS:-100}
+
+median_ms() {
+	sort -n | awk '{a[NR] = $1} END {printf "%.2f ms (n=%d)", a[int((NR + 1) / 2)] * 1000, NR}'
+}
+
+# One daemon of build $1 for label $2.
+measure() {
+	local bin=$1 label=$2 dir pid id i
+	dir=$(mktemp -d /var/tmp/sandboxd-ab.XXXXXX)
+	# The sandboxes' shifted ids must search the run directory's parents.
+	chmod 0711 "$dir"
+	"$bin" --state-dir "$dir/state" --run-dir "$dir/run" --socket "$dir/api.sock" \
+		--images-dir /var/lib/sandboxd/images --agent-path "$agent" \
+		--cgroup-parent "/$(basename "$dir")" --stop-sandboxes-on-exit true \
+		>"$dir/daemon.log" 2>&1 &
+	pid=$!
+	for i in $(seq 600); do
+		curl -sf --unix-socket "$dir/api.sock" http://sandboxd/v1/health >/dev/null 2>&1 && break
+		sleep 0.05
+	done
+	create() {
+		curl -sf --unix-socket "$dir/api.sock" -X POST -d '{"image":"python"}' \
+			-w '\n%{time_total}\n' http://sandboxd/v1/sandboxes >"$dir/reply"
+		tail -n 1 "$dir/reply" >>"$dir/create_s"
+		head -n 1 "$dir/reply" | grep -o '"id":"[^"]*"' | cut -d'"' -f4
+	}
+	delete() {
+		curl -sf --unix-socket "$dir/api.sock" -X DELETE -w '%{time_total}\n' \
+			"http://sandboxd/v1/sandboxes/$1" >>"$dir/delete_s"
+	}
+	id=$(create)
+	delete "$id"
+	: >"$dir/create_s"
+	: >"$dir/delete_s"
+	for i in $(seq "$runs"); do
+		sleep "$(awk -v ms="$gap_ms" 'BEGIN {print ms / 1000}')"
+		id=$(create)
+		delete "$id"
+	done
+	echo "$label: create -> ready $(median_ms <"$dir/create_s"), delete $(median_ms <"$dir/delete_s")"
+	curl -sf --unix-socket "$dir/api.sock" http://sandboxd/metrics |
+		awk -F'[{}",= ]+' '/^sandboxd_create_phase_seconds_(sum|count)\{/ {
+			kind = ($1 ~ /_sum$/) ? "sum" : "count"; v[$3, kind] = $NF; seen[$3] = 1
+		} END {
+			line = "  phases (means, ms):"
+			for (p in seen) line = line sprintf(" %s %.2f", p, v[p, "sum"] / v[p, "count"] * 1000)
+			print line
+		}'
+	kill -TERM "$pid"
+	wait "$pid" || true
+	if mountpoint -q "$dir/state/disk"; then
+		umount -l "$dir/state/disk"
+	fi
+	# The daemon leaves its (empty) cgroup parent.
+	local group
+	for group in /sys/fs/cgroup/*/"$(basename "$dir")" /sys/fs/cgroup/"$(basename "$dir")"; do
+		[[ -d $group ]] || continue
+		if [[ -d $group/supervisors ]]; then
+			rmdir "$group/supervisors"
+		fi
+		rmdir "$group" || echo "ab-creates.sh: $group is not empty" >&2
+	done
+	rm -rf "$dir"
+}
+
+for round in $(seq "$rounds"); do
+	measure "$1" "round $round, old"
+	measure "$2" "round $round, new"
+done
