@@ -72,7 +72,7 @@ pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, Cont
         .and_then(|()| start_in_netns(config, paths, &mut laps));
     nix::sched::setns(&own_netns, nix::sched::CloneFlags::CLONE_NEWNET)
         .map_err(|e| prepare("network namespace")(e.into()))?;
-    let (ends, init_pid, volumes) = started?;
+    let (mut started, volumes) = started?;
     // The host's users and tools walking the run directory never reach a
     // volume. Nested ones go first.
     for (volume, bound) in config.volumes.iter().zip(volumes).rev() {
@@ -84,32 +84,21 @@ pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, Cont
         })?;
     }
     SandboxCgroups::new(Layout::detect(), &config.cgroups_path)
-        .join_accounting(init_pid)
+        .join_accounting(started.init_pid)
         .map_err(|e| prepare("CPU accounting")(std::io::Error::other(e.to_string())))?;
     laps.extend_last();
-    Ok(Started {
-        init_pid,
-        link: ends.0,
-        egress: ends.1,
-        phases: laps.phases,
-    })
+    started.phases = laps.phases;
+    Ok(started)
 }
 
-/// The host's end of the agent link and the egress sockets, init's pid,
-/// and the volumes still bound on the host's side of the root.
-type StartedInNetns = (
-    (OwnedFd, crate::net::proxy::Sockets),
-    i32,
-    Vec<crate::runtime::volumes::BoundVolume>,
-);
-
 /// [`start`]'s part inside the sandbox's network namespace, to the
-/// container's init started.
+/// container's init started (its phases timed in `laps`). Returns the
+/// volumes still bound on the host's side of the root too.
 fn start_in_netns(
     config: &SandboxSpec,
     paths: &SandboxPaths,
     laps: &mut Laps,
-) -> Result<StartedInNetns, ContainerError> {
+) -> Result<(Started, Vec<crate::runtime::volumes::BoundVolume>), ContainerError> {
     let ends = open_netns_ends_here()?;
     laps.lap("netns");
     prepare_rootfs(config, paths)?;
@@ -154,7 +143,15 @@ fn start_in_netns(
 
     let init_pid = create_and_start(config, paths)?;
     laps.lap("runtime");
-    Ok(((link, ends.egress), init_pid, volumes))
+    Ok((
+        Started {
+            init_pid,
+            link,
+            egress: ends.egress,
+            phases: Vec::new(),
+        },
+        volumes,
+    ))
 }
 
 /// What every sandbox start needs before its processes exist: the run
