@@ -958,6 +958,23 @@ async fn a_pooled_sandbox_takes_the_callers_secrets_policy_and_lower_limits() {
         .await;
     assert_ne!(run.exit_code(), Some(0), "{}", run.out());
     assert!(echo.seen_at("/blocked").is_empty());
+    // The trust bundles: the pool copied each up ahead, unchanged, and the
+    // claim with a secret appended the CA to the image's roots; the other
+    // kept the image's roots alone.
+    let read = "cat /etc/ssl/certs/ca-certificates.crt";
+    let image_roots = sh_ok(&daemon, &blocked, read).await;
+    assert!(image_roots.contains("BEGIN CERTIFICATE"), "{image_roots}");
+    let with_secret = sh_ok(&daemon, &id, read).await;
+    let (roots, ca) = with_secret
+        .split_once("# sandboxd secrets broker CA\n")
+        .unwrap_or_else(|| panic!("no broker CA in {with_secret}"));
+    assert_eq!(roots, image_roots, "the image's roots, then the CA");
+    assert!(ca.starts_with("-----BEGIN CERTIFICATE-----"), "{ca}");
+    assert!(!image_roots.contains("sandboxd secrets broker CA"));
+    for sandbox in [&id, &blocked] {
+        let mode = "stat -c '%u %a' /etc/ssl/certs/ca-certificates.crt";
+        assert_eq!(sh_ok(&daemon, sandbox, mode).await.trim(), "0 644");
+    }
     assert_eq!(
         daemon
             .metric("sandboxd_pool_claims_total{runtime=\"container\",image=\"python\",result=\"hit\"} ")

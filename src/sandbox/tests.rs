@@ -839,6 +839,55 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
     );
 }
 
+/// A pooled root's bundle, copied up ahead, takes only the CA appended
+/// where it still has the image's bundle's length; a cold root's, or one
+/// of another length, is written whole. The file here has the image's
+/// length but other bytes, so the two ways leave different files.
+#[tokio::test]
+async fn a_copied_up_bundle_of_the_images_length_takes_the_ca_appended() {
+    use super::secrets::{write_in_root, RootBundle};
+    let h = harness(0);
+    let image_roots = b"image roots\n".to_vec();
+    let bundle = h
+        .manager
+        .secrets
+        .image_trust_bundle("sha256:appended", || Some(image_roots.clone()))
+        .expect("bundle")
+        .expect("the image's roots lack the CA");
+    let (_, tail) = bundle.appended_to_image().expect("an image part");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let certs = tmp.path().join("etc/ssl/certs");
+    std::fs::create_dir_all(&certs).expect("certs dir");
+    let file = certs.join("ca-certificates.crt");
+    let same_length = b"IMAGE ROOTS\n";
+    for (found, on_disk, expected) in [
+        (
+            RootBundle::CopiedUp,
+            &same_length[..],
+            [&same_length[..], tail].concat(),
+        ),
+        (
+            RootBundle::CopiedUp,
+            &b"other length\n"[..],
+            bundle.bytes.clone(),
+        ),
+        (RootBundle::InImage, &same_length[..], bundle.bytes.clone()),
+    ] {
+        std::fs::write(&file, on_disk).expect("bundle");
+        assert!(
+            write_in_root(tmp.path().to_path_buf(), Arc::clone(&bundle), found)
+                .await
+                .expect("written")
+        );
+        assert_eq!(
+            std::fs::read(&file).expect("read"),
+            expected,
+            "{found:?} over {:?}",
+            String::from_utf8_lossy(on_disk)
+        );
+    }
+}
+
 /// A start asks the supervisors for their health at once, not one after
 /// another: one that hangs holds the start up for its deadline once. Here
 /// each health call answers only once all three are in flight.

@@ -9,6 +9,7 @@
 
 use super::events::{Event, EventKind, Note};
 use super::record::expiry;
+use super::secrets::RootBundle;
 use super::SandboxError;
 use super::SandboxRecord;
 use crate::disk::DiskPool;
@@ -232,9 +233,13 @@ impl Manager {
     }
 
     /// Puts ready sandbox `id` in its pool, with its claim mailbox opened
-    /// first so a claim need not wait on its supervisor. Without one (an
-    /// error, logged) its claim is a `HandOver` request.
+    /// first so a claim need not wait on its supervisor (without one, an
+    /// error logged, its claim is a `HandOver` request) and a container's
+    /// trust bundle copied up for a claim with secrets.
     pub(super) async fn pool_ready(&self, runtime: RuntimeKind, image: &str, id: String) {
+        if runtime == RuntimeKind::Container {
+            self.copy_up_trust_bundle(&id).await;
+        }
         let postbox = match self.supervisors.open_mailbox(&id).await {
             Ok(postbox) => Some(postbox),
             Err(e) => {
@@ -462,8 +467,8 @@ impl Manager {
         // removes the sandbox, which must not race their writes.
         // The bundle first: its blocking write starts before the limits
         // are written here.
-        let (bundle, told, lowered) =
-            tokio::join!(self.install_trust_bundle_fresh(&record), told, limits);
+        let bundle = self.install_trust_bundle_fresh(&record, RootBundle::CopiedUp);
+        let (bundle, told, lowered) = tokio::join!(bundle, told, limits);
         lowered?;
         told?;
         bundle?;

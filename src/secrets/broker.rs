@@ -124,7 +124,26 @@ pub struct SecretBroker {
     /// The trust bundle a fresh sandbox of an image needs, by image
     /// digest (`None`: the image's own already holds the CA). The CA is
     /// the daemon's for its whole life, so a bundle never goes stale.
-    image_bundles: Mutex<HashMap<String, Option<Arc<Vec<u8>>>>>,
+    image_bundles: Mutex<HashMap<String, Option<Arc<ImageTrustBundle>>>>,
+}
+
+/// The trust bundle a fresh sandbox of an image gets: the image's own
+/// bundle (the host's where the image has none), then the daemon's CA.
+#[derive(Debug)]
+pub struct ImageTrustBundle {
+    pub bytes: Vec<u8>,
+    /// How many leading bytes are the image's own bundle as the image
+    /// holds it (0 where it has none).
+    image_part: usize,
+}
+
+impl ImageTrustBundle {
+    /// What a root whose bundle is still the image's needs appended, and
+    /// the length that bundle has; `None` where the image has none.
+    pub fn appended_to_image(&self) -> Option<(u64, &[u8])> {
+        let tail = self.bytes.get(self.image_part..)?;
+        (self.image_part > 0).then_some((self.image_part as u64, tail))
+    }
 }
 
 fn now() -> String {
@@ -259,6 +278,11 @@ impl SecretBroker {
     }
 
     /// Changes so far (rotations and deletions).
+    /// Whether any secret is stored (false when the store cannot be read).
+    pub fn any_stored(&self) -> bool {
+        self.list().is_ok_and(|secrets| !secrets.is_empty())
+    }
+
     pub fn generation(&self) -> u64 {
         self.generation.load(std::sync::atomic::Ordering::Acquire)
     }
@@ -343,7 +367,7 @@ impl SecretBroker {
     /// What [`Self::image_trust_bundle`] made for image `digest` already,
     /// if it did: a caller whose read of the image's bundle can fail asks
     /// first, and reads only when it must.
-    pub fn known_image_bundle(&self, digest: &str) -> Option<Option<Arc<Vec<u8>>>> {
+    pub fn known_image_bundle(&self, digest: &str) -> Option<Option<Arc<ImageTrustBundle>>> {
         self.image_bundles
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -359,7 +383,7 @@ impl SecretBroker {
         &self,
         digest: &str,
         image_roots: impl FnOnce() -> Option<Vec<u8>>,
-    ) -> Result<Option<Arc<Vec<u8>>>, SecretError> {
+    ) -> Result<Option<Arc<ImageTrustBundle>>, SecretError> {
         if let Some(known) = self.known_image_bundle(digest) {
             return Ok(known);
         }
@@ -367,7 +391,7 @@ impl SecretBroker {
         let bundle = if self.trusts_authority(roots.as_deref())? {
             None
         } else {
-            Some(Arc::new(self.trust_bundle(roots)?))
+            Some(Arc::new(self.trust_bundle_of(roots)?))
         };
         self.image_bundles
             .lock()
@@ -388,8 +412,16 @@ impl SecretBroker {
     /// The trust bundle a sandbox with bound secrets gets: its image's own
     /// roots (the host's when it has none), then the daemon's CA.
     pub fn trust_bundle(&self, image_roots: Option<Vec<u8>>) -> Result<Vec<u8>, SecretError> {
+        Ok(self.trust_bundle_of(image_roots)?.bytes)
+    }
+
+    fn trust_bundle_of(
+        &self,
+        image_roots: Option<Vec<u8>>,
+    ) -> Result<ImageTrustBundle, SecretError> {
+        let image_roots = image_roots.filter(|r| !r.is_empty());
+        let image_part = image_roots.as_ref().map_or(0, Vec::len);
         let mut bundle = image_roots
-            .filter(|r| !r.is_empty())
             .or_else(|| {
                 crate::net::intercept::tls::SYSTEM_BUNDLES
                     .iter()
@@ -401,7 +433,10 @@ impl SecretBroker {
         }
         bundle.extend_from_slice(b"# sandboxd secrets broker CA\n");
         bundle.extend_from_slice(self.authority()?.cert_pem().as_bytes());
-        Ok(bundle)
+        Ok(ImageTrustBundle {
+            bytes: bundle,
+            image_part,
+        })
     }
 }
 
@@ -481,14 +516,27 @@ mod tests {
             .is_some_and(|b| b.is_some()));
         assert!(broker.known_image_bundle("sha256:c").is_none());
         assert!(Arc::ptr_eq(&made, &again));
-        let text = String::from_utf8_lossy(&made);
+        let text = String::from_utf8_lossy(&made.bytes);
         assert!(
             text.starts_with("-----BEGIN CERTIFICATE-----\nimage root"),
             "{text}"
         );
-        assert!(broker.trusts_authority(Some(&made)).unwrap());
+        assert!(broker.trusts_authority(Some(&made.bytes)).unwrap());
+        // A root still holding the image's bundle takes the rest appended.
+        let image_part = roots().unwrap();
+        let (length, tail) = made.appended_to_image().unwrap();
+        assert_eq!(length, image_part.len() as u64);
+        assert_eq!([&image_part[..], tail].concat(), made.bytes);
+        assert!(String::from_utf8_lossy(tail).starts_with("\n# sandboxd secrets broker CA\n"));
+        // An image with no bundle of its own gets the host's: nothing in
+        // its roots to append to.
+        let hosts = broker
+            .image_trust_bundle("sha256:none", || None)
+            .unwrap()
+            .unwrap();
+        assert!(hosts.appended_to_image().is_none());
         // An image made from a sandbox that had secrets already holds it.
-        let held = made.to_vec();
+        let held = made.bytes.clone();
         assert!(broker
             .image_trust_bundle("sha256:b", || Some(held))
             .unwrap()

@@ -11,8 +11,8 @@ pub mod seal;
 pub mod spec;
 
 pub use broker::{
-    binding_env, NewSecret, SecretBinding, SecretBroker, SecretChange, SecretError, SecretInfo,
-    PLACEHOLDER_PREFIX, TRUST_BUNDLE_PATH, TRUST_ENV,
+    binding_env, ImageTrustBundle, NewSecret, SecretBinding, SecretBroker, SecretChange,
+    SecretError, SecretInfo, PLACEHOLDER_PREFIX, TRUST_BUNDLE_PATH, TRUST_ENV,
 };
 
 /// Marks the calling process non-dumpable: no core dump of a process that
