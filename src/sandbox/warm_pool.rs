@@ -532,9 +532,12 @@ impl Manager {
 
     /// Whether pooled sandbox `id` uses less memory now than `limits`
     /// allow (else lowering its limit would fail, or on cgroup v2 kill).
+    /// A claim that keeps its memory limit lowers nothing: its usage is
+    /// not read.
     fn memory_fits(&self, id: &str, limits: &Limits) -> bool {
-        let Some(path) = self.records().get(id).map(|r| r.cgroups_path.clone()) else {
-            return true;
+        let path = match self.records().get(id) {
+            Some(r) if limits.memory_mib < r.limits.memory_mib => r.cgroups_path.clone(),
+            _ => return true,
         };
         let in_use = SandboxCgroups::new(Layout::detect(), &path).memory_bytes();
         in_use.is_none_or(|bytes| bytes < limits.memory_mib * 1024 * 1024)
