@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Cold creates and deletes through throwaway daemons of two builds,
-# alternating, for changes too small for one `create_latency` run to show
-# (its ratios move by 0.15 between runs here). Each round starts a daemon
-# of each build with its own state, run directory and cgroup parent, makes
-# one create to warm up, then RUNS creates of `python` (each deleted,
-# GAP_MS apart), timed at the client with curl over the API socket, and
-# prints the medians and the daemon's mean create phases.
+# Creates (cold, or pool claims) and deletes through throwaway daemons of
+# two builds, alternating, for changes too small for one `create_latency`
+# run to show (its ratios move by 0.15 between runs here). Each round
+# starts a daemon of each build with its own state, run directory and
+# cgroup parent, makes one create to warm up, then RUNS creates of BODY
+# (each deleted, GAP_MS apart), timed at the client with curl over the API
+# socket, and prints the medians and the daemon's mean create phases.
 #
 #     benches/ab-creates.sh OLD_SANDBOXD NEW_SANDBOXD    # as root
 #
 # ROUNDS (3), RUNS (20), GAP_MS (100); SANDBOXD_AGENT is the static agent
-# (default: the release one of CARGO_TARGET_DIR or target). Needs the
-# images of scripts/test.sh; run scripts/sweep-killed-runs.sh first.
+# (default: the release one of CARGO_TARGET_DIR or target). BODY is the
+# create request (default {"image":"python"}). With POOL=N each daemon
+# keeps a warm pool of N, and each create waits for it to be full first:
+# pool claims. A secret BENCH_KEY (bound to api.example.com) is stored in
+# each daemon, for a BODY with "secrets": ["BENCH_KEY"]. Needs the images
+# of scripts/test.sh; run scripts/sweep-killed-runs.sh first.
 set -euo pipefail
 trap 'echo "ab-creates.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO)" >&2' ERR
 (($# == 2)) || {
@@ -20,7 +24,8 @@ trap 'echo "ab-creates.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO)" >&2
 }
 target=$(realpath "${CARGO_TARGET_DIR:-$(dirname "$0")/../target}")
 agent=${SANDBOXD_AGENT:-$target/x86_64-unknown-linux-gnu/release/sandbox-agent}
-rounds=${ROUNDS:-3} runs=${RUNS:-20} gap_ms=${GAP_MS:-100}
+rounds=${ROUNDS:-3} runs=${RUNS:-20} gap_ms=${GAP_MS:-100} pool=${POOL:-0}
+body=${BODY:-'{"image":"python"}'}
 
 median_ms() {
 	sort -n | awk '{a[NR] = $1} END {printf "%.2f ms (n=%d)", a[int((NR + 1) / 2)] * 1000, NR}'
@@ -35,14 +40,28 @@ measure() {
 	"$bin" --state-dir "$dir/state" --run-dir "$dir/run" --socket "$dir/api.sock" \
 		--images-dir /var/lib/sandboxd/images --agent-path "$agent" \
 		--cgroup-parent "/$(basename "$dir")" --stop-sandboxes-on-exit true \
+		--pool-size "$pool" \
 		>"$dir/daemon.log" 2>&1 &
 	pid=$!
 	for i in $(seq 600); do
 		curl -sf --unix-socket "$dir/api.sock" http://sandboxd/v1/health >/dev/null 2>&1 && break
 		sleep 0.05
 	done
+	curl -sf --unix-socket "$dir/api.sock" -X POST >/dev/null \
+		-d '{"name":"BENCH_KEY","value":"bench-value","hosts":["api.example.com"]}' \
+		http://sandboxd/v1/secrets
+	pool_full() {
+		((pool > 0)) || return 0
+		for i in $(seq 3000); do
+			curl -sf --unix-socket "$dir/api.sock" http://sandboxd/v1/health |
+				grep -q "\"pooled\":$pool[,}]" && return 0
+			sleep 0.01
+		done
+		echo "ab-creates.sh: the warm pool did not refill within 30 s" >&2
+		return 1
+	}
 	create() {
-		curl -sf --unix-socket "$dir/api.sock" -X POST -d '{"image":"python"}' \
+		curl -sf --unix-socket "$dir/api.sock" -X POST -d "$body" \
 			-w '\n%{time_total}\n' http://sandboxd/v1/sandboxes >"$dir/reply"
 		tail -n 1 "$dir/reply" >>"$dir/create_s"
 		head -n 1 "$dir/reply" | grep -o '"id":"[^"]*"' | cut -d'"' -f4
@@ -51,11 +70,13 @@ measure() {
 		curl -sf --unix-socket "$dir/api.sock" -X DELETE -w '%{time_total}\n' \
 			"http://sandboxd/v1/sandboxes/$1" >>"$dir/delete_s"
 	}
+	pool_full
 	id=$(create)
 	delete "$id"
 	: >"$dir/create_s"
 	: >"$dir/delete_s"
 	for i in $(seq "$runs"); do
+		pool_full
 		sleep "$(awk -v ms="$gap_ms" 'BEGIN {print ms / 1000}')"
 		id=$(create)
 		delete "$id"
