@@ -209,11 +209,12 @@ impl Manager {
     /// CA to it (about 0.1 ms) instead of writing the whole bundle (220 KB
     /// here: 0.55 ms to copy up without data and write). Only while the
     /// daemon stores a secret: else it would cost every pooled sandbox
-    /// 220 KB in its layer for nothing. A failure only leaves the claim
-    /// the longer way; it is logged.
-    pub(super) async fn copy_up_trust_bundle(&self, id: &str) {
+    /// 220 KB in its layer for nothing. True when the bundle is in the
+    /// root's own layer now; a failure (logged) only leaves the claim the
+    /// longer way.
+    pub(super) async fn copy_up_trust_bundle(&self, id: &str) -> bool {
         if !self.secrets.any_stored() {
-            return;
+            return false;
         }
         let rootfs = self.paths(id).rootfs();
         let copied = tokio::task::spawn_blocking(move || {
@@ -222,9 +223,10 @@ impl Manager {
         .await
         .map_err(std::io::Error::other)
         .and_then(|copied| copied);
-        if let Err(e) = copied {
+        copied.unwrap_or_else(|e| {
             tracing::warn!(sandbox = %id, "copying its trust bundle up ahead of a claim: {e}");
-        }
+            false
+        })
     }
 
     /// Before a sandbox with bindings is ready: its supervisor gets the
@@ -290,12 +292,12 @@ const MAX_TRUST_BUNDLE: u64 = 4 << 20;
 /// run in yet is.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum RootBundle {
-    /// Only in the image's layer (a cold create's root): appending to it
-    /// would copy all its data up first, writing it whole copies up none.
+    /// Only in the image's layer (a cold create's root, or a pooled one
+    /// the pool did not copy up): appending to it would copy all its data
+    /// up first, writing it whole copies up none.
     InImage,
     /// Copied up into the root's own layer ahead, unchanged (a pooled
-    /// root, [`Manager::copy_up_trust_bundle`]), where that was done: else
-    /// the append's open copies it up, data and all (0.6-1.0 ms).
+    /// root, [`Manager::copy_up_trust_bundle`]).
     CopiedUp,
 }
 

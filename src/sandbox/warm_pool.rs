@@ -19,7 +19,7 @@ use crate::runtime::cgroups::{CgroupLimits, Layout, SandboxCgroups};
 use crate::secrets::SecretBinding;
 use crate::supervisor::mailbox::Postbox;
 use crate::supervisor::protocol::HandOver;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::SystemTime;
@@ -40,6 +40,9 @@ pub(super) struct WarmPools {
     /// The daemon's ends of the pooled sandboxes' claim mailboxes, by id
     /// (none where opening one failed: its claim is a request).
     postboxes: HashMap<String, Postbox>,
+    /// Pooled containers whose trust bundle was copied up into their own
+    /// layer when they joined the pool.
+    bundles_copied_up: HashSet<String>,
 }
 
 impl WarmPools {
@@ -72,6 +75,7 @@ impl WarmPools {
             ids.retain(|i| i != id);
         }
         self.postboxes.remove(id);
+        self.bundles_copied_up.remove(id);
     }
 
     pub(super) fn keep_postbox(&mut self, id: String, postbox: Postbox) {
@@ -80,6 +84,18 @@ impl WarmPools {
 
     fn take_postbox(&mut self, id: &str) -> Option<Postbox> {
         self.postboxes.remove(id)
+    }
+
+    fn mark_bundle_copied_up(&mut self, id: String) {
+        self.bundles_copied_up.insert(id);
+    }
+
+    /// Where pooled sandbox `id`'s trust bundle is, as it leaves the pool.
+    fn take_bundle_place(&mut self, id: &str) -> RootBundle {
+        match self.bundles_copied_up.remove(id) {
+            true => RootBundle::CopiedUp,
+            false => RootBundle::InImage,
+        }
     }
 
     fn queues_mut(&mut self) -> impl Iterator<Item = &mut VecDeque<String>> {
@@ -103,6 +119,7 @@ impl WarmPools {
 
     fn drain(&mut self) -> Vec<String> {
         self.postboxes.clear();
+        self.bundles_copied_up.clear();
         self.queues_mut().flat_map(|ids| ids.drain(..)).collect()
     }
 
@@ -111,6 +128,7 @@ impl WarmPools {
     fn evict(&mut self) -> Option<String> {
         let id = self.queues_mut().max_by_key(|ids| ids.len())?.pop_back()?;
         self.postboxes.remove(&id);
+        self.bundles_copied_up.remove(&id);
         Some(id)
     }
 }
@@ -237,9 +255,7 @@ impl Manager {
     /// error logged, its claim is a `HandOver` request) and a container's
     /// trust bundle copied up for a claim with secrets.
     pub(super) async fn pool_ready(&self, runtime: RuntimeKind, image: &str, id: String) {
-        if runtime == RuntimeKind::Container {
-            self.copy_up_trust_bundle(&id).await;
-        }
+        let copied_up = runtime == RuntimeKind::Container && self.copy_up_trust_bundle(&id).await;
         let postbox = match self.supervisors.open_mailbox(&id).await {
             Ok(postbox) => Some(postbox),
             Err(e) => {
@@ -250,6 +266,9 @@ impl Manager {
         let mut pools = self.pool();
         if let Some(postbox) = postbox {
             pools.keep_postbox(id.clone(), postbox);
+        }
+        if copied_up {
+            pools.mark_bundle_copied_up(id.clone());
         }
         pools.put(runtime, image, id);
     }
@@ -393,8 +412,11 @@ impl Manager {
         id: &str,
         claim: &PoolClaim<'_>,
     ) -> Result<SandboxRecord, SandboxError> {
-        // Taken whether or not it is used: the sandbox leaves the pool.
-        let postbox = self.pool().take_postbox(id);
+        // Taken whether or not they are used: the sandbox leaves the pool.
+        let (postbox, bundle_place) = {
+            let mut pools = self.pool();
+            (pools.take_postbox(id), pools.take_bundle_place(id))
+        };
         let mut record = self
             .records()
             .get(id)
@@ -467,7 +489,7 @@ impl Manager {
         // removes the sandbox, which must not race their writes.
         // The bundle first: its blocking write starts before the limits
         // are written here.
-        let bundle = self.install_trust_bundle_fresh(&record, RootBundle::CopiedUp);
+        let bundle = self.install_trust_bundle_fresh(&record, bundle_place);
         let (bundle, told, lowered) = tokio::join!(bundle, told, limits);
         lowered?;
         told?;
@@ -640,5 +662,40 @@ mod tests {
         };
         assert!(!fits(RuntimeKind::Container, &more, &pooled));
         assert!(!fits(RuntimeKind::Vm, &more, &pooled));
+    }
+
+    /// A claim finds a bundle copied up only where the pool marked one,
+    /// once; a sandbox leaving the pool any other way takes its mark along.
+    #[test]
+    fn a_bundle_is_claimed_as_copied_up_only_where_the_pool_marked_it() {
+        let mut pools = WarmPools::default();
+        for id in ["sb-a", "sb-b", "sb-c"] {
+            pools.put(RuntimeKind::Container, "python", id.into());
+        }
+        pools.mark_bundle_copied_up("sb-a".into());
+        pools.mark_bundle_copied_up("sb-b".into());
+        assert!(matches!(
+            pools.take_bundle_place("sb-a"),
+            RootBundle::CopiedUp
+        ));
+        assert!(matches!(
+            pools.take_bundle_place("sb-a"),
+            RootBundle::InImage
+        ));
+        assert!(matches!(
+            pools.take_bundle_place("sb-c"),
+            RootBundle::InImage
+        ));
+        pools.forget("sb-b");
+        assert!(matches!(
+            pools.take_bundle_place("sb-b"),
+            RootBundle::InImage
+        ));
+        pools.mark_bundle_copied_up("sb-c".into());
+        assert_eq!(pools.evict().as_deref(), Some("sb-c"));
+        assert!(matches!(
+            pools.take_bundle_place("sb-c"),
+            RootBundle::InImage
+        ));
     }
 }
