@@ -12,10 +12,11 @@
 # ROUNDS (3), RUNS (20), GAP_MS (100); SANDBOXD_AGENT is the static agent
 # (default: the release one of CARGO_TARGET_DIR or target). BODY is the
 # create request (default {"image":"python"}). With POOL=N each daemon
-# keeps a warm pool of N, and each create waits for it to be full first:
-# pool claims. A secret BENCH_KEY (bound to api.example.com) is stored in
-# each daemon, for a BODY with "secrets": ["BENCH_KEY"]. Needs the images
-# of scripts/test.sh; run scripts/sweep-killed-runs.sh first.
+# keeps a warm pool of N, each create waits for it to be full first, and
+# a create that was not a pool claim fails the run. Where BODY names the
+# secret BENCH_KEY, each daemon stores it (bound to api.example.com).
+# Needs the images of scripts/test.sh; run scripts/sweep-killed-runs.sh
+# first.
 set -euo pipefail
 trap 'echo "ab-creates.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO)" >&2' ERR
 (($# == 2)) || {
@@ -31,10 +32,36 @@ median_ms() {
 	sort -n | awk '{a[NR] = $1} END {printf "%.2f ms (n=%d)", a[int((NR + 1) / 2)] * 1000, NR}'
 }
 
+daemon_pid='' daemon_dir=''
+# Stops the running daemon and removes what it made, also when the script
+# stops early.
+stop_daemon() {
+	[[ -n $daemon_pid ]] || return 0
+	kill -TERM "$daemon_pid" 2>/dev/null || true
+	wait "$daemon_pid" || true
+	if mountpoint -q "$daemon_dir/state/disk"; then
+		umount -l "$daemon_dir/state/disk"
+	fi
+	# The daemon leaves its (empty) cgroup parent.
+	local group name
+	name=$(basename "$daemon_dir")
+	for group in /sys/fs/cgroup/*/"$name" /sys/fs/cgroup/"$name"; do
+		[[ -d $group ]] || continue
+		if [[ -d $group/supervisors ]]; then
+			rmdir "$group/supervisors"
+		fi
+		rmdir "$group" || echo "ab-creates.sh: $group is not empty" >&2
+	done
+	rm -rf "$daemon_dir"
+	daemon_pid='' daemon_dir=''
+}
+trap stop_daemon EXIT
+
 # One daemon of build $1 for label $2.
 measure() {
-	local bin=$1 label=$2 dir pid id i
+	local bin=$1 label=$2 dir id i hits
 	dir=$(mktemp -d /var/tmp/sandboxd-ab.XXXXXX)
+	daemon_dir=$dir
 	# The sandboxes' shifted ids must search the run directory's parents.
 	chmod 0711 "$dir"
 	"$bin" --state-dir "$dir/state" --run-dir "$dir/run" --socket "$dir/api.sock" \
@@ -42,14 +69,16 @@ measure() {
 		--cgroup-parent "/$(basename "$dir")" --stop-sandboxes-on-exit true \
 		--pool-size "$pool" \
 		>"$dir/daemon.log" 2>&1 &
-	pid=$!
+	daemon_pid=$!
 	for i in $(seq 600); do
 		curl -sf --unix-socket "$dir/api.sock" http://sandboxd/v1/health >/dev/null 2>&1 && break
 		sleep 0.05
 	done
-	curl -sf --unix-socket "$dir/api.sock" -X POST >/dev/null \
-		-d '{"name":"BENCH_KEY","value":"bench-value","hosts":["api.example.com"]}' \
-		http://sandboxd/v1/secrets
+	if [[ $body == *BENCH_KEY* ]]; then
+		curl -sf --unix-socket "$dir/api.sock" -X POST >/dev/null \
+			-d '{"name":"BENCH_KEY","value":"bench-value","hosts":["api.example.com"]}' \
+			http://sandboxd/v1/secrets
+	fi
 	pool_full() {
 		((pool > 0)) || return 0
 		for i in $(seq 3000); do
@@ -81,30 +110,25 @@ measure() {
 		id=$(create)
 		delete "$id"
 	done
-	echo "$label: create -> ready $(median_ms <"$dir/create_s"), delete $(median_ms <"$dir/delete_s")"
-	curl -sf --unix-socket "$dir/api.sock" http://sandboxd/metrics |
-		awk -F'[{}",= ]+' '/^sandboxd_create_phase_seconds_(sum|count)\{/ {
-			kind = ($1 ~ /_sum$/) ? "sum" : "count"; v[$3, kind] = $NF; seen[$3] = 1
-		} END {
-			line = "  phases (means, ms):"
-			for (p in seen) line = line sprintf(" %s %.2f", p, v[p, "sum"] / v[p, "count"] * 1000)
-			print line
-		}'
-	kill -TERM "$pid"
-	wait "$pid" || true
-	if mountpoint -q "$dir/state/disk"; then
-		umount -l "$dir/state/disk"
-	fi
-	# The daemon leaves its (empty) cgroup parent.
-	local group
-	for group in /sys/fs/cgroup/*/"$(basename "$dir")" /sys/fs/cgroup/"$(basename "$dir")"; do
-		[[ -d $group ]] || continue
-		if [[ -d $group/supervisors ]]; then
-			rmdir "$group/supervisors"
+	curl -sf --unix-socket "$dir/api.sock" http://sandboxd/metrics >"$dir/metrics"
+	if ((pool > 0)); then
+		# Every create, the warm-up's too, must have been a claim.
+		hits=$(awk '/^sandboxd_pool_claims_total\{.*result="hit"/ {n += $NF} END {print n + 0}' "$dir/metrics")
+		if ((hits != runs + 1)); then
+			echo "ab-creates.sh: $label: $hits of $((runs + 1)) creates were pool claims; does BODY fit the pool?" >&2
+			exit 1
 		fi
-		rmdir "$group" || echo "ab-creates.sh: $group is not empty" >&2
-	done
-	rm -rf "$dir"
+	fi
+	echo "$label: create -> ready $(median_ms <"$dir/create_s"), delete $(median_ms <"$dir/delete_s")"
+	# With a pool these are its refills' cold creates, not the claims.
+	awk -F'[{}",= ]+' '/^sandboxd_create_phase_seconds_(sum|count)\{/ {
+		kind = ($1 ~ /_sum$/) ? "sum" : "count"; v[$3, kind] = $NF; seen[$3] = 1
+	} END {
+		line = "  cold create phases (means, ms):"
+		for (p in seen) line = line sprintf(" %s %.2f", p, v[p, "sum"] / v[p, "count"] * 1000)
+		print line
+	}' "$dir/metrics"
+	stop_daemon
 }
 
 for round in $(seq "$rounds"); do

@@ -1,7 +1,9 @@
-//! Copies of a running sandbox: a container's tree checkpointed with CRIU,
-//! a microVM's scratch disk cloned while its guest is paused. Refused
-//! while the sandbox holds what a fork could not have again (pod roots
-//! with limits of their own, host volumes).
+//! Copies of a running sandbox: a memory snapshot (a container's tree
+//! through CRIU, a microVM's memory, devices and disk through its VMM) and
+//! a microVM's scratch disk cloned while its guest is paused. A snapshot
+//! is refused while the sandbox holds what a fork could not have again
+//! (pod roots with limits or host volumes of their own, host volumes,
+//! copies of them in a microVM), and while requests are in flight.
 
 use std::sync::atomic::Ordering;
 
@@ -30,8 +32,9 @@ impl Supervisor {
         Ok(crate::supervisor::protocol::SupervisorReply::Ok)
     }
 
-    /// Checkpoints the sandbox's tree into `images_dir` with CRIU. The
-    /// daemon has frozen the sandbox; the tree keeps running afterwards.
+    /// Snapshots the sandbox into `target`: a container's tree with CRIU
+    /// (the daemon has frozen it; it keeps running afterwards), a
+    /// microVM's memory, devices and disk through its VMM.
     pub async fn checkpoint(
         &self,
         target: crate::runtime::CheckpointTarget,

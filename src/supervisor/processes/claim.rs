@@ -1,6 +1,7 @@
 //! What a pool claim changes in a running supervisor: the egress policy,
 //! the brokered secrets and the environment, whether the daemon posts
-//! them to the claim mailbox or sends them as a `HandOver` request.
+//! them to the claim mailbox or sends them as a `HandOver` request (which
+//! alone carries a microVM guest's pids limit).
 
 use super::{err, Supervisor};
 use crate::supervisor::protocol::{SupervisorError, SupervisorErrorKind};

@@ -1,7 +1,8 @@
 //! A pod's container roots inside its one sandbox: made and attached on
 //! the host for a container (`runtime::pod_roots`), or as disks its agent
 //! mounts in a microVM, each with a group of its own when it has limits,
-//! and detached again with the processes started in it.
+//! and detached again with the processes started in it; a microVM root's
+//! use, read by its agent.
 
 use std::time::Duration;
 
