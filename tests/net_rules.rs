@@ -21,8 +21,7 @@ const PROXY_PORT: u16 = 15001;
 const DNS_PORT: u16 = 15353;
 
 fn skip_reason() -> Option<(Reason, String)> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
+    if !sandboxd_test_support::running_as_root() {
         return Some((
             Reason::NotRoot,
             "needs root (network namespaces, nftables)".into(),

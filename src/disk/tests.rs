@@ -13,11 +13,9 @@ use super::*;
 const MIB: u64 = 1 << 20;
 
 fn can_run() -> bool {
-    if !nix::unistd::geteuid().is_root() {
-        note_skip!(
-            Reason::NotRoot,
-            "needs root to mount a btrfs pool (run the tests as root)"
-        );
+    if !sandboxd_test_support::root_or_note!(
+        "needs root to mount a btrfs pool (run the tests as root)"
+    ) {
         return false;
     }
     let have = |bin: &str| {

@@ -698,8 +698,7 @@ mod tests {
     use std::time::Instant;
 
     fn tools_and_root() -> bool {
-        if !nix::unistd::geteuid().is_root() {
-            note_skip!(Reason::NotRoot, "needs root (user namespace maps, chown)");
+        if !sandboxd_test_support::root_or_note!("needs root (user namespace maps, chown)") {
             return false;
         }
         for tool in ["mkfs.ext4", "debugfs"] {

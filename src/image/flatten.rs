@@ -106,13 +106,7 @@ mod tests {
 
     #[test]
     fn the_disk_holds_the_merged_view_with_deletions_applied() {
-        if !nix::unistd::geteuid().is_root() {
-            sandboxd_test_support::note_skip!(
-                sandboxd_test_support::Reason::NotRoot,
-                "needs root (overlay mount, user namespace maps)"
-            );
-            return;
-        }
+        sandboxd_test_support::require_root!("needs root (overlay mount, user namespace maps)");
         let tmp = tempfile::tempdir().unwrap();
         let (bottom, top) = (tmp.path().join("bottom"), tmp.path().join("top"));
         for dir in [

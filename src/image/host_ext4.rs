@@ -153,13 +153,7 @@ mod tests {
 
     #[test]
     fn host_directories_become_one_disk_shared_while_unchanged_and_swept_when_gone() {
-        if !nix::unistd::geteuid().is_root() {
-            sandboxd_test_support::note_skip!(
-                sandboxd_test_support::Reason::NotRoot,
-                "needs root (overlay mount, mkfs as root)"
-            );
-            return;
-        }
+        sandboxd_test_support::require_root!("needs root (overlay mount, mkfs as root)");
         let tmp = tempfile::tempdir().unwrap();
         let (lower, upper_a, upper_b) = (
             tmp.path().join("lower"),

@@ -49,13 +49,7 @@ mod tests {
 
     #[test]
     fn the_most_layers_an_image_may_have_mount_with_long_paths() {
-        if !nix::unistd::geteuid().is_root() {
-            sandboxd_test_support::note_skip!(
-                sandboxd_test_support::Reason::NotRoot,
-                "needs root (overlay mount)"
-            );
-            return;
-        }
+        sandboxd_test_support::require_root!("needs root (overlay mount)");
         let tmp = tempfile::tempdir().unwrap();
         let deep = tmp.path().join("x".repeat(60));
         let most = crate::image::oci::MAX_LAYERS;

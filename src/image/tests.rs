@@ -12,14 +12,9 @@ use super::recipe::digest_of;
 use super::*;
 
 fn is_root() -> bool {
-    if nix::unistd::geteuid().is_root() {
-        return true;
-    }
-    note_skip!(
-        Reason::NotRoot,
+    sandboxd_test_support::root_or_note!(
         "needs root to shift file ownership (run the tests as root)"
-    );
-    false
+    )
 }
 
 fn extra_dir(recipes: &[(&str, &str)]) -> tempfile::TempDir {

@@ -164,13 +164,7 @@ mod tests {
 
     #[test]
     fn a_pod_namespace_is_pinned_and_the_hosts_own_is_refused() {
-        if !nix::unistd::geteuid().is_root() {
-            sandboxd_test_support::note_skip!(
-                sandboxd_test_support::Reason::NotRoot,
-                "needs root (namespaces, bind mounts)"
-            );
-            return;
-        }
+        sandboxd_test_support::require_root!("needs root (namespaces, bind mounts)");
         let dir = tempfile::tempdir().unwrap();
         let (pod, pin, host_pin) = (
             dir.path().join("pod"),

@@ -547,13 +547,7 @@ mod tests {
     /// writes nothing.
     #[test]
     fn an_overlay_file_copied_up_ahead_takes_an_append() {
-        if !nix::unistd::geteuid().is_root() {
-            sandboxd_test_support::note_skip!(
-                sandboxd_test_support::Reason::NotRoot,
-                "needs root (an overlay mount)"
-            );
-            return;
-        }
+        sandboxd_test_support::require_root!("needs root (an overlay mount)");
         // Not /tmp: an upper layer cannot be on an overlay itself.
         let tmp = tempfile::tempdir_in("/var/tmp").unwrap();
         let [lower, upper, work, merged] =

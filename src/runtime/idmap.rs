@@ -147,14 +147,7 @@ mod tests {
     use std::os::unix::fs::MetadataExt;
 
     fn root_or_skip() -> bool {
-        if nix::unistd::geteuid().is_root() {
-            return true;
-        }
-        sandboxd_test_support::note_skip!(
-            sandboxd_test_support::Reason::NotRoot,
-            "needs root (idmapped mounts)"
-        );
-        false
+        sandboxd_test_support::root_or_note!("needs root (idmapped mounts)")
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!   the test fails, unless its (test, reason) pair is in the allowed list.
 //!
 //! Use [`skip!`] in a test body (it returns), or [`note_skip!`] in a helper
-//! that then returns its own "cannot run" value.
+//! that then returns its own "cannot run" value. Most skips are for want of
+//! root: [`require_root!`] and [`root_or_note!`] are those two for it.
 
 use std::fmt;
 use std::io::Write;
@@ -269,6 +270,36 @@ macro_rules! note_skip {
     ($reason:expr, $($message:tt)+) => {
         $crate::record(module_path!(), $reason, &format!($($message)+))
     };
+}
+
+/// Whether the test runs as root (namespaces, mounts, cgroups need it).
+pub fn running_as_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Skips the calling test unless it runs as root:
+/// `require_root!("needs root ({what})")`.
+#[macro_export]
+macro_rules! require_root {
+    ($($message:tt)+) => {
+        if !$crate::running_as_root() {
+            $crate::skip!($crate::Reason::NotRoot, $($message)+);
+        }
+    };
+}
+
+/// Whether the test runs as root, recording a `NotRoot` skip when it does
+/// not, for a helper that returns whether its test can run.
+#[macro_export]
+macro_rules! root_or_note {
+    ($($message:tt)+) => {{
+        let root = $crate::running_as_root();
+        if !root {
+            $crate::note_skip!($crate::Reason::NotRoot, $($message)+);
+        }
+        root
+    }};
 }
 
 #[cfg(test)]

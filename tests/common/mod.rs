@@ -53,7 +53,7 @@ pub fn vmm_path() -> PathBuf {
 
 /// Why these tests cannot run here, if they cannot.
 pub fn skip_reason() -> Option<(Reason, String)> {
-    if !nix::unistd::Uid::effective().is_root() {
+    if !sandboxd_test_support::running_as_root() {
         return Some((
             Reason::NotRoot,
             "integration tests need root (namespaces, cgroups, mounts)".into(),

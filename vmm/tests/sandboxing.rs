@@ -354,20 +354,10 @@ fn populate_chroot(root: &Path) -> PathBuf {
     PathBuf::from("/vmm")
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
-}
-
 #[test]
 fn unprivileged_vmm_in_an_empty_chroot_boots_from_descriptors() {
     let Some(kernel) = guest() else { return };
-    if !is_root() {
-        common::skip!(
-            common::Reason::NotRoot,
-            "changing to uid {NOBODY} needs root"
-        );
-    }
+    sandboxd_test_support::require_root!("changing to uid {NOBODY} needs root");
     let root = TempPath::new("root");
     let vmm_in_root = populate_chroot(&root.0);
     let disk = TempPath::disk("disk", 4);
