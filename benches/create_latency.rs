@@ -340,12 +340,27 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    // A line per series: in the nested host (benches/nested.sh) a run
+    // takes minutes, and a silent one counts as hung.
+    let series = |what: &str, measured: Measured| {
+        eprintln!("create_latency: {what} measured");
+        measured
+    };
     let plain = json!({"image": "python"});
-    let cold = runtime.block_on(measure(runs, &[], None, &plain));
+    let cold = series("cold", runtime.block_on(measure(runs, &[], None, &plain)));
     let pool = ["--pool-size", "2"];
-    let pooled = runtime.block_on(measure(runs, &pool, Some(2), &plain));
-    let custom = runtime.block_on(measure(runs, &pool, Some(2), &custom_request(false)));
-    let secret = runtime.block_on(measure(runs, &pool, Some(2), &custom_request(true)));
+    let pooled = series(
+        "pooled",
+        runtime.block_on(measure(runs, &pool, Some(2), &plain)),
+    );
+    let custom = series(
+        "pooled, custom",
+        runtime.block_on(measure(runs, &pool, Some(2), &custom_request(false))),
+    );
+    let secret = series(
+        "pooled, + secret",
+        runtime.block_on(measure(runs, &pool, Some(2), &custom_request(true))),
+    );
     let (ready, output, code) = (cold.ready, cold.output, cold.code_output);
     let (pooled_ready, pooled_output, pooled_code) =
         (pooled.ready, pooled.output, pooled.code_output);
@@ -364,6 +379,7 @@ fn main() {
         crun.push(time_runtime("crun", &bundle, i, b"1\n"));
         crun_true.push(time_runtime("crun", &true_bundle, i + runs, b""));
     }
+    eprintln!("create_latency: runc and crun measured");
 
     let raw = json!({
         "runs": runs,

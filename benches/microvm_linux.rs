@@ -10,7 +10,7 @@
 //! and its longest silence.
 //!
 //! It needs VMX/SVM, which this host's kvm_pvm lacks, so it runs in the
-//! nested host: `benches/nested-linux-vm.sh` builds it and runs it there
+//! nested host: `benches/nested.sh microvm_linux` builds it and runs it there
 //! (the figures are 10-20x slower than on hardware; the ratios are what
 //! count). Prints medians and writes the raw samples to
 //! `benches/results/microvm_linux.json`.
@@ -56,7 +56,7 @@ fn no_hardware_virt() -> Option<String> {
     }
     if Path::new("/sys/module/kvm_pvm").exists() {
         return Some(
-            "/dev/kvm is kvm_pvm (no VMX/SVM); run benches/nested-linux-vm.sh, \
+            "/dev/kvm is kvm_pvm (no VMX/SVM); run benches/nested.sh microvm_linux, \
              which runs this in the nested host"
                 .into(),
         );

@@ -150,7 +150,12 @@ pub fn median(samples: &[f64]) -> f64 {
 pub fn write_results(name: &str, raw: &Value) -> std::path::PathBuf {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/results");
     let _ = std::fs::create_dir_all(&dir);
-    let file = dir.join(format!("{name}.json"));
+    // benches/nested.sh tags a run on another kind of host (the nested
+    // one's cgroup v2), so it does not replace this host's samples.
+    let file = match std::env::var("BENCH_RESULTS_TAG") {
+        Ok(tag) if !tag.is_empty() => dir.join(format!("{name}-{tag}.json")),
+        _ => dir.join(format!("{name}.json")),
+    };
     std::fs::write(&file, serde_json::to_string_pretty(raw).unwrap_or_default())
         .expect("write results");
     file
