@@ -56,6 +56,9 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
 /// the runtime entry's `destroy_sandbox`, which removes whatever was made.
 pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, ContainerError> {
     let mut laps = Laps::start();
+    // A standby supervisor made it while it waited; this one was spawned
+    // for the create.
+    super::procfs_handle::prepare();
     prepare_netns(config, paths)?;
     // libcontainer enters the new user namespace before any other, and from
     // there a network namespace owned by the host user namespace cannot be

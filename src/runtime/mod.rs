@@ -24,6 +24,7 @@ pub mod launch;
 pub mod microvm;
 pub mod paths;
 pub mod pod_roots;
+pub mod procfs_handle;
 pub mod reaped;
 pub mod sandbox;
 pub mod seccomp;

@@ -34,6 +34,7 @@ pub fn run_standby(run_dir: &Path, cgroup_parent: &str) -> i32 {
     }
     // Work every container create needs, done while nothing waits for it.
     crate::runtime::seccomp_filter::prepare();
+    crate::runtime::procfs_handle::prepare();
     let mut line = String::new();
     match std::io::stdin().lock().read_line(&mut line) {
         Ok(0) => return 0,
