@@ -197,6 +197,53 @@ async fn python_run_code_in_a_pooled_sandbox_forks_its_warm_interpreter() {
     }
 }
 
+/// A container's root overlay is mounted only where the container runs:
+/// not in the host's mount table, which every create reads (each mount
+/// left there made every later create slower), nor in its supervisor's
+/// namespace; the host's table holds the sandbox's network namespace pin
+/// alone. The root goes with the container.
+#[tokio::test]
+async fn a_container_root_is_mounted_only_in_the_container() {
+    require_host!();
+    let daemon = Daemon::start();
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    let dir = daemon.run_dir().join("sandboxes").join(&id);
+    let upper = daemon.state_dir().join("disk").join(&id).join("upper");
+    let roots = common::mounts::overlays_over(&upper);
+    // The positive control: the scan finds the root, in one namespace.
+    assert_eq!(roots.len(), 1, "{roots:?}");
+    let own = common::mounts::own_namespace();
+    assert_ne!(roots[0].namespace, own, "{roots:?}");
+    assert_eq!(roots[0].point, "/", "{roots:?}");
+    // Every supervisor (the sandbox's and the standbys) is back in the
+    // host's namespace once its start is over.
+    let supervisors = common::cgroup::procs_in(
+        &common::cgroup::daemon_group(&common::cgroup::hierarchy("pids"), &daemon.cgroup_parent())
+            .join("supervisors"),
+    );
+    assert!(!supervisors.is_empty());
+    for pid in &supervisors {
+        assert_eq!(common::mounts::namespace_of(*pid), Some(own), "{pid}");
+    }
+    let host: Vec<String> = common::mounts::everywhere()
+        .into_iter()
+        .filter(|m| m.namespace == own)
+        .map(|m| m.point)
+        .collect();
+    assert!(
+        host.contains(&dir.join("netns").display().to_string()),
+        "{host:?}"
+    );
+    assert!(
+        !host
+            .iter()
+            .any(|p| p.starts_with(&dir.join("rootfs").display().to_string())),
+        "{host:?}"
+    );
+    daemon.delete(&id).await;
+    assert_eq!(common::mounts::overlays_over(&upper), Vec::new());
+}
+
 /// A sandbox's root is a volatile overlay (its upper layer is never
 /// synced; nothing outlives the sandbox that would need it), yet what is
 /// written there is all in a filesystem snapshot taken right after: the

@@ -397,25 +397,34 @@ async fn a_memory_snapshot_forks_running_processes() {
         .join(&forks[0])
         .join("placeholder");
     assert!(placeholder.is_dir(), "{} is missing", placeholder.display());
-    // The tmpfs made for its /dev left the host's mount table once CRIU
-    // bound it (its root overlay, still mounted there, shows the scan sees
-    // the fork's mounts).
+    // The tmpfs made for its /dev is mounted nowhere but in the fork (at
+    // /dev) once CRIU bound it, in no mount namespace. The positive
+    // controls: the scan sees the fork's network namespace pin on the
+    // host, and its root in the fork.
     let fork_dir = daemon.run_dir().join("sandboxes").join(&forks[0]);
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let mounts = common::mounts::everywhere();
     let under = |dir: &str| {
         let prefix = format!("{}/{dir}", fork_dir.display());
-        mounts
-            .lines()
-            .any(|l| l.split(' ').nth(4).is_some_and(|p| p.starts_with(&prefix)))
+        mounts.iter().any(|m| m.point.starts_with(&prefix))
     };
     assert!(
-        under("rootfs"),
-        "no mount of {} seen:\n{mounts}",
+        under("netns"),
+        "no mount of {} seen: {mounts:?}",
         fork_dir.display()
+    );
+    let fork_upper = daemon
+        .state_dir()
+        .join("disk")
+        .join(&forks[0])
+        .join("upper");
+    assert_eq!(
+        common::mounts::overlays_over(&fork_upper).len(),
+        1,
+        "the fork's root is not mounted once: {mounts:?}"
     );
     assert!(
         !under("fresh"),
-        "a fork's fresh tmpfs is still mounted on the host:\n{mounts}"
+        "a fork's fresh tmpfs is still mounted somewhere: {mounts:?}"
     );
     // /dev holds only mount points and links, so a fork gets it made
     // afresh (not through CRIU's tar) and sees it as the source did.

@@ -106,11 +106,36 @@ fn remove_tree(path: &Path) -> Result<(), ImageError> {
     fs::remove_dir_all(path).map_err(|e| ImageError::io("remove", path, e))
 }
 
-/// Every overlay lower layer mounted on this host now (from
-/// `/proc/self/mountinfo`'s super options).
+/// Every overlay lower layer mounted on this host now, in any mount
+/// namespace (from each one's mountinfo's super options, read once per
+/// namespace): a container sandbox's root is mounted in its supervisor's
+/// namespace, not the host's (`runtime::mount_ns`), and a daemon sharing
+/// the image cache has sandboxes of its own.
 pub fn mounted_lower_layers() -> HashSet<PathBuf> {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    lower_layers_in(&info)
+    use std::os::unix::fs::MetadataExt;
+    let mut layers =
+        lower_layers_in(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
+    let mut namespaces = HashSet::new();
+    if let Ok(own) = fs::metadata("/proc/self/ns/mnt") {
+        namespaces.insert((own.dev(), own.ino()));
+    }
+    let pids = fs::read_dir("/proc").into_iter().flatten().flatten();
+    for pid in pids.filter(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+    }) {
+        // A process gone meanwhile has nothing left to read.
+        let Ok(namespace) = fs::metadata(pid.path().join("ns/mnt")) else {
+            continue;
+        };
+        if namespaces.insert((namespace.dev(), namespace.ino())) {
+            let info = fs::read_to_string(pid.path().join("mountinfo")).unwrap_or_default();
+            layers.extend(lower_layers_in(&info));
+        }
+    }
+    layers
 }
 
 fn lower_layers_in(mountinfo: &str) -> HashSet<PathBuf> {
@@ -136,6 +161,46 @@ fn lower_layers_in(mountinfo: &str) -> HashSet<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A layer stacked only in another mount namespace (as a container's
+    /// root is) is in use too. The positive control: this process's own
+    /// table does not show it.
+    #[test]
+    fn layers_stacked_in_other_mount_namespaces_are_in_use() {
+        use std::io::{BufRead, BufReader};
+        use std::process::{Command, Stdio};
+        sandboxd_test_support::require_root!("needs root (a mount namespace, an overlay)");
+        // Not /tmp: an upper layer cannot be on an overlay itself.
+        let tmp = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        let [lower, upper, work, merged] =
+            ["lower", "upper", "work", "merged"].map(|d| tmp.path().join(d));
+        for dir in [&lower, &upper, &work, &merged] {
+            fs::create_dir(dir).expect("dir");
+        }
+        let script = format!(
+            "mount -t overlay overlay -o lowerdir={},upperdir={},workdir={} {} && echo mounted && (read _ || true)",
+            lower.display(),
+            upper.display(),
+            work.display(),
+            merged.display()
+        );
+        let mut holder = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("unshare");
+        let mut line = String::new();
+        BufReader::new(holder.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read");
+        assert_eq!(line, "mounted\n");
+        let own = fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        assert!(!lower_layers_in(&own).contains(&lower));
+        assert!(mounted_lower_layers().contains(&lower));
+        drop(holder.stdin.take());
+        assert!(holder.wait().expect("wait").success());
+    }
 
     #[test]
     fn lower_layers_come_from_overlay_mounts_only() {

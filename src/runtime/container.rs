@@ -54,12 +54,15 @@ fn prepare(what: &'static str) -> impl FnOnce(io::Error) -> ContainerError {
 
 /// Makes and starts the container of `config`. On error the caller runs
 /// the runtime entry's `destroy_sandbox`, which removes whatever was made.
-pub fn start(config: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, ContainerError> {
-    let mut laps = Laps::start();
+/// The caller has run [`prepare_netns`] (timed in `laps`).
+pub fn start(
+    config: &SandboxSpec,
+    paths: &SandboxPaths,
+    mut laps: Laps,
+) -> Result<Started, ContainerError> {
     // A standby supervisor made it while it waited; this one was spawned
     // for the create.
     super::procfs_handle::prepare();
-    prepare_netns(config, paths)?;
     // libcontainer enters the new user namespace before any other, and from
     // there a network namespace owned by the host user namespace cannot be
     // joined. So this thread joins it and the container inherits it; the

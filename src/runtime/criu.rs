@@ -340,14 +340,14 @@ pub fn dump(
 /// (with its egress sockets), its root over the snapshot's layers and a
 /// fresh writable layer, a new agent link, then the restored tree in new
 /// cgroups at `config.cgroups_path`, thawed. On error the caller runs
-/// the entry's `destroy_sandbox`.
+/// the entry's `destroy_sandbox`. The caller has run
+/// `container::prepare_netns` (timed in `laps`).
 pub fn restore(
     config: &SandboxSpec,
     paths: &SandboxPaths,
     spec: &RestoreSpec,
+    mut laps: super::sandbox::Laps,
 ) -> Result<Started, ContainerError> {
-    let mut laps = super::sandbox::Laps::start();
-    super::container::prepare_netns(config, paths)?;
     let ends = open_netns_ends(&paths.netns())?;
     laps.lap("netns");
     super::container::prepare_rootfs(config, paths)?;

@@ -12,7 +12,7 @@ use super::container::{self, ContainerError};
 use super::criu::{self, CriuError};
 use super::microvm::{self, MicrovmError};
 use super::paths::SandboxPaths;
-use super::sandbox::{Checkpoint, RuntimeSpec, SandboxSpec, Started};
+use super::sandbox::{Checkpoint, Laps, RuntimeSpec, SandboxSpec, Started};
 use crate::net::netns;
 
 #[derive(Debug, thiserror::Error)]
@@ -46,11 +46,28 @@ impl RuntimeError {
 /// restored from its checkpoint, or a microVM. On error the caller runs
 /// [`destroy_sandbox`], which removes whatever was made.
 pub fn start(spec: &SandboxSpec, paths: &SandboxPaths) -> Result<Started, RuntimeError> {
-    Ok(match &spec.kind {
-        RuntimeSpec::Container => container::start(spec, paths)?,
-        RuntimeSpec::ContainerRestore(restore) => criu::restore(spec, paths, restore)?,
-        RuntimeSpec::Vm(vm) => microvm::start(spec, paths, vm)?,
-    })
+    let restore = match &spec.kind {
+        RuntimeSpec::Vm(vm) => return Ok(microvm::start(spec, paths, vm)?),
+        RuntimeSpec::Container => None,
+        RuntimeSpec::ContainerRestore(restore) => Some(restore),
+    };
+    let laps = Laps::start();
+    // In the host's mount namespace: the daemon and the supervisor reach
+    // the namespace through its pin for as long as the sandbox lives.
+    container::prepare_netns(spec, paths)?;
+    let start = move || -> Result<Started, RuntimeError> {
+        Ok(match restore {
+            Some(restore) => criu::restore(spec, paths, restore, laps)?,
+            None => container::start(spec, paths, laps)?,
+        })
+    };
+    if !super::mount_ns::is_own(spec) {
+        return start();
+    }
+    super::mount_ns::start_in_own(&spec.id, start).map_err(|e| ContainerError::Prepare {
+        what: "start thread",
+        source: e,
+    })?
 }
 
 /// Where a checkpoint goes, and what CRIU needs for a container's. The

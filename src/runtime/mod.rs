@@ -22,6 +22,7 @@ pub mod guest_volumes;
 pub mod idmap;
 pub mod launch;
 pub mod microvm;
+pub mod mount_ns;
 pub mod paths;
 pub mod pod_roots;
 pub mod procfs_handle;

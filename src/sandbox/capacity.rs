@@ -131,6 +131,7 @@ mod tests {
             env: Default::default(),
             cgroups_path: String::new(),
             supervisor_pid: 0,
+            init_pid: 0,
             oom_kills: 0,
             failure: None,
             pooled: false,

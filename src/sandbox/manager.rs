@@ -20,6 +20,7 @@ use crate::gpu::GpuService;
 use crate::image::ImageCache;
 use crate::model::{RuntimeKind, SandboxState};
 use crate::net::policy::{DefaultEgress, EgressPolicy, NetworkPolicy};
+use crate::runtime::mount_ns::HostRoot;
 use crate::runtime::paths::SandboxPaths;
 use crate::store::{Store, StoreError};
 use crate::supervisor::client::{SocketSupervisors, SupervisorClient, Supervisors};
@@ -224,6 +225,16 @@ impl Manager {
 
     pub(super) fn paths(&self, id: &str) -> SandboxPaths {
         SandboxPaths::new(&self.config.sandboxes_run_dir(), id)
+    }
+
+    /// Container `record`'s root as this daemon reaches it (through its
+    /// init: no mount namespace of the host's holds it).
+    pub(super) fn host_root(&self, record: &SandboxRecord) -> HostRoot {
+        self.supervisors.root(
+            &self.paths(&record.id),
+            record.init_pid,
+            &record.cgroups_path,
+        )
     }
 
     pub(super) fn persist(&self, record: &SandboxRecord) -> Result<(), SandboxError> {

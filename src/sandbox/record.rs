@@ -24,6 +24,11 @@ pub struct SandboxRecord {
     pub cgroups_path: String,
     #[serde(alias = "shim_pid")]
     pub supervisor_pid: i32,
+    /// The sandbox's first process (a container's agent, a microVM's
+    /// VMM), through which the host reaches a container's root
+    /// (`runtime::mount_ns::HostRoot`); 0 in records of older builds.
+    #[serde(default)]
+    pub init_pid: i32,
     pub oom_kills: u64,
     pub failure: Option<String>,
     /// Made ahead of demand and not yet handed to a caller.

@@ -4,7 +4,6 @@
 //! bindings put in force before it is ready: its supervisor gets the values
 //! and leaves over its socket, and the sandbox gets the trust bundle.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::manager::not_running;
@@ -172,13 +171,14 @@ impl Manager {
         if record.runtime != RuntimeKind::Container {
             return self.install_trust_bundle(record).await;
         }
-        let rootfs = self.paths(&record.id).rootfs();
+        let root = self.host_root(record);
         let bundle = match self.secrets.known_image_bundle(&record.image_digest) {
             Some(known) => known,
             None => {
-                let root = rootfs.clone();
+                let root = root.clone();
                 let roots = tokio::task::spawn_blocking(move || {
-                    Dir::at(&root)?.read_regular_file(TRUST_BUNDLE_RELATIVE, MAX_TRUST_BUNDLE)
+                    root.open()?
+                        .read_regular_file(TRUST_BUNDLE_RELATIVE, MAX_TRUST_BUNDLE)
                 })
                 .await
                 .map_err(SandboxError::internal)?;
@@ -194,7 +194,10 @@ impl Manager {
         let Some(bundle) = bundle else {
             return Ok(());
         };
-        if write_in_root(rootfs, Arc::clone(&bundle), found).await? {
+        // A record of an older build names no init to reach the root
+        // through: its agent writes the bundle.
+        if root.is_known() && write_in_root(move || root.open(), Arc::clone(&bundle), found).await?
+        {
             return Ok(());
         }
         let mut client = SupervisorClient::connect(&self.paths(&record.id).socket())
@@ -216,9 +219,11 @@ impl Manager {
         if !self.secrets.any_stored() {
             return false;
         }
-        let rootfs = self.paths(id).rootfs();
+        let Some(root) = self.records().get(id).map(|r| self.host_root(r)) else {
+            return false;
+        };
         let copied = tokio::task::spawn_blocking(move || {
-            Dir::at(&rootfs)?.copy_up_regular_file(TRUST_BUNDLE_RELATIVE)
+            root.open()?.copy_up_regular_file(TRUST_BUNDLE_RELATIVE)
         })
         .await
         .map_err(std::io::Error::other)
@@ -309,12 +314,12 @@ pub(super) enum RootBundle {
 /// where the image's bundle is not a regular file reached through no
 /// symlink: the agent then writes it, inside.
 pub(super) async fn write_in_root(
-    rootfs: PathBuf,
+    open_root: impl FnOnce() -> std::io::Result<Dir> + Send + 'static,
     bundle: Arc<ImageTrustBundle>,
     found: RootBundle,
 ) -> Result<bool, SandboxError> {
     tokio::task::spawn_blocking(move || {
-        let root = Dir::at(&rootfs)?;
+        let root = open_root()?;
         if let (RootBundle::CopiedUp, Some((image_length, tail))) =
             (found, bundle.appended_to_image())
         {

@@ -127,6 +127,7 @@ impl Harness {
             env: BTreeMap::new(),
             cgroups_path: format!("sandboxd-unit-test/{id}"),
             supervisor_pid: 0,
+            init_pid: 0,
             oom_kills: 0,
             failure: None,
             pooled,
@@ -874,11 +875,16 @@ async fn a_copied_up_bundle_of_the_images_length_takes_the_ca_appended() {
         (RootBundle::InImage, &same_length[..], bundle.bytes.clone()),
     ] {
         std::fs::write(&file, on_disk).expect("bundle");
-        assert!(
-            write_in_root(tmp.path().to_path_buf(), Arc::clone(&bundle), found)
-                .await
-                .expect("written")
-        );
+        assert!(write_in_root(
+            {
+                let root = tmp.path().to_path_buf();
+                move || crate::runtime::beneath::Dir::at(&root)
+            },
+            Arc::clone(&bundle),
+            found
+        )
+        .await
+        .expect("written"));
         assert_eq!(
             std::fs::read(&file).expect("read"),
             expected,

@@ -22,6 +22,7 @@ use super::protocol::{
 use crate::model::Process;
 use crate::net::policy::NetworkPolicy;
 use crate::net::proxy::EgressLogEntry;
+use crate::runtime::mount_ns::HostRoot;
 use crate::runtime::paths::SandboxPaths;
 use crate::runtime::sandbox::Checkpoint;
 use crate::runtime::CheckpointTarget;
@@ -653,6 +654,9 @@ pub trait Supervisors: Send + Sync {
     fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()>;
     fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64>;
     fn open_mailbox<'a>(&'a self, id: &'a str) -> CallFuture<'a, super::mailbox::Postbox>;
+    /// The root of the container at `paths`, whose init is `init_pid` in
+    /// group `cgroups_path`, as the daemon reaches it.
+    fn root(&self, paths: &SandboxPaths, init_pid: i32, cgroups_path: &str) -> HostRoot;
 }
 
 /// The real supervisors, at `<run dir>/<id>/shim.sock`.
@@ -702,6 +706,11 @@ impl Supervisors for SocketSupervisors {
 
     fn open_mailbox<'a>(&'a self, id: &'a str) -> CallFuture<'a, super::mailbox::Postbox> {
         Box::pin(async move { self.client(id).await?.open_mailbox().await })
+    }
+
+    /// Through its init: no mount namespace of the host's holds it.
+    fn root(&self, _paths: &SandboxPaths, init_pid: i32, cgroups_path: &str) -> HostRoot {
+        HostRoot::through_init(init_pid, cgroups_path)
     }
 }
 
@@ -841,6 +850,12 @@ pub mod fake {
 
         /// A fake has no memfd to hand out: a scripted reply is refused as
         /// one without its descriptor, as the real client would.
+        /// Fake supervisors mount nothing: the root is whatever the test
+        /// put at the run directory's `rootfs`.
+        fn root(&self, paths: &SandboxPaths, _init_pid: i32, _cgroups: &str) -> HostRoot {
+            HostRoot::in_directory(&paths.rootfs())
+        }
+
         fn open_mailbox<'a>(
             &'a self,
             id: &'a str,

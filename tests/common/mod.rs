@@ -8,6 +8,7 @@
 
 pub mod cgroup;
 pub mod linux_vm;
+pub mod mounts;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};

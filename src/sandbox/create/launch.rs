@@ -103,6 +103,7 @@ impl Manager {
                 _ => SandboxError::internal(format!("the sandbox could not be started: {why}")),
             });
         }
+        record.init_pid = ready.init_pid;
         Ok(ready)
     }
 

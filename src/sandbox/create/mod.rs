@@ -541,6 +541,7 @@ impl Manager {
                 env,
                 cgroups_path: format!("{}/{id}", self.config.cgroup_parent.trim_end_matches('/')),
                 supervisor_pid: 0,
+                init_pid: 0,
                 oom_kills: 0,
                 failure: None,
                 pooled,
