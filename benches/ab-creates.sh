@@ -15,9 +15,12 @@
 # keeps a warm pool of N, each create waits for it to be full first, and
 # a create that was not a pool claim fails the run. Where BODY names the
 # secret BENCH_KEY, each daemon stores it (bound to api.example.com).
+# With RUNNING=N each daemon first starts N small busybox sandboxes
+# (0.1 CPU, 64 MiB) that keep running while it is measured, as on a busy
+# worker.
 # Needs the images of scripts/test.sh; run scripts/sweep-killed-runs.sh
 # first.
-set -euo pipefail
+set -Eeuo pipefail
 trap 'echo "ab-creates.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO)" >&2' ERR
 (($# == 2)) || {
 	echo "usage: $0 OLD_SANDBOXD NEW_SANDBOXD" >&2
@@ -26,6 +29,7 @@ trap 'echo "ab-creates.sh: \"$BASH_COMMAND\" failed (exit $?, line $LINENO)" >&2
 target=$(realpath "${CARGO_TARGET_DIR:-$(dirname "$0")/../target}")
 agent=${SANDBOXD_AGENT:-$target/x86_64-unknown-linux-gnu/release/sandbox-agent}
 rounds=${ROUNDS:-3} runs=${RUNS:-20} gap_ms=${GAP_MS:-100} pool=${POOL:-0}
+running=${RUNNING:-0}
 body=${BODY:-'{"image":"python"}'}
 
 median_ms() {
@@ -102,6 +106,12 @@ measure() {
 	pool_full
 	id=$(create)
 	delete "$id"
+	for i in $(seq "$running"); do
+		curl -sf --unix-socket "$dir/api.sock" -X POST -d '{"image":"busybox","cpu":0.1,"memory_mib":64,"disk_mib":64}' \
+			http://sandboxd/v1/sandboxes >/dev/null
+	done
+	# The phases below are the measured creates' alone.
+	curl -sf --unix-socket "$dir/api.sock" http://sandboxd/metrics >"$dir/metrics-before"
 	: >"$dir/create_s"
 	: >"$dir/delete_s"
 	for i in $(seq "$runs"); do
@@ -122,12 +132,14 @@ measure() {
 	echo "$label: create -> ready $(median_ms <"$dir/create_s"), delete $(median_ms <"$dir/delete_s")"
 	# With a pool these are its refills' cold creates, not the claims.
 	awk -F'[{}",= ]+' '/^sandboxd_create_phase_seconds_(sum|count)\{/ {
-		kind = ($1 ~ /_sum$/) ? "sum" : "count"; v[$3, kind] = $NF; seen[$3] = 1
+		# The first file counts against the second.
+		sign = (FILENAME ~ /-before$/) ? -1 : 1
+		kind = ($1 ~ /_sum$/) ? "sum" : "count"; v[$3, kind] += sign * $NF; seen[$3] = 1
 	} END {
 		line = "  cold create phases (means, ms):"
-		for (p in seen) line = line sprintf(" %s %.2f", p, v[p, "sum"] / v[p, "count"] * 1000)
+		for (p in seen) if (v[p, "count"] > 0) line = line sprintf(" %s %.2f", p, v[p, "sum"] / v[p, "count"] * 1000)
 		print line
-	}' "$dir/metrics"
+	}' "$dir/metrics-before" "$dir/metrics"
 	stop_daemon
 }
 
