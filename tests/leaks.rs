@@ -67,13 +67,25 @@ fn slot_mounts(daemon: &Daemon) -> Vec<String> {
 /// Only what this daemon could own, so other tests running at the same
 /// time on this host do not blur the comparison.
 fn snapshot(daemon: &Daemon) -> HostSnapshot {
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     let ours = daemon.dir.path().display().to_string();
-    let mounts = mountinfo
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4))
-        .filter(|m| m.starts_with(&ours) && !is_slot(m))
-        .map(String::from)
+    let own = common::mounts::own_namespace();
+    // The host's mounts under the daemon's directories, and anything of
+    // them mounted in another namespace (a container's root is mounted in
+    // its own alone: one kept alive past its sandbox would be there).
+    let mounts = common::mounts::everywhere()
+        .into_iter()
+        .filter_map(|m| {
+            if m.namespace == own {
+                (m.point.starts_with(&ours) && !is_slot(&m.point)).then_some(m.point)
+            } else {
+                m.super_options.contains(&ours).then(|| {
+                    format!(
+                        "{} at {} elsewhere: {}",
+                        m.fs_type, m.point, m.super_options
+                    )
+                })
+            }
+        })
         .collect();
     let parent = daemon.cgroup_parent();
     let mut cgroups = BTreeSet::new();

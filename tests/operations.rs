@@ -322,15 +322,24 @@ fn inventory(daemon: &Daemon) -> BTreeSet<String> {
             items.insert(format!("layer {name}"));
         }
     }
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let run = daemon.run_dir().display().to_string();
-    for line in mountinfo.lines() {
-        if let Some(point) = line
-            .split_whitespace()
-            .nth(4)
-            .filter(|p| p.starts_with(&run) && !p.contains("/.slot-"))
-        {
-            items.insert(format!("mount {point}"));
+    let own = common::mounts::own_namespace();
+    let layers = format!("upperdir={}/", daemon.state_dir().join("disk").display());
+    for mount in common::mounts::everywhere() {
+        if mount.namespace == own {
+            if mount.point.starts_with(&run) && !mount.point.contains("/.slot-") {
+                items.insert(format!("mount {}", mount.point));
+            }
+            continue;
+        }
+        // A root, mounted in its container's namespace alone.
+        let id = mount
+            .super_options
+            .split(',')
+            .find_map(|o| o.strip_prefix(&layers))
+            .and_then(|rest| rest.strip_suffix("/upper"));
+        if let Some(id) = id {
+            items.insert(format!("root {id}"));
         }
     }
     items
@@ -345,11 +354,12 @@ fn expected_inventory(daemon: &Daemon, ids: &[String]) -> BTreeSet<String> {
                 format!("cgroup {id}"),
                 format!("run {id}"),
                 format!("layer {id}"),
-                // Its root is mounted where only the container sees it.
                 format!(
                     "mount {}",
                     run.join("sandboxes").join(id).join("netns").display()
                 ),
+                // Mounted where only the container sees it.
+                format!("root {id}"),
             ]
         })
         .chain([supervisors])

@@ -964,6 +964,19 @@ async fn a_pooled_sandbox_takes_the_callers_secrets_policy_and_lower_limits() {
     let read = "cat /etc/ssl/certs/ca-certificates.crt";
     let image_roots = sh_ok(&daemon, &blocked, read).await;
     assert!(image_roots.contains("BEGIN CERTIFICATE"), "{image_roots}");
+    // The copy-up reached the pooled root from the host, through its init
+    // (no agent request puts a file there): the sandbox's own layer holds
+    // the image's roots, unchanged.
+    let copied = daemon
+        .state_dir()
+        .join("disk")
+        .join(&blocked)
+        .join("upper/etc/ssl/certs/ca-certificates.crt");
+    assert!(
+        std::fs::read_to_string(&copied).ok().as_deref() == Some(image_roots.as_str()),
+        "{} does not hold the image's roots",
+        copied.display()
+    );
     let with_secret = sh_ok(&daemon, &id, read).await;
     let (roots, ca) = with_secret
         .split_once("# sandboxd secrets broker CA\n")

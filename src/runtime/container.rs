@@ -80,11 +80,12 @@ pub fn start(
         .map_err(|e| prepare("network namespace")(e.into()))?;
     let (mut started, volumes) = started?;
     // The host's users and tools walking the run directory never reach a
-    // volume. Nested ones go first.
+    // volume (where the root is mounted in the host's namespace: a pod's;
+    // elsewhere the start's namespace goes anyway). Nested ones go first.
     for (volume, bound) in config.volumes.iter().zip(volumes).rev() {
         bound.detach().map_err(|e| {
             prepare("volumes")(io::Error::other(format!(
-                "unmounting volume {} from the host's side of the root: {e}",
+                "unmounting volume {} from the supervisor's side of the root: {e}",
                 volume.destination
             )))
         })?;
@@ -99,7 +100,7 @@ pub fn start(
 
 /// [`start`]'s part inside the sandbox's network namespace, to the
 /// container's init started (its phases timed in `laps`). Returns the
-/// volumes still bound on the host's side of the root too.
+/// volumes still bound on the supervisor's side of the root too.
 fn start_in_netns(
     config: &SandboxSpec,
     paths: &SandboxPaths,
@@ -108,9 +109,9 @@ fn start_in_netns(
     let ends = open_netns_ends_here()?;
     laps.lap("netns");
     prepare_rootfs(config, paths)?;
-    // On the host's side of the root: libcontainer binds that root into
-    // the container's mount namespace recursively, volumes and all. They
-    // leave the host's side once the container has its own copy.
+    // On the supervisor's side of the root: libcontainer binds that root
+    // into the container's mount namespace recursively, volumes and all.
+    // They leave the supervisor's side once the container has its copy.
     let volumes = crate::runtime::volumes::bind_volumes(
         &paths.rootfs(),
         &config.volumes,

@@ -177,6 +177,42 @@ fn in_group(groups: &str, path: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// The test's own process stands in for an init: reached through its
+    /// own group, refused through any other, and refused once gone.
+    #[test]
+    fn a_root_is_reached_only_through_an_init_in_the_sandboxs_group() {
+        sandboxd_test_support::require_root!("needs root (/proc/PID/root of a process)");
+        let own = std::process::id() as i32;
+        let groups = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
+        let group = groups
+            .lines()
+            .find_map(|l| l.splitn(3, ':').nth(2))
+            .expect("a group");
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        std::fs::write(dir.path().join("probe"), "found").expect("probe");
+        let root = HostRoot::through_init(own, group)
+            .open()
+            .expect("through its group");
+        let probe = dir.path().join("probe");
+        let relative = probe.strip_prefix("/").expect("absolute");
+        let read = root.read_regular_file(&relative.to_string_lossy(), 64);
+        assert_eq!(read.ok().flatten().as_deref(), Some(&b"found"[..]));
+        let elsewhere = HostRoot::through_init(own, "/sandboxd-no-such-group/sb-0").open();
+        assert_eq!(
+            elsewhere.err().map(|e| e.kind()),
+            Some(io::ErrorKind::NotFound)
+        );
+        let mut gone = std::process::Command::new("true").spawn().expect("true");
+        let pid = gone.id() as i32;
+        gone.wait().expect("wait");
+        let reused = HostRoot::through_init(pid, group).open();
+        assert_eq!(
+            reused.err().map(|e| e.kind()),
+            Some(io::ErrorKind::NotFound)
+        );
+        assert!(!HostRoot::through_init(0, group).is_known());
+    }
+
     #[test]
     fn membership_is_the_group_or_one_below_it_in_any_hierarchy() {
         let v1 = "12:pids:/sandboxd/sb-1\n11:memory:/sandboxd/sb-1/p-2\n0::/user.slice\n";

@@ -136,8 +136,9 @@ impl Manager {
 
     /// [`Self::install_secrets`] for a sandbox whose trust bundle is known
     /// to be its image's, untouched (a pooled one at its claim, or a new
-    /// one of an image). A container's root is mounted on the host: the
-    /// first such sandbox of an image has the image's bundle read there
+    /// one of an image). The daemon reaches a container's root through
+    /// its init: the first such sandbox of an image has the image's
+    /// bundle read there
     /// (beneath the root, through no symlink, only a regular file of at
     /// most [`MAX_TRUST_BUNDLE`]) and the bundle it needs made, once per
     /// image, and each has it written straight back. Anything else
@@ -307,8 +308,8 @@ pub(super) enum RootBundle {
 }
 
 /// Puts `bundle` in place of the trust bundle of a container root the
-/// sandbox's code has not run in yet, straight through its overlay as
-/// mounted on the host: where it was copied up ahead and is still the
+/// sandbox's code has not run in yet, straight through its overlay (as its
+/// init sees it, `HostRoot`): where it was copied up ahead and is still the
 /// image's length, the CA appended; else the whole bundle written over it
 /// (0.3-0.6 ms, against 3 ms through the supervisor and agent). False
 /// where the image's bundle is not a regular file reached through no

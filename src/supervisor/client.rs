@@ -848,14 +848,14 @@ pub mod fake {
             Box::pin(async move { expect::guest_pids(reply?) })
         }
 
-        /// A fake has no memfd to hand out: a scripted reply is refused as
-        /// one without its descriptor, as the real client would.
         /// Fake supervisors mount nothing: the root is whatever the test
         /// put at the run directory's `rootfs`.
         fn root(&self, paths: &SandboxPaths, _init_pid: i32, _cgroups: &str) -> HostRoot {
             HostRoot::in_directory(&paths.rootfs())
         }
 
+        /// A fake has no memfd to hand out: a scripted reply is refused as
+        /// one without its descriptor, as the real client would.
         fn open_mailbox<'a>(
             &'a self,
             id: &'a str,
