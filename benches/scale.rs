@@ -144,12 +144,13 @@ async fn idle_pss(daemon: &Daemon, n: usize) -> (f64, f64) {
         futures::future::join_all((0..n).map(|_| daemon.create(json!({"image": "python"})))).await;
     let group =
         common::cgroup::daemon_group(&common::cgroup::hierarchy("pids"), &daemon.cgroup_parent());
-    // Standby supervisors wait there for future creates: not the idle
-    // sandboxes' cost.
-    let standbys = daemon.standby_pids();
     let pss = |dir: &Path| {
         let mut pids = Vec::new();
         pids_under(dir, &mut pids);
+        // Standby supervisors wait there for future creates: not the idle
+        // sandboxes' cost. Listed after the group: one that joined it
+        // meanwhile is a standby too.
+        let standbys = daemon.standby_pids();
         pids.retain(|p| !standbys.contains(p));
         (pids.len(), pids.iter().map(|&p| pss_kib(p)).sum::<u64>())
     };

@@ -105,6 +105,7 @@ fn main() {
         cgroup_parent,
     }) = &cli.command
     {
+        sandboxd::supervisor::share_one_malloc_arena();
         let format = match std::env::var("SANDBOXD_LOG_FORMAT").as_deref() {
             Ok("json") => LogFormat::Json,
             _ => LogFormat::Text,
