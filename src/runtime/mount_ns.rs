@@ -47,7 +47,7 @@ pub fn is_own(spec: &SandboxSpec) -> bool {
 /// the thread ends; the process's children forked from that thread (the
 /// container's processes, CRIU) got a copy. Where the namespace cannot be
 /// made, `start` runs in the host's, as it did before, and a warning says
-/// so.
+/// so (the teardown unmounts the root there).
 pub fn start_in_own<T: Send>(id: &str, start: impl FnOnce() -> T + Send) -> io::Result<T> {
     std::thread::scope(|scope| {
         let thread = std::thread::Builder::new()
@@ -57,10 +57,7 @@ pub fn start_in_own<T: Send>(id: &str, start: impl FnOnce() -> T + Send) -> io::
             .stack_size(8 << 20)
             .spawn_scoped(scope, || {
                 if let Err(e) = enter_own() {
-                    tracing::warn!(
-                        sandbox = %id,
-                        "starting in the host's mount namespace, as none of its own could be made: {e}"
-                    );
+                    tracing::warn!(sandbox = %id, "{e}; its mounts may be seen on the host");
                 }
                 start()
             })?;
@@ -77,7 +74,11 @@ fn enter_own() -> io::Result<()> {
     // CLONE_FS too: the thread's root and working directory stop being
     // shared with the process's other threads, as a namespace of its own
     // needs.
-    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS).map_err(io::Error::from)?;
+    unshare(CloneFlags::CLONE_NEWNS | CloneFlags::CLONE_FS).map_err(|e| {
+        io::Error::other(format!(
+            "no mount namespace of its own ({e}): starting in the host's"
+        ))
+    })?;
     mount(
         None::<&str>,
         "/",
@@ -85,7 +86,11 @@ fn enter_own() -> io::Result<()> {
         MsFlags::MS_REC | MsFlags::MS_SLAVE,
         None::<&str>,
     )
-    .map_err(io::Error::from)
+    .map_err(|e| {
+        io::Error::other(format!(
+            "its own mount namespace stays a peer of the host's ({e}): mounts made there propagate"
+        ))
+    })
 }
 
 /// A container sandbox's root as the host reaches it: through its init
