@@ -107,46 +107,14 @@ fn remove_tree(path: &Path) -> Result<(), ImageError> {
 }
 
 /// Every overlay lower layer mounted on this host now, in any mount
-/// namespace (from each one's mountinfo's super options, read once per
-/// namespace): a container's root is mounted only in its own namespace,
-/// and while it starts in its supervisor's start thread's
-/// (`runtime::mount_ns`), which only that thread's `/proc` entry shows;
-/// a daemon sharing the image cache has sandboxes of its own.
+/// namespace (`runtime::mount_ns::mount_tables`): a container's root is
+/// mounted only in its own namespace, and a daemon sharing the image
+/// cache has sandboxes of its own.
 pub fn mounted_lower_layers() -> HashSet<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let mut layers =
-        lower_layers_in(&fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
-    let mut namespaces = HashSet::new();
-    if let Ok(own) = fs::metadata("/proc/self/ns/mnt") {
-        namespaces.insert((own.dev(), own.ino()));
-    }
-    let numbered = |dir: &Path| {
-        fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| {
-                e.file_name()
-                    .to_string_lossy()
-                    .bytes()
-                    .all(|b| b.is_ascii_digit())
-            })
-            .map(|e| e.path())
-            .collect::<Vec<_>>()
-    };
-    for process in numbered(Path::new("/proc")) {
-        for thread in numbered(&process.join("task")) {
-            // A thread gone meanwhile has nothing left to read.
-            let Ok(namespace) = fs::metadata(thread.join("ns/mnt")) else {
-                continue;
-            };
-            if namespaces.insert((namespace.dev(), namespace.ino())) {
-                let info = fs::read_to_string(thread.join("mountinfo")).unwrap_or_default();
-                layers.extend(lower_layers_in(&info));
-            }
-        }
-    }
-    layers
+    crate::runtime::mount_ns::mount_tables()
+        .iter()
+        .flat_map(|(_, mountinfo)| lower_layers_in(mountinfo))
+        .collect()
 }
 
 fn lower_layers_in(mountinfo: &str) -> HashSet<PathBuf> {

@@ -164,6 +164,46 @@ impl HostRoot {
     }
 }
 
+/// The mount table (mountinfo) of every mount namespace a process or a
+/// thread is in now, each read once, beside the namespace's inode. A
+/// container's root is in its own namespace's table alone, and while it
+/// starts in its supervisor's start thread's, which only that thread's
+/// `/proc` entry shows.
+pub fn mount_tables() -> Vec<(u64, String)> {
+    use std::os::unix::fs::MetadataExt;
+    let numbered = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .bytes()
+                    .all(|b| b.is_ascii_digit())
+            })
+            .map(|e| e.path())
+            .collect::<Vec<_>>()
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut tables = Vec::new();
+    for process in numbered(Path::new("/proc")) {
+        for thread in numbered(&process.join("task")) {
+            // A thread gone meanwhile has nothing left to read.
+            let Ok(namespace) = std::fs::metadata(thread.join("ns/mnt")) else {
+                continue;
+            };
+            if !seen.insert((namespace.dev(), namespace.ino())) {
+                continue;
+            }
+            if let Ok(mountinfo) = std::fs::read_to_string(thread.join("mountinfo")) {
+                tables.push((namespace.ino(), mountinfo));
+            }
+        }
+    }
+    tables
+}
+
 /// Whether a process whose `/proc/PID/cgroup` is `groups` is in group
 /// `path` or one below it, in any hierarchy.
 fn in_group(groups: &str, path: &str) -> bool {

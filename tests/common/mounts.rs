@@ -3,7 +3,6 @@
 //! (src/runtime/mount_ns.rs), so a check that a root is there, or gone,
 //! has to look in every namespace.
 
-use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 
 /// One line of some namespace's mountinfo: where it is mounted (in that
@@ -31,25 +30,11 @@ pub fn namespace_of(pid: i32) -> Option<u64> {
         .map(|m| m.ino())
 }
 
-/// Every mount of every mount namespace a process is in now, each
-/// namespace read once.
+/// Every mount of every mount namespace a process or thread is in now
+/// (sandboxd's own reading of them, `runtime::mount_ns::mount_tables`).
 pub fn everywhere() -> Vec<Mount> {
-    let mut seen = BTreeSet::new();
     let mut mounts = Vec::new();
-    let pids = std::fs::read_dir("/proc").expect("/proc").flatten();
-    for pid in pids {
-        let name = pid.file_name().to_string_lossy().into_owned();
-        if !name.bytes().all(|b| b.is_ascii_digit()) {
-            continue;
-        }
-        // A process gone meanwhile has nothing to read.
-        let Ok(namespace) = std::fs::metadata(pid.path().join("ns/mnt")) else {
-            continue;
-        };
-        if !seen.insert(namespace.ino()) {
-            continue;
-        }
-        let info = std::fs::read_to_string(pid.path().join("mountinfo")).unwrap_or_default();
+    for (namespace, info) in sandboxd::runtime::mount_ns::mount_tables() {
         mounts.extend(info.lines().filter_map(|line| {
             let (before, after) = line.split_once(" - ")?;
             let point = before.split(' ').nth(4)?;
@@ -57,7 +42,7 @@ pub fn everywhere() -> Vec<Mount> {
             let fs_type = fs.next()?;
             let super_options = fs.nth(1).unwrap_or("");
             Some(Mount {
-                namespace: namespace.ino(),
+                namespace,
                 point: point.to_string(),
                 fs_type: fs_type.to_string(),
                 super_options: super_options.to_string(),
