@@ -216,7 +216,7 @@ fn run_in_netns(
             Ok(())
         });
     }
-    let child = command.spawn().map_err(|source| CriuError::Spawn {
+    let child = super::children::spawn_own(&mut command).map_err(|source| CriuError::Spawn {
         binary: criu.display().to_string(),
         source,
     });
@@ -228,19 +228,8 @@ fn run_in_netns(
     if let Some(mut pipe) = child.stderr.take() {
         let _ = io::Read::read_to_string(&mut pipe, &mut stderr);
     }
-    let pid = child.id() as i32;
-    // The supervisor's reaper may have taken criu's status first.
-    let (success, status) = match child.wait() {
-        Ok(status) => (status.success(), status.to_string()),
-        Err(e) if e.raw_os_error() == Some(libc::ECHILD) => {
-            match super::reaped::take(pid, std::time::Duration::from_secs(5)) {
-                Some(ended) => (ended.code == Some(0), ended.description),
-                None => (false, "its exit status was lost".into()),
-            }
-        }
-        Err(e) => return Err(io_err("waiting for criu")(e)),
-    };
-    if success {
+    let status = child.wait().map_err(io_err("waiting for criu"))?;
+    if status.success() {
         return Ok(());
     }
     let text = fs::read_to_string(log).unwrap_or_default();
@@ -254,7 +243,7 @@ fn run_in_netns(
     }
     Err(CriuError::Failed {
         action,
-        status,
+        status: status.to_string(),
         detail: detail.join(" | "),
         log: log.display().to_string(),
     })

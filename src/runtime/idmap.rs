@@ -102,11 +102,14 @@ pub(crate) fn mapped_user_namespace(base: u32, size: u32) -> io::Result<File> {
     // Close-on-exec, so no process another thread execs holds them open.
     let (ready_read, ready_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let (done_read, done_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
+    // A supervisor's reaper leaves the helper to the wait below.
+    let own = super::children::OwnFork::start();
     // SAFETY: the child runs only async-signal-safe calls (close, unshare,
     // write, read, _exit) on descriptors it already holds, so forking a
     // process that may have other threads is sound.
     match unsafe { nix::unistd::fork() }? {
         nix::unistd::ForkResult::Child => {
+            own.child();
             // Its copy of the parent's ends, so the parent's close is EOF.
             drop(done_write);
             drop(ready_read);
@@ -119,6 +122,7 @@ pub(crate) fn mapped_user_namespace(base: u32, size: u32) -> io::Result<File> {
             unsafe { libc::_exit(0) }
         }
         nix::unistd::ForkResult::Parent { child } => {
+            let owned = own.parent(child.as_raw());
             drop(ready_write);
             drop(done_read);
             let opened = (|| {
@@ -136,6 +140,7 @@ pub(crate) fn mapped_user_namespace(base: u32, size: u32) -> io::Result<File> {
             })();
             drop(done_write);
             let _ = nix::sys::wait::waitpid(child, None);
+            drop(owned);
             opened
         }
     }

@@ -287,7 +287,16 @@ fn start(dir: &Path, mut clock: StartClock, join_group: bool) -> i32 {
     }
     let (init_tx, init_rx) = oneshot::channel();
     let init_pid = started.init_pid;
-    std::thread::spawn(move || reap_children(init_pid, init_tx));
+    let sandbox = config.spec.id.clone();
+    std::thread::spawn(move || {
+        crate::runtime::children::reap_children(
+            init_pid,
+            |status| {
+                let _ = init_tx.send(status);
+            },
+            |pid, status| tracing::debug!(sandbox = %sandbox, pid, "reaped an orphan: {status}"),
+        )
+    });
     // The proxy's runtime runs on this thread: from here on it lives in the
     // upstream namespace, so every upstream socket is made there. The
     // addresses of both namespaces are the supervisor's own, refused like
@@ -315,35 +324,6 @@ fn own_addresses(sandbox: &str) -> Vec<std::net::IpAddr> {
         tracing::warn!(sandbox = %sandbox, "listing the host's addresses: {e}");
         Vec::new()
     })
-}
-
-/// Reaps every child; reports how init ended.
-fn reap_children(init_pid: i32, init_tx: oneshot::Sender<String>) {
-    let mut init_tx = Some(init_tx);
-    loop {
-        match nix::sys::wait::waitpid(None, None) {
-            Ok(status) if status.pid().map(|p| p.as_raw()) == Some(init_pid) => {
-                if let Some(tx) = init_tx.take() {
-                    let _ = tx.send(format!("{status:?}"));
-                }
-            }
-            Ok(status) => {
-                if let Some(pid) = status.pid() {
-                    let code = match status {
-                        nix::sys::wait::WaitStatus::Exited(_, code) => Some(code),
-                        _ => None,
-                    };
-                    crate::runtime::reaped::record(crate::runtime::reaped::Ended {
-                        pid: pid.as_raw(),
-                        code,
-                        description: format!("{status:?}"),
-                    });
-                }
-            }
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(_) => return,
-        }
-    }
 }
 
 async fn serve(
