@@ -330,11 +330,7 @@ impl Daemon {
     /// daemon's pipe (a handed one reads /dev/null).
     pub fn standby_pids(&self) -> Vec<i32> {
         let run = self.run_dir().display().to_string();
-        processes_where(|pid, args| {
-            let waiting = std::fs::read_link(format!("/proc/{pid}/fd/0"))
-                .is_ok_and(|l| l.to_string_lossy().starts_with("pipe:"));
-            waiting && args.contains(&"--standby") && args.iter().any(|a| a.starts_with(&run))
-        })
+        processes_where(|pid, args| is_waiting_standby(pid, args, &run))
     }
 
     /// The sandboxes' run directories under `<run>/sandboxes` (what a
@@ -718,6 +714,15 @@ pub fn root_owned_busybox(dir: &Path) -> PathBuf {
 
 /// Pids of the host's processes whose (pid, command-line arguments) pass
 /// `wanted`.
+/// Whether process `pid`, run with `args`, is a standby supervisor of the
+/// daemon whose run directory is `run`, still waiting for a sandbox (its
+/// stdin is the daemon's pipe until it is handed one).
+pub fn is_waiting_standby(pid: i32, args: &[&str], run: &str) -> bool {
+    let waiting = std::fs::read_link(format!("/proc/{pid}/fd/0"))
+        .is_ok_and(|l| l.to_string_lossy().starts_with("pipe:"));
+    waiting && args.contains(&"--standby") && args.iter().any(|a| a.starts_with(run))
+}
+
 pub fn processes_where(wanted: impl Fn(i32, &[&str]) -> bool) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .into_iter()
