@@ -194,39 +194,13 @@ impl Dir {
         Ok(true)
     }
 
-    /// Appends `tail` to regular file `path` (relative) beneath this one
-    /// when it is `expected_len` bytes long; false, with nothing written,
-    /// when it is another length or [`Self::overwrite_regular_file`] would
-    /// write nothing either. An overlay's file that is still only in its
-    /// lower layer is copied up, data and all, by the open: see
-    /// [`Self::copy_up_regular_file`]. The length is checked, then the
-    /// tail written: only for a file nothing else writes meanwhile (a
-    /// root no code has run in yet).
-    pub fn append_regular_file(
-        &self,
-        path: &str,
-        expected_len: u64,
-        tail: &[u8],
-    ) -> io::Result<bool> {
-        let options = std::fs::OpenOptions::new().append(true).clone();
-        let Some(mut file) = self.writable_regular_file(path, &options)? else {
-            return Ok(false);
-        };
-        if file.metadata()?.len() != expected_len {
-            return Ok(false);
-        }
-        io::Write::write_all(&mut file, tail)?;
-        Ok(true)
-    }
-
     /// Copies regular file `path` (relative) beneath an overlay's root up
-    /// into its upper layer, contents unchanged (opened for writing, then
-    /// closed), so that a later [`Self::append_regular_file`] writes only
-    /// what it appends; false, with nothing done, where that would write
-    /// nothing.
-    pub fn copy_up_regular_file(&self, path: &str) -> io::Result<bool> {
-        let options = std::fs::OpenOptions::new().write(true).clone();
-        Ok(self.writable_regular_file(path, &options)?.is_some())
+    /// into its upper layer, contents unchanged, and returns it open for
+    /// appending, so that a later [`append_if_length`] writes only what it
+    /// appends; `None`, with nothing done, where that would write nothing.
+    pub fn copy_up_for_append(&self, path: &str) -> io::Result<Option<std::fs::File>> {
+        let options = std::fs::OpenOptions::new().append(true).clone();
+        self.writable_regular_file(path, &options)
     }
 
     /// Regular file `path` (relative) beneath this one, through no
@@ -395,6 +369,18 @@ fn open(dirfd: i32, path: &str, how: OpenHow) -> io::Result<OwnedFd> {
     let fd = openat2(dirfd, path, how)?;
     // SAFETY: openat2 just returned this descriptor; nothing else owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Appends `tail` to `file` (open for appending) when it is
+/// `expected_len` bytes long; false, with nothing written, when it is
+/// another length. The length is checked, then the tail written: only for
+/// a file nothing else writes meanwhile (a root no code has run in yet).
+pub fn append_if_length(file: &std::fs::File, expected_len: u64, tail: &[u8]) -> io::Result<bool> {
+    if file.metadata()?.len() != expected_len {
+        return Ok(false);
+    }
+    io::Write::write_all(&mut &*file, tail)?;
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -583,22 +569,24 @@ mod tests {
         let top = Dir::at(&merged).unwrap();
 
         assert!(!upper.join("certs/bundle").exists());
-        assert!(top.copy_up_regular_file("certs/bundle").unwrap());
+        let copied = top
+            .copy_up_for_append("certs/bundle")
+            .unwrap()
+            .expect("a regular file to copy up");
         assert_eq!(
             std::fs::read(upper.join("certs/bundle")).unwrap(),
             b"roots\n"
         );
-        assert!(!top.copy_up_regular_file("certs/link").unwrap());
-        assert!(!top.copy_up_regular_file("certs/missing").unwrap());
+        assert!(top.copy_up_for_append("certs/link").unwrap().is_none());
+        assert!(top.copy_up_for_append("certs/missing").unwrap().is_none());
 
         // Another length than the one expected: nothing written.
-        assert!(!top.append_regular_file("certs/bundle", 5, b"CA\n").unwrap());
-        assert!(!top.append_regular_file("certs/link", 6, b"CA\n").unwrap());
+        assert!(!append_if_length(&copied, 5, b"CA\n").unwrap());
         assert_eq!(
             std::fs::read(merged.join("certs/bundle")).unwrap(),
             b"roots\n"
         );
-        assert!(top.append_regular_file("certs/bundle", 6, b"CA\n").unwrap());
+        assert!(append_if_length(&copied, 6, b"CA\n").unwrap());
         assert_eq!(
             std::fs::read(merged.join("certs/bundle")).unwrap(),
             b"roots\nCA\n"

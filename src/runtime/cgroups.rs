@@ -47,11 +47,14 @@ pub enum Layout {
 impl Layout {
     /// A host whose /sys/fs/cgroup is itself cgroup2 is v2; anything else
     /// (legacy or hybrid, like the development hosts) is driven as v1.
+    /// Looked at once per process: a host does not change it under a
+    /// running daemon, and a claim would pay a statfs for each ask.
     pub fn detect() -> Self {
-        match nix::sys::statfs::statfs(CGROUP_ROOT) {
+        static LAYOUT: std::sync::OnceLock<Layout> = std::sync::OnceLock::new();
+        *LAYOUT.get_or_init(|| match nix::sys::statfs::statfs(CGROUP_ROOT) {
             Ok(s) if s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC => Layout::V2,
             _ => Layout::V1,
-        }
+        })
     }
 }
 

@@ -307,6 +307,9 @@ impl Manager {
     }
 
     pub(super) async fn remove_everything(&self, record: &SandboxRecord) {
+        // Whatever the pool holds of it goes first: a trust bundle held
+        // open would keep its root's overlay alive past the teardown.
+        self.pool().forget(&record.id);
         let paths = self.paths(&record.id);
         // Its URLs stop answering before anything of it goes.
         let ingress_bytes = self.links.close_sandbox(&record.id);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::manager::not_running;
 use super::{Manager, SandboxError, SandboxRecord};
 use crate::model::{RuntimeKind, SandboxState};
-use crate::runtime::beneath::Dir;
+use crate::runtime::beneath::{append_if_length, Dir};
 use crate::secrets::{ImageTrustBundle, NewSecret, SecretChange, SecretInfo, TRUST_BUNDLE_PATH};
 use crate::supervisor::client::{CallError, SupervisorClient};
 
@@ -209,29 +209,27 @@ impl Manager {
     }
 
     /// Copies pooled container `id`'s trust bundle up into its writable
-    /// layer, contents unchanged, so that a claim with secrets appends the
-    /// CA to it (about 0.1 ms) instead of writing the whole bundle (220 KB
-    /// here: 0.55 ms to copy up without data and write). Only while the
-    /// daemon stores a secret: else it would cost every pooled sandbox
-    /// 220 KB in its layer for nothing. True when the bundle is in the
-    /// root's own layer now; a failure (logged) only leaves the claim the
-    /// longer way.
-    pub(super) async fn copy_up_trust_bundle(&self, id: &str) -> bool {
+    /// layer, contents unchanged, and keeps it open, so that a claim with
+    /// secrets appends the CA through it (an fstat and a write) instead of
+    /// reaching the root and writing the whole bundle (220 KB here: 0.55
+    /// ms to copy up without data and write). Only while the daemon stores
+    /// a secret: else it would cost every pooled sandbox 220 KB in its
+    /// layer for nothing. `None` where the bundle is not in the root's own
+    /// layer now; a failure (logged) only leaves the claim the longer way.
+    pub(super) async fn copy_up_trust_bundle(&self, id: &str) -> Option<std::fs::File> {
         if !self.secrets.any_stored() {
-            return false;
+            return None;
         }
-        let Some(root) = self.records().get(id).map(|r| self.host_root(r)) else {
-            return false;
-        };
+        let root = self.records().get(id).map(|r| self.host_root(r))?;
         let copied = tokio::task::spawn_blocking(move || {
-            root.open()?.copy_up_regular_file(TRUST_BUNDLE_RELATIVE)
+            root.open()?.copy_up_for_append(TRUST_BUNDLE_RELATIVE)
         })
         .await
         .map_err(std::io::Error::other)
         .and_then(|copied| copied);
         copied.unwrap_or_else(|e| {
             tracing::warn!(sandbox = %id, "copying its trust bundle up ahead of a claim: {e}");
-            false
+            None
         })
     }
 
@@ -296,15 +294,16 @@ const MAX_TRUST_BUNDLE: u64 = 4 << 20;
 
 /// Where the trust bundle of a container root the sandbox's code has not
 /// run in yet is.
-#[derive(Clone, Copy, Debug)]
+#[derive(Debug)]
 pub(super) enum RootBundle {
     /// Only in the image's layer (a cold create's root, or a pooled one
     /// the pool did not copy up): appending to it would copy all its data
     /// up first, writing it whole copies up none.
     InImage,
-    /// Copied up into the root's own layer ahead, unchanged (a pooled
-    /// root, [`Manager::copy_up_trust_bundle`]).
-    CopiedUp,
+    /// Copied up into the root's own layer ahead, unchanged, and held open
+    /// for appending since (a pooled root,
+    /// [`Manager::copy_up_trust_bundle`]).
+    CopiedUp(std::fs::File),
 }
 
 /// Puts `bundle` in place of the trust bundle of a container root the
@@ -319,24 +318,26 @@ pub(super) async fn write_in_root(
     bundle: Arc<ImageTrustBundle>,
     found: RootBundle,
 ) -> Result<bool, SandboxError> {
-    tokio::task::spawn_blocking(move || {
-        let root = open_root()?;
-        if let (RootBundle::CopiedUp, Some((image_length, tail))) =
-            (found, bundle.appended_to_image())
-        {
-            if root.append_regular_file(TRUST_BUNDLE_RELATIVE, image_length, tail)? {
-                return Ok(true);
-            }
-        }
-        root.overwrite_regular_file(TRUST_BUNDLE_RELATIVE, &bundle.bytes)
-    })
-    .await
-    .map_err(SandboxError::internal)?
-    .map_err(|e| {
+    let failed = |e: std::io::Error| {
         SandboxError::internal(format!(
             "writing the trust bundle {TRUST_BUNDLE_PATH} into the sandbox's root: {e}"
         ))
+    };
+    if let (RootBundle::CopiedUp(file), Some((image_length, tail))) =
+        (&found, bundle.appended_to_image())
+    {
+        // An fstat and a write of a few KB into the page cache: on this
+        // thread, as a blocking thread's wake-up would cost more.
+        if append_if_length(file, image_length, tail).map_err(failed)? {
+            return Ok(true);
+        }
+    }
+    tokio::task::spawn_blocking(move || {
+        open_root()?.overwrite_regular_file(TRUST_BUNDLE_RELATIVE, &bundle.bytes)
     })
+    .await
+    .map_err(SandboxError::internal)?
+    .map_err(failed)
 }
 
 /// Whether a file's directory must be made before the file is written.

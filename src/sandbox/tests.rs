@@ -840,10 +840,11 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
     );
 }
 
-/// A pooled root's bundle, copied up ahead, takes only the CA appended
-/// where it still has the image's bundle's length; a cold root's, or one
-/// of another length, is written whole. The file here has the image's
-/// length but other bytes, so the two ways leave different files.
+/// A pooled root's bundle, copied up ahead and held open, takes only the
+/// CA appended where it still has the image's bundle's length; a cold
+/// root's, or one of another length, is written whole. The file here has
+/// the image's length but other bytes, so the two ways leave different
+/// files.
 #[tokio::test]
 async fn a_copied_up_bundle_of_the_images_length_takes_the_ca_appended() {
     use super::secrets::{write_in_root, RootBundle};
@@ -860,21 +861,26 @@ async fn a_copied_up_bundle_of_the_images_length_takes_the_ca_appended() {
     let certs = tmp.path().join("etc/ssl/certs");
     std::fs::create_dir_all(&certs).expect("certs dir");
     let file = certs.join("ca-certificates.crt");
+    let held = || {
+        RootBundle::CopiedUp(
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(&file)
+                .expect("the bundle, held open"),
+        )
+    };
     let same_length = b"IMAGE ROOTS\n";
-    for (found, on_disk, expected) in [
-        (
-            RootBundle::CopiedUp,
-            &same_length[..],
-            [&same_length[..], tail].concat(),
-        ),
-        (
-            RootBundle::CopiedUp,
-            &b"other length\n"[..],
-            bundle.bytes.clone(),
-        ),
-        (RootBundle::InImage, &same_length[..], bundle.bytes.clone()),
+    for (copied_up, on_disk, expected) in [
+        (true, &same_length[..], [&same_length[..], tail].concat()),
+        (true, &b"other length\n"[..], bundle.bytes.clone()),
+        (false, &same_length[..], bundle.bytes.clone()),
     ] {
         std::fs::write(&file, on_disk).expect("bundle");
+        let found = if copied_up {
+            held()
+        } else {
+            RootBundle::InImage
+        };
         assert!(write_in_root(
             {
                 let root = tmp.path().to_path_buf();
@@ -888,7 +894,7 @@ async fn a_copied_up_bundle_of_the_images_length_takes_the_ca_appended() {
         assert_eq!(
             std::fs::read(&file).expect("read"),
             expected,
-            "{found:?} over {:?}",
+            "copied up: {copied_up}, over {:?}",
             String::from_utf8_lossy(on_disk)
         );
     }

@@ -7,7 +7,7 @@
 //! disk quota. (The disk pool, `disk/pool.rs`, is the btrfs filesystem
 //! layers live on.)
 
-use super::events::{Event, EventKind, Note};
+use super::events::{EventKind, Note};
 use super::record::expiry;
 use super::secrets::RootBundle;
 use super::SandboxError;
@@ -19,7 +19,7 @@ use crate::runtime::cgroups::{CgroupLimits, Layout, SandboxCgroups};
 use crate::secrets::SecretBinding;
 use crate::supervisor::mailbox::Postbox;
 use crate::supervisor::protocol::HandOver;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 use std::time::SystemTime;
@@ -40,9 +40,9 @@ pub(super) struct WarmPools {
     /// The daemon's ends of the pooled sandboxes' claim mailboxes, by id
     /// (none where opening one failed: its claim is a request).
     postboxes: HashMap<String, Postbox>,
-    /// Pooled containers whose trust bundle was copied up into their own
-    /// layer when they joined the pool.
-    bundles_copied_up: HashSet<String>,
+    /// Pooled containers' trust bundles, copied up into their own layer
+    /// when they joined the pool and held open for a claim's append.
+    bundles_copied_up: HashMap<String, std::fs::File>,
 }
 
 impl WarmPools {
@@ -86,15 +86,15 @@ impl WarmPools {
         self.postboxes.remove(id)
     }
 
-    fn mark_bundle_copied_up(&mut self, id: String) {
-        self.bundles_copied_up.insert(id);
+    fn keep_copied_up_bundle(&mut self, id: String, bundle: std::fs::File) {
+        self.bundles_copied_up.insert(id, bundle);
     }
 
     /// Where pooled sandbox `id`'s trust bundle is, as it leaves the pool.
     fn take_bundle_place(&mut self, id: &str) -> RootBundle {
         match self.bundles_copied_up.remove(id) {
-            true => RootBundle::CopiedUp,
-            false => RootBundle::InImage,
+            Some(bundle) => RootBundle::CopiedUp(bundle),
+            None => RootBundle::InImage,
         }
     }
 
@@ -255,7 +255,10 @@ impl Manager {
     /// error logged, its claim is a `HandOver` request) and a container's
     /// trust bundle copied up for a claim with secrets.
     pub(super) async fn pool_ready(&self, runtime: RuntimeKind, image: &str, id: String) {
-        let copied_up = runtime == RuntimeKind::Container && self.copy_up_trust_bundle(&id).await;
+        let copied_up = match runtime {
+            RuntimeKind::Container => self.copy_up_trust_bundle(&id).await,
+            RuntimeKind::Vm => None,
+        };
         let postbox = match self.supervisors.open_mailbox(&id).await {
             Ok(postbox) => Some(postbox),
             Err(e) => {
@@ -267,8 +270,8 @@ impl Manager {
         if let Some(postbox) = postbox {
             pools.keep_postbox(id.clone(), postbox);
         }
-        if copied_up {
-            pools.mark_bundle_copied_up(id.clone());
+        if let Some(bundle) = copied_up {
+            pools.keep_copied_up_bundle(id.clone(), bundle);
         }
         pools.put(runtime, image, id);
     }
@@ -459,8 +462,9 @@ impl Manager {
             if let Some(current) = self.records().get_mut(id) {
                 current.claiming = true;
             }
+            // Committed with the claim's record: one fsync, after the claim.
             self.store
-                .put_with_events_journaled(id, &pooled, &[] as &[(u64, &Event)])
+                .put_journaled_quietly(id, &pooled)
                 .map_err(SandboxError::internal)?;
         }
         // A few cgroup writes and the quota ioctl (0.09 ms), which may
@@ -664,38 +668,26 @@ mod tests {
         assert!(!fits(RuntimeKind::Vm, &more, &pooled));
     }
 
-    /// A claim finds a bundle copied up only where the pool marked one,
-    /// once; a sandbox leaving the pool any other way takes its mark along.
+    /// A claim finds a bundle copied up only where the pool kept one,
+    /// once; a sandbox leaving the pool any other way takes its file along.
     #[test]
-    fn a_bundle_is_claimed_as_copied_up_only_where_the_pool_marked_it() {
+    fn a_bundle_is_claimed_as_copied_up_only_where_the_pool_kept_it() {
+        let file = || tempfile::tempfile().expect("a file");
+        let copied_up = |place: RootBundle| matches!(place, RootBundle::CopiedUp(_));
         let mut pools = WarmPools::default();
         for id in ["sb-a", "sb-b", "sb-c"] {
             pools.put(RuntimeKind::Container, "python", id.into());
         }
-        pools.mark_bundle_copied_up("sb-a".into());
-        pools.mark_bundle_copied_up("sb-b".into());
-        assert!(matches!(
-            pools.take_bundle_place("sb-a"),
-            RootBundle::CopiedUp
-        ));
-        assert!(matches!(
-            pools.take_bundle_place("sb-a"),
-            RootBundle::InImage
-        ));
-        assert!(matches!(
-            pools.take_bundle_place("sb-c"),
-            RootBundle::InImage
-        ));
+        pools.keep_copied_up_bundle("sb-a".into(), file());
+        pools.keep_copied_up_bundle("sb-b".into(), file());
+        assert!(copied_up(pools.take_bundle_place("sb-a")));
+        assert!(!copied_up(pools.take_bundle_place("sb-a")));
+        assert!(!copied_up(pools.take_bundle_place("sb-c")));
         pools.forget("sb-b");
-        assert!(matches!(
-            pools.take_bundle_place("sb-b"),
-            RootBundle::InImage
-        ));
-        pools.mark_bundle_copied_up("sb-c".into());
+        assert!(!copied_up(pools.take_bundle_place("sb-b")));
+        pools.keep_copied_up_bundle("sb-c".into(), file());
         assert_eq!(pools.evict().as_deref(), Some("sb-c"));
-        assert!(matches!(
-            pools.take_bundle_place("sb-c"),
-            RootBundle::InImage
-        ));
+        assert!(!copied_up(pools.take_bundle_place("sb-c")));
+        assert!(pools.bundles_copied_up.is_empty());
     }
 }
