@@ -99,6 +99,10 @@ enum TokenCommand {
 
 fn main() {
     let cli = Cli::parse();
+    // Looked at once per process, and here, in the host's mount
+    // namespace: a thread that entered a sandbox's first would see its
+    // cgroup mount instead.
+    sandboxd::runtime::cgroups::Layout::detect();
     if let Some(Command::Supervise {
         dir,
         standby,

@@ -372,11 +372,14 @@ fn open(dirfd: i32, path: &str, how: OpenHow) -> io::Result<OwnedFd> {
 }
 
 /// Appends `tail` to `file` (open for appending) when it is
-/// `expected_len` bytes long; false, with nothing written, when it is
-/// another length. The length is checked, then the tail written: only for
+/// `expected_len` bytes long and still has a name; false, with nothing
+/// written, when it is another length or was unlinked (replaced by a file
+/// renamed over it, as `update-ca-certificates` does: the append would
+/// reach nobody). The length is checked, then the tail written: only for
 /// a file nothing else writes meanwhile (a root no code has run in yet).
 pub fn append_if_length(file: &std::fs::File, expected_len: u64, tail: &[u8]) -> io::Result<bool> {
-    if file.metadata()?.len() != expected_len {
+    let meta = file.metadata()?;
+    if meta.len() != expected_len || std::os::unix::fs::MetadataExt::nlink(&meta) == 0 {
         return Ok(false);
     }
     io::Write::write_all(&mut &*file, tail)?;
@@ -586,6 +589,15 @@ mod tests {
             std::fs::read(merged.join("certs/bundle")).unwrap(),
             b"roots\n"
         );
+        // Replaced by a file renamed over it: the held one has no name.
+        let replaced = tmp.path().join("replaced");
+        std::fs::write(&replaced, b"roots\n").unwrap();
+        let held = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&replaced)
+            .unwrap();
+        std::fs::remove_file(&replaced).unwrap();
+        assert!(!append_if_length(&held, 6, b"CA\n").unwrap());
         assert!(append_if_length(&copied, 6, b"CA\n").unwrap());
         assert_eq!(
             std::fs::read(merged.join("certs/bundle")).unwrap(),

@@ -307,10 +307,11 @@ pub(super) enum RootBundle {
 }
 
 /// Puts `bundle` in place of the trust bundle of a container root the
-/// sandbox's code has not run in yet, straight through its overlay (as its
-/// init sees it, `HostRoot`): where it was copied up ahead and is still the
-/// image's length, the CA appended; else the whole bundle written over it
-/// (0.3-0.6 ms, against 3 ms through the supervisor and agent). False
+/// sandbox's code has not run in yet: where the pool copied it up ahead
+/// and holds it open, and it still has the image's length, the CA
+/// appended through that descriptor; else the whole bundle written over it
+/// straight through the root's overlay (as its init sees it, `HostRoot`;
+/// 0.3-0.6 ms, against 3 ms through the supervisor and agent). False
 /// where the image's bundle is not a regular file reached through no
 /// symlink: the agent then writes it, inside.
 pub(super) async fn write_in_root(
@@ -326,9 +327,12 @@ pub(super) async fn write_in_root(
     if let (RootBundle::CopiedUp(file), Some((image_length, tail))) =
         (&found, bundle.appended_to_image())
     {
-        // An fstat and a write of a few KB into the page cache: on this
-        // thread, as a blocking thread's wake-up would cost more.
-        if append_if_length(file, image_length, tail).map_err(failed)? {
+        // An fstat and a write of a few KB, which may still wait on a
+        // btrfs commit (the file's times): on this thread, its other tasks
+        // moved off first, as a blocking thread's wake-up costs more.
+        if super::warm_pool::run_blocking_here(|| append_if_length(file, image_length, tail))
+            .map_err(failed)?
+        {
             return Ok(true);
         }
     }

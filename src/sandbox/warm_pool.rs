@@ -266,6 +266,10 @@ impl Manager {
                 None
             }
         };
+        if !self.records().contains_key(&id) {
+            // Removed meanwhile (its teardown would not find these here).
+            return;
+        }
         let mut pools = self.pool();
         if let Some(postbox) = postbox {
             pools.keep_postbox(id.clone(), postbox);
@@ -491,8 +495,10 @@ impl Manager {
         };
         // All three are awaited even when one fails: a failed claim
         // removes the sandbox, which must not race their writes.
-        // The bundle first: its blocking write starts before the limits
-        // are written here.
+        // The bundle first: an append through the descriptor the pool
+        // holds is done on its first poll; a whole write (or a first read
+        // of the image's bundle) starts on a blocking thread before the
+        // limits are written here.
         let bundle = self.install_trust_bundle_fresh(&record, bundle_place);
         let (bundle, told, lowered) = tokio::join!(bundle, told, limits);
         lowered?;
@@ -575,7 +581,7 @@ impl Manager {
 /// (`block_in_place`), so nothing waits behind it, and its caller pays no
 /// blocking thread's wake-up (0.1-0.2 ms on an idle host). Elsewhere (unit
 /// tests) it just runs.
-fn run_blocking_here<T>(f: impl FnOnce() -> T) -> T {
+pub(super) fn run_blocking_here<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),

@@ -712,15 +712,21 @@ mod tests {
         store
             .put_journaled_quietly("b", &"claiming")
             .expect("journal");
+        // A durable write takes the quiet one in first.
+        store.put("c", &"durable").expect("put");
+        assert_eq!(journal_len(&path), 0, "the durable commit left it");
         store
-            .put_with_events_journaled("a", &"claimed", &[(1, "ready")])
+            .put_journaled_quietly("a", &"claimed")
+            .expect("journal");
+        store
+            .put_with_events_journaled("b", &"claimed", &[(1, "ready")])
             .expect("journal");
         drop(store);
         assert_eq!(journal_len(&path), 0, "the committer left the journal");
         let store = Store::open_with(&path, false).expect("reopen");
         assert_eq!(
             store.all::<String>().expect("all"),
-            vec!["claimed", "claiming"]
+            vec!["claimed", "claimed", "durable"]
         );
     }
 
