@@ -41,20 +41,35 @@ fn lock(registry: &Registry) -> MutexGuard<'_, Owned> {
     registry.owned.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// A spawn under way; dropped when it is over, panicked or not (a count
-/// left up would stop the reaper for good), owning the child it made.
-struct Spawning {
+/// A fork (a spawn's, or a raw one) of a child its caller waits for,
+/// made while this is held: [`Self::parent`] with the child's pid in the
+/// parent, [`Self::child`] in a raw fork's child. Counted as under way
+/// until dropped, panicked or not (a count left up would stop the reaper
+/// for good); then the child it made is owned.
+pub struct OwnFork {
     pid: Option<i32>,
 }
 
-impl Spawning {
-    fn start() -> Self {
+impl OwnFork {
+    pub fn start() -> Self {
         lock(registry()).spawning += 1;
         Self { pid: None }
     }
+
+    /// The child's pid, owned until the handle is dropped.
+    pub fn parent(mut self, pid: i32) -> OwnedPid {
+        self.pid = Some(pid);
+        OwnedPid(pid)
+    }
+
+    /// Forgets the fork untouched: the registry's lock may have been held
+    /// by a thread the child does not have.
+    pub fn child(self) {
+        std::mem::forget(self);
+    }
 }
 
-impl Drop for Spawning {
+impl Drop for OwnFork {
     fn drop(&mut self) {
         let registry = registry();
         let mut owned = lock(registry);
@@ -112,38 +127,13 @@ impl DerefMut for OwnChild {
 /// it may have exited: until then the reaper reaps nothing else, the
 /// init's end included.
 pub fn spawn_own(command: &mut Command) -> io::Result<OwnChild> {
-    let mut spawning = Spawning::start();
+    let fork = OwnFork::start();
     let child = command.spawn()?;
-    let pid = child.id() as i32;
-    spawning.pid = Some(pid);
-    drop(spawning);
+    let owned = fork.parent(child.id() as i32);
     Ok(OwnChild {
         child,
-        _owned: OwnedPid(pid),
+        _owned: owned,
     })
-}
-
-/// A fork of a child its caller waits for (see [`spawn_own`]), made
-/// while this is held: [`Self::parent`] with the child's pid in the
-/// parent, [`Self::child`] in the child.
-pub struct OwnFork(Spawning);
-
-impl OwnFork {
-    pub fn start() -> Self {
-        Self(Spawning::start())
-    }
-
-    /// The child's pid, owned until the handle is dropped.
-    pub fn parent(mut self, pid: i32) -> OwnedPid {
-        self.0.pid = Some(pid);
-        OwnedPid(pid)
-    }
-
-    /// Forgets the fork untouched: the registry's lock may have been held
-    /// by a thread the child does not have.
-    pub fn child(self) {
-        std::mem::forget(self);
-    }
 }
 
 /// How a wait status reads in a message.
