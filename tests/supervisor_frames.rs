@@ -13,11 +13,12 @@ use sandbox_proto::{AgentError, ErrorKind, PtySize, Reply, RequestBody, Stream};
 use sandboxd::model::{Process, ProcessState};
 use sandboxd::net::intercept::{Brokered, BrokeredSecret, LeafCert};
 use sandboxd::net::proxy::{EgressCounters, EgressLogEntry, LoggedRequest};
+use sandboxd::runtime::cgroups::CgroupLimits;
 use sandboxd::runtime::fresh_tmpfs::{Entry, EntryKind, FreshTmpfs};
 use sandboxd::runtime::sandbox::Checkpoint;
 use sandboxd::runtime::CheckpointTarget;
 use sandboxd::supervisor::protocol::{
-    check_supervisor_version, HandOver, PolicyFields, SpawnSpec, SupervisorError,
+    check_supervisor_version, Ceilings, HandOver, PolicyFields, SpawnSpec, SupervisorError,
     SupervisorErrorKind, SupervisorEvent, SupervisorHealth, SupervisorReply, SupervisorRequest,
     VersionMismatch, HEALTH_REPLY_TAG, SUPERVISOR_PROTOCOL_VERSION,
 };
@@ -407,7 +408,9 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
         ),
         (SupervisorRequest::GuestPids, "19".into()),
         // policy: block_network, allow_list ["a.b"]; no secrets; env
-        // [("K", "v")]; guest pids 300 (varint).
+        // [("K", "v")]; guest pids 300 (varint); a container's ceilings
+        // (variant 0): quota 50000 and pids 64 (zigzag varints), memory
+        // 256 MiB (varint).
         (
             SupervisorRequest::HandOver(HandOver {
                 policy: Some(PolicyFields {
@@ -417,8 +420,15 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 secrets: None,
                 env: Some(vec![("K".into(), "v".into())]),
                 guest_pids: Some(300),
+                ceilings: Some(Ceilings::Container(CgroupLimits {
+                    cpu_quota_us: 50_000,
+                    memory_bytes: 256 << 20,
+                    pids_max: 64,
+                })),
             }),
-            "1a 01 01 01 01 01 03 61 2e 62 00 01 01 01 4b 01 76 01 ac 02".into(),
+            "1a 01 01 01 01 01 03 61 2e 62 00 01 01 01 4b 01 76 01 ac 02 \
+             01 00 a0 8d 06 80 80 80 80 01 80 01"
+                .into(),
         ),
         // Every part absent but the secrets: no secrets, no leaves.
         (
@@ -426,7 +436,15 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 secrets: Some(Brokered::default()),
                 ..HandOver::default()
             }),
-            "1a 00 01 00 00 00 00".into(),
+            "1a 00 01 00 00 00 00 00".into(),
+        ),
+        // A microVM's CPU quota alone (variant 1): 25000.
+        (
+            SupervisorRequest::HandOver(HandOver {
+                ceilings: Some(Ceilings::VmCpuQuota { quota_us: 25_000 }),
+                ..HandOver::default()
+            }),
+            "1a 00 00 00 00 01 01 d0 86 03".into(),
         ),
         (SupervisorRequest::OpenMailbox, "1b".into()),
         (
@@ -572,7 +590,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions.
-            "0c 10 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            "0c 11 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (SupervisorReply::Mailbox, "0e".into()),
@@ -623,7 +641,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 16, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 17, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);

@@ -121,7 +121,7 @@ pub fn root_group(name: &str) -> String {
 }
 
 /// A sandbox's ceilings as its cgroups spell them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct CgroupLimits {
     pub cpu_quota_us: i64,
     pub memory_bytes: u64,

@@ -413,6 +413,7 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
         secrets: None,
         env: Some(env),
         guest_pids: None,
+        ceilings: None,
     }] = calls.as_slice()
     else {
         panic!("one HandOver with the environment alone expected, got {calls:?}");
@@ -484,6 +485,7 @@ fn guest_pids_alone(id: &str, max: u64) -> Call {
         secrets: None,
         env: None,
         guest_pids: Some(max),
+        ceilings: None,
     }
 }
 
@@ -609,7 +611,7 @@ async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
     assert!(
         matches!(
             calls.as_slice(),
-            [Call::HandOver { id, policy: Some(p), secrets: None, env: None, guest_pids: None }]
+            [Call::HandOver { id, policy: Some(p), secrets: None, env: None, guest_pids: None, ceilings: None }]
                 if id == "sb-n" && *p == blocked
         ),
         "{calls:?}"
@@ -820,6 +822,7 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
         secrets: Some(names),
         env: Some(env),
         guest_pids: None,
+        ceilings: None,
     }] = calls.as_slice()
     else {
         panic!("one HandOver with the secrets and environment expected, got {calls:?}");

@@ -12,13 +12,12 @@ use super::record::expiry;
 use super::secrets::RootBundle;
 use super::SandboxError;
 use super::SandboxRecord;
-use crate::disk::DiskPool;
 use crate::model::{CreateRequest, Limits, RuntimeKind};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
 use crate::runtime::cgroups::{CgroupLimits, Layout, SandboxCgroups};
 use crate::secrets::SecretBinding;
 use crate::supervisor::mailbox::Postbox;
-use crate::supervisor::protocol::HandOver;
+use crate::supervisor::protocol::{Ceilings, HandOver};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
@@ -433,7 +432,9 @@ impl Manager {
         let guest_pids = (record.runtime == RuntimeKind::Vm
             && claim.limits.pids != record.limits.pids)
             .then_some(claim.limits.pids);
-        let lower = *claim.limits != record.limits;
+        let ceilings = ceilings_to_lower(&record, claim.limits)?;
+        let lower_quota = record.runtime == RuntimeKind::Container
+            && claim.limits.disk_mib != record.limits.disk_mib;
         let mut pooled = record.clone();
         record.limits = claim.limits.clone();
         let policy_differs = *claim.network != record.network;
@@ -456,8 +457,9 @@ impl Manager {
                 start_env(&image, Vec::new(), &record)
             }),
             guest_pids,
+            ceilings,
         };
-        if !change.is_empty() || lower {
+        if !change.is_empty() || lower_quota {
             // Before the first change: a daemon killed in the middle of the
             // claim must not find the sandbox as the pool made it.
             pooled.claiming = true;
@@ -471,12 +473,16 @@ impl Manager {
                 .put_journaled_quietly(id, &pooled)
                 .map_err(SandboxError::internal)?;
         }
-        // A few cgroup writes and the quota ioctl (0.09 ms), which may
-        // block (the ioctl joins a btrfs transaction and can wait on a
-        // commit): on this thread, as a blocking thread's wake-up costs more.
-        let limits = async {
-            match lower {
-                true => run_blocking_here(|| lower_limits(&self.disk, &pooled, claim.limits)),
+        // The quota ioctl, which may block (it joins a btrfs transaction
+        // and can wait on a commit): on this thread, as a blocking thread's
+        // wake-up costs more. The cgroup ceilings go with the hand-over.
+        let quota = async {
+            match lower_quota {
+                true => run_blocking_here(|| {
+                    self.disk
+                        .limit_layer(id, claim.limits.disk_mib * 1024 * 1024)
+                        .map_err(SandboxError::internal)
+                }),
                 false => Ok::<(), SandboxError>(()),
             }
         };
@@ -500,7 +506,7 @@ impl Manager {
         // of the image's bundle) starts on a blocking thread before the
         // limits are written here.
         let bundle = self.install_trust_bundle_fresh(&record, bundle_place);
-        let (bundle, told, lowered) = tokio::join!(bundle, told, limits);
+        let (bundle, told, lowered) = tokio::join!(bundle, told, quota);
         lowered?;
         told?;
         bundle?;
@@ -588,35 +594,32 @@ pub(super) fn run_blocking_here<T>(f: impl FnOnce() -> T) -> T {
     }
 }
 
-/// Lowers a pooled sandbox's cgroup ceilings and disk quota to `limits`.
-/// A microVM's CPU quota alone: what else a claim may differ in,
-/// [`fits`] allows only where nothing outside the guest holds it (the
-/// pids limit, which its agent lowers at the claim).
-fn lower_limits(
-    disk: &DiskPool,
-    record: &SandboxRecord,
+/// The cgroup ceilings pooled sandbox `pooled` must lower to take
+/// `limits`, which its supervisor writes as it takes the hand-over; `None`
+/// where its cgroups stay as they are. A microVM's CPU quota alone: what
+/// else a claim may differ in, [`fits`] allows only where nothing outside
+/// the guest holds it (the pids limit, which its agent lowers at the
+/// claim).
+fn ceilings_to_lower(
+    pooled: &SandboxRecord,
     limits: &Limits,
-) -> Result<(), SandboxError> {
-    let cgroups = SandboxCgroups::new(Layout::detect(), &record.cgroups_path);
+) -> Result<Option<Ceilings>, SandboxError> {
     let cpu_quota_us =
         crate::runtime::spec::cpu_quota_us(limits.cpu).map_err(SandboxError::internal)?;
-    if record.runtime == RuntimeKind::Vm {
-        if limits.cpu == record.limits.cpu {
-            return Ok(());
-        }
-        return cgroups
-            .set_cpu_quota(cpu_quota_us)
-            .map_err(SandboxError::internal);
-    }
-    cgroups
-        .lower_limits(&CgroupLimits {
-            cpu_quota_us,
-            memory_bytes: limits.memory_mib * 1024 * 1024,
-            pids_max: i64::try_from(limits.pids).unwrap_or(i64::MAX),
-        })
-        .map_err(SandboxError::internal)?;
-    disk.limit_layer(&record.id, limits.disk_mib * 1024 * 1024)
-        .map_err(SandboxError::internal)
+    let was = &pooled.limits;
+    Ok(match pooled.runtime {
+        RuntimeKind::Vm => (limits.cpu != was.cpu).then_some(Ceilings::VmCpuQuota {
+            quota_us: cpu_quota_us,
+        }),
+        RuntimeKind::Container => (limits.cpu != was.cpu
+            || limits.memory_mib != was.memory_mib
+            || limits.pids != was.pids)
+            .then_some(Ceilings::Container(CgroupLimits {
+                cpu_quota_us,
+                memory_bytes: limits.memory_mib * 1024 * 1024,
+                pids_max: i64::try_from(limits.pids).unwrap_or(i64::MAX),
+            })),
+    })
 }
 
 #[cfg(test)]

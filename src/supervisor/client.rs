@@ -724,6 +724,7 @@ pub mod fake {
     use std::sync::{Arc, Mutex};
 
     use super::*;
+    use crate::supervisor::protocol::Ceilings;
 
     #[derive(Debug, Clone, PartialEq)]
     pub enum Call {
@@ -735,6 +736,7 @@ pub mod fake {
             secrets: Option<Vec<String>>,
             env: Option<Vec<(String, String)>>,
             guest_pids: Option<u64>,
+            ceilings: Option<Ceilings>,
         },
         SetPolicy(String, NetworkPolicy),
         /// The names of the secrets (never their values).
@@ -818,6 +820,7 @@ pub mod fake {
                     .map(|b| b.secrets.iter().map(|s| s.name.clone()).collect()),
                 env: change.env,
                 guest_pids: change.guest_pids,
+                ceilings: change.ceilings,
             };
             let reply = self.answer(id, call);
             Box::pin(async move { expect::ok("HandOver", reply?) })

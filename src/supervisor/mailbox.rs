@@ -242,6 +242,7 @@ mod tests {
             secrets: None,
             env: Some(vec![("GREETING".into(), "hi".into())]),
             guest_pids: None,
+            ceilings: None,
         }
     }
 

@@ -1633,4 +1633,74 @@ pub(super) mod tests {
             Err(SupervisorErrorKind::AgentGone)
         );
     }
+
+    /// Posts `claim` to the supervisor's mailbox and settles it, as the
+    /// next request would.
+    fn post_and_settle(h: &Harness, claim: &crate::supervisor::protocol::HandOver) {
+        let mailbox = h.sup.open_mailbox().expect("mailbox");
+        let me = crate::pidfd::open(std::process::id() as i32).expect("pidfd");
+        crate::supervisor::mailbox::Postbox::new(mailbox, me)
+            .post(claim)
+            .expect("posted");
+        h.sup.settle_claim();
+    }
+
+    /// A claim's lower ceilings are written by the supervisor as it takes
+    /// the claim from its mailbox, before any request acts.
+    #[tokio::test]
+    async fn a_posted_claim_lowers_the_sandboxs_cgroup_ceilings() {
+        use crate::runtime::cgroups::CgroupLimits;
+        use crate::supervisor::protocol::{Ceilings, HandOver};
+        let h = harness(RuntimeSpec::Container).await;
+        let claim = HandOver {
+            env: Some(vec![("A".into(), "1".into())]),
+            ceilings: Some(Ceilings::Container(CgroupLimits {
+                cpu_quota_us: 50_000,
+                memory_bytes: 256 << 20,
+                pids_max: 64,
+            })),
+            ..HandOver::default()
+        };
+        post_and_settle(&h, &claim);
+        assert_eq!(h.sup.failure(), None);
+        let read = |file: &str| std::fs::read_to_string(h.group.join(file)).expect(file);
+        assert_eq!(read("memory.max"), (256u64 << 20).to_string());
+        assert_eq!(read("cpu.max"), "50000 100000");
+        assert_eq!(read("pids.max"), "64");
+    }
+
+    /// Ceilings the kernel refuses fail the sandbox, and nothing after
+    /// them in the claim is put in force.
+    #[tokio::test]
+    async fn ceilings_that_cannot_be_written_fail_the_sandbox() {
+        use crate::runtime::cgroups::CgroupLimits;
+        use crate::supervisor::protocol::{Ceilings, HandOver, PolicyFields};
+        let h = harness(RuntimeSpec::Container).await;
+        // Where cgroupfs would answer EBUSY: a file that cannot be written.
+        std::fs::create_dir(h.group.join("memory.max")).expect("in the way");
+        let claim = HandOver {
+            policy: Some(PolicyFields {
+                block_network: Some(true),
+                allow_list: None,
+            }),
+            env: Some(vec![("A".into(), "1".into())]),
+            ceilings: Some(Ceilings::Container(CgroupLimits {
+                cpu_quota_us: 50_000,
+                memory_bytes: 256 << 20,
+                pids_max: 64,
+            })),
+            ..HandOver::default()
+        };
+        post_and_settle(&h, &claim);
+        let failure = h.sup.failure().expect("the sandbox failed");
+        assert!(
+            failure.contains("lowering the sandbox's limits"),
+            "{failure}"
+        );
+        assert_eq!(kind_of(h.sup.ensure_live()), SupervisorErrorKind::AgentGone);
+        assert!(!h.group.join("pids.max").exists(), "nothing written after");
+        // No caller's code runs in it.
+        let refused = h.sup.spawn(spawn_spec(&["true"])).await;
+        assert_eq!(kind_of(refused), SupervisorErrorKind::AgentGone);
+    }
 }

@@ -80,6 +80,8 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 16 counts the agent's `RequestBody::ReplaceVolume` and
 /// `GuestVolume::within`.
+///
+/// 17 added `HandOver::ceilings`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
@@ -229,6 +231,18 @@ pub struct HandOver {
     pub env: Option<Vec<(String, String)>>,
     /// A microVM only: the pids limit its agent keeps (as `LimitGuestPids`).
     pub guest_pids: Option<u64>,
+    /// Lower ceilings for the sandbox's cgroups (the daemon has checked
+    /// that its memory use is under the new limit).
+    pub ceilings: Option<Ceilings>,
+}
+
+/// The cgroup ceilings a claim lowers: a container's CPU quota, memory and
+/// pids; a microVM's CPU quota alone (its memory is its guest's RAM, its
+/// pids limit its agent's).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Ceilings {
+    Container(crate::runtime::cgroups::CgroupLimits),
+    VmCpuQuota { quota_us: i64 },
 }
 
 impl HandOver {
@@ -238,6 +252,7 @@ impl HandOver {
             && self.secrets.is_none()
             && self.env.is_none()
             && self.guest_pids.is_none()
+            && self.ceilings.is_none()
     }
 }
 

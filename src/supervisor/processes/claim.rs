@@ -1,7 +1,7 @@
-//! What a pool claim changes in a running supervisor: the egress policy,
-//! the brokered secrets and the environment, whether the daemon posts
-//! them to the claim mailbox or sends them as a `HandOver` request (which
-//! alone carries a microVM guest's pids limit).
+//! What a pool claim changes in a running supervisor: its cgroup
+//! ceilings, the egress policy, the brokered secrets and the environment,
+//! whether the daemon posts them to the claim mailbox or sends them as a
+//! `HandOver` request (which alone carries a microVM guest's pids limit).
 
 use super::{err, Supervisor};
 use crate::supervisor::protocol::{SupervisorError, SupervisorErrorKind};
@@ -86,6 +86,11 @@ impl Supervisor {
                 "a guest's pids limit cannot come through the mailbox",
             ));
         }
+        // First: the one part the kernel may refuse (a memory limit it
+        // cannot reclaim down to), before anything else changed.
+        if let Some(ceilings) = change.ceilings {
+            self.lower_ceilings(ceilings)?;
+        }
         if let Some(policy) = change.policy {
             self.set_policy(&policy.into())?;
         }
@@ -96,6 +101,24 @@ impl Supervisor {
             self.set_env(env);
         }
         Ok(())
+    }
+
+    /// Lowers the sandbox's cgroup ceilings to a claim's.
+    fn lower_ceilings(
+        &self,
+        ceilings: crate::supervisor::protocol::Ceilings,
+    ) -> Result<(), SupervisorError> {
+        use crate::supervisor::protocol::Ceilings;
+        let lowered = match ceilings {
+            Ceilings::Container(limits) => self.cgroups.lower_limits(&limits),
+            Ceilings::VmCpuQuota { quota_us } => self.cgroups.set_cpu_quota(quota_us),
+        };
+        lowered.map_err(|e| {
+            err(
+                SupervisorErrorKind::Internal,
+                format!("lowering the sandbox's limits to the claim's: {e}"),
+            )
+        })
     }
 
     /// Puts the sandbox's brokered secrets in force (replacing what it had).
