@@ -1,6 +1,7 @@
 //! The HTTP/1.1 + JSON API under `/v1`, served on the daemon's Unix socket
 //! and, with `api_listen`, over TCP + TLS to token holders ([`remote`]).
 
+mod answered_body;
 #[cfg(test)]
 mod contract_tests;
 pub mod error;

@@ -59,10 +59,11 @@ pub async fn create(
             message: "join_netns names a network namespace on the daemon's host and is accepted only on its Unix socket, from root".into(),
         }));
     }
-    let (sandbox, grants) = manager.create_exposed(body.try_into()?).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(sandbox_view(&manager.config.ingress, &sandbox, &grants)),
+    let (sandbox, grants, answered) = manager.create_exposed(body.try_into()?).await?;
+    let view = Json(sandbox_view(&manager.config.ingress, &sandbox, &grants));
+    Ok(super::answered_body::holding(
+        (StatusCode::CREATED, view),
+        answered,
     ))
 }
 

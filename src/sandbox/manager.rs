@@ -42,6 +42,9 @@ pub struct Manager {
     pub(super) gpus: Arc<GpuService>,
     pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
     pub(super) ttl_changed: Notify,
+    /// Watches waiting for their sandbox's create to be answered, by id
+    /// (see [`super::watch::Answered`]).
+    pub(super) awaiting_answer: Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>,
     /// Ids of ready sandboxes of the pooled images, not yet handed out.
     pub(super) pool: Mutex<super::warm_pool::WarmPools>,
     /// MicroVM boot templates, ready and wanted.
@@ -157,6 +160,7 @@ impl Manager {
             disk: Arc::new(disk),
             records: Mutex::new(HashMap::new()),
             ttl_changed: Notify::new(),
+            awaiting_answer: Mutex::new(HashMap::new()),
             pool: Mutex::new(Default::default()),
             boot_templates: Mutex::new(Default::default()),
             creates_in_flight: Default::default(),
@@ -310,6 +314,9 @@ impl Manager {
         // Whatever the pool holds of it goes first: a trust bundle held
         // open would keep its root's overlay alive past the teardown.
         self.pool().forget(&record.id);
+        // A watch still waiting for the create's answer (one abandoned by
+        // its caller) starts, finds the supervisor gone, and ends.
+        self.answered(&record.id);
         let paths = self.paths(&record.id);
         // Its URLs stop answering before anything of it goes.
         let ingress_bytes = self.links.close_sandbox(&record.id);

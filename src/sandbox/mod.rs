@@ -36,3 +36,4 @@ pub use ports::{token_matches, DialError, IngressRouteError, PortGrant};
 pub use record::SandboxRecord;
 pub use snapshots::index::{SnapshotKind, SnapshotView};
 pub use validate::{sandbox_path, validated_env, validated_limits};
+pub use watch::Answered;

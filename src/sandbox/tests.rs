@@ -381,6 +381,37 @@ fn open_network() -> NetworkPolicy {
     }
 }
 
+/// A claimed sandbox's watch (whose first request makes its supervisor
+/// put the claim in force) waits until the create has been answered, or
+/// until the sandbox is removed unanswered.
+#[tokio::test]
+async fn a_claimed_sandboxs_watch_waits_for_the_answer() {
+    let h = harness(2);
+    h.manager.refilling.store(true, Ordering::Release);
+    let image = h.manager.config.default_image.clone();
+    for id in ["sb-a", "sb-b"] {
+        h.ready(id, true);
+        h.manager
+            .pool()
+            .put(RuntimeKind::Container, &image, id.into());
+        h.fake.script(id, SupervisorReply::Ok);
+    }
+    let waiting = |id: &str| h.manager.awaiting_answer().contains_key(id);
+    let req = CreateRequest {
+        env: BTreeMap::from([("A".to_string(), "1".to_string())]),
+        ..Default::default()
+    };
+    let first = claim_pooled_container(&h, &image, &req).await;
+    assert!(waiting(&first.id), "the watch waits for the answer");
+    drop(h.manager.answering(&first.id));
+    assert!(!waiting(&first.id), "answered: the watch starts");
+
+    let second = claim_pooled_container(&h, &image, &req).await;
+    assert!(waiting(&second.id));
+    h.manager.remove_everything(&second).await;
+    assert!(!waiting(&second.id), "removed unanswered: the watch ends");
+}
+
 #[tokio::test]
 async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     let h = harness(1);

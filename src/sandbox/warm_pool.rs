@@ -404,7 +404,7 @@ impl Manager {
                 }
             };
             self.metrics.pool_claim(runtime, image, "hit");
-            self.watch_supervisor(id.clone());
+            self.watch_supervisor_once_answered(id.clone());
             self.ttl_changed.notify_one();
             self.start_refill();
             return Ok(Some(record));

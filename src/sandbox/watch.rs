@@ -1,5 +1,11 @@
 //! Following each supervisor's events (process exits, OOM kills, the
 //! sandbox dying) into the daemon's event log, resuming after a restart.
+//!
+//! A claimed pooled sandbox's watch starts only once the create has been
+//! answered ([`Answered`]): its first request makes the supervisor put the
+//! claim in force (cgroup writes, the proxy's policy and secrets), work
+//! that competed with the answer for the host's cores. No request of the
+//! caller's can reach the sandbox before the supervisor has done it.
 
 use super::events::EventKind;
 use crate::model::SandboxState;
@@ -9,26 +15,81 @@ use std::sync::Arc;
 
 use super::manager::Manager;
 
+/// Held by whoever answers a create: dropped once the answer is sent (or
+/// will not be), it lets the sandbox's watch start.
+#[must_use = "dropping it at once starts the watch before the answer is sent"]
+pub struct Answered {
+    manager: Arc<Manager>,
+    id: String,
+}
+
+impl Drop for Answered {
+    fn drop(&mut self) {
+        self.manager.answered(&self.id);
+    }
+}
+
 impl Manager {
     /// Follows a sandbox supervisor's events (process exits, OOM kills, the
     /// sandbox dying) into the event log, from where it left off.
     pub(super) fn watch_supervisor(self: &Arc<Self>, id: String) {
         let this = Arc::clone(self);
+        tokio::spawn(async move { this.watch(id).await });
+    }
+
+    /// [`Self::watch_supervisor`], started once [`Self::answered`] is
+    /// called for `id`.
+    pub(super) fn watch_supervisor_once_answered(self: &Arc<Self>, id: String) {
+        let (answered, wait) = tokio::sync::oneshot::channel();
+        self.awaiting_answer().insert(id.clone(), answered);
+        let this = Arc::clone(self);
         tokio::spawn(async move {
-            let after = match this.records().get(&id) {
-                Some(r) => r.supervisor_events_seen,
-                None => return,
-            };
-            let Ok(client) = SupervisorClient::connect(&this.paths(&id).socket()).await else {
-                return;
-            };
-            let Ok(mut events) = client.watch(after).await else {
-                return;
-            };
-            while let Ok(Some((seq, event))) = events.next().await {
-                this.record_supervisor_event(&id, seq, event);
-            }
+            // A dropped sender starts it too.
+            let _ = wait.await;
+            this.watch(id).await
         });
+    }
+
+    /// The guard that lets sandbox `id`'s watch start when dropped.
+    pub(super) fn answering(self: &Arc<Self>, id: &str) -> Answered {
+        Answered {
+            manager: Arc::clone(self),
+            id: id.to_string(),
+        }
+    }
+
+    /// Lets sandbox `id`'s watch start, if it waits for the answer.
+    pub(super) fn answered(&self, id: &str) {
+        if let Some(answered) = self.awaiting_answer().remove(id) {
+            let _ = answered.send(());
+        }
+    }
+
+    pub(super) fn awaiting_answer(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>,
+    > {
+        self.awaiting_answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn watch(self: Arc<Self>, id: String) {
+        let after = match self.records().get(&id) {
+            Some(r) => r.supervisor_events_seen,
+            None => return,
+        };
+        let Ok(client) = SupervisorClient::connect(&self.paths(&id).socket()).await else {
+            return;
+        };
+        let Ok(mut events) = client.watch(after).await else {
+            return;
+        };
+        while let Ok(Some((seq, event))) = events.next().await {
+            self.record_supervisor_event(&id, seq, event);
+        }
     }
 
     pub(super) fn record_supervisor_event(&self, id: &str, seq: u64, event: SupervisorEvent) {

@@ -138,6 +138,17 @@ impl Manager {
         self: &Arc<Self>,
         req: CreateRequest,
     ) -> Result<SandboxRecord, SandboxError> {
+        let (record, _answered) = self.create_answering(req).await?;
+        Ok(record)
+    }
+
+    /// [`Manager::create`] for a caller that sends the answer on: the
+    /// guard it returns is dropped once the answer is sent
+    /// ([`super::Answered`]).
+    async fn create_answering(
+        self: &Arc<Self>,
+        req: CreateRequest,
+    ) -> Result<(SandboxRecord, super::Answered), SandboxError> {
         let abandoned = Arc::new(AtomicBool::new(false));
         let guard = AbandonOnDrop(Some(Arc::clone(&abandoned)));
         let this = Arc::clone(self);
@@ -160,7 +171,9 @@ impl Manager {
         });
         let result = task.await.map_err(SandboxError::internal);
         guard.disarm();
-        result?
+        let record = result??;
+        let answered = self.answering(&record.id);
+        Ok((record, answered))
     }
 
     /// [`Manager::create`], then the ports it asks for (and a fork's
@@ -172,7 +185,7 @@ impl Manager {
     pub async fn create_exposed(
         self: &Arc<Self>,
         req: CreateRequest,
-    ) -> Result<(SandboxRecord, Vec<super::PortGrant>), SandboxError> {
+    ) -> Result<(SandboxRecord, Vec<super::PortGrant>, super::Answered), SandboxError> {
         let mut wanted = req.ports.clone();
         if let Some(meta) = req
             .from_snapshot
@@ -199,14 +212,14 @@ impl Manager {
                 }
             }
         }
-        let record = self.create(req).await?;
+        let (record, answered) = self.create_answering(req).await?;
         if wanted.is_empty() {
-            return Ok((record, Vec::new()));
+            return Ok((record, Vec::new(), answered));
         }
         match self.expose_on_create(&record, &wanted).await {
             Ok(grants) => {
                 let record = self.record(&record.id).unwrap_or(record);
-                Ok((record, grants))
+                Ok((record, grants, answered))
             }
             Err(e) => {
                 tracing::warn!(sandbox = %record.id, "removing a sandbox whose ports could not be exposed: {e}");
