@@ -410,7 +410,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
         // policy: block_network, allow_list ["a.b"]; no secrets; env
         // [("K", "v")]; guest pids 300 (varint); a container's ceilings
         // (variant 0): quota 50000 and pids 64 (zigzag varints), memory
-        // 256 MiB (varint).
+        // 256 MiB (varint); a disk quota of 64 MiB (varint).
         (
             SupervisorRequest::HandOver(HandOver {
                 policy: Some(PolicyFields {
@@ -425,9 +425,10 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                     memory_bytes: 256 << 20,
                     pids_max: 64,
                 })),
+                disk_quota_bytes: Some(64 << 20),
             }),
             "1a 01 01 01 01 01 03 61 2e 62 00 01 01 01 4b 01 76 01 ac 02 \
-             01 00 a0 8d 06 80 80 80 80 01 80 01"
+             01 00 a0 8d 06 80 80 80 80 01 80 01 01 80 80 80 20"
                 .into(),
         ),
         // Every part absent but the secrets: no secrets, no leaves.
@@ -436,7 +437,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 secrets: Some(Brokered::default()),
                 ..HandOver::default()
             }),
-            "1a 00 01 00 00 00 00 00".into(),
+            "1a 00 01 00 00 00 00 00 00".into(),
         ),
         // A microVM's CPU quota alone (variant 1): 25000.
         (
@@ -444,7 +445,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 ceilings: Some(Ceilings::VmCpuQuota { quota_us: 25_000 }),
                 ..HandOver::default()
             }),
-            "1a 00 00 00 00 01 01 d0 86 03".into(),
+            "1a 00 00 00 00 01 01 d0 86 03 00".into(),
         ),
         (SupervisorRequest::OpenMailbox, "1b".into()),
         (

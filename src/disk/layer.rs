@@ -63,8 +63,7 @@ impl DiskPool {
     /// request that asks for less).
     pub fn limit_layer(&self, id: &str, limit_bytes: u64) -> Result<(), DiskError> {
         validate_id(id)?;
-        let path = self.dir().join(id);
-        set_quota(&open_root(&path)?, &path, limit_bytes)
+        limit_layer_at(&self.dir().join(id), limit_bytes)
     }
 
     /// Deletes the layer for `id` with everything in it. A missing layer is fine.
@@ -77,6 +76,12 @@ impl DiskPool {
             Err(e) => Err(DiskError::io("remove subvolume", self.dir().join(id), e)),
         }
     }
+}
+
+/// Sets the qgroup limit of the layer (subvolume) at `path`; a sandbox's
+/// supervisor lowers its own layer's this way at a pool claim.
+pub fn limit_layer_at(path: &Path, limit_bytes: u64) -> Result<(), DiskError> {
+    set_quota(&open_root(path)?, path, limit_bytes)
 }
 
 fn open_root(path: &Path) -> Result<File, DiskError> {

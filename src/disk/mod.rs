@@ -21,7 +21,7 @@ mod tests;
 
 pub use error::DiskError;
 pub use file_version::FileVersion;
-pub use layer::validate_id;
+pub use layer::{limit_layer_at, validate_id};
 pub use pool::DiskPool;
 pub use snapshot::free_bytes_at;
 

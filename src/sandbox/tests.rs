@@ -445,6 +445,7 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
         env: Some(env),
         guest_pids: None,
         ceilings: None,
+        disk_quota_bytes: None,
     }] = calls.as_slice()
     else {
         panic!("one HandOver with the environment alone expected, got {calls:?}");
@@ -517,6 +518,7 @@ fn guest_pids_alone(id: &str, max: u64) -> Call {
         env: None,
         guest_pids: Some(max),
         ceilings: None,
+        disk_quota_bytes: None,
     }
 }
 
@@ -642,7 +644,7 @@ async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
     assert!(
         matches!(
             calls.as_slice(),
-            [Call::HandOver { id, policy: Some(p), secrets: None, env: None, guest_pids: None, ceilings: None }]
+            [Call::HandOver { id, policy: Some(p), secrets: None, env: None, guest_pids: None, ceilings: None, disk_quota_bytes: None }]
                 if id == "sb-n" && *p == blocked
         ),
         "{calls:?}"
@@ -854,6 +856,7 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
         env: Some(env),
         guest_pids: None,
         ceilings: None,
+        disk_quota_bytes: None,
     }] = calls.as_slice()
     else {
         panic!("one HandOver with the secrets and environment expected, got {calls:?}");

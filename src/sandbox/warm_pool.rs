@@ -433,17 +433,19 @@ impl Manager {
             && claim.limits.pids != record.limits.pids)
             .then_some(claim.limits.pids);
         let ceilings = ceilings_to_lower(&record, claim.limits)?;
-        let lower_quota = record.runtime == RuntimeKind::Container
-            && claim.limits.disk_mib != record.limits.disk_mib;
+        // A microVM's disk is its scratch image, whose size `fits` keeps.
+        let disk_quota_bytes = (record.runtime == RuntimeKind::Container
+            && claim.limits.disk_mib != record.limits.disk_mib)
+            .then(|| claim.limits.disk_mib * 1024 * 1024);
         let mut pooled = record.clone();
         record.limits = claim.limits.clone();
         let policy_differs = *claim.network != record.network;
         record.network = claim.network.clone();
         record.secrets = claim.secrets.to_vec();
         record.env = claim.req.env.clone();
-        // What the supervisor holds goes in one hand-over (posted to its
-        // mailbox, or one request); the trust bundle and the limits beside
-        // it.
+        // What the supervisor holds, the lower limits included, goes in
+        // one hand-over (posted to its mailbox, or one request); the trust
+        // bundle beside it.
         let secrets_generation = self.secrets.generation();
         let change = HandOver {
             policy: policy_differs.then(|| claim.network.into()),
@@ -458,8 +460,9 @@ impl Manager {
             }),
             guest_pids,
             ceilings,
+            disk_quota_bytes,
         };
-        if !change.is_empty() || lower_quota {
+        if !change.is_empty() {
             // Before the first change: a daemon killed in the middle of the
             // claim must not find the sandbox as the pool made it.
             pooled.claiming = true;
@@ -473,19 +476,6 @@ impl Manager {
                 .put_journaled_quietly(id, &pooled)
                 .map_err(SandboxError::internal)?;
         }
-        // The quota ioctl, which may block (it joins a btrfs transaction
-        // and can wait on a commit): on this thread, as a blocking thread's
-        // wake-up costs more. The cgroup ceilings go with the hand-over.
-        let quota = async {
-            match lower_quota {
-                true => run_blocking_here(|| {
-                    self.disk
-                        .limit_layer(id, claim.limits.disk_mib * 1024 * 1024)
-                        .map_err(SandboxError::internal)
-                }),
-                false => Ok::<(), SandboxError>(()),
-            }
-        };
         let told = async {
             if change.is_empty() {
                 return Ok::<(), SandboxError>(());
@@ -499,15 +489,13 @@ impl Manager {
             }
             Ok(())
         };
-        // All three are awaited even when one fails: a failed claim
-        // removes the sandbox, which must not race their writes.
-        // The bundle first: an append through the descriptor the pool
-        // holds is done on its first poll; a whole write (or a first read
-        // of the image's bundle) starts on a blocking thread before the
-        // limits are written here.
+        // Both are awaited even when one fails: a failed claim removes the
+        // sandbox, which must not race their writes. The bundle first: an
+        // append through the descriptor the pool holds is done on its
+        // first poll; a whole write (or a first read of the image's
+        // bundle) starts on a blocking thread before the post.
         let bundle = self.install_trust_bundle_fresh(&record, bundle_place);
-        let (bundle, told, lowered) = tokio::join!(bundle, told, quota);
-        lowered?;
+        let (bundle, told) = tokio::join!(bundle, told);
         told?;
         bundle?;
         record.pooled = false;

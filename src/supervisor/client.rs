@@ -737,6 +737,7 @@ pub mod fake {
             env: Option<Vec<(String, String)>>,
             guest_pids: Option<u64>,
             ceilings: Option<Ceilings>,
+            disk_quota_bytes: Option<u64>,
         },
         SetPolicy(String, NetworkPolicy),
         /// The names of the secrets (never their values).
@@ -821,6 +822,7 @@ pub mod fake {
                 env: change.env,
                 guest_pids: change.guest_pids,
                 ceilings: change.ceilings,
+                disk_quota_bytes: change.disk_quota_bytes,
             };
             let reply = self.answer(id, call);
             Box::pin(async move { expect::ok("HandOver", reply?) })

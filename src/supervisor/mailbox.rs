@@ -243,6 +243,7 @@ mod tests {
             env: Some(vec![("GREETING".into(), "hi".into())]),
             guest_pids: None,
             ceilings: None,
+            disk_quota_bytes: None,
         }
     }
 

@@ -1703,4 +1703,26 @@ pub(super) mod tests {
         let refused = h.sup.spawn(spawn_spec(&["true"])).await;
         assert_eq!(kind_of(refused), SupervisorErrorKind::AgentGone);
     }
+
+    /// A disk limit the layer cannot take (here no btrfs subvolume at all)
+    /// fails the sandbox too; the cgroup ceilings before it are written.
+    #[tokio::test]
+    async fn a_disk_limit_that_cannot_be_set_fails_the_sandbox() {
+        use crate::runtime::cgroups::CgroupLimits;
+        use crate::supervisor::protocol::{Ceilings, HandOver};
+        let h = harness(RuntimeSpec::Container).await;
+        let claim = HandOver {
+            ceilings: Some(Ceilings::Container(CgroupLimits {
+                cpu_quota_us: 50_000,
+                memory_bytes: 256 << 20,
+                pids_max: 64,
+            })),
+            disk_quota_bytes: Some(64 << 20),
+            ..HandOver::default()
+        };
+        post_and_settle(&h, &claim);
+        let failure = h.sup.failure().expect("the sandbox failed");
+        assert!(failure.contains("disk limit"), "{failure}");
+        assert!(h.group.join("pids.max").exists(), "the ceilings came first");
+    }
 }

@@ -81,7 +81,7 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// 16 counts the agent's `RequestBody::ReplaceVolume` and
 /// `GuestVolume::within`.
 ///
-/// 17 added `HandOver::ceilings`.
+/// 17 added `HandOver::ceilings` and `disk_quota_bytes`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
@@ -234,6 +234,8 @@ pub struct HandOver {
     /// Lower ceilings for the sandbox's cgroups (the daemon has checked
     /// that its memory use is under the new limit).
     pub ceilings: Option<Ceilings>,
+    /// A container only: its writable layer's new qgroup limit (bytes).
+    pub disk_quota_bytes: Option<u64>,
 }
 
 /// The cgroup ceilings a claim lowers: a container's CPU quota, memory and
@@ -253,6 +255,7 @@ impl HandOver {
             && self.env.is_none()
             && self.guest_pids.is_none()
             && self.ceilings.is_none()
+            && self.disk_quota_bytes.is_none()
     }
 }
 

@@ -1,5 +1,5 @@
 //! What a pool claim changes in a running supervisor: its cgroup
-//! ceilings, the egress policy, the brokered secrets and the environment,
+//! ceilings and disk quota, the egress policy, the brokered secrets and the environment,
 //! whether the daemon posts them to the claim mailbox or sends them as a
 //! `HandOver` request (which alone carries a microVM guest's pids limit).
 
@@ -90,6 +90,16 @@ impl Supervisor {
         // cannot reclaim down to), before anything else changed.
         if let Some(ceilings) = change.ceilings {
             self.lower_ceilings(ceilings)?;
+        }
+        if let Some(bytes) = change.disk_quota_bytes {
+            // An ioctl that may wait on a btrfs commit: this supervisor's
+            // requests wait for the claim anyway.
+            crate::disk::limit_layer_at(&self.config.spec.layer_dir, bytes).map_err(|e| {
+                err(
+                    SupervisorErrorKind::Internal,
+                    format!("lowering the sandbox's disk limit to the claim's: {e}"),
+                )
+            })?;
         }
         if let Some(policy) = change.policy {
             self.set_policy(&policy.into())?;
