@@ -59,13 +59,6 @@ impl DiskPool {
         Ok(path)
     }
 
-    /// Sets the disk limit of `id`'s layer (a pooled sandbox handed to a
-    /// request that asks for less).
-    pub fn limit_layer(&self, id: &str, limit_bytes: u64) -> Result<(), DiskError> {
-        validate_id(id)?;
-        limit_layer_at(&self.dir().join(id), limit_bytes)
-    }
-
     /// Deletes the layer for `id` with everything in it. A missing layer is fine.
     /// Its overlay must be unmounted first.
     pub fn remove_layer(&self, id: &str) -> Result<(), DiskError> {

@@ -16,7 +16,7 @@ use crate::net::policy::NetworkPolicy;
 use crate::net::proxy::EgressCounters;
 use crate::supervisor::client::fake::{Call, FakeSupervisors};
 use crate::supervisor::protocol::{
-    SupervisorError, SupervisorErrorKind, SupervisorHealth, SupervisorReply,
+    Ceilings, SupervisorError, SupervisorErrorKind, SupervisorHealth, SupervisorReply,
 };
 
 struct Harness {
@@ -381,6 +381,73 @@ fn open_network() -> NetworkPolicy {
     }
 }
 
+/// A claim's lower limits go to the supervisor with the rest of its
+/// hand-over: the cgroup ceilings and, where the disk differs, the layer's
+/// quota; nothing where they stay the pool's.
+#[tokio::test]
+async fn a_claims_lower_limits_are_handed_over() {
+    let h = harness(2);
+    h.manager.refilling.store(true, Ordering::Release);
+    let image = h.manager.config.default_image.clone();
+    for id in ["sb-l", "sb-d"] {
+        h.ready(id, true);
+        h.manager
+            .pool()
+            .put(RuntimeKind::Container, &image, id.into());
+        h.fake.script(id, SupervisorReply::Ok);
+    }
+    let pooled = h.manager.pooled_limits();
+    let lower = Limits {
+        cpu: pooled.cpu / 2.0,
+        memory_mib: pooled.memory_mib / 2,
+        pids: pooled.pids / 2,
+        ..pooled.clone()
+    };
+    let (req, network) = (CreateRequest::default(), open_network());
+    let claimed = h
+        .manager
+        .claim_pooled(&claim(&image, &lower, &req, &network))
+        .await
+        .expect("claim")
+        .expect("a pooled sandbox");
+    let less_disk = Limits {
+        disk_mib: pooled.disk_mib / 2,
+        ..pooled.clone()
+    };
+    h.manager
+        .claim_pooled(&claim(&image, &less_disk, &req, &network))
+        .await
+        .expect("claim")
+        .expect("a pooled sandbox");
+    let quota_us = crate::runtime::spec::cpu_quota_us(lower.cpu).expect("quota");
+    let calls = h.fake.calls();
+    let [Call::HandOver {
+        id: first,
+        ceilings: Some(Ceilings::Container(limits)),
+        disk_quota_bytes: None,
+        ..
+    }, Call::HandOver {
+        id: second,
+        ceilings: None,
+        disk_quota_bytes: Some(bytes),
+        ..
+    }] = calls.as_slice()
+    else {
+        panic!("two hand-overs with the limits expected, got {calls:?}");
+    };
+    assert_eq!(first, &claimed.id);
+    assert_eq!(second, "sb-d");
+    assert_eq!(
+        *limits,
+        crate::runtime::cgroups::CgroupLimits {
+            cpu_quota_us: quota_us,
+            memory_bytes: lower.memory_mib << 20,
+            pids_max: lower.pids as i64,
+        }
+    );
+    assert_eq!(*bytes, less_disk.disk_mib << 20);
+}
+
 /// A claimed sandbox's watch (whose first request makes its supervisor
 /// put the claim in force) waits until the create has been answered, or
 /// until the sandbox is removed unanswered.
@@ -410,6 +477,9 @@ async fn a_claimed_sandboxs_watch_waits_for_the_answer() {
     assert!(waiting(&second.id));
     h.manager.remove_everything(&second).await;
     assert!(!waiting(&second.id), "removed unanswered: the watch ends");
+    // Its guard, dropped after the removal, starts nothing.
+    drop(h.manager.answering(&second.id));
+    assert!(!waiting(&second.id));
 }
 
 #[tokio::test]
@@ -495,13 +565,15 @@ async fn a_claim_is_posted_to_the_mailbox_unless_the_supervisor_is_gone() {
         "{calls:?}"
     );
     let mut posted = None;
-    mailbox.take_with(
-        |claim| {
-            posted = Some(claim);
-            Ok(())
-        },
-        |why| panic!("the posted claim failed: {why}"),
-    );
+    mailbox
+        .take_with(
+            |claim| {
+                posted = Some(claim);
+                std::future::ready(Ok(()))
+            },
+            |why| panic!("the posted claim failed: {why}"),
+        )
+        .await;
     let env = posted.and_then(|claim| claim.env).expect("the env posted");
     assert_eq!(
         env.last(),

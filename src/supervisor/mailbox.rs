@@ -17,10 +17,10 @@
 //! second claim can be posted.
 
 use std::fs::File;
+use std::future::Future;
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 use super::protocol::HandOver;
 
@@ -56,9 +56,10 @@ pub enum MailboxError {
 /// The supervisor's end: made by it, handed to the daemon as a descriptor.
 pub struct Mailbox {
     file: File,
-    /// Held while a claim is taken and applied, so two requests arriving
-    /// together do not both apply it, nor one act before it is in force.
-    taking: Mutex<()>,
+    /// Held while a claim is taken and applied (which may wait on a
+    /// blocking thread), so two requests arriving together do not both
+    /// apply it, nor one act before it is in force.
+    taking: tokio::sync::Mutex<()>,
     settled: AtomicBool,
 }
 
@@ -71,7 +72,7 @@ impl Mailbox {
         .map_err(std::io::Error::from)?;
         Ok(Self {
             file: File::from(fd),
-            taking: Mutex::new(()),
+            taking: tokio::sync::Mutex::new(()),
             settled: AtomicBool::new(false),
         })
     }
@@ -87,17 +88,19 @@ impl Mailbox {
     /// before the claim is in force or the sandbox has failed. Nothing
     /// while none is posted. The claim is scrubbed from the file whatever
     /// becomes of it.
-    pub fn take_with(
+    pub async fn take_with<Applied>(
         &self,
-        apply: impl FnOnce(HandOver) -> Result<(), String>,
+        apply: impl FnOnce(HandOver) -> Applied,
         fail: impl FnOnce(String),
-    ) {
+    ) where
+        Applied: Future<Output = Result<(), String>>,
+    {
         // Set once the claim is settled: a request after that reads
         // nothing, and takes no lock.
         if self.settled.load(Ordering::Acquire) {
             return;
         }
-        let _taking = self.taking.lock().unwrap_or_else(|p| p.into_inner());
+        let _taking = self.taking.lock().await;
         if self.settled.load(Ordering::Acquire) {
             return;
         }
@@ -118,7 +121,11 @@ impl Mailbox {
         if let Err(e) = scrub(&self.file, TAKEN) {
             return settling.failed(MailboxError::from(e));
         }
-        match read.and_then(|claim| apply(claim).map_err(MailboxError::NotApplied)) {
+        let applied = match read {
+            Ok(claim) => apply(claim).await.map_err(MailboxError::NotApplied),
+            Err(e) => Err(e),
+        };
+        match applied {
             Ok(()) => settling.done(),
             Err(e) => settling.failed(e),
         }
@@ -255,13 +262,13 @@ mod tests {
     /// What `mailbox` hands its applier, or the failure it reports.
     fn taken(mailbox: &Mailbox) -> Result<Option<HandOver>, String> {
         let (mut got, mut failed) = (None, None);
-        mailbox.take_with(
+        futures::executor::block_on(mailbox.take_with(
             |claim| {
                 got = Some(claim);
-                Ok(())
+                std::future::ready(Ok(()))
             },
             |why| failed = Some(why),
-        );
+        ));
         failed.map_or(Ok(got), Err)
     }
 
@@ -341,7 +348,10 @@ mod tests {
         let mailbox = Mailbox::create().unwrap();
         postbox(&mailbox).post(&claim()).unwrap();
         let mut failed = None;
-        mailbox.take_with(|_| Err("no proxy".into()), |why| failed = Some(why));
+        futures::executor::block_on(mailbox.take_with(
+            |_| std::future::ready(Err("no proxy".into())),
+            |why| failed = Some(why),
+        ));
         assert!(failed.is_some_and(|why| why.contains("no proxy")));
         assert_eq!(taken(&mailbox), Ok(None));
 
@@ -349,10 +359,10 @@ mod tests {
         postbox(&mailbox).post(&claim()).unwrap();
         let failed = std::cell::RefCell::new(None);
         let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            mailbox.take_with(
-                |_| panic!("in apply"),
+            futures::executor::block_on(mailbox.take_with(
+                |_| async { panic!("in apply") },
                 |why| *failed.borrow_mut() = Some(why),
-            )
+            ))
         }));
         assert!(panicked.is_err());
         assert!(failed

@@ -1636,13 +1636,13 @@ pub(super) mod tests {
 
     /// Posts `claim` to the supervisor's mailbox and settles it, as the
     /// next request would.
-    fn post_and_settle(h: &Harness, claim: &crate::supervisor::protocol::HandOver) {
+    async fn post_and_settle(h: &Harness, claim: &crate::supervisor::protocol::HandOver) {
         let mailbox = h.sup.open_mailbox().expect("mailbox");
         let me = crate::pidfd::open(std::process::id() as i32).expect("pidfd");
         crate::supervisor::mailbox::Postbox::new(mailbox, me)
             .post(claim)
             .expect("posted");
-        h.sup.settle_claim();
+        h.sup.settle_claim().await;
     }
 
     /// A claim's lower ceilings are written by the supervisor as it takes
@@ -1661,7 +1661,7 @@ pub(super) mod tests {
             })),
             ..HandOver::default()
         };
-        post_and_settle(&h, &claim);
+        post_and_settle(&h, &claim).await;
         assert_eq!(h.sup.failure(), None);
         let read = |file: &str| std::fs::read_to_string(h.group.join(file)).expect(file);
         assert_eq!(read("memory.max"), (256u64 << 20).to_string());
@@ -1691,7 +1691,7 @@ pub(super) mod tests {
             })),
             ..HandOver::default()
         };
-        post_and_settle(&h, &claim);
+        post_and_settle(&h, &claim).await;
         let failure = h.sup.failure().expect("the sandbox failed");
         assert!(
             failure.contains("lowering the sandbox's limits"),
@@ -1720,7 +1720,7 @@ pub(super) mod tests {
             disk_quota_bytes: Some(64 << 20),
             ..HandOver::default()
         };
-        post_and_settle(&h, &claim);
+        post_and_settle(&h, &claim).await;
         let failure = h.sup.failure().expect("the sandbox failed");
         assert!(failure.contains("disk limit"), "{failure}");
         assert!(h.group.join("pids.max").exists(), "the ceilings came first");

@@ -190,8 +190,8 @@ pub enum SupervisorRequest {
     },
     /// A microVM only: lower the pids limit over every process its agent
     /// starts (a pool claim that asks for fewer than the VM booted with).
-    /// A container's is its host cgroup's, which the daemon writes itself.
-    /// Reply: [`SupervisorReply::Ok`].
+    /// A container's is its host cgroup's, which a claim's `Ceilings`
+    /// lower. Reply: [`SupervisorReply::Ok`].
     LimitGuestPids {
         max: u64,
     },
@@ -220,7 +220,9 @@ pub enum SupervisorRequest {
 
 /// The parts of a pool claim that live in the supervisor (see
 /// [`SupervisorRequest::HandOver`]); a part left `None` stays as the pool
-/// made it. Applied in field order.
+/// made it. Applied limits first (`ceilings`, `disk_quota_bytes`: what
+/// the kernel may refuse, before anything else changed), then in field
+/// order, a microVM's guest pids limit last (it needs the agent).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HandOver {
     /// The egress policy (as `SetPolicy`).
@@ -232,7 +234,10 @@ pub struct HandOver {
     /// A microVM only: the pids limit its agent keeps (as `LimitGuestPids`).
     pub guest_pids: Option<u64>,
     /// Lower ceilings for the sandbox's cgroups (the daemon has checked
-    /// that its memory use is under the new limit).
+    /// that its memory use is under the new limit). A supervisor of
+    /// protocol 16 would drop this field and the next unread (postcard
+    /// ignores trailing bytes): only recovery's removal of every pooled
+    /// sandbox of another protocol keeps a claim from reaching one.
     pub ceilings: Option<Ceilings>,
     /// A container only: its writable layer's new qgroup limit (bytes).
     pub disk_quota_bytes: Option<u64>,

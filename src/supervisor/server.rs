@@ -68,7 +68,7 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
         };
         // A claim posted to the mailbox is in force before any request is
         // acted on (one that cannot be fails the sandbox).
-        supervisor.settle_claim();
+        supervisor.settle_claim().await;
         let reply = match request {
             SupervisorRequest::OpenMailbox => {
                 let _ = match supervisor.open_mailbox() {

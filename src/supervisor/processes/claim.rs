@@ -4,6 +4,7 @@
 //! `HandOver` request (which alone carries a microVM guest's pids limit).
 
 use super::{err, Supervisor};
+use crate::runtime::sandbox::RuntimeSpec;
 use crate::supervisor::protocol::{SupervisorError, SupervisorErrorKind};
 
 impl Supervisor {
@@ -27,8 +28,9 @@ impl Supervisor {
         Ok(crate::supervisor::protocol::SupervisorReply::Ok)
     }
 
-    /// Puts a pool claim's parts in force, in the order the request lists
-    /// them; the first that fails ends it.
+    /// Puts a pool claim's parts in force: the limits first, then the
+    /// policy, the secrets, the environment, and last a microVM's pids
+    /// limit in its guest; the first that fails ends it.
     pub async fn hand_over(
         &self,
         change: crate::supervisor::protocol::HandOver,
@@ -38,7 +40,7 @@ impl Supervisor {
         self.ensure_live()?;
         let mut change = change;
         let guest_pids = change.guest_pids.take();
-        self.hand_over_here(change)?;
+        self.hand_over_here(change).await?;
         if let Some(max) = guest_pids {
             self.limit_guest_pids(max).await?;
         }
@@ -64,19 +66,21 @@ impl Supervisor {
     /// request is acted on. A claim that cannot be read or applied fails
     /// the sandbox (its caller's policy could not be kept), which every
     /// request then hears of as of any failed sandbox.
-    pub fn settle_claim(&self) {
+    pub async fn settle_claim(&self) {
         let Some(mailbox) = self.mailbox.get() else {
             return;
         };
-        mailbox.take_with(
-            |claim| self.hand_over_here(claim).map_err(|e| e.message),
-            |reason| self.fail(reason),
-        );
+        mailbox
+            .take_with(
+                |claim| async move { self.hand_over_here(claim).await.map_err(|e| e.message) },
+                |reason| self.fail(reason),
+            )
+            .await;
     }
 
     /// The parts of a claim the supervisor holds itself (all but a guest's
     /// pids limit, which the daemon never posts).
-    fn hand_over_here(
+    async fn hand_over_here(
         &self,
         change: crate::supervisor::protocol::HandOver,
     ) -> Result<(), SupervisorError> {
@@ -86,21 +90,10 @@ impl Supervisor {
                 "a guest's pids limit cannot come through the mailbox",
             ));
         }
-        // First: the one part the kernel may refuse (a memory limit it
-        // cannot reclaim down to), before anything else changed.
-        if let Some(ceilings) = change.ceilings {
-            self.lower_ceilings(ceilings)?;
-        }
-        if let Some(bytes) = change.disk_quota_bytes {
-            // An ioctl that may wait on a btrfs commit: this supervisor's
-            // requests wait for the claim anyway.
-            crate::disk::limit_layer_at(&self.config.spec.layer_dir, bytes).map_err(|e| {
-                err(
-                    SupervisorErrorKind::Internal,
-                    format!("lowering the sandbox's disk limit to the claim's: {e}"),
-                )
-            })?;
-        }
+        // First: what the kernel may refuse (a memory limit it cannot
+        // reclaim down to), before anything else changed.
+        self.lower_limits(change.ceilings, change.disk_quota_bytes)
+            .await?;
         if let Some(policy) = change.policy {
             self.set_policy(&policy.into())?;
         }
@@ -113,22 +106,45 @@ impl Supervisor {
         Ok(())
     }
 
-    /// Lowers the sandbox's cgroup ceilings to a claim's.
-    fn lower_ceilings(
+    /// Lowers the sandbox's cgroup ceilings and its layer's disk quota to
+    /// a claim's, on a blocking thread: the quota's ioctl may wait on a
+    /// btrfs commit, and this supervisor's one thread also runs the
+    /// sandbox's egress proxy.
+    async fn lower_limits(
         &self,
-        ceilings: crate::supervisor::protocol::Ceilings,
+        ceilings: Option<crate::supervisor::protocol::Ceilings>,
+        disk_quota_bytes: Option<u64>,
     ) -> Result<(), SupervisorError> {
         use crate::supervisor::protocol::Ceilings;
-        let lowered = match ceilings {
-            Ceilings::Container(limits) => self.cgroups.lower_limits(&limits),
-            Ceilings::VmCpuQuota { quota_us } => self.cgroups.set_cpu_quota(quota_us),
-        };
-        lowered.map_err(|e| {
-            err(
-                SupervisorErrorKind::Internal,
-                format!("lowering the sandbox's limits to the claim's: {e}"),
-            )
+        if ceilings.is_none() && disk_quota_bytes.is_none() {
+            return Ok(());
+        }
+        let vm = matches!(self.config.spec.kind, RuntimeSpec::Vm(_));
+        if vm && (matches!(ceilings, Some(Ceilings::Container(_))) || disk_quota_bytes.is_some()) {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "a microVM's claim can lower its CPU quota alone",
+            ));
+        }
+        let (cgroups, layer) = (self.cgroups.clone(), self.config.spec.layer_dir.clone());
+        let lowered = tokio::task::spawn_blocking(move || {
+            let ceilings = match ceilings {
+                Some(Ceilings::Container(limits)) => cgroups.lower_limits(&limits),
+                Some(Ceilings::VmCpuQuota { quota_us }) => cgroups.set_cpu_quota(quota_us),
+                None => Ok(()),
+            };
+            if let Err(e) = ceilings {
+                return Err(format!("lowering the sandbox's limits to the claim's: {e}"));
+            }
+            match disk_quota_bytes {
+                Some(bytes) => crate::disk::limit_layer_at(&layer, bytes)
+                    .map_err(|e| format!("lowering the sandbox's disk limit to the claim's: {e}")),
+                None => Ok(()),
+            }
         })
+        .await
+        .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
+        lowered.map_err(|message| err(SupervisorErrorKind::Internal, message))
     }
 
     /// Puts the sandbox's brokered secrets in force (replacing what it had).
