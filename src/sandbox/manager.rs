@@ -314,9 +314,7 @@ impl Manager {
         // Whatever the pool holds of it goes first: a trust bundle held
         // open would keep its root's overlay alive past the teardown.
         self.pool().forget(&record.id);
-        // A watch still waiting for the create's answer (one abandoned by
-        // its caller) starts, finds the supervisor gone, and ends.
-        self.answered(&record.id);
+        self.unanswered_removed(&record.id);
         let paths = self.paths(&record.id);
         // Its URLs stop answering before anything of it goes.
         let ingress_bytes = self.links.close_sandbox(&record.id);

@@ -3,7 +3,7 @@
 //!
 //! A claimed pooled sandbox's watch starts only once the create has been
 //! answered ([`Answered`]): its first request makes the supervisor put the
-//! claim in force (cgroup writes, the proxy's policy and secrets), work
+//! claim in force (its limits, the proxy's policy and secrets), work
 //! that competed with the answer for the host's cores. No request of the
 //! caller's can reach the sandbox before the supervisor has done it.
 
@@ -38,15 +38,16 @@ impl Manager {
     }
 
     /// [`Self::watch_supervisor`], started once [`Self::answered`] is
-    /// called for `id`.
+    /// called for `id`; never, if the sandbox is removed first
+    /// ([`Self::unanswered_removed`]).
     pub(super) fn watch_supervisor_once_answered(self: &Arc<Self>, id: String) {
         let (answered, wait) = tokio::sync::oneshot::channel();
         self.awaiting_answer().insert(id.clone(), answered);
         let this = Arc::clone(self);
         tokio::spawn(async move {
-            // A dropped sender starts it too.
-            let _ = wait.await;
-            this.watch(id).await
+            if wait.await.is_ok() {
+                this.watch(id).await
+            }
         });
     }
 
@@ -63,6 +64,14 @@ impl Manager {
         if let Some(answered) = self.awaiting_answer().remove(id) {
             let _ = answered.send(());
         }
+    }
+
+    /// Ends sandbox `id`'s watch if it still waits for the answer: the
+    /// sandbox is being removed (a create abandoned or failed after its
+    /// claim), and a watch started now would make its supervisor put the
+    /// claim in force during the teardown.
+    pub(super) fn unanswered_removed(&self, id: &str) {
+        self.awaiting_answer().remove(id);
     }
 
     pub(super) fn awaiting_answer(

@@ -167,13 +167,16 @@ impl Manager {
                     }
                 }
             }
-            result
+            // Made here, so a caller gone before it takes the result drops
+            // it with the task's output, and the watch starts.
+            result.map(|record| {
+                let answered = this.answering(&record.id);
+                (record, answered)
+            })
         });
         let result = task.await.map_err(SandboxError::internal);
         guard.disarm();
-        let record = result??;
-        let answered = self.answering(&record.id);
-        Ok((record, answered))
+        result?
     }
 
     /// [`Manager::create`], then the ports it asks for (and a fork's
