@@ -20,7 +20,7 @@ use sandboxd::runtime::CheckpointTarget;
 use sandboxd::supervisor::protocol::{
     check_supervisor_version, Ceilings, HandOver, PolicyFields, SpawnSpec, SupervisorError,
     SupervisorErrorKind, SupervisorEvent, SupervisorHealth, SupervisorReply, SupervisorRequest,
-    VersionMismatch, HEALTH_REPLY_TAG, SUPERVISOR_PROTOCOL_VERSION,
+    TrustBundleAppend, VersionMismatch, HEALTH_REPLY_TAG, SUPERVISOR_PROTOCOL_VERSION,
 };
 
 const BUMP: &str = "the encoding of a supervisor frame changed: bump \
@@ -110,6 +110,7 @@ fn request_tag(request: &SupervisorRequest) -> u8 {
         SupervisorRequest::HandOver(_) => 26,
         SupervisorRequest::OpenMailbox => 27,
         SupervisorRequest::GuestRootUsage { .. } => 28,
+        SupervisorRequest::HoldTrustBundle { .. } => 29,
     }
 }
 
@@ -426,9 +427,13 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                     pids_max: 64,
                 })),
                 disk_quota_bytes: Some(64 << 20),
+                trust_bundle_append: Some(TrustBundleAppend {
+                    image_length: 5,
+                    tail: b"CA".to_vec(),
+                }),
             }),
             "1a 01 01 01 01 01 03 61 2e 62 00 01 01 01 4b 01 76 01 ac 02 \
-             01 00 a0 8d 06 80 80 80 80 01 80 01 01 80 80 80 20"
+             01 00 a0 8d 06 80 80 80 80 01 80 01 01 80 80 80 20 01 05 02 43 41"
                 .into(),
         ),
         // Every part absent but the secrets: no secrets, no leaves.
@@ -437,7 +442,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 secrets: Some(Brokered::default()),
                 ..HandOver::default()
             }),
-            "1a 00 01 00 00 00 00 00 00".into(),
+            "1a 00 01 00 00 00 00 00 00 00".into(),
         ),
         // A microVM's CPU quota alone (variant 1): 25000.
         (
@@ -445,12 +450,16 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 ceilings: Some(Ceilings::VmCpuQuota { quota_us: 25_000 }),
                 ..HandOver::default()
             }),
-            "1a 00 00 00 00 01 01 d0 86 03 00".into(),
+            "1a 00 00 00 00 01 01 d0 86 03 00 00".into(),
         ),
         (SupervisorRequest::OpenMailbox, "1b".into()),
         (
             SupervisorRequest::GuestRootUsage { name: "c1".into() },
             "1c 02 63 31".into(),
+        ),
+        (
+            SupervisorRequest::HoldTrustBundle { path: "a/b".into() },
+            "1d 03 61 2f 62".into(),
         ),
     ]
 }

@@ -7,11 +7,13 @@
 use std::sync::Arc;
 
 use super::manager::not_running;
+use super::warm_pool::SupervisorHolds;
 use super::{Manager, SandboxError, SandboxRecord};
 use crate::model::{RuntimeKind, SandboxState};
 use crate::runtime::beneath::{append_if_length, Dir};
 use crate::secrets::{ImageTrustBundle, NewSecret, SecretChange, SecretInfo, TRUST_BUNDLE_PATH};
 use crate::supervisor::client::{CallError, SupervisorClient};
+use crate::supervisor::protocol::TrustBundleAppend;
 
 impl Manager {
     pub fn create_secret(&self, new: NewSecret) -> Result<SecretInfo, SandboxError> {
@@ -166,7 +168,7 @@ impl Manager {
         record: &SandboxRecord,
         found: RootBundle,
     ) -> Result<(), SandboxError> {
-        if record.secrets.is_empty() {
+        if record.secrets.is_empty() || matches!(found, RootBundle::AppendedBySupervisor) {
             return Ok(());
         }
         if record.runtime != RuntimeKind::Container {
@@ -206,6 +208,43 @@ impl Manager {
             .map_err(|e| not_running(&record.id, e))?;
         // No file there to overwrite: perhaps no directory either.
         write_trust_bundle(&mut client, bundle.bytes.clone(), Parent::Make).await
+    }
+
+    /// The CA a claim with `secrets` of pooled container `record` hands
+    /// its supervisor to append, where the supervisor holds the copied-up
+    /// bundle (`found`) and it still has the image's bundle's length (an
+    /// fstat here; the supervisor checks again as it writes), and then
+    /// nothing left for the claim to write. Else nothing, and `found` as
+    /// it was.
+    pub(super) fn trust_bundle_append(
+        &self,
+        record: &SandboxRecord,
+        secrets: &[crate::secrets::SecretBinding],
+        found: RootBundle,
+    ) -> (Option<TrustBundleAppend>, RootBundle) {
+        let RootBundle::CopiedUp(file, SupervisorHolds::Yes) = &found else {
+            return (None, found);
+        };
+        if secrets.is_empty() {
+            return (None, found);
+        }
+        let Some(Some(bundle)) = self.secrets.known_image_bundle(&record.image_digest) else {
+            return (None, found);
+        };
+        let Some((image_length, tail)) = bundle.appended_to_image() else {
+            return (None, found);
+        };
+        let unchanged = file.metadata().is_ok_and(|m| {
+            m.len() == image_length && std::os::unix::fs::MetadataExt::nlink(&m) > 0
+        });
+        if !unchanged {
+            return (None, found);
+        }
+        let append = TrustBundleAppend {
+            image_length,
+            tail: tail.to_vec(),
+        };
+        (Some(append), RootBundle::AppendedBySupervisor)
     }
 
     /// Copies pooled container `id`'s trust bundle up into its writable
@@ -287,7 +326,7 @@ impl Manager {
 }
 
 /// [`TRUST_BUNDLE_PATH`] beneath a root.
-const TRUST_BUNDLE_RELATIVE: &str = "etc/ssl/certs/ca-certificates.crt";
+pub(super) const TRUST_BUNDLE_RELATIVE: &str = "etc/ssl/certs/ca-certificates.crt";
 
 /// The largest image trust bundle read on the host (Debian's is 220 KB).
 const MAX_TRUST_BUNDLE: u64 = 4 << 20;
@@ -302,8 +341,12 @@ pub(super) enum RootBundle {
     InImage,
     /// Copied up into the root's own layer ahead, unchanged, and held open
     /// for appending since (a pooled root,
-    /// [`Manager::copy_up_trust_bundle`]).
-    CopiedUp(std::fs::File),
+    /// [`Manager::copy_up_trust_bundle`]), by its supervisor too where it
+    /// says so.
+    CopiedUp(std::fs::File, SupervisorHolds),
+    /// Left to the supervisor, which appends the CA as it takes the claim
+    /// (`HandOver::trust_bundle_append`).
+    AppendedBySupervisor,
 }
 
 /// Puts `bundle` in place of the trust bundle of a container root the
@@ -324,7 +367,7 @@ pub(super) async fn write_in_root(
             "writing the trust bundle {TRUST_BUNDLE_PATH} into the sandbox's root: {e}"
         ))
     };
-    if let (RootBundle::CopiedUp(file), Some((image_length, tail))) =
+    if let (RootBundle::CopiedUp(file, _), Some((image_length, tail))) =
         (&found, bundle.appended_to_image())
     {
         // An fstat and a write of a few KB, which may still wait on a

@@ -516,6 +516,7 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
         guest_pids: None,
         ceilings: None,
         disk_quota_bytes: None,
+        trust_bundle_append: None,
     }] = calls.as_slice()
     else {
         panic!("one HandOver with the environment alone expected, got {calls:?}");
@@ -591,6 +592,7 @@ fn guest_pids_alone(id: &str, max: u64) -> Call {
         guest_pids: Some(max),
         ceilings: None,
         disk_quota_bytes: None,
+        trust_bundle_append: None,
     }
 }
 
@@ -716,7 +718,7 @@ async fn a_pooled_sandbox_takes_the_callers_egress_policy() {
     assert!(
         matches!(
             calls.as_slice(),
-            [Call::HandOver { id, policy: Some(p), secrets: None, env: None, guest_pids: None, ceilings: None, disk_quota_bytes: None }]
+            [Call::HandOver { id, policy: Some(p), secrets: None, env: None, guest_pids: None, ceilings: None, disk_quota_bytes: None, trust_bundle_append: None }]
                 if id == "sb-n" && *p == blocked
         ),
         "{calls:?}"
@@ -929,6 +931,7 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
         guest_pids: None,
         ceilings: None,
         disk_quota_bytes: None,
+        trust_bundle_append: None,
     }] = calls.as_slice()
     else {
         panic!("one HandOver with the secrets and environment expected, got {calls:?}");
@@ -947,6 +950,93 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
         bundle.contains("BEGIN CERTIFICATE"),
         "the CA was not added: {bundle}"
     );
+}
+
+/// Where the pooled container's supervisor holds its copied-up trust
+/// bundle and it still has the image's bundle's length, the claim hands
+/// the CA to the supervisor with the rest and writes nothing itself; a
+/// bundle of another length is written whole by the claim.
+#[tokio::test]
+async fn a_bundle_the_supervisor_holds_takes_the_ca_through_the_hand_over() {
+    use super::warm_pool::SupervisorHolds;
+    let h = harness(2);
+    h.manager.refilling.store(true, Ordering::Release);
+    let image = h.manager.config.default_image.clone();
+    h.manager
+        .secrets
+        .create(crate::secrets::NewSecret {
+            name: "key".into(),
+            value: zeroize::Zeroizing::new(b"value".to_vec()),
+            hosts: vec!["api.example.test".into()],
+            allow_wildcards: false,
+        })
+        .expect("secret");
+    let bindings = h.manager.secrets.bind(&["key".into()]).expect("bind");
+    let image_roots = b"image roots\n".to_vec();
+    h.manager
+        .secrets
+        .image_trust_bundle("sha256-test", || Some(image_roots.clone()))
+        .expect("bundle")
+        .expect("the image's roots lack the CA");
+    let mut bundles = Vec::new();
+    for (id, on_disk) in [("sb-h", &image_roots[..]), ("sb-o", &b"other length\n"[..])] {
+        h.ready(id, true);
+        let certs = h.manager.paths(id).rootfs().join("etc/ssl/certs");
+        std::fs::create_dir_all(&certs).expect("certs dir");
+        let path = certs.join("ca-certificates.crt");
+        std::fs::write(&path, on_disk).expect("bundle");
+        let held = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("held");
+        let mut pools = h.manager.pool();
+        pools.keep_copied_up_bundle(id.into(), held, SupervisorHolds::Yes);
+        pools.put(RuntimeKind::Container, &image, id.into());
+        drop(pools);
+        h.fake.script(id, SupervisorReply::Ok);
+        bundles.push(path);
+    }
+    let (limits, req, network) = (
+        h.manager.pooled_limits(),
+        CreateRequest::default(),
+        open_network(),
+    );
+    for _ in 0..2 {
+        h.manager
+            .claim_pooled(&PoolClaim {
+                secrets: &bindings,
+                ..claim(&image, &limits, &req, &network)
+            })
+            .await
+            .expect("claim")
+            .expect("a pooled sandbox");
+    }
+    let appends: Vec<(String, Option<u64>)> = h
+        .fake
+        .calls()
+        .into_iter()
+        .filter_map(|call| match call {
+            Call::HandOver {
+                id,
+                trust_bundle_append,
+                ..
+            } => Some((id, trust_bundle_append)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        appends,
+        [
+            ("sb-h".to_string(), Some(image_roots.len() as u64)),
+            ("sb-o".to_string(), None),
+        ]
+    );
+    // The supervisor (a fake here) appends the first; the claim wrote the
+    // second whole.
+    assert_eq!(std::fs::read(&bundles[0]).expect("bundle"), image_roots);
+    let whole = std::fs::read_to_string(&bundles[1]).expect("bundle");
+    assert!(whole.starts_with("image roots\n"), "{whole}");
+    assert!(whole.contains("BEGIN CERTIFICATE"), "{whole}");
 }
 
 /// A pooled root's bundle, copied up ahead and held open, takes only the
@@ -976,6 +1066,7 @@ async fn a_copied_up_bundle_of_the_images_length_takes_the_ca_appended() {
                 .append(true)
                 .open(&file)
                 .expect("the bundle, held open"),
+            super::warm_pool::SupervisorHolds::No,
         )
     };
     let same_length = b"IMAGE ROOTS\n";

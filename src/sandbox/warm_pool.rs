@@ -40,8 +40,17 @@ pub(super) struct WarmPools {
     /// (none where opening one failed: its claim is a request).
     postboxes: HashMap<String, Postbox>,
     /// Pooled containers' trust bundles, copied up into their own layer
-    /// when they joined the pool and held open for a claim's append.
-    bundles_copied_up: HashMap<String, std::fs::File>,
+    /// when they joined the pool and held open (by their supervisor too,
+    /// where it said so) for a claim's append.
+    bundles_copied_up: HashMap<String, (std::fs::File, SupervisorHolds)>,
+}
+
+/// Whether a pooled container's supervisor holds its copied-up trust bundle
+/// too, and so appends a claim's CA itself.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SupervisorHolds {
+    Yes,
+    No,
 }
 
 impl WarmPools {
@@ -85,14 +94,19 @@ impl WarmPools {
         self.postboxes.remove(id)
     }
 
-    fn keep_copied_up_bundle(&mut self, id: String, bundle: std::fs::File) {
-        self.bundles_copied_up.insert(id, bundle);
+    pub(super) fn keep_copied_up_bundle(
+        &mut self,
+        id: String,
+        bundle: std::fs::File,
+        held: SupervisorHolds,
+    ) {
+        self.bundles_copied_up.insert(id, (bundle, held));
     }
 
     /// Where pooled sandbox `id`'s trust bundle is, as it leaves the pool.
     fn take_bundle_place(&mut self, id: &str) -> RootBundle {
         match self.bundles_copied_up.remove(id) {
-            Some(bundle) => RootBundle::CopiedUp(bundle),
+            Some((file, held)) => RootBundle::CopiedUp(file, held),
             None => RootBundle::InImage,
         }
     }
@@ -252,11 +266,30 @@ impl Manager {
     /// Puts ready sandbox `id` in its pool, with its claim mailbox opened
     /// first so a claim need not wait on its supervisor (without one, an
     /// error logged, its claim is a `HandOver` request) and a container's
-    /// trust bundle copied up for a claim with secrets.
+    /// trust bundle copied up for a claim with secrets, and held by its
+    /// supervisor too (which then appends the claim's CA as it takes the
+    /// claim; without, an error logged, the claim appends it).
     pub(super) async fn pool_ready(&self, runtime: RuntimeKind, image: &str, id: String) {
         let copied_up = match runtime {
             RuntimeKind::Container => self.copy_up_trust_bundle(&id).await,
             RuntimeKind::Vm => None,
+        };
+        let copied_up = match copied_up {
+            Some(file) => {
+                let held = match self
+                    .supervisors
+                    .hold_trust_bundle(&id, super::secrets::TRUST_BUNDLE_RELATIVE)
+                    .await
+                {
+                    Ok(()) => SupervisorHolds::Yes,
+                    Err(e) => {
+                        tracing::warn!(sandbox = %id, "its supervisor holding its trust bundle: {e}; a claim appends the CA");
+                        SupervisorHolds::No
+                    }
+                };
+                Some((file, held))
+            }
+            None => None,
         };
         let postbox = match self.supervisors.open_mailbox(&id).await {
             Ok(postbox) => Some(postbox),
@@ -273,8 +306,8 @@ impl Manager {
         if let Some(postbox) = postbox {
             pools.keep_postbox(id.clone(), postbox);
         }
-        if let Some(bundle) = copied_up {
-            pools.keep_copied_up_bundle(id.clone(), bundle);
+        if let Some((bundle, held)) = copied_up {
+            pools.keep_copied_up_bundle(id.clone(), bundle, held);
         }
         pools.put(runtime, image, id);
     }
@@ -433,6 +466,10 @@ impl Manager {
             && claim.limits.pids != record.limits.pids)
             .then_some(claim.limits.pids);
         let ceilings = ceilings_to_lower(&record, claim.limits)?;
+        // Where the supervisor holds the copied-up bundle, the CA goes
+        // with the hand-over.
+        let (trust_bundle_append, bundle_place) =
+            self.trust_bundle_append(&record, claim.secrets, bundle_place);
         // A microVM's disk is its scratch image, whose size `fits` keeps.
         let disk_quota_bytes = (record.runtime == RuntimeKind::Container
             && claim.limits.disk_mib != record.limits.disk_mib)
@@ -461,6 +498,7 @@ impl Manager {
             guest_pids,
             ceilings,
             disk_quota_bytes,
+            trust_bundle_append,
         };
         if !change.is_empty() {
             // Before the first change: a daemon killed in the middle of the
@@ -670,19 +708,19 @@ mod tests {
     #[test]
     fn a_bundle_is_claimed_as_copied_up_only_where_the_pool_kept_it() {
         let file = || tempfile::tempfile().expect("a file");
-        let copied_up = |place: RootBundle| matches!(place, RootBundle::CopiedUp(_));
+        let copied_up = |place: RootBundle| matches!(place, RootBundle::CopiedUp(..));
         let mut pools = WarmPools::default();
         for id in ["sb-a", "sb-b", "sb-c"] {
             pools.put(RuntimeKind::Container, "python", id.into());
         }
-        pools.keep_copied_up_bundle("sb-a".into(), file());
-        pools.keep_copied_up_bundle("sb-b".into(), file());
+        pools.keep_copied_up_bundle("sb-a".into(), file(), SupervisorHolds::Yes);
+        pools.keep_copied_up_bundle("sb-b".into(), file(), SupervisorHolds::No);
         assert!(copied_up(pools.take_bundle_place("sb-a")));
         assert!(!copied_up(pools.take_bundle_place("sb-a")));
         assert!(!copied_up(pools.take_bundle_place("sb-c")));
         pools.forget("sb-b");
         assert!(!copied_up(pools.take_bundle_place("sb-b")));
-        pools.keep_copied_up_bundle("sb-c".into(), file());
+        pools.keep_copied_up_bundle("sb-c".into(), file(), SupervisorHolds::Yes);
         assert_eq!(pools.evict().as_deref(), Some("sb-c"));
         assert!(!copied_up(pools.take_bundle_place("sb-c")));
         assert!(pools.bundles_copied_up.is_empty());

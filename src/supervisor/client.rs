@@ -349,6 +349,14 @@ impl SupervisorClient {
         Ok(EventStream { conn: self.conn })
     }
 
+    /// Has a pooled container's supervisor hold its trust bundle at `path`
+    /// (relative to the root) for a claim's append.
+    pub async fn hold_trust_bundle(&mut self, path: &str) -> Result<(), CallError> {
+        let request = SupervisorRequest::HoldTrustBundle { path: path.into() };
+        let reply = self.call(&request, CONTROL_DEADLINE).await?;
+        expect::ok("HoldTrustBundle", reply)
+    }
+
     /// Puts a pool claim's parts in force in one exchange.
     pub async fn hand_over(&mut self, change: HandOver) -> Result<(), CallError> {
         let reply = self
@@ -654,6 +662,7 @@ pub trait Supervisors: Send + Sync {
     fn limit_guest_pids<'a>(&'a self, id: &'a str, max: u64) -> CallFuture<'a, ()>;
     fn guest_pids<'a>(&'a self, id: &'a str) -> CallFuture<'a, u64>;
     fn open_mailbox<'a>(&'a self, id: &'a str) -> CallFuture<'a, super::mailbox::Postbox>;
+    fn hold_trust_bundle<'a>(&'a self, id: &'a str, path: &'a str) -> CallFuture<'a, ()>;
     /// The root of the container at `paths`, whose init is `init_pid` in
     /// group `cgroups_path`, as the daemon reaches it.
     fn root(&self, paths: &SandboxPaths, init_pid: i32, cgroups_path: &str) -> HostRoot;
@@ -708,6 +717,10 @@ impl Supervisors for SocketSupervisors {
         Box::pin(async move { self.client(id).await?.open_mailbox().await })
     }
 
+    fn hold_trust_bundle<'a>(&'a self, id: &'a str, path: &'a str) -> CallFuture<'a, ()> {
+        Box::pin(async move { self.client(id).await?.hold_trust_bundle(path).await })
+    }
+
     /// Through its init: no mount namespace of the host's holds it.
     fn root(&self, _paths: &SandboxPaths, init_pid: i32, cgroups_path: &str) -> HostRoot {
         HostRoot::through_init(init_pid, cgroups_path)
@@ -738,6 +751,8 @@ pub mod fake {
             guest_pids: Option<u64>,
             ceilings: Option<Ceilings>,
             disk_quota_bytes: Option<u64>,
+            /// The image bundle's length the append expects.
+            trust_bundle_append: Option<u64>,
         },
         SetPolicy(String, NetworkPolicy),
         /// The names of the secrets (never their values).
@@ -745,6 +760,7 @@ pub mod fake {
         LimitGuestPids(String, u64),
         GuestPids(String),
         OpenMailbox(String),
+        HoldTrustBundle(String),
     }
 
     #[derive(Default)]
@@ -823,6 +839,7 @@ pub mod fake {
                 guest_pids: change.guest_pids,
                 ceilings: change.ceilings,
                 disk_quota_bytes: change.disk_quota_bytes,
+                trust_bundle_append: change.trust_bundle_append.map(|a| a.image_length),
             };
             let reply = self.answer(id, call);
             Box::pin(async move { expect::ok("HandOver", reply?) })
@@ -857,6 +874,11 @@ pub mod fake {
         /// put at the run directory's `rootfs`.
         fn root(&self, paths: &SandboxPaths, _init_pid: i32, _cgroups: &str) -> HostRoot {
             HostRoot::in_directory(&paths.rootfs())
+        }
+
+        fn hold_trust_bundle<'a>(&'a self, id: &'a str, _path: &'a str) -> CallFuture<'a, ()> {
+            let reply = self.answer(id, Call::HoldTrustBundle(id.into()));
+            Box::pin(async move { expect::ok("HoldTrustBundle", reply?) })
         }
 
         /// A fake has no memfd to hand out: a scripted reply is refused as

@@ -251,6 +251,7 @@ mod tests {
             guest_pids: None,
             ceilings: None,
             disk_quota_bytes: None,
+            trust_bundle_append: None,
         }
     }
 

@@ -124,6 +124,9 @@ pub struct Supervisor {
     pub fresh_seed: watch::Sender<bool>,
     /// A pooled sandbox's claim mailbox, once the daemon asked for it.
     mailbox: std::sync::OnceLock<super::mailbox::Mailbox>,
+    /// A pooled container's trust bundle, copied up and held open for a
+    /// claim's append, once the daemon asked for it; closed at the claim.
+    trust_bundle: Mutex<Option<std::fs::File>>,
 }
 
 fn now_rfc3339() -> String {
@@ -215,6 +218,7 @@ impl Supervisor {
             volume_following: Default::default(),
             fresh_seed: watch::channel(true).0,
             mailbox: std::sync::OnceLock::new(),
+            trust_bundle: Mutex::new(None),
         })
     }
 
@@ -1724,5 +1728,49 @@ pub(super) mod tests {
         let failure = h.sup.failure().expect("the sandbox failed");
         assert!(failure.contains("disk limit"), "{failure}");
         assert!(h.group.join("pids.max").exists(), "the ceilings came first");
+    }
+
+    /// A claim's CA is appended to the trust bundle the supervisor holds
+    /// while the file still has the image's bundle's length; a file that
+    /// changed fails the sandbox, as does a CA for a bundle not held.
+    #[tokio::test]
+    async fn a_claims_ca_is_appended_to_the_held_trust_bundle_of_the_images_length() {
+        use crate::supervisor::protocol::{HandOver, TrustBundleAppend};
+        let claim = |image_length| HandOver {
+            trust_bundle_append: Some(TrustBundleAppend {
+                image_length,
+                tail: b"CA\n".to_vec(),
+            }),
+            ..HandOver::default()
+        };
+        let dir = tempfile::tempdir().expect("dir");
+        let hold = |h: &Harness, name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, b"roots\n").expect("bundle");
+            let file = std::fs::OpenOptions::new()
+                .append(true)
+                .open(&path)
+                .expect("held");
+            *h.sup.trust_bundle.lock().unwrap() = Some(file);
+            path
+        };
+
+        let h = harness(RuntimeSpec::Container).await;
+        let bundle = hold(&h, "same");
+        post_and_settle(&h, &claim(6)).await;
+        assert_eq!(h.sup.failure(), None);
+        assert_eq!(std::fs::read(&bundle).expect("bundle"), b"roots\nCA\n");
+
+        let h = harness(RuntimeSpec::Container).await;
+        let bundle = hold(&h, "other");
+        post_and_settle(&h, &claim(5)).await;
+        let failure = h.sup.failure().expect("the sandbox failed");
+        assert!(failure.contains("trust bundle changed"), "{failure}");
+        assert_eq!(std::fs::read(&bundle).expect("bundle"), b"roots\n");
+
+        let h = harness(RuntimeSpec::Container).await;
+        post_and_settle(&h, &claim(6)).await;
+        let failure = h.sup.failure().expect("the sandbox failed");
+        assert!(failure.contains("does not hold"), "{failure}");
     }
 }

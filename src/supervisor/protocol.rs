@@ -81,7 +81,8 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// 16 counts the agent's `RequestBody::ReplaceVolume` and
 /// `GuestVolume::within`.
 ///
-/// 17 added `HandOver::ceilings` and `disk_quota_bytes`.
+/// 17 added `HandOver::ceilings`, `disk_quota_bytes` and
+/// `trust_bundle_append`, and `HoldTrustBundle`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
@@ -216,13 +217,23 @@ pub enum SupervisorRequest {
     GuestRootUsage {
         name: String,
     },
+    /// A pooled container only: open its trust bundle at `path` (relative
+    /// to its root, reached through its init) for appending, copied up
+    /// into the root's own layer if it is not there yet, and hold it for a
+    /// claim's [`HandOver::trust_bundle_append`]. Reply:
+    /// [`SupervisorReply::Ok`]; an error where it is no regular file
+    /// reached through no symlink.
+    HoldTrustBundle {
+        path: String,
+    },
 }
 
 /// The parts of a pool claim that live in the supervisor (see
 /// [`SupervisorRequest::HandOver`]); a part left `None` stays as the pool
-/// made it. Applied limits first (`ceilings`, `disk_quota_bytes`: what
-/// the kernel may refuse, before anything else changed), then in field
-/// order, a microVM's guest pids limit last (it needs the agent).
+/// made it. Applied the host's files first (`ceilings`, `disk_quota_bytes`:
+/// what the kernel may refuse, before anything else changed; then
+/// `trust_bundle_append`), then in field order, a microVM's guest pids
+/// limit last (it needs the agent).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HandOver {
     /// The egress policy (as `SetPolicy`).
@@ -241,6 +252,18 @@ pub struct HandOver {
     pub ceilings: Option<Ceilings>,
     /// A container only: its writable layer's new qgroup limit (bytes).
     pub disk_quota_bytes: Option<u64>,
+    /// The brokered CA, appended to the trust bundle the supervisor holds
+    /// ([`SupervisorRequest::HoldTrustBundle`]).
+    pub trust_bundle_append: Option<TrustBundleAppend>,
+}
+
+/// What a claim with secrets appends to a held trust bundle that is still
+/// the image's: `tail` where the file has `image_length` bytes (else the
+/// sandbox fails: the bundle changed under the pool).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrustBundleAppend {
+    pub image_length: u64,
+    pub tail: Vec<u8>,
 }
 
 /// The cgroup ceilings a claim lowers: a container's CPU quota, memory and
@@ -261,6 +284,7 @@ impl HandOver {
             && self.guest_pids.is_none()
             && self.ceilings.is_none()
             && self.disk_quota_bytes.is_none()
+            && self.trust_bundle_append.is_none()
     }
 }
 

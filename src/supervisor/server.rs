@@ -143,6 +143,9 @@ async fn answer(
         SupervisorRequest::SetPolicy(policy) => reply_of(supervisor.set_policy(&policy.into())),
         SupervisorRequest::SetSecrets(brokered) => reply_of(supervisor.set_secrets(&brokered)),
         SupervisorRequest::HandOver(change) => reply_of(supervisor.hand_over(change).await),
+        SupervisorRequest::HoldTrustBundle { path } => {
+            reply_of(supervisor.hold_trust_bundle(path).await)
+        }
         SupervisorRequest::Spawn(spec) => {
             reply_of(supervisor.spawn(spec).await.map(SupervisorReply::Process))
         }

@@ -1,7 +1,8 @@
 //! What a pool claim changes in a running supervisor: its cgroup
-//! ceilings and disk quota, the egress policy, the brokered secrets and the environment,
-//! whether the daemon posts them to the claim mailbox or sends them as a
-//! `HandOver` request (which alone carries a microVM guest's pids limit).
+//! ceilings, disk quota and trust bundle, the egress policy, the brokered
+//! secrets and the environment, whether the daemon posts them to the claim
+//! mailbox or sends them as a `HandOver` request (which alone carries a
+//! microVM guest's pids limit).
 
 use super::{err, Supervisor};
 use crate::runtime::sandbox::RuntimeSpec;
@@ -92,8 +93,12 @@ impl Supervisor {
         }
         // First: what the kernel may refuse (a memory limit it cannot
         // reclaim down to), before anything else changed.
-        self.lower_limits(change.ceilings, change.disk_quota_bytes)
-            .await?;
+        self.write_host_files(
+            change.ceilings,
+            change.disk_quota_bytes,
+            change.trust_bundle_append,
+        )
+        .await?;
         if let Some(policy) = change.policy {
             self.set_policy(&policy.into())?;
         }
@@ -107,27 +112,46 @@ impl Supervisor {
     }
 
     /// Lowers the sandbox's cgroup ceilings and its layer's disk quota to
-    /// a claim's, on a blocking thread: the quota's ioctl may wait on a
+    /// a claim's and appends the brokered CA to the trust bundle it holds,
+    /// on a blocking thread: the quota's ioctl and the write may wait on a
     /// btrfs commit, and this supervisor's one thread also runs the
     /// sandbox's egress proxy.
-    async fn lower_limits(
+    async fn write_host_files(
         &self,
         ceilings: Option<crate::supervisor::protocol::Ceilings>,
         disk_quota_bytes: Option<u64>,
+        trust_bundle_append: Option<crate::supervisor::protocol::TrustBundleAppend>,
     ) -> Result<(), SupervisorError> {
         use crate::supervisor::protocol::Ceilings;
-        if ceilings.is_none() && disk_quota_bytes.is_none() {
+        if ceilings.is_none() && disk_quota_bytes.is_none() && trust_bundle_append.is_none() {
             return Ok(());
         }
         let vm = matches!(self.config.spec.kind, RuntimeSpec::Vm(_));
-        if vm && (matches!(ceilings, Some(Ceilings::Container(_))) || disk_quota_bytes.is_some()) {
+        if vm
+            && (matches!(ceilings, Some(Ceilings::Container(_)))
+                || disk_quota_bytes.is_some()
+                || trust_bundle_append.is_some())
+        {
             return Err(err(
                 SupervisorErrorKind::InvalidInput,
                 "a microVM's claim can lower its CPU quota alone",
             ));
         }
+        // Taken: the claim is its only use, and a file held open would
+        // keep the root's overlay alive.
+        let held = self
+            .trust_bundle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if trust_bundle_append.is_some() && held.is_none() {
+            return Err(err(
+                SupervisorErrorKind::Internal,
+                "a claim's CA came for a trust bundle this supervisor does not hold",
+            ));
+        }
         let (cgroups, layer) = (self.cgroups.clone(), self.config.spec.layer_dir.clone());
-        let lowered = tokio::task::spawn_blocking(move || {
+        let written = tokio::task::spawn_blocking(move || {
             let ceilings = match ceilings {
                 Some(Ceilings::Container(limits)) => cgroups.lower_limits(&limits),
                 Some(Ceilings::VmCpuQuota { quota_us }) => cgroups.set_cpu_quota(quota_us),
@@ -136,15 +160,70 @@ impl Supervisor {
             if let Err(e) = ceilings {
                 return Err(format!("lowering the sandbox's limits to the claim's: {e}"));
             }
-            match disk_quota_bytes {
-                Some(bytes) => crate::disk::limit_layer_at(&layer, bytes)
-                    .map_err(|e| format!("lowering the sandbox's disk limit to the claim's: {e}")),
-                None => Ok(()),
+            if let Some(bytes) = disk_quota_bytes {
+                crate::disk::limit_layer_at(&layer, bytes).map_err(|e| {
+                    format!("lowering the sandbox's disk limit to the claim's: {e}")
+                })?;
+            }
+            let (Some(append), Some(file)) = (trust_bundle_append, held) else {
+                return Ok(());
+            };
+            match crate::runtime::beneath::append_if_length(
+                &file,
+                append.image_length,
+                &append.tail,
+            ) {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("the trust bundle changed since the pool held it, \
+                                  so the brokered CA was not added"
+                    .to_string()),
+                Err(e) => Err(format!(
+                    "appending the brokered CA to the trust bundle: {e}"
+                )),
             }
         })
         .await
         .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
-        lowered.map_err(|message| err(SupervisorErrorKind::Internal, message))
+        written.map_err(|message| err(SupervisorErrorKind::Internal, message))
+    }
+
+    /// Opens the container's trust bundle at `path` beneath its root for
+    /// appending (copied up into its own layer) and holds it for a claim
+    /// ([`crate::supervisor::protocol::SupervisorRequest::HoldTrustBundle`]).
+    pub async fn hold_trust_bundle(
+        &self,
+        path: String,
+    ) -> Result<crate::supervisor::protocol::SupervisorReply, SupervisorError> {
+        self.ensure_live()?;
+        if !matches!(self.config.spec.kind, RuntimeSpec::Container) {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "only a fresh container's trust bundle is held for a claim",
+            ));
+        }
+        let root = crate::runtime::mount_ns::HostRoot::through_init(
+            self.init_pid,
+            &self.config.spec.cgroups_path,
+        );
+        let opened = tokio::task::spawn_blocking(move || root.open()?.copy_up_for_append(&path))
+            .await
+            .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
+        match opened {
+            Ok(Some(file)) => {
+                // A daemon that pools it again after a restart asks again:
+                // the same file, held once.
+                *self.trust_bundle.lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
+                Ok(crate::supervisor::protocol::SupervisorReply::Ok)
+            }
+            Ok(None) => Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "the trust bundle is no regular file reached through no symlink",
+            )),
+            Err(e) => Err(err(
+                SupervisorErrorKind::Internal,
+                format!("opening the trust bundle: {e}"),
+            )),
+        }
     }
 
     /// Puts the sandbox's brokered secrets in force (replacing what it had).
