@@ -125,8 +125,11 @@ pub struct Supervisor {
     /// A pooled sandbox's claim mailbox, once the daemon asked for it.
     mailbox: std::sync::OnceLock<super::mailbox::Mailbox>,
     /// A pooled container's trust bundle, copied up and held open for a
-    /// claim's append, once the daemon asked for it; closed at the claim.
+    /// claim's append, once the daemon asked for it; closed at the claim
+    /// ([`Self::release_trust_bundle`]).
     trust_bundle: Mutex<Option<std::fs::File>>,
+    /// Set once the sandbox is the caller's: no bundle is held after.
+    claimed: std::sync::atomic::AtomicBool,
 }
 
 fn now_rfc3339() -> String {
@@ -219,6 +222,7 @@ impl Supervisor {
             fresh_seed: watch::channel(true).0,
             mailbox: std::sync::OnceLock::new(),
             trust_bundle: Mutex::new(None),
+            claimed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -1760,6 +1764,10 @@ pub(super) mod tests {
         post_and_settle(&h, &claim(6)).await;
         assert_eq!(h.sup.failure(), None);
         assert_eq!(std::fs::read(&bundle).expect("bundle"), b"roots\nCA\n");
+        assert!(
+            h.sup.trust_bundle.lock().unwrap().is_none(),
+            "closed at the claim"
+        );
 
         let h = harness(RuntimeSpec::Container).await;
         let bundle = hold(&h, "other");
@@ -1772,5 +1780,23 @@ pub(super) mod tests {
         post_and_settle(&h, &claim(6)).await;
         let failure = h.sup.failure().expect("the sandbox failed");
         assert!(failure.contains("does not hold"), "{failure}");
+    }
+
+    /// A claim that changed nothing the supervisor holds ends the bundle's
+    /// hold when the daemon starts watching the sandbox, and no bundle is
+    /// held for it after.
+    #[tokio::test]
+    async fn the_watch_of_a_claimed_sandbox_ends_its_held_bundle() {
+        let h = harness(RuntimeSpec::Container).await;
+        let file = tempfile::tempfile().expect("a file");
+        *h.sup.trust_bundle.lock().unwrap() = Some(file);
+        // What the server does on a Watch request.
+        assert!(h.sup.release_trust_bundle().is_some(), "it was held");
+        assert!(h.sup.trust_bundle.lock().unwrap().is_none());
+        let refused = h
+            .sup
+            .hold_trust_bundle("etc/ssl/certs/ca-certificates.crt".into())
+            .await;
+        assert_eq!(kind_of(refused), SupervisorErrorKind::InvalidInput);
     }
 }

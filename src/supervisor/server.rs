@@ -92,6 +92,9 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
                 break;
             }
             SupervisorRequest::Watch { after } => {
+                // The daemon watches no pooled sandbox: this one is the
+                // caller's now, whether or not its claim changed anything.
+                drop(supervisor.release_trust_bundle());
                 let _ = watch(&mut stream, &supervisor, after).await;
                 break;
             }

@@ -123,6 +123,8 @@ impl Supervisor {
         trust_bundle_append: Option<crate::supervisor::protocol::TrustBundleAppend>,
     ) -> Result<(), SupervisorError> {
         use crate::supervisor::protocol::Ceilings;
+        // The claim is the held bundle's only use.
+        let held = self.release_trust_bundle();
         if ceilings.is_none() && disk_quota_bytes.is_none() && trust_bundle_append.is_none() {
             return Ok(());
         }
@@ -137,13 +139,6 @@ impl Supervisor {
                 "a microVM's claim can lower its CPU quota alone",
             ));
         }
-        // Taken: the claim is its only use, and a file held open would
-        // keep the root's overlay alive.
-        let held = self
-            .trust_bundle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
         if trust_bundle_append.is_some() && held.is_none() {
             return Err(err(
                 SupervisorErrorKind::Internal,
@@ -160,31 +155,44 @@ impl Supervisor {
             if let Err(e) = ceilings {
                 return Err(format!("lowering the sandbox's limits to the claim's: {e}"));
             }
-            if let Some(bytes) = disk_quota_bytes {
-                crate::disk::limit_layer_at(&layer, bytes).map_err(|e| {
-                    format!("lowering the sandbox's disk limit to the claim's: {e}")
-                })?;
+            // The CA before a lower quota, which the layer may already be
+            // close to.
+            if let (Some(append), Some(file)) = (trust_bundle_append, held) {
+                let appended = crate::runtime::beneath::append_if_length(
+                    &file,
+                    append.image_length,
+                    &append.tail,
+                )
+                .map_err(|e| format!("appending the brokered CA to the trust bundle: {e}"))?;
+                if !appended {
+                    return Err("the trust bundle changed since the pool held it, \
+                                so the brokered CA was not added"
+                        .to_string());
+                }
             }
-            let (Some(append), Some(file)) = (trust_bundle_append, held) else {
-                return Ok(());
-            };
-            match crate::runtime::beneath::append_if_length(
-                &file,
-                append.image_length,
-                &append.tail,
-            ) {
-                Ok(true) => Ok(()),
-                Ok(false) => Err("the trust bundle changed since the pool held it, \
-                                  so the brokered CA was not added"
-                    .to_string()),
-                Err(e) => Err(format!(
-                    "appending the brokered CA to the trust bundle: {e}"
-                )),
+            match disk_quota_bytes {
+                Some(bytes) => crate::disk::limit_layer_at(&layer, bytes)
+                    .map_err(|e| format!("lowering the sandbox's disk limit to the claim's: {e}")),
+                None => Ok(()),
             }
         })
         .await
         .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
         written.map_err(|message| err(SupervisorErrorKind::Internal, message))
+    }
+
+    /// Ends what the supervisor holds for a pool claim (the trust bundle,
+    /// whose file held open would keep the root's overlay alive) and
+    /// returns the bundle: called as a claim is applied, and when the
+    /// daemon starts watching the sandbox (it watches no pooled one), which
+    /// a claim that changed nothing here does not otherwise tell.
+    pub fn release_trust_bundle(&self) -> Option<std::fs::File> {
+        self.claimed
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.trust_bundle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
     }
 
     /// Opens the container's trust bundle at `path` beneath its root for
@@ -199,6 +207,14 @@ impl Supervisor {
             return Err(err(
                 SupervisorErrorKind::InvalidInput,
                 "only a fresh container's trust bundle is held for a claim",
+            ));
+        }
+        // After a claim the root is the caller's: it is not walked again
+        // as the host's root for a claim's bundle.
+        if self.claimed.load(std::sync::atomic::Ordering::Acquire) {
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                "the sandbox was claimed: no trust bundle is held for it",
             ));
         }
         let root = crate::runtime::mount_ns::HostRoot::through_init(
