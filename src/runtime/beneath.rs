@@ -378,12 +378,18 @@ fn open(dirfd: i32, path: &str, how: OpenHow) -> io::Result<OwnedFd> {
 /// reach nobody). The length is checked, then the tail written: only for
 /// a file nothing else writes meanwhile (a root no code has run in yet).
 pub fn append_if_length(file: &std::fs::File, expected_len: u64, tail: &[u8]) -> io::Result<bool> {
-    let meta = file.metadata()?;
-    if meta.len() != expected_len || std::os::unix::fs::MetadataExt::nlink(&meta) == 0 {
+    if !has_length_and_name(file, expected_len)? {
         return Ok(false);
     }
     io::Write::write_all(&mut &*file, tail)?;
     Ok(true)
+}
+
+/// Whether `file` is `expected_len` bytes long and still has a name: what
+/// [`append_if_length`] checks before it writes.
+pub fn has_length_and_name(file: &std::fs::File, expected_len: u64) -> io::Result<bool> {
+    let meta = file.metadata()?;
+    Ok(meta.len() == expected_len && std::os::unix::fs::MetadataExt::nlink(&meta) > 0)
 }
 
 #[cfg(test)]

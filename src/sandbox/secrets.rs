@@ -234,10 +234,7 @@ impl Manager {
         let Some((image_length, tail)) = bundle.appended_to_image() else {
             return (None, found);
         };
-        let unchanged = file.metadata().is_ok_and(|m| {
-            m.len() == image_length && std::os::unix::fs::MetadataExt::nlink(&m) > 0
-        });
-        if !unchanged {
+        if !crate::runtime::beneath::has_length_and_name(file, image_length).unwrap_or(false) {
             return (None, found);
         }
         let append = TrustBundleAppend {

@@ -127,9 +127,16 @@ pub struct Supervisor {
     /// A pooled container's trust bundle, copied up and held open for a
     /// claim's append, once the daemon asked for it; closed at the claim
     /// ([`Self::release_trust_bundle`]).
-    trust_bundle: Mutex<Option<std::fs::File>>,
-    /// Set once the sandbox is the caller's: no bundle is held after.
-    claimed: std::sync::atomic::AtomicBool,
+    trust_bundle: Mutex<HeldBundle>,
+}
+
+/// The trust bundle a pooled container's supervisor holds for a claim.
+#[derive(Debug)]
+pub(crate) enum HeldBundle {
+    None,
+    Held(std::fs::File),
+    /// The sandbox is the caller's: no bundle is held after.
+    Claimed,
 }
 
 fn now_rfc3339() -> String {
@@ -221,8 +228,7 @@ impl Supervisor {
             volume_following: Default::default(),
             fresh_seed: watch::channel(true).0,
             mailbox: std::sync::OnceLock::new(),
-            trust_bundle: Mutex::new(None),
-            claimed: std::sync::atomic::AtomicBool::new(false),
+            trust_bundle: Mutex::new(HeldBundle::None),
         })
     }
 
@@ -1642,6 +1648,14 @@ pub(super) mod tests {
         );
     }
 
+    /// A claim's lower ceilings, as the tests below post them.
+    const LOWER: crate::supervisor::protocol::Ceilings =
+        crate::supervisor::protocol::Ceilings::Container(crate::runtime::cgroups::CgroupLimits {
+            cpu_quota_us: 50_000,
+            memory_bytes: 256 << 20,
+            pids_max: 64,
+        });
+
     /// Posts `claim` to the supervisor's mailbox and settles it, as the
     /// next request would.
     async fn post_and_settle(h: &Harness, claim: &crate::supervisor::protocol::HandOver) {
@@ -1657,16 +1671,11 @@ pub(super) mod tests {
     /// the claim from its mailbox, before any request acts.
     #[tokio::test]
     async fn a_posted_claim_lowers_the_sandboxs_cgroup_ceilings() {
-        use crate::runtime::cgroups::CgroupLimits;
-        use crate::supervisor::protocol::{Ceilings, HandOver};
+        use crate::supervisor::protocol::HandOver;
         let h = harness(RuntimeSpec::Container).await;
         let claim = HandOver {
             env: Some(vec![("A".into(), "1".into())]),
-            ceilings: Some(Ceilings::Container(CgroupLimits {
-                cpu_quota_us: 50_000,
-                memory_bytes: 256 << 20,
-                pids_max: 64,
-            })),
+            ceilings: Some(LOWER),
             ..HandOver::default()
         };
         post_and_settle(&h, &claim).await;
@@ -1681,8 +1690,7 @@ pub(super) mod tests {
     /// them in the claim is put in force.
     #[tokio::test]
     async fn ceilings_that_cannot_be_written_fail_the_sandbox() {
-        use crate::runtime::cgroups::CgroupLimits;
-        use crate::supervisor::protocol::{Ceilings, HandOver, PolicyFields};
+        use crate::supervisor::protocol::{HandOver, PolicyFields};
         let h = harness(RuntimeSpec::Container).await;
         // Where cgroupfs would answer EBUSY: a file that cannot be written.
         std::fs::create_dir(h.group.join("memory.max")).expect("in the way");
@@ -1692,11 +1700,7 @@ pub(super) mod tests {
                 allow_list: None,
             }),
             env: Some(vec![("A".into(), "1".into())]),
-            ceilings: Some(Ceilings::Container(CgroupLimits {
-                cpu_quota_us: 50_000,
-                memory_bytes: 256 << 20,
-                pids_max: 64,
-            })),
+            ceilings: Some(LOWER),
             ..HandOver::default()
         };
         post_and_settle(&h, &claim).await;
@@ -1716,15 +1720,10 @@ pub(super) mod tests {
     /// fails the sandbox too; the cgroup ceilings before it are written.
     #[tokio::test]
     async fn a_disk_limit_that_cannot_be_set_fails_the_sandbox() {
-        use crate::runtime::cgroups::CgroupLimits;
-        use crate::supervisor::protocol::{Ceilings, HandOver};
+        use crate::supervisor::protocol::HandOver;
         let h = harness(RuntimeSpec::Container).await;
         let claim = HandOver {
-            ceilings: Some(Ceilings::Container(CgroupLimits {
-                cpu_quota_us: 50_000,
-                memory_bytes: 256 << 20,
-                pids_max: 64,
-            })),
+            ceilings: Some(LOWER),
             disk_quota_bytes: Some(64 << 20),
             ..HandOver::default()
         };
@@ -1755,7 +1754,7 @@ pub(super) mod tests {
                 .append(true)
                 .open(&path)
                 .expect("held");
-            *h.sup.trust_bundle.lock().unwrap() = Some(file);
+            *h.sup.trust_bundle.lock().unwrap() = HeldBundle::Held(file);
             path
         };
 
@@ -1765,7 +1764,7 @@ pub(super) mod tests {
         assert_eq!(h.sup.failure(), None);
         assert_eq!(std::fs::read(&bundle).expect("bundle"), b"roots\nCA\n");
         assert!(
-            h.sup.trust_bundle.lock().unwrap().is_none(),
+            matches!(*h.sup.trust_bundle.lock().unwrap(), HeldBundle::Claimed),
             "closed at the claim"
         );
 
@@ -1789,10 +1788,13 @@ pub(super) mod tests {
     async fn the_watch_of_a_claimed_sandbox_ends_its_held_bundle() {
         let h = harness(RuntimeSpec::Container).await;
         let file = tempfile::tempfile().expect("a file");
-        *h.sup.trust_bundle.lock().unwrap() = Some(file);
+        *h.sup.trust_bundle.lock().unwrap() = HeldBundle::Held(file);
         // What the server does on a Watch request.
         assert!(h.sup.release_trust_bundle().is_some(), "it was held");
-        assert!(h.sup.trust_bundle.lock().unwrap().is_none());
+        assert!(matches!(
+            *h.sup.trust_bundle.lock().unwrap(),
+            HeldBundle::Claimed
+        ));
         let refused = h
             .sup
             .hold_trust_bundle("etc/ssl/certs/ca-certificates.crt".into())

@@ -4,7 +4,7 @@
 //! mailbox or sends them as a `HandOver` request (which alone carries a
 //! microVM guest's pids limit).
 
-use super::{err, Supervisor};
+use super::{err, HeldBundle, Supervisor};
 use crate::runtime::sandbox::RuntimeSpec;
 use crate::supervisor::protocol::{SupervisorError, SupervisorErrorKind};
 
@@ -187,12 +187,14 @@ impl Supervisor {
     /// daemon starts watching the sandbox (it watches no pooled one), which
     /// a claim that changed nothing here does not otherwise tell.
     pub fn release_trust_bundle(&self) -> Option<std::fs::File> {
-        self.claimed
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.trust_bundle
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
+        match std::mem::replace(&mut *self.held_bundle(), HeldBundle::Claimed) {
+            HeldBundle::Held(file) => Some(file),
+            HeldBundle::None | HeldBundle::Claimed => None,
+        }
+    }
+
+    fn held_bundle(&self) -> std::sync::MutexGuard<'_, HeldBundle> {
+        self.trust_bundle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Opens the container's trust bundle at `path` beneath its root for
@@ -209,13 +211,16 @@ impl Supervisor {
                 "only a fresh container's trust bundle is held for a claim",
             ));
         }
-        // After a claim the root is the caller's: it is not walked again
-        // as the host's root for a claim's bundle.
-        if self.claimed.load(std::sync::atomic::Ordering::Acquire) {
-            return Err(err(
+        let claimed = || {
+            err(
                 SupervisorErrorKind::InvalidInput,
                 "the sandbox was claimed: no trust bundle is held for it",
-            ));
+            )
+        };
+        // After a claim the root is the caller's: it is not walked again
+        // as the host's root for a claim's bundle.
+        if matches!(*self.held_bundle(), HeldBundle::Claimed) {
+            return Err(claimed());
         }
         let root = crate::runtime::mount_ns::HostRoot::through_init(
             self.init_pid,
@@ -226,9 +231,14 @@ impl Supervisor {
             .map_err(|e| err(SupervisorErrorKind::Internal, e.to_string()))?;
         match opened {
             Ok(Some(file)) => {
+                let mut held = self.held_bundle();
+                // Claimed while it was opened: not held after all.
+                if matches!(*held, HeldBundle::Claimed) {
+                    return Err(claimed());
+                }
                 // A daemon that pools it again after a restart asks again:
                 // the same file, held once.
-                *self.trust_bundle.lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
+                *held = HeldBundle::Held(file);
                 Ok(crate::supervisor::protocol::SupervisorReply::Ok)
             }
             Ok(None) => Err(err(
