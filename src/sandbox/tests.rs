@@ -112,6 +112,40 @@ impl Harness {
     }
 
     /// Puts a ready sandbox `id` in the records and the store.
+    /// Secrets `names` stored (value "value", bound to api.example.test)
+    /// and bound, as a create asking for them binds them.
+    fn secrets_bound(&self, names: &[&str]) -> Vec<crate::secrets::SecretBinding> {
+        for name in names {
+            self.manager
+                .secrets
+                .create(crate::secrets::NewSecret {
+                    name: name.to_string(),
+                    value: zeroize::Zeroizing::new(b"value".to_vec()),
+                    hosts: vec!["api.example.test".into()],
+                    allow_wildcards: false,
+                })
+                .expect("secret");
+        }
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        self.manager.secrets.bind(&names).expect("bind")
+    }
+
+    /// Ready pooled containers `ids` of the default image, in that order,
+    /// each supervisor scripted to take one claim; no refill starts.
+    /// Returns the image.
+    fn pooled_scripted(&self, ids: &[&str]) -> String {
+        self.manager.refilling.store(true, Ordering::Release);
+        let image = self.manager.config.default_image.clone();
+        for id in ids {
+            self.ready(id, true);
+            self.manager
+                .pool()
+                .put(RuntimeKind::Container, &image, id.to_string());
+            self.fake.script(id, SupervisorReply::Ok);
+        }
+        image
+    }
+
     fn ready(&self, id: &str, pooled: bool) -> SandboxRecord {
         let record = SandboxRecord {
             id: id.into(),
@@ -387,15 +421,7 @@ fn open_network() -> NetworkPolicy {
 #[tokio::test]
 async fn a_claims_lower_limits_are_handed_over() {
     let h = harness(2);
-    h.manager.refilling.store(true, Ordering::Release);
-    let image = h.manager.config.default_image.clone();
-    for id in ["sb-l", "sb-d"] {
-        h.ready(id, true);
-        h.manager
-            .pool()
-            .put(RuntimeKind::Container, &image, id.into());
-        h.fake.script(id, SupervisorReply::Ok);
-    }
+    let image = h.pooled_scripted(&["sb-l", "sb-d"]);
     let pooled = h.manager.pooled_limits();
     let lower = Limits {
         cpu: pooled.cpu / 2.0,
@@ -454,15 +480,7 @@ async fn a_claims_lower_limits_are_handed_over() {
 #[tokio::test]
 async fn a_claimed_sandboxs_watch_waits_for_the_answer() {
     let h = harness(2);
-    h.manager.refilling.store(true, Ordering::Release);
-    let image = h.manager.config.default_image.clone();
-    for id in ["sb-a", "sb-b"] {
-        h.ready(id, true);
-        h.manager
-            .pool()
-            .put(RuntimeKind::Container, &image, id.into());
-        h.fake.script(id, SupervisorReply::Ok);
-    }
+    let image = h.pooled_scripted(&["sb-a", "sb-b"]);
     let waiting = |id: &str| h.manager.awaiting_answer().contains_key(id);
     let req = CreateRequest {
         env: BTreeMap::from([("A".to_string(), "1".to_string())]),
@@ -837,22 +855,7 @@ async fn a_ttl_set_while_the_sandbox_is_created_is_refused_not_lost() {
 #[tokio::test]
 async fn a_secret_deleted_during_a_create_is_unbound_once_the_sandbox_is_ready() {
     let h = harness(0);
-    for name in ["gone", "kept"] {
-        h.manager
-            .secrets
-            .create(crate::secrets::NewSecret {
-                name: name.into(),
-                value: zeroize::Zeroizing::new(b"value".to_vec()),
-                hosts: vec!["api.example.test".into()],
-                allow_wildcards: false,
-            })
-            .expect("secret");
-    }
-    let bindings = h
-        .manager
-        .secrets
-        .bind(&["gone".into(), "kept".into()])
-        .expect("bind");
+    let bindings = h.secrets_bound(&["gone", "kept"]);
     let mut record = h.ready("sb-c", false);
     record.state = SandboxState::Creating;
     record.secrets = bindings;
@@ -892,16 +895,7 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
     h.manager
         .pool()
         .put(RuntimeKind::Container, &image, "sb-k".into());
-    h.manager
-        .secrets
-        .create(crate::secrets::NewSecret {
-            name: "key".into(),
-            value: zeroize::Zeroizing::new(b"value".to_vec()),
-            hosts: vec!["api.example.test".into()],
-            allow_wildcards: false,
-        })
-        .expect("secret");
-    let bindings = h.manager.secrets.bind(&["key".into()]).expect("bind");
+    let bindings = h.secrets_bound(&["key"]);
     // The image's trust bundle, in the root as the host sees it.
     let certs = h.manager.paths("sb-k").rootfs().join("etc/ssl/certs");
     std::fs::create_dir_all(&certs).expect("certs dir");
@@ -962,16 +956,7 @@ async fn a_bundle_the_supervisor_holds_takes_the_ca_through_the_hand_over() {
     let h = harness(2);
     h.manager.refilling.store(true, Ordering::Release);
     let image = h.manager.config.default_image.clone();
-    h.manager
-        .secrets
-        .create(crate::secrets::NewSecret {
-            name: "key".into(),
-            value: zeroize::Zeroizing::new(b"value".to_vec()),
-            hosts: vec!["api.example.test".into()],
-            allow_wildcards: false,
-        })
-        .expect("secret");
-    let bindings = h.manager.secrets.bind(&["key".into()]).expect("bind");
+    let bindings = h.secrets_bound(&["key"]);
     let image_roots = b"image roots\n".to_vec();
     h.manager
         .secrets
