@@ -365,10 +365,16 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
         });
         // Streams end at once on stop; anything else gets a bounded grace.
         let grace = Duration::from_secs(config.ready_timeout_seconds + 5);
+        // Served from a worker thread, not this one (the runtime's
+        // `block_on`): each connection's task then starts on the worker
+        // that accepted it, with no wake-up of another thread in between.
+        let mut server = tokio::spawn(std::future::IntoFuture::into_future(server));
         tokio::select! {
-            served = server => served.context("serving the API")?,
+            served = &mut server => served.context("the API server panicked")?.context("serving the API")?,
             _ = async { manager.stopped().await; tokio::time::sleep(grace).await } => {
                 tracing::warn!("requests still open after {grace:?}; exiting anyway");
+                // Its listener and open connections close with it.
+                server.abort();
             }
         }
         manager.drain_pool().await;
