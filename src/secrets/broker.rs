@@ -119,6 +119,12 @@ pub struct SecretBroker {
     /// Bumped by every rotation and deletion, so a sandbox being set up
     /// while one happens can tell it was told too early.
     generation: std::sync::atomic::AtomicU64,
+    /// Bumped after every write of the store's secrets (a creation too),
+    /// so [`Self::all_stored`] knows its copy is current.
+    written: std::sync::atomic::AtomicU64,
+    /// The stored secrets as read at `written`'s value, values still
+    /// sealed: a create or pool claim binding secrets reads no store.
+    read: Mutex<Option<(u64, Arc<Vec<StoredSecret>>)>>,
     sealer: Mutex<Option<Arc<Sealer>>>,
     authority: Mutex<Option<Arc<Authority>>>,
     /// The trust bundle a fresh sandbox of an image needs, by image
@@ -157,6 +163,8 @@ impl SecretBroker {
             state_dir,
             writing: Mutex::new(()),
             generation: Default::default(),
+            written: Default::default(),
+            read: Mutex::new(None),
             sealer: Mutex::new(None),
             authority: Mutex::new(None),
             image_bundles: Mutex::new(HashMap::new()),
@@ -184,21 +192,27 @@ impl SecretBroker {
         Ok(authority)
     }
 
+    /// Every stored secret, read from the store only after a write. The
+    /// count is loaded before the read: a write racing it bumps the count
+    /// after its own store write, so the copy is read again next time.
+    fn all_stored(&self) -> Result<Arc<Vec<StoredSecret>>, SecretError> {
+        let written = self.written.load(std::sync::atomic::Ordering::Acquire);
+        if let Some((at, all)) = &*self.read.lock().unwrap_or_else(|e| e.into_inner()) {
+            if *at == written {
+                return Ok(Arc::clone(all));
+            }
+        }
+        let all = Arc::new(self.store.all_secrets::<StoredSecret>()?);
+        *self.read.lock().unwrap_or_else(|e| e.into_inner()) = Some((written, Arc::clone(&all)));
+        Ok(all)
+    }
+
     fn stored(&self, name: &str) -> Result<Option<StoredSecret>, SecretError> {
-        Ok(self
-            .store
-            .all_secrets::<StoredSecret>()?
-            .into_iter()
-            .find(|s| s.name == name))
+        Ok(self.all_stored()?.iter().find(|s| s.name == name).cloned())
     }
 
     pub fn list(&self) -> Result<Vec<SecretInfo>, SecretError> {
-        let mut all: Vec<SecretInfo> = self
-            .store
-            .all_secrets::<StoredSecret>()?
-            .iter()
-            .map(StoredSecret::info)
-            .collect();
+        let mut all: Vec<SecretInfo> = self.all_stored()?.iter().map(StoredSecret::info).collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(all)
     }
@@ -225,7 +239,10 @@ impl SecretBroker {
             rotated_at: None,
             sealed: hex::encode(sealed),
         };
-        self.store.put_secret(&record.name, &record)?;
+        // Counted even when it failed: it may have been written.
+        let written = self.store.put_secret(&record.name, &record);
+        self.wrote();
+        written?;
         tracing::info!(secret = %record.name, hosts = ?record.hosts, "secret created");
         Ok(record.info())
     }
@@ -255,7 +272,10 @@ impl SecretBroker {
             record.sealed = hex::encode(self.sealer()?.seal(name, value));
         }
         record.rotated_at = Some(now());
-        self.store.put_secret(name, &record)?;
+        // Counted even when it failed: it may have been written.
+        let written = self.store.put_secret(name, &record);
+        self.wrote();
+        written?;
         self.bump();
         tracing::info!(secret = %name, hosts = ?record.hosts, value_changed = change.value.is_some(), "secret rotated");
         Ok(record.info())
@@ -266,10 +286,18 @@ impl SecretBroker {
         if self.stored(name)?.is_none() {
             return Err(SecretError::NotFound(name.to_string()));
         }
-        self.store.remove_secret(name)?;
+        // Counted even when it failed: it may have been written.
+        let written = self.store.remove_secret(name);
+        self.wrote();
+        written?;
         self.bump();
         tracing::info!(secret = %name, "secret deleted");
         Ok(())
+    }
+
+    fn wrote(&self) {
+        self.written
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     }
 
     fn bump(&self) {
@@ -302,7 +330,7 @@ impl SecretBroker {
             // Most creates bind nothing: no store read for them.
             return Ok(Vec::new());
         }
-        let stored = self.store.all_secrets::<StoredSecret>()?;
+        let stored = self.all_stored()?;
         let mut bindings: Vec<SecretBinding> = Vec::new();
         for name in names {
             if !stored.iter().any(|s| &s.name == name) {
@@ -330,7 +358,7 @@ impl SecretBroker {
         if bindings.is_empty() {
             return Ok(out);
         }
-        let stored = self.store.all_secrets::<StoredSecret>()?;
+        let stored = self.all_stored()?;
         let authority = self.authority()?;
         let sealer = self.sealer()?;
         let mut hosts: Vec<String> = Vec::new();
@@ -545,7 +573,7 @@ mod tests {
     }
 
     #[test]
-    fn bindings_get_fresh_placeholders_and_the_current_value() {
+    fn bindings_get_fresh_placeholders_and_the_current_secrets() {
         let (_dir, broker) = broker();
         broker.create(new("A", "value-1")).unwrap();
         let err = broker.bind(&["B".into()]).unwrap_err().to_string();
@@ -570,5 +598,9 @@ mod tests {
         assert_eq!(broker.brokered(&first).unwrap().secrets[0].value, "value-2");
         broker.delete("A").unwrap();
         assert!(broker.brokered(&first).unwrap().secrets.is_empty());
+        // Read once already: a secret made since is found too.
+        broker.create(new("B", "value-b")).unwrap();
+        let b = broker.bind(&["B".into()]).unwrap();
+        assert_eq!(broker.brokered(&b).unwrap().secrets[0].value, "value-b");
     }
 }
