@@ -44,7 +44,7 @@ pub struct Manager {
     pub(super) ttl_changed: Notify,
     /// Watches waiting for their sandbox's create to be answered, by id
     /// (see [`super::watch::Answered`]).
-    pub(super) awaiting_answer: Mutex<HashMap<String, tokio::sync::oneshot::Sender<()>>>,
+    pub(super) awaiting_answer: Mutex<HashMap<String, bool>>,
     /// Ids of ready sandboxes of the pooled images, not yet handed out.
     pub(super) pool: Mutex<super::warm_pool::WarmPools>,
     /// MicroVM boot templates, ready and wanted.

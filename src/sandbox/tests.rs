@@ -475,29 +475,37 @@ async fn a_claims_lower_limits_are_handed_over() {
 }
 
 /// A claimed sandbox's watch (whose first request makes its supervisor
-/// put the claim in force) waits until the create has been answered, or
-/// until the sandbox is removed unanswered.
+/// put the claim in force) waits until the create has been answered, and
+/// does not start for a sandbox removed before.
 #[tokio::test]
 async fn a_claimed_sandboxs_watch_waits_for_the_answer() {
     let h = harness(2);
     let image = h.pooled_scripted(&["sb-a", "sb-b"]);
-    let waiting = |id: &str| h.manager.awaiting_answer().contains_key(id);
+    let waiting = |id: &str| h.manager.awaiting_answer().get(id).copied();
     let req = CreateRequest {
         env: BTreeMap::from([("A".to_string(), "1".to_string())]),
         ..Default::default()
     };
     let first = claim_pooled_container(&h, &image, &req).await;
-    assert!(waiting(&first.id), "the watch waits for the answer");
+    assert_eq!(
+        waiting(&first.id),
+        Some(true),
+        "the watch waits for the answer"
+    );
     drop(h.manager.answering(&first.id));
-    assert!(!waiting(&first.id), "answered: the watch starts");
+    assert_eq!(waiting(&first.id), None, "answered: the watch starts");
 
     let second = claim_pooled_container(&h, &image, &req).await;
-    assert!(waiting(&second.id));
+    assert_eq!(waiting(&second.id), Some(true));
     h.manager.remove_everything(&second).await;
-    assert!(!waiting(&second.id), "removed unanswered: the watch ends");
-    // Its guard, dropped after the removal, starts nothing.
+    assert_eq!(
+        waiting(&second.id),
+        Some(false),
+        "removed unanswered: no watch"
+    );
+    // Its guard, dropped after the removal, starts no watch.
     drop(h.manager.answering(&second.id));
-    assert!(!waiting(&second.id));
+    assert_eq!(waiting(&second.id), None);
 }
 
 #[tokio::test]

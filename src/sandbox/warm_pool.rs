@@ -437,9 +437,7 @@ impl Manager {
                 }
             };
             self.metrics.pool_claim(runtime, image, "hit");
-            self.watch_supervisor_once_answered(id.clone());
-            self.ttl_changed.notify_one();
-            self.start_refill();
+            self.start_once_answered(id.clone());
             return Ok(Some(record));
         }
     }

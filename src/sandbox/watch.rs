@@ -5,7 +5,9 @@
 //! answered ([`Answered`]): its first request makes the supervisor put the
 //! claim in force (its limits, the proxy's policy and secrets), work
 //! that competed with the answer for the host's cores. No request of the
-//! caller's can reach the sandbox before the supervisor has done it.
+//! caller's can reach the sandbox before the supervisor has done it. The
+//! claim's other background work (the TTL's wake-up, the pool's refill)
+//! waits for the answer too: each wakes another thread.
 
 use super::events::EventKind;
 use crate::model::SandboxState;
@@ -37,18 +39,13 @@ impl Manager {
         tokio::spawn(async move { this.watch(id).await });
     }
 
-    /// [`Self::watch_supervisor`], started once [`Self::answered`] is
-    /// called for `id`; never, if the sandbox is removed first
-    /// ([`Self::unanswered_removed`]).
-    pub(super) fn watch_supervisor_once_answered(self: &Arc<Self>, id: String) {
-        let (answered, wait) = tokio::sync::oneshot::channel();
-        self.awaiting_answer().insert(id.clone(), answered);
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            if wait.await.is_ok() {
-                this.watch(id).await
-            }
-        });
+    /// What a claim leaves until its create has been answered (each wakes
+    /// another thread, so none competes with the answer): sandbox `id`'s
+    /// watch, the TTL's look at its deadline and the pool's refill, all
+    /// started when [`Self::answered`] is called for `id`; the watch not,
+    /// if the sandbox is being removed ([`Self::unanswered_removed`]).
+    pub(super) fn start_once_answered(&self, id: String) {
+        self.awaiting_answer().insert(id, true);
     }
 
     /// The guard that lets sandbox `id`'s watch start when dropped.
@@ -59,27 +56,35 @@ impl Manager {
         }
     }
 
-    /// Lets sandbox `id`'s watch start, if it waits for the answer.
-    pub(super) fn answered(&self, id: &str) {
-        if let Some(answered) = self.awaiting_answer().remove(id) {
-            let _ = answered.send(());
+    /// Starts what sandbox `id`'s claim left for after its answer, if it
+    /// left anything.
+    fn answered(self: &Arc<Self>, id: &str) {
+        let Some(watch) = self.awaiting_answer().remove(id) else {
+            return;
+        };
+        if watch {
+            self.watch_supervisor(id.to_string());
+        }
+        self.ttl_changed.notify_one();
+        self.start_refill();
+    }
+
+    /// Keeps sandbox `id`'s watch from starting at its answer: the sandbox
+    /// is being removed (a create abandoned or failed after its claim), and
+    /// a watch started now would make its supervisor put the claim in
+    /// force during the teardown. The pool's refill still waits for the
+    /// answer.
+    pub(super) fn unanswered_removed(&self, id: &str) {
+        if let Some(watch) = self.awaiting_answer().get_mut(id) {
+            *watch = false;
         }
     }
 
-    /// Ends sandbox `id`'s watch if it still waits for the answer: the
-    /// sandbox is being removed (a create abandoned or failed after its
-    /// claim), and a watch started now would make its supervisor put the
-    /// claim in force during the teardown.
-    pub(super) fn unanswered_removed(&self, id: &str) {
-        self.awaiting_answer().remove(id);
-    }
-
+    /// Sandboxes whose claim waits for its answer, and whether their watch
+    /// then starts.
     pub(super) fn awaiting_answer(
         &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        std::collections::HashMap<String, tokio::sync::oneshot::Sender<()>>,
-    > {
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, bool>> {
         self.awaiting_answer
             .lock()
             .unwrap_or_else(|p| p.into_inner())
