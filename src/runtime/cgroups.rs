@@ -543,11 +543,34 @@ impl SandboxCgroups {
 
     /// Memory charged to the sandbox now.
     pub fn memory_bytes(&self) -> Option<u64> {
-        let file = match self.layout {
+        Self::memory_bytes_in(&self.open_memory_usage().ok()?)
+    }
+
+    fn memory_usage_path(&self) -> PathBuf {
+        match self.layout {
             Layout::V1 => self.dir("memory").join("memory.usage_in_bytes"),
             Layout::V2 => self.dir("").join("memory.current"),
-        };
-        fs::read_to_string(file).ok()?.trim().parse().ok()
+        }
+    }
+
+    /// The file [`Self::memory_bytes`] reads, opened to be read again and
+    /// again with [`memory_bytes_in`] (no path lookup each time).
+    pub fn open_memory_usage(&self) -> std::io::Result<fs::File> {
+        fs::File::open(self.memory_usage_path())
+    }
+
+    /// Memory charged to a group now, read from its usage file as
+    /// [`Self::open_memory_usage`] opened it: each read from the start
+    /// gives the kernel's figure of that moment.
+    pub fn memory_bytes_in(usage: &fs::File) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 32];
+        let len = usage.read_at(&mut buf, 0).ok()?;
+        std::str::from_utf8(buf.get(..len)?)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// Tasks (processes and threads) in the sandbox now.

@@ -810,6 +810,41 @@ async fn a_request_the_pool_does_not_hold_or_needs_no_change_asks_no_supervisor(
     }
 }
 
+/// A claim that lowers the memory limit reads the pooled sandbox's usage
+/// through the file the pool holds open: a sandbox using more than the
+/// claim allows stays pooled, and the create starts cold.
+#[tokio::test]
+async fn a_claims_memory_check_reads_the_held_usage_file() {
+    let h = harness(1);
+    let image = h.pooled_scripted(&["sb-m"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let usage_path = dir.path().join("memory.usage_in_bytes");
+    let limits = h.manager.pooled_limits();
+    let lower = Limits {
+        memory_mib: limits.memory_mib / 2,
+        ..limits.clone()
+    };
+    std::fs::write(&usage_path, format!("{}\n", (lower.memory_mib << 20) + 1)).expect("usage");
+    let usage = std::fs::File::open(&usage_path).expect("open usage");
+    h.manager.pool().keep_memory_usage("sb-m".into(), usage);
+    let (req, network) = (CreateRequest::default(), open_network());
+    let over = h
+        .manager
+        .claim_pooled(&claim(&image, &lower, &req, &network))
+        .await
+        .expect("claim");
+    assert!(over.is_none(), "its usage is above the claim's limit");
+    assert_eq!(h.manager.pooled(), 1, "kept for another claim");
+    // The same descriptor, read again, sees the usage of the moment.
+    std::fs::write(&usage_path, "4096\n").expect("usage");
+    let under = h
+        .manager
+        .claim_pooled(&claim(&image, &lower, &req, &network))
+        .await
+        .expect("claim");
+    assert_eq!(under.map(|r| r.id).as_deref(), Some("sb-m"));
+}
+
 #[tokio::test]
 async fn egress_sampling_reads_ready_sandboxes_only() {
     let h = harness(0);

@@ -43,6 +43,10 @@ pub(super) struct WarmPools {
     /// when they joined the pool and held open (by their supervisor too,
     /// where it said so) for a claim's append.
     bundles_copied_up: HashMap<String, (std::fs::File, SupervisorHolds)>,
+    /// Pooled containers' memory usage files, held open for a claim that
+    /// lowers the memory limit to read (none where opening one failed: the
+    /// claim opens it).
+    memory_usage: HashMap<String, std::fs::File>,
 }
 
 /// Whether a pooled container's supervisor holds its copied-up trust bundle
@@ -84,6 +88,7 @@ impl WarmPools {
         }
         self.postboxes.remove(id);
         self.bundles_copied_up.remove(id);
+        self.memory_usage.remove(id);
     }
 
     pub(super) fn keep_postbox(&mut self, id: String, postbox: Postbox) {
@@ -101,6 +106,18 @@ impl WarmPools {
         held: SupervisorHolds,
     ) {
         self.bundles_copied_up.insert(id, (bundle, held));
+    }
+
+    pub(super) fn keep_memory_usage(&mut self, id: String, usage: std::fs::File) {
+        self.memory_usage.insert(id, usage);
+    }
+
+    /// Memory charged to pooled sandbox `id` now, through its held usage
+    /// file; `None` where it has none.
+    fn memory_bytes(&self, id: &str) -> Option<Option<u64>> {
+        self.memory_usage
+            .get(id)
+            .map(SandboxCgroups::memory_bytes_in)
     }
 
     /// Where pooled sandbox `id`'s trust bundle is, as it leaves the pool.
@@ -133,6 +150,7 @@ impl WarmPools {
     fn drain(&mut self) -> Vec<String> {
         self.postboxes.clear();
         self.bundles_copied_up.clear();
+        self.memory_usage.clear();
         self.queues_mut().flat_map(|ids| ids.drain(..)).collect()
     }
 
@@ -291,6 +309,10 @@ impl Manager {
             }
             None => None,
         };
+        let memory_usage = match runtime {
+            RuntimeKind::Container => self.open_memory_usage(&id),
+            RuntimeKind::Vm => None,
+        };
         let postbox = match self.supervisors.open_mailbox(&id).await {
             Ok(postbox) => Some(postbox),
             Err(e) => {
@@ -309,7 +331,23 @@ impl Manager {
         if let Some((bundle, held)) = copied_up {
             pools.keep_copied_up_bundle(id.clone(), bundle, held);
         }
+        if let Some(usage) = memory_usage {
+            pools.keep_memory_usage(id.clone(), usage);
+        }
         pools.put(runtime, image, id);
+    }
+
+    /// Pooled container `id`'s memory usage file, opened for its claim's
+    /// memory check; `None` (logged) where it cannot be opened.
+    fn open_memory_usage(&self, id: &str) -> Option<std::fs::File> {
+        let path = self.records().get(id)?.cgroups_path.clone();
+        match SandboxCgroups::new(Layout::detect(), &path).open_memory_usage() {
+            Ok(usage) => Some(usage),
+            Err(e) => {
+                tracing::warn!(sandbox = %id, "opening its memory usage file: {e}; a claim reads it by name");
+                None
+            }
+        }
     }
 
     pub(super) fn pooled_create(&self, runtime: RuntimeKind, image: &str) -> ColdCreate {
@@ -452,6 +490,7 @@ impl Manager {
         // Taken whether or not they are used: the sandbox leaves the pool.
         let (postbox, bundle_place) = {
             let mut pools = self.pool();
+            pools.memory_usage.remove(id);
             (pools.take_postbox(id), pools.take_bundle_place(id))
         };
         let mut record = self
@@ -601,7 +640,9 @@ impl Manager {
             Some(r) if limits.memory_mib < r.limits.memory_mib => r.cgroups_path.clone(),
             _ => return true,
         };
-        let in_use = SandboxCgroups::new(Layout::detect(), &path).memory_bytes();
+        let held = self.pool().memory_bytes(id);
+        let in_use =
+            held.unwrap_or_else(|| SandboxCgroups::new(Layout::detect(), &path).memory_bytes());
         in_use.is_none_or(|bytes| bytes < limits.memory_mib * 1024 * 1024)
     }
 }
