@@ -373,7 +373,9 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
             served = &mut server => served.context("the API server panicked")?.context("serving the API")?,
             _ = async { manager.stopped().await; tokio::time::sleep(grace).await } => {
                 tracing::warn!("requests still open after {grace:?}; exiting anyway");
-                // Its listener and open connections close with it.
+                // The accept loop ended with the shutdown signal; this
+                // ends only its wait for the connections, whose own
+                // tasks run on until the runtime drops, as before.
                 server.abort();
             }
         }

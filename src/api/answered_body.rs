@@ -1,7 +1,7 @@
 //! A response body that holds a create's [`crate::sandbox::Answered`]
 //! guard until the connection has taken the whole body, so work that waits
-//! for the answer (the claimed sandbox's watch) does not compete with
-//! sending it.
+//! for the answer (the claimed sandbox's watch, the TTL's wake-up, the
+//! pool's refill) does not compete with sending it.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};

@@ -42,8 +42,9 @@ pub struct Manager {
     pub(super) gpus: Arc<GpuService>,
     pub(super) records: Mutex<HashMap<String, SandboxRecord>>,
     pub(super) ttl_changed: Notify,
-    /// Watches waiting for their sandbox's create to be answered, by id
-    /// (see [`super::watch::Answered`]).
+    /// Claimed sandboxes whose create's answer their watch, the TTL's
+    /// wake-up and the pool's refill wait for, by id; whether the watch
+    /// then starts (see [`super::watch::Answered`]).
     pub(super) awaiting_answer: Mutex<HashMap<String, bool>>,
     /// Ids of ready sandboxes of the pooled images, not yet handed out.
     pub(super) pool: Mutex<super::warm_pool::WarmPools>,

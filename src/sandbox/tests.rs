@@ -486,14 +486,18 @@ async fn a_claimed_sandboxs_watch_waits_for_the_answer() {
         env: BTreeMap::from([("A".to_string(), "1".to_string())]),
         ..Default::default()
     };
+    // A permit left by the TTL's wake-up, taken.
+    let ttl_woken = || futures::FutureExt::now_or_never(h.manager.ttl_changed.notified()).is_some();
     let first = claim_pooled_container(&h, &image, &req).await;
     assert_eq!(
         waiting(&first.id),
         Some(true),
         "the watch waits for the answer"
     );
+    assert!(!ttl_woken(), "so does the TTL's wake-up");
     drop(h.manager.answering(&first.id));
     assert_eq!(waiting(&first.id), None, "answered: the watch starts");
+    assert!(ttl_woken(), "and the TTL looks at the new deadline");
 
     let second = claim_pooled_container(&h, &image, &req).await;
     assert_eq!(waiting(&second.id), Some(true));
@@ -843,6 +847,10 @@ async fn a_claims_memory_check_reads_the_held_usage_file() {
         .await
         .expect("claim");
     assert_eq!(under.map(|r| r.id).as_deref(), Some("sb-m"));
+    assert!(
+        h.manager.pool().memory_usage("sb-m").is_none(),
+        "the claim drops the held file"
+    );
 }
 
 #[tokio::test]

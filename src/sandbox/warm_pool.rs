@@ -46,7 +46,7 @@ pub(super) struct WarmPools {
     /// Pooled containers' memory usage files, held open for a claim that
     /// lowers the memory limit to read (none where opening one failed: the
     /// claim opens it).
-    memory_usage: HashMap<String, std::fs::File>,
+    memory_usage: HashMap<String, Arc<std::fs::File>>,
 }
 
 /// Whether a pooled container's supervisor holds its copied-up trust bundle
@@ -109,15 +109,12 @@ impl WarmPools {
     }
 
     pub(super) fn keep_memory_usage(&mut self, id: String, usage: std::fs::File) {
-        self.memory_usage.insert(id, usage);
+        self.memory_usage.insert(id, Arc::new(usage));
     }
 
-    /// Memory charged to pooled sandbox `id` now, through its held usage
-    /// file; `None` where it has none.
-    fn memory_bytes(&self, id: &str) -> Option<Option<u64>> {
-        self.memory_usage
-            .get(id)
-            .map(SandboxCgroups::memory_bytes_in)
+    /// Pooled sandbox `id`'s held memory usage file, if it has one.
+    pub(super) fn memory_usage(&self, id: &str) -> Option<Arc<std::fs::File>> {
+        self.memory_usage.get(id).cloned()
     }
 
     /// Where pooled sandbox `id`'s trust bundle is, as it leaves the pool.
@@ -160,6 +157,7 @@ impl WarmPools {
         let id = self.queues_mut().max_by_key(|ids| ids.len())?.pop_back()?;
         self.postboxes.remove(&id);
         self.bundles_copied_up.remove(&id);
+        self.memory_usage.remove(&id);
         Some(id)
     }
 }
@@ -640,9 +638,12 @@ impl Manager {
             Some(r) if limits.memory_mib < r.limits.memory_mib => r.cgroups_path.clone(),
             _ => return true,
         };
-        let held = self.pool().memory_bytes(id);
-        let in_use =
-            held.unwrap_or_else(|| SandboxCgroups::new(Layout::detect(), &path).memory_bytes());
+        // Read outside the pool's lock; by path where the held file has
+        // no figure to give.
+        let held = self.pool().memory_usage(id);
+        let in_use = held
+            .and_then(|usage| SandboxCgroups::memory_bytes_in(&usage))
+            .or_else(|| SandboxCgroups::new(Layout::detect(), &path).memory_bytes());
         in_use.is_none_or(|bytes| bytes < limits.memory_mib * 1024 * 1024)
     }
 }

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use super::manager::Manager;
 
 /// Held by whoever answers a create: dropped once the answer is sent (or
-/// will not be), it lets the sandbox's watch start.
+/// will not be), it starts what a claim left for after the answer (the
+/// watch, the TTL's wake-up, the refill). Dropped inside the daemon's
+/// runtime: those are spawned tasks.
 #[must_use = "dropping it at once starts the watch before the answer is sent"]
 pub struct Answered {
     manager: Arc<Manager>,
@@ -48,7 +50,8 @@ impl Manager {
         self.awaiting_answer().insert(id, true);
     }
 
-    /// The guard that lets sandbox `id`'s watch start when dropped.
+    /// The guard that starts what sandbox `id`'s claim left for after its
+    /// answer, when dropped.
     pub(super) fn answering(self: &Arc<Self>, id: &str) -> Answered {
         Answered {
             manager: Arc::clone(self),
