@@ -597,10 +597,11 @@ fn replies() -> Vec<(SupervisorReply, String)> {
                     throttled_us: 6,
                 },
                 substitutions: vec![("A".into(), 3)],
+                claimed: true,
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
-            // counters, substitutions.
-            "0c 11 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03".into(),
+            // counters, substitutions, claimed.
+            "0c 12 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03 01".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (SupervisorReply::Mailbox, "0e".into()),
@@ -651,7 +652,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 17, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 18, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);

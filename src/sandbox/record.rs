@@ -34,10 +34,10 @@ pub struct SandboxRecord {
     /// Made ahead of demand and not yet handed to a caller.
     #[serde(default)]
     pub pooled: bool,
-    /// A pooled sandbox a claim has begun to change (journaled before the
-    /// claim's first change): if the daemon dies before the claim is
-    /// recorded, the sandbox is nobody's yet no longer as the pool made
-    /// it, and recovery removes it instead of pooling it again.
+    /// A pooled sandbox a claim has begun to change, as daemons before
+    /// supervisor protocol 18 journaled it before the claim's first change
+    /// (recovery removes such a sandbox instead of pooling it again). Now
+    /// the supervisor's health says so (`claimed`), and nothing sets it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub claiming: bool,
     /// The supervisor's last event already in the daemon's event log.

@@ -78,7 +78,11 @@ impl Manager {
                         self.keep_foreign(record, mismatch);
                     }
                 }
-                (SandboxState::Ready, _) if record.pooled && record.claiming => {
+                // `claiming`: journaled by daemons before protocol 18.
+                (SandboxState::Ready, ref health)
+                    if record.pooled
+                        && (record.claiming || health.as_ref().is_ok_and(|h| h.claimed)) =>
+                {
                     tracing::info!(sandbox = %record.id, "removing a pooled sandbox the last daemon died claiming");
                     removals.push(Removal::Everything(record));
                 }

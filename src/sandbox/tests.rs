@@ -223,6 +223,7 @@ fn health(oom_kills: u64, egress_bytes: u64, failure: Option<&str>) -> Superviso
             ..Default::default()
         },
         substitutions: Vec::new(),
+        claimed: false,
     })
 }
 
@@ -1201,15 +1202,17 @@ async fn a_foreign_sandboxs_ttl_change_keeps_it_adoptable() {
     );
 }
 
-/// A daemon that died in the middle of a claim leaves the sandbox marked
-/// `claiming` in the store: recovery removes it rather than pooling a
-/// sandbox the claim may have changed. One the pool made as it is goes
-/// back into the pool.
+/// A daemon that died in the middle of a claim: the sandbox's supervisor
+/// says a claim reached it (or, from a daemon before protocol 18, the
+/// store has it marked `claiming`), and recovery removes it rather than
+/// pooling a sandbox the claim may have changed. One the pool made as it
+/// is goes back into the pool.
 #[tokio::test]
 async fn recovery_removes_a_pooled_sandbox_a_claim_began_to_change() {
     let h = harness(1);
     h.manager.refilling.store(true, Ordering::Release);
     h.ready("sb-kept", true);
+    h.ready("sb-told", true);
     let mut half = h.ready("sb-half", true);
     half.claiming = true;
     h.manager.persist(&half).expect("persist");
@@ -1218,24 +1221,36 @@ async fn recovery_removes_a_pooled_sandbox_a_claim_began_to_change() {
     for id in ["sb-kept", "sb-half"] {
         h.fake.script(id, health(0, 0, None));
     }
+    let SupervisorReply::Health(told) = health(0, 0, None) else {
+        unreachable!("health() makes a health reply")
+    };
+    h.fake.script(
+        "sb-told",
+        SupervisorReply::Health(SupervisorHealth {
+            claimed: true,
+            ..told
+        }),
+    );
     h.manager.recover().await.expect("recover");
     assert_eq!(h.manager.pooled(), 1, "the untouched one is pooled again");
     assert!(
         h.manager.records().get("sb-kept").is_some_and(|r| r.pooled),
         "the untouched one is pooled again"
     );
-    let stored = h.stored("sb-half");
-    assert!(
-        stored
-            .as_ref()
-            .is_none_or(|r| r.state == SandboxState::Failed),
-        "the half-claimed one was pooled again: {stored:?}"
-    );
-    assert!(
-        !h.manager
-            .records()
-            .get("sb-half")
-            .is_some_and(|r| r.state == SandboxState::Ready),
-        "the half-claimed one is ready"
-    );
+    for id in ["sb-half", "sb-told"] {
+        let stored = h.stored(id);
+        assert!(
+            stored
+                .as_ref()
+                .is_none_or(|r| r.state == SandboxState::Failed),
+            "{id}, half-claimed, was pooled again: {stored:?}"
+        );
+        assert!(
+            !h.manager
+                .records()
+                .get(id)
+                .is_some_and(|r| r.state == SandboxState::Ready),
+            "{id}, half-claimed, is ready"
+        );
+    }
 }

@@ -509,7 +509,6 @@ impl Manager {
         let disk_quota_bytes = (record.runtime == RuntimeKind::Container
             && claim.limits.disk_mib != record.limits.disk_mib)
             .then(|| claim.limits.disk_mib * 1024 * 1024);
-        let mut pooled = record.clone();
         record.limits = claim.limits.clone();
         let policy_differs = *claim.network != record.network;
         record.network = claim.network.clone();
@@ -535,20 +534,10 @@ impl Manager {
             disk_quota_bytes,
             trust_bundle_append,
         };
-        if !change.is_empty() {
-            // Before the first change: a daemon killed in the middle of the
-            // claim must not find the sandbox as the pool made it.
-            pooled.claiming = true;
-            // In the map too, so a usage round storing it meanwhile keeps
-            // the mark.
-            if let Some(current) = self.records().get_mut(id) {
-                current.claiming = true;
-            }
-            // Committed with the claim's record: one fsync, after the claim.
-            self.store
-                .put_journaled_quietly(id, &pooled)
-                .map_err(SandboxError::internal)?;
-        }
+        // Nothing is journaled before the change: a daemon killed before
+        // the claim's record hears from the supervisor that a claim
+        // reached it (`SupervisorHealth::claimed`), and removes the
+        // sandbox instead of pooling it again.
         let told = async {
             if change.is_empty() {
                 return Ok::<(), SandboxError>(());

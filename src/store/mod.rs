@@ -205,21 +205,7 @@ impl Store {
         record: &T,
         events: &[(u64, E)],
     ) -> Result<(), StoreError> {
-        self.journal(id, record, events, true)
-    }
-
-    /// [`Self::put_with_events_journaled`] of a record alone, without
-    /// waking the committer: it comes into the database with the next
-    /// write that does (or a read that settles the journal), one commit
-    /// and fsync for both. For a mark a write soon after supersedes (a
-    /// pool claim's `claiming`), which until then must only outlive the
-    /// daemon, as the journal does.
-    pub fn put_journaled_quietly<T: Serialize>(
-        &self,
-        id: &str,
-        record: &T,
-    ) -> Result<(), StoreError> {
-        self.journal(id, record, &[] as &[(u64, ())], false)
+        self.journal(id, record, events)
     }
 
     fn journal<T: Serialize, E: Serialize>(
@@ -227,7 +213,6 @@ impl Store {
         id: &str,
         record: &T,
         events: &[(u64, E)],
-        wake_committer: bool,
     ) -> Result<(), StoreError> {
         let value = serde_json::to_vec(record).map_err(io)?;
         let events = events
@@ -250,9 +235,7 @@ impl Store {
         }
         queue.next_seq += 1;
         queue.pending.push(entry);
-        if wake_committer {
-            self.shared.wake.notify_one();
-        }
+        self.shared.wake.notify_one();
         Ok(())
     }
 
@@ -695,39 +678,6 @@ mod tests {
             (0..50).collect::<Vec<_>>()
         );
         assert_eq!(store.events_from::<u64>(0).expect("events").len(), 50);
-    }
-
-    #[test]
-    fn a_quiet_journaled_write_outlives_the_daemon_and_lands_with_the_next() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("s.redb");
-        with_stalled_store(&path, |store| {
-            store
-                .put_journaled_quietly("a", &"claiming")
-                .expect("journal");
-        });
-        assert!(journal_len(&path) > 0, "nothing was journaled");
-        let store = Store::open(&path).expect("reopen");
-        assert_eq!(store.all::<String>().expect("all"), vec!["claiming"]);
-        store
-            .put_journaled_quietly("b", &"claiming")
-            .expect("journal");
-        // A durable write takes the quiet one in first.
-        store.put("c", &"durable").expect("put");
-        assert_eq!(journal_len(&path), 0, "the durable commit left it");
-        store
-            .put_journaled_quietly("a", &"claimed")
-            .expect("journal");
-        store
-            .put_with_events_journaled("b", &"claimed", &[(1, "ready")])
-            .expect("journal");
-        drop(store);
-        assert_eq!(journal_len(&path), 0, "the committer left the journal");
-        let store = Store::open_with(&path, false).expect("reopen");
-        assert_eq!(
-            store.all::<String>().expect("all"),
-            vec!["claimed", "claimed", "durable"]
-        );
     }
 
     #[test]

@@ -131,6 +131,11 @@ impl Mailbox {
         }
     }
 
+    /// Whether a claim was taken (put in force, or failed).
+    pub fn settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
+    }
+
     fn read_claim(&self) -> Result<HandOver, MailboxError> {
         let mut length = [0u8; 8];
         self.file.read_exact_at(&mut length, LENGTH_AT)?;

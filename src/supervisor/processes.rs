@@ -124,6 +124,9 @@ pub struct Supervisor {
     pub fresh_seed: watch::Sender<bool>,
     /// A pooled sandbox's claim mailbox, once the daemon asked for it.
     mailbox: std::sync::OnceLock<super::mailbox::Mailbox>,
+    /// Set as a `HandOver` request arrives: with a claim taken from the
+    /// mailbox, what health reports as `claimed`.
+    handed_over: std::sync::atomic::AtomicBool,
     /// A pooled container's trust bundle, copied up and held open for a
     /// claim's append, once the daemon asked for it; closed at the claim
     /// ([`Self::release_trust_bundle`]).
@@ -228,6 +231,7 @@ impl Supervisor {
             volume_following: Default::default(),
             fresh_seed: watch::channel(true).0,
             mailbox: std::sync::OnceLock::new(),
+            handed_over: std::sync::atomic::AtomicBool::new(false),
             trust_bundle: Mutex::new(HeldBundle::None),
         })
     }
@@ -256,6 +260,7 @@ impl Supervisor {
                 .get()
                 .map(|e| e.substitution_counts())
                 .unwrap_or_default(),
+            claimed: self.claimed(),
         }
     }
 
@@ -1684,6 +1689,42 @@ pub(super) mod tests {
         assert_eq!(read("memory.max"), (256u64 << 20).to_string());
         assert_eq!(read("cpu.max"), "50000 100000");
         assert_eq!(read("pids.max"), "64");
+    }
+
+    /// Health says a claim reached the supervisor once one is taken from
+    /// its mailbox (put in force or failed) or arrives as a `HandOver`
+    /// request, and not while its mailbox is open and empty.
+    #[tokio::test]
+    async fn health_says_when_a_claim_reached_the_supervisor() {
+        use crate::supervisor::protocol::HandOver;
+        let posted = harness(RuntimeSpec::Container).await;
+        let _mailbox = posted.sup.open_mailbox().expect("mailbox");
+        posted.sup.settle_claim().await;
+        assert!(!posted.sup.health().claimed, "nothing posted yet");
+        let claim = HandOver {
+            env: Some(vec![("A".into(), "1".into())]),
+            ..HandOver::default()
+        };
+        post_and_settle(&posted, &claim).await;
+        assert!(posted.sup.health().claimed, "taken from the mailbox");
+
+        let failed = harness(RuntimeSpec::Container).await;
+        std::fs::create_dir(failed.group.join("memory.max")).expect("in the way");
+        post_and_settle(
+            &failed,
+            &HandOver {
+                ceilings: Some(LOWER),
+                ..HandOver::default()
+            },
+        )
+        .await;
+        assert!(failed.sup.failure().is_some());
+        assert!(failed.sup.health().claimed, "taken, though not in force");
+
+        let requested = harness(RuntimeSpec::Container).await;
+        assert!(!requested.sup.health().claimed);
+        requested.sup.hand_over(claim).await.expect("handed over");
+        assert!(requested.sup.health().claimed, "a HandOver request");
     }
 
     /// Ceilings the kernel refuses fail the sandbox, and nothing after

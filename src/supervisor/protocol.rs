@@ -83,6 +83,8 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 17 added `HandOver::ceilings`, `disk_quota_bytes` and
 /// `trust_bundle_append`, and `HoldTrustBundle`.
+///
+/// 18 added `SupervisorHealth::claimed`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
@@ -403,6 +405,10 @@ pub struct SupervisorHealth {
     pub egress: crate::net::proxy::EgressCounters,
     /// Requests each brokered secret was put into, by name.
     pub substitutions: Vec<(String, u64)>,
+    /// A pool claim reached the supervisor (taken from its mailbox, or a
+    /// `HandOver` request), whether or not it was put in force: a pooled
+    /// sandbox that says so is nobody's to pool again.
+    pub claimed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
