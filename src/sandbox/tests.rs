@@ -520,9 +520,18 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     h.manager.refilling.store(true, Ordering::Release);
     h.ready("sb-p", true);
     let image = h.manager.config.default_image.clone();
-    h.manager
-        .pool()
-        .put(RuntimeKind::Container, &image, "sb-p".into());
+    {
+        let mut pools = h.manager.pool();
+        pools.put(RuntimeKind::Container, &image, "sb-p".into());
+        // Looked up as it joined the pool: the claim does not again.
+        pools.keep_image_defaults(
+            "sb-p".into(),
+            crate::image::ImageDefaults {
+                env: vec![("FROM_IMAGE".into(), "1".into())],
+                ..Default::default()
+            },
+        );
+    }
     h.fake.script("sb-p", SupervisorReply::Ok);
     let req = CreateRequest {
         env: BTreeMap::from([("GREETING".to_string(), "hi".to_string())]),
@@ -558,6 +567,10 @@ async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
         Some(&("GREETING".to_string(), "hi".to_string()))
     );
     assert!(env.iter().any(|(k, _)| k == "PATH"));
+    assert!(
+        env.contains(&("FROM_IMAGE".to_string(), "1".to_string())),
+        "the image's defaults kept by the pool: {env:?}"
+    );
     let kinds: Vec<EventKind> = h.events("sb-p").into_iter().map(|e| e.0).collect();
     assert_eq!(kinds, vec![EventKind::Created, EventKind::Ready]);
 }

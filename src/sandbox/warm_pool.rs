@@ -36,17 +36,28 @@ pub(super) type PoolKey = (RuntimeKind, String);
 #[derive(Debug, Default)]
 pub(super) struct WarmPools {
     by_pool: HashMap<RuntimeKind, HashMap<String, VecDeque<String>>>,
-    /// The daemon's ends of the pooled sandboxes' claim mailboxes, by id
-    /// (none where opening one failed: its claim is a request).
-    postboxes: HashMap<String, Postbox>,
-    /// Pooled containers' trust bundles, copied up into their own layer
-    /// when they joined the pool and held open (by their supervisor too,
-    /// where it said so) for a claim's append.
-    bundles_copied_up: HashMap<String, (std::fs::File, SupervisorHolds)>,
-    /// Pooled containers' memory usage files, held open for a claim that
-    /// lowers the memory limit to read (none where opening one failed: the
-    /// claim opens it).
-    memory_usage: HashMap<String, Arc<std::fs::File>>,
+    /// What was made for each pooled sandbox's claim as it joined the
+    /// pool, by id; it leaves with the sandbox, however it leaves.
+    made: HashMap<String, MadeForClaim>,
+}
+
+/// What a claim of one pooled sandbox uses that was made as it joined the
+/// pool. What could not be made (logged) is missing, and the claim does
+/// without: it reads or sends it another way.
+#[derive(Debug, Default)]
+pub(super) struct MadeForClaim {
+    /// The daemon's end of its claim mailbox (without: its claim is a
+    /// request).
+    postbox: Option<Postbox>,
+    /// A container's trust bundle, copied up into its own layer and held
+    /// open (by its supervisor too, where it said so) for a claim's append.
+    bundle_copied_up: Option<(std::fs::File, SupervisorHolds)>,
+    /// A container's memory usage file, held open for the memory check of
+    /// a claim that lowers the limit (without: read by path).
+    memory_usage: Option<Arc<std::fs::File>>,
+    /// Its image's defaults, for a claim's environment (without: looked
+    /// up again).
+    image_defaults: Option<crate::image::ImageDefaults>,
 }
 
 /// Whether a pooled container's supervisor holds its copied-up trust bundle
@@ -86,43 +97,54 @@ impl WarmPools {
         for ids in self.queues_mut() {
             ids.retain(|i| i != id);
         }
-        self.postboxes.remove(id);
-        self.bundles_copied_up.remove(id);
-        self.memory_usage.remove(id);
+        self.made.remove(id);
     }
 
+    /// What was made for pooled sandbox `id`'s claim, to add to: tests
+    /// put there what [`Manager::pool_ready`] makes.
+    #[cfg(test)]
+    fn made_for(&mut self, id: String) -> &mut MadeForClaim {
+        self.made.entry(id).or_default()
+    }
+
+    #[cfg(test)]
     pub(super) fn keep_postbox(&mut self, id: String, postbox: Postbox) {
-        self.postboxes.insert(id, postbox);
+        self.made_for(id).postbox = Some(postbox);
     }
 
-    fn take_postbox(&mut self, id: &str) -> Option<Postbox> {
-        self.postboxes.remove(id)
-    }
-
+    #[cfg(test)]
     pub(super) fn keep_copied_up_bundle(
         &mut self,
         id: String,
         bundle: std::fs::File,
         held: SupervisorHolds,
     ) {
-        self.bundles_copied_up.insert(id, (bundle, held));
+        self.made_for(id).bundle_copied_up = Some((bundle, held));
     }
 
+    #[cfg(test)]
     pub(super) fn keep_memory_usage(&mut self, id: String, usage: std::fs::File) {
-        self.memory_usage.insert(id, Arc::new(usage));
+        self.made_for(id).memory_usage = Some(Arc::new(usage));
+    }
+
+    #[cfg(test)]
+    pub(super) fn keep_image_defaults(
+        &mut self,
+        id: String,
+        defaults: crate::image::ImageDefaults,
+    ) {
+        self.made_for(id).image_defaults = Some(defaults);
     }
 
     /// Pooled sandbox `id`'s held memory usage file, if it has one.
     pub(super) fn memory_usage(&self, id: &str) -> Option<Arc<std::fs::File>> {
-        self.memory_usage.get(id).cloned()
+        self.made.get(id)?.memory_usage.clone()
     }
 
-    /// Where pooled sandbox `id`'s trust bundle is, as it leaves the pool.
-    fn take_bundle_place(&mut self, id: &str) -> RootBundle {
-        match self.bundles_copied_up.remove(id) {
-            Some((file, held)) => RootBundle::CopiedUp(file, held),
-            None => RootBundle::InImage,
-        }
+    /// What was made for pooled sandbox `id`'s claim, as it leaves the
+    /// pool for it.
+    fn take_made(&mut self, id: &str) -> MadeForClaim {
+        self.made.remove(id).unwrap_or_default()
     }
 
     fn queues_mut(&mut self) -> impl Iterator<Item = &mut VecDeque<String>> {
@@ -145,9 +167,7 @@ impl WarmPools {
     }
 
     fn drain(&mut self) -> Vec<String> {
-        self.postboxes.clear();
-        self.bundles_copied_up.clear();
-        self.memory_usage.clear();
+        self.made.clear();
         self.queues_mut().flat_map(|ids| ids.drain(..)).collect()
     }
 
@@ -155,9 +175,7 @@ impl WarmPools {
     /// does not fit the host takes the room of.
     fn evict(&mut self) -> Option<String> {
         let id = self.queues_mut().max_by_key(|ids| ids.len())?.pop_back()?;
-        self.postboxes.remove(&id);
-        self.bundles_copied_up.remove(&id);
-        self.memory_usage.remove(&id);
+        self.made.remove(&id);
         Some(id)
     }
 }
@@ -279,12 +297,14 @@ impl Manager {
         });
     }
 
-    /// Puts ready sandbox `id` in its pool, with its claim mailbox opened
-    /// first so a claim need not wait on its supervisor (without one, an
-    /// error logged, its claim is a `HandOver` request) and a container's
-    /// trust bundle copied up for a claim with secrets, and held by its
-    /// supervisor too (which then appends the claim's CA as it takes the
-    /// claim; without, an error logged, the claim appends it).
+    /// Puts ready sandbox `id` in its pool, with what its claim uses made
+    /// first ([`MadeForClaim`]): its claim mailbox, so a claim need not
+    /// wait on its supervisor (without one, an error logged, its claim is
+    /// a `HandOver` request); a container's trust bundle copied up for a
+    /// claim with secrets, and held by its supervisor too (which then
+    /// appends the claim's CA as it takes the claim; without, an error
+    /// logged, the claim appends it); a container's memory usage file; its
+    /// image's defaults.
     pub(super) async fn pool_ready(&self, runtime: RuntimeKind, image: &str, id: String) {
         let copied_up = match runtime {
             RuntimeKind::Container => self.copy_up_trust_bundle(&id).await,
@@ -318,20 +338,22 @@ impl Manager {
                 None
             }
         };
-        if !self.records().contains_key(&id) {
-            // Removed meanwhile (its teardown would not find these here).
+        // Removed meanwhile: its teardown would not find these here.
+        let Some((image_name, digest)) = self
+            .records()
+            .get(&id)
+            .map(|r| (r.image.clone(), r.image_digest.clone()))
+        else {
             return;
-        }
+        };
+        let made = MadeForClaim {
+            postbox,
+            bundle_copied_up: copied_up,
+            memory_usage: memory_usage.map(Arc::new),
+            image_defaults: Some(self.image_defaults(&image_name, &digest)),
+        };
         let mut pools = self.pool();
-        if let Some(postbox) = postbox {
-            pools.keep_postbox(id.clone(), postbox);
-        }
-        if let Some((bundle, held)) = copied_up {
-            pools.keep_copied_up_bundle(id.clone(), bundle, held);
-        }
-        if let Some(usage) = memory_usage {
-            pools.keep_memory_usage(id.clone(), usage);
-        }
+        pools.made.insert(id.clone(), made);
         pools.put(runtime, image, id);
     }
 
@@ -486,10 +508,11 @@ impl Manager {
         claim: &PoolClaim<'_>,
     ) -> Result<SandboxRecord, SandboxError> {
         // Taken whether or not they are used: the sandbox leaves the pool.
-        let (postbox, bundle_place) = {
-            let mut pools = self.pool();
-            pools.memory_usage.remove(id);
-            (pools.take_postbox(id), pools.take_bundle_place(id))
+        let made = self.pool().take_made(id);
+        let (postbox, image_defaults) = (made.postbox, made.image_defaults);
+        let bundle_place = match made.bundle_copied_up {
+            Some((file, held)) => RootBundle::CopiedUp(file, held),
+            None => RootBundle::InImage,
         };
         let mut record = self
             .records()
@@ -526,7 +549,8 @@ impl Manager {
                 Some(self.secrets.brokered(&record.secrets)?)
             },
             env: (!record.env.is_empty() || !record.secrets.is_empty()).then(|| {
-                let image = self.image_defaults(&record.image, &record.image_digest);
+                let image = image_defaults
+                    .unwrap_or_else(|| self.image_defaults(&record.image, &record.image_digest));
                 start_env(&image, Vec::new(), &record)
             }),
             guest_pids,
@@ -732,26 +756,28 @@ mod tests {
         assert!(!fits(RuntimeKind::Vm, &more, &pooled));
     }
 
-    /// A claim finds a bundle copied up only where the pool kept one,
-    /// once; a sandbox leaving the pool any other way takes its file along.
+    /// A claim finds what the pool made for it (here a copied-up bundle)
+    /// only where the pool kept it, once; a sandbox leaving the pool any
+    /// other way takes it along.
     #[test]
-    fn a_bundle_is_claimed_as_copied_up_only_where_the_pool_kept_it() {
+    fn a_claim_finds_what_was_made_for_it_only_where_the_pool_kept_it() {
         let file = || tempfile::tempfile().expect("a file");
-        let copied_up = |place: RootBundle| matches!(place, RootBundle::CopiedUp(..));
+        let copied_up = |made: MadeForClaim| made.bundle_copied_up.is_some();
         let mut pools = WarmPools::default();
         for id in ["sb-a", "sb-b", "sb-c"] {
             pools.put(RuntimeKind::Container, "python", id.into());
         }
         pools.keep_copied_up_bundle("sb-a".into(), file(), SupervisorHolds::Yes);
         pools.keep_copied_up_bundle("sb-b".into(), file(), SupervisorHolds::No);
-        assert!(copied_up(pools.take_bundle_place("sb-a")));
-        assert!(!copied_up(pools.take_bundle_place("sb-a")));
-        assert!(!copied_up(pools.take_bundle_place("sb-c")));
+        assert!(copied_up(pools.take_made("sb-a")));
+        assert!(!copied_up(pools.take_made("sb-a")));
+        assert!(!copied_up(pools.take_made("sb-c")));
         pools.forget("sb-b");
-        assert!(!copied_up(pools.take_bundle_place("sb-b")));
+        assert!(!copied_up(pools.take_made("sb-b")));
         pools.keep_copied_up_bundle("sb-c".into(), file(), SupervisorHolds::Yes);
+        pools.keep_memory_usage("sb-c".into(), file());
         assert_eq!(pools.evict().as_deref(), Some("sb-c"));
-        assert!(!copied_up(pools.take_bundle_place("sb-c")));
-        assert!(pools.bundles_copied_up.is_empty());
+        assert!(!copied_up(pools.take_made("sb-c")));
+        assert!(pools.made.is_empty());
     }
 }
