@@ -78,7 +78,9 @@ impl Manager {
                         self.keep_foreign(record, mismatch);
                     }
                 }
-                // `claiming`: journaled by daemons before protocol 18.
+                // `claiming`: journaled by daemons before protocol 18, whose
+                // pooled sandboxes the version check above removes already;
+                // kept for a store that outlived its supervisors' protocol.
                 (SandboxState::Ready, ref health)
                     if record.pooled
                         && (record.claiming || health.as_ref().is_ok_and(|h| h.claimed)) =>

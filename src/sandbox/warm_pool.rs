@@ -338,20 +338,22 @@ impl Manager {
                 None
             }
         };
-        // Removed meanwhile: its teardown would not find these here.
-        let Some((image_name, digest)) = self
+        let image_defaults = self
             .records()
             .get(&id)
             .map(|r| (r.image.clone(), r.image_digest.clone()))
-        else {
-            return;
-        };
+            .and_then(|(name, digest)| self.image_by_digest(&name, &digest))
+            .map(|image| image.defaults);
         let made = MadeForClaim {
             postbox,
             bundle_copied_up: copied_up,
             memory_usage: memory_usage.map(Arc::new),
-            image_defaults: Some(self.image_defaults(&image_name, &digest)),
+            image_defaults,
         };
+        if !self.records().contains_key(&id) {
+            // Removed meanwhile (its teardown would not find these here).
+            return;
+        }
         let mut pools = self.pool();
         pools.made.insert(id.clone(), made);
         pools.put(runtime, image, id);
@@ -575,15 +577,14 @@ impl Manager {
             }
             Ok(())
         };
-        // Both are awaited even when one fails: a failed claim removes the
-        // sandbox, which must not race their writes. The bundle first: an
-        // append through the descriptor the pool holds is done on its
-        // first poll; a whole write (or a first read of the image's
-        // bundle) starts on a blocking thread before the post.
-        let bundle = self.install_trust_bundle_fresh(&record, bundle_place);
-        let (bundle, told) = tokio::join!(bundle, told);
-        told?;
-        bundle?;
+        // The hand-over first, then the bundle where the daemon writes it
+        // itself: a daemon killed after that write hears from the
+        // supervisor that a claim reached it (health's `claimed`), so a
+        // changed bundle is never pooled again. A failed hand-over writes
+        // nothing.
+        told.await?;
+        self.install_trust_bundle_fresh(&record, bundle_place)
+            .await?;
         record.pooled = false;
         record.idempotency_key = claim.req.idempotency_key.clone();
         record.request_digest = claim.request_digest.map(String::from);

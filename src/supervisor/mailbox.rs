@@ -131,9 +131,11 @@ impl Mailbox {
         }
     }
 
-    /// Whether a claim was taken (put in force, or failed).
-    pub fn settled(&self) -> bool {
-        self.settled.load(Ordering::Acquire)
+    /// Whether a claim was ever posted here, in whole or in part (taken
+    /// or not): the file is empty until a post's first write. Unreadable
+    /// counts as posted.
+    pub fn posted_to(&self) -> bool {
+        self.settled.load(Ordering::Acquire) || self.file.metadata().map_or(true, |m| m.len() > 0)
     }
 
     fn read_claim(&self) -> Result<HandOver, MailboxError> {

@@ -1691,9 +1691,10 @@ pub(super) mod tests {
         assert_eq!(read("pids.max"), "64");
     }
 
-    /// Health says a claim reached the supervisor once one is taken from
-    /// its mailbox (put in force or failed) or arrives as a `HandOver`
-    /// request, and not while its mailbox is open and empty.
+    /// Health says a claim reached the supervisor once one is posted to its
+    /// mailbox (taken and put in force, taken and failed, or cut off) or
+    /// arrives as a `HandOver` request, and not while its mailbox is open
+    /// and empty.
     #[tokio::test]
     async fn health_says_when_a_claim_reached_the_supervisor() {
         use crate::supervisor::protocol::HandOver;
@@ -1725,6 +1726,15 @@ pub(super) mod tests {
         assert!(!requested.sup.health().claimed);
         requested.sup.hand_over(claim).await.expect("handed over");
         assert!(requested.sup.health().claimed, "a HandOver request");
+
+        // A daemon killed while posting: the length written, no mark.
+        let cut = harness(RuntimeSpec::Container).await;
+        let shared = std::fs::File::from(cut.sup.open_mailbox().expect("mailbox"));
+        std::os::unix::fs::FileExt::write_all_at(&shared, &5u64.to_le_bytes(), 8)
+            .expect("the length");
+        cut.sup.settle_claim().await;
+        assert!(cut.sup.failure().is_none(), "nothing to take");
+        assert!(cut.sup.health().claimed, "a post cut off");
     }
 
     /// Ceilings the kernel refuses fail the sandbox, and nothing after

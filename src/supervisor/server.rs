@@ -66,6 +66,10 @@ async fn handle(mut stream: UnixStream, supervisor: Arc<Supervisor>, shutdown: A
                 break;
             }
         };
+        if matches!(request, SupervisorRequest::HandOver(_)) {
+            // A daemon restarted from here on finds the sandbox claimed.
+            supervisor.handing_over();
+        }
         // A claim posted to the mailbox is in force before any request is
         // acted on (one that cannot be fails the sandbox).
         supervisor.settle_claim().await;

@@ -36,9 +36,7 @@ impl Supervisor {
         &self,
         change: crate::supervisor::protocol::HandOver,
     ) -> Result<crate::supervisor::protocol::SupervisorReply, SupervisorError> {
-        // First: a daemon that dies from here on finds the sandbox claimed.
-        self.handed_over
-            .store(true, std::sync::atomic::Ordering::Release);
+        self.handing_over();
         // A sandbox that failed (a posted claim it could not read, say) is
         // handed to nobody: the daemon removes it and tries another.
         self.ensure_live()?;
@@ -67,12 +65,19 @@ impl Supervisor {
     }
 
     /// Whether a pool claim reached this supervisor, put in force or not:
-    /// one taken from the mailbox, or a `HandOver` request. A restarted
-    /// daemon removes a pooled sandbox that says so (its last daemon died
-    /// before recording the claim).
+    /// one posted to its mailbox (a post cut off included), or a
+    /// `HandOver` request. A restarted daemon removes a pooled sandbox
+    /// that says so (its last daemon died before recording the claim).
     pub fn claimed(&self) -> bool {
         self.handed_over.load(std::sync::atomic::Ordering::Acquire)
-            || self.mailbox.get().is_some_and(|m| m.settled())
+            || self.mailbox.get().is_some_and(|m| m.posted_to())
+    }
+
+    /// Notes a `HandOver` request as it is read, before anything else
+    /// (a posted claim's settling included) can delay it.
+    pub fn handing_over(&self) {
+        self.handed_over
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Puts a claim posted to the mailbox in force; called before every
