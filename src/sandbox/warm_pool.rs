@@ -338,10 +338,12 @@ impl Manager {
                 None
             }
         };
-        let image_defaults = self
+        // Its own statement: the records' lock is not held over the lookup.
+        let named = self
             .records()
             .get(&id)
-            .map(|r| (r.image.clone(), r.image_digest.clone()))
+            .map(|r| (r.image.clone(), r.image_digest.clone()));
+        let image_defaults = named
             .and_then(|(name, digest)| self.image_by_digest(&name, &digest))
             .map(|image| image.defaults);
         let made = MadeForClaim {
