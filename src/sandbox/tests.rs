@@ -396,6 +396,27 @@ async fn claim_pooled_container(h: &Harness, image: &str, req: &CreateRequest) -
         .expect("a pooled sandbox")
 }
 
+/// [`claim_pooled_container`] of a default request with `secrets` bound.
+async fn claim_pooled_binding(
+    h: &Harness,
+    image: &str,
+    secrets: &[crate::secrets::SecretBinding],
+) -> SandboxRecord {
+    let (limits, req, network) = (
+        h.manager.pooled_limits(),
+        CreateRequest::default(),
+        open_network(),
+    );
+    h.manager
+        .claim_pooled(&PoolClaim {
+            secrets,
+            ..claim(image, &limits, &req, &network)
+        })
+        .await
+        .expect("claim")
+        .expect("a pooled sandbox")
+}
+
 /// A default request for a pooled microVM of `image` with `limits`.
 async fn claim_pooled_vm(h: &Harness, image: &str, limits: &Limits) -> Option<SandboxRecord> {
     let req = CreateRequest::default();
@@ -966,20 +987,7 @@ async fn a_pooled_sandbox_gets_the_callers_secrets_in_its_one_hand_over() {
     std::fs::create_dir_all(&certs).expect("certs dir");
     std::fs::write(certs.join("ca-certificates.crt"), "image roots\n").expect("bundle");
     h.fake.script("sb-k", SupervisorReply::Ok);
-    let (limits, req, network) = (
-        h.manager.pooled_limits(),
-        CreateRequest::default(),
-        open_network(),
-    );
-    let claimed = h
-        .manager
-        .claim_pooled(&PoolClaim {
-            secrets: &bindings,
-            ..claim(&image, &limits, &req, &network)
-        })
-        .await
-        .expect("claim")
-        .expect("a pooled sandbox");
+    let claimed = claim_pooled_binding(&h, &image, &bindings).await;
     assert_eq!(claimed.secrets, bindings);
     let calls = h.fake.calls();
     let [Call::HandOver {
@@ -1046,20 +1054,8 @@ async fn a_bundle_the_supervisor_holds_takes_the_ca_through_the_hand_over() {
         h.fake.script(id, SupervisorReply::Ok);
         bundles.push(path);
     }
-    let (limits, req, network) = (
-        h.manager.pooled_limits(),
-        CreateRequest::default(),
-        open_network(),
-    );
     for _ in 0..2 {
-        h.manager
-            .claim_pooled(&PoolClaim {
-                secrets: &bindings,
-                ..claim(&image, &limits, &req, &network)
-            })
-            .await
-            .expect("claim")
-            .expect("a pooled sandbox");
+        claim_pooled_binding(&h, &image, &bindings).await;
     }
     let appends: Vec<(String, Option<u64>)> = h
         .fake
