@@ -87,6 +87,19 @@ pub struct Manager {
     pub links: Arc<super::port_links::PortLinks>,
 }
 
+/// How far a record's write has gone when [`Manager::announce_stored`]
+/// returns.
+#[derive(Clone, Copy)]
+enum Durability {
+    /// Committed to the database (an fsync).
+    Committed,
+    /// In the store's journal; the committer is woken to commit it.
+    Journaled,
+    /// In the store's journal; the committer is woken once the claim it
+    /// records has been answered.
+    JournaledCommitAfterAnswer,
+}
+
 /// What the store keeps of `record`. A sandbox left running under a
 /// supervisor of another protocol version is failed to this daemon only:
 /// it is stored as ready (as its own build wrote it, with what its owner
@@ -256,7 +269,7 @@ impl Manager {
         notes: Vec<Note>,
         then: impl FnOnce(),
     ) -> Result<(), SandboxError> {
-        self.announce_stored(record, notes, then, false)
+        self.announce_stored(record, notes, then, Durability::Committed)
     }
 
     /// [`Self::persist_announcing`] through the store's journal: for the
@@ -269,7 +282,20 @@ impl Manager {
         notes: Vec<Note>,
         then: impl FnOnce(),
     ) -> Result<(), SandboxError> {
-        self.announce_stored(record, notes, then, true)
+        self.announce_stored(record, notes, then, Durability::Journaled)
+    }
+
+    /// [`Self::persist_announcing_journaled`] for a claim: the store's
+    /// committer is woken only once the claim has been answered
+    /// ([`super::Answered`]), so its commit does not compete with the
+    /// answer for the host's cores.
+    pub(super) fn persist_announcing_claimed(
+        &self,
+        record: &SandboxRecord,
+        notes: Vec<Note>,
+        then: impl FnOnce(),
+    ) -> Result<(), SandboxError> {
+        self.announce_stored(record, notes, then, Durability::JournaledCommitAfterAnswer)
     }
 
     fn announce_stored(
@@ -277,16 +303,20 @@ impl Manager {
         record: &SandboxRecord,
         notes: Vec<Note>,
         then: impl FnOnce(),
-        journaled: bool,
+        durability: Durability,
     ) -> Result<(), SandboxError> {
         self.events
             .emit_with(&record.id, notes, |events| {
                 let record = stored_form(record);
-                if journaled {
-                    self.store
-                        .put_with_events_journaled(&record.id, &*record, events)?;
-                } else {
-                    self.store.put_with_events(&record.id, &*record, events)?;
+                let (id, record) = (&record.id, &*record);
+                match durability {
+                    Durability::Committed => self.store.put_with_events(id, record, events)?,
+                    Durability::Journaled => {
+                        self.store.put_with_events_journaled(id, record, events)?
+                    }
+                    Durability::JournaledCommitAfterAnswer => self
+                        .store
+                        .put_with_events_journaled_quietly(id, record, events)?,
                 }
                 then();
                 Ok::<(), StoreError>(())

@@ -604,8 +604,9 @@ impl Manager {
             Note::of(EventKind::Ready),
         ];
         // Journaled: the sandbox is the caller's from here, and a daemon
-        // killed before the commit finds it so in the journal.
-        self.persist_announcing_journaled(&record, notes, || {
+        // killed before the commit finds it so in the journal. Committed
+        // after the answer.
+        self.persist_announcing_claimed(&record, notes, || {
             self.records().insert(id.to_string(), record.clone());
         })?;
         // A secret deleted during the claim skipped the record, still pooled

@@ -6,8 +6,9 @@
 //! claim in force (its limits, the proxy's policy and secrets), work
 //! that competed with the answer for the host's cores. No request of the
 //! caller's can reach the sandbox before the supervisor has done it. The
-//! claim's other background work (the TTL's wake-up, the pool's refill)
-//! waits for the answer too: each wakes another thread.
+//! claim's other background work (the commit of its journaled record,
+//! the TTL's wake-up, the pool's refill) waits for the answer too: each
+//! wakes another thread.
 
 use super::events::EventKind;
 use crate::model::SandboxState;
@@ -43,7 +44,8 @@ impl Manager {
 
     /// What a claim leaves until its create has been answered (each wakes
     /// another thread, so none competes with the answer): sandbox `id`'s
-    /// watch, the TTL's look at its deadline and the pool's refill, all
+    /// watch, its record's commit, the TTL's look at its deadline and the
+    /// pool's refill, all
     /// started when [`Self::answered`] is called for `id`; the watch not,
     /// if the sandbox is being removed ([`Self::unanswered_removed`]).
     pub(super) fn start_once_answered(&self, id: String) {
@@ -65,6 +67,7 @@ impl Manager {
         let Some(watch) = self.awaiting_answer().remove(id) else {
             return;
         };
+        self.store.commit_journaled();
         if watch {
             self.watch_supervisor(id.to_string());
         }

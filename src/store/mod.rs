@@ -205,7 +205,26 @@ impl Store {
         record: &T,
         events: &[(u64, E)],
     ) -> Result<(), StoreError> {
-        self.journal(id, record, events)
+        self.journal(id, record, events, true)
+    }
+
+    /// [`Self::put_with_events_journaled`] that leaves the committer asleep
+    /// until [`Self::commit_journaled`] (or the next write that wakes it, or
+    /// a read): for a claim, whose answer the committer's work would
+    /// otherwise compete with for the host's cores. The write is in the
+    /// journal as before; only its commit waits.
+    pub fn put_with_events_journaled_quietly<T: Serialize, E: Serialize>(
+        &self,
+        id: &str,
+        record: &T,
+        events: &[(u64, E)],
+    ) -> Result<(), StoreError> {
+        self.journal(id, record, events, false)
+    }
+
+    /// Wakes the committer for what quiet journaled writes left to it.
+    pub fn commit_journaled(&self) {
+        self.shared.wake.notify_one();
     }
 
     fn journal<T: Serialize, E: Serialize>(
@@ -213,6 +232,7 @@ impl Store {
         id: &str,
         record: &T,
         events: &[(u64, E)],
+        wake_committer: bool,
     ) -> Result<(), StoreError> {
         let value = serde_json::to_vec(record).map_err(io)?;
         let events = events
@@ -235,7 +255,10 @@ impl Store {
         }
         queue.next_seq += 1;
         queue.pending.push(entry);
-        self.shared.wake.notify_one();
+        drop(queue);
+        if wake_committer {
+            self.shared.wake.notify_one();
+        }
         Ok(())
     }
 
@@ -678,6 +701,34 @@ mod tests {
             (0..50).collect::<Vec<_>>()
         );
         assert_eq!(store.events_from::<u64>(0).expect("events").len(), 50);
+    }
+
+    #[test]
+    fn a_quiet_journaled_write_is_committed_once_the_committer_is_woken() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("s.redb");
+        let store = Store::open(&path).expect("open");
+        store
+            .put_with_events_journaled_quietly("a", &"ready", &[(1, "a")])
+            .expect("journal");
+        assert!(journal_len(&path) > 0, "nothing was journaled");
+        store.commit_journaled();
+        // The committer takes the entry off the queue, then commits it
+        // under the commit lock; no read may commit it for the test.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !lock(&store.shared.queue).pending.is_empty() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the committer never took the quiet write"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        drop(lock(&store.shared.commits));
+        assert_eq!(journal_len(&path), 0, "the committer left the journal");
+        drop(store);
+        let store = Store::open_with(&path, false).expect("reopen");
+        assert_eq!(store.all::<String>().expect("all"), vec!["ready"]);
+        assert_eq!(store.events_from::<String>(0).expect("events"), vec!["a"]);
     }
 
     #[test]
