@@ -389,6 +389,10 @@ impl Manager {
             let _ = self.persist(&failed);
             self.records().insert(failed.id.clone(), failed);
         }
+        // Again, now that the record is gone or failed: a refill that
+        // checked it before the first forget may have pooled the sandbox
+        // meanwhile (`pool_ready`).
+        self.pool().forget(&record.id);
     }
 
     /// A caller's sandbox; pooled ones are not visible until handed out.

@@ -534,6 +534,36 @@ async fn a_claimed_sandboxs_watch_waits_for_the_answer() {
     assert_eq!(waiting(&second.id), None);
 }
 
+/// A refill's sandbox joins the pool only while its record is still a
+/// ready pooled one: one removed, or failed, while the refill was making
+/// what its claim would use stays out, and keeps none of it.
+#[tokio::test]
+async fn a_sandbox_joins_the_pool_only_while_its_record_is_a_ready_pooled_one() {
+    let h = harness(1);
+    h.manager.refilling.store(true, Ordering::Release);
+    let image = h.manager.config.default_image.clone();
+    h.ready("sb-ready", true);
+    h.ready("sb-failed", true);
+    h.manager
+        .records()
+        .get_mut("sb-failed")
+        .expect("its record")
+        .state = SandboxState::Failed;
+    h.ready("sb-handed-out", false);
+    for id in ["sb-ready", "sb-failed", "sb-handed-out", "sb-removed"] {
+        h.manager
+            .pool_ready(RuntimeKind::Container, &image, id.into())
+            .await;
+    }
+    assert_eq!(h.manager.pooled(), 1);
+    let pools = h.manager.pool();
+    assert_eq!(
+        pools.made.keys().collect::<Vec<_>>(),
+        ["sb-ready"],
+        "the pool kept what was made for another"
+    );
+}
+
 #[tokio::test]
 async fn a_pooled_sandbox_is_handed_out_with_the_callers_env() {
     let h = harness(1);

@@ -12,7 +12,7 @@ use super::record::expiry;
 use super::secrets::RootBundle;
 use super::SandboxError;
 use super::SandboxRecord;
-use crate::model::{CreateRequest, Limits, RuntimeKind};
+use crate::model::{CreateRequest, Limits, RuntimeKind, SandboxState};
 use crate::net::policy::{DefaultEgress, NetworkPolicy};
 use crate::runtime::cgroups::{CgroupLimits, Layout, SandboxCgroups};
 use crate::secrets::SecretBinding;
@@ -38,7 +38,7 @@ pub(super) struct WarmPools {
     by_pool: HashMap<RuntimeKind, HashMap<String, VecDeque<String>>>,
     /// What was made for each pooled sandbox's claim as it joined the
     /// pool, by id; it leaves with the sandbox, however it leaves.
-    made: HashMap<String, MadeForClaim>,
+    pub(super) made: HashMap<String, MadeForClaim>,
 }
 
 /// What a claim of one pooled sandbox uses that was made as it joined the
@@ -352,11 +352,18 @@ impl Manager {
             memory_usage: memory_usage.map(Arc::new),
             image_defaults,
         };
-        if !self.records().contains_key(&id) {
-            // Removed meanwhile (its teardown would not find these here).
+        // Checked under the pool's lock: a removal forgets the sandbox in
+        // the pool again after its teardown (`remove_everything`), so either
+        // that second forget finds it here, or this finds it removed or
+        // being removed.
+        let mut pools = self.pool();
+        let still_pooled = self
+            .records()
+            .get(&id)
+            .is_some_and(|r| r.pooled && r.state == SandboxState::Ready);
+        if !still_pooled {
             return;
         }
-        let mut pools = self.pool();
         pools.made.insert(id.clone(), made);
         pools.put(runtime, image, id);
     }
