@@ -123,9 +123,10 @@ impl Service {
     }
 
     /// The sandbox of pod sandbox container `pod`, served by this shim.
-    fn pod_sandbox(&self, pod: &str) -> TtrpcResult<String> {
+    /// Pod `pod`'s sandbox and its sandbox container's bundle.
+    fn pod_sandbox(&self, pod: &str) -> TtrpcResult<(String, PathBuf)> {
         match self.containers().get(pod) {
-            Some(c) if c.kind == Kind::PodSandbox => Ok(c.sandbox.clone()),
+            Some(c) if c.kind == Kind::PodSandbox => Ok((c.sandbox.clone(), c.bundle.clone())),
             _ => Err(status(
                 Code::FAILED_PRECONDITION,
                 format!("sandboxd: pod sandbox {pod} is not served by this shim (was it made with the sandboxd runtime?)"),
@@ -291,8 +292,9 @@ impl Task for Service {
         let mut init = spec::process(&config["process"], "process").map_err(from_spec)?;
         let (sandbox, kind) = match role {
             spec::Role::PodMember { pod } => {
-                let own = spec::member(&config).map_err(from_spec)?;
-                let sandbox = self.pod_sandbox(&pod)?;
+                let (sandbox, pod_bundle) = self.pod_sandbox(&pod)?;
+                let pod_config = spec::read_bundle(&pod_bundle).map_err(from_spec)?;
+                let own = spec::member(&config, &pod_config).map_err(from_spec)?;
                 let mut body = serde_json::json!({"name": req.id, "host_rootfs": host_rootfs});
                 if let Some(limits) = own.limits {
                     body["limits"] = limits;

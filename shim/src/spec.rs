@@ -9,8 +9,12 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
+mod refusals;
+
 /// Annotations that select sandboxd features for a task (or a pod).
 pub mod annotations {
+    /// What every one of them starts with.
+    pub const PREFIX: &str = "sandboxd.io/";
     pub const RUNTIME: &str = "sandboxd.io/runtime";
     pub const BLOCK_NETWORK: &str = "sandboxd.io/block-network";
     pub const ALLOW_LIST: &str = "sandboxd.io/allow-list";
@@ -148,6 +152,7 @@ pub fn process(process: &Value, field: &str) -> Result<ProcessSpec, SpecError> {
     if args.is_empty() {
         return Err(refuse(format!("{field}.args"), "no command to run"));
     }
+    refusals::check_process(process, field)?;
     let mut env = Map::new();
     for entry in process
         .get("env")
@@ -217,7 +222,7 @@ pub fn sandbox(
     if let Some(netns) = check_namespaces(linux, pod)? {
         body["join_netns"] = json!(netns);
     }
-    check_refused(config, linux, &role)?;
+    refusals::check_spec(config, linux, &role)?;
     let volumes = check_mounts(config, &role)?;
     if !volumes.is_empty() {
         body["volumes"] = Value::Array(volumes);
@@ -250,8 +255,10 @@ pub struct MemberRoot {
 
 /// Checks the refusals of a pod's container (its root and process come
 /// from [`host_rootfs`] and [`process`]): it shares the pod sandbox's
-/// namespaces, so what it would set for itself alone there is refused.
-pub fn member(config: &Value) -> Result<MemberRoot, SpecError> {
+/// namespaces, so what it would set for itself alone there is refused,
+/// and so is a sandboxd annotation that differs from its pod's (`pod`,
+/// the pod sandbox container's spec).
+pub fn member(config: &Value, pod: &Value) -> Result<MemberRoot, SpecError> {
     let linux = config.get("linux").unwrap_or(&Value::Null);
     if linux
         .get("namespaces")
@@ -266,7 +273,8 @@ pub fn member(config: &Value) -> Result<MemberRoot, SpecError> {
         ));
     }
     let role = Role::PodMember { pod: String::new() };
-    check_refused(config, linux, &role)?;
+    refusals::check_spec(config, linux, &role)?;
+    refusals::check_member_annotations(config, pod)?;
     let volumes = check_mounts(config, &role)?;
     let mut own = json!({});
     if let Some(resources) = linux.get("resources") {
@@ -321,75 +329,6 @@ fn check_namespaces(linux: &Value, pod: bool) -> Result<Option<String>, SpecErro
             .filter(|p| !p.is_empty())
             .map(str::to_string)),
     }
-}
-
-/// Fields sandboxd would otherwise drop while the spec relies on them.
-/// Capabilities, rlimits, seccomp and no_new_privileges are not among
-/// them: sandboxd applies its own (Docker's default capabilities, its
-/// deny-list seccomp, no_new_privs, its nofile), which is what containerd's
-/// default spec asks for.
-fn check_refused(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecError> {
-    let present = |v: Option<&Value>| match v {
-        None | Some(Value::Null) => false,
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::Object(o)) => !o.is_empty(),
-        Some(Value::Bool(b)) => *b,
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(_) => true,
-    };
-    // Device cgroup rules (linux.resources.devices) are not here: they only
-    // narrow access, and sandboxd applies its own narrower set.
-    let refused: [(&str, Option<&Value>, &str); 7] = [
-        (
-            "linux.devices",
-            linux.get("devices"),
-            "device nodes from the host are not given to sandboxes (GPUs go through sandboxd's gpu option)",
-        ),
-        (
-            "root.readonly",
-            config.pointer("/root/readonly"),
-            "a read-only root is not supported by sandboxd yet (its root has a writable layer)",
-        ),
-        (
-            "hooks",
-            config.get("hooks"),
-            "OCI hooks run host programs, which sandboxd does not do",
-        ),
-        (
-            "linux.uidMappings",
-            linux.get("uidMappings"),
-            "sandboxd maps every sandbox's ids itself",
-        ),
-        (
-            "linux.gidMappings",
-            linux.get("gidMappings"),
-            "sandboxd maps every sandbox's ids itself",
-        ),
-        (
-            "linux.sysctl",
-            linux.get("sysctl"),
-            "sysctls are not set by sandboxd",
-        ),
-        (
-            "process.apparmorProfile",
-            config.pointer("/process/apparmorProfile"),
-            "AppArmor profiles are not applied by sandboxd",
-        ),
-    ];
-    for (field, value, why) in refused {
-        // containerd's default profile under CRI is the runtime's default
-        // confinement, which sandboxd's own (user namespace, seccomp)
-        // stands for, as it does for containerd's default seccomp.
-        let default_apparmor = *role != Role::Task
-            && field == "process.apparmorProfile"
-            && value.and_then(Value::as_str) == Some(cri::DEFAULT_APPARMOR);
-        // The pod sandbox container's root holds no process of the pod's.
-        let pause_root = *role == Role::PodSandbox && field == "root.readonly";
-        if present(value) && !default_apparmor && !pause_root {
-            return Err(refuse(field, why));
-        }
-    }
-    Ok(())
 }
 
 /// Checks the spec's mounts: those sandboxd makes itself (or a pod's
@@ -750,6 +689,213 @@ mod tests {
         spec
     }
 
+    /// The pod sandbox ("pause") container's spec of [`cri_spec`]'s pod.
+    fn pod() -> Value {
+        cri_spec("sandbox")
+    }
+
+    /// What containerd 1.6's default spec (`ctr run`) and the kubelet
+    /// through CRI put in every container's spec, beyond [`ctr_spec`].
+    fn with_defaults(mut spec: Value) -> Value {
+        let caps = json!([
+            "CAP_CHOWN",
+            "CAP_DAC_OVERRIDE",
+            "CAP_FSETID",
+            "CAP_FOWNER",
+            "CAP_MKNOD",
+            "CAP_NET_RAW",
+            "CAP_SETGID",
+            "CAP_SETUID",
+            "CAP_SETFCAP",
+            "CAP_SETPCAP",
+            "CAP_NET_BIND_SERVICE",
+            "CAP_SYS_CHROOT",
+            "CAP_KILL",
+            "CAP_AUDIT_WRITE"
+        ]);
+        spec["process"]["capabilities"] =
+            json!({"bounding": caps, "effective": caps, "permitted": caps});
+        spec["process"]["rlimits"] = json!([{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}]);
+        spec["process"]["noNewPrivileges"] = json!(true);
+        spec["process"]["oomScoreAdj"] = json!(-997);
+        spec["process"]["selinuxLabel"] = json!("");
+        spec["linux"]["maskedPaths"] = json!([
+            "/proc/acpi",
+            "/proc/asound",
+            "/proc/kcore",
+            "/proc/keys",
+            "/proc/latency_stats",
+            "/proc/timer_list",
+            "/proc/timer_stats",
+            "/proc/sched_debug",
+            "/sys/firmware",
+            "/proc/scsi",
+            "/sys/devices/virtual/powercap"
+        ]);
+        spec["linux"]["readonlyPaths"] = json!([
+            "/proc/bus",
+            "/proc/fs",
+            "/proc/irq",
+            "/proc/sys",
+            "/proc/sysrq-trigger"
+        ]);
+        spec["linux"]["cgroupsPath"] = json!("/default/t1");
+        spec["linux"]["mountLabel"] = json!("");
+        let resources = &mut spec["linux"]["resources"];
+        resources["devices"] = json!([{"allow": false, "access": "rwm"}]);
+        resources["cpu"]["shares"] = json!(1024);
+        resources["cpu"]["cpus"] = json!("");
+        resources["hugepageLimits"] =
+            json!([{"pageSize": "2MB", "limit": 0}, {"pageSize": "1GB", "limit": 0}]);
+        if let Some(limit) = resources.pointer("/memory/limit").cloned() {
+            resources["memory"]["swap"] = limit;
+        }
+        resources["unified"] = json!({"memory.swap.max": "0"});
+        spec
+    }
+
+    #[test]
+    fn containerds_and_the_kubelets_defaults_are_accepted() {
+        let task = with_defaults(ctr_spec());
+        let body = sandbox(&task, &[PathBuf::from("/s/up")], "default", "t1").unwrap();
+        assert_eq!(body["memory_mib"], 256);
+        process(&task["process"], "process").unwrap();
+        let mut member_spec = with_defaults(cri_spec("container"));
+        member_spec["linux"]["resources"]["memory"] = json!({"limit": 1 << 28, "swap": 1 << 28});
+        let own = member(&member_spec, &pod()).unwrap();
+        assert_eq!(own.limits, Some(json!({"memory_mib": 256})));
+        let pause = with_defaults(pod());
+        sandbox(&pause, &[PathBuf::from("/s/pause")], "k8s.io", "pod1").unwrap();
+    }
+
+    #[test]
+    fn what_sandboxd_does_not_set_is_refused_by_field() {
+        let changed = |change: &dyn Fn(&mut Value)| {
+            let mut spec = with_defaults(ctr_spec());
+            change(&mut spec);
+            spec
+        };
+        let cases: Vec<(Value, &str)> = vec![
+            (
+                changed(&|s| {
+                    s["process"]["rlimits"] = json!([
+                        {"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024},
+                        {"type": "RLIMIT_CORE", "hard": 0, "soft": 0}
+                    ])
+                }),
+                "process.rlimits[RLIMIT_CORE]",
+            ),
+            (
+                changed(&|s| s["process"]["capabilities"]["bounding"][0] = json!("CAP_SYS_ADMIN")),
+                "process.capabilities.bounding",
+            ),
+            (
+                changed(&|s| s["process"]["capabilities"]["ambient"] = json!(["CAP_NET_ADMIN"])),
+                "process.capabilities.ambient",
+            ),
+            (
+                changed(&|s| s["process"]["user"]["umask"] = json!(0o077)),
+                "process.user.umask",
+            ),
+            (
+                changed(&|s| s["process"]["user"]["username"] = json!("app")),
+                "process.user.username",
+            ),
+            (
+                changed(&|s| s["process"]["ioPriority"] = json!({"class": "IOPRIO_CLASS_RT"})),
+                "process.ioPriority",
+            ),
+            (
+                changed(&|s| {
+                    s["process"]["selinuxLabel"] = json!("system_u:system_r:container_t:s0")
+                }),
+                "process.selinuxLabel",
+            ),
+            (
+                changed(&|s| s["linux"]["maskedPaths"][0] = json!("/proc/cpuinfo")),
+                "linux.maskedPaths",
+            ),
+            (
+                changed(&|s| s["linux"]["readonlyPaths"][0] = json!("/etc")),
+                "linux.readonlyPaths",
+            ),
+            (
+                changed(&|s| s["linux"]["resources"]["cpu"]["cpus"] = json!("0-1")),
+                "linux.resources.cpu.cpus",
+            ),
+            (
+                changed(&|s| s["linux"]["resources"]["memory"]["reservation"] = json!(1 << 20)),
+                "linux.resources.memory.reservation",
+            ),
+            (
+                changed(&|s| s["linux"]["resources"]["memory"]["swap"] = json!(-1)),
+                "linux.resources.memory.swap",
+            ),
+            (
+                changed(&|s| s["linux"]["resources"]["memory"]["swappiness"] = json!(60)),
+                "linux.resources.memory.swappiness",
+            ),
+            (
+                changed(&|s| s["linux"]["resources"]["blockIO"] = json!({"weight": 100})),
+                "linux.resources.blockIO",
+            ),
+            (
+                changed(&|s| {
+                    s["linux"]["resources"]["hugepageLimits"][0]["limit"] = json!(1 << 21)
+                }),
+                "linux.resources.hugepageLimits",
+            ),
+            (
+                changed(&|s| s["linux"]["resources"]["unified"] = json!({"io.weight": "100"})),
+                "linux.resources.unified[io.weight]",
+            ),
+            (
+                changed(&|s| s["linux"]["intelRdt"] = json!({"closID": "a"})),
+                "linux.intelRdt",
+            ),
+            (
+                changed(&|s| s["linux"]["rootfsPropagation"] = json!("rshared")),
+                "linux.rootfsPropagation",
+            ),
+            (
+                changed(&|s| s["domainname"] = json!("example")),
+                "domainname",
+            ),
+        ];
+        for (spec, field) in cases {
+            let err = sandbox(&spec, &[], "default", "t").unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+        // An exec's process is checked as the task's is.
+        let exec =
+            json!({"args": ["sh"], "rlimits": [{"type": "RLIMIT_NPROC", "hard": 1, "soft": 1}]});
+        assert_eq!(
+            process(&exec, "exec").unwrap_err().field,
+            "exec.rlimits[RLIMIT_NPROC]"
+        );
+    }
+
+    #[test]
+    fn a_pod_members_sandboxd_annotations_must_be_its_pods() {
+        let spec = cri_spec("container");
+        member(&spec, &pod()).unwrap();
+        let mut other = cri_spec("container");
+        other["annotations"]["sandboxd.io/block-network"] = json!("false");
+        let err = member(&other, &pod()).unwrap_err();
+        assert_eq!(err.field, "annotations[sandboxd.io/block-network]", "{err}");
+        let mut own = cri_spec("container");
+        own["annotations"]["sandboxd.io/ttl-seconds"] = json!("60");
+        let err = member(&own, &pod()).unwrap_err();
+        assert_eq!(err.field, "annotations[sandboxd.io/ttl-seconds]", "{err}");
+        // The pod's, passed down unchanged, are fine; so is none at all.
+        let mut none = cri_spec("container");
+        none["annotations"] = json!({
+            "io.kubernetes.cri.container-type": "container",
+            "io.kubernetes.cri.sandbox-id": "pod1",
+        });
+        member(&none, &pod()).unwrap();
+    }
+
     #[test]
     fn a_cri_pod_sandbox_joins_its_network_namespace() {
         let spec = cri_spec("sandbox");
@@ -778,7 +924,7 @@ mod tests {
         assert_eq!(role(&spec).unwrap(), Role::PodMember { pod: "pod1".into() });
         assert_eq!(grouping(&spec, "c1"), "pod1");
         assert_eq!(
-            member(&spec).unwrap(),
+            member(&spec, &pod()).unwrap(),
             MemberRoot {
                 limits: None,
                 volumes: Vec::new()
@@ -791,16 +937,16 @@ mod tests {
             "pids": {"limit": 64}
         });
         assert_eq!(
-            member(&limited).unwrap().limits,
+            member(&limited, &pod()).unwrap().limits,
             Some(json!({"memory_mib": 256, "cpu": 0.25, "pids": 64}))
         );
         // Shares alone set no ceiling.
         limited["linux"]["resources"] = json!({"cpu": {"shares": 2}});
-        assert_eq!(member(&limited).unwrap().limits, None);
+        assert_eq!(member(&limited, &pod()).unwrap().limits, None);
         let mut other_profile = cri_spec("container");
         other_profile["process"]["apparmorProfile"] = json!("my-profile");
         assert_eq!(
-            member(&other_profile).unwrap_err().field,
+            member(&other_profile, &pod()).unwrap_err().field,
             "process.apparmorProfile"
         );
         // A plain task keeps its own namespaces: no pod, no grouping.
@@ -823,7 +969,7 @@ mod tests {
             {"destination": "/proc", "type": "proc", "source": "proc"}
         ]);
         assert_eq!(
-            member(&spec).unwrap().volumes,
+            member(&spec, &pod()).unwrap().volumes,
             vec![
                 json!({"source": "/var/lib/kubelet/pods/u1/volumes/kubernetes.io~projected/kube-api-access-x",
                        "destination": "/var/run/secrets/kubernetes.io/serviceaccount", "read_only": true}),
@@ -835,7 +981,7 @@ mod tests {
         let refused = |mounts: Value| {
             let mut spec = cri_spec("container");
             spec["mounts"] = mounts;
-            member(&spec).unwrap_err().field
+            member(&spec, &pod()).unwrap_err().field
         };
         assert_eq!(
             refused(

@@ -1,0 +1,397 @@
+//! What of an OCI spec sandboxd cannot honour, refused by field name.
+//!
+//! Every field containerd may hand over falls in one of three kinds:
+//! - honoured: the shim turns it into the create or start body (the
+//!   caller's module does that);
+//! - covered by sandboxd's own, stricter setting, and accepted where the
+//!   spec asks for no more than that setting gives (masked paths, device
+//!   rules, capabilities, `RLIMIT_NOFILE`, swap equal to the memory limit);
+//! - neither: refused here with the field's name, so nothing the spec
+//!   relies on is dropped silently.
+//!
+//! A few fields the kubelet sets on every container are accepted although
+//! sandboxd does not apply them (`oomScoreAdj`, `cpu.shares`, huge page
+//! limits of zero, another seccomp profile, fewer capabilities); refusing
+//! them would refuse every pod. `docs/kubernetes.md` lists them.
+
+use serde_json::Value;
+
+use super::{cri, refuse, Role, SpecError};
+
+/// The capabilities every sandbox process may hold: Docker's default set,
+/// which is also containerd's (sandboxd's `runtime::spec::CAPABILITIES`;
+/// the shim speaks only the API, so it keeps the names).
+const SANDBOX_CAPABILITIES: [&str; 14] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_FSETID",
+    "CAP_FOWNER",
+    "CAP_MKNOD",
+    "CAP_NET_RAW",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETFCAP",
+    "CAP_SETPCAP",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_SYS_CHROOT",
+    "CAP_KILL",
+    "CAP_AUDIT_WRITE",
+];
+
+/// Paths sandboxd masks in every sandbox (Docker's and containerd's
+/// defaults; sandboxd's `runtime::spec::MASKED_PATHS`).
+const SANDBOX_MASKED_PATHS: [&str; 11] = [
+    "/proc/acpi",
+    "/proc/asound",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/sys/devices/virtual/powercap",
+];
+
+/// Paths sandboxd makes read-only in every sandbox (sandboxd's
+/// `runtime::spec::READONLY_PATHS`).
+const SANDBOX_READONLY_PATHS: [&str; 5] = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
+
+/// The umask sandbox processes start with.
+const SANDBOX_UMASK: u64 = 0o022;
+
+/// Whether a field is set to anything but its empty form.
+fn present(value: Option<&Value>) -> bool {
+    match value {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Object(o)) => !o.is_empty(),
+        Some(Value::Bool(b)) => *b,
+        Some(Value::String(s)) => !s.is_empty(),
+        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
+    }
+}
+
+/// The whole spec's refusals but its namespaces and mounts (checked by the
+/// caller, which also takes what they give): its own fields, its
+/// process's and its resources'.
+pub(super) fn check_spec(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecError> {
+    check_fields(config, linux, role)?;
+    check_paths(linux)?;
+    if let Some(process) = config.get("process") {
+        check_process(process, "process")?;
+    }
+    if let Some(resources) = linux.get("resources") {
+        check_resources(resources)?;
+    }
+    Ok(())
+}
+
+/// Fields sandboxd has no setting for at all.
+fn check_fields(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecError> {
+    // Device cgroup rules (linux.resources.devices) are not here: they only
+    // narrow access, and sandboxd applies its own narrower set.
+    let refused: [(&str, Option<&Value>, &str); 13] = [
+        (
+            "linux.devices",
+            linux.get("devices"),
+            "device nodes from the host are not given to sandboxes (GPUs go through sandboxd's gpu option)",
+        ),
+        (
+            "root.readonly",
+            config.pointer("/root/readonly"),
+            "a read-only root is not supported by sandboxd yet (its root has a writable layer)",
+        ),
+        (
+            "hooks",
+            config.get("hooks"),
+            "OCI hooks run host programs, which sandboxd does not do",
+        ),
+        (
+            "linux.uidMappings",
+            linux.get("uidMappings"),
+            "sandboxd maps every sandbox's ids itself",
+        ),
+        (
+            "linux.gidMappings",
+            linux.get("gidMappings"),
+            "sandboxd maps every sandbox's ids itself",
+        ),
+        (
+            "linux.sysctl",
+            linux.get("sysctl"),
+            "sysctls are not set by sandboxd",
+        ),
+        (
+            "process.apparmorProfile",
+            config.pointer("/process/apparmorProfile"),
+            "AppArmor profiles are not applied by sandboxd",
+        ),
+        (
+            "linux.intelRdt",
+            linux.get("intelRdt"),
+            "Intel RDT is not set up by sandboxd",
+        ),
+        (
+            "linux.personality",
+            linux.get("personality"),
+            "an execution domain is not set by sandboxd",
+        ),
+        (
+            "linux.timeOffsets",
+            linux.get("timeOffsets"),
+            "time namespaces are not made by sandboxd",
+        ),
+        (
+            "linux.mountLabel",
+            linux.get("mountLabel"),
+            "SELinux labels are not applied by sandboxd",
+        ),
+        (
+            "domainname",
+            config.get("domainname"),
+            "a NIS domain name is not set by sandboxd",
+        ),
+        (
+            "linux.rootfsPropagation",
+            linux
+                .get("rootfsPropagation")
+                .filter(|p| !matches!(p.as_str(), Some("private" | "rprivate"))),
+            "a sandbox's root is private: no mount propagates to or from the host",
+        ),
+    ];
+    for (field, value, why) in refused {
+        // containerd's default profile under CRI is the runtime's default
+        // confinement, which sandboxd's own (user namespace, seccomp)
+        // stands for, as it does for containerd's default seccomp.
+        let default_apparmor = *role != Role::Task
+            && field == "process.apparmorProfile"
+            && value.and_then(Value::as_str) == Some(cri::DEFAULT_APPARMOR);
+        // The pod sandbox container's root holds no process of the pod's.
+        let pause_root = *role == Role::PodSandbox && field == "root.readonly";
+        if present(value) && !default_apparmor && !pause_root {
+            return Err(refuse(field, why));
+        }
+    }
+    Ok(())
+}
+
+/// Masked and read-only paths: accepted where sandboxd treats each path
+/// so too (it may do more: an empty list still gets its own).
+fn check_paths(linux: &Value) -> Result<(), SpecError> {
+    for (field, own, what) in [
+        ("linux.maskedPaths", &SANDBOX_MASKED_PATHS[..], "masks"),
+        (
+            "linux.readonlyPaths",
+            &SANDBOX_READONLY_PATHS[..],
+            "makes read-only",
+        ),
+    ] {
+        for path in linux
+            .get(field.trim_start_matches("linux."))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let path = path.as_str().unwrap_or_default();
+            if !own.contains(&path) {
+                return Err(refuse(
+                    field,
+                    format!(
+                        "{path:?} is not among the paths sandboxd {what} ({})",
+                        own.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A process's fields sandboxd does not set (the task's, or an exec's).
+pub(super) fn check_process(process: &Value, field: &str) -> Result<(), SpecError> {
+    for (name, why) in [
+        ("ioPriority", "I/O priorities are not set by sandboxd"),
+        ("scheduler", "scheduling policies are not set by sandboxd"),
+        ("execCPUAffinity", "CPU affinity is not set by sandboxd"),
+        ("selinuxLabel", "SELinux labels are not applied by sandboxd"),
+    ] {
+        if present(process.get(name)) {
+            return Err(refuse(format!("{field}.{name}"), why));
+        }
+    }
+    if present(process.pointer("/user/username")) {
+        return Err(refuse(
+            format!("{field}.user.username"),
+            "a user name is for Windows containers; give a uid",
+        ));
+    }
+    if let Some(umask) = process.pointer("/user/umask").filter(|u| !u.is_null()) {
+        if umask.as_u64() != Some(SANDBOX_UMASK) {
+            return Err(refuse(
+                format!("{field}.user.umask"),
+                format!("sandbox processes start with umask {SANDBOX_UMASK:04o}; another is not set by sandboxd"),
+            ));
+        }
+    }
+    for limit in process
+        .get("rlimits")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let kind = limit
+            .get("type")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
+        if kind != "RLIMIT_NOFILE" {
+            return Err(refuse(
+                format!("{field}.rlimits[{kind}]"),
+                "sandboxd sets no resource limit but RLIMIT_NOFILE (its own)",
+            ));
+        }
+    }
+    let sets = [
+        "bounding",
+        "effective",
+        "permitted",
+        "inheritable",
+        "ambient",
+    ];
+    for set in sets {
+        let wanted = process
+            .pointer(&format!("/capabilities/{set}"))
+            .and_then(Value::as_array);
+        for capability in wanted.into_iter().flatten() {
+            let capability = capability.as_str().unwrap_or_default();
+            if !SANDBOX_CAPABILITIES.contains(&capability) {
+                return Err(refuse(
+                    format!("{field}.capabilities.{set}"),
+                    format!(
+                        "{capability} is not granted by sandboxd (its processes may hold {})",
+                        SANDBOX_CAPABILITIES.join(", ")
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `linux.resources` beyond the limits the caller takes (memory, CPU quota
+/// and period, pids) and the device rules.
+fn check_resources(resources: &Value) -> Result<(), SpecError> {
+    let field = |path: &str| {
+        format!(
+            "linux.resources.{}",
+            path.trim_start_matches('/').replace('/', ".")
+        )
+    };
+    for path in [
+        "/memory/reservation",
+        "/memory/kernel",
+        "/memory/kernelTCP",
+        "/memory/disableOOMKiller",
+        "/cpu/cpus",
+        "/cpu/mems",
+        "/cpu/realtimeRuntime",
+        "/cpu/realtimePeriod",
+        "/cpu/burst",
+        "/cpu/idle",
+        "/blockIO",
+        "/network",
+        "/rdma",
+    ] {
+        if present(resources.pointer(path)) {
+            return Err(refuse(field(path), "not set by sandboxd"));
+        }
+    }
+    // sandboxd allows no swap: memory+swap is the memory limit.
+    if let Some(swap) = resources.pointer("/memory/swap").filter(|s| !s.is_null()) {
+        let limit = resources.pointer("/memory/limit");
+        if Some(swap) != limit {
+            return Err(refuse(
+                field("/memory/swap"),
+                "sandboxd allows no swap: memory+swap must equal linux.resources.memory.limit",
+            ));
+        }
+    }
+    if let Some(swappiness) = resources
+        .pointer("/memory/swappiness")
+        .filter(|s| !s.is_null())
+    {
+        if swappiness.as_u64() != Some(0) {
+            return Err(refuse(
+                field("/memory/swappiness"),
+                "sandboxd allows no swap (swappiness 0)",
+            ));
+        }
+    }
+    // The kubelet names every huge page size with limit 0 when the pod
+    // asks for none: nothing to grant.
+    for hugepages in resources
+        .get("hugepageLimits")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if hugepages.get("limit").and_then(Value::as_u64).unwrap_or(0) != 0 {
+            return Err(refuse(
+                "linux.resources.hugepageLimits",
+                "huge pages are not given to sandboxes",
+            ));
+        }
+    }
+    for (key, value) in resources
+        .get("unified")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+    {
+        // What the kubelet writes on cgroup v2 when swap is off.
+        let no_swap = key == "memory.swap.max" && value.as_str() == Some("0");
+        if !no_swap {
+            return Err(refuse(
+                format!("linux.resources.unified[{key}]"),
+                "cgroup v2 files are not written by sandboxd beyond its own limits",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `sandboxd.io/` annotations of a pod's container: containerd passes
+/// the pod's down to every container, and they select the pod sandbox's
+/// features, so a container's own must say the same as its pod's.
+pub(super) fn check_member_annotations(config: &Value, pod: &Value) -> Result<(), SpecError> {
+    let features = |spec: &Value| -> Vec<(String, Value)> {
+        spec.get("annotations")
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+            .filter(|(key, _)| key.starts_with(super::annotations::PREFIX))
+            .map(|(key, value)| (key.clone(), value.clone()))
+            .collect()
+    };
+    let of_pod = features(pod);
+    for (key, value) in features(config) {
+        let pod_value = of_pod.iter().find(|(k, _)| *k == key).map(|(_, v)| v);
+        if pod_value != Some(&value) {
+            return Err(refuse(
+                format!("annotations[{key}]"),
+                format!(
+                    "a pod's containers share its sandbox; set {key} on the pod (the container says {value}, the pod {})",
+                    pod_value.map_or("nothing".to_string(), Value::to_string)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
