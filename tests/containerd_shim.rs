@@ -60,6 +60,15 @@ async fn assert_leftovers_end_with_the_init(
         "sleep 1001 >/dev/null 2>&1 & echo $$ > /tmp/init; exec sleep 1000",
     ]);
     containerd.ctr_ok(&run);
+    // `ctr task ps` lists the sandbox's running processes by their pids
+    // inside it: here the init alone (what it starts itself is not
+    // sandboxd's process).
+    let ps = containerd.ctr_ok(&["task", "ps", "t-leaves"]);
+    let pids: Vec<u32> = ps
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert_eq!(pids.len(), 1, "{ps}");
     let mut events = containerd.ctr_command(&["events"]);
     events.stdout(Stdio::piped());
     let mut events = events.spawn().expect("ctr events");
@@ -90,9 +99,33 @@ async fn assert_leftovers_end_with_the_init(
     let live = daemon.sandboxes().await;
     let stopped = live[0]["id"].as_str().expect("the ended task's sandbox");
     assert_eq!(daemon.sh(stopped, SLEEPERS).await.out(), "0\n");
+    let gone = stopped.to_string();
+    let hierarchies = common::cgroup::hierarchies_or_fail();
+    let groups_of = |id: &str| -> Vec<std::path::PathBuf> {
+        hierarchies
+            .iter()
+            .flat_map(|h| std::fs::read_dir(h).into_iter().flatten().flatten())
+            .map(|e| e.path().join(id))
+            .filter(|p| p.exists())
+            .collect()
+    };
+    assert!(
+        !groups_of(&gone).is_empty(),
+        "positive control: the sandbox's groups are found while it lives"
+    );
     containerd.ctr_ok(&["task", "rm", "t-leaves"]);
     containerd.ctr_ok(&["containers", "rm", "t-leaves"]);
     assert!(daemon.sandboxes().await.is_empty());
+    assert_eq!(
+        groups_of(&gone),
+        Vec::<std::path::PathBuf>::new(),
+        "cgroups left"
+    );
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mounts.lines().any(|l| l.contains(&gone)),
+        "a mount of the removed sandbox is left: {mounts}"
+    );
 }
 
 /// `ctr task exec` into running `task`: its output and exit code come back.
