@@ -698,6 +698,10 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
         .find(|s| s["labels"]["containerd.io/id"] == closed.0.as_str())
         .and_then(|s| s["id"].as_str().map(str::to_string))
         .expect("the closed pod's sandbox");
+    assert!(
+        common::cgroup::sandbox_dir("pids", &closed_sandbox).exists(),
+        "positive control: the closed pod's cgroup while it lives"
+    );
     daemon.delete(&closed_sandbox).await;
     cri.await_ended(&closed.0, &shut_in).await;
 
@@ -706,14 +710,16 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     cri.remove_pod(&web.0).await;
     cri.remove_pod(&closed.0).await;
     assert!(daemon.sandboxes().await.is_empty());
-    assert!(
-        !common::cgroup::sandbox_dir("pids", &sandbox).exists(),
-        "no cgroup of the pod's sandbox is left"
-    );
+    for pod_sandbox in [&sandbox, &closed_sandbox] {
+        assert!(
+            !common::cgroup::sandbox_dir("pids", pod_sandbox).exists(),
+            "no cgroup of pod sandbox {pod_sandbox} is left"
+        );
+    }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
     assert!(
-        !mounts.contains(&sandbox),
-        "no mount of the pod's sandbox is left:\n{mounts}"
+        !mounts.contains(&sandbox) && !mounts.contains(&closed_sandbox),
+        "no mount of the pods' sandboxes is left:\n{mounts}"
     );
     assert!(daemon.sandbox_run_dirs().is_empty());
 }

@@ -144,6 +144,9 @@ fn assert_exec_answers(containerd: &Containerd, task: &str) {
     assert!(text(&exec).contains("from exec"), "{}", text(&exec));
 }
 
+/// The value of the brokered secret the long task binds.
+const SHIM_KEY_VALUE: &str = "sk-shim-test-real-value";
+
 #[tokio::test]
 async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothing_left() {
     require_host!();
@@ -179,12 +182,24 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
 
     // A long task: exec into it, then kill it from outside. ctr stays
     // attached, so its first line says the task runs and its exit says
-    // the kill arrived.
+    // the kill arrived. It binds a brokered secret by annotation.
+    let (status, made) = daemon
+        .call(
+            hyper::Method::POST,
+            "/v1/secrets",
+            Some(
+                json!({"name": "SHIM_KEY", "value": SHIM_KEY_VALUE, "hosts": ["api.example.test"]}),
+            ),
+        )
+        .await;
+    assert!(status.is_success(), "{made}");
     let attached = containerd.ctr_command(&[
         "run",
         "--rm",
         "--runtime",
         RUNTIME,
+        "--annotation",
+        "sandboxd.io/secrets=SHIM_KEY",
         "--annotation",
         "sandboxd.io/allow-list=pypi.org,example.com",
         "--annotation",
@@ -216,6 +231,19 @@ async fn ctr_runs_tasks_as_sandboxes_with_output_exit_codes_exec_kill_and_nothin
         "{live:?}"
     );
     assert_exec_answers(&containerd, "t-long");
+    // The task's processes see the secret's placeholder, never its value.
+    let key = containerd.ctr_ok(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "key",
+        "t-long",
+        "sh",
+        "-c",
+        "echo $SHIM_KEY",
+    ]);
+    assert!(key.starts_with("sandboxd-placeholder-"), "{key}");
+    assert!(!key.contains(SHIM_KEY_VALUE), "{key}");
     let tasks = containerd.ctr_ok(&["task", "ls"]);
     assert!(
         tasks.contains("t-long") && tasks.contains("RUNNING"),
@@ -373,10 +401,40 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert_eq!(exec_says(&containerd, "before"), "before\n");
+    // A task that ends, with its own status, once told to: after the
+    // restart below.
+    containerd.ctr_ok(&[
+        "run",
+        "-d",
+        "--runtime",
+        RUNTIME,
+        IMAGE,
+        "t-ends",
+        "sh",
+        "-c",
+        "mkfifo /tmp/go 2>/dev/null; read go < /tmp/go; exit 7",
+    ]);
+    let exits = TaskExits::follow(&containerd);
 
-    // sandboxd restarts under the task: containerd sees nothing of it.
+    // sandboxd restarts under the tasks: containerd sees nothing of it.
     daemon.restart();
     assert_eq!(exec_says(&containerd, "after-sandboxd"), "after-sandboxd\n");
+    // A task's exit after the restart still reaches containerd, with its
+    // status (the shim's wait resumed against the new daemon).
+    containerd.ctr_ok(&[
+        "task",
+        "exec",
+        "--exec-id",
+        "go",
+        "t-ends",
+        "sh",
+        "-c",
+        "echo go > /tmp/go",
+    ]);
+    let ended = exits.of("t-ends");
+    assert!(ended.contains(r#""exit_status":7"#), "{ended}");
+    containerd.ctr_ok(&["task", "rm", "t-ends"]);
+    containerd.ctr_ok(&["containers", "rm", "t-ends"]);
     // containerd restarts: it reattaches to the live shim.
     containerd.restart();
     let tasks = containerd.ctr_ok(&["task", "ls"]);
@@ -402,6 +460,7 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
             && argv.contains(&address.as_str())
     });
     assert_eq!(shims.len(), 1, "one shim serves the task: {shims:?}");
+    let exits = TaskExits::follow(&containerd);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(shims[0]),
         nix::sys::signal::Signal::SIGKILL,
@@ -412,9 +471,58 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
             e["kind"] == "deleted" && e["sandbox_id"] == sandbox.as_str()
         })
         .await;
+    // containerd publishes the dead shim's task as exited.
+    let ended = exits.of("t-kept");
+    assert!(ended.contains("exit_status"), "{ended}");
     let tasks = containerd.ctr_ok(&["task", "ls"]);
     assert!(!tasks.contains("RUNNING"), "{tasks}");
     assert!(daemon.sandboxes().await.is_empty());
+}
+
+/// The `/tasks/exit` events containerd publishes, from `ctr events`
+/// started now.
+struct TaskExits {
+    events: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl TaskExits {
+    fn follow(containerd: &Containerd) -> Self {
+        let mut events = containerd.ctr_command(&["events"]);
+        events.stdout(Stdio::piped());
+        let mut events = events.spawn().expect("ctr events");
+        let stdout = events.stdout.take().expect("stdout");
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.contains("/tasks/exit") && send.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self { events, lines }
+    }
+
+    /// The exit event of task `id` (its init), waited for up to a minute.
+    fn of(&self, id: &str) -> String {
+        let wanted = format!(r#""id":"{id}""#);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.contains(&wanted) => return line,
+                Ok(_) => continue,
+                Err(e) => panic!("no exit event of {id} from containerd: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for TaskExits {
+    fn drop(&mut self) {
+        let _ = self.events.kill();
+        let _ = self.events.wait();
+    }
 }
 
 /// Runs `ctr args` on a terminal of `rows` x `cols` (ctr -t reads its

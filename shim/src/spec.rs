@@ -558,7 +558,11 @@ mod tests {
                 "namespaces": [{"type": "pid"}, {"type": "network"}, {"type": "mount"}],
                 "resources": {"memory": {"limit": 268435456}, "cpu": {"quota": 50000, "period": 100000}, "pids": {"limit": 64}}
             },
-            "annotations": {"sandboxd.io/block-network": "true", "sandboxd.io/ttl-seconds": "600"}
+            "annotations": {
+                "sandboxd.io/block-network": "true",
+                "sandboxd.io/ttl-seconds": "600",
+                "sandboxd.io/secrets": "openai, github"
+            }
         })
     }
 
@@ -578,6 +582,7 @@ mod tests {
         assert_eq!(body["pids"], 64);
         assert_eq!(body["block_network"], true);
         assert_eq!(body["ttl_seconds"], 600);
+        assert_eq!(body["secrets"], json!(["openai", "github"]));
         assert_eq!(body["labels"][LABEL_ID], "t1");
         let p = process(&spec["process"], "process").unwrap();
         assert_eq!(p.body["argv"], json!(["sh", "-c", "echo hi"]));
