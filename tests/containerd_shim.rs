@@ -113,6 +113,18 @@ async fn assert_leftovers_end_with_the_init(
         !groups_of(&gone).is_empty(),
         "positive control: the sandbox's groups are found while it lives"
     );
+    let mounts_of = |id: &str| -> Vec<String> {
+        std::fs::read_to_string("/proc/self/mountinfo")
+            .expect("mountinfo")
+            .lines()
+            .filter(|l| l.contains(id))
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(
+        !mounts_of(&gone).is_empty(),
+        "positive control: the sandbox's network namespace is mounted while it lives"
+    );
     containerd.ctr_ok(&["task", "rm", "t-leaves"]);
     containerd.ctr_ok(&["containers", "rm", "t-leaves"]);
     assert!(daemon.sandboxes().await.is_empty());
@@ -121,11 +133,7 @@ async fn assert_leftovers_end_with_the_init(
         Vec::<std::path::PathBuf>::new(),
         "cgroups left"
     );
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    assert!(
-        !mounts.lines().any(|l| l.contains(&gone)),
-        "a mount of the removed sandbox is left: {mounts}"
-    );
+    assert_eq!(mounts_of(&gone), Vec::<String>::new(), "mounts left");
 }
 
 /// `ctr task exec` into running `task`: its output and exit code come back.
@@ -415,6 +423,7 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
         "mkfifo /tmp/go 2>/dev/null; read go < /tmp/go; exit 7",
     ]);
     let exits = TaskExits::follow(&containerd);
+    exits.heard_live(&containerd, "t-ends");
 
     // sandboxd restarts under the tasks: containerd sees nothing of it.
     daemon.restart();
@@ -427,6 +436,8 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
         "--exec-id",
         "go",
         "t-ends",
+        "timeout",
+        "30",
         "sh",
         "-c",
         "echo go > /tmp/go",
@@ -461,6 +472,7 @@ async fn tasks_outlive_restarts_of_sandboxd_and_containerd_and_a_dead_shim_is_cl
     });
     assert_eq!(shims.len(), 1, "one shim serves the task: {shims:?}");
     let exits = TaskExits::follow(&containerd);
+    exits.heard_live(&containerd, "t-kept");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(shims[0]),
         nix::sys::signal::Signal::SIGKILL,
@@ -503,16 +515,37 @@ impl TaskExits {
         Self { events, lines }
     }
 
-    /// The exit event of task `id` (its init), waited for up to a minute.
+    /// Returns once the events are followed: an exec in `task` ends and
+    /// its exit event is heard, so no later exit can go unheard. `ctr
+    /// events` may subscribe after the first canary ended, so each try
+    /// is a new exec.
+    fn heard_live(&self, containerd: &Containerd, task: &str) {
+        for attempt in 0..30 {
+            let id = format!("canary-{attempt}");
+            containerd.ctr_ok(&["task", "exec", "--exec-id", &id, task, "true"]);
+            if self.within(&id, Duration::from_secs(1)).is_some() {
+                return;
+            }
+        }
+        panic!("ctr events never heard a canary exec of {task} end");
+    }
+
+    /// The exit event of task `id` (its init) or of an exec of that id,
+    /// waited for up to a minute.
     fn of(&self, id: &str) -> String {
+        self.within(id, Duration::from_secs(60))
+            .unwrap_or_else(|| panic!("no exit event of {id} from containerd"))
+    }
+
+    fn within(&self, id: &str, wait: Duration) -> Option<String> {
         let wanted = format!(r#""id":"{id}""#);
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let deadline = std::time::Instant::now() + wait;
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             match self.lines.recv_timeout(left) {
-                Ok(line) if line.contains(&wanted) => return line,
+                Ok(line) if line.contains(&wanted) => return Some(line),
                 Ok(_) => continue,
-                Err(e) => panic!("no exit event of {id} from containerd: {e}"),
+                Err(_) => return None,
             }
         }
     }

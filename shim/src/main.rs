@@ -8,6 +8,7 @@
 mod daemon;
 mod metrics;
 mod process;
+mod publisher;
 mod service;
 mod spec;
 

@@ -32,6 +32,7 @@ use serde_json::Value;
 
 use crate::daemon::{Daemon, DaemonError};
 use crate::process::{self, Process, State, Stdio};
+use crate::publisher::Publisher;
 use crate::spec;
 
 fn status(code: Code, message: impl Into<String>) -> ttrpc::Error {
@@ -110,7 +111,7 @@ impl Service {
         Service {
             daemon: Daemon::from_env(),
             events: Events {
-                publisher: Arc::new(publisher),
+                publisher: Arc::new(Publisher::new(publisher)),
                 namespace: namespace.to_string(),
             },
             exit,
@@ -197,16 +198,13 @@ const OUTPUT_GRACE: Duration = Duration::from_secs(2);
 /// it was found.
 #[derive(Clone)]
 struct Events {
-    publisher: Arc<RemotePublisher>,
+    publisher: Arc<Publisher>,
     namespace: String,
 }
 
 impl Events {
     fn publish(&self, topic: &str, event: Box<dyn MessageDyn>) {
-        let ctx = containerd_shim::Context::default();
-        if let Err(e) = self.publisher.publish(ctx, topic, &self.namespace, event) {
-            log::warn!("publishing {topic}: {e}");
-        }
+        self.publisher.publish(topic, &self.namespace, event);
     }
 
     fn record_exit(&self, container_id: &str, process: &Process, pid: u32, code: u32) {
@@ -293,7 +291,12 @@ impl Task for Service {
         let (sandbox, kind) = match role {
             spec::Role::PodMember { pod } => {
                 let (sandbox, pod_bundle) = self.pod_sandbox(&pod)?;
-                let pod_config = spec::read_bundle(&pod_bundle).map_err(from_spec)?;
+                let pod_config = spec::read_bundle(&pod_bundle).map_err(|e| {
+                    status(
+                        Code::FAILED_PRECONDITION,
+                        format!("sandboxd: reading pod sandbox {pod}'s spec: {e}"),
+                    )
+                })?;
                 let own = spec::member(&config, &pod_config).map_err(from_spec)?;
                 let mut body = serde_json::json!({"name": req.id, "host_rootfs": host_rootfs});
                 if let Some(limits) = own.limits {
