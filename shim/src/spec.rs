@@ -755,7 +755,8 @@ mod tests {
         if let Some(limit) = resources.pointer("/memory/limit").cloned() {
             resources["memory"]["swap"] = limit;
         }
-        resources["unified"] = json!({"memory.swap.max": "0"});
+        resources["unified"] = json!({"memory.swap.max": "0", "memory.oom.group": "1"});
+        resources["memory"]["useHierarchy"] = json!(true);
         spec
     }
 
@@ -866,12 +867,24 @@ mod tests {
                 changed(&|s| s["domainname"] = json!("example")),
                 "domainname",
             ),
+            (
+                changed(&|s| s["linux"]["netDevices"] = json!({"eth1": {}})),
+                "linux.netDevices",
+            ),
         ];
         for (spec, field) in cases {
             let err = sandbox(&spec, &[], "default", "t").unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
-        // An exec's process is checked as the task's is.
+        // An exec's process is checked as the task's is; it may carry
+        // containerd's default AppArmor profile, not another.
+        let default_profile = json!({"args": ["sh"], "apparmorProfile": cri::DEFAULT_APPARMOR});
+        process(&default_profile, "exec").unwrap();
+        let other_profile = json!({"args": ["sh"], "apparmorProfile": "unconfined"});
+        assert_eq!(
+            process(&other_profile, "exec").unwrap_err().field,
+            "exec.apparmorProfile"
+        );
         let exec =
             json!({"args": ["sh"], "rlimits": [{"type": "RLIMIT_NPROC", "hard": 1, "soft": 1}]});
         assert_eq!(

@@ -5,14 +5,16 @@
 //!   caller's module does that);
 //! - covered by sandboxd's own, stricter setting, and accepted where the
 //!   spec asks for no more than that setting gives (masked paths, device
-//!   rules, capabilities, `RLIMIT_NOFILE`, swap equal to the memory limit);
+//!   rules, capabilities, swap equal to the memory limit), or replaced by
+//!   sandboxd's own (`RLIMIT_NOFILE`, the cgroup path);
 //! - neither: refused here with the field's name, so nothing the spec
 //!   relies on is dropped silently.
 //!
 //! A few fields the kubelet sets on every container are accepted although
 //! sandboxd does not apply them (`oomScoreAdj`, `cpu.shares`, huge page
-//! limits of zero, another seccomp profile, fewer capabilities); refusing
-//! them would refuse every pod. `docs/kubernetes.md` lists them.
+//! limits of zero, `memory.oom.group`, another seccomp profile, fewer
+//! capabilities); refusing them would refuse every pod.
+//! `docs/kubernetes.md` lists them.
 
 use serde_json::Value;
 
@@ -98,7 +100,7 @@ pub(super) fn check_spec(config: &Value, linux: &Value, role: &Role) -> Result<(
 fn check_fields(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecError> {
     // Device cgroup rules (linux.resources.devices) are not here: they only
     // narrow access, and sandboxd applies its own narrower set.
-    let refused: [(&str, Option<&Value>, &str); 13] = [
+    let refused: [(&str, Option<&Value>, &str); 14] = [
         (
             "linux.devices",
             linux.get("devices"),
@@ -158,6 +160,11 @@ fn check_fields(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecEr
             "domainname",
             config.get("domainname"),
             "a NIS domain name is not set by sandboxd",
+        ),
+        (
+            "linux.netDevices",
+            linux.get("netDevices"),
+            "host network devices are not moved into sandboxes",
         ),
         (
             "linux.rootfsPropagation",
@@ -226,6 +233,15 @@ pub(super) fn check_process(process: &Value, field: &str) -> Result<(), SpecErro
         if present(process.get(name)) {
             return Err(refuse(format!("{field}.{name}"), why));
         }
+    }
+    // The task's own is checked with its role (`check_fields`); an exec
+    // may carry only containerd's default, as its task did.
+    let profile = process.get("apparmorProfile").and_then(Value::as_str);
+    if profile.is_some_and(|p| !p.is_empty() && p != cri::DEFAULT_APPARMOR) {
+        return Err(refuse(
+            format!("{field}.apparmorProfile"),
+            "AppArmor profiles are not applied by sandboxd",
+        ));
     }
     if present(process.pointer("/user/username")) {
         return Err(refuse(
@@ -355,9 +371,12 @@ fn check_resources(resources: &Value) -> Result<(), SpecError> {
         .into_iter()
         .flatten()
     {
-        // What the kubelet writes on cgroup v2 when swap is off.
+        // What the kubelet writes on cgroup v2: no swap (sandboxd allows
+        // none), and since 1.32 a whole-group OOM kill, which sandboxd
+        // does not apply (the kernel kills one process of the sandbox).
         let no_swap = key == "memory.swap.max" && value.as_str() == Some("0");
-        if !no_swap {
+        let oom_group = key == "memory.oom.group" && value.as_str() == Some("1");
+        if !no_swap && !oom_group {
             return Err(refuse(
                 format!("linux.resources.unified[{key}]"),
                 "cgroup v2 files are not written by sandboxd beyond its own limits",
@@ -387,7 +406,7 @@ pub(super) fn check_member_annotations(config: &Value, pod: &Value) -> Result<()
             return Err(refuse(
                 format!("annotations[{key}]"),
                 format!(
-                    "a pod's containers share its sandbox; set {key} on the pod (the container says {value}, the pod {})",
+                    "a pod's containers share its sandbox, made with the pod's annotations as they were when it started: the container says {value}, the pod's sandbox {}; set {key} on the pod, and recreate the pod after changing it",
                     pod_value.map_or("nothing".to_string(), Value::to_string)
                 ),
             ));
