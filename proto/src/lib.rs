@@ -10,8 +10,11 @@
 //! other: the host never trusts what the agent says.
 //!
 //! The crate has no I/O of its own so that the agent, the supervisor and a
-//! freestanding test guest can share the same codec.
+//! freestanding test guest can share the same codec. It also names the
+//! sandbox's default confinement ([`confinement`]), which the daemon and
+//! the containerd shim share.
 
+pub mod confinement;
 mod frame;
 
 pub use frame::{decode, encode, FrameDecoder, FrameError};

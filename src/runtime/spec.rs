@@ -79,7 +79,8 @@ const DEV_TMPFS_SIZE: &str = "size=65536k";
 
 /// Docker's default capability set, granted in the bounding, effective and
 /// permitted sets. Within the user namespace they only act on the sandbox's own
-/// objects.
+/// objects. The same set as `sandbox_proto::confinement::CAPABILITIES`, by
+/// name (a test holds the two together).
 const CAPABILITIES: [Capability; 14] = [
     Capability::Chown,
     Capability::DacOverride,
@@ -97,30 +98,8 @@ const CAPABILITIES: [Capability; 14] = [
     Capability::AuditWrite,
 ];
 
-/// Docker's default masked paths: files become /dev/null, directories an empty
-/// read-only tmpfs. Paths missing in the sandbox (all of /sys here) are skipped.
-pub const MASKED_PATHS: [&str; 11] = [
-    "/proc/acpi",
-    "/proc/asound",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-];
-
-/// Docker's default read-only paths.
-pub const READONLY_PATHS: [&str; 5] = [
-    "/proc/bus",
-    "/proc/fs",
-    "/proc/irq",
-    "/proc/sys",
-    "/proc/sysrq-trigger",
-];
+/// The default masked and read-only paths, shared with the containerd shim.
+pub use sandbox_proto::confinement::{MASKED_PATHS, READONLY_PATHS};
 
 /// Character devices the sandbox may use (type, major, minor; None = any minor):
 /// null, zero, full, random, urandom, tty, ptmx and the devpts ptys, as Docker.
@@ -269,7 +248,7 @@ pub fn build_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
             UserBuilder::default()
                 .uid(0u32)
                 .gid(0u32)
-                .umask(0o022u32)
+                .umask(sandbox_proto::confinement::UMASK)
                 .build()?,
         )
         .args(vec![AGENT_PATH_IN_SANDBOX.to_owned()])
@@ -919,6 +898,21 @@ mod tests {
         assert_eq!(caps.permitted().as_ref(), Some(&want));
         assert_eq!(caps.inheritable().as_ref(), Some(&Capabilities::new()));
         assert_eq!(caps.ambient().as_ref(), Some(&Capabilities::new()));
+        let names: Vec<String> = CAPABILITIES
+            .iter()
+            .map(|c| {
+                serde_json::to_value(c)
+                    .expect("a capability's name")
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(
+            names,
+            sandbox_proto::confinement::CAPABILITIES,
+            "the shared names"
+        );
         assert!(!want.contains(&Capability::SysAdmin));
         assert!(!want.contains(&Capability::NetAdmin));
         let rl = p.rlimits().as_ref().expect("rlimits");

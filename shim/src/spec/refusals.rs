@@ -20,54 +20,11 @@ use serde_json::Value;
 
 use super::{cri, refuse, Role, SpecError};
 
-/// The capabilities every sandbox process may hold: Docker's default set,
-/// which is also containerd's (sandboxd's `runtime::spec::CAPABILITIES`;
-/// the shim speaks only the API, so it keeps the names).
-const SANDBOX_CAPABILITIES: [&str; 14] = [
-    "CAP_CHOWN",
-    "CAP_DAC_OVERRIDE",
-    "CAP_FSETID",
-    "CAP_FOWNER",
-    "CAP_MKNOD",
-    "CAP_NET_RAW",
-    "CAP_SETGID",
-    "CAP_SETUID",
-    "CAP_SETFCAP",
-    "CAP_SETPCAP",
-    "CAP_NET_BIND_SERVICE",
-    "CAP_SYS_CHROOT",
-    "CAP_KILL",
-    "CAP_AUDIT_WRITE",
-];
-
-/// Paths sandboxd masks in every sandbox (Docker's and containerd's
-/// defaults; sandboxd's `runtime::spec::MASKED_PATHS`).
-const SANDBOX_MASKED_PATHS: [&str; 11] = [
-    "/proc/acpi",
-    "/proc/asound",
-    "/proc/kcore",
-    "/proc/keys",
-    "/proc/latency_stats",
-    "/proc/timer_list",
-    "/proc/timer_stats",
-    "/proc/sched_debug",
-    "/proc/scsi",
-    "/sys/firmware",
-    "/sys/devices/virtual/powercap",
-];
-
-/// Paths sandboxd makes read-only in every sandbox (sandboxd's
-/// `runtime::spec::READONLY_PATHS`).
-const SANDBOX_READONLY_PATHS: [&str; 5] = [
-    "/proc/bus",
-    "/proc/fs",
-    "/proc/irq",
-    "/proc/sys",
-    "/proc/sysrq-trigger",
-];
-
-/// The umask sandbox processes start with.
-const SANDBOX_UMASK: u64 = 0o022;
+// What every sandbox is confined to by default, as the daemon writes it.
+use sandbox_proto::confinement::{
+    CAPABILITIES as SANDBOX_CAPABILITIES, MASKED_PATHS as SANDBOX_MASKED_PATHS,
+    READONLY_PATHS as SANDBOX_READONLY_PATHS, UMASK as SANDBOX_UMASK,
+};
 
 /// Whether a field is set to anything but its empty form.
 fn present(value: Option<&Value>) -> bool {
@@ -250,7 +207,7 @@ pub(super) fn check_process(process: &Value, field: &str) -> Result<(), SpecErro
         ));
     }
     if let Some(umask) = process.pointer("/user/umask").filter(|u| !u.is_null()) {
-        if umask.as_u64() != Some(SANDBOX_UMASK) {
+        if umask.as_u64() != Some(u64::from(SANDBOX_UMASK)) {
             return Err(refuse(
                 format!("{field}.user.umask"),
                 format!("sandbox processes start with umask {SANDBOX_UMASK:04o}; another is not set by sandboxd"),
