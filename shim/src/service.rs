@@ -99,6 +99,9 @@ impl Container {
     }
 }
 
+/// How long the shim's exit waits for its queued events.
+const EVENTS_FLUSH: Duration = Duration::from_secs(5);
+
 pub struct Service {
     daemon: Daemon,
     events: Events,
@@ -111,7 +114,7 @@ impl Service {
         Service {
             daemon: Daemon::from_env(),
             events: Events {
-                publisher: Arc::new(Publisher::new(publisher)),
+                publisher: Arc::new(Publisher::start(publisher)),
                 namespace: namespace.to_string(),
             },
             exit,
@@ -287,7 +290,8 @@ impl Task for Service {
             config.pointer("/root/path").and_then(Value::as_str),
         )
         .map_err(from_spec)?;
-        let mut init = spec::process(&config["process"], "process").map_err(from_spec)?;
+        let mut init = spec::process(&config["process"], "process", role != spec::Role::Task)
+            .map_err(from_spec)?;
         let (sandbox, kind) = match role {
             spec::Role::PodMember { pod } => {
                 let (sandbox, pod_bundle) = self.pod_sandbox(&pod)?;
@@ -619,7 +623,8 @@ impl Task for Service {
                 format!("the exec's process spec: {e}"),
             )
         })?;
-        let spec = spec::process(&spec_json, "exec.process").map_err(from_spec)?;
+        let under_cri = container.kind != Kind::Task;
+        let spec = spec::process(&spec_json, "exec.process", under_cri).map_err(from_spec)?;
         let mut execs = container.exec_table();
         if execs.contains_key(&req.exec_id) {
             return Err(status(
@@ -803,6 +808,11 @@ impl Task for Service {
 
     fn shutdown(&self, _ctx: &TtrpcContext, _req: api::ShutdownRequest) -> TtrpcResult<api::Empty> {
         if self.containers().is_empty() {
+            // The last task's delete and exit events are queued: let them
+            // reach containerd before the shim goes.
+            if !self.events.publisher.flush(EVENTS_FLUSH) {
+                log::warn!("shutting down with events not yet delivered to containerd");
+            }
             self.exit.signal();
         }
         Ok(api::Empty::new())

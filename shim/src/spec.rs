@@ -137,8 +137,9 @@ pub fn read_bundle(bundle: &Path) -> Result<Value, SpecError> {
     serde_json::from_slice(&text).map_err(|e| refuse("config.json", e.to_string()))
 }
 
-/// The process of an OCI `process` object (the task's, or an exec's).
-pub fn process(process: &Value, field: &str) -> Result<ProcessSpec, SpecError> {
+/// The process of an OCI `process` object (the task's, or an exec's);
+/// `under_cri` when it is a CRI pod's.
+pub fn process(process: &Value, field: &str, under_cri: bool) -> Result<ProcessSpec, SpecError> {
     let args: Vec<String> = process
         .get("args")
         .and_then(Value::as_array)
@@ -152,7 +153,7 @@ pub fn process(process: &Value, field: &str) -> Result<ProcessSpec, SpecError> {
     if args.is_empty() {
         return Err(refuse(format!("{field}.args"), "no command to run"));
     }
-    refusals::check_process(process, field)?;
+    refusals::check_process(process, field, under_cri)?;
     let mut env = Map::new();
     for entry in process
         .get("env")
@@ -584,7 +585,7 @@ mod tests {
         assert_eq!(body["ttl_seconds"], 600);
         assert_eq!(body["secrets"], json!(["openai", "github"]));
         assert_eq!(body["labels"][LABEL_ID], "t1");
-        let p = process(&spec["process"], "process").unwrap();
+        let p = process(&spec["process"], "process", false).unwrap();
         assert_eq!(p.body["argv"], json!(["sh", "-c", "echo hi"]));
         assert_eq!(p.body["env"]["A"], "b=c");
         assert_eq!(p.body["uid"], 0);
@@ -636,7 +637,7 @@ mod tests {
             let err = sandbox(&spec, &[], "default", "t").unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
-        let tty = process(&json!({"args": ["sh"], "terminal": true}), "process").unwrap();
+        let tty = process(&json!({"args": ["sh"], "terminal": true}), "process", false).unwrap();
         assert_eq!(tty.body["pty"], json!({"rows": 24, "cols": 80}));
     }
 
@@ -765,7 +766,7 @@ mod tests {
         let task = with_defaults(ctr_spec());
         let body = sandbox(&task, &[PathBuf::from("/s/up")], "default", "t1").unwrap();
         assert_eq!(body["memory_mib"], 256);
-        process(&task["process"], "process").unwrap();
+        process(&task["process"], "process", false).unwrap();
         let mut member_spec = with_defaults(cri_spec("container"));
         member_spec["linux"]["resources"]["memory"] = json!({"limit": 1 << 28, "swap": 1 << 28});
         let own = member(&member_spec, &pod()).unwrap();
@@ -879,16 +880,21 @@ mod tests {
         // An exec's process is checked as the task's is; it may carry
         // containerd's default AppArmor profile, not another.
         let default_profile = json!({"args": ["sh"], "apparmorProfile": cri::DEFAULT_APPARMOR});
-        process(&default_profile, "exec").unwrap();
+        process(&default_profile, "exec", true).unwrap();
+        assert_eq!(
+            process(&default_profile, "exec", false).unwrap_err().field,
+            "exec.apparmorProfile",
+            "a plain task's exec gets no AppArmor profile, not even containerd's default"
+        );
         let other_profile = json!({"args": ["sh"], "apparmorProfile": "unconfined"});
         assert_eq!(
-            process(&other_profile, "exec").unwrap_err().field,
+            process(&other_profile, "exec", true).unwrap_err().field,
             "exec.apparmorProfile"
         );
         let exec =
             json!({"args": ["sh"], "rlimits": [{"type": "RLIMIT_NPROC", "hard": 1, "soft": 1}]});
         assert_eq!(
-            process(&exec, "exec").unwrap_err().field,
+            process(&exec, "exec", false).unwrap_err().field,
             "exec.rlimits[RLIMIT_NPROC]"
         );
     }

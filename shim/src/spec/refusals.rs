@@ -45,7 +45,7 @@ pub(super) fn check_spec(config: &Value, linux: &Value, role: &Role) -> Result<(
     check_fields(config, linux, role)?;
     check_paths(linux)?;
     if let Some(process) = config.get("process") {
-        check_process(process, "process")?;
+        check_process(process, "process", *role != Role::Task)?;
     }
     if let Some(resources) = linux.get("resources") {
         check_resources(resources)?;
@@ -180,7 +180,13 @@ fn check_paths(linux: &Value) -> Result<(), SpecError> {
 }
 
 /// A process's fields sandboxd does not set (the task's, or an exec's).
-pub(super) fn check_process(process: &Value, field: &str) -> Result<(), SpecError> {
+/// `under_cri`: the process is a CRI pod's, whose containers may carry
+/// containerd's default AppArmor profile.
+pub(super) fn check_process(
+    process: &Value,
+    field: &str,
+    under_cri: bool,
+) -> Result<(), SpecError> {
     for (name, why) in [
         ("ioPriority", "I/O priorities are not set by sandboxd"),
         ("scheduler", "scheduling policies are not set by sandboxd"),
@@ -191,10 +197,11 @@ pub(super) fn check_process(process: &Value, field: &str) -> Result<(), SpecErro
             return Err(refuse(format!("{field}.{name}"), why));
         }
     }
-    // The task's own is checked with its role (`check_fields`); an exec
-    // may carry only containerd's default, as its task did.
+    // containerd's default profile under CRI stands for the runtime's
+    // default confinement, as in `check_fields`; nothing else is applied.
     let profile = process.get("apparmorProfile").and_then(Value::as_str);
-    if profile.is_some_and(|p| !p.is_empty() && p != cri::DEFAULT_APPARMOR) {
+    let default = under_cri && profile == Some(cri::DEFAULT_APPARMOR);
+    if profile.is_some_and(|p| !p.is_empty()) && !default {
         return Err(refuse(
             format!("{field}.apparmorProfile"),
             "AppArmor profiles are not applied by sandboxd",
