@@ -126,8 +126,8 @@ impl Service {
         lock_containers(&self.containers)
     }
 
-    /// The sandbox of pod sandbox container `pod`, served by this shim.
-    /// Pod `pod`'s sandbox and its sandbox container's bundle.
+    /// The sandbox of pod sandbox container `pod`, served by this shim,
+    /// and that container's bundle.
     fn pod_sandbox(&self, pod: &str) -> TtrpcResult<(String, PathBuf)> {
         match self.containers().get(pod) {
             Some(c) if c.kind == Kind::PodSandbox => Ok((c.sandbox.clone(), c.bundle.clone())),
