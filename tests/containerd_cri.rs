@@ -26,10 +26,10 @@ use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
 use k8s_cri::v1::{
     ContainerConfig, ContainerMetadata, ContainerState, ContainerStatsRequest,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest,
-    LinuxContainerConfig, LinuxContainerResources, Mount, PodSandboxConfig, PodSandboxMetadata,
-    PodSandboxState, PodSandboxStatus, PodSandboxStatusRequest, RemoveContainerRequest,
-    RemovePodSandboxRequest, RunPodSandboxRequest, StartContainerRequest, StopContainerRequest,
-    StopPodSandboxRequest,
+    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext, Mount,
+    PodSandboxConfig, PodSandboxMetadata, PodSandboxState, PodSandboxStatus,
+    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
+    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 use upstream::Upstream;
@@ -63,9 +63,15 @@ fn create_request(
             }),
             image: Some(image_spec(IMAGE)),
             command: command.iter().map(|s| s.to_string()).collect(),
+            // A container with limits of its own also asks for a
+            // supplementary group, as a pod with `fsGroup` or
+            // `supplementalGroups` does.
             linux: resources.map(|resources| LinuxContainerConfig {
                 resources: Some(resources),
-                ..Default::default()
+                security_context: Some(LinuxContainerSecurityContext {
+                    supplemental_groups: vec![SUPPLEMENTAL_GROUP],
+                    ..Default::default()
+                }),
             }),
             mounts,
             ..Default::default()
@@ -74,6 +80,8 @@ fn create_request(
     }
 }
 
+/// The supplementary group the limited container asks for.
+const SUPPLEMENTAL_GROUP: i64 = 4000;
 impl CniNetwork {
     fn new() -> CniNetwork {
         let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
@@ -562,6 +570,15 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     // `resources.limits`) runs in a group of them under the pod's: 64 MiB
     // is over its 32 and fine for the client, which has none.
     let limited = cri.start_container_of_32_mib(&web).await;
+    // CRI's additionalGids reach the container's processes.
+    let (code, groups) = cri.exec(&limited, "id -G").await;
+    assert_eq!(code, 0, "{groups}");
+    assert!(
+        groups
+            .split_whitespace()
+            .any(|g| g == SUPPLEMENTAL_GROUP.to_string()),
+        "{groups}"
+    );
     let group = common::cgroup::sandbox_dir("memory", &sandbox).join(format!("root-{limited}"));
     let ceiling = match common::cgroup::version() {
         common::cgroup::Version::V1 => "memory.limit_in_bytes",

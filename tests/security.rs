@@ -60,6 +60,64 @@ async fn setuid_binaries_gain_nothing() {
     assert_eq!(run.out().trim(), "0");
 }
 
+/// A process gets exactly the supplementary groups it asks for (CRI's
+/// `additionalGids` arrive so through the shim), and none when it asks
+/// for none.
+#[tokio::test]
+async fn a_process_gets_exactly_the_supplementary_groups_it_asks_for() {
+    require_host!();
+    let daemon = Daemon::start();
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    let groups_of = |body: serde_json::Value| {
+        let daemon = &daemon;
+        let id = &id;
+        async move {
+            let proc = daemon.start_process(id, body).await;
+            daemon.output(id, proc).await.out().trim().to_string()
+        }
+    };
+    assert_eq!(
+        groups_of(json!({"argv": ["id", "-G"], "uid": 1000, "gid": 1000, "cwd": "/tmp"})).await,
+        "1000"
+    );
+    assert_eq!(
+        groups_of(json!({"argv": ["id", "-G"]})).await,
+        "0",
+        "root keeps none of the agent's"
+    );
+    let asked = json!({"argv": ["sh", "-c", "id -G; grep ^Groups: /proc/self/status"], "uid": 1000, "gid": 1000, "cwd": "/tmp", "groups": [10, 4000]});
+    let said = groups_of(asked).await;
+    let mut lines = said.lines();
+    assert_eq!(lines.next(), Some("1000 10 4000"), "{said}");
+    assert_eq!(
+        lines
+            .next()
+            .map(|l| l.split_whitespace().skip(1).collect::<Vec<_>>()),
+        Some(vec!["10", "4000"]),
+        "{said}"
+    );
+    for (body, code) in [
+        (
+            json!({"code": "print(1)", "language": "sh", "groups": [10]}),
+            "invalid_request",
+        ),
+        (
+            json!({"argv": ["id"], "groups": (0..65).collect::<Vec<u32>>()}),
+            "invalid_groups",
+        ),
+    ] {
+        let (status, answer) = daemon
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/processes"),
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(answer["error"]["code"], code, "{answer}");
+    }
+}
+
 #[tokio::test]
 async fn root_inside_is_an_unprivileged_uid_outside() {
     require_host!();

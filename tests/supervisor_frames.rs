@@ -208,6 +208,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
         (SupervisorRequest::Health, "00".into()),
         (
             SupervisorRequest::Spawn(SpawnSpec {
+                groups: vec![10, 4000],
                 argv: vec!["sh".into(), "-c".into()],
                 code: Some(b"x".to_vec()),
                 env: vec![("A".into(), "b".into())],
@@ -219,13 +220,15 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 timeout_ms: Some(5000),
                 root: Some("c1".into()),
             }),
-            // argv, code, env, cwd, uid, gid, stdin, pty, timeout_ms, root.
+            // argv, code, env, cwd, uid, gid, stdin, pty, timeout_ms, root,
+            // groups.
             "01 02 02 73 68 02 2d 63 01 01 78 01 01 41 01 62 01 04 2f 74 6d 70 \
-             e8 07 e8 07 01 01 18 50 01 88 27 01 02 63 31"
+             e8 07 e8 07 01 01 18 50 01 88 27 01 02 63 31 02 0a a0 1f"
                 .into(),
         ),
         (
             SupervisorRequest::Spawn(SpawnSpec {
+                groups: Vec::new(),
                 argv: vec![],
                 code: None,
                 env: vec![],
@@ -237,7 +240,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 timeout_ms: None,
                 root: None,
             }),
-            "01 00 00 00 00 00 00 00 00 00 00".into(),
+            "01 00 00 00 00 00 00 00 00 00 00 00".into(),
         ),
         (SupervisorRequest::Get { proc: 3 }, "02 03".into()),
         (SupervisorRequest::List, "03".into()),
@@ -601,7 +604,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions, claimed.
-            "0c 12 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03 01".into(),
+            "0c 13 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03 01".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (SupervisorReply::Mailbox, "0e".into()),
@@ -652,7 +655,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 18, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 19, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);

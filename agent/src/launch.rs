@@ -200,12 +200,19 @@ fn spawn(
         }
         None => None,
     };
+    // SAFETY: geteuid has no preconditions.
+    let set_groups = unsafe { libc::geteuid() } == 0;
+    if !set_groups && !request.groups.is_empty() {
+        return Err(ProcError::Invalid(
+            "supplementary groups need the agent to run as root".into(),
+        ));
+    }
     let setup = ChildSetup {
         root,
         cgroup_fds: cgroup_fds.iter().map(AsRawFd::as_raw_fd).collect(),
         controlling_tty,
-        // SAFETY: geteuid has no preconditions.
-        drop_groups: unsafe { libc::geteuid() } == 0,
+        set_groups,
+        groups: request.groups.iter().map(|&g| g as libc::gid_t).collect(),
         uid: request.uid,
         gid: request.gid,
         cwd: CString::new(cwd).map_err(|_| ProcError::Invalid("cwd contains a NUL byte".into()))?,
@@ -268,7 +275,7 @@ impl Step {
             Step::Session => "starting a new session".into(),
             Step::Terminal => "acquiring the controlling terminal".into(),
             Step::Root => "entering the container root (chroot, dropping CAP_SYS_CHROOT)".into(),
-            Step::Groups => "dropping supplementary groups".into(),
+            Step::Groups => "setting the supplementary groups".into(),
             Step::Gid => "setting the group id".into(),
             Step::Uid => "setting the user id".into(),
             Step::Cwd => format!("changing to working directory {cwd}"),
@@ -294,7 +301,10 @@ struct ChildSetup {
     root: Option<CString>,
     cgroup_fds: Vec<RawFd>,
     controlling_tty: bool,
-    drop_groups: bool,
+    /// The agent may set groups (it runs as root, as it does in a
+    /// sandbox); the child then gets exactly `groups`.
+    set_groups: bool,
+    groups: Vec<libc::gid_t>,
     uid: u32,
     gid: u32,
     cwd: CString,
@@ -327,8 +337,11 @@ impl ChildSetup {
                 return self.fail(Step::Root);
             }
         }
-        // SAFETY: a zero-length group list with a null pointer is valid for setgroups.
-        if self.drop_groups && unsafe { libc::setgroups(0, std::ptr::null()) } < 0 {
+        // SAFETY: the pointer and length describe `groups`, prepared before
+        // the fork and not touched since; an empty list is a valid one.
+        if self.set_groups
+            && unsafe { libc::setgroups(self.groups.len(), self.groups.as_ptr()) } < 0
+        {
             return self.fail(Step::Groups);
         }
         // SAFETY: setgid/setuid take plain integers.

@@ -196,6 +196,7 @@ impl Drop for Host {
 
 fn spawn_request(proc: u64, argv: &[&str]) -> SpawnRequest {
     SpawnRequest {
+        groups: Vec::new(),
         proc,
         argv: argv.iter().map(|s| s.to_string()).collect(),
         code: None,
@@ -259,6 +260,7 @@ fn children_inherit_no_descriptors_and_no_ignored_signals() {
     let cgroup = OwnedFd::from(std::fs::File::create(dir.path().join("procs")).expect("create"));
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
+            groups: Vec::new(),
             cgroup_fds: 1,
             root: None,
             stdin: true,
@@ -481,6 +483,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
     let fd = OwnedFd::from(file);
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
+            groups: Vec::new(),
             cgroup_fds: 1,
             root: None,
             ..spawn_request(1, &["true"])
@@ -495,6 +498,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
     let read_only = OwnedFd::from(std::fs::File::open(&target).expect("open"));
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
+            groups: Vec::new(),
             cgroup_fds: 1,
             root: None,
             ..spawn_request(2, &["true"])
@@ -508,6 +512,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
 
     // Declaring more descriptors than were sent is refused.
     let kind = host.error(RequestBody::Spawn(SpawnRequest {
+        groups: Vec::new(),
         cgroup_fds: 2,
         root: None,
         ..spawn_request(3, &["true"])
@@ -784,6 +789,7 @@ fn warm_python(host: &mut Host) {
 
 fn run_python(proc: u64, code: &str) -> SpawnRequest {
     SpawnRequest {
+        groups: Vec::new(),
         code: Some(code.as_bytes().to_vec()),
         ..spawn_request(proc, &["python3", "-u"])
     }
@@ -894,6 +900,7 @@ fn a_warm_fork_is_killed_as_a_group_and_placed_in_its_cgroups_by_the_agent() {
     );
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
+            groups: Vec::new(),
             cgroup_fds: 1,
             stdin: true,
             ..run_python(911, &code)

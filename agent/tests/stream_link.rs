@@ -43,6 +43,7 @@ impl Link {
 
 fn spawn(proc: u64, cgroup_fds: u8) -> RequestBody {
     RequestBody::Spawn(SpawnRequest {
+        groups: Vec::new(),
         proc,
         argv: vec!["echo".into(), "over a stream".into()],
         code: None,

@@ -396,6 +396,9 @@ pub struct SpawnRequest {
     /// child chroots there and gives up CAP_SYS_CHROOT, and `cwd` is taken
     /// inside it. `None`: the sandbox's root.
     pub root: Option<String>,
+    /// Supplementary groups of the process (the primary is `gid`); empty
+    /// for none.
+    pub groups: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -106,6 +106,7 @@ fn what_the_guest_reads() {
     let spawn = Request {
         id: 2,
         body: RequestBody::Spawn(SpawnRequest {
+            groups: Vec::new(),
             proc: 3,
             argv: vec!["echo".into(), "hi".into()],
             code: None,
@@ -130,10 +131,10 @@ fn what_the_guest_reads() {
         (
             spawn,
             // id, Spawn, proc, argv (2 strings), code None, env (1 pair), cwd,
-            // uid, gid, stdin, pty None, cgroup_fds, root None.
+            // uid, gid, stdin, pty None, cgroup_fds, root None, groups (none).
             vec![
                 2, 1, 3, 2, 4, b'e', b'c', b'h', b'o', 2, b'h', b'i', 0, 1, 1, b'A', 1, b'b', 1,
-                b'/', 0, 0, 0, 0, 0, 0,
+                b'/', 0, 0, 0, 0, 0, 0, 0,
             ],
         ),
         (

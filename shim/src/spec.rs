@@ -190,15 +190,30 @@ pub fn process(process: &Value, field: &str, under_cri: bool) -> Result<ProcessS
         let gid = user.get("gid").and_then(Value::as_u64).unwrap_or(0);
         body["uid"] = json!(uid);
         body["gid"] = json!(gid);
-        if user
+        // CRI merges the pod's supplementalGroups and fsGroup with what the
+        // image's /etc/group lists for the user.
+        let mut groups = Vec::new();
+        for group in user
             .get("additionalGids")
             .and_then(Value::as_array)
-            .is_some_and(|g| g.iter().any(|g| g.as_u64() != Some(gid)))
+            .into_iter()
+            .flatten()
         {
-            return Err(refuse(
-                format!("{field}.user.additionalGids"),
-                "supplementary groups are not supported by sandboxd",
-            ));
+            let group = group
+                .as_u64()
+                .and_then(|g| u32::try_from(g).ok())
+                .ok_or_else(|| {
+                    refuse(
+                        format!("{field}.user.additionalGids"),
+                        format!("{group} is not a group id"),
+                    )
+                })?;
+            if u64::from(group) != gid && !groups.contains(&group) {
+                groups.push(group);
+            }
+        }
+        if !groups.is_empty() {
+            body["groups"] = json!(groups);
         }
     }
     Ok(ProcessSpec { body })
@@ -590,6 +605,21 @@ mod tests {
         assert_eq!(p.body["env"]["A"], "b=c");
         assert_eq!(p.body["uid"], 0);
         assert!(body.get("runtime").is_none(), "{body}");
+        assert!(
+            p.body.get("groups").is_none(),
+            "no supplementary groups asked"
+        );
+        // CRI's merge of /etc/group (Alpine's root is in eleven groups) and
+        // a pod's supplementalGroups: passed on, the primary and repeats
+        // left out.
+        let grouped = json!({"args": ["id"], "user": {"uid": 0, "gid": 0, "additionalGids": [0, 10, 27, 10, 4000]}});
+        let p = process(&grouped, "process", true).unwrap();
+        assert_eq!(p.body["groups"], json!([10, 27, 4000]));
+        let bad = json!({"args": ["id"], "user": {"uid": 0, "gid": 0, "additionalGids": [-1]}});
+        assert_eq!(
+            process(&bad, "process", true).unwrap_err().field,
+            "process.user.additionalGids"
+        );
     }
 
     #[test]

@@ -116,6 +116,18 @@ fn spawn_spec(request: StartProcess, default_user: (u32, u32)) -> ApiResult<Spaw
         (Some(uid), gid) => (uid, gid.unwrap_or(uid)),
         (None, gid) => (default_user.0, gid.unwrap_or(default_user.1)),
     };
+    if request.groups.len() > MAX_GROUPS {
+        return Err(ApiError::bad(
+            "invalid_groups",
+            format!("at most {MAX_GROUPS} supplementary groups"),
+        ));
+    }
+    if code.is_some() && !request.groups.is_empty() {
+        return Err(ApiError::bad(
+            "invalid_request",
+            "run-code takes no supplementary groups; give argv",
+        ));
+    }
     Ok(SpawnSpec {
         argv,
         code,
@@ -127,8 +139,13 @@ fn spawn_spec(request: StartProcess, default_user: (u32, u32)) -> ApiResult<Spaw
         pty,
         timeout_ms,
         root: request.root,
+        groups: request.groups,
     })
 }
+
+/// Most supplementary groups a process may be given (Kubernetes' merges
+/// of `/etc/group` and a pod's `supplementalGroups` stay well under).
+const MAX_GROUPS: usize = 64;
 
 pub async fn start(
     State(manager): State<Arc<Manager>>,

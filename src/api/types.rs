@@ -338,6 +338,9 @@ pub struct StartProcess {
     /// Run in this root (`POST .../roots`) instead of the sandbox's.
     #[serde(default)]
     pub root: Option<String>,
+    /// Supplementary group ids inside the sandbox (default none).
+    #[serde(default)]
+    pub groups: Vec<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

@@ -435,6 +435,7 @@ impl Manager {
     ) -> Result<crate::model::Process, SandboxError> {
         let (uid, gid) = record.process_user.unwrap_or((0, 0));
         let spec = SpawnSpec {
+            groups: Vec::new(),
             argv: argv.iter().map(|a| a.to_string()).collect(),
             code: None,
             env: Vec::new(),

@@ -288,6 +288,7 @@ impl Manager {
             log.write(format!("$ {}\n", step.title).as_bytes());
             let left = deadline.saturating_duration_since(Instant::now());
             let spec = SpawnSpec {
+                groups: Vec::new(),
                 argv: step.argv.clone(),
                 code: None,
                 env: step.env.clone(),

@@ -477,6 +477,7 @@ impl Supervisor {
             pty: spec.pty,
             cgroup_fds: cgroup_files.len() as u8,
             root: spec.root.clone(),
+            groups: spec.groups.clone(),
         };
         {
             let mut procs = self.procs();
@@ -1034,6 +1035,7 @@ pub(super) mod tests {
 
     fn spawn_spec(argv: &[&str]) -> SpawnSpec {
         SpawnSpec {
+            groups: Vec::new(),
             argv: argv.iter().map(|a| a.to_string()).collect(),
             code: None,
             env: Vec::new(),

@@ -85,6 +85,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 /// `trust_bundle_append`, and `HoldTrustBundle`.
 ///
 /// 18 added `SupervisorHealth::claimed`.
+///
+/// 19 added `SpawnSpec::groups` and counts the agent's
+/// `SpawnRequest::groups`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
@@ -336,6 +339,8 @@ pub struct SpawnSpec {
     pub timeout_ms: Option<u64>,
     /// A pod container's root (from `AttachRoot`) to run in.
     pub root: Option<String>,
+    /// Supplementary groups (the primary is `gid`).
+    pub groups: Vec<u32>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

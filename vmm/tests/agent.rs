@@ -106,6 +106,7 @@ fn the_guest_agent_answers_the_real_protocol() {
     assert_eq!(agent.run(9, &["count"]).0, "count=2\n");
     assert_eq!(agent.run(10, &["exit", "7"]), (String::new(), Some(7)));
     let (reply, _) = agent.call(RequestBody::Spawn(SpawnRequest {
+        groups: Vec::new(),
         proc: 11,
         argv: vec!["python3".into()],
         code: None,

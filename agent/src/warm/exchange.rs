@@ -328,6 +328,7 @@ mod tests {
     #[test]
     fn requests_with_a_nul_are_not_sent() {
         let mut request = SpawnRequest {
+            groups: Vec::new(),
             proc: 1,
             argv: vec!["python3".into()],
             code: Some(Vec::new()),

@@ -174,6 +174,7 @@ pub fn start(
     let mut server_argv = argv.clone();
     server_argv.extend(["-c".to_string(), SERVER.to_string()]);
     let request = SpawnRequest {
+        groups: Vec::new(),
         proc: 0,
         argv: server_argv,
         code: None,
@@ -222,6 +223,10 @@ pub fn launch(
     code_path: &Path,
     cgroup_fds: &[OwnedFd],
 ) -> Option<Result<Launched, ProcError>> {
+    // Its forks keep the server's groups: a request for others execs.
+    if !request.groups.is_empty() {
+        return None;
+    }
     let mut warm = lock();
     let interpreter = warm.as_ref().filter(|i| i.serves(request))?;
     let sent = exchange::run(
@@ -278,6 +283,7 @@ mod tests {
 
     fn run_code(env: &[(&str, &str)]) -> SpawnRequest {
         SpawnRequest {
+            groups: Vec::new(),
             proc: 7,
             argv: vec!["python3".into(), "-u".into()],
             code: Some(b"print(1)".to_vec()),
