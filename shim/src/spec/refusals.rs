@@ -57,7 +57,7 @@ pub(super) fn check_spec(config: &Value, linux: &Value, role: &Role) -> Result<(
 fn check_fields(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecError> {
     // Device cgroup rules (linux.resources.devices) are not here: they only
     // narrow access, and sandboxd applies its own narrower set.
-    let refused: [(&str, Option<&Value>, &str); 14] = [
+    let refused: [(&str, Option<&Value>, &str); 13] = [
         (
             "linux.devices",
             linux.get("devices"),
@@ -87,11 +87,6 @@ fn check_fields(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecEr
             "linux.sysctl",
             linux.get("sysctl"),
             "sysctls are not set by sandboxd",
-        ),
-        (
-            "process.apparmorProfile",
-            config.pointer("/process/apparmorProfile"),
-            "AppArmor profiles are not applied by sandboxd",
         ),
         (
             "linux.intelRdt",
@@ -132,15 +127,9 @@ fn check_fields(config: &Value, linux: &Value, role: &Role) -> Result<(), SpecEr
         ),
     ];
     for (field, value, why) in refused {
-        // containerd's default profile under CRI is the runtime's default
-        // confinement, which sandboxd's own (user namespace, seccomp)
-        // stands for, as it does for containerd's default seccomp.
-        let default_apparmor = *role != Role::Task
-            && field == "process.apparmorProfile"
-            && value.and_then(Value::as_str) == Some(cri::DEFAULT_APPARMOR);
         // The pod sandbox container's root holds no process of the pod's.
         let pause_root = *role == Role::PodSandbox && field == "root.readonly";
-        if present(value) && !default_apparmor && !pause_root {
+        if present(value) && !pause_root {
             return Err(refuse(field, why));
         }
     }
@@ -197,8 +186,10 @@ pub(super) fn check_process(
             return Err(refuse(format!("{field}.{name}"), why));
         }
     }
-    // containerd's default profile under CRI stands for the runtime's
-    // default confinement, as in `check_fields`; nothing else is applied.
+    // containerd's default profile under CRI is the runtime's default
+    // confinement, which sandboxd's own (user namespace, seccomp) stands
+    // for, as it does for containerd's default seccomp; nothing else is
+    // applied. The task's own process comes here from `check_spec` too.
     let profile = process.get("apparmorProfile").and_then(Value::as_str);
     let default = under_cri && profile == Some(cri::DEFAULT_APPARMOR);
     if profile.is_some_and(|p| !p.is_empty()) && !default {
