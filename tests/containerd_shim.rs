@@ -69,10 +69,8 @@ async fn assert_leftovers_end_with_the_init(
         .filter_map(|l| l.split_whitespace().next()?.parse().ok())
         .collect();
     assert_eq!(pids.len(), 1, "{ps}");
-    let mut events = containerd.ctr_command(&["events"]);
-    events.stdout(Stdio::piped());
-    let mut events = events.spawn().expect("ctr events");
-    let mut exits = BufReader::new(events.stdout.take().expect("stdout")).lines();
+    let exits = TaskExits::follow(containerd);
+    exits.heard_live(containerd, "t-leaves");
     let _ = containerd.ctr(&[
         "task",
         "exec",
@@ -84,18 +82,8 @@ async fn assert_leftovers_end_with_the_init(
         "until [ -s /tmp/init ]; do sleep 0.02; done; kill $(cat /tmp/init)",
     ]);
     // The init's exit as containerd hears of it (not the exec's).
-    let init_exit = exits
-        .by_ref()
-        .map_while(Result::ok)
-        .find(|l| l.contains("/tasks/exit") && l.contains(r#""id":"t-leaves""#));
-    let _ = events.kill();
-    let _ = events.wait();
-    assert!(
-        init_exit
-            .as_deref()
-            .is_some_and(|l| l.contains(r#""exit_status":143"#)),
-        "{init_exit:?}"
-    );
+    let init_exit = exits.of("t-leaves");
+    assert!(init_exit.contains(r#""exit_status":143"#), "{init_exit}");
     let live = daemon.sandboxes().await;
     let stopped = live[0]["id"].as_str().expect("the ended task's sandbox");
     assert_eq!(daemon.sh(stopped, SLEEPERS).await.out(), "0\n");
