@@ -45,9 +45,9 @@ impl Manager {
     /// What a claim leaves until its create has been answered (each wakes
     /// another thread, so none competes with the answer): sandbox `id`'s
     /// watch, its record's commit, the TTL's look at its deadline and the
-    /// pool's refill, all
-    /// started when [`Self::answered`] is called for `id`; the watch not,
-    /// if the sandbox is being removed ([`Self::unanswered_removed`]).
+    /// pool's refill, all started when [`Self::answered`] is called for
+    /// `id`; the watch not, if the sandbox is being removed
+    /// ([`Self::unanswered_removed`]).
     pub(super) fn start_once_answered(&self, id: String) {
         self.awaiting_answer().insert(id, true);
     }
