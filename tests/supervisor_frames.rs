@@ -9,6 +9,7 @@
 
 use std::collections::BTreeSet;
 
+use sandbox_proto::confinement::ProcessConfinement;
 use sandbox_proto::{AgentError, ErrorKind, PtySize, Reply, RequestBody, Stream};
 use sandboxd::model::{Process, ProcessState};
 use sandboxd::net::intercept::{Brokered, BrokeredSecret, LeafCert};
@@ -219,16 +220,23 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 pty: Some(pty),
                 timeout_ms: Some(5000),
                 root: Some("c1".into()),
+                confinement: ProcessConfinement {
+                    capabilities: Some(1 << 10 | 1),
+                    seccomp_filter: Some(vec![1, 2]),
+                    oom_score_adj: Some(900),
+                },
             }),
             // argv, code, env, cwd, uid, gid, stdin, pty, timeout_ms, root,
-            // groups.
+            // groups, confinement (capabilities, seccomp filter, OOM score).
             "01 02 02 73 68 02 2d 63 01 01 78 01 01 41 01 62 01 04 2f 74 6d 70 \
-             e8 07 e8 07 01 01 18 50 01 88 27 01 02 63 31 02 0a a0 1f"
+             e8 07 e8 07 01 01 18 50 01 88 27 01 02 63 31 02 0a a0 1f \
+             01 81 08 01 02 01 02 01 88 0e"
                 .into(),
         ),
         (
             SupervisorRequest::Spawn(SpawnSpec {
                 groups: Vec::new(),
+                confinement: Default::default(),
                 argv: vec![],
                 code: None,
                 env: vec![],
@@ -240,7 +248,7 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                 timeout_ms: None,
                 root: None,
             }),
-            "01 00 00 00 00 00 00 00 00 00 00 00".into(),
+            "01 00 00 00 00 00 00 00 00 00 00 00 00 00 00".into(),
         ),
         (SupervisorRequest::Get { proc: 3 }, "02 03".into()),
         (SupervisorRequest::List, "03".into()),
@@ -604,7 +612,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions, claimed.
-            "0c 13 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03 01".into(),
+            "0c 14 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03 01".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (SupervisorReply::Mailbox, "0e".into()),
@@ -655,7 +663,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 19, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 20, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);

@@ -1,6 +1,7 @@
 //! Fork+exec of one process: stdio (pipes or a PTY), the in-child setup
-//! before exec (cgroup, session, controlling terminal, credentials, cwd) and
-//! telling which step failed when the spawn does.
+//! before exec (cgroup, session, controlling terminal, OOM score,
+//! credentials, capabilities, cwd, seccomp) and telling which step failed
+//! when the spawn does.
 
 use std::ffi::CString;
 use std::io;
@@ -207,8 +208,16 @@ fn spawn(
             "supplementary groups need the agent to run as root".into(),
         ));
     }
+    let confinement = &request.confinement;
     let setup = ChildSetup {
         root,
+        oom_score_adj: confinement.oom_score_adj.map(oom_score_text),
+        capabilities: confinement.capabilities,
+        seccomp: confinement
+            .seccomp_filter
+            .as_deref()
+            .map(seccomp_program)
+            .transpose()?,
         cgroup_fds: cgroup_fds.iter().map(AsRawFd::as_raw_fd).collect(),
         controlling_tty,
         set_groups,
@@ -251,22 +260,30 @@ pub enum Step {
     Session,
     Terminal,
     Root,
+    OomScore,
+    Bounding,
     Groups,
     Gid,
     Uid,
+    Capabilities,
     Cwd,
+    Seccomp,
 }
 
 impl Step {
-    const ALL: [Step; 8] = [
+    const ALL: [Step; 12] = [
         Step::Cgroup,
         Step::Session,
         Step::Terminal,
         Step::Root,
+        Step::OomScore,
+        Step::Bounding,
         Step::Groups,
         Step::Gid,
         Step::Uid,
+        Step::Capabilities,
         Step::Cwd,
+        Step::Seccomp,
     ];
 
     pub fn describe(self, cwd: &str) -> String {
@@ -275,10 +292,14 @@ impl Step {
             Step::Session => "starting a new session".into(),
             Step::Terminal => "acquiring the controlling terminal".into(),
             Step::Root => "entering the container root (chroot, dropping CAP_SYS_CHROOT)".into(),
+            Step::OomScore => "setting oom_score_adj (it cannot go below the sandbox's)".into(),
+            Step::Bounding => "narrowing the capability bounding set".into(),
             Step::Groups => "setting the supplementary groups".into(),
             Step::Gid => "setting the group id".into(),
             Step::Uid => "setting the user id".into(),
+            Step::Capabilities => "dropping capabilities".into(),
             Step::Cwd => format!("changing to working directory {cwd}"),
+            Step::Seccomp => "loading the process's seccomp filter".into(),
         }
     }
 }
@@ -299,6 +320,12 @@ fn failed_step(report: &OwnedFd) -> Option<Step> {
 struct ChildSetup {
     /// A container root to pivot into, in a mount namespace of the child's own.
     root: Option<CString>,
+    /// `oom_score_adj`'s new value as the file takes it.
+    oom_score_adj: Option<OomScoreText>,
+    /// The capabilities to keep, a bit per number; `None` keeps the agent's.
+    capabilities: Option<u64>,
+    /// A filter loaded last, right before the exec.
+    seccomp: Option<Vec<libc::sock_filter>>,
     cgroup_fds: Vec<RawFd>,
     controlling_tty: bool,
     /// The agent may set groups (it runs as root, as it does in a
@@ -337,6 +364,19 @@ impl ChildSetup {
                 return self.fail(Step::Root);
             }
         }
+        if let Some((text, len)) = &self.oom_score_adj {
+            if write_oom_score(&text[..*len]).is_err() {
+                return self.fail(Step::OomScore);
+            }
+        }
+        // The bounding set narrows while the child still holds CAP_SETPCAP;
+        // what it holds goes after the id changes, which need CAP_SETUID
+        // and CAP_SETGID.
+        if let Some(keep) = self.capabilities {
+            if narrow_bounding_set(keep).is_err() {
+                return self.fail(Step::Bounding);
+            }
+        }
         // SAFETY: the pointer and length describe `groups`, prepared before
         // the fork and not touched since; an empty list is a valid one.
         if self.set_groups
@@ -352,9 +392,19 @@ impl ChildSetup {
         if unsafe { libc::setuid(self.uid) } < 0 {
             return self.fail(Step::Uid);
         }
+        if let Some(keep) = self.capabilities {
+            if keep_capabilities(keep).is_err() {
+                return self.fail(Step::Capabilities);
+            }
+        }
         // SAFETY: cwd is a valid NUL-terminated string owned by this closure.
         if unsafe { libc::chdir(self.cwd.as_ptr()) } < 0 {
             return self.fail(Step::Cwd);
+        }
+        if let Some(program) = &self.seccomp {
+            if load_seccomp(program).is_err() {
+                return self.fail(Step::Seccomp);
+            }
         }
         Ok(())
     }
@@ -365,6 +415,175 @@ impl ChildSetup {
         // SAFETY: writes one byte from a local to the report pipe, which is ours.
         unsafe { libc::write(self.report, (&byte as *const u8).cast(), 1) };
         Err(err)
+    }
+}
+
+/// `oom_score_adj`'s value as the file takes it (at most 6 bytes: "-32768"),
+/// and its length: formatted before the fork, written after.
+type OomScoreText = ([u8; 8], usize);
+
+fn oom_score_text(score: i16) -> OomScoreText {
+    let formatted = score.to_string();
+    let mut text = [0u8; 8];
+    let len = formatted.len().min(text.len());
+    text[..len].copy_from_slice(&formatted.as_bytes()[..len]);
+    (text, len)
+}
+
+/// Writes the calling process's `oom_score_adj`; the kernel refuses a value
+/// below the one it inherited (unless CAP_SYS_RESOURCE, which sandboxes do
+/// not hold). System calls only.
+fn write_oom_score(text: &[u8]) -> Result<(), ()> {
+    // SAFETY: a valid NUL-terminated path and integer flags.
+    let fd = unsafe {
+        libc::open(
+            c"/proc/self/oom_score_adj".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(());
+    }
+    // SAFETY: writes `text`, which outlives the call, to the descriptor just opened.
+    let written = unsafe { libc::write(fd, text.as_ptr().cast(), text.len()) };
+    // SAFETY: the descriptor is ours and unused after this.
+    unsafe { libc::close(fd) };
+    if usize::try_from(written) == Ok(text.len()) {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
+/// The program of a process's own seccomp filter, from its wire form.
+fn seccomp_program(bytes: &[u8]) -> Result<Vec<libc::sock_filter>, ProcError> {
+    use sandbox_proto::confinement::{SECCOMP_INSTRUCTION_BYTES, SECCOMP_MAX_INSTRUCTIONS};
+    let count = bytes.len() / SECCOMP_INSTRUCTION_BYTES;
+    if !bytes.len().is_multiple_of(SECCOMP_INSTRUCTION_BYTES)
+        || !(1..=SECCOMP_MAX_INSTRUCTIONS).contains(&count)
+    {
+        return Err(ProcError::Invalid(format!(
+            "a seccomp program of {} bytes is not 1 to {SECCOMP_MAX_INSTRUCTIONS} instructions of {SECCOMP_INSTRUCTION_BYTES} bytes",
+            bytes.len()
+        )));
+    }
+    Ok(bytes
+        .chunks_exact(SECCOMP_INSTRUCTION_BYTES)
+        .map(|i| libc::sock_filter {
+            code: u16::from_ne_bytes([i[0], i[1]]),
+            jt: i[2],
+            jf: i[3],
+            k: u32::from_ne_bytes([i[4], i[5], i[6], i[7]]),
+        })
+        .collect())
+}
+
+/// Loads `program` on the calling process for good, with `no_new_privs`
+/// (which a sandbox's processes have anyway) so the kernel takes it from a
+/// process without CAP_SYS_ADMIN. System calls only.
+fn load_seccomp(program: &[libc::sock_filter]) -> Result<(), ()> {
+    let Ok(len) = u16::try_from(program.len()) else {
+        return Err(());
+    };
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } < 0 {
+        return Err(());
+    }
+    let fprog = libc::sock_fprog {
+        len,
+        filter: program.as_ptr().cast_mut(),
+    };
+    // SAFETY: `fprog` points at `program`, which outlives the call; the
+    // kernel copies the instructions and writes nothing back.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            0,
+            &fprog as *const libc::sock_fprog,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(())
+    }
+}
+
+/// Drops from the bounding set every capability not in `keep` (a bit per
+/// number), up to the last the kernel knows. Needs CAP_SETPCAP, which
+/// sandboxes keep. System calls only.
+fn narrow_bounding_set(keep: u64) -> Result<(), ()> {
+    for capability in 0..64u32 {
+        if keep & (1u64 << capability) != 0 {
+            continue;
+        }
+        // SAFETY: prctl with integer arguments only.
+        let rc = unsafe {
+            libc::prctl(
+                libc::PR_CAPBSET_DROP,
+                libc::c_ulong::from(capability),
+                0,
+                0,
+                0,
+            )
+        };
+        if rc < 0 {
+            // EINVAL: past the kernel's last capability.
+            return match io::Error::last_os_error().raw_os_error() {
+                Some(libc::EINVAL) => Ok(()),
+                _ => Err(()),
+            };
+        }
+    }
+    Ok(())
+}
+
+/// Keeps only `keep` of the effective and permitted sets and empties the
+/// inheritable and ambient ones, so no exec gives more back than the
+/// bounding set (narrowed before). System calls only.
+fn keep_capabilities(keep: u64) -> Result<(), ()> {
+    let words = [keep as u32, (keep >> 32) as u32];
+    change_capabilities(|data| {
+        for (set, word) in data.iter_mut().zip(words) {
+            set.effective &= word;
+            set.permitted &= word;
+            set.inheritable = 0;
+        }
+    })?;
+    clear_ambient()
+}
+
+/// capget, `change`, capset, on the calling thread.
+fn change_capabilities(change: impl FnOnce(&mut [CapData; 2])) -> Result<(), ()> {
+    let check = |rc: libc::c_long| if rc < 0 { Err(()) } else { Ok(()) };
+    let mut header = CapHeader {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [CapData::default(); 2];
+    // SAFETY: capget fills the two-element array a version 3 header names.
+    check(unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) })?;
+    change(&mut data);
+    // SAFETY: capset reads the header and the two-element array.
+    check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) })
+}
+
+fn clear_ambient() -> Result<(), ()> {
+    // SAFETY: prctl with integer arguments only.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+            0,
+            0,
+            0,
+        )
+    };
+    if rc < 0 {
+        Err(())
+    } else {
+        Ok(())
     }
 }
 
@@ -382,31 +601,12 @@ fn enter_root(root: &CString) -> Result<(), ()> {
     // SAFETY: a valid NUL-terminated path.
     check(unsafe { libc::chdir(c"/".as_ptr()) }.into())?;
     let chroot_bit = 1u32 << CAP_SYS_CHROOT;
-    let mut header = CapHeader {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [CapData::default(); 2];
-    // SAFETY: capget fills the two-element array a version 3 header names.
-    check(unsafe { libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) })?;
-    data[0].effective &= !chroot_bit;
-    data[0].permitted &= !chroot_bit;
-    data[0].inheritable &= !chroot_bit;
-    // SAFETY: capset reads the header and the two-element array.
-    check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) })?;
-    // SAFETY: prctl with integer arguments only.
-    check(
-        unsafe {
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
-                0,
-                0,
-                0,
-            )
-        }
-        .into(),
-    )?;
+    change_capabilities(|data| {
+        data[0].effective &= !chroot_bit;
+        data[0].permitted &= !chroot_bit;
+        data[0].inheritable &= !chroot_bit;
+    })?;
+    clear_ambient()?;
     // SAFETY: as above; needs CAP_SETPCAP, which sandboxes keep.
     check(
         unsafe {

@@ -197,6 +197,7 @@ impl Drop for Host {
 fn spawn_request(proc: u64, argv: &[&str]) -> SpawnRequest {
     SpawnRequest {
         groups: Vec::new(),
+        confinement: Default::default(),
         proc,
         argv: argv.iter().map(|s| s.to_string()).collect(),
         code: None,
@@ -261,6 +262,7 @@ fn children_inherit_no_descriptors_and_no_ignored_signals() {
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
             groups: Vec::new(),
+            confinement: Default::default(),
             cgroup_fds: 1,
             root: None,
             stdin: true,
@@ -484,6 +486,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
             groups: Vec::new(),
+            confinement: Default::default(),
             cgroup_fds: 1,
             root: None,
             ..spawn_request(1, &["true"])
@@ -499,6 +502,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
             groups: Vec::new(),
+            confinement: Default::default(),
             cgroup_fds: 1,
             root: None,
             ..spawn_request(2, &["true"])
@@ -513,6 +517,7 @@ fn cgroup_descriptors_are_written_by_the_child() {
     // Declaring more descriptors than were sent is refused.
     let kind = host.error(RequestBody::Spawn(SpawnRequest {
         groups: Vec::new(),
+        confinement: Default::default(),
         cgroup_fds: 2,
         root: None,
         ..spawn_request(3, &["true"])
@@ -790,6 +795,7 @@ fn warm_python(host: &mut Host) {
 fn run_python(proc: u64, code: &str) -> SpawnRequest {
     SpawnRequest {
         groups: Vec::new(),
+        confinement: Default::default(),
         code: Some(code.as_bytes().to_vec()),
         ..spawn_request(proc, &["python3", "-u"])
     }
@@ -901,6 +907,7 @@ fn a_warm_fork_is_killed_as_a_group_and_placed_in_its_cgroups_by_the_agent() {
     let id = host.send_with_fds(
         RequestBody::Spawn(SpawnRequest {
             groups: Vec::new(),
+            confinement: Default::default(),
             cgroup_fds: 1,
             stdin: true,
             ..run_python(911, &code)

@@ -44,6 +44,7 @@ impl Link {
 fn spawn(proc: u64, cgroup_fds: u8) -> RequestBody {
     RequestBody::Spawn(SpawnRequest {
         groups: Vec::new(),
+        confinement: Default::default(),
         proc,
         argv: vec!["echo".into(), "over a stream".into()],
         code: None,

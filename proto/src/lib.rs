@@ -399,6 +399,9 @@ pub struct SpawnRequest {
     /// Supplementary groups of the process (the primary is `gid`); empty
     /// for none.
     pub groups: Vec<u32>,
+    /// Its capabilities, seccomp filter and OOM score, where they differ
+    /// from the sandbox's.
+    pub confinement: confinement::ProcessConfinement,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

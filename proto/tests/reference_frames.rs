@@ -107,6 +107,7 @@ fn what_the_guest_reads() {
         id: 2,
         body: RequestBody::Spawn(SpawnRequest {
             groups: Vec::new(),
+            confinement: Default::default(),
             proc: 3,
             argv: vec!["echo".into(), "hi".into()],
             code: None,
@@ -131,10 +132,11 @@ fn what_the_guest_reads() {
         (
             spawn,
             // id, Spawn, proc, argv (2 strings), code None, env (1 pair), cwd,
-            // uid, gid, stdin, pty None, cgroup_fds, root None, groups (none).
+            // uid, gid, stdin, pty None, cgroup_fds, root None, groups (none),
+            // confinement (capabilities, seccomp filter, OOM score: None).
             vec![
                 2, 1, 3, 2, 4, b'e', b'c', b'h', b'o', 2, b'h', b'i', 0, 1, 1, b'A', 1, b'b', 1,
-                b'/', 0, 0, 0, 0, 0, 0, 0,
+                b'/', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
             ],
         ),
         (

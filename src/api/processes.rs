@@ -18,11 +18,13 @@ use serde::Deserialize;
 
 use super::error::{parse_json, ApiError, ApiResult};
 use super::types::{OutputEvent, ProcessList, SendSignal, StartProcess};
-use crate::sandbox::{sandbox_path, Manager};
+use crate::runtime::seccomp_filter::{CompiledFilter, Profile as SeccompProfile};
+use crate::sandbox::{sandbox_path, Manager, SandboxError};
 use crate::supervisor::client::Attached;
 use crate::supervisor::output::OutputItem;
 use crate::supervisor::processes::Supervisor;
 use crate::supervisor::protocol::SpawnSpec;
+use sandbox_proto::confinement::{ProcessConfinement, CAPABILITIES, SECCOMP_MAX_INSTRUCTIONS};
 
 const MAX_ARGV_BYTES: usize = 1 << 20;
 const MAX_TIMEOUT_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
@@ -38,8 +40,13 @@ fn interpreter(language: &str) -> ApiResult<Vec<String>> {
 }
 
 /// The process `request` asks for; `default_user` (uid, gid) is the
-/// sandbox's when it names no uid.
-fn spawn_spec(request: StartProcess, default_user: (u32, u32)) -> ApiResult<SpawnSpec> {
+/// sandbox's when it names no uid, `seccomp_filter` its compiled
+/// [`StartProcess::seccomp`].
+fn spawn_spec(
+    request: StartProcess,
+    default_user: (u32, u32),
+    seccomp_filter: Option<Vec<u8>>,
+) -> ApiResult<SpawnSpec> {
     let (argv, code) = match (request.argv, request.code) {
         (Some(argv), None) => {
             if argv.is_empty() || argv[0].is_empty() {
@@ -128,6 +135,15 @@ fn spawn_spec(request: StartProcess, default_user: (u32, u32)) -> ApiResult<Spaw
             "run-code takes no supplementary groups; give argv",
         ));
     }
+    let confinement = ProcessConfinement {
+        capabilities: request
+            .capabilities
+            .as_deref()
+            .map(capability_mask)
+            .transpose()?,
+        seccomp_filter,
+        oom_score_adj: request.oom_score_adj.map(oom_score_adj).transpose()?,
+    };
     Ok(SpawnSpec {
         argv,
         code,
@@ -140,7 +156,64 @@ fn spawn_spec(request: StartProcess, default_user: (u32, u32)) -> ApiResult<Spaw
         timeout_ms,
         root: request.root,
         groups: request.groups,
+        confinement,
     })
+}
+
+/// The capabilities `names` keep, a bit per number.
+fn capability_mask(names: &[String]) -> ApiResult<u64> {
+    names.iter().try_fold(
+        0u64,
+        |mask, name| match sandbox_proto::confinement::capability_number(name) {
+            Some(number) => Ok(mask | 1u64 << number),
+            None => Err(ApiError::bad(
+                "invalid_capabilities",
+                format!(
+                    "{name:?} is not a capability sandboxd grants; a process may keep some of {}",
+                    CAPABILITIES.join(", ")
+                ),
+            )),
+        },
+    )
+}
+
+/// Sandbox processes start at 0, whatever the daemon's own score; a lower
+/// one would shield untrusted code from the OOM killer.
+fn oom_score_adj(score: i32) -> ApiResult<i16> {
+    match i16::try_from(score) {
+        Ok(score @ 0..=1000) => Ok(score),
+        _ => Err(ApiError::bad(
+            "invalid_oom_score_adj",
+            format!("oom_score_adj must be 0 to 1000 (a sandbox's processes cannot go below 0), got {score}"),
+        )),
+    }
+}
+
+/// Compiles a process's own seccomp profile (the OCI runtime spec's
+/// `linux.seccomp`) to the program its agent loads.
+async fn compile_seccomp(profile: serde_json::Value) -> ApiResult<Vec<u8>> {
+    let profile: oci_spec::runtime::LinuxSeccomp = serde_json::from_value(profile)
+        .map_err(|e| ApiError::bad("invalid_seccomp", format!("seccomp: {e}")))?;
+    let compiled = tokio::task::spawn_blocking(move || {
+        CompiledFilter::compile_as(SeccompProfile::Process, &profile)
+    })
+    .await
+    .map_err(|e| {
+        ApiError(SandboxError::internal(format!(
+            "compiling the seccomp profile: {e}"
+        )))
+    })?
+    .map_err(|e| ApiError::bad("invalid_seccomp", e.to_string()))?;
+    if compiled.instructions() > SECCOMP_MAX_INSTRUCTIONS {
+        return Err(ApiError::bad(
+            "invalid_seccomp",
+            format!(
+                "the seccomp profile compiles to {} instructions; the kernel takes at most {SECCOMP_MAX_INSTRUCTIONS}",
+                compiled.instructions()
+            ),
+        ));
+    }
+    Ok(compiled.to_bytes())
 }
 
 /// Most supplementary groups a process may be given (Kubernetes' merges
@@ -153,7 +226,12 @@ pub async fn start(
     body: Bytes,
 ) -> ApiResult<impl IntoResponse> {
     let default_user = manager.process_user(&id)?;
-    let spec = spawn_spec(parse_json::<StartProcess>(&body)?, default_user)?;
+    let mut request = parse_json::<StartProcess>(&body)?;
+    let seccomp_filter = match request.seccomp.take() {
+        Some(profile) => Some(compile_seccomp(profile).await?),
+        None => None,
+    };
+    let spec = spawn_spec(request, default_user, seccomp_filter)?;
     let process = manager.connect(&id).await?.spawn(spec).await?;
     manager.metrics.process_started();
     Ok((StatusCode::CREATED, Json(process)))
@@ -376,7 +454,7 @@ mod tests {
     use super::*;
 
     fn spawn_spec_as_root(request: StartProcess) -> ApiResult<SpawnSpec> {
-        spawn_spec(request, (0, 0))
+        spawn_spec(request, (0, 0), None)
     }
 
     #[test]
@@ -388,7 +466,9 @@ mod tests {
             ..StartProcess::default()
         };
         let ids = |r| {
-            let spec = spawn_spec(r, (1000, 50)).map_err(|e| e.0).expect("spec");
+            let spec = spawn_spec(r, (1000, 50), None)
+                .map_err(|e| e.0)
+                .expect("spec");
             (spec.uid, spec.gid)
         };
         assert_eq!(ids(request(None, None)), (1000, 50));

@@ -341,6 +341,17 @@ pub struct StartProcess {
     /// Supplementary group ids inside the sandbox (default none).
     #[serde(default)]
     pub groups: Vec<u32>,
+    /// The capabilities the process keeps, by their OCI names, all within
+    /// the sandbox's set (default: the whole set).
+    #[serde(default)]
+    pub capabilities: Option<Vec<String>>,
+    /// A seccomp profile in the OCI runtime spec's `linux.seccomp` form,
+    /// loaded on top of the sandbox's own filter (default: none).
+    #[serde(default)]
+    pub seccomp: Option<serde_json::Value>,
+    /// The process's `oom_score_adj`, 0 to 1000 (default: the sandbox's, 0).
+    #[serde(default)]
+    pub oom_score_adj: Option<i32>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize)]

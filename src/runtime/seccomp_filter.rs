@@ -22,13 +22,17 @@ use libcontainer::workload::default::DefaultExecutor;
 use libcontainer::workload::{Executor, ExecutorError, ExecutorValidationError};
 use libseccomp::ScmpSyscall;
 use libseccomp::{ScmpAction, ScmpArch, ScmpArgCompare, ScmpCompareOp, ScmpFilterContext};
-use oci_spec::runtime::{Arch, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompOperator, Spec};
+use oci_spec::runtime::{
+    Arch, LinuxSeccomp, LinuxSeccompAction, LinuxSeccompArg, LinuxSeccompOperator, Spec,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SeccompFilterError {
     #[error("the sandbox seccomp profile uses {0}, which sandboxd does not compile; this is a bug in sandboxd, please report it")]
     Unsupported(String),
-    #[error("compiling the sandbox seccomp profile with libseccomp: {0}")]
+    #[error("the process's seccomp profile uses {0}, which sandboxd does not load; use allow, errno, kill, trap or log actions")]
+    Refused(String),
+    #[error("compiling the seccomp profile with libseccomp: {0}")]
     Compile(String),
     #[error("exporting the compiled seccomp filter: {0}")]
     Export(std::io::Error),
@@ -44,57 +48,113 @@ fn compile_err(e: impl std::fmt::Display) -> SeccompFilterError {
     SeccompFilterError::Compile(e.to_string())
 }
 
+/// Whose profile is compiled: sandboxd's own (errno actions on x86 only,
+/// anything else is a bug here), or one a process asks for on top of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    Sandbox,
+    Process,
+}
+
+impl Profile {
+    fn not_compiled(self, what: String) -> SeccompFilterError {
+        match self {
+            Profile::Sandbox => SeccompFilterError::Unsupported(what),
+            Profile::Process => SeccompFilterError::Refused(what),
+        }
+    }
+}
+
 fn action(
+    profile: Profile,
     action: LinuxSeccompAction,
     errno: Option<u32>,
 ) -> Result<ScmpAction, SeccompFilterError> {
-    match action {
-        LinuxSeccompAction::ScmpActAllow => Ok(ScmpAction::Allow),
-        LinuxSeccompAction::ScmpActErrno => {
-            Ok(ScmpAction::Errno(errno.unwrap_or(libc::EPERM as u32) as i32))
-        }
-        other => Err(SeccompFilterError::Unsupported(format!("{other:?}"))),
+    let errno = || errno.unwrap_or(libc::EPERM as u32) as i32;
+    match (action, profile) {
+        (LinuxSeccompAction::ScmpActAllow, _) => Ok(ScmpAction::Allow),
+        (LinuxSeccompAction::ScmpActErrno, _) => Ok(ScmpAction::Errno(errno())),
+        // Another program in the sandbox could be the tracer, or hold the
+        // notification's listener: neither has a place here.
+        (
+            LinuxSeccompAction::ScmpActKill | LinuxSeccompAction::ScmpActKillThread,
+            Profile::Process,
+        ) => Ok(ScmpAction::KillThread),
+        (LinuxSeccompAction::ScmpActKillProcess, Profile::Process) => Ok(ScmpAction::KillProcess),
+        (LinuxSeccompAction::ScmpActTrap, Profile::Process) => Ok(ScmpAction::Trap),
+        (LinuxSeccompAction::ScmpActLog, Profile::Process) => Ok(ScmpAction::Log),
+        (other, _) => Err(profile.not_compiled(format!("{other:?}"))),
     }
 }
 
-fn arch(arch: Arch) -> Result<ScmpArch, SeccompFilterError> {
-    match arch {
-        Arch::ScmpArchX86_64 => Ok(ScmpArch::X8664),
-        Arch::ScmpArchX86 => Ok(ScmpArch::X86),
-        Arch::ScmpArchX32 => Ok(ScmpArch::X32),
-        other => Err(SeccompFilterError::Unsupported(format!("{other:?}"))),
+fn arch(profile: Profile, arch: Arch) -> Result<ScmpArch, SeccompFilterError> {
+    match (arch, profile) {
+        (Arch::ScmpArchX86_64, _) => Ok(ScmpArch::X8664),
+        (Arch::ScmpArchX86, _) => Ok(ScmpArch::X86),
+        (Arch::ScmpArchX32, _) => Ok(ScmpArch::X32),
+        // A profile written for several machines: libseccomp adds the
+        // others' checks, which an x86 process never meets.
+        (other, Profile::Process) => serde_json::to_value(other)
+            .ok()
+            .and_then(|name| name.as_str().and_then(|n| n.parse::<ScmpArch>().ok()))
+            .ok_or_else(|| profile.not_compiled(format!("architecture {other:?}"))),
+        (other, Profile::Sandbox) => Err(profile.not_compiled(format!("{other:?}"))),
     }
 }
 
-/// libcontainer 0.7's reading: a masked comparison takes its mask from
-/// `valueTwo`.
-fn compare_op(op: LinuxSeccompOperator, value_two: Option<u64>) -> ScmpCompareOp {
-    match op {
+/// One argument comparison of a rule. A masked one is read two ways:
+/// sandboxd's own profile was written for libcontainer 0.7, which takes
+/// the mask from `valueTwo` and compares with `value`; a process's
+/// profile is written for runc (containerd's and Docker's defaults mask
+/// `clone`'s flags so), which masks with `value` and compares with
+/// `valueTwo`, as libseccomp's `datum_a` and `datum_b`.
+fn comparison(kind: Profile, arg: &LinuxSeccompArg) -> ScmpArgCompare {
+    let index = arg.index() as u32;
+    let op = match arg.op() {
         LinuxSeccompOperator::ScmpCmpNe => ScmpCompareOp::NotEqual,
         LinuxSeccompOperator::ScmpCmpLt => ScmpCompareOp::Less,
         LinuxSeccompOperator::ScmpCmpLe => ScmpCompareOp::LessOrEqual,
         LinuxSeccompOperator::ScmpCmpEq => ScmpCompareOp::Equal,
         LinuxSeccompOperator::ScmpCmpGe => ScmpCompareOp::GreaterEqual,
         LinuxSeccompOperator::ScmpCmpGt => ScmpCompareOp::Greater,
-        LinuxSeccompOperator::ScmpCmpMaskedEq => ScmpCompareOp::MaskedEqual(value_two.unwrap_or(0)),
-    }
+        LinuxSeccompOperator::ScmpCmpMaskedEq => {
+            let (mask, datum) = match kind {
+                Profile::Sandbox => (arg.value_two().unwrap_or(0), arg.value()),
+                Profile::Process => (arg.value(), arg.value_two().unwrap_or(0)),
+            };
+            return ScmpArgCompare::new(index, ScmpCompareOp::MaskedEqual(mask), datum);
+        }
+    };
+    ScmpArgCompare::new(index, op, arg.value())
 }
 
 impl CompiledFilter {
-    /// Compiles `profile` as libcontainer would load it.
+    /// Compiles sandboxd's own `profile` as libcontainer would load it.
     pub fn compile(profile: &LinuxSeccomp) -> Result<CompiledFilter, SeccompFilterError> {
+        Self::compile_as(Profile::Sandbox, profile)
+    }
+
+    /// Compiles `profile` (sandboxd's own, or a process's) as libcontainer
+    /// would load it.
+    pub fn compile_as(
+        kind: Profile,
+        profile: &LinuxSeccomp,
+    ) -> Result<CompiledFilter, SeccompFilterError> {
         if profile.flags().as_ref().is_some_and(|f| !f.is_empty()) {
-            return Err(SeccompFilterError::Unsupported("filter flags".into()));
+            return Err(kind.not_compiled("filter flags".into()));
         }
-        let default = action(profile.default_action(), profile.default_errno_ret())?;
+        if profile.listener_path().is_some() {
+            return Err(kind.not_compiled("a notification listener".into()));
+        }
+        let default = action(kind, profile.default_action(), profile.default_errno_ret())?;
         let mut ctx = ScmpFilterContext::new(default).map_err(compile_err)?;
         // The init sets no_new_privs itself, as the spec says.
         ctx.set_ctl_nnp(false).map_err(compile_err)?;
         for &a in profile.architectures().iter().flatten() {
-            ctx.add_arch(arch(a)?).map_err(compile_err)?;
+            ctx.add_arch(arch(kind, a)?).map_err(compile_err)?;
         }
         for rule in profile.syscalls().iter().flatten() {
-            let act = action(rule.action(), rule.errno_ret())?;
+            let act = action(kind, rule.action(), rule.errno_ret())?;
             if act == default {
                 continue;
             }
@@ -102,13 +162,7 @@ impl CompiledFilter {
                 .args()
                 .iter()
                 .flatten()
-                .map(|a| {
-                    ScmpArgCompare::new(
-                        a.index() as u32,
-                        compare_op(a.op(), a.value_two()),
-                        a.value(),
-                    )
-                })
+                .map(|a| comparison(kind, a))
                 .collect();
             let mut indexes = HashSet::new();
             let one_argument_each = rule
@@ -164,6 +218,27 @@ impl CompiledFilter {
             })
             .collect();
         Ok(CompiledFilter { program })
+    }
+
+    /// The program as the agent takes it
+    /// (`sandbox_proto::confinement::ProcessConfinement::seccomp_filter`).
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.program
+            .iter()
+            .flat_map(|i| {
+                let mut bytes = [0u8; 8];
+                bytes[..2].copy_from_slice(&i.code.to_ne_bytes());
+                bytes[2] = i.jt;
+                bytes[3] = i.jf;
+                bytes[4..].copy_from_slice(&i.k.to_ne_bytes());
+                bytes
+            })
+            .collect()
+    }
+
+    /// How many instructions the program has.
+    pub fn instructions(&self) -> usize {
+        self.program.len()
     }
 
     /// Puts the filter on the calling thread, for good. The caller has set
@@ -258,6 +333,46 @@ mod tests {
             "{} instructions",
             filter.program.len()
         );
+    }
+
+    #[test]
+    fn a_process_profile_takes_kills_traps_logs_and_other_machines_but_no_notify() {
+        let profile = |value: serde_json::Value| -> LinuxSeccomp {
+            serde_json::from_value(value).expect("profile")
+        };
+        let taken = profile(serde_json::json!({
+            "defaultAction": "SCMP_ACT_ERRNO",
+            "architectures": ["SCMP_ARCH_X86_64", "SCMP_ARCH_AARCH64"],
+            "syscalls": [
+                {"names": ["read", "write"], "action": "SCMP_ACT_ALLOW"},
+                {"names": ["getppid"], "action": "SCMP_ACT_KILL_PROCESS"},
+                {"names": ["getpid"], "action": "SCMP_ACT_TRAP"},
+                {"names": ["getuid"], "action": "SCMP_ACT_LOG"},
+                {"names": ["clone"], "action": "SCMP_ACT_ALLOW",
+                 "args": [{"index": 0, "value": 2114060288u64, "op": "SCMP_CMP_MASKED_EQ"}]}
+            ]
+        }));
+        let compiled = CompiledFilter::compile_as(Profile::Process, &taken);
+        assert!(compiled.is_ok_and(|c| c.to_bytes().len() == c.instructions() * 8));
+        // sandboxd's own profile takes none of those: a bug, said so.
+        assert!(matches!(
+            CompiledFilter::compile(&taken),
+            Err(SeccompFilterError::Unsupported(_))
+        ));
+        for refused in [
+            serde_json::json!({"defaultAction": "SCMP_ACT_NOTIFY"}),
+            serde_json::json!({"defaultAction": "SCMP_ACT_TRACE"}),
+            serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/run/l"}),
+            serde_json::json!({"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG"]}),
+        ] {
+            assert!(
+                matches!(
+                    CompiledFilter::compile_as(Profile::Process, &profile(refused.clone())),
+                    Err(SeccompFilterError::Refused(_))
+                ),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

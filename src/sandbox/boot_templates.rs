@@ -436,6 +436,7 @@ impl Manager {
         let (uid, gid) = record.process_user.unwrap_or((0, 0));
         let spec = SpawnSpec {
             groups: Vec::new(),
+            confinement: Default::default(),
             argv: argv.iter().map(|a| a.to_string()).collect(),
             code: None,
             env: Vec::new(),

@@ -289,6 +289,7 @@ impl Manager {
             let left = deadline.saturating_duration_since(Instant::now());
             let spec = SpawnSpec {
                 groups: Vec::new(),
+                confinement: Default::default(),
                 argv: step.argv.clone(),
                 code: None,
                 env: step.env.clone(),

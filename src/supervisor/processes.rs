@@ -478,6 +478,7 @@ impl Supervisor {
             cgroup_fds: cgroup_files.len() as u8,
             root: spec.root.clone(),
             groups: spec.groups.clone(),
+            confinement: spec.confinement.clone(),
         };
         {
             let mut procs = self.procs();
@@ -1036,6 +1037,7 @@ pub(super) mod tests {
     fn spawn_spec(argv: &[&str]) -> SpawnSpec {
         SpawnSpec {
             groups: Vec::new(),
+            confinement: Default::default(),
             argv: argv.iter().map(|a| a.to_string()).collect(),
             code: None,
             env: Vec::new(),

@@ -88,6 +88,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 19 added `SpawnSpec::groups` and counts the agent's
 /// `SpawnRequest::groups`.
+///
+/// 20 added `SpawnSpec::confinement` and counts the agent's
+/// `SpawnRequest::confinement`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].
@@ -341,6 +344,8 @@ pub struct SpawnSpec {
     pub root: Option<String>,
     /// Supplementary groups (the primary is `gid`).
     pub groups: Vec<u32>,
+    /// Capabilities, seccomp filter and OOM score of its own.
+    pub confinement: sandbox_proto::confinement::ProcessConfinement,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -107,6 +107,7 @@ fn the_guest_agent_answers_the_real_protocol() {
     assert_eq!(agent.run(10, &["exit", "7"]), (String::new(), Some(7)));
     let (reply, _) = agent.call(RequestBody::Spawn(SpawnRequest {
         groups: Vec::new(),
+        confinement: Default::default(),
         proc: 11,
         argv: vec!["python3".into()],
         code: None,

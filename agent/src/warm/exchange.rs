@@ -329,6 +329,7 @@ mod tests {
     fn requests_with_a_nul_are_not_sent() {
         let mut request = SpawnRequest {
             groups: Vec::new(),
+            confinement: Default::default(),
             proc: 1,
             argv: vec!["python3".into()],
             code: Some(Vec::new()),

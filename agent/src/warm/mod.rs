@@ -175,6 +175,7 @@ pub fn start(
     server_argv.extend(["-c".to_string(), SERVER.to_string()]);
     let request = SpawnRequest {
         groups: Vec::new(),
+        confinement: Default::default(),
         proc: 0,
         argv: server_argv,
         code: None,
@@ -223,8 +224,9 @@ pub fn launch(
     code_path: &Path,
     cgroup_fds: &[OwnedFd],
 ) -> Option<Result<Launched, ProcError>> {
-    // Its forks keep the server's groups: a request for others execs.
-    if !request.groups.is_empty() {
+    // Its forks keep the server's groups, capabilities, filters and OOM
+    // score: a request for others execs.
+    if !request.groups.is_empty() || request.confinement != Default::default() {
         return None;
     }
     let mut warm = lock();
@@ -284,6 +286,7 @@ mod tests {
     fn run_code(env: &[(&str, &str)]) -> SpawnRequest {
         SpawnRequest {
             groups: Vec::new(),
+            confinement: Default::default(),
             proc: 7,
             argv: vec!["python3".into(), "-u".into()],
             code: Some(b"print(1)".to_vec()),

@@ -319,6 +319,7 @@ impl Agent {
     pub fn run(&mut self, proc: u64, argv: &[&str]) -> (String, Option<i32>) {
         let (reply, rest) = self.call(RequestBody::Spawn(SpawnRequest {
             groups: Vec::new(),
+            confinement: Default::default(),
             proc,
             argv: argv.iter().map(|s| s.to_string()).collect(),
             code: None,
