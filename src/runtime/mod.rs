@@ -24,6 +24,7 @@ pub mod idmap;
 pub mod launch;
 pub mod microvm;
 pub mod mount_ns;
+pub mod oom_score;
 pub mod paths;
 pub mod pod_roots;
 pub mod procfs_handle;

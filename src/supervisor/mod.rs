@@ -273,6 +273,12 @@ fn start(dir: &Path, mut clock: StartClock, join_group: bool) -> i32 {
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
+    // Before anything of the sandbox is forked from here.
+    if let Err(e) = crate::runtime::oom_score::start_sandbox_score() {
+        let message =
+            format!("setting the sandbox's OOM score (it would inherit the daemon's): {e}");
+        return fail_with(message, None, &config, &paths);
+    }
     clock.lap("config");
     let started = match crate::runtime::start(&config.spec, &paths) {
         Ok(s) => s,
