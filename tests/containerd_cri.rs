@@ -23,13 +23,14 @@ use containerd::{Containerd, IMAGE};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
 use k8s_cri::v1::runtime_service_client::RuntimeServiceClient;
+use k8s_cri::v1::security_profile::ProfileType;
 use k8s_cri::v1::{
-    ContainerConfig, ContainerMetadata, ContainerState, ContainerStatsRequest,
+    Capability, ContainerConfig, ContainerMetadata, ContainerState, ContainerStatsRequest,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest,
     LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext, Mount,
     PodSandboxConfig, PodSandboxMetadata, PodSandboxState, PodSandboxStatus,
     PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    SecurityProfile, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 use upstream::Upstream;
@@ -65,11 +66,22 @@ fn create_request(
             command: command.iter().map(|s| s.to_string()).collect(),
             // A container with limits of its own also asks for a
             // supplementary group, as a pod with `fsGroup` or
-            // `supplementalGroups` does.
+            // `supplementalGroups` does, for one capability of Docker's
+            // fourteen (`drop: [ALL]`, `add: [...]`), and for the runtime's
+            // default seccomp profile.
             linux: resources.map(|resources| LinuxContainerConfig {
                 resources: Some(resources),
                 security_context: Some(LinuxContainerSecurityContext {
                     supplemental_groups: vec![SUPPLEMENTAL_GROUP],
+                    capabilities: Some(Capability {
+                        add_capabilities: vec!["NET_BIND_SERVICE".into()],
+                        drop_capabilities: vec!["ALL".into()],
+                        ..Default::default()
+                    }),
+                    seccomp: Some(SecurityProfile {
+                        profile_type: ProfileType::RuntimeDefault.into(),
+                        ..Default::default()
+                    }),
                     ..Default::default()
                 }),
             }),
@@ -466,6 +478,44 @@ impl Cri {
         );
     }
 
+    /// The limited container's processes (an exec here) hold the one
+    /// capability it asked for and one seccomp filter more than the
+    /// client's, which asked for neither and keeps sandboxd's fourteen
+    /// (but one).
+    async fn assert_confined_as_asked(&mut self, client: &str, limited: &str) {
+        let read = "grep -E '^(CapBnd|CapEff|Seccomp_filters):' /proc/self/status";
+        let mut of = Vec::new();
+        for id in [client, limited] {
+            let (code, said) = self.exec(id, read).await;
+            assert_eq!(code, 0, "{said}");
+            let fields: std::collections::BTreeMap<String, String> = said
+                .lines()
+                .filter_map(|l| l.split_once(':'))
+                .map(|(k, v)| (k.to_string(), v.trim().to_string()))
+                .collect();
+            of.push(fields);
+        }
+        let (client, limited) = (&of[0], &of[1]);
+        // Less CAP_SYS_CHROOT, which a process gives up entering its
+        // container's root.
+        let docker_fourteen_less_chroot = "00000000a80025fb";
+        let net_bind_service = "0000000000000400";
+        assert_eq!(client["CapBnd"], docker_fourteen_less_chroot, "{client:?}");
+        assert_eq!(client["CapEff"], docker_fourteen_less_chroot, "{client:?}");
+        assert_eq!(limited["CapBnd"], net_bind_service, "{limited:?}");
+        assert_eq!(limited["CapEff"], net_bind_service, "{limited:?}");
+        let filters = |fields: &std::collections::BTreeMap<String, String>| {
+            fields["Seccomp_filters"]
+                .parse::<u32>()
+                .unwrap_or_else(|e| panic!("{fields:?}: {e}"))
+        };
+        assert_eq!(
+            filters(limited),
+            filters(client) + 1,
+            "{client:?} {limited:?}"
+        );
+    }
+
     /// Stops (at once) and removes container `id`, as the kubelet does.
     async fn remove_container(&mut self, id: &str) {
         let container_id = id.to_string();
@@ -570,6 +620,7 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     // `resources.limits`) runs in a group of them under the pod's: 64 MiB
     // is over its 32 and fine for the client, which has none.
     let limited = cri.start_container_of_32_mib(&web).await;
+    cri.assert_confined_as_asked(&client, &limited).await;
     // CRI's additionalGids reach the container's processes.
     let (code, groups) = cri.exec(&limited, "id -G").await;
     assert_eq!(code, 0, "{groups}");
@@ -812,6 +863,7 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
     // own: the agent keeps them on a guest group of its own, so 64 MiB is
     // over its 32 and fine for the client, which has none.
     let limited = cri.start_container_of_32_mib(&web).await;
+    cri.assert_confined_as_asked(&client, &limited).await;
     cri.assert_killed_at_its_own_ceiling(&client, &limited)
         .await;
     let (code, said) = cri.exec(&limited, "cat /proc/self/cgroup").await;

@@ -74,6 +74,8 @@ struct Container {
     bundle: PathBuf,
     sandbox: String,
     kind: Kind,
+    /// Its `linux.seccomp`, which each of its processes loads.
+    seccomp: Option<Value>,
     init: Arc<Process>,
     execs: Mutex<HashMap<String, Arc<Process>>>,
 }
@@ -292,6 +294,10 @@ impl Task for Service {
         .map_err(from_spec)?;
         let mut init = spec::process(&config["process"], "process", role != spec::Role::Task)
             .map_err(from_spec)?;
+        let seccomp = spec::seccomp(&config);
+        if let Some(profile) = &seccomp {
+            init.body["seccomp"] = profile.clone();
+        }
         let (sandbox, kind) = match role {
             spec::Role::PodMember { pod } => {
                 let (sandbox, pod_bundle) = self.pod_sandbox(&pod)?;
@@ -352,6 +358,7 @@ impl Task for Service {
             bundle,
             sandbox,
             kind,
+            seccomp,
             init: Process::new("", init, stdio_of(&req.stdin, &req.stdout, &req.stderr)),
             execs: Mutex::new(HashMap::new()),
         });
@@ -624,7 +631,10 @@ impl Task for Service {
             )
         })?;
         let under_cri = container.kind != Kind::Task;
-        let spec = spec::process(&spec_json, "exec.process", under_cri).map_err(from_spec)?;
+        let mut spec = spec::process(&spec_json, "exec.process", under_cri).map_err(from_spec)?;
+        if let Some(profile) = &container.seccomp {
+            spec.body["seccomp"] = profile.clone();
+        }
         let mut execs = container.exec_table();
         if execs.contains_key(&req.exec_id) {
             return Err(status(

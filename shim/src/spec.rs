@@ -216,7 +216,41 @@ pub fn process(process: &Value, field: &str, under_cri: bool) -> Result<ProcessS
             body["groups"] = json!(groups);
         }
     }
+    body["capabilities"] = json!(capabilities(process));
+    // The kubelet's negative scores (its Guaranteed pods' containers and
+    // pod sandboxes) would shield untrusted code from the OOM killer:
+    // sandboxd keeps a sandbox's processes at 0 and up.
+    if let Some(score) = process
+        .get("oomScoreAdj")
+        .and_then(Value::as_i64)
+        .filter(|s| *s > 0)
+    {
+        body["oom_score_adj"] = json!(score.min(1000));
+    }
     Ok(ProcessSpec { body })
+}
+
+/// The capabilities a process keeps: its bounding set, which bounds what
+/// it holds after its exec as root (its effective and permitted sets,
+/// containerd's equal to it, are within it or refused). A process
+/// without the field has none, as the OCI spec says.
+fn capabilities(process: &Value) -> Vec<&str> {
+    process
+        .pointer("/capabilities/bounding")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
+}
+
+/// The seccomp profile of a container (`linux.seccomp`), which each of
+/// its processes loads on top of the sandbox's own.
+pub fn seccomp(config: &Value) -> Option<Value> {
+    config
+        .pointer("/linux/seccomp")
+        .filter(|profile| !profile.is_null())
+        .cloned()
 }
 
 /// The create body of a task's sandbox: its root, limits from
@@ -803,6 +837,43 @@ mod tests {
         assert_eq!(own.limits, Some(json!({"memory_mib": 256})));
         let pause = with_defaults(pod());
         sandbox(&pause, &[PathBuf::from("/s/pause")], "k8s.io", "pod1").unwrap();
+    }
+
+    #[test]
+    fn a_process_keeps_its_bounding_set_a_positive_oom_score_and_its_containers_seccomp() {
+        let task = with_defaults(ctr_spec());
+        let body = process(&task["process"], "process", false).unwrap().body;
+        assert_eq!(
+            body["capabilities"],
+            json!(sandbox_proto::confinement::CAPABILITIES)
+        );
+        // The kubelet's -997 is not passed on; a score above 0 is.
+        assert_eq!(body.get("oom_score_adj"), None, "{body}");
+        let mut burstable = task["process"].clone();
+        burstable["oomScoreAdj"] = json!(932);
+        let body = process(&burstable, "process", false).unwrap().body;
+        assert_eq!(body["oom_score_adj"], 932);
+        // Kubernetes' `drop: [ALL]`, and a process without the field.
+        let mut dropped = task["process"].clone();
+        dropped["capabilities"] = json!({"bounding": [], "effective": [], "permitted": []});
+        let body = process(&dropped, "process", false).unwrap().body;
+        assert_eq!(body["capabilities"], json!([]));
+        let bare = process(&json!({"args": ["true"]}), "process", false)
+            .unwrap()
+            .body;
+        assert_eq!(bare["capabilities"], json!([]));
+        // Held beyond the bounding set: refused.
+        let mut beyond = task["process"].clone();
+        beyond["capabilities"]["bounding"] = json!(["CAP_CHOWN"]);
+        let err = process(&beyond, "process", false).unwrap_err();
+        assert_eq!(err.field, "process.capabilities.effective", "{err}");
+        assert_eq!(seccomp(&task), None);
+        let mut confined = task.clone();
+        confined["linux"]["seccomp"] = json!({"defaultAction": "SCMP_ACT_ALLOW"});
+        assert_eq!(
+            seccomp(&confined),
+            Some(json!({"defaultAction": "SCMP_ACT_ALLOW"}))
+        );
     }
 
     #[test]

@@ -11,10 +11,9 @@
 //!   relies on is dropped silently.
 //!
 //! A few fields the kubelet sets on every container are accepted although
-//! sandboxd does not apply them (`oomScoreAdj`, `cpu.shares`, huge page
-//! limits of zero, `memory.oom.group`, another seccomp profile, fewer
-//! capabilities); refusing them would refuse every pod.
-//! `docs/kubernetes.md` lists them.
+//! sandboxd does not apply them (a negative `oomScoreAdj`, `cpu.shares`,
+//! huge page limits of zero, `memory.oom.group`); refusing them would
+//! refuse every pod. `docs/kubernetes.md` lists them.
 
 use serde_json::Value;
 
@@ -229,14 +228,21 @@ pub(super) fn check_process(
             ));
         }
     }
-    let sets = [
-        "bounding",
-        "effective",
-        "permitted",
-        "inheritable",
-        "ambient",
-    ];
-    for set in sets {
+    // The bounding set is what the process keeps (`spec::capabilities`);
+    // a root process's effective and permitted sets come from it at its
+    // exec, and the inheritable set is emptied, so each may only be
+    // within it. Ambient capabilities would give a non-root process some:
+    // sandboxd gives none.
+    let set_of = |set: &str| -> Vec<&str> {
+        process
+            .pointer(&format!("/capabilities/{set}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .collect()
+    };
+    for set in ["bounding", "effective", "permitted", "inheritable"] {
         let wanted = process
             .pointer(&format!("/capabilities/{set}"))
             .and_then(Value::as_array);
@@ -251,6 +257,23 @@ pub(super) fn check_process(
                     ),
                 ));
             }
+        }
+    }
+    if !set_of("ambient").is_empty() {
+        return Err(refuse(
+            format!("{field}.capabilities.ambient"),
+            "ambient capabilities are not given by sandboxd (a process that is not root holds none)",
+        ));
+    }
+    let bounding = set_of("bounding");
+    for set in ["effective", "permitted"] {
+        if let Some(extra) = set_of(set).iter().find(|c| !bounding.contains(c)) {
+            return Err(refuse(
+                format!("{field}.capabilities.{set}"),
+                format!(
+                    "{extra} is not in the bounding set, which is what sandboxd grants a process"
+                ),
+            ));
         }
     }
     Ok(())
