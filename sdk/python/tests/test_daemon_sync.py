@@ -93,6 +93,28 @@ def test_blocking_run_code_and_exec(daemon):
         assert p.stdout.read() == "fed in\nbytes too\n" and p.stderr.read() == "done\n"
         p2 = sb.process.exec(["python3", "-c", "print('list form')"])
         assert p2.wait(60) == 0 and p2.stdout.read() == "list form\n"
+        status = "grep -E '^(Uid|Groups|CapBnd|Seccomp_filters):' /proc/self/status; cat /proc/self/oom_score_adj"
+        plain = sb.process.exec("sh", "-c", status)
+        confined = sb.process.exec(
+            "sh",
+            "-c",
+            status,
+            uid=1000,
+            gid=1000,
+            groups=[4000],
+            cwd="/tmp",
+            capabilities=["CAP_KILL"],
+            seccomp={"defaultAction": "SCMP_ACT_ALLOW"},
+            oom_score_adj=500,
+        )
+        assert plain.wait(60) == 0 and confined.wait(60) == 0, confined.stderr.read()
+        before = dict(line.split(":", 1) for line in plain.stdout.read().splitlines()[:-1])
+        lines = confined.stdout.read().splitlines()
+        after = dict(line.split(":", 1) for line in lines[:-1])
+        assert after["Uid"].split()[0] == "1000" and after["Groups"].split() == ["4000"], after
+        assert after["CapBnd"].strip() == "0000000000000020", after
+        assert int(after["Seccomp_filters"]) == int(before["Seccomp_filters"]) + 1, (before, after)
+        assert lines[-1] == "500", lines
         listed = sb.process.list_processes()
         assert p.pid in listed and listed[p.pid] is p
         assert sb.process.get_process(p2.pid) is p2

@@ -28,6 +28,14 @@ export interface ProcessOptions {
   /** Numeric uid (and gid) inside the sandbox; default 0. */
   uid?: number;
   gid?: number;
+  /** Supplementary group ids (the primary is `gid`); not with `runCode`. */
+  groups?: number[];
+  /** The capabilities it keeps of the sandbox's (`[]` for none); default all of them. */
+  capabilities?: string[];
+  /** An OCI `linux.seccomp` profile loaded on top of the sandbox's own filter. */
+  seccomp?: Record<string, unknown>;
+  /** Its `oom_score_adj`, 0 to 1000; default 0. */
+  oomScoreAdj?: number;
 }
 
 export interface RunCodeOptions extends ProcessOptions {
@@ -61,6 +69,10 @@ function body(options: ProcessOptions, stdinDefault: boolean): Record<string, un
   if (options.stdin ?? stdinDefault) b.stdin = true;
   if (options.uid !== undefined) b.uid = options.uid;
   if (options.gid !== undefined) b.gid = options.gid;
+  if (options.groups !== undefined) b.groups = options.groups;
+  if (options.capabilities !== undefined) b.capabilities = options.capabilities;
+  if (options.seccomp !== undefined) b.seccomp = options.seccomp;
+  if (options.oomScoreAdj !== undefined) b.oom_score_adj = options.oomScoreAdj;
   return b;
 }
 

@@ -76,6 +76,36 @@ describe("processes", T, () => {
     await assert.rejects(cat.stdin.write("too late"), ConflictError);
   });
 
+  it("runs a process as a user, with groups, fewer capabilities, a seccomp profile and an OOM score", async () => {
+    const status = "grep -E '^(Uid|Groups|CapBnd|Seccomp_filters):' /proc/self/status; cat /proc/self/oom_score_adj";
+    const plain = await sb.process.exec("sh", "-c", status);
+    assert.equal(await plain.wait(60), 0);
+    const confined = await sb.process.exec("sh", "-c", status, {
+      uid: 1000,
+      gid: 1000,
+      groups: [4000],
+      cwd: "/tmp",
+      capabilities: ["CAP_KILL"],
+      seccomp: { defaultAction: "SCMP_ACT_ALLOW" },
+      oomScoreAdj: 500,
+    });
+    assert.equal(await confined.wait(60), 0);
+    // The status fields, then the OOM score on the last line.
+    const parse = (text) => {
+      const lines = text.trim().split("\n");
+      const score = lines.pop();
+      return { score, ...Object.fromEntries(lines.map((l) => l.split(/:\s*/))) };
+    };
+    const before = parse(await plain.stdout.read());
+    const after = parse(await confined.stdout.read());
+    assert.match(after.Uid, /^1000\s/);
+    assert.equal(after.Groups.trim(), "4000");
+    assert.equal(after.CapBnd, "0000000000000020");
+    assert.equal(Number(after.Seccomp_filters), Number(before.Seccomp_filters) + 1);
+    assert.equal(after.score, "500");
+    assert.equal(before.score, "0");
+  });
+
   it("wait(timeout) rejects and leaves the process running; kill() ends the whole tree", async () => {
     const code = [
       "import subprocess, time",

@@ -214,6 +214,12 @@ class ProcessSpec:
     env: Dict[str, str] = field(default_factory=dict)
     timeout: Optional[float] = None
     stdin: bool = False
+    uid: Optional[int] = None
+    gid: Optional[int] = None
+    groups: Optional[List[int]] = None
+    capabilities: Optional[List[str]] = None
+    seccomp: Optional[Dict[str, Any]] = None
+    oom_score_adj: Optional[int] = None
 
     def body(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {}
@@ -233,6 +239,16 @@ class ProcessSpec:
             out["timeout_seconds"] = float(self.timeout)
         if self.stdin:
             out["stdin"] = True
+        for name in ("uid", "gid", "oom_score_adj"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = int(value)
+        if self.groups is not None:
+            out["groups"] = [int(g) for g in self.groups]
+        if self.capabilities is not None:
+            out["capabilities"] = [str(c) for c in self.capabilities]
+        if self.seccomp is not None:
+            out["seccomp"] = self.seccomp
         return out
 
 

@@ -433,11 +433,33 @@ class SandboxProcessManager:
         env: Optional[Dict[str, str]] = None,
         timeout: Optional[float] = None,
         stdin: bool = True,
+        uid: Optional[int] = None,
+        gid: Optional[int] = None,
+        groups: Optional[List[int]] = None,
+        capabilities: Optional[List[str]] = None,
+        seccomp: Optional[Dict[str, Any]] = None,
+        oom_score_adj: Optional[int] = None,
     ) -> SandboxProcess:
         """Starts a program: ``exec("ls", "-la")`` or ``exec(["ls", "-la"])``
-        (argv, no shell; write ``exec("sh", "-c", "...")`` for one)."""
+        (argv, no shell; write ``exec("sh", "-c", "...")`` for one).
+        ``uid``/``gid``/``groups``: who it runs as inside the sandbox;
+        ``capabilities``: the ones it keeps of the sandbox's (``[]`` for
+        none); ``seccomp``: an OCI ``linux.seccomp`` profile loaded on top of
+        the sandbox's filter; ``oom_score_adj``: 0 to 1000."""
         return self._start(
-            ProcessSpec(argv=argv_of(args), cwd=cwd, env=dict(env or {}), timeout=timeout, stdin=stdin)
+            ProcessSpec(
+                argv=argv_of(args),
+                cwd=cwd,
+                env=dict(env or {}),
+                timeout=timeout,
+                stdin=stdin,
+                uid=uid,
+                gid=gid,
+                groups=groups,
+                capabilities=capabilities,
+                seccomp=seccomp,
+                oom_score_adj=oom_score_adj,
+            )
         )
 
     def list_processes(self) -> Dict[int, SandboxProcess]:

@@ -393,9 +393,27 @@ class SandboxProcessManager:
         env: Optional[Dict[str, str]] = None,
         timeout: Optional[float] = None,
         stdin: bool = True,
+        uid: Optional[int] = None,
+        gid: Optional[int] = None,
+        groups: Optional[List[int]] = None,
+        capabilities: Optional[List[str]] = None,
+        seccomp: Optional[Dict[str, Any]] = None,
+        oom_score_adj: Optional[int] = None,
     ) -> SandboxProcess:
         return await self._start(
-            ProcessSpec(argv=argv_of(args), cwd=cwd, env=dict(env or {}), timeout=timeout, stdin=stdin)
+            ProcessSpec(
+                argv=argv_of(args),
+                cwd=cwd,
+                env=dict(env or {}),
+                timeout=timeout,
+                stdin=stdin,
+                uid=uid,
+                gid=gid,
+                groups=groups,
+                capabilities=capabilities,
+                seccomp=seccomp,
+                oom_score_adj=oom_score_adj,
+            )
         )
 
     async def list_processes(self) -> Dict[int, SandboxProcess]:
