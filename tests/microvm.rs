@@ -368,6 +368,36 @@ async fn vm_requests_that_cannot_work_say_why() {
             assert_eq!(body["error"]["code"], code, "{request}: {body}");
         }
     }
+    // The test guest's agent speaks protocol 2, as an agent restored from
+    // a snapshot of a build before groups and per-process confinement
+    // does: it would read past them, so a process asking for them is
+    // refused, not run without them.
+    let id = small_vm(&daemon).await;
+    assert_eq!(daemon.exec(&id, &["echo", "plain"]).await.out(), "plain\n");
+    for confinement in [
+        json!({"capabilities": []}),
+        json!({"oom_score_adj": 10}),
+        json!({"groups": [10]}),
+    ] {
+        let mut body = json!({"argv": ["echo", "confined"]});
+        body.as_object_mut()
+            .expect("object")
+            .extend(confinement.as_object().cloned().unwrap_or_default());
+        let (status, answer) = daemon
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/processes"),
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{confinement}: {answer}");
+        assert!(
+            answer["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("speaks protocol 2")),
+            "{answer}"
+        );
+    }
     // A kernel file that is not a kernel: the VMM refuses it and the create
     // fails with its reason, at once, leaving nothing behind.
     let bogus = tempfile::NamedTempFile::new().expect("temp file");

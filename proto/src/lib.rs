@@ -21,11 +21,26 @@ pub use frame::{decode, encode, FrameDecoder, FrameError};
 
 use serde::{Deserialize, Serialize};
 
-/// Bumped on any incompatible change to the messages below.
-/// (Fields added at the end, as `SpawnRequest::root` was, need no bump:
-/// the agent and its host come from one build, and the freestanding test
-/// guest reads only what it needs.)
-pub const PROTOCOL_VERSION: u32 = 2;
+/// Bumped on any incompatible change to the messages below, and when an
+/// agent starts to apply a field that an older one would read past.
+/// (Fields added at the end, as `SpawnRequest::root` was, decode either
+/// way: the agent and its host come from one build, and the freestanding
+/// test guest reads only what it needs. But an agent restored from a
+/// memory snapshot of an earlier build reads past them too, so a field it
+/// must not ignore needs a bump.)
+///
+/// 3: the agent applies [`SpawnRequest::groups`] and
+/// [`SpawnRequest::confinement`]; a host must not send either to an
+/// older agent, which would run the process without them.
+pub const PROTOCOL_VERSION: u32 = 3;
+
+/// The oldest agent a host still talks to: one restored from a snapshot
+/// that an earlier build made, or the freestanding test guest.
+pub const OLDEST_PROTOCOL_VERSION: u32 = 2;
+
+/// The first version whose agent applies [`SpawnRequest::groups`] and
+/// [`SpawnRequest::confinement`].
+pub const CONFINEMENT_PROTOCOL_VERSION: u32 = 3;
 
 /// Largest frame either side accepts, header excluded.
 pub const MAX_FRAME: usize = 1 << 20;

@@ -7,13 +7,14 @@
 use std::collections::HashMap;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use sandbox_proto::{
-    AgentMessage, ExitStatus, FrameDecoder, Reply, Request, RequestBody, Stream, PROTOCOL_VERSION,
+    AgentMessage, ExitStatus, FrameDecoder, Reply, Request, RequestBody, Stream,
+    OLDEST_PROTOCOL_VERSION, PROTOCOL_VERSION,
 };
 use tokio::io::Interest;
 use tokio::net::UnixStream;
@@ -82,6 +83,9 @@ pub struct AgentLink {
     gate: Arc<tokio::sync::RwLock<()>>,
     next_id: AtomicU64,
     closed: Mutex<Option<String>>,
+    /// The protocol the agent speaks: its Hello's, or a restored agent's
+    /// Health answer's ([`Self::set_agent_version`]).
+    agent_version: AtomicU32,
 }
 
 impl AgentLink {
@@ -107,6 +111,7 @@ impl AgentLink {
             gate: Arc::new(tokio::sync::RwLock::new(())),
             next_id: AtomicU64::new(first_request_id()),
             closed: Mutex::new(None),
+            agent_version: AtomicU32::new(OLDEST_PROTOCOL_VERSION),
         });
         let mut decoder = FrameDecoder::new();
         if let Some(hello_deadline) = hello_deadline {
@@ -129,10 +134,14 @@ impl AgentLink {
             .await
             .map_err(|_| LinkError::Timeout(hello_deadline))??;
         match first {
-            AgentMessage::Hello { version } if version == PROTOCOL_VERSION => {}
+            AgentMessage::Hello { version }
+                if (OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) =>
+            {
+                self.set_agent_version(version);
+            }
             AgentMessage::Hello { version } => {
                 return Err(LinkError::Protocol(format!(
-                    "agent speaks protocol {version}, this supervisor {PROTOCOL_VERSION}"
+                    "agent speaks protocol {version}, this supervisor {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
                 )))
             }
             other => {
@@ -142,6 +151,16 @@ impl AgentLink {
             }
         }
         Ok(())
+    }
+
+    /// What the agent said it speaks: a restored agent says it in its
+    /// answer to Health, not in a Hello.
+    pub fn set_agent_version(&self, version: u32) {
+        self.agent_version.store(version, Ordering::Relaxed);
+    }
+
+    pub fn agent_version(&self) -> u32 {
+        self.agent_version.load(Ordering::Relaxed)
     }
 
     async fn read_message(&self, decoder: &mut FrameDecoder) -> Result<AgentMessage, LinkError> {

@@ -28,6 +28,7 @@ use tokio::net::UnixListener;
 use tokio::sync::{oneshot, Notify};
 
 use crate::runtime::cgroups::{Layout, SandboxCgroups};
+use crate::runtime::oom_score::ScoreStart;
 use crate::runtime::paths::SandboxPaths;
 use crate::runtime::sandbox::{AgentStart, Started};
 use config::SupervisorConfig;
@@ -274,10 +275,17 @@ fn start(dir: &Path, mut clock: StartClock, join_group: bool) -> i32 {
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
 
     // Before anything of the sandbox is forked from here.
-    if let Err(e) = crate::runtime::oom_score::start_sandbox_score() {
-        let message =
-            format!("setting the sandbox's OOM score (it would inherit the daemon's): {e}");
-        return fail_with(message, None, &config, &paths);
+    match crate::runtime::oom_score::start_sandbox_score() {
+        Ok(ScoreStart::Kept | ScoreStart::Raised { .. }) => {}
+        Ok(ScoreStart::RaisedAboveTheFloor { from }) => tracing::warn!(
+            sandbox = %config.spec.id,
+            "the sandbox starts at OOM score 0, but without CAP_SYS_RESOURCE its processes may lower theirs back to the daemon's {from}"
+        ),
+        Err(e) => {
+            let message =
+                format!("setting the sandbox's OOM score (it would inherit the daemon's): {e}");
+            return fail_with(message, None, &config, &paths);
+        }
     }
     clock.lap("config");
     let started = match crate::runtime::start(&config.spec, &paths) {
@@ -424,16 +432,27 @@ async fn serve(
         pending_seed = Some(reply);
     }
     if agent_start == AgentStart::Restored {
-        // A restored agent sends no Hello: it must answer instead.
+        // A restored agent sends no Hello: it must answer instead, saying
+        // which protocol its build speaks (the snapshot's may be older).
         let asked = link
             .call(sandbox_proto::RequestBody::Health, &[], deadline)
             .await;
-        if let Err(e) = asked {
-            return fail(
-                format!("the restored agent does not answer: {e}"),
-                &config,
-                &paths,
-            );
+        match asked {
+            Ok(sandbox_proto::Reply::Health { version }) => link.set_agent_version(version),
+            Ok(other) => {
+                return fail(
+                    format!("the restored agent answered health with {other:?}"),
+                    &config,
+                    &paths,
+                )
+            }
+            Err(e) => {
+                return fail(
+                    format!("the restored agent does not answer: {e}"),
+                    &config,
+                    &paths,
+                )
+            }
         }
     }
     clock.lap("agent");

@@ -438,6 +438,15 @@ impl Supervisor {
 
     pub async fn spawn(self: &Arc<Self>, spec: SpawnSpec) -> Result<Process, SupervisorError> {
         self.ensure_live()?;
+        let confined = !spec.groups.is_empty() || spec.confinement != Default::default();
+        let agent_version = self.link.agent_version();
+        if confined && agent_version < sandbox_proto::CONFINEMENT_PROTOCOL_VERSION {
+            // It would read past them and run the process without them.
+            return Err(err(
+                SupervisorErrorKind::InvalidInput,
+                format!("this sandbox's agent speaks protocol {agent_version} (restored from a snapshot an older sandboxd made), which cannot apply supplementary groups, capabilities, a seccomp profile or an OOM score; start the process without them, or use a sandbox made by this build"),
+            ));
+        }
         let proc = self.next_proc.fetch_add(1, Ordering::Relaxed);
         // A process in a pod container root is placed under the roots lock:
         // a detach running at once either sees its entry (and kills it) or
