@@ -209,6 +209,7 @@ fn spawn(
         ));
     }
     let confinement = &request.confinement;
+    let filtered = confinement.seccomp_filter.is_some();
     let setup = ChildSetup {
         root,
         oom_score_adj: confinement.oom_score_adj.map(oom_score_text),
@@ -244,8 +245,14 @@ fn spawn(
                     step: step.describe(cwd),
                     source,
                 },
+                // After the process's own filter was loaded: it may be what
+                // refused the exec.
+                None if filtered => ProcError::Setup {
+                    step: format!("executing {program} under the process's seccomp profile (which may refuse execve)"),
+                    source,
+                },
                 None => ProcError::Exec { program, source },
-            })
+            });
         }
     };
     let pid =
@@ -259,8 +266,8 @@ pub enum Step {
     Cgroup,
     Session,
     Terminal,
-    Root,
     OomScore,
+    Root,
     Bounding,
     Groups,
     Gid,
@@ -275,8 +282,8 @@ impl Step {
         Step::Cgroup,
         Step::Session,
         Step::Terminal,
-        Step::Root,
         Step::OomScore,
+        Step::Root,
         Step::Bounding,
         Step::Groups,
         Step::Gid,
@@ -359,14 +366,15 @@ impl ChildSetup {
         if self.controlling_tty && unsafe { libc::ioctl(0, libc::TIOCSCTTY, 0) } < 0 {
             return self.fail(Step::Terminal);
         }
-        if let Some(root) = &self.root {
-            if enter_root(root).is_err() {
-                return self.fail(Step::Root);
-            }
-        }
+        // Through the sandbox's /proc, before a container root's.
         if let Some((text, len)) = &self.oom_score_adj {
             if write_oom_score(&text[..*len]).is_err() {
                 return self.fail(Step::OomScore);
+            }
+        }
+        if let Some(root) = &self.root {
+            if enter_root(root).is_err() {
+                return self.fail(Step::Root);
             }
         }
         // The bounding set narrows while the child still holds CAP_SETPCAP;

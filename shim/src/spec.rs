@@ -868,6 +868,29 @@ mod tests {
         let err = process(&beyond, "process", false).unwrap_err();
         assert_eq!(err.field, "process.capabilities.effective", "{err}");
         assert_eq!(seccomp(&task), None);
+        for (profile, field) in [
+            (
+                json!({"defaultAction": "SCMP_ACT_NOTIFY"}),
+                "linux.seccomp.defaultAction",
+            ),
+            (
+                json!({"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["ptrace"], "action": "SCMP_ACT_TRACE"}]}),
+                "linux.seccomp.syscalls.action",
+            ),
+            (
+                json!({"defaultAction": "SCMP_ACT_ALLOW", "listenerPath": "/run/l"}),
+                "linux.seccomp.listenerPath",
+            ),
+            (
+                json!({"defaultAction": "SCMP_ACT_ALLOW", "flags": ["SECCOMP_FILTER_FLAG_LOG"]}),
+                "linux.seccomp.flags",
+            ),
+        ] {
+            let mut spec = task.clone();
+            spec["linux"]["seccomp"] = profile;
+            let err = sandbox(&spec, &[], "default", "t").unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
         let mut confined = task.clone();
         confined["linux"]["seccomp"] = json!({"defaultAction": "SCMP_ACT_ALLOW"});
         assert_eq!(

@@ -18,13 +18,13 @@ use serde::Deserialize;
 
 use super::error::{parse_json, ApiError, ApiResult};
 use super::types::{OutputEvent, ProcessList, SendSignal, StartProcess};
-use crate::runtime::seccomp_filter::{CompiledFilter, Profile as SeccompProfile};
+use crate::runtime::seccomp_filter::process_program;
 use crate::sandbox::{sandbox_path, Manager, SandboxError};
 use crate::supervisor::client::Attached;
 use crate::supervisor::output::OutputItem;
 use crate::supervisor::processes::Supervisor;
 use crate::supervisor::protocol::SpawnSpec;
-use sandbox_proto::confinement::{ProcessConfinement, CAPABILITIES, SECCOMP_MAX_INSTRUCTIONS};
+use sandbox_proto::confinement::{ProcessConfinement, CAPABILITIES};
 
 const MAX_ARGV_BYTES: usize = 1 << 20;
 const MAX_TIMEOUT_SECONDS: f64 = 7.0 * 24.0 * 3600.0;
@@ -189,31 +189,18 @@ fn oom_score_adj(score: i32) -> ApiResult<i16> {
     }
 }
 
-/// Compiles a process's own seccomp profile (the OCI runtime spec's
-/// `linux.seccomp`) to the program its agent loads.
+/// The program a process's own seccomp profile (the OCI runtime spec's
+/// `linux.seccomp`) compiles to, which its agent loads.
 async fn compile_seccomp(profile: serde_json::Value) -> ApiResult<Vec<u8>> {
-    let profile: oci_spec::runtime::LinuxSeccomp = serde_json::from_value(profile)
-        .map_err(|e| ApiError::bad("invalid_seccomp", format!("seccomp: {e}")))?;
-    let compiled = tokio::task::spawn_blocking(move || {
-        CompiledFilter::compile_as(SeccompProfile::Process, &profile)
-    })
-    .await
-    .map_err(|e| {
-        ApiError(SandboxError::internal(format!(
-            "compiling the seccomp profile: {e}"
-        )))
-    })?
-    .map_err(|e| ApiError::bad("invalid_seccomp", e.to_string()))?;
-    if compiled.instructions() > SECCOMP_MAX_INSTRUCTIONS {
-        return Err(ApiError::bad(
-            "invalid_seccomp",
-            format!(
-                "the seccomp profile compiles to {} instructions; the kernel takes at most {SECCOMP_MAX_INSTRUCTIONS}",
-                compiled.instructions()
-            ),
-        ));
-    }
-    Ok(compiled.to_bytes())
+    let compiled = tokio::task::spawn_blocking(move || process_program(&profile))
+        .await
+        .map_err(|e| {
+            ApiError(SandboxError::internal(format!(
+                "compiling the seccomp profile: {e}"
+            )))
+        })?
+        .map_err(|e| ApiError::bad("invalid_seccomp", e.to_string()))?;
+    Ok(compiled.to_vec())
 }
 
 /// Most supplementary groups a process may be given (Kubernetes' merges

@@ -30,8 +30,10 @@ use oci_spec::runtime::{
 pub enum SeccompFilterError {
     #[error("the sandbox seccomp profile uses {0}, which sandboxd does not compile; this is a bug in sandboxd, please report it")]
     Unsupported(String),
-    #[error("the process's seccomp profile uses {0}, which sandboxd does not load; use allow, errno, kill, trap or log actions")]
+    #[error("the process's seccomp profile uses {0}, which sandboxd does not load")]
     Refused(String),
+    #[error("the process's seccomp profile: {0}")]
+    Invalid(String),
     #[error("compiling the seccomp profile with libseccomp: {0}")]
     Compile(String),
     #[error("exporting the compiled seccomp filter: {0}")]
@@ -83,7 +85,9 @@ fn action(
         (LinuxSeccompAction::ScmpActKillProcess, Profile::Process) => Ok(ScmpAction::KillProcess),
         (LinuxSeccompAction::ScmpActTrap, Profile::Process) => Ok(ScmpAction::Trap),
         (LinuxSeccompAction::ScmpActLog, Profile::Process) => Ok(ScmpAction::Log),
-        (other, _) => Err(profile.not_compiled(format!("{other:?}"))),
+        (other, _) => Err(profile.not_compiled(format!(
+            "the action {other:?} (the actions loaded are allow, errno, kill, trap and log)"
+        ))),
     }
 }
 
@@ -100,6 +104,17 @@ fn arch(profile: Profile, arch: Arch) -> Result<ScmpArch, SeccompFilterError> {
             .ok_or_else(|| profile.not_compiled(format!("architecture {other:?}"))),
         (other, Profile::Sandbox) => Err(profile.not_compiled(format!("{other:?}"))),
     }
+}
+
+/// Whether `profile` refuses clone3 only because it names it nowhere (a
+/// profile written before the call existed).
+fn unaware_of_clone3(profile: &LinuxSeccomp, default: ScmpAction) -> bool {
+    !matches!(default, ScmpAction::Allow | ScmpAction::Log)
+        && !profile
+            .syscalls()
+            .iter()
+            .flatten()
+            .any(|rule| rule.names().iter().any(|name| name == "clone3"))
 }
 
 /// One argument comparison of a rule. A masked one is read two ways:
@@ -190,6 +205,16 @@ impl CompiledFilter {
                 }
             }
         }
+        if kind == Profile::Process && unaware_of_clone3(profile, default) {
+            // As runc does for a profile older than clone3: glibc creates
+            // threads with clone3 and falls back to clone only on ENOSYS.
+            // The kernel takes the newest filter's errno where two refuse,
+            // so the profile's EPERM would override the sandbox's ENOSYS
+            // and no thread could start.
+            let clone3 = ScmpSyscall::from_name("clone3").map_err(compile_err)?;
+            ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), clone3)
+                .map_err(compile_err)?;
+        }
         let exported = nix::sys::memfd::memfd_create(
             c"sandboxd-seccomp",
             nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
@@ -266,6 +291,60 @@ impl CompiledFilter {
             Err(std::io::Error::last_os_error())
         }
     }
+}
+
+/// Most syscall names a process's profile may list over all its rules
+/// (containerd's default lists about 350), checked before libseccomp
+/// compiles it.
+const MAX_PROCESS_PROFILE_NAMES: usize = 4096;
+
+/// Process profiles compiled lately, kept by their JSON text: a pod's
+/// containers, and every exec into them, bring the same profile, which
+/// would otherwise be compiled again each time.
+const KEPT_PROCESS_PROGRAMS: usize = 16;
+
+/// A compiled process profile and its JSON text.
+type KeptProgram = (String, Arc<[u8]>);
+
+/// The program a process's own `profile` (an OCI `linux.seccomp` as JSON)
+/// compiles to, in the form the agent takes
+/// (`sandbox_proto::confinement::ProcessConfinement::seccomp_filter`).
+pub fn process_program(profile: &serde_json::Value) -> Result<Arc<[u8]>, SeccompFilterError> {
+    static KEPT: OnceLock<std::sync::Mutex<Vec<KeptProgram>>> = OnceLock::new();
+    let text = profile.to_string();
+    let kept = KEPT.get_or_init(Default::default);
+    let lock = || kept.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, program)) = lock().iter().find(|(t, _)| *t == text) {
+        return Ok(Arc::clone(program));
+    }
+    let parsed: LinuxSeccomp = serde_json::from_value(profile.clone())
+        .map_err(|e| SeccompFilterError::Invalid(e.to_string()))?;
+    let names: usize = parsed
+        .syscalls()
+        .iter()
+        .flatten()
+        .map(|r| r.names().len())
+        .sum();
+    if names > MAX_PROCESS_PROFILE_NAMES {
+        return Err(SeccompFilterError::Invalid(format!(
+            "{names} syscall names over its rules; at most {MAX_PROCESS_PROFILE_NAMES}"
+        )));
+    }
+    let compiled = CompiledFilter::compile_as(Profile::Process, &parsed)?;
+    let max = sandbox_proto::confinement::SECCOMP_MAX_INSTRUCTIONS;
+    if compiled.instructions() > max {
+        return Err(SeccompFilterError::Invalid(format!(
+            "it compiles to {} instructions; the kernel takes at most {max}",
+            compiled.instructions()
+        )));
+    }
+    let program: Arc<[u8]> = compiled.to_bytes().into();
+    let mut kept = lock();
+    if kept.len() >= KEPT_PROCESS_PROGRAMS {
+        kept.remove(0);
+    }
+    kept.push((text, Arc::clone(&program)));
+    Ok(program)
 }
 
 /// The sandbox profile, compiled once per process: a standby supervisor

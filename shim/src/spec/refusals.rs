@@ -49,6 +49,45 @@ pub(super) fn check_spec(config: &Value, linux: &Value, role: &Role) -> Result<(
     if let Some(resources) = linux.get("resources") {
         check_resources(resources)?;
     }
+    if let Some(profile) = linux.get("seccomp").filter(|p| !p.is_null()) {
+        check_seccomp(profile)?;
+    }
+    Ok(())
+}
+
+/// What of a seccomp profile sandboxd never loads, refused at the create
+/// (sandboxd compiles the rest when each process starts, and refuses what
+/// does not compile then).
+fn check_seccomp(profile: &Value) -> Result<(), SpecError> {
+    for (name, why) in [
+        (
+            "listenerPath",
+            "seccomp notifications go to no agent of the host's in sandboxd",
+        ),
+        ("flags", "seccomp filter flags are not set by sandboxd"),
+    ] {
+        if present(profile.get(name)) {
+            return Err(refuse(format!("linux.seccomp.{name}"), why));
+        }
+    }
+    let actions = std::iter::once(("linux.seccomp.defaultAction", profile.get("defaultAction")))
+        .chain(
+            profile
+                .get("syscalls")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|rule| ("linux.seccomp.syscalls.action", rule.get("action"))),
+        );
+    for (field, action) in actions {
+        let action = action.and_then(Value::as_str).unwrap_or_default();
+        if matches!(action, "SCMP_ACT_NOTIFY" | "SCMP_ACT_TRACE") {
+            return Err(refuse(
+                field,
+                format!("{action} needs a tracer or a listener outside the sandbox, which sandboxd does not run"),
+            ));
+        }
+    }
     Ok(())
 }
 
