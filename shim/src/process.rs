@@ -246,16 +246,28 @@ fn open_fifo_for_writing(path: &str) -> Option<File> {
     Some(file)
 }
 
+/// How long output is still asked for after the process's exit was
+/// recorded: its output stays in the supervisor, and a stream that broke
+/// (a daemon restarting) or never came may still deliver it.
+const OUTPUT_AFTER_EXIT: Duration = Duration::from_secs(10);
+
 /// Copies the process's output into containerd's FIFOs until the stream
 /// says it exited, resuming from the offsets reached when the stream
 /// breaks (a restarted daemon). Ends early when sandboxd no longer knows
-/// the process or its exit is recorded and the stream is gone.
+/// the process, or when the stream is still gone [`OUTPUT_AFTER_EXIT`]
+/// after its exit was recorded (the exit may be recorded by the shim's
+/// wait before this loop's next try: giving up then lost the output of a
+/// process that ended at once).
 pub fn copy_output(daemon: &Daemon, sandbox: &str, api_id: u64, process: &Process) {
     let mut stdout = open_fifo_for_writing(&process.stdio.stdout);
     let mut stderr = open_fifo_for_writing(&process.stdio.stderr);
     let (mut stdout_offset, mut stderr_offset) = (0u64, 0u64);
     let mut backoff = Backoff::new();
+    let mut exit_seen: Option<std::time::Instant> = None;
     loop {
+        if process.has_exited() {
+            exit_seen.get_or_insert_with(std::time::Instant::now);
+        }
         let path = format!(
             "/v1/sandboxes/{sandbox}/processes/{api_id}/output?stdout_offset={stdout_offset}&stderr_offset={stderr_offset}"
         );
@@ -287,7 +299,10 @@ pub fn copy_output(daemon: &Daemon, sandbox: &str, api_id: u64, process: &Proces
             Err(DaemonError::Refused { status: 404, .. }) => return,
             Err(e) => log::debug!("the output of process {api_id}: {e}"),
         }
-        if process.has_exited() {
+        if exit_seen.is_some_and(|at| at.elapsed() >= OUTPUT_AFTER_EXIT) {
+            log::warn!(
+                "the output of process {api_id}, which has exited, could not be read; giving up"
+            );
             return;
         }
         backoff.pause();
