@@ -245,12 +245,16 @@ fn spawn(
                     step: step.describe(cwd),
                     source,
                 },
-                // After the process's own filter was loaded: it may be what
-                // refused the exec.
-                None if filtered => ProcError::Setup {
-                    step: format!("executing {program} under the process's seccomp profile (which may refuse execve)"),
-                    source,
-                },
+                // After the process's own filter was loaded: a refusal may
+                // be its answer.
+                None if filtered
+                    && matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)) =>
+                {
+                    ProcError::Setup {
+                        step: format!("executing {program} under the process's seccomp profile (which may refuse execve)"),
+                        source,
+                    }
+                }
                 None => ProcError::Exec { program, source },
             });
         }
@@ -276,6 +280,15 @@ pub enum Step {
     Cwd,
     Seccomp,
 }
+
+// `failed_step` reads the child's `step as u8` as an index into `ALL`.
+const _: () = {
+    let mut i = 0;
+    while i < Step::ALL.len() {
+        assert!(Step::ALL[i] as usize == i);
+        i += 1;
+    }
+};
 
 impl Step {
     const ALL: [Step; 12] = [
@@ -467,9 +480,11 @@ fn write_oom_score(text: &[u8]) -> Result<(), ()> {
 fn seccomp_program(bytes: &[u8]) -> Result<Vec<libc::sock_filter>, ProcError> {
     use sandbox_proto::confinement::{SECCOMP_INSTRUCTION_BYTES, SECCOMP_MAX_INSTRUCTIONS};
     let count = bytes.len() / SECCOMP_INSTRUCTION_BYTES;
-    if !bytes.len().is_multiple_of(SECCOMP_INSTRUCTION_BYTES)
-        || !(1..=SECCOMP_MAX_INSTRUCTIONS).contains(&count)
-    {
+    let whole = bytes
+        .chunks_exact(SECCOMP_INSTRUCTION_BYTES)
+        .remainder()
+        .is_empty();
+    if !whole || !(1..=SECCOMP_MAX_INSTRUCTIONS).contains(&count) {
         return Err(ProcError::Invalid(format!(
             "a seccomp program of {} bytes is not 1 to {SECCOMP_MAX_INSTRUCTIONS} instructions of {SECCOMP_INSTRUCTION_BYTES} bytes",
             bytes.len()

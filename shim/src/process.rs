@@ -288,6 +288,10 @@ pub fn copy_output(daemon: &Daemon, sandbox: &str, api_id: u64, process: &Proces
                         .decode(event["data"].as_str().unwrap_or_default())
                         .unwrap_or_default();
                     *offset = event["offset"].as_u64().unwrap_or(*offset) + data.len() as u64;
+                    // Still arriving: the wait after the exit starts again.
+                    if exit_seen.is_some() {
+                        exit_seen = Some(std::time::Instant::now());
+                    }
                     if let Some(file) = sink {
                         if file.write_all(&data).is_err() {
                             // The reader went away (ctr detached): keep draining.

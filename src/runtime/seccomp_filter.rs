@@ -109,12 +109,16 @@ fn arch(profile: Profile, arch: Arch) -> Result<ScmpArch, SeccompFilterError> {
 /// Whether `profile` refuses clone3 only because it names it nowhere (a
 /// profile written before the call existed).
 fn unaware_of_clone3(profile: &LinuxSeccomp, default: ScmpAction) -> bool {
-    !matches!(default, ScmpAction::Allow | ScmpAction::Log)
-        && !profile
-            .syscalls()
-            .iter()
-            .flatten()
-            .any(|rule| rule.names().iter().any(|name| name == "clone3"))
+    // An ENOSYS default already says it (and libseccomp refuses a rule
+    // that repeats the default).
+    !matches!(
+        default,
+        ScmpAction::Allow | ScmpAction::Log | ScmpAction::Errno(libc::ENOSYS)
+    ) && !profile
+        .syscalls()
+        .iter()
+        .flatten()
+        .any(|rule| rule.names().iter().any(|name| name == "clone3"))
 }
 
 /// One argument comparison of a rule. A masked one is read two ways:
@@ -298,10 +302,19 @@ impl CompiledFilter {
 /// compiles it.
 const MAX_PROCESS_PROFILE_NAMES: usize = 4096;
 
+/// Most rules libseccomp is asked to add for a process's profile: a name
+/// with comparisons that repeat an argument becomes one rule per
+/// comparison.
+const MAX_PROCESS_PROFILE_RULES: usize = 8192;
+
 /// Process profiles compiled lately, kept by their JSON text: a pod's
 /// containers, and every exec into them, bring the same profile, which
 /// would otherwise be compiled again each time.
 const KEPT_PROCESS_PROGRAMS: usize = 16;
+
+/// Profiles longer than this are compiled each time, not kept (so the kept
+/// texts stay small; containerd's default is about 20 KB).
+const MAX_KEPT_PROFILE_BYTES: usize = 256 * 1024;
 
 /// A compiled process profile and its JSON text.
 type KeptProgram = (String, Arc<[u8]>);
@@ -319,15 +332,14 @@ pub fn process_program(profile: &serde_json::Value) -> Result<Arc<[u8]>, Seccomp
     }
     let parsed: LinuxSeccomp = serde_json::from_value(profile.clone())
         .map_err(|e| SeccompFilterError::Invalid(e.to_string()))?;
-    let names: usize = parsed
-        .syscalls()
-        .iter()
-        .flatten()
-        .map(|r| r.names().len())
+    let rules = parsed.syscalls().iter().flatten();
+    let names: usize = rules.clone().map(|r| r.names().len()).sum();
+    let added: usize = rules
+        .map(|r| r.names().len() * r.args().as_ref().map_or(1, |a| a.len().max(1)))
         .sum();
-    if names > MAX_PROCESS_PROFILE_NAMES {
+    if names > MAX_PROCESS_PROFILE_NAMES || added > MAX_PROCESS_PROFILE_RULES {
         return Err(SeccompFilterError::Invalid(format!(
-            "{names} syscall names over its rules; at most {MAX_PROCESS_PROFILE_NAMES}"
+            "{names} syscall names, {added} with their comparisons, over its rules; at most {MAX_PROCESS_PROFILE_NAMES} and {MAX_PROCESS_PROFILE_RULES}"
         )));
     }
     let compiled = CompiledFilter::compile_as(Profile::Process, &parsed)?;
@@ -339,6 +351,9 @@ pub fn process_program(profile: &serde_json::Value) -> Result<Arc<[u8]>, Seccomp
         )));
     }
     let program: Arc<[u8]> = compiled.to_bytes().into();
+    if text.len() > MAX_KEPT_PROFILE_BYTES {
+        return Ok(program);
+    }
     let mut kept = lock();
     if kept.len() >= KEPT_PROCESS_PROGRAMS {
         kept.remove(0);
@@ -433,6 +448,15 @@ mod tests {
         }));
         let compiled = CompiledFilter::compile_as(Profile::Process, &taken);
         assert!(compiled.is_ok_and(|c| c.to_bytes().len() == c.instructions() * 8));
+        // An ENOSYS default needs no clone3 rule (libseccomp would refuse
+        // one that repeats the default).
+        let enosys = profile(serde_json::json!({
+            "defaultAction": "SCMP_ACT_ERRNO", "defaultErrnoRet": 38,
+            "syscalls": [{"names": ["read"], "action": "SCMP_ACT_ALLOW"}]
+        }));
+        if let Err(e) = CompiledFilter::compile_as(Profile::Process, &enosys) {
+            panic!("{e}");
+        }
         // sandboxd's own profile takes none of those: a bug, said so.
         assert!(matches!(
             CompiledFilter::compile(&taken),

@@ -437,8 +437,11 @@ async fn serve(
         let asked = link
             .call(sandbox_proto::RequestBody::Health, &[], deadline)
             .await;
+        let known = sandbox_proto::OLDEST_PROTOCOL_VERSION..=sandbox_proto::PROTOCOL_VERSION;
         match asked {
-            Ok(sandbox_proto::Reply::Health { version }) => link.set_agent_version(version),
+            Ok(sandbox_proto::Reply::Health { version }) if known.contains(&version) => {
+                link.set_agent_version(version)
+            }
             Ok(other) => {
                 return fail(
                     format!("the restored agent answered health with {other:?}"),

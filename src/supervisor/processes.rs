@@ -1528,6 +1528,35 @@ pub(super) mod tests {
     }
 
     #[tokio::test]
+    async fn groups_and_confinement_reach_only_an_agent_that_applies_them() {
+        let restore = RestoreSpec {
+            criu: PathBuf::from("/nonexistent/criu"),
+            images_dir: PathBuf::from("/nonexistent/images"),
+            checkpoint: Checkpoint::default(),
+            next_proc: 7,
+            processes: Vec::new(),
+        };
+        // A restored agent, before its Health answer says otherwise, is
+        // taken for the oldest protocol, which reads past both.
+        let mut h = harness(RuntimeSpec::ContainerRestore(restore)).await;
+        let mut confined = spawn_spec(&["id"]);
+        confined.confinement.capabilities = Some(0);
+        let mut grouped = spawn_spec(&["id"]);
+        grouped.groups = vec![10];
+        for refused in [confined.clone(), grouped] {
+            let answer = h.sup.spawn(refused).await;
+            assert_eq!(kind_of(answer), SupervisorErrorKind::InvalidInput);
+        }
+        // Nothing of them reached the agent: the next request it gets is
+        // a plain spawn's, with the next id.
+        let (plain, request) = h.spawn(spawn_spec(&["true"]), 70).await;
+        assert_eq!((plain.id, request.argv), (7, vec!["true".to_string()]));
+        h.sup.link.set_agent_version(PROTOCOL_VERSION);
+        let (_, request) = h.spawn(confined, 71).await;
+        assert_eq!(request.confinement.capabilities, Some(0));
+    }
+
+    #[tokio::test]
     async fn a_fork_inherits_the_checkpoints_processes_and_continues_its_ids() {
         let inherited = process(5, "sb-source", 42);
         let restore = RestoreSpec {

@@ -75,7 +75,7 @@ fn the_guest_agent_answers_the_real_protocol() {
     assert_eq!(
         agent.call(RequestBody::Health).0,
         Reply::Health {
-            version: sandbox_proto::PROTOCOL_VERSION
+            version: common::TEST_GUEST_PROTOCOL_VERSION
         }
     );
     assert_eq!(
