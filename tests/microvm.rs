@@ -383,19 +383,10 @@ async fn vm_requests_that_cannot_work_say_why() {
         body.as_object_mut()
             .expect("object")
             .extend(confinement.as_object().cloned().unwrap_or_default());
-        let (status, answer) = daemon
-            .call(
-                Method::POST,
-                &format!("/v1/sandboxes/{id}/processes"),
-                Some(body),
-            )
-            .await;
-        assert_eq!(status, StatusCode::BAD_REQUEST, "{confinement}: {answer}");
+        let message = daemon.refused_process(&id, body, "invalid_request").await;
         assert!(
-            answer["error"]["message"]
-                .as_str()
-                .is_some_and(|m| m.contains("speaks protocol 2")),
-            "{answer}"
+            message.contains("speaks protocol 2"),
+            "{confinement}: {message}"
         );
     }
     // A kernel file that is not a kernel: the VMM refuses it and the create

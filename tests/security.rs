@@ -30,24 +30,6 @@ async fn ran(daemon: &Daemon, id: &str, body: serde_json::Value) -> common::Exec
     daemon.output(id, proc).await
 }
 
-/// Asks for process `body` in sandbox `id`, which the API must refuse
-/// (400) with `code`; returns the error's message.
-async fn refused_process(daemon: &Daemon, id: &str, body: serde_json::Value, code: &str) -> String {
-    let (status, answer) = daemon
-        .call(
-            Method::POST,
-            &format!("/v1/sandboxes/{id}/processes"),
-            Some(body),
-        )
-        .await;
-    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
-    assert_eq!(answer["error"]["code"], code, "{answer}");
-    answer["error"]["message"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string()
-}
-
 #[tokio::test]
 async fn setuid_binaries_gain_nothing() {
     require_host!();
@@ -123,7 +105,7 @@ async fn a_process_gets_exactly_the_supplementary_groups_it_asks_for() {
             "invalid_groups",
         ),
     ] {
-        refused_process(&daemon, &id, body, code).await;
+        daemon.refused_process(&id, body, code).await;
     }
 }
 
@@ -190,13 +172,13 @@ async fn a_process_keeps_only_the_capabilities_it_names() {
         "{sets:x?}"
     );
 
-    let message = refused_process(
-        &daemon,
-        &id,
-        json!({"argv": ["id"], "capabilities": ["CAP_SYS_ADMIN"]}),
-        "invalid_capabilities",
-    )
-    .await;
+    let message = daemon
+        .refused_process(
+            &id,
+            json!({"argv": ["id"], "capabilities": ["CAP_SYS_ADMIN"]}),
+            "invalid_capabilities",
+        )
+        .await;
     assert!(message.contains("CAP_SYS_ADMIN"), "{message}");
 }
 
@@ -306,7 +288,7 @@ async fn a_process_seccomp_profile_stacks_on_the_sandboxes() {
         json!({"defaultAction": "ALLOW"}),
     ] {
         let body = json!({"argv": ["true"], "seccomp": profile});
-        refused_process(&daemon, &id, body, "invalid_seccomp").await;
+        daemon.refused_process(&id, body, "invalid_seccomp").await;
     }
 }
 
@@ -352,7 +334,9 @@ async fn a_sandboxs_processes_start_at_oom_score_zero_and_go_only_up() {
         said.err()
     );
     let body = json!({"argv": ["true"], "oom_score_adj": -500});
-    refused_process(&daemon, &id, body, "invalid_oom_score_adj").await;
+    daemon
+        .refused_process(&id, body, "invalid_oom_score_adj")
+        .await;
 }
 
 #[tokio::test]

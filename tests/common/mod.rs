@@ -520,6 +520,24 @@ impl Daemon {
         value["id"].as_u64().expect("process id")
     }
 
+    /// Asks for process `body` in sandbox `id`, which the API must refuse
+    /// (400) with `code`; returns the error's message.
+    pub async fn refused_process(&self, id: &str, body: Value, code: &str) -> String {
+        let (status, answer) = self
+            .call(
+                Method::POST,
+                &format!("/v1/sandboxes/{id}/processes"),
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+        assert_eq!(answer["error"]["code"], code, "{answer}");
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+
     /// Reads a process's output stream to its end.
     pub async fn output(&self, id: &str, proc: u64) -> Exec {
         let (status, bytes) = self
