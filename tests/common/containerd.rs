@@ -89,17 +89,67 @@ impl Drop for Containerd {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
-        // The snapshotter's mounts of tasks that were not removed.
-        // Nothing mounted there is the usual case; umount's complaint is noise.
-        // CRI's pod /dev/shm mounts live under its state.
-        for dir in ["root", "state"] {
-            let _ = Command::new("umount")
-                .arg("-R")
-                .arg(self.dir.path().join(dir))
-                .stderr(Stdio::null())
-                .status();
+        // What pods and tasks that were not removed (a failed test) leave:
+        // their pods' network namespaces, named in their bundles, and the
+        // snapshotter's and CRI's mounts (pods' /dev/shm) under this
+        // containerd's directory. `umount -R` of the directory itself did
+        // not reach them: it is no mount point.
+        let namespaces = pod_network_namespaces(&self.dir.path().join("state"));
+        for point in mounts_under(self.dir.path()) {
+            let _ = nix::mount::umount2(point.as_path(), nix::mount::MntFlags::MNT_DETACH);
+        }
+        for netns in namespaces {
+            let _ = nix::mount::umount2(netns.as_path(), nix::mount::MntFlags::MNT_DETACH);
+            let _ = std::fs::remove_file(&netns);
         }
     }
+}
+
+/// The mount points at or under `dir`, deepest first.
+fn mounts_under(dir: &Path) -> Vec<PathBuf> {
+    let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let mut points: Vec<PathBuf> = table
+        .lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(PathBuf::from)
+        .filter(|point| point.starts_with(dir))
+        .collect();
+    points.sort_by_key(|point| std::cmp::Reverse(point.components().count()));
+    points
+}
+
+/// The network namespace files (under /run/netns) that the task bundles
+/// in containerd's `state` join: CNI's, one per pod sandbox.
+fn pod_network_namespaces(state: &Path) -> Vec<PathBuf> {
+    let bundles = state.join("io.containerd.runtime.v2.task");
+    let mut found = Vec::new();
+    for namespace in std::fs::read_dir(&bundles).into_iter().flatten().flatten() {
+        for bundle in std::fs::read_dir(namespace.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let Ok(text) = std::fs::read(bundle.path().join("config.json")) else {
+                continue;
+            };
+            let config: serde_json::Value = serde_json::from_slice(&text).unwrap_or_default();
+            let paths = config
+                .pointer("/linux/namespaces")
+                .and_then(serde_json::Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter(|ns| ns["type"] == "network")
+                .filter_map(|ns| ns["path"].as_str())
+                .map(|path| PathBuf::from(path.replacen("/var/run/", "/run/", 1)))
+                .filter(|path| path.starts_with("/run/netns"));
+            for path in paths {
+                if !found.contains(&path) {
+                    found.push(path);
+                }
+            }
+        }
+    }
+    found
 }
 
 impl Containerd {
