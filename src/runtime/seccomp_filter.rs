@@ -147,6 +147,92 @@ fn comparison(kind: Profile, arg: &LinuxSeccompArg) -> ScmpArgCompare {
     ScmpArgCompare::new(index, op, arg.value())
 }
 
+/// `profile` (sandboxd's own, or a process's) compiled as libcontainer
+/// would load it: the program as libseccomp exports it, `struct
+/// sock_filter`s in the host's byte order, which is also the form the agent
+/// takes (`sandbox_proto::confinement::ProcessConfinement::seccomp_filter`).
+fn export_as(kind: Profile, profile: &LinuxSeccomp) -> Result<Vec<u8>, SeccompFilterError> {
+    if profile.flags().as_ref().is_some_and(|f| !f.is_empty()) {
+        return Err(kind.not_compiled("filter flags".into()));
+    }
+    if profile.listener_path().is_some() {
+        return Err(kind.not_compiled("a notification listener".into()));
+    }
+    let default = action(kind, profile.default_action(), profile.default_errno_ret())?;
+    let mut ctx = ScmpFilterContext::new(default).map_err(compile_err)?;
+    // The init sets no_new_privs itself, as the spec says.
+    ctx.set_ctl_nnp(false).map_err(compile_err)?;
+    for &a in profile.architectures().iter().flatten() {
+        ctx.add_arch(arch(kind, a)?).map_err(compile_err)?;
+    }
+    for rule in profile.syscalls().iter().flatten() {
+        let act = action(kind, rule.action(), rule.errno_ret())?;
+        if act == default {
+            continue;
+        }
+        let comparisons: Vec<ScmpArgCompare> = rule
+            .args()
+            .iter()
+            .flatten()
+            .map(|a| comparison(kind, a))
+            .collect();
+        let mut indexes = HashSet::new();
+        let one_argument_each = rule
+            .args()
+            .iter()
+            .flatten()
+            .all(|a| indexes.insert(a.index()));
+        for name in rule.names() {
+            // libcontainer skips a name libseccomp cannot resolve, and
+            // so does this: the profile lists none (seccomp.rs).
+            let Ok(call) = ScmpSyscall::from_name(name) else {
+                tracing::warn!("seccomp: libseccomp does not know {name}; not filtered");
+                continue;
+            };
+            if comparisons.is_empty() {
+                ctx.add_rule(act, call).map_err(compile_err)?;
+            } else if one_argument_each {
+                ctx.add_rule_conditional(act, call, &comparisons)
+                    .map_err(compile_err)?;
+            } else {
+                for c in &comparisons {
+                    ctx.add_rule_conditional(act, call, std::slice::from_ref(c))
+                        .map_err(compile_err)?;
+                }
+            }
+        }
+    }
+    if kind == Profile::Process && unaware_of_clone3(profile, default) {
+        // As runc does for a profile older than clone3: glibc creates
+        // threads with clone3 and falls back to clone only on ENOSYS.
+        // The kernel takes the newest filter's errno where two refuse,
+        // so the profile's EPERM would override the sandbox's ENOSYS
+        // and no thread could start.
+        let clone3 = ScmpSyscall::from_name("clone3").map_err(compile_err)?;
+        ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), clone3)
+            .map_err(compile_err)?;
+    }
+    let exported = nix::sys::memfd::memfd_create(
+        c"sandboxd-seccomp",
+        nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
+    )
+    .map_err(|e| SeccompFilterError::Export(e.into()))?;
+    let mut file = std::fs::File::from(exported);
+    ctx.export_bpf(&file).map_err(compile_err)?;
+    let mut bytes = Vec::new();
+    file.rewind()
+        .and_then(|_| file.read_to_end(&mut bytes))
+        .map_err(SeccompFilterError::Export)?;
+    let size = std::mem::size_of::<libc::sock_filter>();
+    if bytes.is_empty() || bytes.len() % size != 0 {
+        return Err(SeccompFilterError::Compile(format!(
+            "libseccomp exported {} bytes, not whole BPF instructions",
+            bytes.len()
+        )));
+    }
+    Ok(bytes)
+}
+
 impl CompiledFilter {
     /// Compiles sandboxd's own `profile` as libcontainer would load it.
     pub fn compile(profile: &LinuxSeccomp) -> Result<CompiledFilter, SeccompFilterError> {
@@ -159,86 +245,9 @@ impl CompiledFilter {
         kind: Profile,
         profile: &LinuxSeccomp,
     ) -> Result<CompiledFilter, SeccompFilterError> {
-        if profile.flags().as_ref().is_some_and(|f| !f.is_empty()) {
-            return Err(kind.not_compiled("filter flags".into()));
-        }
-        if profile.listener_path().is_some() {
-            return Err(kind.not_compiled("a notification listener".into()));
-        }
-        let default = action(kind, profile.default_action(), profile.default_errno_ret())?;
-        let mut ctx = ScmpFilterContext::new(default).map_err(compile_err)?;
-        // The init sets no_new_privs itself, as the spec says.
-        ctx.set_ctl_nnp(false).map_err(compile_err)?;
-        for &a in profile.architectures().iter().flatten() {
-            ctx.add_arch(arch(kind, a)?).map_err(compile_err)?;
-        }
-        for rule in profile.syscalls().iter().flatten() {
-            let act = action(kind, rule.action(), rule.errno_ret())?;
-            if act == default {
-                continue;
-            }
-            let comparisons: Vec<ScmpArgCompare> = rule
-                .args()
-                .iter()
-                .flatten()
-                .map(|a| comparison(kind, a))
-                .collect();
-            let mut indexes = HashSet::new();
-            let one_argument_each = rule
-                .args()
-                .iter()
-                .flatten()
-                .all(|a| indexes.insert(a.index()));
-            for name in rule.names() {
-                // libcontainer skips a name libseccomp cannot resolve, and
-                // so does this: the profile lists none (seccomp.rs).
-                let Ok(call) = ScmpSyscall::from_name(name) else {
-                    tracing::warn!("seccomp: libseccomp does not know {name}; not filtered");
-                    continue;
-                };
-                if comparisons.is_empty() {
-                    ctx.add_rule(act, call).map_err(compile_err)?;
-                } else if one_argument_each {
-                    ctx.add_rule_conditional(act, call, &comparisons)
-                        .map_err(compile_err)?;
-                } else {
-                    for c in &comparisons {
-                        ctx.add_rule_conditional(act, call, std::slice::from_ref(c))
-                            .map_err(compile_err)?;
-                    }
-                }
-            }
-        }
-        if kind == Profile::Process && unaware_of_clone3(profile, default) {
-            // As runc does for a profile older than clone3: glibc creates
-            // threads with clone3 and falls back to clone only on ENOSYS.
-            // The kernel takes the newest filter's errno where two refuse,
-            // so the profile's EPERM would override the sandbox's ENOSYS
-            // and no thread could start.
-            let clone3 = ScmpSyscall::from_name("clone3").map_err(compile_err)?;
-            ctx.add_rule(ScmpAction::Errno(libc::ENOSYS), clone3)
-                .map_err(compile_err)?;
-        }
-        let exported = nix::sys::memfd::memfd_create(
-            c"sandboxd-seccomp",
-            nix::sys::memfd::MemFdCreateFlag::MFD_CLOEXEC,
-        )
-        .map_err(|e| SeccompFilterError::Export(e.into()))?;
-        let mut file = std::fs::File::from(exported);
-        ctx.export_bpf(&file).map_err(compile_err)?;
-        let mut bytes = Vec::new();
-        file.rewind()
-            .and_then(|_| file.read_to_end(&mut bytes))
-            .map_err(SeccompFilterError::Export)?;
-        let size = std::mem::size_of::<libc::sock_filter>();
-        if bytes.is_empty() || bytes.len() % size != 0 {
-            return Err(SeccompFilterError::Compile(format!(
-                "libseccomp exported {} bytes, not whole BPF instructions",
-                bytes.len()
-            )));
-        }
+        let bytes = export_as(kind, profile)?;
         let program = bytes
-            .chunks_exact(size)
+            .chunks_exact(std::mem::size_of::<libc::sock_filter>())
             .map(|i| libc::sock_filter {
                 code: u16::from_ne_bytes([i[0], i[1]]),
                 jt: i[2],
@@ -248,28 +257,6 @@ impl CompiledFilter {
             .collect();
         Ok(CompiledFilter { program })
     }
-
-    /// The program as the agent takes it
-    /// (`sandbox_proto::confinement::ProcessConfinement::seccomp_filter`).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        self.program
-            .iter()
-            .flat_map(|i| {
-                let mut bytes = [0u8; 8];
-                bytes[..2].copy_from_slice(&i.code.to_ne_bytes());
-                bytes[2] = i.jt;
-                bytes[3] = i.jf;
-                bytes[4..].copy_from_slice(&i.k.to_ne_bytes());
-                bytes
-            })
-            .collect()
-    }
-
-    /// How many instructions the program has.
-    pub fn instructions(&self) -> usize {
-        self.program.len()
-    }
-
     /// Puts the filter on the calling thread, for good. The caller has set
     /// `no_new_privs` (or holds CAP_SYS_ADMIN in its user namespace).
     pub fn install(&self) -> std::io::Result<()> {
@@ -342,15 +329,15 @@ pub fn process_program(profile: &serde_json::Value) -> Result<Arc<[u8]>, Seccomp
             "{names} syscall names, {added} with their comparisons, over its rules; at most {MAX_PROCESS_PROFILE_NAMES} and {MAX_PROCESS_PROFILE_RULES}"
         )));
     }
-    let compiled = CompiledFilter::compile_as(Profile::Process, &parsed)?;
+    let program = export_as(Profile::Process, &parsed)?;
+    let instructions = program.len() / std::mem::size_of::<libc::sock_filter>();
     let max = sandbox_proto::confinement::SECCOMP_MAX_INSTRUCTIONS;
-    if compiled.instructions() > max {
+    if instructions > max {
         return Err(SeccompFilterError::Invalid(format!(
-            "it compiles to {} instructions; the kernel takes at most {max}",
-            compiled.instructions()
+            "it compiles to {instructions} instructions; the kernel takes at most {max}"
         )));
     }
-    let program: Arc<[u8]> = compiled.to_bytes().into();
+    let program: Arc<[u8]> = program.into();
     if text.len() > MAX_KEPT_PROFILE_BYTES {
         return Ok(program);
     }
@@ -447,7 +434,11 @@ mod tests {
             ]
         }));
         let compiled = CompiledFilter::compile_as(Profile::Process, &taken);
-        assert!(compiled.is_ok_and(|c| c.to_bytes().len() == c.instructions() * 8));
+        let exported = export_as(Profile::Process, &taken);
+        assert!(matches!(
+            (compiled, exported),
+            (Ok(c), Ok(e)) if e.len() == c.program.len() * 8
+        ));
         // An ENOSYS default needs no clone3 rule (libseccomp would refuse
         // one that repeats the default).
         let enosys = profile(serde_json::json!({
