@@ -134,16 +134,7 @@ impl AgentLink {
             .await
             .map_err(|_| LinkError::Timeout(hello_deadline))??;
         match first {
-            AgentMessage::Hello { version }
-                if (OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) =>
-            {
-                self.set_agent_version(version);
-            }
-            AgentMessage::Hello { version } => {
-                return Err(LinkError::Protocol(format!(
-                    "agent speaks protocol {version}, this supervisor {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
-                )))
-            }
+            AgentMessage::Hello { version } => self.set_agent_version(version)?,
             other => {
                 return Err(LinkError::Protocol(format!(
                     "expected hello, got {other:?}"
@@ -153,10 +144,17 @@ impl AgentLink {
         Ok(())
     }
 
-    /// What the agent said it speaks: a restored agent says it in its
-    /// answer to Health, not in a Hello.
-    pub fn set_agent_version(&self, version: u32) {
+    /// What the agent said it speaks (a restored agent says it in its
+    /// answer to Health, not in a Hello); a protocol this supervisor does
+    /// not speak is a breach.
+    pub fn set_agent_version(&self, version: u32) -> Result<(), LinkError> {
+        if !(OLDEST_PROTOCOL_VERSION..=PROTOCOL_VERSION).contains(&version) {
+            return Err(LinkError::Protocol(format!(
+                "agent speaks protocol {version}, this supervisor {OLDEST_PROTOCOL_VERSION} to {PROTOCOL_VERSION}"
+            )));
+        }
         self.agent_version.store(version, Ordering::Relaxed);
+        Ok(())
     }
 
     pub fn agent_version(&self) -> u32 {

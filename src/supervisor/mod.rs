@@ -437,25 +437,15 @@ async fn serve(
         let asked = link
             .call(sandbox_proto::RequestBody::Health, &[], deadline)
             .await;
-        let known = sandbox_proto::OLDEST_PROTOCOL_VERSION..=sandbox_proto::PROTOCOL_VERSION;
-        match asked {
-            Ok(sandbox_proto::Reply::Health { version }) if known.contains(&version) => {
-                link.set_agent_version(version)
-            }
-            Ok(other) => {
-                return fail(
-                    format!("the restored agent answered health with {other:?}"),
-                    &config,
-                    &paths,
-                )
-            }
-            Err(e) => {
-                return fail(
-                    format!("the restored agent does not answer: {e}"),
-                    &config,
-                    &paths,
-                )
-            }
+        let spoken = match asked {
+            Ok(sandbox_proto::Reply::Health { version }) => link
+                .set_agent_version(version)
+                .map_err(|e| format!("answered health: {e}")),
+            Ok(other) => Err(format!("answered health with {other:?}")),
+            Err(e) => Err(format!("does not answer: {e}")),
+        };
+        if let Err(e) = spoken {
+            return fail(format!("the restored agent {e}"), &config, &paths);
         }
     }
     clock.lap("agent");

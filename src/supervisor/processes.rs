@@ -1551,7 +1551,10 @@ pub(super) mod tests {
         // a plain spawn's, with the next id.
         let (plain, request) = h.spawn(spawn_spec(&["true"]), 70).await;
         assert_eq!((plain.id, request.argv), (7, vec!["true".to_string()]));
-        h.sup.link.set_agent_version(PROTOCOL_VERSION);
+        h.sup
+            .link
+            .set_agent_version(PROTOCOL_VERSION)
+            .expect("this build's protocol");
         let (_, request) = h.spawn(confined, 71).await;
         assert_eq!(request.confinement.capabilities, Some(0));
     }
