@@ -216,7 +216,11 @@ pub fn process(process: &Value, field: &str, under_cri: bool) -> Result<ProcessS
             body["groups"] = json!(groups);
         }
     }
-    body["capabilities"] = json!(capabilities(process));
+    // What the process keeps is its bounding set, which bounds what it
+    // holds after its exec as root (its effective and permitted sets,
+    // containerd's equal to it, are within it or refused). A process
+    // without the field has none, as the OCI spec says.
+    body["capabilities"] = json!(refusals::capability_set(process, "bounding"));
     // The kubelet's negative scores (its Guaranteed pods' containers and
     // pod sandboxes) would shield untrusted code from the OOM killer:
     // sandboxd keeps a sandbox's processes at 0 and up.
@@ -228,20 +232,6 @@ pub fn process(process: &Value, field: &str, under_cri: bool) -> Result<ProcessS
         body["oom_score_adj"] = json!(score.min(1000));
     }
     Ok(ProcessSpec { body })
-}
-
-/// The capabilities a process keeps: its bounding set, which bounds what
-/// it holds after its exec as root (its effective and permitted sets,
-/// containerd's equal to it, are within it or refused). A process
-/// without the field has none, as the OCI spec says.
-fn capabilities(process: &Value) -> Vec<&str> {
-    process
-        .pointer("/capabilities/bounding")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-        .collect()
 }
 
 /// The seccomp profile of a container (`linux.seccomp`), which each of

@@ -267,20 +267,12 @@ pub(super) fn check_process(
             ));
         }
     }
-    // The bounding set is what the process keeps (`spec::capabilities`);
-    // a root process's effective and permitted sets come from it at its
+    // The bounding set is what the process keeps (`spec::process`); a
+    // root process's effective and permitted sets come from it at its
     // exec, and the inheritable set is emptied, so each may only be
     // within it. Ambient capabilities would give a non-root process some:
     // sandboxd gives none.
-    let set_of = |set: &str| -> Vec<&str> {
-        process
-            .pointer(&format!("/capabilities/{set}"))
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect()
-    };
+    let set_of = |set| capability_set(process, set);
     for set in ["bounding", "effective", "permitted", "inheritable"] {
         let wanted = process
             .pointer(&format!("/capabilities/{set}"))
@@ -316,6 +308,18 @@ pub(super) fn check_process(
         }
     }
     Ok(())
+}
+
+/// The names in a process's capability set `set` (`bounding`, `ambient`,
+/// ...); none when the set, or the whole field, is absent.
+pub(super) fn capability_set<'a>(process: &'a Value, set: &str) -> Vec<&'a str> {
+    process
+        .pointer(&format!("/capabilities/{set}"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect()
 }
 
 /// `linux.resources` beyond the limits the caller takes (memory, CPU quota
