@@ -486,8 +486,8 @@ impl Supervisor {
             pty: spec.pty,
             cgroup_fds: cgroup_files.len() as u8,
             root: spec.root.clone(),
-            groups: spec.groups.clone(),
-            confinement: spec.confinement.clone(),
+            groups: spec.groups,
+            confinement: spec.confinement,
         };
         {
             let mut procs = self.procs();
