@@ -310,6 +310,7 @@ fn run_once(fx: &Fixture, i: usize, netns_in_spec: bool) -> Result<RunResult> {
         netns_path: fx.netns.clone(),
         cgroups_path: format!("/{CGROUP_PARENT}/{id}"),
         cpu_cores: 0.5,
+        cpu_shares: None,
         memory_bytes: 256 << 20,
         pids_max: 128,
         host_uid_base: UID_BASE,

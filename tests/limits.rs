@@ -250,6 +250,40 @@ async fn cpu_limit_throttles() {
     assert!(nanos > 0, "throttled for {nanos} ns");
 }
 
+/// A sandbox's CPU weight against the others (what a Kubernetes pod's
+/// requests become) is its group's, and only when asked: the default
+/// sandbox beside it keeps the kernel's.
+#[tokio::test]
+async fn cpu_shares_weigh_a_sandbox_against_the_others() {
+    require_host!();
+    let daemon = Daemon::start();
+    let heavy = daemon
+        .create(json!({"image": "busybox", "cpu_shares": 2048}))
+        .await;
+    let plain = daemon.create(json!({"image": "busybox"})).await;
+    assert_eq!(cgroup::cpu_weight(&heavy), cgroup::weight_of_shares(2048));
+    assert_eq!(cgroup::cpu_weight(&plain), cgroup::weight_of_shares(1024));
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{heavy}"), None)
+        .await;
+    assert_eq!(view["limits"]["cpu_shares"], 2048, "{view}");
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{plain}"), None)
+        .await;
+    assert!(view["limits"].get("cpu_shares").is_none(), "{view}");
+    for shares in [0, 1, 262_145] {
+        let (status, body) = daemon
+            .call(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"image": "busybox", "cpu_shares": shares})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{shares}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_cpu_shares", "{body}");
+    }
+}
+
 #[tokio::test]
 async fn ttl_expiry_removes_the_sandbox() {
     require_host!();

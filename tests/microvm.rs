@@ -596,7 +596,7 @@ async fn vm_creates_fork_from_a_boot_template_of_their_image_and_size() {
     // the default blocks.
     let a = daemon
         .create(
-            json!({"runtime": "vm", "cpu": 0.5, "block_network": false, "labels": {"team": "a"}}),
+            json!({"runtime": "vm", "cpu": 0.5, "cpu_shares": 512, "block_network": false, "labels": {"team": "a"}}),
         )
         .await;
     let b = daemon.create(json!({"runtime": "vm"})).await;
@@ -626,6 +626,9 @@ async fn vm_creates_fork_from_a_boot_template_of_their_image_and_size() {
     assert_eq!(daemon.exec(&a, &["mem"]).await.out(), "mem_mib=32 top=ok\n");
     let (quota, period) = cgroup::cpu_max(&a);
     assert_eq!(quota.map(|q| q * 2), Some(period), "half a CPU");
+    // The fork's own weight; the other fork keeps the default.
+    assert_eq!(cgroup::cpu_weight(&a), cgroup::weight_of_shares(512));
+    assert_eq!(cgroup::cpu_weight(&b), cgroup::weight_of_shares(1024));
     let (_, view) = daemon
         .call(Method::GET, &format!("/v1/sandboxes/{a}"), None)
         .await;
@@ -847,7 +850,7 @@ async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
     // pooled VM's blocked one.
     let id = daemon
         .create(
-            json!({"runtime": "vm", "cpu": 0.5, "block_network": false, "labels": {"team": "a"}}),
+            json!({"runtime": "vm", "cpu": 0.5, "cpu_shares": 512, "block_network": false, "labels": {"team": "a"}}),
         )
         .await;
     let seen = events

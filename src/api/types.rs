@@ -63,6 +63,11 @@ pub struct CreateSandbox {
     /// Maximum number of tasks (processes and threads).
     #[serde(default)]
     pub pids: Option<u64>,
+    /// CPU weight under contention, in cgroup v1 shares (2-262144; the
+    /// default is the kernel's 1024). A claim from the warm pool is made
+    /// at the default, so a create that names a weight is a cold one.
+    #[serde(default)]
+    pub cpu_shares: Option<u64>,
     /// Seconds until the sandbox is removed; -1 means never.
     #[serde(default)]
     pub ttl_seconds: Option<i64>,

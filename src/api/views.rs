@@ -35,6 +35,7 @@ impl TryFrom<CreateSandbox> for CreateRequest {
             memory_mib: body.memory_mib,
             disk_mib: body.disk_mib,
             pids: body.pids,
+            cpu_shares: body.cpu_shares,
             ttl_seconds: body.ttl_seconds,
             env: body.env,
             labels: body.labels,

@@ -23,6 +23,7 @@ pub struct CreateRequest {
     pub memory_mib: Option<u64>,
     pub disk_mib: Option<u64>,
     pub pids: Option<u64>,
+    pub cpu_shares: Option<u64>,
     /// -1 means no TTL.
     pub ttl_seconds: Option<i64>,
     pub env: BTreeMap<String, String>,

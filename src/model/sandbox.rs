@@ -12,6 +12,12 @@ pub struct Limits {
     pub memory_mib: u64,
     pub disk_mib: u64,
     pub pids: u64,
+    /// The sandbox's CPU weight against the host's other sandboxes when
+    /// the CPUs are contended, in cgroup v1 shares (2-262144; `None` is
+    /// the kernel's default, 1024). A Kubernetes pod's is the sum of its
+    /// containers' requests, as the kubelet gives its pod cgroup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_shares: Option<u64>,
 }
 
 /// Ceilings of one pod container root alone, within its sandbox's

@@ -115,6 +115,24 @@ const V2_ROOT_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 /// controllers to limited roots.
 const V2_INIT_GROUP: &str = "init";
 
+/// cgroup v2's `cpu.weight` (1-10000, default 100) for a weight given in
+/// v1 `cpu.shares` (2-262144, default 1024), by the curve crun and runc
+/// use and libcgroups follows for a container's, so a microVM and a
+/// container asked for the same shares get the same weight. The curve
+/// maps both ends and the defaults onto each other.
+pub fn cpu_weight_of_shares(shares: u64) -> u64 {
+    const MAX_WEIGHT: u64 = 10_000;
+    match shares {
+        0..=2 => 1,
+        262_144.. => MAX_WEIGHT,
+        _ => {
+            let l = (shares as f64).log2();
+            let exponent = (l * l + 125.0 * l) / 612.0 - 7.0 / 34.0;
+            (10f64.powf(exponent).ceil() as u64).clamp(1, MAX_WEIGHT)
+        }
+    }
+}
+
 /// The group of pod container root `name` under a sandbox's.
 pub fn root_group(name: &str) -> String {
     format!("root-{name}")
@@ -969,6 +987,20 @@ pub const RMDIR_PATIENCE: Duration = Duration::from_secs(2);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shares_map_onto_weights_ends_and_defaults_alike() {
+        for (shares, weight) in [
+            (2, 1),
+            (3, 2),
+            (512, 59),
+            (1024, 100),
+            (2048, 174),
+            (262_144, 10_000),
+        ] {
+            assert_eq!(cpu_weight_of_shares(shares), weight, "{shares} shares");
+        }
+    }
 
     #[test]
     fn process_groups_live_under_the_sandbox_in_each_hierarchy() {

@@ -128,6 +128,7 @@ fn start_in_netns(
         netns_path: paths.netns(),
         cgroups_path: config.cgroups_path.clone(),
         cpu_cores: config.cpu,
+        cpu_shares: config.cpu_shares,
         memory_bytes: config.memory_bytes,
         pids_max: config.pids,
         host_uid_base: config.id_map_base,

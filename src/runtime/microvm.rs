@@ -145,6 +145,7 @@ pub fn limits(config: &SandboxSpec, vm: &VmSpec) -> Result<VmLimits, MicrovmErro
     Ok(VmLimits {
         cpu_quota_us: quota,
         cpu_period_us: super::spec::CPU_PERIOD_US,
+        cpu_shares: config.cpu_shares,
         memory_bytes: (vm.mem_mib << 20).saturating_add(vm.overhead_bytes),
         pids: VMM_PIDS,
     })

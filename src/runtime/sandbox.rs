@@ -24,6 +24,9 @@ pub struct SandboxSpec {
     pub agent_path: PathBuf,
     pub cgroups_path: String,
     pub cpu: f64,
+    /// CPU weight in cgroup v1 shares; `None` leaves the kernel's default.
+    #[serde(default)]
+    pub cpu_shares: Option<u64>,
     pub memory_bytes: u64,
     pub pids: i64,
     pub id_map_base: u32,

@@ -136,6 +136,9 @@ pub struct ContainerSpecInput {
     pub cgroups_path: String,
     /// CPU limit in cores, fractions allowed.
     pub cpu_cores: f64,
+    /// CPU weight in cgroup v1 shares (libcgroups writes v2's `cpu.weight`
+    /// from it); `None` leaves the kernel's default.
+    pub cpu_shares: Option<u64>,
     /// Memory hard limit in bytes; swap is not allowed on top of it.
     pub memory_bytes: u64,
     /// Most tasks (processes and threads) in the sandbox.
@@ -282,12 +285,16 @@ pub fn build_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
         .map_err(|_| SpecError::MemoryTooLarge(input.memory_bytes))?;
     let resources = LinuxResourcesBuilder::default()
         .devices(device_rules(&input.grant)?)
-        .cpu(
-            LinuxCpuBuilder::default()
+        .cpu({
+            let cpu = LinuxCpuBuilder::default()
                 .quota(cpu_quota_us(input.cpu_cores)?)
-                .period(CPU_PERIOD_US)
-                .build()?,
-        )
+                .period(CPU_PERIOD_US);
+            match input.cpu_shares {
+                Some(shares) => cpu.shares(shares),
+                None => cpu,
+            }
+            .build()?
+        })
         .memory(
             LinuxMemoryBuilder::default()
                 .limit(memory_limit)
@@ -700,6 +707,7 @@ mod tests {
             netns_path: "/run/sandboxd/netns/abc".into(),
             cgroups_path: "/sandboxd/abc".to_owned(),
             cpu_cores: 0.5,
+            cpu_shares: None,
             memory_bytes: 512 << 20,
             pids_max: 256,
             host_uid_base: 100_000,

@@ -19,6 +19,8 @@ pub struct VmLimits {
     /// CFS quota and period, in microseconds.
     pub cpu_quota_us: i64,
     pub cpu_period_us: u64,
+    /// CPU weight in cgroup v1 shares; `None` leaves the kernel's default.
+    pub cpu_shares: Option<u64>,
     /// Guest RAM plus the VMM's own overhead.
     pub memory_bytes: u64,
     /// Threads of the VMM (vCPUs, device workers, its main thread).
@@ -66,6 +68,9 @@ pub fn create(layout: Layout, path: &str, limits: &VmLimits) -> Result<Vec<File>
             let dir = |h: &str| Path::new(CGROUP_ROOT).join(h).join(path);
             write(dir("cpu").join("cpu.cfs_period_us"), &period.to_string())?;
             write(dir("cpu").join("cpu.cfs_quota_us"), &quota.to_string())?;
+            if let Some(shares) = limits.cpu_shares {
+                write(dir("cpu").join("cpu.shares"), &shares.to_string())?;
+            }
             write(dir("memory").join("memory.limit_in_bytes"), &memory)?;
             // memsw exists only with swap accounting; without it there is
             // no swap to limit.
@@ -83,6 +88,10 @@ pub fn create(layout: Layout, path: &str, limits: &VmLimits) -> Result<Vec<File>
                 format!("{quota} {period}")
             };
             write(dir.join("cpu.max"), &cpu_max)?;
+            if let Some(shares) = limits.cpu_shares {
+                let weight = super::cgroups::cpu_weight_of_shares(shares);
+                write(dir.join("cpu.weight"), &weight.to_string())?;
+            }
             write(dir.join("memory.max"), &memory)?;
             let swap = dir.join("memory.swap.max");
             if swap.exists() {

@@ -317,6 +317,8 @@ impl Manager {
             memory_mib: limits.memory_mib,
             disk_mib: limits.disk_mib,
             pids: self.config.default_pids,
+            // A fork's own groups take its weight when it starts.
+            cpu_shares: None,
         }
     }
 
@@ -498,6 +500,7 @@ mod tests {
             memory_mib,
             disk_mib: 1024,
             pids: 256,
+            cpu_shares: None,
         }
     }
 

@@ -123,6 +123,7 @@ mod tests {
                 memory_mib,
                 disk_mib: 1024,
                 pids: 64,
+                cpu_shares: None,
             },
             ttl_seconds: 60,
             expires_at_ms: None,
@@ -182,6 +183,7 @@ mod tests {
             memory_mib,
             disk_mib: 1024,
             pids: 64,
+            cpu_shares: None,
         };
         assert!(admit(&config, &[&a, &dead], &want(0.5, 256)).is_ok());
         match admit(&config, &[&a], &want(1.0, 256)) {
@@ -217,6 +219,7 @@ mod tests {
             memory_mib: 16,
             disk_mib: 1024,
             pids: 64,
+            cpu_shares: None,
         };
         match admit(&config, &[&a, &foreign], &want) {
             Err(SandboxError::Unavailable { resource, .. }) => assert_eq!(resource, "cpu"),

@@ -53,13 +53,30 @@ pub fn validated_limits(req: &CreateRequest, config: &Config) -> Result<Limits, 
             format!("pids must be between 8 and {}, got {pids}", config.max_pids),
         ));
     }
+    let cpu_shares = req.cpu_shares;
+    if let Some(shares) = cpu_shares {
+        if !CPU_SHARES.contains(&shares) {
+            return Err(SandboxError::bad(
+                "invalid_cpu_shares",
+                format!(
+                    "cpu_shares must be between {} and {} (1024 is the default weight), got {shares}",
+                    CPU_SHARES.start(),
+                    CPU_SHARES.end()
+                ),
+            ));
+        }
+    }
     Ok(Limits {
         cpu,
         memory_mib,
         disk_mib,
         pids,
+        cpu_shares,
     })
 }
+
+/// cgroup v1's range of `cpu.shares`, which v2's `cpu.weight` maps onto.
+pub const CPU_SHARES: std::ops::RangeInclusive<u64> = 2..=262_144;
 
 /// The most directories a host root may stack (as for pulled images).
 const MAX_HOST_ROOTFS_LAYERS: usize = 128;

@@ -203,7 +203,9 @@ fn fits(runtime: RuntimeKind, wanted: &Limits, pooled: &Limits) -> bool {
     let lower = wanted.cpu <= pooled.cpu
         && wanted.memory_mib <= pooled.memory_mib
         && wanted.disk_mib <= pooled.disk_mib
-        && wanted.pids <= pooled.pids;
+        && wanted.pids <= pooled.pids
+        // A claim does not reweigh a sandbox: it keeps the pooled one's.
+        && wanted.cpu_shares == pooled.cpu_shares;
     match runtime {
         RuntimeKind::Container => lower,
         RuntimeKind::Vm => {
@@ -230,6 +232,7 @@ impl Manager {
             memory_mib: self.config.default_memory_mib,
             disk_mib: self.config.default_disk_mib,
             pids: self.config.default_pids,
+            cpu_shares: None,
         }
     }
 
@@ -723,6 +726,7 @@ mod tests {
             memory_mib: 512,
             disk_mib: 1024,
             pids: 512,
+            cpu_shares: None,
         };
         let lower_cpu = Limits {
             cpu: 1.5,
@@ -744,6 +748,10 @@ mod tests {
             pids: 64,
             ..pooled.clone()
         };
+        let weighed = Limits {
+            cpu_shares: Some(512),
+            ..pooled.clone()
+        };
         for (wanted, container, vm) in [
             (&pooled, true, true),
             (&lower_cpu, true, true),
@@ -751,6 +759,7 @@ mod tests {
             (&fewer_vcpus, true, false),
             (&less_memory, true, false),
             (&smaller_disk, true, false),
+            (&weighed, false, false),
         ] {
             assert_eq!(
                 fits(RuntimeKind::Container, wanted, &pooled),

@@ -981,6 +981,7 @@ pub(super) mod tests {
                 agent_path: PathBuf::from("/nonexistent/agent"),
                 cgroups_path: format!("/sandboxd/{ID}"),
                 cpu: 1.0,
+                cpu_shares: None,
                 memory_bytes: 256 << 20,
                 pids: 256,
                 id_map_base: 100_000,

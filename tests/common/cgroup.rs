@@ -167,6 +167,32 @@ pub fn cpu_max(id: &str) -> (Option<u64>, u64) {
     (quota, period)
 }
 
+/// The group's CPU weight as its file says it: v1 `cpu.shares`, v2
+/// `cpu.weight`.
+pub fn cpu_weight(id: &str) -> u64 {
+    let file = match version() {
+        Version::V1 => "cpu.shares",
+        Version::V2 => "cpu.weight",
+    };
+    let text = read("cpu", id, file);
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{file} {text:?}: {e}"))
+}
+
+/// What [`cpu_weight`] reads for a sandbox asked for `shares`: the shares
+/// on v1, and on v2 the weight crun's curve gives them (the values the
+/// tests ask for, worked out by hand: 1024 is 100, the default of each).
+pub fn weight_of_shares(shares: u64) -> u64 {
+    match (version(), shares) {
+        (Version::V1, shares) => shares,
+        (Version::V2, 512) => 59,
+        (Version::V2, 1024) => 100,
+        (Version::V2, 2048) => 174,
+        (Version::V2, other) => panic!("no v2 weight worked out for {other} shares"),
+    }
+}
+
 /// How often and how long the group was throttled: (periods throttled,
 /// nanoseconds throttled), from `cpu.stat` (v1 `throttled_time` in ns, v2
 /// `throttled_usec`).

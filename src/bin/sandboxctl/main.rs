@@ -298,6 +298,10 @@ struct CreateArgs {
     /// Most tasks (processes and threads) at once.
     #[arg(long)]
     pids: Option<u64>,
+    /// CPU weight under contention, in cgroup v1 shares (2-262144; 1024
+    /// is the default).
+    #[arg(long)]
+    cpu_shares: Option<u64>,
     /// Lifetime: seconds, 30s/5m/2h, or none.
     #[arg(long, value_parser = units::parse_ttl, allow_hyphen_values = true)]
     ttl: Option<i64>,
@@ -417,6 +421,7 @@ impl CreateArgs {
             memory_mib: self.memory,
             disk_mib: self.disk,
             pids: self.pids,
+            cpu_shares: self.cpu_shares,
             ttl_seconds: self.ttl,
             env: self.env.into_iter().collect(),
             labels: self.labels.into_iter().collect(),

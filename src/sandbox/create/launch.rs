@@ -60,6 +60,7 @@ impl Manager {
                 agent_path: self.config.agent_path.clone(),
                 cgroups_path: record.cgroups_path.clone(),
                 cpu: record.limits.cpu,
+                cpu_shares: record.limits.cpu_shares,
                 memory_bytes: record.limits.memory_mib * 1024 * 1024,
                 pids: record.limits.pids as i64,
                 id_map_base: self.config.id_map_base,

@@ -564,7 +564,8 @@ impl Manager {
         let differs = req.cpu.is_some_and(|v| v != limits.cpu)
             || req.memory_mib.is_some_and(|v| v != limits.memory_mib)
             || req.disk_mib.is_some_and(|v| v != limits.disk_mib)
-            || req.pids.is_some_and(|v| v != limits.pids);
+            || req.pids.is_some_and(|v| v != limits.pids)
+            || req.cpu_shares.is_some_and(|v| Some(v) != limits.cpu_shares);
         if differs {
             return Err(conflict("limits"));
         }
