@@ -18,7 +18,7 @@ use std::io::{Read, Write};
 use std::path::Path;
 use std::time::Duration;
 
-use common::Daemon;
+use common::{cgroup, Daemon};
 use containerd::{Containerd, IMAGE};
 use hyper_util::rt::TokioIo;
 use k8s_cri::v1::image_service_client::ImageServiceClient;
@@ -27,13 +27,17 @@ use k8s_cri::v1::security_profile::ProfileType;
 use k8s_cri::v1::{
     Capability, ContainerConfig, ContainerMetadata, ContainerState, ContainerStatsRequest,
     ContainerStatusRequest, CreateContainerRequest, ExecSyncRequest, ImageSpec, ImageStatusRequest,
-    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext, Mount,
-    PodSandboxConfig, PodSandboxMetadata, PodSandboxState, PodSandboxStatus,
-    PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest, RunPodSandboxRequest,
-    SecurityProfile, StartContainerRequest, StopContainerRequest, StopPodSandboxRequest,
+    LinuxContainerConfig, LinuxContainerResources, LinuxContainerSecurityContext,
+    LinuxPodSandboxConfig, Mount, PodSandboxConfig, PodSandboxMetadata, PodSandboxState,
+    PodSandboxStatus, PodSandboxStatusRequest, RemoveContainerRequest, RemovePodSandboxRequest,
+    RunPodSandboxRequest, SecurityProfile, StartContainerRequest, StopContainerRequest,
+    StopPodSandboxRequest,
 };
 use tonic::transport::{Channel, Endpoint, Uri};
 use upstream::Upstream;
+
+/// The CPU shares every pod of these tests asks for as a whole.
+const POD_CPU_SHARES: i64 = 2048;
 
 /// Every CRI call is answered within this, or the test fails saying which.
 const CALL: Duration = Duration::from_secs(90);
@@ -204,6 +208,15 @@ impl Cri {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect::<HashMap<_, _>>(),
+            // What the kubelet sends for a pod whose containers request two
+            // CPUs in all: their summed shares, the pod cgroup's weight.
+            linux: Some(LinuxPodSandboxConfig {
+                resources: Some(LinuxContainerResources {
+                    cpu_shares: POD_CPU_SHARES,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         let reply = tokio::time::timeout(
@@ -608,6 +621,11 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
     assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
     assert_eq!(sandboxes[0]["labels"]["containerd.io/id"], web.0.as_str());
     let sandbox = sandboxes[0]["id"].as_str().expect("id").to_string();
+    // The pod's whole weight, not its pause container's 2.
+    assert_eq!(
+        cgroup::cpu_weight(&sandbox),
+        cgroup::weight_of_shares(POD_CPU_SHARES as u64)
+    );
 
     // Two containers, each with a root of its own, talking over localhost.
     let (server, client) = cri.serve_over_localhost(&web, "served-in-the-pod").await;
@@ -815,6 +833,11 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
     assert_eq!(sandboxes.len(), 1, "{sandboxes:?}");
     assert_eq!(sandboxes[0]["runtime"], "vm", "{sandboxes:?}");
     let sandbox = sandboxes[0]["id"].as_str().expect("id").to_string();
+    // The pod's whole weight, not its pause container's 2.
+    assert_eq!(
+        cgroup::cpu_weight(&sandbox),
+        cgroup::weight_of_shares(POD_CPU_SHARES as u64)
+    );
 
     // Its containers' roots arrive after boot, each as a disk put into one
     // of the VM's slots; they talk over the guest's localhost.

@@ -36,6 +36,11 @@ pub mod cri {
     /// containerd's own AppArmor profile, which CRI names when the host
     /// has AppArmor and the pod asks for none.
     pub const DEFAULT_APPARMOR: &str = "cri-containerd.apparmor.d";
+    /// On the pod sandbox container: the CPU shares of the pod as a whole
+    /// (the sum of its containers' requests), what the kubelet gives its
+    /// pod cgroup; containerd copies it from the pod's config when the
+    /// kubelet sends its resources (Kubernetes 1.23 and later).
+    pub const SANDBOX_CPU_SHARES: &str = "io.kubernetes.cri.sandbox-cpu-shares";
 }
 
 /// Mounts CRI gives a pod's containers that the sandbox serves itself: its
@@ -270,6 +275,9 @@ pub fn sandbox(
     if let Some(resources) = linux.get("resources") {
         limits(resources, &mut body)?;
     }
+    if let Some(shares) = sandbox_cpu_shares(config, linux, &role)? {
+        body["cpu_shares"] = json!(shares);
+    }
     if let Some(hostname) = config
         .get("hostname")
         .and_then(Value::as_str)
@@ -478,6 +486,39 @@ fn limits(resources: &Value, body: &mut Value) -> Result<(), SpecError> {
         }
     }
     Ok(())
+}
+
+/// The CPU weight of a task's sandbox, in shares: a plain task's own
+/// `linux.resources.cpu.shares`; for a pod, the pod's whole weight CRI
+/// annotates its sandbox container with. That container's own shares are
+/// the kubelet's minimum (2), which would starve the pod, and the
+/// containers' shares weigh them within the pod, which one sandbox does
+/// not apply (they share its group). A weight beyond what a cgroup takes
+/// is clamped to it, as the kernel would.
+fn sandbox_cpu_shares(
+    config: &Value,
+    linux: &Value,
+    role: &Role,
+) -> Result<Option<u64>, SpecError> {
+    const MOST: u64 = 262_144;
+    const LEAST: u64 = 2;
+    let shares = match role {
+        Role::Task => linux
+            .pointer("/resources/cpu/shares")
+            .and_then(Value::as_u64),
+        Role::PodSandbox => match annotation(config, cri::SANDBOX_CPU_SHARES) {
+            None => None,
+            Some(text) => Some(text.parse::<u64>().map_err(|_| {
+                refuse(
+                    format!("annotations[{}]", cri::SANDBOX_CPU_SHARES),
+                    format!("{text:?} is not a number of CPU shares"),
+                )
+            })?),
+        },
+        Role::PodMember { .. } => None,
+    };
+    // 0 is CRI's "not set".
+    Ok(shares.filter(|s| *s > 0).map(|s| s.clamp(LEAST, MOST)))
 }
 
 fn features(annotations: &Map<String, Value>, body: &mut Value) -> Result<(), SpecError> {
@@ -813,6 +854,52 @@ mod tests {
         resources["unified"] = json!({"memory.swap.max": "0", "memory.oom.group": "1"});
         resources["memory"]["useHierarchy"] = json!(true);
         spec
+    }
+
+    #[test]
+    fn a_sandboxs_cpu_weight_is_its_tasks_or_its_whole_pods() {
+        let mut task = ctr_spec();
+        task["linux"]["resources"]["cpu"]["shares"] = json!(512);
+        let body = sandbox(&task, &[], "default", "t").unwrap();
+        assert_eq!(body["cpu_shares"], 512);
+        // The pod sandbox container's own 2 is not the pod's weight; the
+        // annotation CRI copies from the pod's resources is.
+        let pod = cri_spec("sandbox");
+        assert_eq!(pod["linux"]["resources"]["cpu"]["shares"], 2);
+        assert!(sandbox(&pod, &[], "k8s.io", "p")
+            .unwrap()
+            .get("cpu_shares")
+            .is_none());
+        for (annotated, weight) in [
+            ("1536", Some(1536)),
+            ("0", None),
+            ("1", Some(2)),
+            ("999999", Some(262_144)),
+        ] {
+            let mut pod = cri_spec("sandbox");
+            pod["annotations"][cri::SANDBOX_CPU_SHARES] = json!(annotated);
+            let body = sandbox(&pod, &[], "k8s.io", "p").unwrap();
+            assert_eq!(
+                body.get("cpu_shares").and_then(Value::as_u64),
+                weight,
+                "{annotated}"
+            );
+        }
+        let mut pod = cri_spec("sandbox");
+        pod["annotations"][cri::SANDBOX_CPU_SHARES] = json!("lots");
+        let err = sandbox(&pod, &[], "k8s.io", "p").unwrap_err();
+        assert_eq!(
+            err.field,
+            format!("annotations[{}]", cri::SANDBOX_CPU_SHARES)
+        );
+        // A member's shares weigh it within its pod: not applied, and not a
+        // limit of its root either.
+        let mut member_spec = cri_spec("container");
+        member_spec["linux"]["resources"]["cpu"]["shares"] = json!(256);
+        assert_eq!(
+            member(&member_spec, &cri_spec("sandbox")).unwrap().limits,
+            None
+        );
     }
 
     #[test]

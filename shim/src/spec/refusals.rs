@@ -11,7 +11,8 @@
 //!   relies on is dropped silently.
 //!
 //! A few fields the kubelet sets on every container are accepted although
-//! sandboxd does not apply them (a negative `oomScoreAdj`, `cpu.shares`,
+//! sandboxd does not apply them (a negative `oomScoreAdj`, a pod
+//! container's `cpu.shares` (the pod's sum is the sandbox's weight),
 //! huge page limits of zero, `memory.oom.group`); refusing them would
 //! refuse every pod. `docs/kubernetes.md` lists them.
 
