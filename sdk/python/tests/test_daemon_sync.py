@@ -52,6 +52,12 @@ def test_the_issue_example(daemon):
     assert sb.terminate() is False
 
 
+def test_a_cpu_weight_is_the_sandboxs_own(daemon):
+    with Sandbox(image="busybox", cpu_shares=2048).create() as heavy, Sandbox(image="busybox").create() as plain:
+        assert heavy.inspect()["limits"]["cpu_shares"] == 2048
+        assert "cpu_shares" not in plain.inspect()["limits"]
+
+
 def test_the_issue_example_when_the_code_hangs(daemon):
     code = "import sys, time\nprint('started', flush=True)\nprint('warn', file=sys.stderr, flush=True)\ntime.sleep(600)\n"
     with Sandbox(image="python", block_network=True).create() as sb:

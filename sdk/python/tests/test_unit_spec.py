@@ -125,6 +125,7 @@ def test_create_body_maps_every_argument():
         use_vm=True,
         labels={"team": "x"},
         disk="2Gi",
+        cpu_shares=512,
     ).create_request()
     body.pop("idempotency_key")
     assert body == {
@@ -133,6 +134,7 @@ def test_create_body_maps_every_argument():
         "cpu": 0.25,
         "memory_mib": 256,
         "disk_mib": 2048,
+        "cpu_shares": 512,
         "ttl_seconds": -1,
         "env": {"A": "1"},
         "labels": {"team": "x"},
@@ -142,6 +144,9 @@ def test_create_body_maps_every_argument():
         "secrets": ["OPENAI_API_KEY"],
         "ports": [3000],
     }
+    for bad in (1, 262145, True, 1.5, "512"):
+        with pytest.raises(ValueError, match="cpu_shares"):
+            Sandbox(cpu_shares=bad)
     # Nothing given: only the key; the daemon's defaults decide the rest.
     assert list(Sandbox().create_request()) == ["idempotency_key"]
     # Beam's "no GPU" spellings send nothing.

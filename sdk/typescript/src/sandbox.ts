@@ -36,6 +36,12 @@ export interface SandboxOptions extends ConnectionOptions {
   disk?: number | string;
   /** Most tasks (processes and threads). */
   pids?: number;
+  /**
+   * CPU weight against other sandboxes when the CPUs are contended, in
+   * cgroup v1 shares (2 to 262144; 1024 is the default). A sandbox with a
+   * weight of its own is never a pool claim.
+   */
+  cpuShares?: number;
   /** A name (`python`), an OCI reference, a filesystem snapshot id, or an Image. */
   image?: string | Image;
   /** GPU model as users write it (`"H100"`, `"RTX4090"`, `"any"`). */
@@ -98,6 +104,7 @@ export class Sandbox {
     if (o.memory !== undefined) body.memory_mib = parseMemory(o.memory);
     if (o.disk !== undefined) body.disk_mib = parseMemory(o.disk);
     if (o.pids !== undefined) body.pids = o.pids;
+    if (o.cpuShares !== undefined) body.cpu_shares = o.cpuShares;
     if (o.gpu !== undefined) body.gpu = o.gpu;
     if (o.gpuCount !== undefined) body.gpu_count = o.gpuCount;
     Object.assign(body, this.commonFields());

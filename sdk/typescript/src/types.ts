@@ -12,6 +12,7 @@ export interface WireLimits {
   memory_mib: number;
   disk_mib: number;
   pids: number;
+  cpu_shares?: number;
 }
 
 export interface WireNetwork {
@@ -91,7 +92,8 @@ export interface SandboxInfo {
   runtime: string;
   image: string;
   imageDigest: string;
-  limits: { cpu: number; memoryMib: number; diskMib: number; pids: number };
+  /** `cpuShares` only where the create asked for a CPU weight. */
+  limits: { cpu: number; memoryMib: number; diskMib: number; pids: number; cpuShares?: number };
   /** -1 when the sandbox has no TTL. */
   ttlSeconds: number;
   expiresAt: string | null;
@@ -162,6 +164,7 @@ export function sandboxInfo(w: WireSandbox): SandboxInfo {
       memoryMib: w.limits?.memory_mib,
       diskMib: w.limits?.disk_mib,
       pids: w.limits?.pids,
+      ...(w.limits?.cpu_shares !== undefined ? { cpuShares: w.limits.cpu_shares } : {}),
     },
     ttlSeconds: w.ttl_seconds,
     expiresAt: w.expires_at ?? null,

@@ -108,4 +108,16 @@ describe("sandbox", T, () => {
       await terminateAll([sb]);
     }
   });
+
+  it("gives a sandbox the CPU weight it asks for, and no other one", async () => {
+    const heavy = await new Sandbox({ image: "busybox", cpuShares: 2048 }).create();
+    const plain = await new Sandbox({ image: "busybox" }).create();
+    try {
+      assert.equal(heavy.info.limits.cpuShares, 2048);
+      assert.equal((await heavy.refresh()).limits.cpuShares, 2048);
+      assert.equal(plain.info.limits.cpuShares, undefined);
+    } finally {
+      await terminateAll([heavy, plain]);
+    }
+  });
 });

@@ -101,6 +101,7 @@ describe("create request", () => {
       labels: { team: "x" },
       disk: "2Gi",
       pids: 64,
+      cpuShares: 512,
     }).toCreateRequest();
     assert.deepEqual(body, {
       image: "python",
@@ -109,6 +110,7 @@ describe("create request", () => {
       memory_mib: 1024,
       disk_mib: 2048,
       pids: 64,
+      cpu_shares: 512,
       gpu: "H100",
       gpu_count: 2,
       ttl_seconds: 120,

@@ -130,8 +130,14 @@ class SandboxOptions:
         use_vm: bool = False,
         labels: Optional[Mapping[str, str]] = None,
         disk: Union[int, float, str, None] = None,
+        cpu_shares: Optional[int] = None,
     ) -> None:
         self.cpu = parse_cpu(cpu) if cpu is not None else None
+        if cpu_shares is not None and (
+            isinstance(cpu_shares, bool) or not isinstance(cpu_shares, int) or not 2 <= cpu_shares <= 262144
+        ):
+            raise ValueError(f"cpu_shares must be a whole number from 2 to 262144 (1024 is the default), got {cpu_shares!r}")
+        self.cpu_shares = cpu_shares
         self.memory_mib = parse_memory(memory) if memory is not None else None
         self.disk_mib = parse_memory(disk) if disk is not None else None
         self.image = image
@@ -184,6 +190,8 @@ class SandboxOptions:
             body["memory_mib"] = self.memory_mib
         if self.disk_mib is not None:
             body["disk_mib"] = self.disk_mib
+        if self.cpu_shares is not None:
+            body["cpu_shares"] = self.cpu_shares
         if self.keep_warm_seconds is not None:
             body["ttl_seconds"] = self.keep_warm_seconds
         if self.env:
@@ -215,7 +223,7 @@ class SandboxOptions:
         full = self.create_body(idempotency_key)
         body = {"from_snapshot": snapshot_id}
         for key in ("ttl_seconds", "env", "labels", "allow_list", "block_network", "secrets", "ports",
-                    "cpu", "memory_mib", "disk_mib", "idempotency_key"):
+                    "cpu", "memory_mib", "disk_mib", "cpu_shares", "idempotency_key"):
             if key in full:
                 body[key] = full[key]
         return body
@@ -242,6 +250,9 @@ class SandboxArgs:
     - ``use_vm``: a KVM microVM instead of a container.
     - ``labels``: caller labels, returned as given.
     - ``disk``: size of its writable layer (as ``memory``).
+    - ``cpu_shares``: its CPU weight against other sandboxes when the CPUs
+      are contended, in cgroup v1 shares (2 to 262144; 1024 is the
+      default). A sandbox with a weight of its own is never a pool claim.
 
     Connection: ``client=`` (a :class:`Client`), or ``url=`` / ``token=`` /
     ``tls_fingerprint=`` / ``socket=`` (over the environment's
@@ -265,6 +276,7 @@ class SandboxArgs:
         labels: Optional[Mapping[str, str]] = None,
         *,
         disk: Union[int, str, None] = None,
+        cpu_shares: Optional[int] = None,
         client: Any = None,
         url: Optional[str] = None,
         token: Optional[str] = None,
@@ -286,6 +298,7 @@ class SandboxArgs:
             use_vm=use_vm,
             labels=labels,
             disk=disk,
+            cpu_shares=cpu_shares,
         )
         self._client_arg = client
         self._conn = dict(url=url, token=token, tls_fingerprint=tls_fingerprint, socket=socket)
