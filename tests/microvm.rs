@@ -850,7 +850,7 @@ async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
     // pooled VM's blocked one.
     let id = daemon
         .create(
-            json!({"runtime": "vm", "cpu": 0.5, "cpu_shares": 512, "block_network": false, "labels": {"team": "a"}}),
+            json!({"runtime": "vm", "cpu": 0.5, "block_network": false, "labels": {"team": "a"}}),
         )
         .await;
     let seen = events
@@ -915,10 +915,16 @@ async fn a_vm_pool_hands_out_booted_vms_of_its_size_with_the_claims_policy() {
         daemon.exec(&cold, &["mem"]).await.out(),
         "mem_mib=32 top=ok\n"
     );
+    // Nor is a weight of its own: a claim does not reweigh the pooled VM.
+    let weighed = daemon
+        .create(json!({"runtime": "vm", "cpu_shares": 512}))
+        .await;
+    assert_eq!(daemon.metric(unfit).await, 2.0);
+    assert_eq!(cgroup::cpu_weight(&weighed), cgroup::weight_of_shares(512));
     let (_, health) = daemon.call(Method::GET, "/v1/health", None).await;
     assert_eq!(health["pooled"], 1, "{health}");
-    assert_eq!(health["sandboxes"], 2, "{health}");
-    for id in [&id, &cold] {
+    assert_eq!(health["sandboxes"], 3, "{health}");
+    for id in [&id, &cold, &weighed] {
         daemon.delete(id).await;
         assert!(!cgroup::sandbox_dir("memory", id).exists());
     }
