@@ -53,6 +53,7 @@ async fn bad_requests_get_clear_errors_and_leave_nothing() {
         ),
         (json!({"image": "busybox", "disk_mib": 0}), "disk_mib"),
         (json!({"image": "busybox", "pids": 0}), "pids"),
+        (json!({"image": "busybox", "cpu_shares": 1}), "cpu_shares"),
         (json!({"image": "busybox", "ttl_seconds": 0}), "ttl_seconds"),
         (
             json!({"image": "busybox", "ttl_seconds": -7}),

@@ -271,6 +271,18 @@ async fn cpu_shares_weigh_a_sandbox_against_the_others() {
         .call(Method::GET, &format!("/v1/sandboxes/{plain}"), None)
         .await;
     assert!(view["limits"].get("cpu_shares").is_none(), "{view}");
+    // The default named is the default.
+    let named_default = daemon
+        .create(json!({"image": "busybox", "cpu_shares": 1024}))
+        .await;
+    let (_, view) = daemon
+        .call(Method::GET, &format!("/v1/sandboxes/{named_default}"), None)
+        .await;
+    assert!(view["limits"].get("cpu_shares").is_none(), "{view}");
+    assert_eq!(
+        cgroup::cpu_weight(&named_default),
+        cgroup::weight_of_shares(1024)
+    );
     for shares in [0, 1, 262_145] {
         let (status, body) = daemon
             .call(

@@ -23,6 +23,9 @@ pub struct CreateRequest {
     pub memory_mib: Option<u64>,
     pub disk_mib: Option<u64>,
     pub pids: Option<u64>,
+    /// Left out of the digest when not asked, so a key a daemon before
+    /// this field bound still matches its retry.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_shares: Option<u64>,
     /// -1 means no TTL.
     pub ttl_seconds: Option<i64>,
@@ -141,10 +144,18 @@ mod tests {
                 },
                 ..request()
             },
+            CreateRequest {
+                cpu_shares: Some(512),
+                ..request()
+            },
         ];
         for other in changed {
             assert_ne!(base, other.digest(), "{other:?}");
         }
+        // A field a daemon before it did not have is left out when not
+        // asked, so keys bound by that daemon still match their retries.
+        let canonical = serde_json::to_string(&request()).expect("json");
+        assert!(!canonical.contains("cpu_shares"), "{canonical}");
         let mut more_env = request();
         more_env.env.insert("C".into(), "3".into());
         assert_ne!(base, more_env.digest());

@@ -58,6 +58,7 @@ fn field_of(code: &str) -> Option<&'static str> {
         "invalid_memory" => "memory_mib",
         "invalid_disk" => "disk_mib",
         "invalid_pids" => "pids",
+        "invalid_cpu_shares" => "cpu_shares",
         "invalid_ttl" => "ttl_seconds",
         "invalid_env" => "env",
         "invalid_labels" => "labels",

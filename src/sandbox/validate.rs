@@ -71,9 +71,14 @@ pub fn validated_limits(req: &CreateRequest, config: &Config) -> Result<Limits, 
         memory_mib,
         disk_mib,
         pids,
-        cpu_shares,
+        // The kernel's default named is the default: a pool claim, and the
+        // same weight as a snapshot's without one.
+        cpu_shares: cpu_shares.filter(|s| *s != DEFAULT_CPU_SHARES),
     })
 }
+
+/// The weight a group has unless told otherwise (v2's `cpu.weight` 100).
+pub const DEFAULT_CPU_SHARES: u64 = 1024;
 
 /// cgroup v1's range of `cpu.shares`, which v2's `cpu.weight` maps onto.
 pub const CPU_SHARES: std::ops::RangeInclusive<u64> = 2..=262_144;

@@ -565,7 +565,11 @@ impl Manager {
             || req.memory_mib.is_some_and(|v| v != limits.memory_mib)
             || req.disk_mib.is_some_and(|v| v != limits.disk_mib)
             || req.pids.is_some_and(|v| v != limits.pids)
-            || req.cpu_shares.is_some_and(|v| Some(v) != limits.cpu_shares);
+            || req.cpu_shares.is_some_and(|v| {
+                v != limits
+                    .cpu_shares
+                    .unwrap_or(crate::sandbox::validate::DEFAULT_CPU_SHARES)
+            });
         if differs {
             return Err(conflict("limits"));
         }
