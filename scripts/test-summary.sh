@@ -20,7 +20,8 @@ nested=${3:-}
 # `test result: ok. 5 passed; 0 failed; 1 ignored; 0 measured; 0 filtered out; ...`
 # A nested stage that booted its host twice (the first hung) counts the
 # second boot's results only; tests scripts/nested-suite.sh retried after a
-# stalled CPU count by their retry's result, not as the first run's failures.
+# stalled CPU or a nested guest's triple fault count by their retry's
+# result, not as the first run's failures.
 results_of() {
 	awk '
 	/^nested-tests: the nested host hung/ { p = 0; f = 0; g = 0; n = 0 }

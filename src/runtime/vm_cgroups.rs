@@ -1,6 +1,6 @@
 //! A microVM sandbox's cgroups. No container runtime makes them, so they are
-//! made here: the groups a container sandbox gets (cpu quota, memory with no
-//! swap, pids, and the freezer and accounting groups the rest of the daemon
+//! made here: the groups a container sandbox gets (cpu quota and weight,
+//! memory with no swap, pids, and the freezer and accounting groups the rest of the daemon
 //! reads), at the same path, so usage, OOM counting, kill and teardown in
 //! [`super::cgroups::SandboxCgroups`] work unchanged. The VMM is put in them
 //! before it execs (it writes `0` to each `cgroup.procs`), so no guest page
