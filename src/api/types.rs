@@ -64,8 +64,9 @@ pub struct CreateSandbox {
     #[serde(default)]
     pub pids: Option<u64>,
     /// CPU weight under contention, in cgroup v1 shares (2-262144; the
-    /// default is the kernel's 1024). A claim from the warm pool is made
-    /// at the default, so a create that names a weight is a cold one.
+    /// default is the kernel's 1024, the same as none). A claim from the
+    /// warm pool is made at the default, so a create that names another
+    /// weight is a cold one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_shares: Option<u64>,
     /// Seconds until the sandbox is removed; -1 means never.
