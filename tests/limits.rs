@@ -296,20 +296,16 @@ async fn cpu_shares_weigh_a_sandbox_against_the_others() {
     }
 
     // What the weights do: two sandboxes allowed every CPU, each busy on
-    // all of them at once, share them as 2048 to 512 (4 to 1; a default
-    // pair shares them 1 to 1, measured at 0.97-1.01 on the dev host).
+    // all of them, share them as their weights say: 2048 to 512 is 4 to 1
+    // on v1 and 174 to 59 on v2 (a default pair shares them 1 to 1,
+    // measured at 0.97-1.01 on the dev host). The light one is busy
+    // first and for longer, so both are busy over the whole of the heavy
+    // one's 3 s, the window both are measured over.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let busy = |id: String| {
-        let daemon = &daemon;
-        async move {
-            let loops = format!(
-                "for i in $(seq {cpus}); do timeout 2 sh -c 'while :; do :; done' & done; wait"
-            );
-            let before = cpu_seconds(daemon, &id).await;
-            let run = daemon.exec(&id, &["sh", "-c", &loops]).await;
-            assert_eq!(run.exit_code(), Some(0), "{}", run.err());
-            cpu_seconds(daemon, &id).await - before
-        }
+    let loops = |seconds: u32| {
+        format!(
+            "for i in $(seq {cpus}); do timeout {seconds} sh -c 'while :; do :; done' & done; wait"
+        )
     };
     let heavy = daemon
         .create(json!({"image": "busybox", "cpu": cpus, "cpu_shares": 2048}))
@@ -317,7 +313,21 @@ async fn cpu_shares_weigh_a_sandbox_against_the_others() {
     let light = daemon
         .create(json!({"image": "busybox", "cpu": cpus, "cpu_shares": 512}))
         .await;
-    let (got_heavy, got_light) = tokio::join!(busy(heavy), busy(light));
+    daemon
+        .start_process(&light, json!({"argv": ["sh", "-c", loops(60)]}))
+        .await;
+    let busy = daemon
+        .start_process(&heavy, json!({"argv": ["sh", "-c", loops(3)]}))
+        .await;
+    let (heavy_before, light_before) = (
+        cpu_seconds(&daemon, &heavy).await,
+        cpu_seconds(&daemon, &light).await,
+    );
+    let run = daemon.output(&heavy, busy).await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
+    let got_heavy = cpu_seconds(&daemon, &heavy).await - heavy_before;
+    let got_light = cpu_seconds(&daemon, &light).await - light_before;
+    daemon.delete(&light).await;
     eprintln!(
         "info: CPU seconds under contention, 2048 shares {got_heavy:.2}, 512 shares {got_light:.2}"
     );
