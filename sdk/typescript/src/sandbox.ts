@@ -39,7 +39,7 @@ export interface SandboxOptions extends ConnectionOptions {
   /**
    * CPU weight against other sandboxes when the CPUs are contended, in
    * cgroup v1 shares (2 to 262144; 1024 is the default). A sandbox with a
-   * weight of its own is never a pool claim.
+   * weight other than 1024 is never a pool claim.
    */
   cpuShares?: number;
   /** A name (`python`), an OCI reference, a filesystem snapshot id, or an Image. */

@@ -252,7 +252,7 @@ class SandboxArgs:
     - ``disk``: size of its writable layer (as ``memory``).
     - ``cpu_shares``: its CPU weight against other sandboxes when the CPUs
       are contended, in cgroup v1 shares (2 to 262144; 1024 is the
-      default). A sandbox with a weight of its own is never a pool claim.
+      default). A sandbox with another weight than 1024 is never a pool claim.
 
     Connection: ``client=`` (a :class:`Client`), or ``url=`` / ``token=`` /
     ``tls_fingerprint=`` / ``socket=`` (over the environment's
