@@ -643,6 +643,36 @@ async fn vm_creates_fork_from_a_boot_template_of_their_image_and_size() {
     assert_eq!(listed_snapshots(&daemon).await, vec![snap.clone()]);
     let grandchild = daemon.create(json!({"from_snapshot": snap})).await;
     assert_eq!(count(&daemon, &grandchild).await, "count=3\n");
+    // It keeps its parent's weight; naming another (the default
+    // included) is a conflict, naming the same one is not.
+    assert_eq!(
+        cgroup::cpu_weight(&grandchild),
+        cgroup::weight_of_shares(512)
+    );
+    for (shares, conflict) in [(1024, true), (2048, true), (512, false)] {
+        let (status, body) = daemon
+            .call(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"from_snapshot": snap, "cpu_shares": shares})),
+            )
+            .await;
+        if conflict {
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{shares}: {body}");
+            assert_eq!(body["error"]["code"], "snapshot_conflict", "{body}");
+            assert!(
+                body["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("limits")),
+                "{body}"
+            );
+        } else {
+            assert_eq!(status, StatusCode::CREATED, "{shares}: {body}");
+            let same = body["id"].as_str().expect("id").to_string();
+            assert_eq!(cgroup::cpu_weight(&same), cgroup::weight_of_shares(512));
+            daemon.delete(&same).await;
+        }
+    }
 
     for id in [&a, &b, &grandchild] {
         daemon.delete(id).await;
