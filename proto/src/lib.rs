@@ -11,11 +11,12 @@
 //!
 //! The crate has no I/O of its own so that the agent, the supervisor and a
 //! freestanding test guest can share the same codec. It also names the
-//! sandbox's default confinement ([`confinement`]), which the daemon and
-//! the containerd shim share.
+//! sandbox's default confinement ([`confinement`]) and the bounds of its
+//! limits ([`limits`]), which the daemon and the containerd shim share.
 
 pub mod confinement;
 mod frame;
+pub mod limits;
 
 pub use frame::{decode, encode, FrameDecoder, FrameError};
 

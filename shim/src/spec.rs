@@ -500,8 +500,6 @@ fn sandbox_cpu_shares(
     linux: &Value,
     role: &Role,
 ) -> Result<Option<u64>, SpecError> {
-    const MOST: u64 = 262_144;
-    const LEAST: u64 = 2;
     let shares = match role {
         Role::Task => linux
             .pointer("/resources/cpu/shares")
@@ -518,7 +516,8 @@ fn sandbox_cpu_shares(
         Role::PodMember { .. } => None,
     };
     // 0 is CRI's "not set".
-    Ok(shares.filter(|s| *s > 0).map(|s| s.clamp(LEAST, MOST)))
+    let (least, most) = sandbox_proto::limits::CPU_SHARES.into_inner();
+    Ok(shares.filter(|s| *s > 0).map(|s| s.clamp(least, most)))
 }
 
 fn features(annotations: &Map<String, Value>, body: &mut Value) -> Result<(), SpecError> {

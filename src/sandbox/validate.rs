@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use super::SandboxError;
 use crate::config::Config;
 use crate::model::{CreateRequest, HostVolume, Limits};
+use sandbox_proto::limits::{CPU_SHARES, DEFAULT_CPU_SHARES};
 
 const MAX_ENV: usize = 256;
 const MAX_LABELS: usize = 64;
@@ -76,12 +77,6 @@ pub fn validated_limits(req: &CreateRequest, config: &Config) -> Result<Limits, 
         cpu_shares: cpu_shares.filter(|s| *s != DEFAULT_CPU_SHARES),
     })
 }
-
-/// The weight a group has unless told otherwise (v2's `cpu.weight` 100).
-pub const DEFAULT_CPU_SHARES: u64 = 1024;
-
-/// cgroup v1's range of `cpu.shares`, which v2's `cpu.weight` maps onto.
-pub const CPU_SHARES: std::ops::RangeInclusive<u64> = 2..=262_144;
 
 /// The most directories a host root may stack (as for pulled images).
 const MAX_HOST_ROOTFS_LAYERS: usize = 128;

@@ -568,7 +568,7 @@ impl Manager {
             || req.cpu_shares.is_some_and(|v| {
                 v != limits
                     .cpu_shares
-                    .unwrap_or(crate::sandbox::validate::DEFAULT_CPU_SHARES)
+                    .unwrap_or(sandbox_proto::limits::DEFAULT_CPU_SHARES)
             });
         if differs {
             return Err(conflict("limits"));
