@@ -10,7 +10,7 @@
 #[macro_export]
 macro_rules! supervisor_protocol_version {
     () => {
-        20
+        21
     };
 }
 

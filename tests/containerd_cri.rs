@@ -458,7 +458,8 @@ impl Cri {
     }
 
     /// A container `limited` in `pod` with limits of its own, as the
-    /// kubelet sets them from `resources.limits`: 32 MiB and half a CPU.
+    /// kubelet sets them from `resources.limits`: 32 MiB and half a CPU,
+    /// and from its CPU request, 512 shares.
     async fn start_container_of_32_mib(&mut self, pod: &(String, PodSandboxConfig)) -> String {
         let resources = LinuxContainerResources {
             memory_limit_in_bytes: 32 << 20,
@@ -658,6 +659,11 @@ async fn cri_pods_are_sandboxes_whose_containers_share_localhost_and_the_pods_eg
             .unwrap_or_else(|e| panic!("{}: {e}", group.display()))
             .trim(),
         (32u64 << 20).to_string()
+    );
+    // Its CPU request's shares weigh it within the pod, in that group.
+    assert_eq!(
+        cgroup::cpu_weight(&format!("{sandbox}/root-{limited}")),
+        cgroup::weight_of_shares(512)
     );
     cri.assert_killed_at_its_own_ceiling(&client, &limited)
         .await;
@@ -895,6 +901,15 @@ async fn a_cri_pod_annotated_vm_is_one_microvm_whose_containers_bring_their_root
         said.contains("/workload/root-"),
         "its group is under its root's: {said}"
     );
+    // Its CPU request's 512 shares weigh that group in the guest, as
+    // cgroup v2's weight on runc's curve.
+    let (code, said) = cri
+        .exec(
+            &limited,
+            "g=$(sed -n 's/^0:://p' /proc/self/cgroup); cat /sys/fs/cgroup${g%/*}/cpu.weight",
+        )
+        .await;
+    assert_eq!((code, said.trim()), (0, "59"), "{said}");
     // Its stats are that group's, read by the guest's agent: its own
     // ceiling and OOM kill, and a fraction of the memory the client,
     // without limits of its own, reports for the whole VM.

@@ -919,6 +919,84 @@ async fn a_pod_containers_own_limits_bind_it_alone_in_the_nested_host() {
     own_limits_bind_a_pod_container_alone().await;
 }
 
+/// A pod container's CPU shares weigh it against the pod's other
+/// containers, as its own cgroup under the pod's does under runc: two
+/// roots busy on every CPU the sandbox may use share its time as their
+/// weights say (2048 to 512 is 4 to 1); a weight out of bounds is refused
+/// by name.
+#[tokio::test]
+async fn a_pod_containers_cpu_shares_weigh_it_within_its_pod() {
+    require_host!();
+    let host = host_trees();
+    let heavy_tree = common::root_owned_busybox(&host.path().join("heavy"));
+    let light_tree = common::root_owned_busybox(&host.path().join("light"));
+    let daemon = Daemon::start();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let id = daemon
+        .create(json!({"image": "busybox", "cpu": cpus}))
+        .await;
+    let roots = format!("/v1/sandboxes/{id}/roots");
+    for (name, tree, shares) in [("heavy", &heavy_tree, 2048), ("light", &light_tree, 512)] {
+        let body = json!({
+            "name": name,
+            "host_rootfs": [tree.display().to_string()],
+            "limits": {"cpu_shares": shares}
+        });
+        let (status, answer) = daemon.call(Method::POST, &roots, Some(body)).await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+    }
+    let bad = json!({
+        "name": "starved",
+        "host_rootfs": [light_tree.display().to_string()],
+        "limits": {"cpu_shares": 1}
+    });
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(bad)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["code"], "invalid_cpu_shares", "{answer}");
+    assert_eq!(answer["error"]["field"], "cpu_shares", "{answer}");
+
+    // The light one is busy first and for longer, so both are busy over
+    // the whole of the heavy one's 3 s, the window both are measured over.
+    let loops = |seconds: u32| {
+        format!(
+            "for i in $(seq {cpus}); do timeout {seconds} sh -c 'while :; do :; done' & done; wait"
+        )
+    };
+    let root_cpu = |root: &'static str| {
+        let (daemon, path) = (&daemon, format!("{roots}/{root}/stats"));
+        async move {
+            let (status, stats) = daemon.call(Method::GET, &path, None).await;
+            assert_eq!(status, StatusCode::OK, "{stats}");
+            stats["cpu_seconds"].as_f64().expect("cpu_seconds")
+        }
+    };
+    daemon
+        .start_process(
+            &id,
+            json!({"argv": ["sh", "-c", loops(60)], "root": "light"}),
+        )
+        .await;
+    let busy = daemon
+        .start_process(
+            &id,
+            json!({"argv": ["sh", "-c", loops(3)], "root": "heavy"}),
+        )
+        .await;
+    let (heavy_before, light_before) = (root_cpu("heavy").await, root_cpu("light").await);
+    let run = daemon.output(&id, busy).await;
+    assert_eq!(run.exit_code(), Some(0), "{}", run.err());
+    let got_heavy = root_cpu("heavy").await - heavy_before;
+    let got_light = root_cpu("light").await - light_before;
+    daemon.delete(&id).await;
+    eprintln!(
+        "info: CPU seconds under contention in one pod, 2048 shares {got_heavy:.2}, 512 shares {got_light:.2}"
+    );
+    assert!(
+        got_heavy > 2.0 * got_light,
+        "the 2048-share root got {got_heavy:.2} s of CPU, the 512-share one {got_light:.2} s"
+    );
+}
+
 async fn own_limits_bind_a_pod_container_alone() {
     let host = host_trees();
     let app = common::root_owned_busybox(&host.path().join("app"));
@@ -932,7 +1010,7 @@ async fn own_limits_bind_a_pod_container_alone() {
     let limited = json!({
         "name": "app",
         "host_rootfs": [app.display().to_string()],
-        "limits": {"memory_mib": 24, "cpu": 0.5, "pids": 12}
+        "limits": {"memory_mib": 24, "cpu": 0.5, "pids": 12, "cpu_shares": 2048}
     });
     let (status, answer) = daemon.call(Method::POST, &roots, Some(limited)).await;
     assert_eq!(status, StatusCode::CREATED, "{answer}");
@@ -965,10 +1043,13 @@ async fn own_limits_bind_a_pod_container_alone() {
                 (24u64 << 20).to_string()
             );
             assert_eq!(read("cpu", "cpu.cfs_quota_us"), "50000");
+            assert_eq!(read("cpu", "cpu.shares"), "2048");
         }
         common::cgroup::Version::V2 => {
             assert_eq!(read("memory", "memory.max"), (24u64 << 20).to_string());
             assert_eq!(read("cpu", "cpu.max"), "50000 100000");
+            // 2048 shares on the curve runc and crun use.
+            assert_eq!(read("cpu", "cpu.weight"), "174");
         }
     }
     assert_eq!(read("pids", "pids.max"), "12");
@@ -1059,7 +1140,7 @@ async fn own_limits_bind_a_pod_container_alone() {
         .call(Method::DELETE, &format!("{roots}/app"), None)
         .await;
     assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
-    for controller in ["pids", "memory", "cpu"] {
+    for controller in ["pids", "memory", "cpu", "cpuacct"] {
         assert!(!group(controller).exists(), "{controller} group left");
     }
     let (status, answer) = daemon
@@ -1070,5 +1151,51 @@ async fn own_limits_bind_a_pod_container_alone() {
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{answer}");
+
+    // A whole-root OOM kill (cgroup v2's memory.oom.group, which the
+    // kubelet asks for there): the hog and a bystander in that root both
+    // end. cgroup v1 has none: refused by name.
+    let grouped = json!({
+        "name": "grouped",
+        "host_rootfs": [app.display().to_string()],
+        "limits": {"memory_mib": 24, "oom_group": true}
+    });
+    let (status, answer) = daemon.call(Method::POST, &roots, Some(grouped)).await;
+    match common::cgroup::version() {
+        common::cgroup::Version::V1 => {
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+            assert_eq!(answer["error"]["code"], "oom_group_unsupported", "{answer}");
+            assert_eq!(answer["error"]["field"], "oom_group", "{answer}");
+        }
+        common::cgroup::Version::V2 => {
+            assert_eq!(status, StatusCode::CREATED, "{answer}");
+            let file =
+                common::cgroup::sandbox_dir("memory", &id).join("root-grouped/memory.oom.group");
+            assert_eq!(
+                std::fs::read_to_string(&file)
+                    .unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+                    .trim(),
+                "1"
+            );
+            let bystander = daemon
+                .start_process(&id, json!({"argv": ["sleep", "600"], "root": "grouped"}))
+                .await;
+            let hog = daemon
+                .start_process(
+                    &id,
+                    json!({"argv": ["dd", "if=/dev/zero", "of=/dev/null", "bs=64M", "count=1"], "root": "grouped"}),
+                )
+                .await;
+            let killed = daemon.output(&id, hog).await;
+            assert_eq!(killed.process["oom_killed"], true, "{}", killed.process);
+            let ended = daemon.output(&id, bystander).await;
+            assert_ne!(ended.exit_code(), Some(0), "{}", ended.process);
+            assert_eq!(
+                daemon.sh(&id, "echo alive").await.out(),
+                "alive\n",
+                "the sandbox outlives its container's group OOM kill"
+            );
+        }
+    }
     daemon.delete(&id).await;
 }

@@ -374,13 +374,15 @@ fn requests() -> Vec<(SupervisorRequest, String)> {
                     cpu_quota_us: Some(50_000),
                     memory_bytes: None,
                     pids_max: Some(-1),
+                    cpu_shares: Some(2),
+                    oom_group: true,
                 }),
                 disk: None,
                 volumes: vec![],
             },
             // name, no layers, limits: quota (zigzag varint), no memory,
-            // pids (zigzag), no disk, no volumes.
-            "16 02 63 31 00 01 01 a0 8d 06 00 01 01 00 00".into(),
+            // pids (zigzag), shares, OOM group; no disk, no volumes.
+            "16 02 63 31 00 01 01 a0 8d 06 00 01 01 01 02 01 00 00".into(),
         ),
         (
             SupervisorRequest::AttachRoot {
@@ -612,7 +614,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
             }),
             // protocol, init_pid (zigzag), oom_kills, failure, egress
             // counters, substitutions, claimed.
-            "0c 14 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03 01".into(),
+            "0c 15 a4 13 02 01 01 66 01 02 ac 02 03 04 05 06 01 01 41 03 01".into(),
         ),
         (SupervisorReply::Dialed, "0d".into()),
         (SupervisorReply::Mailbox, "0e".into()),
@@ -663,7 +665,7 @@ fn replies() -> Vec<(SupervisorReply, String)> {
 
 #[test]
 fn what_the_daemon_sends() {
-    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 20, "{BUMP}");
+    assert_eq!(SUPERVISOR_PROTOCOL_VERSION, 21, "{BUMP}");
     let cases = requests();
     for (request, payload) in &cases {
         pin(request, payload);

@@ -36,8 +36,8 @@ pub struct GuestGroups {
     /// The `workload` group: the process groups are its children.
     workload: PathBuf,
     /// Whether the cpu controller was handed down to `workload`'s children,
-    /// which the first root with a CPU limit asks for: until then CPU is
-    /// shared by thread, as it was.
+    /// which the first root with a CPU limit or weight asks for: until
+    /// then CPU is shared by thread, as it was.
     cpu_on: Mutex<bool>,
     /// Container roots with a group of their own (`root-<name>`).
     limited: Mutex<HashSet<String>>,
@@ -102,32 +102,33 @@ impl GuestGroups {
     }
 
     /// Hands the cpu controller down to `workload`'s children, once; fails
-    /// where the kernel has no CFS bandwidth (no `cpu.max`).
-    fn enable_cpu(&self) -> io::Result<()> {
+    /// where the kernel has none, or, for a limit (`bandwidth`), no CFS
+    /// bandwidth (no `cpu.max`).
+    fn enable_cpu(&self, bandwidth: bool) -> io::Result<()> {
         let mut on = lock(&self.cpu_on);
-        if *on {
-            return Ok(());
+        if !*on {
+            for level in [&self.root, &self.workload] {
+                fs::write(level.join("cgroup.subtree_control"), "+cpu").map_err(|e| {
+                    io::Error::other(format!(
+                        "the guest kernel has no cpu controller (CONFIG_CGROUP_SCHED) for a CPU limit or weight: {e}"
+                    ))
+                })?;
+            }
+            *on = true;
         }
-        let missing = |e: io::Error| {
-            io::Error::other(format!(
-                "the guest kernel has no cpu controller with CFS bandwidth (CONFIG_CFS_BANDWIDTH) for a CPU limit: {e}"
-            ))
-        };
-        for level in [&self.root, &self.workload] {
-            fs::write(level.join("cgroup.subtree_control"), "+cpu").map_err(missing)?;
+        if bandwidth && !self.workload.join("cpu.max").exists() {
+            return Err(io::Error::other(
+                "the guest kernel has no CFS bandwidth (CONFIG_CFS_BANDWIDTH) for a CPU limit: workload has no cpu.max",
+            ));
         }
-        if !self.workload.join("cpu.max").exists() {
-            return Err(missing(io::Error::other("workload has no cpu.max")));
-        }
-        *on = true;
         Ok(())
     }
 
     /// Makes the group of container root `name` with its `limits`; the
     /// groups of processes started in that root go under it.
     pub fn create_root_group(&self, name: &str, limits: &GuestRootLimits) -> io::Result<()> {
-        if limits.cpu_quota_us.is_some() {
-            self.enable_cpu()?;
+        if limits.cpu_quota_us.is_some() || limits.cpu_weight.is_some() {
+            self.enable_cpu(limits.cpu_quota_us.is_some())?;
         }
         let mut limited = lock(&self.limited);
         let dir = self.root_dir(name);
@@ -139,8 +140,14 @@ impl GuestGroups {
                     format!("{quota} {}", limits.cpu_period_us),
                 )?;
             }
+            if let Some(weight) = limits.cpu_weight {
+                fs::write(dir.join("cpu.weight"), weight.to_string())?;
+            }
             if let Some(bytes) = limits.memory_bytes {
                 fs::write(dir.join("memory.max"), bytes.to_string())?;
+            }
+            if limits.oom_group {
+                fs::write(dir.join("memory.oom.group"), "1")?;
             }
             if let Some(max) = limits.pids_max {
                 fs::write(dir.join("pids.max"), pids_value(max))?;
@@ -433,6 +440,8 @@ mod tests {
             cpu_period_us: 100_000,
             memory_bytes: Some(32 << 20),
             pids_max: Some(10),
+            cpu_weight: Some(174),
+            oom_group: true,
         };
         // The kernel gives workload cpu.max once cpu is handed down to it.
         fs::write(workload.join("cpu.max"), "max 100000").expect("cpu.max");
@@ -442,7 +451,9 @@ mod tests {
         let web = workload.join("root-web");
         for (file, value) in [
             ("cpu.max", "50000 100000"),
+            ("cpu.weight", "174"),
             ("memory.max", "33554432"),
+            ("memory.oom.group", "1"),
             ("pids.max", "10"),
             ("cgroup.subtree_control", "+memory +pids"),
         ] {
@@ -506,7 +517,9 @@ mod tests {
         fs::remove_dir_all(web.join("p5")).expect("p5 emptied");
         for file in [
             "cpu.max",
+            "cpu.weight",
             "memory.max",
+            "memory.oom.group",
             "pids.max",
             "cgroup.subtree_control",
             "cpu.stat",
@@ -534,6 +547,8 @@ mod tests {
             cpu_period_us: 100_000,
             memory_bytes: None,
             pids_max: None,
+            cpu_weight: None,
+            oom_group: false,
         };
         // No cpu.max appears in workload: no CFS bandwidth.
         let err = groups
@@ -541,6 +556,23 @@ mod tests {
             .expect_err("no cpu");
         assert!(err.to_string().contains("CONFIG_CFS_BANDWIDTH"), "{err}");
         assert!(!groups.has_root_group("web"));
+        // A weight needs the cpu controller alone.
+        groups
+            .create_root_group(
+                "web",
+                &GuestRootLimits {
+                    cpu_quota_us: None,
+                    cpu_weight: Some(1),
+                    ..limits
+                },
+            )
+            .expect("a weight without bandwidth");
+        let web = root.join(WORKLOAD).join("root-web");
+        assert_eq!(
+            fs::read_to_string(web.join("cpu.weight")).expect("weight"),
+            "1"
+        );
+        assert!(!web.join("cpu.max").exists());
         fs::remove_dir_all(&root).expect("clean up");
     }
 }

@@ -24,11 +24,14 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped on any incompatible change to the messages below, and when an
 /// agent starts to apply a field that an older one would read past.
-/// (Fields added at the end, as `SpawnRequest::root` was, decode either
-/// way: the agent and its host come from one build, and the freestanding
-/// test guest reads only what it needs. But an agent restored from a
-/// memory snapshot of an earlier build reads past them too, so a field it
-/// must not ignore needs a bump.)
+/// (Fields added at the very end of a frame, as `SpawnRequest::root` was,
+/// decode either way: postcard reads the fields its own build knows and
+/// leaves the rest. A field added inside a frame, before others, does
+/// not: an older reader takes its bytes for the next field's. The agent
+/// and its host come from one build, and the freestanding test guest
+/// reads only what it needs. But an agent restored from a memory
+/// snapshot of an earlier build reads past trailing fields too, so a
+/// field it must not ignore needs a bump.)
 ///
 /// 3: the agent applies [`SpawnRequest::groups`] and
 /// [`SpawnRequest::confinement`]; a host must not send either to an
@@ -355,6 +358,19 @@ pub struct GuestRootLimits {
     pub cpu_period_us: u64,
     pub memory_bytes: Option<u64>,
     pub pids_max: Option<u64>,
+    /// Its `cpu.weight` (1-10000) against the guest's other groups.
+    ///
+    /// This and `oom_group` came without a protocol bump although they sit
+    /// inside [`RequestBody::MountRoot`], before its `volumes`, where an
+    /// older agent would misread them: `MountRoot` only ever reaches an
+    /// agent of the host's own build, as only a CRI pod's microVM takes
+    /// roots, and a pod's VM is never forked, pooled or made from a boot
+    /// template, and a daemon adopts only supervisors of its own version.
+    /// Pods forked from snapshots would have to gate these on the agent's
+    /// version.
+    pub cpu_weight: Option<u64>,
+    /// `memory.oom.group`: an OOM kill ends all of the root's processes.
+    pub oom_group: bool,
 }
 
 /// Where the host attaches the roots of a pod's containers inside the

@@ -294,8 +294,9 @@ pub fn sandbox(
 /// What a pod's container adds to its root's attach body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MemberRoot {
-    /// Its own ceilings from `linux.resources` (the root's `limits`), if
-    /// it has any: they apply to it alone, under the pod's.
+    /// Its own ceilings, CPU weight and OOM group from `linux.resources`
+    /// (the root's `limits`), if it has any: they apply to it alone,
+    /// under the pod's.
     pub limits: Option<Value>,
     /// Its bind mounts (the root's `volumes`).
     pub volumes: Vec<Value>,
@@ -327,6 +328,21 @@ pub fn member(config: &Value, pod: &Value) -> Result<MemberRoot, SpecError> {
     let mut own = json!({});
     if let Some(resources) = linux.get("resources") {
         limits(resources, &mut own)?;
+    }
+    // An OOM kill ends the whole container, as the kubelet asks on cgroup
+    // v2 (1.28 and later, unless its `singleProcessOOMKill`); the pod's sandbox and a plain task are not
+    // given it (that would end their agent, the sandbox itself).
+    if linux.pointer("/resources/unified/memory.oom.group") == Some(&json!("1")) {
+        own["oom_group"] = json!(true);
+    }
+    // Its weight within the pod, as its own cgroup under the pod's would
+    // give it under runc (the kubelet sets one on every container).
+    if let Some(shares) = cpu_shares_within_bounds(
+        linux
+            .pointer("/resources/cpu/shares")
+            .and_then(Value::as_u64),
+    ) {
+        own["cpu_shares"] = json!(shares);
     }
     Ok(MemberRoot {
         limits: own
@@ -491,10 +507,8 @@ fn limits(resources: &Value, body: &mut Value) -> Result<(), SpecError> {
 /// The CPU weight of a task's sandbox, in shares: a plain task's own
 /// `linux.resources.cpu.shares`; for a pod, the pod's whole weight CRI
 /// annotates its sandbox container with. That container's own shares are
-/// the kubelet's minimum (2), which would starve the pod, and the
-/// containers' shares weigh them within the pod, which one sandbox does
-/// not apply (they share its group). A weight beyond what a cgroup takes
-/// is clamped to it, as the kernel would.
+/// the kubelet's minimum (2), which would starve the pod; the containers'
+/// weigh them within the pod, each in its root's group ([`member`]).
 fn sandbox_cpu_shares(
     config: &Value,
     linux: &Value,
@@ -515,9 +529,14 @@ fn sandbox_cpu_shares(
         },
         Role::PodMember { .. } => None,
     };
-    // 0 is CRI's "not set".
+    Ok(cpu_shares_within_bounds(shares))
+}
+
+/// CPU shares as sandboxd takes them: 0 is CRI's "not set", and a weight
+/// beyond what a cgroup takes is clamped to it, as the kernel would.
+fn cpu_shares_within_bounds(shares: Option<u64>) -> Option<u64> {
     let (least, most) = sandbox_proto::limits::CPU_SHARES.into_inner();
-    Ok(shares.filter(|s| *s > 0).map(|s| s.clamp(least, most)))
+    shares.filter(|s| *s > 0).map(|s| s.clamp(least, most))
 }
 
 fn features(annotations: &Map<String, Value>, body: &mut Value) -> Result<(), SpecError> {
@@ -891,13 +910,13 @@ mod tests {
             err.field,
             format!("annotations[{}]", cri::SANDBOX_CPU_SHARES)
         );
-        // A member's shares weigh it within its pod: not applied, and not a
-        // limit of its root either.
+        // A member's shares weigh it within its pod: its root's, not the
+        // pod's.
         let mut member_spec = cri_spec("container");
         member_spec["linux"]["resources"]["cpu"]["shares"] = json!(256);
         assert_eq!(
             member(&member_spec, &cri_spec("sandbox")).unwrap().limits,
-            None
+            Some(json!({"cpu_shares": 256}))
         );
     }
 
@@ -910,7 +929,17 @@ mod tests {
         let mut member_spec = with_defaults(cri_spec("container"));
         member_spec["linux"]["resources"]["memory"] = json!({"limit": 1 << 28, "swap": 1 << 28});
         let own = member(&member_spec, &pod()).unwrap();
-        assert_eq!(own.limits, Some(json!({"memory_mib": 256})));
+        // The kubelet's cgroup v2 whole-container OOM kill is its root's.
+        assert_eq!(
+            own.limits,
+            Some(json!({"memory_mib": 256, "cpu_shares": 1024, "oom_group": true}))
+        );
+        // Without it (a cgroup v1 node's kubelet), one process is killed.
+        member_spec["linux"]["resources"]["unified"] = json!({"memory.swap.max": "0"});
+        assert_eq!(
+            member(&member_spec, &pod()).unwrap().limits,
+            Some(json!({"memory_mib": 256, "cpu_shares": 1024}))
+        );
         let pause = with_defaults(pod());
         sandbox(&pause, &[PathBuf::from("/s/pause")], "k8s.io", "pod1").unwrap();
     }
@@ -1150,7 +1179,7 @@ mod tests {
         assert_eq!(
             member(&spec, &pod()).unwrap(),
             MemberRoot {
-                limits: None,
+                limits: Some(json!({"cpu_shares": 2})),
                 volumes: Vec::new()
             }
         );
@@ -1162,11 +1191,18 @@ mod tests {
         });
         assert_eq!(
             member(&limited, &pod()).unwrap().limits,
-            Some(json!({"memory_mib": 256, "cpu": 0.25, "pids": 64}))
+            Some(json!({"memory_mib": 256, "cpu": 0.25, "pids": 64, "cpu_shares": 256}))
         );
-        // Shares alone set no ceiling.
-        limited["linux"]["resources"] = json!({"cpu": {"shares": 2}});
-        assert_eq!(member(&limited, &pod()).unwrap().limits, None);
+        // Shares alone weigh the container within its pod, in bounds; 0
+        // is CRI's unset.
+        for (shares, limits) in [
+            (2, Some(json!({"cpu_shares": 2}))),
+            (1 << 20, Some(json!({"cpu_shares": 262_144}))),
+            (0, None),
+        ] {
+            limited["linux"]["resources"] = json!({"cpu": {"shares": shares}});
+            assert_eq!(member(&limited, &pod()).unwrap().limits, limits, "{shares}");
+        }
         let mut other_profile = cri_spec("container");
         other_profile["process"]["apparmorProfile"] = json!("my-profile");
         assert_eq!(

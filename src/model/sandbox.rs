@@ -31,6 +31,15 @@ pub struct RootLimits {
     pub memory_mib: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u64>,
+    /// Its CPU weight against the pod's other containers, in cgroup v1
+    /// shares (a Kubernetes container's, from its CPU request).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_shares: Option<u64>,
+    /// An OOM kill in the root ends every process of it, not one (cgroup
+    /// v2's `memory.oom.group`, which the kubelet sets on each container
+    /// there since 1.28); refused on a cgroup v1 host's container.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub oom_group: bool,
 }
 
 /// A host file or directory bound into one pod container root (`POST

@@ -7,8 +7,8 @@
 //! `pids` and `freezer` hierarchies) and on the v2 unified hierarchy.
 //!
 //! The layout under a sandbox's group: `p<N>` per process; with a limited
-//! root, `root-<name>` holding that root's `p<N>` (and, on v1, its memory and
-//! cpu group); on v2, once a root is limited, `init` holding the agent, as a
+//! root, `root-<name>` holding that root's `p<N>` (and, on v1, its memory,
+//! cpu and cpuacct group); on v2, once a root is limited, `init` holding the agent, as a
 //! group that hands controllers to children may hold no process itself.
 
 use std::fs::{self, File, OpenOptions};
@@ -104,11 +104,19 @@ pub struct RootLimits {
     pub cpu_quota_us: Option<i64>,
     pub memory_bytes: Option<u64>,
     pub pids_max: Option<i64>,
+    /// Its weight against the sandbox's other groups, in v1 shares (v2's
+    /// `cpu.weight` by [`cpu_weight_of_shares`]).
+    pub cpu_shares: Option<u64>,
+    /// v2's `memory.oom.group`: an OOM kill ends all of the root's
+    /// processes. v1 has no such file.
+    pub oom_group: bool,
 }
 
 /// v1 hierarchies where a limited root has a group beside its processes'
-/// (which are in [`V1_PROCESS_HIERARCHIES`]).
-const V1_ROOT_LIMIT_HIERARCHIES: [&str; 2] = ["memory", "cpu"];
+/// (which are in [`V1_PROCESS_HIERARCHIES`]): its ceilings and weight, and
+/// its CPU time (`cpuacct`, one hierarchy with `cpu` where the host
+/// mounts them together; see [`SandboxCgroups::v1_root_hierarchies`]).
+const V1_ROOT_LIMIT_HIERARCHIES: [&str; 3] = ["memory", "cpu", "cpuacct"];
 /// The v2 controllers a limited root's group sets.
 const V2_ROOT_CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 /// The v2 group the agent moves to when the sandbox's group starts handing
@@ -194,7 +202,7 @@ impl SandboxCgroups {
 
     /// Makes the child group(s) of process `proc` (under limited root
     /// `root`'s group if given) and opens their `cgroup.procs` for writing,
-    /// with, on v1, those of the root's memory and cpu groups. The agent's
+    /// with, on v1, those of the root's memory, cpu and cpuacct groups. The agent's
     /// child writes `0` into each before it execs; the open-time
     /// credentials (ours) authorise the move.
     pub fn create_process_group(
@@ -216,8 +224,8 @@ impl SandboxCgroups {
         }
         if let (Some(_), Layout::V1) = (root, self.layout) {
             procs_files.extend(
-                V1_ROOT_LIMIT_HIERARCHIES
-                    .iter()
+                self.v1_root_hierarchies()
+                    .into_iter()
                     .map(|h| self.parent_dir(h, root).join("cgroup.procs")),
             );
         }
@@ -252,12 +260,30 @@ impl SandboxCgroups {
     fn root_dirs(&self, name: &str) -> Vec<PathBuf> {
         match self.layout {
             Layout::V1 => V1_PROCESS_HIERARCHIES
-                .iter()
-                .chain(V1_ROOT_LIMIT_HIERARCHIES.iter())
+                .into_iter()
+                .chain(self.v1_root_hierarchies())
                 .map(|h| self.parent_dir(h, Some(name)))
                 .collect(),
             Layout::V2 => vec![self.parent_dir("", Some(name))],
         }
+    }
+
+    /// [`V1_ROOT_LIMIT_HIERARCHIES`] less `cpuacct` where it is the `cpu`
+    /// hierarchy under another name (mounted as `cpu,cpuacct`, the two
+    /// names links to it or mounts of it): one group there, made and
+    /// removed once.
+    fn v1_root_hierarchies(&self) -> Vec<&'static str> {
+        use std::os::unix::fs::MetadataExt;
+        let identity = |h: &str| {
+            fs::metadata(self.root.join(h))
+                .ok()
+                .map(|m| (m.dev(), m.ino()))
+        };
+        let comounted = identity("cpu").is_some_and(|cpu| Some(cpu) == identity("cpuacct"));
+        V1_ROOT_LIMIT_HIERARCHIES
+            .into_iter()
+            .filter(|h| !(comounted && *h == "cpuacct"))
+            .collect()
     }
 
     /// Makes the group of pod container root `name` with its own ceilings,
@@ -275,6 +301,12 @@ impl SandboxCgroups {
     }
 
     fn write_root_group(&self, name: &str, limits: &RootLimits) -> Result<(), CgroupError> {
+        if limits.oom_group && self.layout == Layout::V1 {
+            return Err(CgroupError::Io {
+                path: self.dir("memory").display().to_string(),
+                source: io::Error::other("cgroup v1 has no memory.oom.group"),
+            });
+        }
         for dir in self.root_dirs(name) {
             fs::create_dir(&dir).map_err(io_err(&dir))?;
         }
@@ -321,6 +353,18 @@ impl SandboxCgroups {
                 Layout::V2 => "",
             };
             writes.push((dir(hierarchy).join("pids.max"), max.to_string()));
+        }
+        if limits.oom_group {
+            writes.push((dir("").join("memory.oom.group"), "1".into()));
+        }
+        if let Some(shares) = limits.cpu_shares {
+            writes.push(match self.layout {
+                Layout::V1 => (dir("cpu").join("cpu.shares"), shares.to_string()),
+                Layout::V2 => (
+                    dir("").join("cpu.weight"),
+                    cpu_weight_of_shares(shares).to_string(),
+                ),
+            });
         }
         for (file, value) in writes {
             fs::write(&file, value).map_err(io_err(&file))?;
@@ -1061,10 +1105,28 @@ mod tests {
                 PathBuf::from("/sys/fs/cgroup/freezer/sandboxd/abc/root-app/p7"),
             ]
         );
+        // A host with cpu and cpuacct apart, and one with them mounted
+        // together (`cpu` and `cpuacct` links to `cpu,cpuacct`).
+        let apart = tempfile::tempdir().expect("tempdir");
+        for h in ["cpu", "cpuacct"] {
+            fs::create_dir(apart.path().join(h)).expect("hierarchy");
+        }
+        let v1 = SandboxCgroups::under(apart.path(), Layout::V1, "/sandboxd/abc");
+        assert_eq!(
+            v1.root_dirs("app"),
+            ["pids", "freezer", "memory", "cpu", "cpuacct"]
+                .map(|h| apart.path().join(h).join("sandboxd/abc/root-app"))
+        );
+        let together = tempfile::tempdir().expect("tempdir");
+        fs::create_dir(together.path().join("cpu,cpuacct")).expect("hierarchy");
+        for h in ["cpu", "cpuacct"] {
+            std::os::unix::fs::symlink("cpu,cpuacct", together.path().join(h)).expect("link");
+        }
+        let v1 = SandboxCgroups::under(together.path(), Layout::V1, "/sandboxd/abc");
         assert_eq!(
             v1.root_dirs("app"),
             ["pids", "freezer", "memory", "cpu"]
-                .map(|h| PathBuf::from(format!("/sys/fs/cgroup/{h}/sandboxd/abc/root-app")))
+                .map(|h| together.path().join(h).join("sandboxd/abc/root-app"))
         );
         let v2 = SandboxCgroups::new(Layout::V2, "sandboxd/abc");
         assert_eq!(
@@ -1089,6 +1151,8 @@ mod tests {
             cpu_quota_us: Some(50_000),
             memory_bytes: Some(64 << 20),
             pids_max: Some(32),
+            cpu_shares: Some(2048),
+            oom_group: true,
         };
         cgroups
             .create_root_group("app", &limits)
@@ -1107,6 +1171,11 @@ mod tests {
             "50000 100000"
         );
         assert_eq!(fs::read_to_string(group.join("pids.max")).unwrap(), "32");
+        assert_eq!(fs::read_to_string(group.join("cpu.weight")).unwrap(), "174");
+        assert_eq!(
+            fs::read_to_string(group.join("memory.oom.group")).unwrap(),
+            "1"
+        );
         // Only what was asked for is written.
         cgroups
             .create_root_group(
@@ -1118,9 +1187,48 @@ mod tests {
             )
             .expect("root group");
         assert!(!top.join("root-small/memory.max").exists());
+        assert!(!top.join("root-small/cpu.weight").exists());
+        assert!(!top.join("root-small/memory.oom.group").exists());
         assert_eq!(
             fs::read_to_string(top.join("root-small/pids.max")).unwrap(),
             "8"
         );
+    }
+
+    #[test]
+    fn a_v1_root_group_takes_its_weight_in_the_cpu_hierarchy() {
+        let fake = tempfile::tempdir().expect("tempdir");
+        for hierarchy in ["pids", "freezer", "memory", "cpu", "cpuacct"] {
+            fs::create_dir_all(fake.path().join(hierarchy).join("sandboxd/abc")).expect("dirs");
+        }
+        let cgroups = SandboxCgroups::under(fake.path(), Layout::V1, "sandboxd/abc");
+        cgroups
+            .create_root_group(
+                "app",
+                &RootLimits {
+                    cpu_shares: Some(2),
+                    ..Default::default()
+                },
+            )
+            .expect("root group");
+        let group = fake.path().join("cpu/sandboxd/abc/root-app");
+        assert_eq!(fs::read_to_string(group.join("cpu.shares")).unwrap(), "2");
+        assert!(!group.join("cpu.cfs_quota_us").exists());
+        // Its CPU time is metered apart from the pod's others'.
+        assert!(fake.path().join("cpuacct/sandboxd/abc/root-app").is_dir());
+        assert!(fake.path().join("pids/sandboxd/abc/root-app").is_dir());
+        // v1 has no whole-group OOM kill: refused, and nothing left.
+        let refused = cgroups.create_root_group(
+            "grouped",
+            &RootLimits {
+                oom_group: true,
+                ..Default::default()
+            },
+        );
+        assert!(
+            refused.is_err_and(|e| e.to_string().contains("memory.oom.group")),
+            "refused"
+        );
+        assert!(!fake.path().join("cpu/sandboxd/abc/root-grouped").exists());
     }
 }

@@ -59,6 +59,7 @@ fn field_of(code: &str) -> Option<&'static str> {
         "invalid_disk" => "disk_mib",
         "invalid_pids" => "pids",
         "invalid_cpu_shares" => "cpu_shares",
+        "oom_group_unsupported" => "oom_group",
         "invalid_ttl" => "ttl_seconds",
         "invalid_env" => "env",
         "invalid_labels" => "labels",

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use super::manager::not_running;
-use super::validate::{validated_host_dirs, validated_volumes};
+use super::validate::{checked_cpu_shares, validated_host_dirs, validated_volumes};
 use super::{Manager, SandboxError};
 use crate::config::Config;
 use crate::model::{HostVolume, RootLimits, RuntimeKind, SandboxStats};
@@ -88,6 +88,8 @@ pub fn validated_root_limits(
         cpu_quota_us,
         memory_bytes,
         pids_max,
+        cpu_shares: limits.cpu_shares.map(checked_cpu_shares).transpose()?,
+        oom_group: limits.oom_group,
     })
 }
 
@@ -127,6 +129,16 @@ impl Manager {
         let limits = limits
             .map(|l| validated_root_limits(l, &self.config))
             .transpose()?;
+        // A microVM's guest runs cgroup v2 whatever the host does.
+        if limits.is_some_and(|l| l.oom_group)
+            && record.runtime == RuntimeKind::Container
+            && Layout::detect() == Layout::V1
+        {
+            return Err(SandboxError::bad(
+                "oom_group_unsupported",
+                "limits.oom_group is cgroup v2's memory.oom.group, and this host runs cgroup v1: leave it out (an OOM kill then ends one process of the root)",
+            ));
+        }
         let mut client = self.connect(id).await?;
         match client
             .attach_root(name, layers, limits, disk, volumes)
@@ -250,6 +262,8 @@ mod tests {
             cpu: Some(0.5),
             memory_mib: Some(64),
             pids: Some(32),
+            cpu_shares: Some(2),
+            oom_group: true,
         };
         assert_eq!(
             validated_root_limits(&limits, &config).expect("valid"),
@@ -257,6 +271,8 @@ mod tests {
                 cpu_quota_us: Some(50_000),
                 memory_bytes: Some(64 << 20),
                 pids_max: Some(32),
+                cpu_shares: Some(2),
+                oom_group: true,
             }
         );
         assert_eq!(
@@ -287,5 +303,14 @@ mod tests {
             }),
             "invalid_pids"
         );
+        for shares in [0, 1, 262_145] {
+            assert_eq!(
+                refused(RootLimits {
+                    cpu_shares: Some(shares),
+                    ..Default::default()
+                }),
+                "invalid_cpu_shares"
+            );
+        }
     }
 }

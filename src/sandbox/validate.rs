@@ -54,19 +54,7 @@ pub fn validated_limits(req: &CreateRequest, config: &Config) -> Result<Limits, 
             format!("pids must be between 8 and {}, got {pids}", config.max_pids),
         ));
     }
-    let cpu_shares = req.cpu_shares;
-    if let Some(shares) = cpu_shares {
-        if !CPU_SHARES.contains(&shares) {
-            return Err(SandboxError::bad(
-                "invalid_cpu_shares",
-                format!(
-                    "cpu_shares must be between {} and {} (1024 is the default weight), got {shares}",
-                    CPU_SHARES.start(),
-                    CPU_SHARES.end()
-                ),
-            ));
-        }
-    }
+    let cpu_shares = req.cpu_shares.map(checked_cpu_shares).transpose()?;
     Ok(Limits {
         cpu,
         memory_mib,
@@ -76,6 +64,22 @@ pub fn validated_limits(req: &CreateRequest, config: &Config) -> Result<Limits, 
         // same weight as a snapshot's without one.
         cpu_shares: cpu_shares.filter(|s| *s != DEFAULT_CPU_SHARES),
     })
+}
+
+/// A CPU weight in cgroup v1 shares, a sandbox's or a pod container's.
+pub fn checked_cpu_shares(shares: u64) -> Result<u64, SandboxError> {
+    if CPU_SHARES.contains(&shares) {
+        Ok(shares)
+    } else {
+        Err(SandboxError::bad(
+            "invalid_cpu_shares",
+            format!(
+                "cpu_shares must be between {} and {} (1024 is the default weight), got {shares}",
+                CPU_SHARES.start(),
+                CPU_SHARES.end()
+            ),
+        ))
+    }
 }
 
 /// The most directories a host root may stack (as for pulled images).

@@ -91,6 +91,9 @@ use sandbox_proto::{FrameDecoder, PtySize, Reply, RequestBody, Stream};
 ///
 /// 20 added `SpawnSpec::confinement` and counts the agent's
 /// `SpawnRequest::confinement`.
+///
+/// 21 added `AttachRoot::limits`' `cpu_shares` and `oom_group`, and
+/// counts the agent's `GuestRootLimits::cpu_weight` and `oom_group`.
 pub const SUPERVISOR_PROTOCOL_VERSION: u32 = supervisor_protocol_version!();
 
 /// The tag (variant index) of [`SupervisorReply::Health`].

@@ -11,9 +11,9 @@
 //!   relies on is dropped silently.
 //!
 //! A few fields the kubelet sets on every container are accepted although
-//! sandboxd does not apply them (a negative `oomScoreAdj`, a pod
-//! container's `cpu.shares` (the pod's sum is the sandbox's weight),
-//! huge page limits of zero, `memory.oom.group`); refusing them would
+//! sandboxd does not apply them (a negative `oomScoreAdj`, huge page
+//! limits of zero, and `memory.oom.group` on a pod's sandbox container;
+//! a pod's other containers get it on their roots); refusing them would
 //! refuse every pod. `docs/kubernetes.md` lists them.
 
 use serde_json::Value;
@@ -394,8 +394,9 @@ fn check_resources(resources: &Value) -> Result<(), SpecError> {
         .flatten()
     {
         // What the kubelet writes on cgroup v2: no swap (sandboxd allows
-        // none), and since 1.32 a whole-group OOM kill, which sandboxd
-        // does not apply (the kernel kills one process of the sandbox).
+        // none), and since 1.28 a whole-group OOM kill, which a pod's
+        // container gets on its root ([`super::member`]); a task or a
+        // pod's sandbox does not (the kernel kills one process of it).
         let no_swap = key == "memory.swap.max" && value.as_str() == Some("0");
         let oom_group = key == "memory.oom.group" && value.as_str() == Some("1");
         if !no_swap && !oom_group {

@@ -34,6 +34,10 @@ fn guest_root_limits(
         cpu_period_us: crate::runtime::spec::CPU_PERIOD_US,
         memory_bytes: limits.memory_bytes,
         pids_max: limits.pids_max.map(|p| positive("pids", p)).transpose()?,
+        cpu_weight: limits
+            .cpu_shares
+            .map(crate::runtime::cgroups::cpu_weight_of_shares),
+        oom_group: limits.oom_group,
     })
 }
 
