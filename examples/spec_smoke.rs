@@ -311,6 +311,7 @@ fn run_once(fx: &Fixture, i: usize, netns_in_spec: bool) -> Result<RunResult> {
         cgroups_path: format!("/{CGROUP_PARENT}/{id}"),
         cpu_cores: 0.5,
         cpu_shares: None,
+        denied_huge_page_sizes: sandboxd::runtime::cgroups::huge_page_sizes_to_deny(),
         memory_bytes: 256 << 20,
         pids_max: 128,
         host_uid_base: UID_BASE,

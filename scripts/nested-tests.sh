@@ -29,8 +29,9 @@ logs=${1:-$(mktemp -d /var/tmp/sandboxd-nested.XXXXXX)}
 mkdir -p "$logs"
 
 # package:test-target of every suite that needs a Linux guest on KVM
-# (sandboxd:host_rootfs: its pod test on the nested host's cgroup v2)
-read -ra suites <<<"${NESTED_SUITES:-vmm:linux sandboxd:microvm_linux sandboxd:containerd_shim sandboxd:containerd_cri sandboxd:host_rootfs}"
+# (sandboxd:host_rootfs: its pod test on the nested host's cgroup v2;
+# sandboxd:limits: its huge page test there, with a hugetlb controller)
+read -ra suites <<<"${NESTED_SUITES:-vmm:linux sandboxd:microvm_linux sandboxd:containerd_shim sandboxd:containerd_cri sandboxd:host_rootfs sandboxd:limits}"
 test_args=${NESTED_TEST_ARGS---ignored}
 
 # The whole workspace's test build, as scripts/test.sh made it: asking for

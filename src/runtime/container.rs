@@ -129,6 +129,7 @@ fn start_in_netns(
         cgroups_path: config.cgroups_path.clone(),
         cpu_cores: config.cpu,
         cpu_shares: config.cpu_shares,
+        denied_huge_page_sizes: crate::runtime::cgroups::huge_page_sizes_to_deny(),
         memory_bytes: config.memory_bytes,
         pids_max: config.pids,
         host_uid_base: config.id_map_base,

@@ -47,10 +47,11 @@ use std::path::{Component, Path, PathBuf};
 use nix::sched::{setns, CloneFlags};
 use oci_spec::runtime::{
     Capabilities, Capability, LinuxBuilder, LinuxCapabilitiesBuilder, LinuxCpuBuilder,
-    LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxIdMappingBuilder,
-    LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder, PosixRlimitBuilder,
-    PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder, UserBuilder,
+    LinuxDeviceCgroup, LinuxDeviceCgroupBuilder, LinuxDeviceType, LinuxHugepageLimitBuilder,
+    LinuxIdMappingBuilder, LinuxMemoryBuilder, LinuxNamespace, LinuxNamespaceBuilder,
+    LinuxNamespaceType, LinuxPidsBuilder, LinuxResourcesBuilder, Mount, MountBuilder,
+    PosixRlimitBuilder, PosixRlimitType, ProcessBuilder, RootBuilder, Spec, SpecBuilder,
+    UserBuilder,
 };
 
 use crate::gpu::DeviceGrant;
@@ -139,6 +140,9 @@ pub struct ContainerSpecInput {
     /// CPU weight in cgroup v1 shares (libcgroups writes v2's `cpu.weight`
     /// from it); `None` leaves the kernel's default.
     pub cpu_shares: Option<u64>,
+    /// Huge page sizes the sandbox may not use (a limit of 0 each): those
+    /// of [`super::cgroups::huge_page_sizes_to_deny`].
+    pub denied_huge_page_sizes: Vec<String>,
     /// Memory hard limit in bytes; swap is not allowed on top of it.
     pub memory_bytes: u64,
     /// Most tasks (processes and threads) in the sandbox.
@@ -304,8 +308,26 @@ pub fn build_spec(input: &ContainerSpecInput) -> Result<Spec, SpecError> {
                 .swappiness(0u64)
                 .build()?,
         )
-        .pids(LinuxPidsBuilder::default().limit(input.pids_max).build()?)
-        .build()?;
+        .pids(LinuxPidsBuilder::default().limit(input.pids_max).build()?);
+    // Only where there are some: libcgroups' v1 manager fails a create
+    // that names huge pages on a host without a hugetlb hierarchy.
+    let resources = if input.denied_huge_page_sizes.is_empty() {
+        resources
+    } else {
+        resources.hugepage_limits(
+            input
+                .denied_huge_page_sizes
+                .iter()
+                .map(|size| {
+                    LinuxHugepageLimitBuilder::default()
+                        .page_size(size.clone())
+                        .limit(0i64)
+                        .build()
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+        )
+    }
+    .build()?;
 
     let linux = LinuxBuilder::default()
         .uid_mappings(vec![LinuxIdMappingBuilder::default()
@@ -708,6 +730,7 @@ mod tests {
             cgroups_path: "/sandboxd/abc".to_owned(),
             cpu_cores: 0.5,
             cpu_shares: None,
+            denied_huge_page_sizes: Vec::new(),
             memory_bytes: 512 << 20,
             pids_max: 256,
             host_uid_base: 100_000,
@@ -952,6 +975,26 @@ mod tests {
         assert_eq!(mem.swappiness(), Some(0));
         assert_ne!(mem.disable_oom_killer(), Some(true));
         assert_eq!(r.pids().as_ref().map(|p| p.limit()), Some(256));
+        assert_eq!(
+            r.hugepage_limits(),
+            &None,
+            "none named where no hugetlb controller reaches the sandbox"
+        );
+        let denied = build_spec(&ContainerSpecInput {
+            denied_huge_page_sizes: vec!["1GB".into(), "2MB".into()],
+            ..input()
+        })
+        .expect("spec");
+        let limits: Vec<(String, i64)> = denied
+            .linux()
+            .as_ref()
+            .and_then(|l| l.resources().as_ref())
+            .and_then(|r| r.hugepage_limits().clone())
+            .expect("huge page limits")
+            .iter()
+            .map(|h| (h.page_size().clone(), h.limit()))
+            .collect();
+        assert_eq!(limits, [("1GB".to_owned(), 0), ("2MB".to_owned(), 0)]);
         let dev = r.devices().as_ref().expect("devices");
         let first = &dev[0];
         assert!(!first.allow());

@@ -11,10 +11,12 @@
 //!   relies on is dropped silently.
 //!
 //! A few fields the kubelet sets on every container are accepted although
-//! sandboxd does not apply them (a negative `oomScoreAdj`, huge page
-//! limits of zero, and `memory.oom.group` on a pod's sandbox container;
-//! a pod's other containers get it on their roots); refusing them would
-//! refuse every pod. `docs/kubernetes.md` lists them.
+//! sandboxd does not apply them (a negative `oomScoreAdj`; huge page
+//! limits of zero where no hugetlb controller reaches the sandbox, which
+//! elsewhere has them for every size whatever the spec says; and
+//! `memory.oom.group` on a pod's sandbox container, while a pod's other
+//! containers get it on their roots); refusing them would refuse every
+//! pod. `docs/kubernetes.md` lists them.
 
 use serde_json::Value;
 
