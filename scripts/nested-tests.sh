@@ -6,7 +6,8 @@
 # --ignored, each binary with its libtest output, so scripts/test-summary.sh
 # counts them. The nested host's cgroups are v2 only, so a test of a
 # v2-only path is #[ignore]d the same way and listed here too (the pod
-# test of sandboxd:host_rootfs). Usage: scripts/nested-tests.sh [LOG-DIR]
+# test of sandboxd:host_rootfs, the huge page test of sandboxd:limits).
+# Usage: scripts/nested-tests.sh [LOG-DIR]
 #
 # LOG-DIR (default: a new /var/tmp/sandboxd-nested.XXXXXX) is shared
 # writable with the nested host: the skip log (SANDBOXD_TEST_SKIP_LOG) may

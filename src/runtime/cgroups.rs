@@ -58,28 +58,39 @@ impl Layout {
     }
 }
 
-/// The huge page sizes a sandbox is to be denied, each as libcgroups
-/// names it (`2MB`): every size the host has where a hugetlb controller
-/// reaches the sandbox's group (a v1 `hugetlb` hierarchy, or v2's where
-/// the root offers it: libcgroups hands every controller the root offers
-/// down to the group it makes, as it does cpu and memory); none where it
-/// does not, as on a v1 host whose hugetlb sits on the v2 hierarchy.
-/// Sandboxes are given no huge pages, so a host that reserves some keeps
-/// them for itself.
+/// The huge page sizes a container sandbox is to be denied, each as
+/// libcgroups names it (`2MB`): every size the host has where a hugetlb
+/// controller reaches the sandbox's group (v2's where the root offers it:
+/// libcgroups hands every controller the root offers down to the group it
+/// makes, as it does cpu and memory; a v1 `hugetlb` hierarchy where
+/// libcgroups' own lookup finds one); none where it does not, as on a v1
+/// host whose hugetlb sits on the v2 hierarchy (naming sizes there would
+/// fail every create: libcgroups refuses limits for a controller it
+/// cannot find). Sandboxes are given no huge pages, so a host that
+/// reserves some keeps them for itself. Worked out once per process (v1's
+/// lookup reads the whole mount table).
 pub fn huge_page_sizes_to_deny() -> Vec<String> {
-    let root = Path::new(CGROUP_ROOT);
-    let reachable = match Layout::detect() {
-        Layout::V1 => root.join("hugetlb").join("cgroup.procs").exists(),
-        Layout::V2 => fs::read_to_string(root.join("cgroup.controllers"))
-            .is_ok_and(|c| c.split_whitespace().any(|c| c == "hugetlb")),
-    };
-    if !reachable {
-        return Vec::new();
-    }
-    // A host without huge page support has no such directory: nothing to deny.
-    let mut sizes = libcgroups::stats::supported_page_sizes().unwrap_or_default();
-    sizes.sort();
-    sizes
+    static SIZES: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    SIZES
+        .get_or_init(|| {
+            let reachable = match Layout::detect() {
+                Layout::V1 => libcgroups::v1::util::get_subsystem_mount_point(
+                    &libcgroups::v1::ControllerType::HugeTlb,
+                )
+                .is_ok(),
+                Layout::V2 => fs::read_to_string(Path::new(CGROUP_ROOT).join("cgroup.controllers"))
+                    .is_ok_and(|c| c.split_whitespace().any(|c| c == "hugetlb")),
+            };
+            if !reachable {
+                return Vec::new();
+            }
+            // A host without huge page support has no such directory:
+            // nothing to deny.
+            let mut sizes = libcgroups::stats::supported_page_sizes().unwrap_or_default();
+            sizes.sort();
+            sizes
+        })
+        .clone()
 }
 
 /// The cgroups of one sandbox, at `path` (e.g. `/sandboxd/<id>`) in every
