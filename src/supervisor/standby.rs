@@ -35,6 +35,8 @@ pub fn run_standby(run_dir: &Path, cgroup_parent: &str) -> i32 {
     // Work every container create needs, done while nothing waits for it.
     crate::runtime::seccomp_filter::prepare();
     crate::runtime::procfs_handle::prepare();
+    // Kept for the process: on v1 the lookup reads the mount table.
+    let _ = crate::runtime::cgroups::huge_page_sizes_to_deny();
     let mut line = String::new();
     match std::io::stdin().lock().read_line(&mut line) {
         Ok(0) => return 0,
