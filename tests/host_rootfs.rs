@@ -957,11 +957,6 @@ async fn a_pod_containers_cpu_shares_weigh_it_within_its_pod() {
 
     // The light one is busy first and for longer, so both are busy over
     // the whole of the heavy one's 3 s, the window both are measured over.
-    let loops = |seconds: u32| {
-        format!(
-            "for i in $(seq {cpus}); do timeout {seconds} sh -c 'while :; do :; done' & done; wait"
-        )
-    };
     let root_cpu = |root: &'static str| {
         let (daemon, path) = (&daemon, format!("{roots}/{root}/stats"));
         async move {
@@ -973,13 +968,13 @@ async fn a_pod_containers_cpu_shares_weigh_it_within_its_pod() {
     daemon
         .start_process(
             &id,
-            json!({"argv": ["sh", "-c", loops(60)], "root": "light"}),
+            json!({"argv": ["sh", "-c", common::busy_on_every_cpu(cpus, 60)], "root": "light"}),
         )
         .await;
     let busy = daemon
         .start_process(
             &id,
-            json!({"argv": ["sh", "-c", loops(3)], "root": "heavy"}),
+            json!({"argv": ["sh", "-c", common::busy_on_every_cpu(cpus, 3)], "root": "heavy"}),
         )
         .await;
     let (heavy_before, light_before) = (root_cpu("heavy").await, root_cpu("light").await);

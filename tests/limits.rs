@@ -303,11 +303,6 @@ async fn cpu_shares_weigh_a_sandbox_against_the_others() {
     // first and for longer, so both are busy over the whole of the heavy
     // one's 3 s, the window both are measured over.
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let loops = |seconds: u32| {
-        format!(
-            "for i in $(seq {cpus}); do timeout {seconds} sh -c 'while :; do :; done' & done; wait"
-        )
-    };
     let heavy = daemon
         .create(json!({"image": "busybox", "cpu": cpus, "cpu_shares": 2048}))
         .await;
@@ -315,10 +310,16 @@ async fn cpu_shares_weigh_a_sandbox_against_the_others() {
         .create(json!({"image": "busybox", "cpu": cpus, "cpu_shares": 512}))
         .await;
     daemon
-        .start_process(&light, json!({"argv": ["sh", "-c", loops(60)]}))
+        .start_process(
+            &light,
+            json!({"argv": ["sh", "-c", common::busy_on_every_cpu(cpus, 60)]}),
+        )
         .await;
     let busy = daemon
-        .start_process(&heavy, json!({"argv": ["sh", "-c", loops(3)]}))
+        .start_process(
+            &heavy,
+            json!({"argv": ["sh", "-c", common::busy_on_every_cpu(cpus, 3)]}),
+        )
         .await;
     let (heavy_before, light_before) = (
         cpu_seconds(&daemon, &heavy).await,

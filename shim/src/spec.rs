@@ -330,8 +330,9 @@ pub fn member(config: &Value, pod: &Value) -> Result<MemberRoot, SpecError> {
         limits(resources, &mut own)?;
     }
     // An OOM kill ends the whole container, as the kubelet asks on cgroup
-    // v2 (1.28 and later, unless its `singleProcessOOMKill`); the pod's sandbox and a plain task are not
-    // given it (that would end their agent, the sandbox itself).
+    // v2 (1.28 and later, unless its `singleProcessOOMKill`); the pod's
+    // sandbox and a plain task are not given it (that would end their
+    // agent, the sandbox itself).
     if linux.pointer("/resources/unified/memory.oom.group") == Some(&json!("1")) {
         own["oom_group"] = json!(true);
     }

@@ -8,8 +8,9 @@
 //!
 //! The layout under a sandbox's group: `p<N>` per process; with a limited
 //! root, `root-<name>` holding that root's `p<N>` (and, on v1, its memory,
-//! cpu and cpuacct group); on v2, once a root is limited, `init` holding the agent, as a
-//! group that hands controllers to children may hold no process itself.
+//! cpu and cpuacct group); on v2, once a root is limited, `init` holding
+//! the agent, as a group that hands controllers to children may hold no
+//! process itself.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};

@@ -26,6 +26,12 @@ use tokio::net::UnixStream;
 pub const DAEMON: &str = env!("CARGO_BIN_EXE_sandboxd");
 pub const CTL: &str = env!("CARGO_BIN_EXE_sandboxctl");
 
+/// A shell script that keeps `cpus` CPUs busy for `seconds`, one spin
+/// loop each, for tests that measure how CPU time is shared.
+pub fn busy_on_every_cpu(cpus: usize, seconds: u32) -> String {
+    format!("for i in $(seq {cpus}); do timeout {seconds} sh -c 'while :; do :; done' & done; wait")
+}
+
 /// Shared image cache: `SANDBOXD_TEST_IMAGES_DIR` or the daemon's default.
 pub fn images_dir() -> PathBuf {
     std::env::var_os("SANDBOXD_TEST_IMAGES_DIR")
