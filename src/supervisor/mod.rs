@@ -546,9 +546,7 @@ async fn serve(
     tokio::spawn(Arc::clone(&supervisor).consume_events(events));
     let watcher = Arc::clone(&supervisor);
     tokio::spawn(async move {
-        if let Ok(status) = init_rx.await {
-            watcher.fail(format!("the sandbox's init ended: {status}"));
-        }
+        watcher.init_ended(init_rx.await.ok());
     });
     clock.lap("finish");
     report(&ReadyLine {

@@ -41,6 +41,10 @@ pub const GUEST_COUNT_DEADLINE: Duration = Duration::from_secs(2);
 /// A forwarder's set-up in the guest: its agent's connects to the app on
 /// the loopback answer at once, or are bounded there by 1.5 s each.
 const FORWARD_DEADLINE: Duration = Duration::from_millis(3500);
+/// How long a teardown waits, once the sandbox's groups are gone, for the
+/// reaper to take its killed init: it has exited by then, so this bounds
+/// only a reaper held up.
+const INIT_REAP_PATIENCE: Duration = Duration::from_secs(2);
 /// Ended processes kept for inspection; older ones are forgotten first.
 const MAX_ENDED_PROCESSES: usize = 1024;
 /// Processes running at once (the agent enforces the same bound).
@@ -91,6 +95,9 @@ pub struct Supervisor {
     procs: Mutex<BTreeMap<u64, Entry>>,
     next_proc: AtomicU64,
     failure: watch::Sender<Option<String>>,
+    /// True once the reaper took the sandbox's init (a microVM's VMM, a
+    /// container's init): what a teardown waits for before it answers.
+    init_reaped: watch::Sender<bool>,
     events: Mutex<std::collections::VecDeque<(u64, SupervisorEvent)>>,
     event_seq: watch::Sender<u64>,
     /// The sandbox's egress proxy and DNS server, once started.
@@ -176,6 +183,7 @@ impl Supervisor {
         cgroups: SandboxCgroups,
     ) -> Arc<Self> {
         let (failure, _) = watch::channel(None);
+        let (init_reaped, _) = watch::channel(false);
         let first_proc = config.spec.kind.next_proc().unwrap_or(1);
         let root_slots = match &config.spec.kind {
             crate::runtime::sandbox::RuntimeSpec::Vm(vm) => vm.root_slots,
@@ -218,6 +226,7 @@ impl Supervisor {
             procs: Mutex::new(inherited),
             next_proc: AtomicU64::new(first_proc),
             failure,
+            init_reaped,
             events: Mutex::new(std::collections::VecDeque::new()),
             event_seq: watch::channel(0).0,
             egress: std::sync::OnceLock::new(),
@@ -341,6 +350,15 @@ impl Supervisor {
         }
     }
 
+    /// The reaper took the sandbox's init (`status` says how it ended), or
+    /// ended without it (`None`: nothing of the sandbox is left to reap).
+    pub fn init_ended(&self, status: Option<String>) {
+        self.init_reaped.send_replace(true);
+        if let Some(status) = status {
+            self.fail(format!("the sandbox's init ended: {status}"));
+        }
+    }
+
     /// Kills everything and removes the container; returns what went wrong.
     pub async fn teardown(&self) -> Vec<String> {
         self.fail("the sandbox is being deleted".into());
@@ -350,11 +368,27 @@ impl Supervisor {
         let id = self.config.spec.id.clone();
         let cgroups_path = self.config.spec.cgroups_path.clone();
         let paths = self.paths.clone();
-        tokio::task::spawn_blocking(move || {
+        let mut problems = tokio::task::spawn_blocking(move || {
             crate::runtime::destroy_sandbox(&id, &cgroups_path, &paths)
         })
         .await
-        .unwrap_or_else(|e| vec![format!("teardown panicked: {e}")])
+        .unwrap_or_else(|e| vec![format!("teardown panicked: {e}")]);
+        // A killed init leaves its groups as it exits, so they could be
+        // removed, but stays a zombie, this process's child, until the
+        // reaper takes it (a supervisor exiting first hands it to PID 1).
+        // Answered only after: whoever sees the delete done finds none of
+        // the sandbox's processes left.
+        let mut reaped = self.init_reaped.subscribe();
+        if tokio::time::timeout(INIT_REAP_PATIENCE, reaped.wait_for(|reaped| *reaped))
+            .await
+            .is_err()
+        {
+            problems.push(format!(
+                "the sandbox's init (pid {}) was not reaped within {INIT_REAP_PATIENCE:?} of its kill",
+                self.init_pid
+            ));
+        }
+        problems
     }
 
     /// Refuses work on a sandbox that failed (its agent gone, a claim it
