@@ -115,6 +115,7 @@ fn main() {
             _ => LogFormat::Text,
         };
         init_logging(format);
+        sandboxd::supervisor::start_as_supervisor(*standby);
         std::process::exit(if *standby {
             sandboxd::supervisor::standby::run_standby(dir, cgroup_parent)
         } else {

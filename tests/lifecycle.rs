@@ -346,6 +346,9 @@ async fn a_create_takes_a_network_slot_and_a_standby_supervisor_made_ahead() {
         .expect("slot netns")
         .ino();
     let standby = daemon.standby_pids()[0];
+    // It starts its session itself (the daemon's spawn runs no code
+    // between fork and exec), below creates' CPU priority.
+    assert_eq!(session_and_nice(standby), (standby, 10));
 
     let id = daemon.create(json!({"image": "busybox"})).await;
     assert_eq!(daemon.sh(&id, "echo ok").await.out(), "ok\n");
@@ -363,11 +366,47 @@ async fn a_create_takes_a_network_slot_and_a_standby_supervisor_made_ahead() {
         !daemon.standby_pids().contains(&standby),
         "a handed standby is a supervisor, not a standby"
     );
+    assert_eq!(
+        session_and_nice(standby),
+        (standby, 0),
+        "its handoff restores the priority"
+    );
     // Both are made again for the next create; neither is reused.
     daemon.made_ahead(1, 1).await;
     assert_ne!(daemon.slot_dirs(), vec![slot]);
     daemon.delete(&id).await;
     assert!(!sandboxes.join(&id).exists());
+}
+
+/// With no standby ready, a create spawns its supervisor, which also
+/// leads a session of its own (it outlives the daemon: nothing sent to
+/// the daemon's process group reaches it), at normal priority.
+#[tokio::test]
+async fn a_supervisor_spawned_for_a_create_leads_its_own_session() {
+    require_host!();
+    let daemon = Daemon::start_with(&["--standby-supervisors", "0"]);
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    let supervisors = common::cgroup::procs_in(
+        &common::cgroup::daemon_group(&common::cgroup::hierarchy("pids"), &daemon.cgroup_parent())
+            .join("supervisors"),
+    );
+    assert_eq!(supervisors.len(), 1, "{supervisors:?}");
+    let supervisor = supervisors[0];
+    assert_eq!(session_and_nice(supervisor), (supervisor, 0));
+    daemon.delete(&id).await;
+}
+
+/// Process `pid`'s session and nice value (`/proc/PID/stat`).
+fn session_and_nice(pid: i32) -> (i32, i64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
+    // The fields after the command's closing parenthesis, from the state
+    // (field 3): the session is field 6, the nice value field 19.
+    let after_comm = &stat[stat.rfind(')').expect("a command name") + 2..];
+    let fields: Vec<&str> = after_comm.split(' ').collect();
+    (
+        fields[3].parse().expect("a session id"),
+        fields[16].parse().expect("a nice value"),
+    )
 }
 
 #[tokio::test]

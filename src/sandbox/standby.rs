@@ -66,16 +66,9 @@ impl Manager {
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             // Until its handoff it has no log of its own: the daemon's.
+            // It lowers its own CPU priority below creates' as it starts;
+            // its handoff puts it back to normal.
             .stderr(Stdio::inherit());
-        // SAFETY: setpriority(2) on the child itself between fork and exec:
-        // async-signal-safe, no allocation. It starts at a lower CPU
-        // priority than creates; its handoff puts it back to normal.
-        unsafe {
-            command.pre_exec(|| {
-                libc::setpriority(libc::PRIO_PROCESS, 0, crate::net::slots::BACKGROUND_NICE);
-                Ok(())
-            });
-        }
         let mut child = command.spawn()?;
         let pid = child.id().map(|p| p as i32).unwrap_or(0);
         let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {

@@ -166,8 +166,11 @@ impl Manager {
 
 /// `sandboxd` as a supervisor: the running binary itself, even if an
 /// upgrade replaced the file (a supervisor speaks the protocol of the
-/// daemon that started it), with a clean environment, in its own session
-/// so it outlives the daemon.
+/// daemon that started it), with a clean environment. It puts itself in a
+/// session of its own, to outlive the daemon
+/// ([`crate::supervisor::start_as_supervisor`]): with no code to run
+/// between fork and exec, the spawn is a `posix_spawn` that copies none of
+/// the daemon's memory.
 pub(in crate::sandbox) fn supervisor_command() -> tokio::process::Command {
     let mut command = tokio::process::Command::new("/proc/self/exe");
     command
@@ -177,13 +180,5 @@ pub(in crate::sandbox) fn supervisor_command() -> tokio::process::Command {
             "RUST_LOG",
             std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
         );
-    // SAFETY: setsid is async-signal-safe; it detaches the supervisor from
-    // the daemon's session so it outlives the daemon.
-    unsafe {
-        command.pre_exec(|| {
-            nix::unistd::setsid().map_err(std::io::Error::from)?;
-            Ok(())
-        });
-    }
     command
 }
