@@ -307,6 +307,72 @@ async fn ask(daemon: &Daemon, id: &str) -> Answer {
     answer.unwrap_or_else(|| panic!("server in {id} answered {out:?}: {}", run.err()))
 }
 
+/// A fork where the run directory's file system is mounted nosuid, nodev
+/// and noexec, as a systemd host's `/run` (the default run directory's
+/// home) is: a bind carries its source's flags, which CRIU cannot clear
+/// in the sandbox's user namespace, so the placeholders of the masked
+/// `/proc` directories (recorded without them) failed every such fork
+/// until they were bound from a tmpfs of the fork's own.
+#[tokio::test]
+async fn a_fork_starts_with_the_run_directory_on_a_tmpfs_like_systemds_run() {
+    require_host!();
+    if let Some(why) = common::criu_missing() {
+        common::skip!(common::Reason::OldCriu, "{why}");
+    }
+    let run = RestrictedTmpfs::mount();
+    let run_dir = run.dir.path().join("run").display().to_string();
+    let daemon = Daemon::start_with(&["--run-dir", &run_dir]);
+    let source = daemon.create(json!({"image": "busybox"})).await;
+    let sandboxes = daemon.run_dir().join("sandboxes");
+    // The positive control: the source's run directory is on that tmpfs.
+    use nix::sys::statvfs::FsFlags;
+    let flags = nix::sys::statvfs::statvfs(&sandboxes.join(&source))
+        .expect("statvfs")
+        .flags();
+    assert!(
+        flags.contains(FsFlags::ST_NOSUID | FsFlags::ST_NODEV | FsFlags::ST_NOEXEC),
+        "{flags:?}"
+    );
+    let (status, snap) = snapshot(&daemon, &source, "memory").await;
+    assert_eq!(status, StatusCode::CREATED, "{snap}\n{}", daemon.log());
+    let fork = daemon
+        .create(json!({"from_snapshot": snap["id"].as_str().expect("id")}))
+        .await;
+    let probe = "ls -A /sys | wc -l; ls -A /proc/acpi | wc -l; \
+        touch /proc/acpi/x 2>/dev/null || echo read-only";
+    assert_eq!(daemon.sh(&fork, probe).await.out(), "0\n0\nread-only\n");
+    daemon.delete(&fork).await;
+    daemon.delete(&source).await;
+}
+
+/// A tmpfs mounted nosuid, nodev and noexec in a temporary directory,
+/// detached when dropped (after the daemon using it, declared later).
+struct RestrictedTmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl RestrictedTmpfs {
+    fn mount() -> Self {
+        use nix::mount::MsFlags;
+        let dir = tempfile::tempdir_in("/var/tmp").expect("tempdir");
+        nix::mount::mount(
+            Some("tmpfs"),
+            dir.path(),
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some("mode=755"),
+        )
+        .expect("mount a tmpfs");
+        Self { dir }
+    }
+}
+
+impl Drop for RestrictedTmpfs {
+    fn drop(&mut self) {
+        let _ = nix::mount::umount2(self.dir.path(), nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
 #[tokio::test]
 async fn a_memory_snapshot_forks_running_processes() {
     require_host!();
@@ -382,8 +448,8 @@ async fn a_memory_snapshot_forks_running_processes() {
     }
     assert_eq!(randoms.len(), 10, "forks read the same kernel randomness");
     // The empty read-only placeholder over /sys is not restored through
-    // CRIU (a directory of the fork's stands in for it) but looks the
-    // same; a tmpfs with something in it (/dev/shm) keeps it.
+    // CRIU (a read-only tmpfs of the fork's stands in for it) but looks
+    // the same; a tmpfs with something in it (/dev/shm) keeps it.
     let run = daemon
         .sh(
             &forks[0],
@@ -391,16 +457,10 @@ async fn a_memory_snapshot_forks_running_processes() {
         )
         .await;
     assert_eq!(run.out(), "0 555\nshared\n", "{}", run.err());
-    let placeholder = daemon
-        .run_dir()
-        .join("sandboxes")
-        .join(&forks[0])
-        .join("placeholder");
-    assert!(placeholder.is_dir(), "{} is missing", placeholder.display());
-    // The tmpfs made for its /dev is mounted nowhere but in the fork (at
-    // /dev) once CRIU bound it, in no mount namespace. The positive
-    // controls: the scan sees the fork's network namespace pin on the
-    // host, and its root in the fork.
+    // The tmpfs made for its /dev, and the placeholders' one, are mounted
+    // nowhere but in the fork (at /dev, /sys...) once CRIU bound them, in
+    // no mount namespace. The positive controls: the scan sees the fork's
+    // network namespace pin on the host, and its root in the fork.
     let fork_dir = daemon.run_dir().join("sandboxes").join(&forks[0]);
     let mounts = common::mounts::everywhere();
     let under = |dir: &str| {
@@ -423,8 +483,8 @@ async fn a_memory_snapshot_forks_running_processes() {
         "the fork's root is not mounted once: {mounts:?}"
     );
     assert!(
-        !under("fresh"),
-        "a fork's fresh tmpfs is still mounted somewhere: {mounts:?}"
+        !under("fresh") && !under("placeholder"),
+        "a fork's fresh or placeholder tmpfs is still mounted somewhere: {mounts:?}"
     );
     // /dev holds only mount points and links, so a fork gets it made
     // afresh (not through CRIU's tar) and sees it as the source did.

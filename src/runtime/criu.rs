@@ -151,21 +151,46 @@ impl<'a> MountLine<'a> {
     }
 }
 
-/// The empty directory a fork's placeholder mounts bind (read-only, as
-/// their checkpoint recorded them), owned by the sandbox's root as the
-/// tmpfs it stands for was. Its own, in its run directory, so nothing a
-/// sandbox could do to it reaches another.
+/// The empty, read-only file system a fork's placeholder mounts bind
+/// (read-only, as their checkpoint recorded them), owned by the sandbox's
+/// root as the tmpfs it stands for was. Its own, in its run directory, so
+/// nothing a sandbox could do to it reaches another. A tmpfs, not a plain
+/// directory there: a bind carries the flags of the mount it comes from,
+/// CRIU cannot clear those in the sandbox's user namespace, and where the
+/// run directory's file system is mounted nosuid, nodev or noexec (a
+/// systemd host's `/run`, the default run directory's home) the masked
+/// `/proc` directories, recorded without them, failed every fork (EPERM
+/// at CRIU's bind remount). Detached once CRIU has bound it
+/// ([`fresh_tmpfs::unmount`]).
 fn empty_placeholder(config: &SandboxSpec, paths: &SandboxPaths) -> io::Result<PathBuf> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    use std::os::unix::fs::DirBuilderExt;
     let dir = paths.dir.join("placeholder");
     match fs::DirBuilder::new().mode(0o555).create(&dir) {
         Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
         _ => {}
     }
-    let root = Some(nix::unistd::Uid::from_raw(config.id_map_base));
-    let group = Some(nix::unistd::Gid::from_raw(config.id_map_base));
-    nix::unistd::chown(&dir, root, group)?;
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o555))?;
+    let options = format!(
+        "size=4k,mode=555,uid={root},gid={root}",
+        root = config.id_map_base
+    );
+    nix::mount::mount(
+        Some("tmpfs"),
+        &dir,
+        Some("tmpfs"),
+        nix::mount::MsFlags::MS_RDONLY,
+        Some(options.as_str()),
+    )?;
+    // Not a peer of the run directory's mount, as the fresh tmpfs mounts.
+    if let Err(e) = nix::mount::mount(
+        None::<&str>,
+        &dir,
+        None::<&str>,
+        nix::mount::MsFlags::MS_PRIVATE,
+        None::<&str>,
+    ) {
+        fresh_tmpfs::unmount(&dir);
+        return Err(e.into());
+    }
     Ok(dir)
 }
 
@@ -379,17 +404,27 @@ pub fn restore(
             external_source(point, config, paths).display()
         ));
     }
+    let mut placeholder = None;
     if !spec.checkpoint.empty_mounts.is_empty() {
         let empty = empty_placeholder(config, paths).map_err(|e| ContainerError::Prepare {
-            what: "the fork's empty placeholder directory",
+            what: "the fork's empty placeholder file system",
             source: e,
         })?;
         for point in &spec.checkpoint.empty_mounts {
             args.push("--external".into());
             args.push(format!("mnt[{}]:{}", mount_key(point), empty.display()));
         }
+        placeholder = Some(empty);
     }
-    let fresh = make_fresh_tmpfs(&spec.checkpoint.fresh_tmpfs, paths, &mut args)?;
+    let fresh = match make_fresh_tmpfs(&spec.checkpoint.fresh_tmpfs, paths, &mut args) {
+        Ok(fresh) => fresh,
+        Err(e) => {
+            if let Some(at) = &placeholder {
+                fresh_tmpfs::unmount(at);
+            }
+            return Err(e);
+        }
+    };
     laps.lap("rootfs_and_spec");
     let restored = run_in_netns(
         &spec.criu,
@@ -400,7 +435,7 @@ pub fn restore(
         &work_dir.join("restore.log"),
     );
     // The fork holds its binds of them; the host's table keeps none.
-    for at in &fresh {
+    for at in fresh.iter().chain(&placeholder) {
         fresh_tmpfs::unmount(at);
     }
     restored.map_err(|e| ContainerError::Runtime {
