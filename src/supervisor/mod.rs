@@ -218,15 +218,16 @@ fn fail_with(
     1
 }
 
-/// What a supervisor does first, which the daemon's spawn leaves to it: a
-/// session of its own, so that it outlives the daemon (nothing sent to the
-/// daemon's process group or session reaches it), and for a standby a
+/// What a supervisor does as it starts, which the daemon's spawn leaves to
+/// it: a session of its own (nothing sent to the daemon's process group or
+/// session, a terminal's hangup or interrupt, reaches it), and for a standby a
 /// lower CPU priority than creates until its handoff. The daemon runs no
 /// code in the child between fork and exec, which lets the spawn be a
 /// `posix_spawn` (a vfork-style clone sharing the daemon's memory until the
 /// exec) instead of a fork: a fork copied the page tables of the whole
 /// multi-threaded daemon for each supervisor, and every daemon thread then
-/// took copy-on-write faults, about 5 % of the CPU a burst of creates used.
+/// took copy-on-write faults, about 8 % of the CPU samples of a burst of
+/// 100 creates.
 pub fn start_as_supervisor(standby: bool) {
     if let Err(e) = nix::unistd::setsid() {
         tracing::warn!("a supervisor could not start a session of its own, so a signal to the daemon's process group may reach it: {e}");

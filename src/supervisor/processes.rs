@@ -378,10 +378,13 @@ impl Supervisor {
         // reaper takes it (a supervisor exiting first hands it to PID 1).
         // Answered only after: whoever sees the delete done finds none of
         // the sandbox's processes left.
+        // Where the teardown failed (a kill refused, a group still busy)
+        // the init may still run: that is reported already.
         let mut reaped = self.init_reaped.subscribe();
-        if tokio::time::timeout(INIT_REAP_PATIENCE, reaped.wait_for(|reaped| *reaped))
-            .await
-            .is_err()
+        if problems.is_empty()
+            && tokio::time::timeout(INIT_REAP_PATIENCE, reaped.wait_for(|reaped| *reaped))
+                .await
+                .is_err()
         {
             problems.push(format!(
                 "the sandbox's init (pid {}) was not reaped within {INIT_REAP_PATIENCE:?} of its kill",
