@@ -41,11 +41,22 @@ pub fn private_mount_namespace() {
 }
 
 /// Gives this (private) mount namespace an empty tmpfs at `/run`, as on a
-/// systemd host: CRIU keeps its kernel-feature cache (`/run/criu.kdat`) only
-/// on tmpfs, and without it every `criu` run probes the kernel again (30-40
-/// ms on the 2-core dev host, whose `/run` is on its ext4 root). sandboxd
-/// and runc both run CRIU, so both get the cache.
-pub fn tmpfs_run() {
+/// systemd host, unless `BENCH_HOST_RUN` asks for this host's own `/run`
+/// (on its ext4 root here); says which. CRIU keeps its kernel-feature
+/// cache (`/run/criu.kdat`) only on tmpfs, and without it every `criu` run
+/// probes the kernel again (30-40 ms on the 2-core dev host); runc and crun
+/// keep their state under `/run`, and the daemon's run directory goes
+/// there too ([`daemon_run_dir`]): every create makes a dozen files and
+/// directories in it, which on this host's journal-less ext4 cost more
+/// than on a production host's tmpfs `/run/sandboxd` (a few tenths of a
+/// millisecond per cold create here, more while ext4 still holds many
+/// recently deleted inodes).
+/// True where `/run` is the tmpfs.
+pub fn run_like_systemd() -> bool {
+    if std::env::var_os("BENCH_HOST_RUN").is_some() {
+        eprintln!("BENCH_HOST_RUN: /run is this host's own");
+        return false;
+    }
     nix::mount::mount(
         Some("tmpfs"),
         "/run",
@@ -54,6 +65,37 @@ pub fn tmpfs_run() {
         Some("mode=755"),
     )
     .expect("mount a tmpfs on /run");
+    RUN_IS_TMPFS.store(true, std::sync::atomic::Ordering::Relaxed);
+    true
+}
+
+static RUN_IS_TMPFS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A fresh run directory for one of the benchmark's daemons: under the
+/// tmpfs `/run` of [`run_like_systemd`] (as a systemd host's
+/// `/run/sandboxd`), else `scratch/run`.
+pub fn daemon_run_dir(scratch: &Path) -> PathBuf {
+    tmpfs_run_dir().unwrap_or_else(|| scratch.join("run"))
+}
+
+/// The same for a daemon of the test harness (`common::Daemon`): its
+/// `--run-dir` flag, or none (the harness's own) where `/run` is the host's.
+pub fn run_dir_flags() -> Vec<String> {
+    tmpfs_run_dir()
+        .map(|dir| vec!["--run-dir".into(), dir.display().to_string()])
+        .unwrap_or_default()
+}
+
+fn tmpfs_run_dir() -> Option<PathBuf> {
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    if !RUN_IS_TMPFS.load(std::sync::atomic::Ordering::Relaxed) {
+        return None;
+    }
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Some(PathBuf::from(format!(
+        "/run/sandboxd-bench-{}-{n}",
+        std::process::id()
+    )))
 }
 
 /// Builds (once) the python image with `daemon`; returns its rootfs.

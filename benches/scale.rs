@@ -301,7 +301,10 @@ fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
     private_mount_namespace();
+    // Built (where it is not) before `/run` is replaced: a host's
+    // resolv.conf may point into it.
     let rootfs = python_rootfs(common::DAEMON);
+    let run_tmpfs = peers::run_like_systemd();
     let scratch = tempfile::tempdir_in("/var/tmp").expect("tempdir");
     let bundle = oci_bundle(scratch.path(), &rootfs, &["python3", "-c", "print(1)"]);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -311,7 +314,10 @@ fn main() {
         .expect("runtime");
 
     let (cold, pooled, idle) = runtime.block_on(async {
-        let daemon = Daemon::start_with(&ROOMY);
+        let run_dir = peers::run_dir_flags();
+        let mut flags: Vec<&str> = ROOMY.to_vec();
+        flags.extend(run_dir.iter().map(String::as_str));
+        let daemon = Daemon::start_with(&flags);
         // Warm-up: page cache, image lookup.
         burst(&daemon, 2, Print::Exec).await;
         let mut cold = Vec::new();
@@ -320,8 +326,9 @@ fn main() {
         }
         let idle = idle_pss(&daemon, 50).await;
         drop(daemon);
-        let size = n.to_string();
+        let (size, run_dir) = (n.to_string(), peers::run_dir_flags());
         let mut flags = ROOMY.to_vec();
+        flags.extend(run_dir.iter().map(String::as_str));
         flags.extend(["--pool-size", size.as_str()]);
         let daemon = Daemon::start_with(&flags);
         let (mut pooled, mut pooled_code) = (Vec::new(), Vec::new());
@@ -338,10 +345,13 @@ fn main() {
     let shim_kib = Containerd::start().idle_shims(&rootfs, 50);
 
     println!("scale: {n} at once, {rounds} bursts, medians over bursts in ms");
+    let run = if run_tmpfs { "a tmpfs" } else { "the host's" };
+    println!("  (/run, the daemon's run directory and crun's state: {run}; BENCH_HOST_RUN=1 keeps the host's)");
     let raw = json!({
         "sandboxes": n,
         "bursts": rounds,
         "unit": "ms",
+        "run_dir_tmpfs": run_tmpfs,
         "sandboxd_cold": summary("sandboxd cold", &cold),
         "sandboxd_pooled": summary("sandboxd pooled", &pooled),
         "sandboxd_pooled_run_code": summary("sandboxd pooled, run-code", &pooled_code),

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use common::Daemon;
 use hyper::{Method, StatusCode};
-use peers::{median, oci_bundle, private_mount_namespace, python_rootfs, tmpfs_run};
+use peers::{median, oci_bundle, private_mount_namespace, python_rootfs, run_like_systemd};
 use serde_json::{json, Value};
 
 /// Touches 100 MiB, says so, and waits.
@@ -40,7 +40,8 @@ fn ms(since: Instant) -> f64 {
 }
 
 async fn sandboxd(runs: usize) -> (Vec<f64>, Vec<f64>) {
-    let daemon = Daemon::start();
+    let run_dir = peers::run_dir_flags();
+    let daemon = Daemon::start_with(&run_dir.iter().map(String::as_str).collect::<Vec<_>>());
     let source = daemon
         .create(json!({"image": "python", "memory_mib": 512}))
         .await;
@@ -203,12 +204,10 @@ fn main() {
     }
     let runs = peers::bench_runs(10);
     private_mount_namespace();
-    // As on a systemd host, unless asked for this host's own /run.
-    let host_run = std::env::var_os("BENCH_HOST_RUN").is_some();
-    if !host_run {
-        tmpfs_run();
-    }
+    // Built (where it is not) before `/run` is replaced: a host's
+    // resolv.conf may point into it.
     let rootfs = python_rootfs(common::DAEMON);
+    let host_run = !run_like_systemd();
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let (snapshot_ms, fork_ms) = runtime.block_on(sandboxd(runs));
     let (checkpoint_ms, restore_ms) = runc_peer(runs, &rootfs);
@@ -229,7 +228,7 @@ fn main() {
         median(&fork_ms) / median(&restore_ms)
     );
     let run = if host_run { "the host's" } else { "a tmpfs" };
-    println!("  (/run: {run}; BENCH_HOST_RUN=1 keeps the host's)");
+    println!("  (/run and the daemon's run directory: {run}; BENCH_HOST_RUN=1 keeps the host's)");
     let raw = json!({
         "runs": runs,
         "run_dir_tmpfs": !host_run,

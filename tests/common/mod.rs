@@ -271,8 +271,14 @@ impl Daemon {
         format!("/{name}")
     }
 
+    /// Its `--run-dir`: the harness's, or one its extra flags give.
     pub fn run_dir(&self) -> PathBuf {
-        self.dir.path().join("run")
+        self.extra
+            .iter()
+            .position(|flag| flag == "--run-dir")
+            .and_then(|at| self.extra.get(at + 1))
+            .map(PathBuf::from)
+            .unwrap_or_else(|| self.dir.path().join("run"))
     }
 
     pub fn state_dir(&self) -> PathBuf {
