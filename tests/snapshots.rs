@@ -323,6 +323,17 @@ async fn a_fork_starts_with_the_run_directory_on_a_tmpfs_like_systemds_run() {
     let run_dir = run.dir.path().join("run").display().to_string();
     let daemon = Daemon::start_with(&["--run-dir", &run_dir]);
     let source = daemon.create(json!({"image": "busybox"})).await;
+    // What failed: a masked /proc directory, its tmpfs recorded read-only
+    // without nosuid, nodev or noexec (libcontainer masks /proc/acpi where
+    // the host has it, as this one does).
+    let masked = "awk '$5 == \"/proc/acpi\" { print $6, $(NF-2) }' /proc/self/mountinfo";
+    let run_masked = daemon.sh(&source, masked).await;
+    assert_eq!(
+        run_masked.out(),
+        "ro,relatime tmpfs\n",
+        "no masked /proc/acpi in the source: {}",
+        run_masked.err()
+    );
     let sandboxes = daemon.run_dir().join("sandboxes");
     // The positive control: the source's run directory is on that tmpfs.
     use nix::sys::statvfs::FsFlags;
@@ -338,9 +349,15 @@ async fn a_fork_starts_with_the_run_directory_on_a_tmpfs_like_systemds_run() {
     let fork = daemon
         .create(json!({"from_snapshot": snap["id"].as_str().expect("id")}))
         .await;
-    let probe = "ls -A /sys | wc -l; ls -A /proc/acpi | wc -l; \
-        touch /proc/acpi/x 2>/dev/null || echo read-only";
-    assert_eq!(daemon.sh(&fork, probe).await.out(), "0\n0\nread-only\n");
+    let probe = "ls -A /sys | wc -l; ls -A /proc/acpi | wc -l; stat -f -c %T /proc/acpi; \
+        touch /proc/acpi/x 2>&1";
+    let run_probe = daemon.sh(&fork, probe).await;
+    assert_eq!(
+        run_probe.out(),
+        "0\n0\ntmpfs\ntouch: /proc/acpi/x: Read-only file system\n",
+        "{}",
+        run_probe.err()
+    );
     daemon.delete(&fork).await;
     daemon.delete(&source).await;
 }
@@ -489,8 +506,8 @@ async fn a_memory_snapshot_forks_running_processes() {
     // /dev holds only mount points and links, so a fork gets it made
     // afresh (not through CRIU's tar) and sees it as the source did.
     assert_eq!(daemon.sh(&forks[0], DEV_VIEW).await.out(), source_dev.out());
-    // A fork's own memory snapshot forks again (its /sys is a bind of that
-    // directory now, which the next checkpoint must also leave to the fork;
+    // A fork's own memory snapshot forks again (its /sys is a bind of its
+    // placeholder tmpfs now, which the next checkpoint must also leave to the fork;
     // its /dev a bind of the tmpfs made for it). With /dev/shm emptied, the
     // grandchild gets that made afresh too: empty, writable, as mounted.
     let run = daemon.sh(&forks[0], "rm /dev/shm/kept").await;

@@ -60,7 +60,7 @@ struct ExternalMounts {
     /// masked `/proc` directories), which CRIU would save and restore each
     /// through `tar` and `gzip`, four processes per fork and snapshot (~3
     /// ms each way here), and in a fork the binds that stand for them. A
-    /// fork gets an empty read-only directory of its own there.
+    /// fork gets a bind of an empty read-only tmpfs of its own there.
     empty: Vec<String>,
     /// Writable tmpfs mounts a fork gets made afresh from a listing.
     fresh: Vec<FreshTmpfs>,

@@ -272,7 +272,7 @@ impl FreshTmpfs {
 /// keeps it alive. Best effort: it runs on error paths too.
 pub fn unmount(at: &Path) {
     if let Err(e) = umount2(at, MntFlags::MNT_DETACH) {
-        tracing::warn!(path = %at.display(), error = %e, "could not detach a fork's fresh tmpfs");
+        tracing::warn!(path = %at.display(), error = %e, "could not detach a tmpfs made for a fork");
     }
     let _ = fs::remove_dir(at);
 }
