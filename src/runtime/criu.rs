@@ -173,24 +173,8 @@ fn empty_placeholder(config: &SandboxSpec, paths: &SandboxPaths) -> io::Result<P
         "size=4k,mode=555,uid={root},gid={root}",
         root = config.id_map_base
     );
-    nix::mount::mount(
-        Some("tmpfs"),
-        &dir,
-        Some("tmpfs"),
-        nix::mount::MsFlags::MS_RDONLY,
-        Some(options.as_str()),
-    )?;
-    // Not a peer of the run directory's mount, as the fresh tmpfs mounts.
-    if let Err(e) = nix::mount::mount(
-        None::<&str>,
-        &dir,
-        None::<&str>,
-        nix::mount::MsFlags::MS_PRIVATE,
-        None::<&str>,
-    ) {
-        fresh_tmpfs::unmount(&dir);
-        return Err(e.into());
-    }
+    fresh_tmpfs::mount_private(&dir, nix::mount::MsFlags::MS_RDONLY, &options)
+        .map_err(|(_, e)| e)?;
     Ok(dir)
 }
 

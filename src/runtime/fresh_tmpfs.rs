@@ -186,29 +186,8 @@ impl FreshTmpfs {
         if !flags.intersects(MsFlags::MS_RELATIME | MsFlags::MS_NOATIME) {
             flags |= MsFlags::MS_STRICTATIME;
         }
-        mount(
-            Some("tmpfs"),
-            at,
-            Some("tmpfs"),
-            flags,
-            Some(self.options.as_str()),
-        )
-        .map_err(|e| {
-            let _ = fs::remove_dir(at);
-            fail("mount")(e.into())
-        })?;
-        // Not a peer of the run directory's mount: nothing made here
-        // propagates to other namespaces before it is detached.
-        let private = mount(
-            None::<&str>,
-            at,
-            None::<&str>,
-            MsFlags::MS_PRIVATE,
-            None::<&str>,
-        );
-        let made = private
-            .map_err(|e| fail("make it private")(e.into()))
-            .and_then(|()| self.fill(at));
+        mount_private(at, flags, &self.options).map_err(|(step, e)| fail(step)(e))?;
+        let made = self.fill(at);
         if made.is_err() {
             unmount(at);
         }
@@ -266,6 +245,33 @@ impl FreshTmpfs {
         }
         Ok(())
     }
+}
+
+/// Mounts a new tmpfs at `at` (an existing directory) with `flags` and
+/// `options`, not a peer of the mount it sits on: nothing made in it
+/// propagates to other namespaces before it is detached. On failure
+/// nothing stays mounted and `at` is removed; the error names the step.
+pub fn mount_private(
+    at: &Path,
+    flags: MsFlags,
+    options: &str,
+) -> Result<(), (&'static str, io::Error)> {
+    if let Err(e) = mount(Some("tmpfs"), at, Some("tmpfs"), flags, Some(options)) {
+        let _ = fs::remove_dir(at);
+        return Err(("mount", e.into()));
+    }
+    let private = mount(
+        None::<&str>,
+        at,
+        None::<&str>,
+        MsFlags::MS_PRIVATE,
+        None::<&str>,
+    );
+    if let Err(e) = private {
+        unmount(at);
+        return Err(("make it private", e.into()));
+    }
+    Ok(())
 }
 
 /// Takes a made tmpfs off the host's mount table; the fork's bind of it
