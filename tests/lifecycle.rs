@@ -403,16 +403,12 @@ async fn a_supervisor_spawned_for_a_create_leads_its_own_session() {
     daemon.delete(&id).await;
 }
 
-/// Process `pid`'s session and nice value (`/proc/PID/stat`).
+/// Process `pid`'s session and nice value.
 fn session_and_nice(pid: i32) -> (i32, i64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
-    // The fields after the command's closing parenthesis, from the state
-    // (field 3): the session is field 6, the nice value field 19.
-    let after_comm = &stat[stat.rfind(')').expect("a command name") + 2..];
-    let fields: Vec<&str> = after_comm.split(' ').collect();
+    let field = |n| common::proc_stat_field(pid, n).expect("the process's stat");
     (
-        fields[3].parse().expect("a session id"),
-        fields[16].parse().expect("a nice value"),
+        field(6).parse().expect("a session id"),
+        field(19).parse().expect("a nice value"),
     )
 }
 

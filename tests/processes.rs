@@ -56,12 +56,9 @@ fn exits_within(fd: &OwnedFd, timeout_ms: u16) -> bool {
     nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(timeout_ms)).expect("poll") == 1
 }
 
-/// Session id of host process `pid` (field 6 of /proc/PID/stat).
+/// Session id of host process `pid`.
 fn session_of(pid: i32) -> Option<i32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces; fields after it are plain.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(3)?.parse().ok()
+    common::proc_stat_field(pid, 6)?.parse().ok()
 }
 
 /// Waits for the stream to carry `expected` (on stdout) and returns the host

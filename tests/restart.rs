@@ -254,12 +254,7 @@ async fn a_supervisor_that_stopped_answering_is_killed_at_recovery() {
             .expect("its peer credentials")
             .pid();
     drop(peer);
-    let state = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| stat.rsplit_once(") ").map(|(_, rest)| rest.chars().next()))
-            .flatten()
-    };
+    let state = |pid: i32| common::proc_stat_field(pid, 3).and_then(|s| s.chars().next());
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(supervisor), Signal::SIGSTOP)
         .expect("stop the supervisor");
     // The stop reaches its threads a moment later, and nothing but /proc

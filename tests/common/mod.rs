@@ -32,6 +32,19 @@ pub fn busy_on_every_cpu(cpus: usize, seconds: u32) -> String {
     format!("for i in $(seq {cpus}); do timeout {seconds} sh -c 'while :; do :; done' & done; wait")
 }
 
+/// Field `field` of host process `pid`'s `/proc/PID/stat`, numbered as
+/// in proc(5) (3: the state, 6: the session, 19: the nice value; from 3
+/// on: the command name before it may hold spaces); `None` once the
+/// process is gone.
+pub fn proc_stat_field(pid: i32, field: usize) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = &stat[stat.rfind(')')? + 2..];
+    after_comm
+        .split_whitespace()
+        .nth(field.checked_sub(3)?)
+        .map(String::from)
+}
+
 /// Shared image cache: `SANDBOXD_TEST_IMAGES_DIR` or the daemon's default.
 pub fn images_dir() -> PathBuf {
     std::env::var_os("SANDBOXD_TEST_IMAGES_DIR")
