@@ -302,6 +302,9 @@ fn run_daemon(config: Config) -> anyhow::Result<()> {
         &config.agent_path,
         config.id_map_base,
     )?;
+    if let Err(e) = sandboxd::runtime::seccomp_shared::share(&config.sandboxes_run_dir()) {
+        tracing::warn!("{e}; each supervisor compiles the sandbox seccomp profile itself");
+    }
     let store = Store::open(&config.store_path())?;
     let images = ImageCache::open(config.images_dir.clone(), config.image_recipe_dirs.clone())?;
     let disk = DiskPool::open(

@@ -182,6 +182,74 @@ async fn a_process_keeps_only_the_capabilities_it_names() {
     assert!(message.contains("CAP_SYS_ADMIN"), "{message}");
 }
 
+/// The sandbox's seccomp program is compiled once, by the daemon, and
+/// installed by every supervisor it spawns from the file it shares: a
+/// program put in that file's place is the one the next sandbox runs under.
+#[tokio::test]
+async fn supervisors_install_the_seccomp_program_the_daemon_shared() {
+    use std::os::unix::fs::PermissionsExt;
+    require_host!();
+    // No standby: each create spawns its supervisor, which reads the file then.
+    let daemon = Daemon::start_with(&["--standby-supervisors", "0"]);
+    let shared = daemon.shared_seccomp_programs();
+    assert_eq!(shared.len(), 1, "{shared:?}");
+    let shared = &shared[0];
+    let meta = std::fs::metadata(shared).expect("shared program");
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    let original = std::fs::read(shared).expect("read");
+    assert_eq!(original.len() % 8, 0, "whole BPF instructions");
+    // mkdir(2), then what the sandbox's profile refuses (a user namespace).
+    let probe = |id: String| {
+        let daemon = &daemon;
+        async move {
+            let script = "mkdir /tmp/d; echo rc=$?; unshare -U true 2>/dev/null; echo unshare=$?";
+            let run = daemon.sh(&id, script).await;
+            daemon.delete(&id).await;
+            run
+        }
+    };
+    let under_the_profile = "rc=0\nunshare=1\n";
+    // The positive control: the daemon's program is the sandbox's profile.
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    assert_eq!(probe(id).await.out(), under_the_profile);
+    // A program that refuses mkdir(2) and mkdirat(2) (x86_64 83 and 258)
+    // with EPERM and allows the rest, a user namespace too.
+    let refuse_mkdir: [(u16, u8, u8, u32); 5] = [
+        (0x20, 0, 0, 0),                                // ld seccomp_data.nr
+        (0x15, 1, 0, 83),                               // jeq #83, to the ret ERRNO
+        (0x15, 0, 1, 258),                              // jeq #258, else to ret ALLOW
+        (0x06, 0, 0, 0x0005_0000 | libc::EPERM as u32), // ret ERRNO(EPERM)
+        (0x06, 0, 0, 0x7fff_0000),                      // ret ALLOW
+    ];
+    let program: Vec<u8> = refuse_mkdir
+        .iter()
+        .flat_map(|&(code, jt, jf, k)| {
+            let mut bytes = code.to_ne_bytes().to_vec();
+            bytes.extend([jt, jf]);
+            bytes.extend(k.to_ne_bytes());
+            bytes
+        })
+        .collect();
+    std::fs::write(shared, &program).expect("swap the program");
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    let run = probe(id).await;
+    std::fs::write(shared, &original).expect("restore the program");
+    // It replaced the profile: mkdir refused, the user namespace made.
+    assert_eq!(run.out(), "rc=1\nunshare=0\n", "{}", run.err());
+    assert!(
+        run.err().contains("Operation not permitted"),
+        "{}",
+        run.err()
+    );
+    // A file that is not whole instructions is not used: the supervisor
+    // compiles the profile itself.
+    std::fs::write(shared, &original[..original.len() - 1]).expect("truncate");
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    let run = probe(id).await;
+    std::fs::write(shared, &original).expect("restore the program");
+    assert_eq!(run.out(), under_the_profile);
+}
+
 /// A process's own seccomp profile (the OCI form, as a pod's
 /// `RuntimeDefault` or a `Localhost` profile arrives through the shim)
 /// is loaded on top of the sandbox's filter: it refuses what it names,

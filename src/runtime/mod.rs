@@ -31,6 +31,7 @@ pub mod procfs_handle;
 pub mod sandbox;
 pub mod seccomp;
 pub mod seccomp_filter;
+pub mod seccomp_shared;
 pub mod spec;
 pub mod subpaths;
 pub mod traverse;

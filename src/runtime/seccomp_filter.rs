@@ -245,7 +245,13 @@ impl CompiledFilter {
         kind: Profile,
         profile: &LinuxSeccomp,
     ) -> Result<CompiledFilter, SeccompFilterError> {
-        let bytes = export_as(kind, profile)?;
+        Ok(Self::from_exported(&export_as(kind, profile)?))
+    }
+
+    /// The program in `bytes`, whole instructions in the kernel's layout as
+    /// libseccomp exports them; a trailing partial instruction is dropped
+    /// (the callers check the length first).
+    pub fn from_exported(bytes: &[u8]) -> CompiledFilter {
         let program = bytes
             .chunks_exact(std::mem::size_of::<libc::sock_filter>())
             .map(|i| libc::sock_filter {
@@ -255,7 +261,22 @@ impl CompiledFilter {
                 k: u32::from_ne_bytes([i[4], i[5], i[6], i[7]]),
             })
             .collect();
-        Ok(CompiledFilter { program })
+        CompiledFilter { program }
+    }
+
+    /// The program as [`Self::from_exported`] reads it.
+    pub fn exported(&self) -> Vec<u8> {
+        self.program
+            .iter()
+            .flat_map(|i| {
+                let mut bytes = [0u8; 8];
+                bytes[..2].copy_from_slice(&i.code.to_ne_bytes());
+                bytes[2] = i.jt;
+                bytes[3] = i.jf;
+                bytes[4..].copy_from_slice(&i.k.to_ne_bytes());
+                bytes
+            })
+            .collect()
     }
     /// Puts the filter on the calling thread, for good. The caller has set
     /// `no_new_privs` (or holds CAP_SYS_ADMIN in its user namespace).
@@ -349,22 +370,26 @@ pub fn process_program(profile: &serde_json::Value) -> Result<Arc<[u8]>, Seccomp
     Ok(program)
 }
 
-/// The sandbox profile, compiled once per process: a standby supervisor
-/// calls this while it waits ([`prepare`]), a supervisor spawned for its
-/// sandbox in the create.
+/// The sandbox profile's program, made once per process: a standby
+/// supervisor makes it while it waits ([`prepare`]), a supervisor spawned
+/// for its sandbox in the create. Read from the daemon's shared copy when
+/// the supervisor was told where it is ([`super::seccomp_shared`]),
+/// compiled otherwise.
 pub fn sandbox_filter() -> Result<Arc<CompiledFilter>, String> {
-    static COMPILED: OnceLock<Result<Arc<CompiledFilter>, String>> = OnceLock::new();
-    COMPILED
-        .get_or_init(|| {
-            let profile = super::seccomp::sandbox_seccomp().map_err(|e| e.to_string())?;
-            CompiledFilter::compile(&profile)
-                .map(Arc::new)
-                .map_err(|e| e.to_string())
-        })
-        .clone()
+    static MADE: OnceLock<Result<Arc<CompiledFilter>, String>> = OnceLock::new();
+    MADE.get_or_init(|| {
+        let profile = super::seccomp::sandbox_seccomp().map_err(|e| e.to_string())?;
+        if let Some(shared) = super::seccomp_shared::read(&profile) {
+            return Ok(Arc::new(shared));
+        }
+        CompiledFilter::compile(&profile)
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
+    })
+    .clone()
 }
 
-/// Compiles the filter ahead of a create; an error shows again, and fails
+/// Makes the filter ahead of a create; an error shows again, and fails
 /// the create, when it is used.
 pub fn prepare() {
     let _ = sandbox_filter();

@@ -253,6 +253,9 @@ pub fn share_one_malloc_arena() {
 /// Runs the supervisor of the sandbox whose run directory is `dir`.
 /// Returns the process exit code.
 pub fn run(dir: &Path) -> i32 {
+    if let Some(sandboxes_dir) = dir.parent() {
+        crate::runtime::seccomp_shared::read_from(sandboxes_dir);
+    }
     start(dir, StartClock::since_spawn(), true)
 }
 

@@ -33,6 +33,7 @@ pub fn run_standby(run_dir: &Path, cgroup_parent: &str) -> i32 {
         tracing::warn!("a standby supervisor leaving the daemon's cgroup: {e}");
     }
     // Work every container create needs, done while nothing waits for it.
+    crate::runtime::seccomp_shared::read_from(run_dir);
     crate::runtime::seccomp_filter::prepare();
     crate::runtime::procfs_handle::prepare();
     // Kept for the process: on v1 the lookup reads the mount table.

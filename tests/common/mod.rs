@@ -359,14 +359,26 @@ impl Daemon {
     }
 
     /// The sandboxes' run directories under `<run>/sandboxes` (what a
-    /// removed sandbox must not leave), not the network slots made ahead.
+    /// removed sandbox must not leave), not the daemon's own entries there.
     pub fn sandbox_run_dirs(&self) -> Vec<String> {
         std::fs::read_dir(self.run_dir().join("sandboxes"))
             .into_iter()
             .flatten()
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|name| !name.starts_with(".slot-"))
+            .filter(|name| !is_daemons_run_entry(name))
+            .collect()
+    }
+
+    /// The sandbox seccomp program this daemon shares with its supervisors
+    /// (`<run>/sandboxes/.seccomp-<digest>.bpf`), each file there.
+    pub fn shared_seccomp_programs(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.run_dir().join("sandboxes"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(".seccomp-"))
+            .map(|e| e.path())
             .collect()
     }
 
@@ -646,6 +658,13 @@ impl Daemon {
 /// happened inside it (an OOM kill, a panic) only on its serial console.
 /// Whatever tears the sandboxes down first (containerd's shims, at a CRI
 /// test's failure) calls it too, as the files go with them.
+/// Whether `name`, an entry of `<run>/sandboxes`, is the daemon's own
+/// rather than a sandbox's: a network slot made ahead (`.slot-N`) or the
+/// seccomp program it shares with its supervisors (`.seccomp-*`).
+pub fn is_daemons_run_entry(name: &str) -> bool {
+    name.starts_with(".slot-") || name.starts_with(".seccomp-")
+}
+
 pub fn print_sandbox_logs(run_dir: &Path) {
     let sandboxes = run_dir.join("sandboxes");
     let names = std::fs::read_dir(&sandboxes)
