@@ -26,10 +26,13 @@ use tokio::net::UnixStream;
 pub const DAEMON: &str = env!("CARGO_BIN_EXE_sandboxd");
 pub const CTL: &str = env!("CARGO_BIN_EXE_sandboxctl");
 
-/// A shell script that keeps `cpus` CPUs busy for `seconds`, one spin
-/// loop each, for tests that measure how CPU time is shared.
-pub fn busy_on_every_cpu(cpus: usize, seconds: u32) -> String {
-    format!("for i in $(seq {cpus}); do timeout {seconds} sh -c 'while :; do :; done' & done; wait")
+/// A shell script that keeps CPU 0 busy for `seconds` with one spin loop
+/// and exits 0, for tests that measure how weights share CPU time. One
+/// CPU, where the scheduler divides time by weight: spread over several,
+/// where it places the loops (which tests running beside it shift) takes
+/// a part in the split.
+pub fn busy_on_cpu_0(seconds: u32) -> String {
+    format!("exec taskset -c 0 sh -c 'timeout {seconds} sh -c \"while :; do :; done\"; exit 0'")
 }
 
 /// Field `field` of host process `pid`'s `/proc/PID/stat`, numbered as
