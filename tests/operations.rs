@@ -307,8 +307,9 @@ fn inventory(daemon: &Daemon) -> BTreeSet<String> {
         .flatten()
     {
         let name = dir.file_name().to_string_lossy().into_owned();
-        // Network slots, made ahead of creates, are counted apart too.
-        if !name.starts_with(".slot-") {
+        // Network slots, made ahead of creates, are counted apart too, and
+        // the seccomp program the daemon shares is no sandbox's.
+        if !common::is_daemons_run_entry(&name) {
             items.insert(format!("run {name}"));
         }
     }
