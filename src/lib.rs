@@ -15,6 +15,7 @@ macro_rules! supervisor_protocol_version {
 }
 
 pub mod api;
+pub mod background_priority;
 pub mod config;
 pub mod disk;
 pub mod gpu;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use common::Daemon;
 use hyper::{Method, StatusCode};
+use sandboxd::background_priority;
 use serde_json::{json, Value};
 
 #[tokio::test]
@@ -349,11 +350,9 @@ async fn a_create_takes_a_network_slot_and_a_standby_supervisor_made_ahead() {
     // It starts its session itself (the daemon's spawn runs no code
     // between fork and exec), below creates' CPU priority: the first
     // thing its main does, so it may be found a moment before.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while session_and_nice(standby) != (standby, 10) && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(session_and_nice(standby), (standby, 10));
+    let daemons = i64::from(background_priority::current());
+    let waiting = i64::from(background_priority::lowered(daemons as i32));
+    await_session_and_nice(standby, waiting).await;
 
     let id = daemon.create(json!({"image": "busybox"})).await;
     assert_eq!(daemon.sh(&id, "echo ok").await.out(), "ok\n");
@@ -373,7 +372,7 @@ async fn a_create_takes_a_network_slot_and_a_standby_supervisor_made_ahead() {
     );
     assert_eq!(
         session_and_nice(standby),
-        (standby, 0),
+        (standby, daemons),
         "its handoff restores the priority"
     );
     // Both are made again for the next create; neither is reused.
@@ -401,6 +400,37 @@ async fn a_supervisor_spawned_for_a_create_leads_its_own_session() {
     let own = session_and_nice(std::process::id() as i32).1;
     assert_eq!(session_and_nice(supervisor), (supervisor, own));
     daemon.delete(&id).await;
+}
+
+/// A daemon started at a lower priority (a unit's `Nice=`) runs what it
+/// makes ahead that much lower again, and hands a standby back its own.
+#[tokio::test]
+async fn made_ahead_work_runs_below_the_daemons_own_priority() {
+    require_host!();
+    // The daemon inherits this thread's nice value.
+    let before = background_priority::current();
+    background_priority::set(3);
+    let daemon = Daemon::start_with(&["--net-slots", "1", "--standby-supervisors", "1"]);
+    background_priority::set(before);
+    let daemon_pid = daemon.pid();
+    assert_eq!(session_and_nice(daemon_pid).1, 3, "the positive control");
+    daemon.made_ahead(1, 1).await;
+    let standby = daemon.standby_pids()[0];
+    await_session_and_nice(standby, 13).await;
+    let id = daemon.create(json!({"image": "busybox"})).await;
+    assert_eq!(session_and_nice(standby), (standby, 3));
+    daemon.delete(&id).await;
+}
+
+/// Waits until process `pid` leads its own session at nice value `nice`
+/// (a standby sets both as its main starts, so it may be found a moment
+/// before), with a bounded deadline.
+async fn await_session_and_nice(pid: i32, nice: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while session_and_nice(pid) != (pid, nice) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(session_and_nice(pid), (pid, nice));
 }
 
 /// Process `pid`'s session and nice value.

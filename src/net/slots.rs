@@ -85,9 +85,10 @@ impl NetSlots {
 
     /// Makes one slot and adds it to the ready ones. Blocking (a few ms:
     /// a namespace, a veth pair, addresses, routes, its rules), at a
-    /// lower CPU priority than creates (see [`BACKGROUND_NICE`]).
+    /// lower CPU priority than creates (`background_priority`; the thread
+    /// or `nft` process it starts for the rules inherits it).
     pub fn make_one(&self) -> Result<(), SlotError> {
-        let _nice = NicedThread::new();
+        let _lowered = crate::background_priority::BackgroundThread::enter();
         self.make_one_now()
     }
 
@@ -150,32 +151,6 @@ impl NetSlots {
         for slot in slots {
             discard(&slot);
         }
-    }
-}
-
-/// The nice value work made ahead of creates runs at: the host's CPUs go
-/// to creates and their processes first.
-pub const BACKGROUND_NICE: libc::c_int = 10;
-
-/// Lowers the calling thread's CPU priority (nice is per thread on Linux,
-/// and the thread or `nft` process it starts for the rules inherits it)
-/// until dropped.
-struct NicedThread;
-
-impl NicedThread {
-    fn new() -> Self {
-        // SAFETY: setpriority(2) on the calling thread (who 0), plain ints.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, BACKGROUND_NICE) };
-        NicedThread
-    }
-}
-
-impl Drop for NicedThread {
-    fn drop(&mut self) {
-        // Back to normal for the next task of this pooled thread (root may
-        // lower its nice value).
-        // SAFETY: as above.
-        unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) };
     }
 }
 

@@ -59,11 +59,11 @@ pub fn run_standby(run_dir: &Path, cgroup_parent: &str) -> i32 {
         );
         return 1;
     }
-    // From here on, as a supervisor spawned for this sandbox: normal CPU
-    // priority (it waited at a lower one), its log in the run directory,
-    // nothing on stdin.
-    // SAFETY: setpriority(2) on this single-threaded process, plain ints.
-    unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) };
+    // From here on, as a supervisor spawned for this sandbox: the daemon's
+    // CPU priority (it waited at a lower one), its log in the run
+    // directory, nothing on stdin. Still single-threaded: the threads
+    // made from here on inherit it.
+    crate::background_priority::set(super::daemons_nice());
     if let Err(e) = redirect_stdio(&dir) {
         tracing::error!(
             "a standby supervisor opening its log in {}: {e}",

@@ -309,6 +309,12 @@ impl Daemon {
         }
     }
 
+    /// The running daemon's pid.
+    pub fn pid(&self) -> i32 {
+        let child = self.child.as_ref().expect("the daemon is running");
+        child.id() as i32
+    }
+
     /// Sends the running daemon `signal` without waiting for anything.
     pub fn signal(&self, signal: nix::sys::signal::Signal) {
         let child = self.child.as_ref().expect("the daemon is running");
