@@ -39,6 +39,16 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> CgroupError + '_ {
     }
 }
 
+/// Writes `value` into the kernel's file at `path`, which must exist.
+fn write_existing(path: &Path, value: &str) -> Result<(), CgroupError> {
+    use std::io::Write;
+    OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|mut file| file.write_all(value.as_bytes()))
+        .map_err(io_err(path))
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Layout {
     V1,
@@ -770,6 +780,31 @@ impl SandboxCgroups {
         }
     }
 
+    /// Sets a limit of 0 on each huge page size of `sizes` (named as
+    /// [`huge_page_sizes_to_deny`] names them), reservations included where
+    /// the kernel counts them: what libcontainer sets in a create, and what
+    /// a CRIU fork's group, which CRIU makes anew, lacks. On v2 that is the
+    /// sandbox's group. On v1 hugetlb is a hierarchy CRIU does not restore
+    /// a fork into (it is not among the controllers dumped), so nothing is
+    /// set there (the fork's start warns). The files must exist (the
+    /// controller reaches the group); a size the group has no file for is
+    /// an error, not a fork without the limit.
+    pub fn deny_huge_pages(&self, sizes: &[String]) -> Result<(), CgroupError> {
+        if self.layout == Layout::V1 {
+            return Ok(());
+        }
+        let group = self.dir("");
+        for size in sizes {
+            let limit = group.join(format!("hugetlb.{size}.max"));
+            write_existing(&limit, "0")?;
+            let reserved = group.join(format!("hugetlb.{size}.rsvd.max"));
+            if reserved.exists() {
+                write_existing(&reserved, "0")?;
+            }
+        }
+        Ok(())
+    }
+
     /// Lets a frozen sandbox run again.
     pub fn thaw(&self) -> Result<(), CgroupError> {
         let (path, _, thawed_value) = self.freeze_control();
@@ -1229,6 +1264,36 @@ mod tests {
             fs::read_to_string(top.join("root-small/pids.max")).unwrap(),
             "8"
         );
+    }
+
+    #[test]
+    fn a_forks_v2_group_is_denied_every_huge_page_size_and_its_reservations() {
+        let fake = tempfile::tempdir().expect("tempdir");
+        let top = fake.path().join("sandboxd/abc");
+        fs::create_dir_all(&top).expect("dirs");
+        for file in ["hugetlb.2MB.max", "hugetlb.2MB.rsvd.max", "hugetlb.1GB.max"] {
+            // cgroupfs files take a write whole; a plain file keeps what
+            // is past it, so the stand-ins start empty.
+            fs::write(top.join(file), "").expect("limit file");
+        }
+        let cgroups = SandboxCgroups::under(fake.path(), Layout::V2, "sandboxd/abc");
+        let sizes = ["1GB".to_string(), "2MB".to_string()];
+        cgroups.deny_huge_pages(&sizes).expect("denied");
+        for file in ["hugetlb.2MB.max", "hugetlb.2MB.rsvd.max", "hugetlb.1GB.max"] {
+            assert_eq!(fs::read_to_string(top.join(file)).unwrap(), "0", "{file}");
+        }
+        assert!(!top.join("hugetlb.1GB.rsvd.max").exists(), "none made");
+        // A size the group has no file for (the controller does not reach
+        // it) fails the fork rather than leaving it unlimited.
+        let missing = cgroups.deny_huge_pages(&["16GB".to_string()]);
+        assert!(
+            matches!(&missing, Err(CgroupError::Io { path, .. }) if path.ends_with("hugetlb.16GB.max")),
+            "{missing:?}"
+        );
+        // v1 sets nothing: CRIU does not restore a fork into that hierarchy.
+        let v1 = SandboxCgroups::under(fake.path(), Layout::V1, "sandboxd/abc");
+        v1.deny_huge_pages(&["16GB".to_string()])
+            .expect("nothing to set");
     }
 
     #[test]
