@@ -5,12 +5,15 @@
 //! spent on its create's path.
 //!
 //! The daemon writes `<sandboxes run dir>/.seccomp-<digest>.bpf` as it
-//! starts. The digest covers the profile as this build makes it and the
-//! libseccomp that compiled it, so a supervisor of another build, or of a
-//! changed profile, finds no file of its name and compiles its own. A file
-//! someone else could have written (not owned by this process's user, or
-//! writable by group or others), or one that is not whole instructions, is
-//! not used either: the supervisor compiles, and says why.
+//! starts, after removing any such file (so a share that fails leaves
+//! none). The digest covers the profile as this build makes it, the
+//! executable (supervisors run the daemon's own) and the libseccomp that
+//! compiled it, so a supervisor of another build finds no file of its name
+//! and compiles its own. A file someone else could have written (not owned
+//! by this process's user, writable by group or others, linked in from
+//! elsewhere), or one that is not whole instructions, is not used either:
+//! the supervisor compiles, and says why. The daemon does not share into a
+//! directory others may write to.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -44,6 +47,8 @@ pub enum SeccompSharedError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("not sharing the sandbox seccomp program in {}: it is writable by group or others (mode {mode:o}); make the run directory writable by root alone", path.display())]
+    OpenDirectory { path: PathBuf, mode: u32 },
 }
 
 /// Where this process (a supervisor) reads the shared program: the
@@ -55,17 +60,26 @@ pub fn read_from(sandboxes_dir: &Path) {
     let _ = SHARED_DIR.set(sandboxes_dir.to_path_buf());
 }
 
-/// The shared file's name for `profile` compiled by the libseccomp this
-/// process loaded.
+/// The shared file's name for `profile` compiled by this executable
+/// (supervisors run the daemon's own, `/proc/self/exe`, so a binary
+/// replaced since gives another name) with the libseccomp it loaded.
 fn file_name(profile: &LinuxSeccomp) -> Option<String> {
     let text = serde_json::to_vec(profile).ok()?;
     let version = libseccomp::ScmpVersion::current().ok()?;
+    let exe = fs::metadata("/proc/self/exe").ok()?;
     let mut digest = Sha256::new();
     digest.update(b"sandboxd sandbox seccomp program 1\0");
     digest.update(
         format!(
-            "libseccomp {}.{}.{}\0",
-            version.major, version.minor, version.micro
+            "libseccomp {}.{}.{}\0exe {} {} {} {}.{}\0",
+            version.major,
+            version.minor,
+            version.micro,
+            exe.dev(),
+            exe.ino(),
+            exe.size(),
+            exe.mtime(),
+            exe.mtime_nsec()
         )
         .as_bytes(),
     );
@@ -78,9 +92,10 @@ fn file_name(profile: &LinuxSeccomp) -> Option<String> {
 /// trust.
 pub fn read(profile: &LinuxSeccomp) -> Option<CompiledFilter> {
     let path = SHARED_DIR.get()?.join(file_name(profile)?);
+    // Not blocking: a FIFO put there must not hold every supervisor up.
     let file = match OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
         .open(&path)
     {
         Ok(file) => file,
@@ -108,11 +123,14 @@ fn trusted_program(file: File) -> Result<CompiledFilter, String> {
     let meta = file.metadata().map_err(|e| e.to_string())?;
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    if !meta.is_file() || meta.uid() != euid || meta.mode() & 0o022 != 0 {
+    // One link: a file of ours linked in from elsewhere is not what the
+    // daemon wrote.
+    if !meta.is_file() || meta.uid() != euid || meta.mode() & 0o022 != 0 || meta.nlink() != 1 {
         return Err(format!(
-            "it is not a regular file owned by uid {euid} and writable by it alone (uid {}, mode {:o})",
+            "it is not a regular file of one link, owned by uid {euid} and writable by it alone (uid {}, mode {:o}, {} links)",
             meta.uid(),
-            meta.mode()
+            meta.mode(),
+            meta.nlink()
         ));
     }
     let max = sandbox_proto::confinement::SECCOMP_MAX_INSTRUCTIONS * INSTRUCTION;
@@ -139,38 +157,58 @@ pub fn share(sandboxes_dir: &Path) -> Result<PathBuf, SeccompSharedError> {
         .ok_or_else(|| SeccompSharedError::Profile("its digest could not be taken".to_string()))?;
     let program = CompiledFilter::compile(&profile)
         .map_err(|e| SeccompSharedError::Compile(e.to_string()))?;
+    let dir = fs::metadata(sandboxes_dir).map_err(|source| SeccompSharedError::Write {
+        path: sandboxes_dir.to_path_buf(),
+        source,
+    })?;
+    if dir.mode() & 0o022 != 0 {
+        return Err(SeccompSharedError::OpenDirectory {
+            path: sandboxes_dir.to_path_buf(),
+            mode: dir.mode() & 0o7777,
+        });
+    }
     let path = sandboxes_dir.join(&name);
     let staged = sandboxes_dir.join(format!("{name}.new"));
-    let write_err = |path: &Path| {
-        let path = path.to_path_buf();
-        move |source| SeccompSharedError::Write { path, source }
+    // Whatever stood there goes first: a share that fails below leaves no
+    // program of this name, and supervisors compile their own.
+    remove_all(sandboxes_dir);
+    let written = write_new(&staged, &program.exported()).and_then(|()| {
+        fs::rename(&staged, &path).map_err(|source| SeccompSharedError::Write {
+            path: path.clone(),
+            source,
+        })
+    });
+    if written.is_err() {
+        let _ = fs::remove_file(&staged);
+    }
+    written.map(|()| path)
+}
+
+/// Writes `bytes` to a new file at `path`, readable and writable by its
+/// owner alone.
+fn write_new(path: &Path, bytes: &[u8]) -> Result<(), SeccompSharedError> {
+    let write_err = |source| SeccompSharedError::Write {
+        path: path.to_path_buf(),
+        source,
     };
-    let _ = fs::remove_file(&staged);
     let mut file = OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
-        .open(&staged)
-        .map_err(write_err(&staged))?;
-    file.write_all(&program.exported())
-        .map_err(write_err(&staged))?;
-    drop(file);
-    fs::rename(&staged, &path).map_err(write_err(&path))?;
-    remove_others(sandboxes_dir, &name);
-    Ok(path)
+        .open(path)
+        .map_err(write_err)?;
+    file.write_all(bytes).map_err(write_err)
 }
 
-/// Removes the programs earlier builds shared (a file of another name is
-/// never read again).
-fn remove_others(sandboxes_dir: &Path, keep: &str) {
+/// Removes every shared program (and staged one) in `sandboxes_dir`:
+/// those of earlier builds are never read again.
+fn remove_all(sandboxes_dir: &Path) {
     for entry in fs::read_dir(sandboxes_dir).into_iter().flatten().flatten() {
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with(PREFIX) && name != keep {
+        if entry.file_name().to_string_lossy().starts_with(PREFIX) {
             if let Err(e) = fs::remove_file(entry.path()) {
                 tracing::warn!(
-                    "removing an earlier shared seccomp program {}: {e}",
+                    "removing a shared seccomp program {}: {e}",
                     entry.path().display()
                 );
             }
@@ -231,12 +269,38 @@ mod tests {
         assert!(trusted_program(open()).is_err(), "a partial instruction");
         write(b"", 0o600);
         assert!(trusted_program(open()).is_err(), "empty");
+        write(&program, 0o600);
+        fs::hard_link(&path, dir.path().join("elsewhere")).expect("link");
+        assert!(trusted_program(open()).is_err(), "two links");
+        fs::remove_file(dir.path().join("elsewhere")).expect("unlink");
+        assert!(trusted_program(open()).is_ok(), "one link again");
         let too_long = vec![0u8; (sandbox_proto::confinement::SECCOMP_MAX_INSTRUCTIONS + 1) * 8];
         write(&too_long, 0o600);
         assert!(
             trusted_program(open()).is_err(),
             "longer than the kernel takes"
         );
+    }
+
+    #[test]
+    fn a_share_that_fails_leaves_no_program_behind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let name = file_name(&profile()).expect("name");
+        fs::write(dir.path().join(&name), b"an earlier build's").expect("write");
+        // A directory where the staged file goes makes the write fail.
+        fs::create_dir(dir.path().join(format!("{name}.new"))).expect("mkdir");
+        assert!(share(dir.path()).is_err());
+        assert!(!dir.path().join(&name).exists(), "the earlier one is gone");
+        // The positive control: the same directory shares once it can.
+        fs::remove_dir(dir.path().join(format!("{name}.new"))).expect("rmdir");
+        let shared = share(dir.path()).expect("share");
+        assert_eq!(shared, dir.path().join(&name));
+        // A directory others may write to is refused.
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod");
+        assert!(matches!(
+            share(dir.path()),
+            Err(SeccompSharedError::OpenDirectory { .. })
+        ));
     }
 
     #[test]

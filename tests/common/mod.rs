@@ -661,12 +661,6 @@ impl Daemon {
     }
 }
 
-/// Prints the end of each sandbox's logs under daemon run directory
-/// `run_dir`, for a failed test: each sandbox's supervisor logs to its own
-/// file; a microVM's VMM to another, and its guest kernel says what
-/// happened inside it (an OOM kill, a panic) only on its serial console.
-/// Whatever tears the sandboxes down first (containerd's shims, at a CRI
-/// test's failure) calls it too, as the files go with them.
 /// Whether `name`, an entry of `<run>/sandboxes`, is the daemon's own
 /// rather than a sandbox's: a network slot made ahead (`.slot-N`) or the
 /// seccomp program it shares with its supervisors (`.seccomp-*`).
@@ -674,6 +668,12 @@ pub fn is_daemons_run_entry(name: &str) -> bool {
     name.starts_with(".slot-") || name.starts_with(".seccomp-")
 }
 
+/// Prints the end of each sandbox's logs under daemon run directory
+/// `run_dir`, for a failed test: each sandbox's supervisor logs to its own
+/// file; a microVM's VMM to another, and its guest kernel says what
+/// happened inside it (an OOM kill, a panic) only on its serial console.
+/// Whatever tears the sandboxes down first (containerd's shims, at a CRI
+/// test's failure) calls it too, as the files go with them.
 pub fn print_sandbox_logs(run_dir: &Path) {
     let sandboxes = run_dir.join("sandboxes");
     let names = std::fs::read_dir(&sandboxes)
@@ -681,7 +681,7 @@ pub fn print_sandbox_logs(run_dir: &Path) {
         .flatten()
         .flatten()
         .map(|e| e.file_name())
-        .filter(|name| !name.to_string_lossy().starts_with(".slot-"));
+        .filter(|name| !is_daemons_run_entry(&name.to_string_lossy()));
     for name in names {
         for log in ["shim.log", "vm/vmm.log", "vm/console.log"] {
             let path = sandboxes.join(&name).join(log);
