@@ -38,24 +38,31 @@ pub fn lowered(base: libc::c_int) -> libc::c_int {
     base.saturating_add(BACKGROUND_NICENESS).min(LOWEST)
 }
 
-/// Runs the calling thread at the made-ahead priority until dropped, then
-/// at the one it had.
-pub struct BackgroundThread {
-    base: libc::c_int,
+/// The priority this process was started at (the daemon's; a
+/// supervisor's, which is the daemon's), read the first time it is asked
+/// for: on a thread nothing here has lowered yet, as every lowering asks
+/// first. Fixed from then on, so a thread whose return failed (no
+/// CAP_SYS_NICE) is not lowered again from where it was left.
+pub fn base() -> libc::c_int {
+    static BASE: std::sync::OnceLock<libc::c_int> = std::sync::OnceLock::new();
+    *BASE.get_or_init(current)
 }
+
+/// Runs the calling thread at the made-ahead priority until dropped, then
+/// at the process's [`base`].
+pub struct BackgroundThread(());
 
 impl BackgroundThread {
     pub fn enter() -> Self {
-        let base = current();
-        set(lowered(base));
-        BackgroundThread { base }
+        set(lowered(base()));
+        BackgroundThread(())
     }
 }
 
 impl Drop for BackgroundThread {
     fn drop(&mut self) {
-        // Back to where it was for the next task of this pooled thread.
-        set(self.base);
+        // Back to the base for the next task of this pooled thread.
+        set(base());
     }
 }
 
@@ -72,20 +79,27 @@ mod tests {
     }
 
     #[test]
-    fn a_background_thread_goes_back_to_its_own_priority() {
+    fn a_background_thread_goes_back_to_the_process_base() {
         std::thread::spawn(|| {
-            set(2);
-            let base = current();
-            assert_eq!(base, 2, "the positive control: the thread's own value");
+            let base = base();
+            set(base);
+            assert_eq!(
+                current(),
+                base,
+                "the positive control: the thread's own value"
+            );
             {
                 let _lowered = BackgroundThread::enter();
-                assert_eq!(current(), 12);
+                assert_eq!(current(), lowered(base));
+                // Not lowered twice when entered again.
+                let _again = BackgroundThread::enter();
+                assert_eq!(current(), lowered(base));
             }
-            // Back to 2 needs CAP_SYS_NICE; without it the thread stays lower.
+            // Back up needs CAP_SYS_NICE; without it the thread stays lower.
             let back = current();
-            assert!(back == 2 || back == 12, "{back}");
+            assert!(back == base || back == lowered(base), "{back}");
             if sandboxd_test_support::running_as_root() {
-                assert_eq!(back, 2);
+                assert_eq!(back, base);
             }
         })
         .join()

@@ -233,20 +233,12 @@ pub fn start_as_supervisor(standby: bool) {
         tracing::warn!("a supervisor could not start a session of its own, so a signal to the daemon's process group may reach it: {e}");
     }
     if standby {
-        // Before any other thread exists: they inherit it. The handoff
-        // goes back to the daemon's ([`standby::run_standby`]).
-        let daemons = crate::background_priority::current();
-        DAEMONS_NICE.store(daemons, std::sync::atomic::Ordering::Relaxed);
-        crate::background_priority::set(crate::background_priority::lowered(daemons));
+        // Before any other thread exists: they inherit it. The base read
+        // here is the daemon's, which the handoff goes back to
+        // ([`standby::run_standby`]).
+        use crate::background_priority::{base, lowered, set};
+        set(lowered(base()));
     }
-}
-
-/// The nice value a standby's daemon ran it at, which it runs at again
-/// once handed a sandbox.
-static DAEMONS_NICE: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
-
-fn daemons_nice() -> libc::c_int {
-    DAEMONS_NICE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Gives all of a supervisor's threads one malloc arena. glibc gives each

@@ -63,7 +63,7 @@ pub fn run_standby(run_dir: &Path, cgroup_parent: &str) -> i32 {
     // CPU priority (it waited at a lower one), its log in the run
     // directory, nothing on stdin. Still single-threaded: the threads
     // made from here on inherit it.
-    crate::background_priority::set(super::daemons_nice());
+    crate::background_priority::set(crate::background_priority::base());
     if let Err(e) = redirect_stdio(&dir) {
         tracing::error!(
             "a standby supervisor opening its log in {}: {e}",
