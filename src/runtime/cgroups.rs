@@ -782,25 +782,73 @@ impl SandboxCgroups {
 
     /// Sets a limit of 0 on each huge page size of `sizes` (named as
     /// [`huge_page_sizes_to_deny`] names them), reservations included where
-    /// the kernel counts them: what libcontainer sets in a create, and what
-    /// a CRIU fork's group, which CRIU makes anew, lacks. On v2 that is the
-    /// sandbox's group. On v1 hugetlb is a hierarchy CRIU does not restore
-    /// a fork into (it is not among the controllers dumped), so nothing is
-    /// set there (the fork's start warns). The files must exist (the
-    /// controller reaches the group); a size the group has no file for is
-    /// an error, not a fork without the limit.
+    /// the kernel counts them, in a CRIU fork's groups: what libcontainer
+    /// sets at a create, and what CRIU, which makes the fork's groups anew,
+    /// leaves out. The fork is frozen, so nothing in it runs unlimited.
+    ///
+    /// v2: the sandbox's group; where CRIU made it under a parent that
+    /// does not hand hugetlb down (no create since boot enabled it), the
+    /// controller is enabled down from the root first, as libcgroups does.
+    /// v1: hugetlb is a hierarchy of its own that CRIU does not restore a
+    /// fork into (it is not among the controllers dumped), so the group is
+    /// made there and the fork's processes are moved into it. A size the
+    /// group then has no file for is an error, not a fork without the
+    /// limit.
     pub fn deny_huge_pages(&self, sizes: &[String]) -> Result<(), CgroupError> {
-        if self.layout == Layout::V1 {
+        if sizes.is_empty() {
             return Ok(());
         }
-        let group = self.dir("");
+        let (group, max, reserved) = match self.layout {
+            Layout::V2 => (self.dir(""), "max", "rsvd.max"),
+            Layout::V1 => (self.dir("hugetlb"), "limit_in_bytes", "rsvd.limit_in_bytes"),
+        };
+        match self.layout {
+            Layout::V2 => {
+                let first = group.join(format!("hugetlb.{}.{max}", sizes[0]));
+                if !first.exists() {
+                    self.hand_down_v2("hugetlb")?;
+                }
+            }
+            Layout::V1 => fs::create_dir_all(&group).map_err(io_err(&group))?,
+        }
         for size in sizes {
-            let limit = group.join(format!("hugetlb.{size}.max"));
-            write_existing(&limit, "0")?;
-            let reserved = group.join(format!("hugetlb.{size}.rsvd.max"));
+            write_existing(&group.join(format!("hugetlb.{size}.{max}")), "0")?;
+            let reserved = group.join(format!("hugetlb.{size}.{reserved}"));
             if reserved.exists() {
                 write_existing(&reserved, "0")?;
             }
+        }
+        if self.layout == Layout::V1 {
+            // After the limits: each process moved is limited at once.
+            let mut pids = Vec::new();
+            read_pids_recursive(&self.dir("pids"), &mut pids);
+            let procs = group.join("cgroup.procs");
+            for pid in pids {
+                match write_existing(&procs, &pid.to_string()) {
+                    Err(CgroupError::Io { source, .. })
+                        if source.raw_os_error() == Some(libc::ESRCH) => {}
+                    other => other?,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Enables v2 `controller` in the `cgroup.subtree_control` of every
+    /// group from the root down to the sandbox's parent, so it reaches the
+    /// sandbox's group.
+    fn hand_down_v2(&self, controller: &str) -> Result<(), CgroupError> {
+        let mut dir = self.root.clone();
+        let mut parts: Vec<&str> = self.path.split('/').filter(|p| !p.is_empty()).collect();
+        parts.pop();
+        for part in std::iter::once("").chain(parts) {
+            if !part.is_empty() {
+                dir.push(part);
+            }
+            write_existing(
+                &dir.join("cgroup.subtree_control"),
+                &format!("+{controller}"),
+            )?;
         }
         Ok(())
     }
@@ -1283,17 +1331,65 @@ mod tests {
             assert_eq!(fs::read_to_string(top.join(file)).unwrap(), "0", "{file}");
         }
         assert!(!top.join("hugetlb.1GB.rsvd.max").exists(), "none made");
-        // A size the group has no file for (the controller does not reach
-        // it) fails the fork rather than leaving it unlimited.
+        // No file yet: the controller is handed down from the root, and a
+        // size still without one fails the fork rather than leaving it
+        // unlimited.
+        for dir in [fake.path(), &fake.path().join("sandboxd")] {
+            fs::write(dir.join("cgroup.subtree_control"), "").expect("control");
+        }
         let missing = cgroups.deny_huge_pages(&["16GB".to_string()]);
         assert!(
             matches!(&missing, Err(CgroupError::Io { path, .. }) if path.ends_with("hugetlb.16GB.max")),
             "{missing:?}"
         );
-        // v1 sets nothing: CRIU does not restore a fork into that hierarchy.
-        let v1 = SandboxCgroups::under(fake.path(), Layout::V1, "sandboxd/abc");
-        v1.deny_huge_pages(&["16GB".to_string()])
-            .expect("nothing to set");
+        for dir in [fake.path(), &fake.path().join("sandboxd")] {
+            let control = fs::read_to_string(dir.join("cgroup.subtree_control")).unwrap();
+            assert_eq!(control, "+hugetlb", "{}", dir.display());
+        }
+        assert!(
+            !top.join("cgroup.subtree_control").exists(),
+            "not below the sandbox"
+        );
+        // No sizes to deny (the host has no hugetlb reaching sandboxes):
+        // nothing is touched.
+        cgroups.deny_huge_pages(&[]).expect("nothing to set");
+    }
+
+    #[test]
+    fn a_forks_v1_processes_are_moved_into_a_hugetlb_group_denied_every_size() {
+        let fake = tempfile::tempdir().expect("tempdir");
+        let pids = fake.path().join("pids/sandboxd/abc");
+        fs::create_dir_all(pids.join("p3")).expect("dirs");
+        fs::write(pids.join("cgroup.procs"), "10\n11\n").expect("procs");
+        fs::write(pids.join("p3/cgroup.procs"), "12\n").expect("procs");
+        let hugetlb = fake.path().join("hugetlb/sandboxd/abc");
+        fs::create_dir_all(&hugetlb).expect("dirs");
+        for file in [
+            "hugetlb.2MB.limit_in_bytes",
+            "hugetlb.2MB.rsvd.limit_in_bytes",
+            "cgroup.procs",
+        ] {
+            fs::write(hugetlb.join(file), "").expect("file");
+        }
+        let cgroups = SandboxCgroups::under(fake.path(), Layout::V1, "sandboxd/abc");
+        cgroups
+            .deny_huge_pages(&["2MB".to_string()])
+            .expect("denied");
+        for file in [
+            "hugetlb.2MB.limit_in_bytes",
+            "hugetlb.2MB.rsvd.limit_in_bytes",
+        ] {
+            assert_eq!(
+                fs::read_to_string(hugetlb.join(file)).unwrap(),
+                "0",
+                "{file}"
+            );
+        }
+        // A plain file keeps the last write: the last of the three pids.
+        assert_eq!(
+            fs::read_to_string(hugetlb.join("cgroup.procs")).unwrap(),
+            "12"
+        );
     }
 
     #[test]

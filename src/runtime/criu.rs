@@ -438,12 +438,8 @@ pub fn restore(
     // huge page limits go on before anything in it runs.
     let cgroups =
         super::cgroups::SandboxCgroups::new(super::cgroups::Layout::detect(), &config.cgroups_path);
-    let huge_pages = super::cgroups::huge_page_sizes_to_deny();
-    if super::cgroups::Layout::detect() == super::cgroups::Layout::V1 && !huge_pages.is_empty() {
-        tracing::warn!(sandbox = %config.id, "this fork gets no huge page limit: on cgroup v1, CRIU does not restore it into the hugetlb hierarchy");
-    }
     cgroups
-        .deny_huge_pages(&huge_pages)
+        .deny_huge_pages(&super::cgroups::huge_page_sizes_to_deny())
         .map_err(|e| ContainerError::Runtime {
             step: "deny the fork huge pages",
             message: e.to_string(),
