@@ -47,7 +47,7 @@ pub enum SeccompSharedError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("not sharing the sandbox seccomp program in {}: it is writable by group or others (mode {mode:o}); make the run directory writable by root alone", path.display())]
+    #[error("not sharing the sandbox seccomp program in {}: it is not the daemon's alone (mode {mode:o}); make the run directory owned and writable by root alone", path.display())]
     OpenDirectory { path: PathBuf, mode: u32 },
 }
 
@@ -61,8 +61,9 @@ pub fn read_from(sandboxes_dir: &Path) {
 }
 
 /// The shared file's name for `profile` compiled by this executable
-/// (supervisors run the daemon's own, `/proc/self/exe`, so a binary
-/// replaced since gives another name) with the libseccomp it loaded.
+/// (supervisors run the daemon's own, `/proc/self/exe`: a binary replaced
+/// since is another file, so another name; its times are left out, which
+/// a `touch` changes) with the libseccomp it loaded.
 fn file_name(profile: &LinuxSeccomp) -> Option<String> {
     let text = serde_json::to_vec(profile).ok()?;
     let version = libseccomp::ScmpVersion::current().ok()?;
@@ -71,15 +72,13 @@ fn file_name(profile: &LinuxSeccomp) -> Option<String> {
     digest.update(b"sandboxd sandbox seccomp program 1\0");
     digest.update(
         format!(
-            "libseccomp {}.{}.{}\0exe {} {} {} {}.{}\0",
+            "libseccomp {}.{}.{}\0exe {} {} {}\0",
             version.major,
             version.minor,
             version.micro,
             exe.dev(),
             exe.ino(),
-            exe.size(),
-            exe.mtime(),
-            exe.mtime_nsec()
+            exe.size()
         )
         .as_bytes(),
     );
@@ -91,7 +90,15 @@ fn file_name(profile: &LinuxSeccomp) -> Option<String> {
 /// The daemon's program for `profile`, if it shared one this process may
 /// trust.
 pub fn read(profile: &LinuxSeccomp) -> Option<CompiledFilter> {
-    let path = SHARED_DIR.get()?.join(file_name(profile)?);
+    let dir = SHARED_DIR.get()?;
+    if let Err(why) = trusted_directory(dir) {
+        tracing::warn!(
+            "not reading a shared sandbox seccomp program in {}: {why}; compiling the profile",
+            dir.display()
+        );
+        return None;
+    }
+    let path = dir.join(file_name(profile)?);
     // Not blocking: a FIFO put there must not hold every supervisor up.
     let file = match OpenOptions::new()
         .read(true)
@@ -119,6 +126,22 @@ pub fn read(profile: &LinuxSeccomp) -> Option<CompiledFilter> {
     }
 }
 
+/// Whether only this process's user may have put files in `dir`: it owns
+/// it, and group and others may not write to it.
+fn trusted_directory(dir: &Path) -> Result<(), String> {
+    let meta = fs::metadata(dir).map_err(|e| e.to_string())?;
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    if meta.uid() != euid || meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "the directory is not owned by uid {euid} and writable by it alone (uid {}, mode {:o}); make the run directory root's alone",
+            meta.uid(),
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
 fn trusted_program(file: File) -> Result<CompiledFilter, String> {
     let meta = file.metadata().map_err(|e| e.to_string())?;
     // SAFETY: geteuid has no preconditions.
@@ -127,7 +150,7 @@ fn trusted_program(file: File) -> Result<CompiledFilter, String> {
     // daemon wrote.
     if !meta.is_file() || meta.uid() != euid || meta.mode() & 0o022 != 0 || meta.nlink() != 1 {
         return Err(format!(
-            "it is not a regular file of one link, owned by uid {euid} and writable by it alone (uid {}, mode {:o}, {} links)",
+            "it is not a regular file of exactly one link, owned by uid {euid} and writable by it alone (uid {}, mode {:o}, {} links)",
             meta.uid(),
             meta.mode(),
             meta.nlink()
@@ -148,10 +171,12 @@ fn trusted_program(file: File) -> Result<CompiledFilter, String> {
     Ok(CompiledFilter::from_exported(&bytes))
 }
 
-/// Compiles the sandbox profile and shares the program in `sandboxes_dir`
-/// for the supervisors this daemon starts; removes programs shared by
-/// other builds. Returns the file's path.
+/// Removes every program shared in `sandboxes_dir` before, then compiles
+/// the sandbox profile and shares the program there for the supervisors
+/// this daemon starts. Returns the file's path. Whatever fails leaves no
+/// program there, so supervisors compile their own.
 pub fn share(sandboxes_dir: &Path) -> Result<PathBuf, SeccompSharedError> {
+    remove_all(sandboxes_dir);
     let profile = sandbox_seccomp().map_err(|e| SeccompSharedError::Profile(e.to_string()))?;
     let name = file_name(&profile)
         .ok_or_else(|| SeccompSharedError::Profile("its digest could not be taken".to_string()))?;
@@ -161,7 +186,7 @@ pub fn share(sandboxes_dir: &Path) -> Result<PathBuf, SeccompSharedError> {
         path: sandboxes_dir.to_path_buf(),
         source,
     })?;
-    if dir.mode() & 0o022 != 0 {
+    if trusted_directory(sandboxes_dir).is_err() {
         return Err(SeccompSharedError::OpenDirectory {
             path: sandboxes_dir.to_path_buf(),
             mode: dir.mode() & 0o7777,
@@ -169,9 +194,6 @@ pub fn share(sandboxes_dir: &Path) -> Result<PathBuf, SeccompSharedError> {
     }
     let path = sandboxes_dir.join(&name);
     let staged = sandboxes_dir.join(format!("{name}.new"));
-    // Whatever stood there goes first: a share that fails below leaves no
-    // program of this name, and supervisors compile their own.
-    remove_all(sandboxes_dir);
     let written = write_new(&staged, &program.exported()).and_then(|()| {
         fs::rename(&staged, &path).map_err(|source| SeccompSharedError::Write {
             path: path.clone(),
@@ -295,12 +317,20 @@ mod tests {
         fs::remove_dir(dir.path().join(format!("{name}.new"))).expect("rmdir");
         let shared = share(dir.path()).expect("share");
         assert_eq!(shared, dir.path().join(&name));
-        // A directory others may write to is refused.
+        // A directory others may write to is refused, and what was shared
+        // there before is gone.
         fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o777)).expect("chmod");
         assert!(matches!(
             share(dir.path()),
             Err(SeccompSharedError::OpenDirectory { .. })
         ));
+        assert!(!shared.exists());
+        assert!(trusted_directory(dir.path()).is_err());
+        fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).expect("chmod");
+        assert!(
+            trusted_directory(dir.path()).is_ok(),
+            "the positive control"
+        );
     }
 
     #[test]
