@@ -803,12 +803,10 @@ impl SandboxCgroups {
             Layout::V1 => (self.dir("hugetlb"), "limit_in_bytes", "rsvd.limit_in_bytes"),
         };
         match self.layout {
-            Layout::V2 => {
-                let first = group.join(format!("hugetlb.{}.{max}", sizes[0]));
-                if !first.exists() {
-                    self.hand_down_v2("hugetlb")?;
-                }
+            Layout::V2 if !group.join(format!("hugetlb.{}.{max}", sizes[0])).exists() => {
+                self.hand_down_v2("hugetlb")
             }
+            Layout::V2 => {}
             Layout::V1 => fs::create_dir_all(&group).map_err(io_err(&group))?,
         }
         for size in sizes {
@@ -822,22 +820,17 @@ impl SandboxCgroups {
             // After the limits: each process moved is limited at once.
             let mut pids = Vec::new();
             read_pids_recursive(&self.dir("pids"), &mut pids);
-            let procs = group.join("cgroup.procs");
-            for pid in pids {
-                match write_existing(&procs, &pid.to_string()) {
-                    Err(CgroupError::Io { source, .. })
-                        if source.raw_os_error() == Some(libc::ESRCH) => {}
-                    other => other?,
-                }
-            }
+            move_pids(pids, &group)?;
         }
         Ok(())
     }
 
     /// Enables v2 `controller` in the `cgroup.subtree_control` of every
     /// group from the root down to the sandbox's parent, so it reaches the
-    /// sandbox's group.
-    fn hand_down_v2(&self, controller: &str) -> Result<(), CgroupError> {
+    /// sandbox's group. Best effort at each, as libcgroups does: one that
+    /// refuses (a group above that holds processes) is passed by, and the
+    /// caller finds out from the files the controller should have made.
+    fn hand_down_v2(&self, controller: &str) {
         let mut dir = self.root.clone();
         let mut parts: Vec<&str> = self.path.split('/').filter(|p| !p.is_empty()).collect();
         parts.pop();
@@ -845,12 +838,11 @@ impl SandboxCgroups {
             if !part.is_empty() {
                 dir.push(part);
             }
-            write_existing(
-                &dir.join("cgroup.subtree_control"),
-                &format!("+{controller}"),
-            )?;
+            let control = dir.join("cgroup.subtree_control");
+            if let Err(e) = write_existing(&control, &format!("+{controller}")) {
+                tracing::debug!("handing {controller} down: {e}");
+            }
         }
-        Ok(())
     }
 
     /// Lets a frozen sandbox run again.
@@ -985,8 +977,14 @@ fn subtree_control_value(sign: char, controllers: &[String]) -> String {
 /// Moves every task of group `from` into group `to` (v2); one that ended
 /// meanwhile is skipped.
 fn move_tasks(from: &Path, to: &Path) -> Result<(), CgroupError> {
+    move_pids(read_pids(from), to)
+}
+
+/// Moves each process of `pids` into group `to`; one that ended meanwhile
+/// is skipped.
+fn move_pids(pids: impl IntoIterator<Item = i32>, to: &Path) -> Result<(), CgroupError> {
     let procs = to.join("cgroup.procs");
-    for pid in read_pids(from) {
+    for pid in pids {
         match fs::write(&procs, pid.to_string()) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::ESRCH) => {}

@@ -442,7 +442,7 @@ pub fn restore(
         .deny_huge_pages(&super::cgroups::huge_page_sizes_to_deny())
         .map_err(|e| ContainerError::Runtime {
             step: "deny the fork huge pages",
-            message: e.to_string(),
+            message: format!("{e}; the hugetlb controller must reach the sandboxes' cgroup parent (enable it in cgroup.subtree_control above it)"),
         })?;
     cgroups.thaw().map_err(|e| ContainerError::Runtime {
         step: "thaw the restored sandbox",
