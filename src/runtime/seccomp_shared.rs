@@ -47,8 +47,8 @@ pub enum SeccompSharedError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("not sharing the sandbox seccomp program in {}: it is not the daemon's alone (mode {mode:o}); make the run directory owned and writable by root alone", path.display())]
-    OpenDirectory { path: PathBuf, mode: u32 },
+    #[error("not sharing the sandbox seccomp program in {}: {why}", path.display())]
+    OpenDirectory { path: PathBuf, why: String },
 }
 
 /// Where this process (a supervisor) reads the shared program: the
@@ -182,14 +182,10 @@ pub fn share(sandboxes_dir: &Path) -> Result<PathBuf, SeccompSharedError> {
         .ok_or_else(|| SeccompSharedError::Profile("its digest could not be taken".to_string()))?;
     let program = CompiledFilter::compile(&profile)
         .map_err(|e| SeccompSharedError::Compile(e.to_string()))?;
-    let dir = fs::metadata(sandboxes_dir).map_err(|source| SeccompSharedError::Write {
-        path: sandboxes_dir.to_path_buf(),
-        source,
-    })?;
-    if trusted_directory(sandboxes_dir).is_err() {
+    if let Err(why) = trusted_directory(sandboxes_dir) {
         return Err(SeccompSharedError::OpenDirectory {
             path: sandboxes_dir.to_path_buf(),
-            mode: dir.mode() & 0o7777,
+            why,
         });
     }
     let path = sandboxes_dir.join(&name);
